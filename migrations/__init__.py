@@ -1,0 +1,1 @@
+"""Numbered SQL migrations of the plan store; applied in order by plancache.store."""

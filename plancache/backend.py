@@ -1,0 +1,111 @@
+"""The narrow seam between the cache and whatever builds and runs plans.
+
+The cache core (``cache.py``, ``autotune.py``, ``plan.py``) only talks to these Protocols.
+``cudnn_backend.CudnnBackend`` is the real one; ``testing.CpuTestBackend`` runs the whole
+cache on a machine without a GPU. No cuDNN, torch or CUDA import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .key import BuildOptions, TensorSpec
+
+__all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice"]
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """Which engine a plan runs and with which knobs: enough to rebuild it without
+    autotuning when its serialized blob cannot be loaded."""
+
+    engine_id: int | None
+    knobs: dict[str, int] = field(default_factory=dict)
+    name: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine_id": self.engine_id, "knobs": dict(self.knobs), "name": self.name}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EngineChoice:
+        return cls(engine_id=data.get("engine_id"), knobs=dict(data.get("knobs") or {}), name=str(data.get("name", "")))
+
+
+@dataclass
+class BuiltPlan:
+    """A plan ready to execute, with what the store keeps of it."""
+
+    native: Any  # backend object that executes (a built cuDNN graph, say)
+    blob: bytes  # serialized plan
+    tensors: list[TensorSpec]
+    workspace_size: int
+    engine: EngineChoice | None
+
+
+class CandidateSet(Protocol):
+    """The candidate plans of one graph, in the heuristics' order (best guess first)."""
+
+    def __len__(self) -> int: ...
+
+    def engine(self, index: int) -> EngineChoice:
+        """The engine and knobs of candidate ``index``."""
+        ...
+
+    def build(self, index: int) -> str | None:
+        """Build candidate ``index``; None on success, else why it failed."""
+        ...
+
+    def time(self, index: int, runs: int) -> list[float]:
+        """Run built candidate ``index`` ``runs`` times after one warm-up; milliseconds each."""
+        ...
+
+    def finish(self, index: int) -> BuiltPlan:
+        """Make candidate ``index`` the graph's plan and serialize it."""
+        ...
+
+    def close(self) -> None:
+        """Free what timing allocated (inputs, workspaces)."""
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Builds, loads and executes plans. ``name`` is stored with each entry."""
+
+    name: str
+    #: torch device type the plan's tensors must live on ("cuda" or "cpu").
+    device_type: str
+
+    def environment(self) -> dict[str, Any]:
+        """Everything outside the graph that changes a plan: GPU, driver, library versions."""
+        ...
+
+    def current_device(self) -> int:
+        """Index of the device plans are loaded onto now."""
+        ...
+
+    def candidates(
+        self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None
+    ) -> CandidateSet:
+        """Validate ``graph`` and list its candidate plans. Raises ``InvalidGraphError``
+        naming the node when the library rejects the graph. ``inputs`` (by uid) are used
+        for timing instead of random tensors when given."""
+        ...
+
+    def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
+        """Build ``graph`` with a known engine and knobs, skipping autotuning."""
+        ...
+
+    def load(self, blob: bytes, tensors: Sequence[TensorSpec]) -> Any:
+        """Deserialize a stored plan; raises if the library refuses it."""
+        ...
+
+    def allocate_workspace(self, size: int) -> Any:
+        """A workspace of ``size`` bytes on the current device (None when size is 0)."""
+        ...
+
+    def execute(self, native: Any, pack: Mapping[int, Any], workspace: Any) -> None:
+        """Launch a plan on the caller's current stream with tensors by uid."""
+        ...

@@ -1,0 +1,112 @@
+"""Every error plancache raises. One base class; leaves also subclass the builtin a caller
+already catches (``ValueError``, ``TimeoutError``, ``OSError``...).
+
+This module imports nothing from plancache, so every other module may import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BuildError",
+    "BundleError",
+    "CacheDirError",
+    "EntryNotFoundError",
+    "InvalidGraphError",
+    "LockTimeoutError",
+    "ManifestError",
+    "NoGpuError",
+    "PlanCacheError",
+    "RemoteError",
+    "SchemaTooNewError",
+    "StoreBusyError",
+    "StoreError",
+    "TensorMismatchError",
+]
+
+
+class PlanCacheError(Exception):
+    """Base class of every plancache error.
+
+    Subclasses keep their fields as attributes and pickle across processes: the
+    constructor's keyword arguments are kept in ``self.fields`` and replayed by
+    ``__reduce__``.
+    """
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.fields))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[PlanCacheError], message: str, fields: dict[str, Any]) -> PlanCacheError:
+    return cls(message, **fields)
+
+
+class InvalidGraphError(PlanCacheError, ValueError):
+    """The caller's graph cannot be cached or built: a tensor without a uid, a node cuDNN
+    rejects, an unsupported attribute. Fields: ``node`` (name or None), ``reason``."""
+
+
+class TensorMismatchError(PlanCacheError, ValueError):
+    """Tensors passed to ``Plan.execute`` do not match the plan (missing, unknown, or of
+    another shape, stride, dtype or device). Nothing was launched."""
+
+
+class BuildError(PlanCacheError, RuntimeError):
+    """No candidate plan of a valid graph could be built on this GPU."""
+
+
+class NoGpuError(PlanCacheError, RuntimeError):
+    """A GPU operation was asked for on a machine without a usable CUDA device."""
+
+
+class StoreError(PlanCacheError, OSError):
+    """The plan store could not be opened, read or written. Field: ``path``."""
+
+
+class CacheDirError(StoreError):
+    """The cache directory cannot be created, is not a directory, or is writable by
+    other users. Field: ``path``."""
+
+
+class SchemaTooNewError(StoreError):
+    """The database was written by a newer plancache; it is left untouched.
+    Fields: ``path``, ``found``, ``supported``."""
+
+
+class StoreBusyError(StoreError, TimeoutError):
+    """The database stayed locked by other processes beyond the busy timeout."""
+
+
+class LockTimeoutError(PlanCacheError, TimeoutError):
+    """Waiting for another process to finish building the same plan took too long.
+    Fields: ``key``, ``waited_s``."""
+
+
+class EntryNotFoundError(PlanCacheError, KeyError):
+    """No stored entry matches the given key or key prefix. Field: ``key``."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.message
+
+
+class ManifestError(PlanCacheError, ValueError):
+    """A prewarm manifest is malformed. Fields: ``path``, ``entry`` (index or None)."""
+
+
+class BundleError(PlanCacheError, ValueError):
+    """A bundle is truncated, tampered with, of a newer format, or unsafe. Field: ``path``."""
+
+
+class RemoteError(PlanCacheError, ConnectionError):
+    """The remote (Redis) tier failed or refused an entry."""

@@ -1,0 +1,503 @@
+"""The SQLite plan store: open, migrate, get, put, evict, verify. Knows nothing of GPUs.
+
+Habits: WAL set once at creation; on every connection a busy timeout and
+``synchronous=NORMAL``; one connection per thread, reopened after ``fork``; writes in short
+``BEGIN IMMEDIATE`` transactions; a lookup never writes (hit counts are batched by the
+caller and flushed with ``record_hits``). Every blob carries a SHA-256 checked by
+``Entry.checksum_ok`` before it reaches cuDNN.
+
+Never put the store on a network filesystem (NFS, Lustre): SQLite's locking is not
+reliable there. Use the Redis tier to share plans between machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import CacheDirError, SchemaTooNewError, StoreBusyError, StoreError
+
+__all__ = ["DB_NAME", "Entry", "Store", "default_cache_dir", "migrations", "sha256"]
+
+log = logging.getLogger("plancache")
+
+DB_NAME = "plans.db"
+BUSY_TIMEOUT_MS = 30_000
+_LIST_COLUMNS = (
+    "key, env_id, label, blob_size, workspace_size, policy, backend, build_seconds, "
+    "autotune_seconds, created_at, last_used_at, hit_count"
+)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """``$PLANCACHE_DIR`` if set, else the platform's per-user cache directory."""
+    env = os.environ.get("PLANCACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs  # imported here: only needed when no directory is given
+
+    return Path(platformdirs.user_cache_dir("plancache", appauthor=False))
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """The numbered migrations as ``(number, file name, sql)``, in order."""
+    from importlib import resources  # only when opening a store
+
+    try:
+        folder: Any = resources.files("plancache.migrations")
+        files = [f for f in folder.iterdir() if f.name.endswith(".sql")]
+    except ModuleNotFoundError:  # running from a source tree that is not installed
+        folder = Path(__file__).resolve().parent.parent / "migrations"
+        files = sorted(folder.glob("*.sql"))
+    found = []
+    for f in files:
+        number = int(f.name.split("_", 1)[0])
+        found.append((number, f.name, f.read_text()))
+    found.sort()
+    numbers = [n for n, _, _ in found]
+    if numbers != list(range(1, len(found) + 1)):
+        raise StoreError(f"migrations are not numbered 1..N: {numbers}", path=str(folder))
+    return found
+
+
+def _statements(script: str) -> Iterator[str]:
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                yield buffer.strip()
+            buffer = ""
+    if buffer.strip() and not all(ln.strip().startswith("--") for ln in buffer.strip().splitlines()):
+        raise StoreError(f"incomplete SQL statement in migration: {buffer.strip()[:80]!r}", path=None)
+
+
+@dataclass
+class Entry:
+    """One stored plan with everything known about how it was made."""
+
+    key: str
+    env_id: str
+    label: str
+    description: dict[str, Any]
+    environment: dict[str, Any]
+    options: dict[str, Any]
+    tensors: list[dict[str, Any]]
+    blob: bytes
+    blob_sha256: str
+    engine: dict[str, Any] | None
+    workspace_size: int
+    policy: str
+    candidates: list[dict[str, Any]]
+    timing: dict[str, Any]
+    build_seconds: float
+    autotune_seconds: float
+    backend: str
+    created_at: float = field(default_factory=time.time)
+    last_used_at: float = 0.0
+    hit_count: int = 0
+
+    def checksum_ok(self) -> bool:
+        return len(self.blob) > 0 and sha256(self.blob) == self.blob_sha256
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "env_id": self.env_id,
+            "label": self.label,
+            "graph_json": json.dumps(self.description, sort_keys=True),
+            "environment_json": json.dumps(self.environment, sort_keys=True),
+            "options_json": json.dumps(self.options, sort_keys=True),
+            "tensors_json": json.dumps(self.tensors),
+            "blob": self.blob,
+            "blob_sha256": self.blob_sha256,
+            "blob_size": len(self.blob),
+            "engine_json": json.dumps(self.engine) if self.engine is not None else None,
+            "workspace_size": self.workspace_size,
+            "policy": self.policy,
+            "candidates_json": json.dumps(self.candidates),
+            "timing_json": json.dumps(self.timing),
+            "build_seconds": self.build_seconds,
+            "autotune_seconds": self.autotune_seconds,
+            "backend": self.backend,
+            "created_at": self.created_at,
+            "last_used_at": self.last_used_at or self.created_at,
+            "hit_count": self.hit_count,
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Entry:
+        return cls(
+            key=row["key"],
+            env_id=row["env_id"],
+            label=row["label"],
+            description=json.loads(row["graph_json"]),
+            environment=json.loads(row["environment_json"]),
+            options=json.loads(row["options_json"]),
+            tensors=json.loads(row["tensors_json"]),
+            blob=bytes(row["blob"]),
+            blob_sha256=row["blob_sha256"],
+            engine=json.loads(row["engine_json"]) if row["engine_json"] else None,
+            workspace_size=int(row["workspace_size"]),
+            policy=row["policy"],
+            candidates=json.loads(row["candidates_json"]),
+            timing=json.loads(row["timing_json"]),
+            build_seconds=float(row["build_seconds"]),
+            autotune_seconds=float(row["autotune_seconds"]),
+            backend=row["backend"],
+            created_at=float(row["created_at"]),
+            last_used_at=float(row["last_used_at"]),
+            hit_count=int(row["hit_count"]),
+        )
+
+
+_ROW_COLUMNS = tuple(Entry.__dataclass_fields__)  # only for documentation of the mapping
+_INSERT_COLUMNS = (
+    "key", "env_id", "label", "graph_json", "environment_json", "options_json", "tensors_json",
+    "blob", "blob_sha256", "blob_size", "engine_json", "workspace_size", "policy",
+    "candidates_json", "timing_json", "build_seconds", "autotune_seconds", "backend",
+    "created_at", "last_used_at", "hit_count",
+)  # fmt: skip
+_INSERT_SQL = (
+    f"INSERT OR REPLACE INTO plans ({', '.join(_INSERT_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c for c in _INSERT_COLUMNS)})"
+)
+
+
+def _check_private(directory: Path, allow_shared: bool) -> None:
+    """Refuse a cache directory that other users can write: its blobs carry native code."""
+    mode = directory.stat().st_mode
+    if allow_shared or not (mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        return
+    raise CacheDirError(
+        f"cache directory {directory} is writable by other users (mode {stat.filemode(mode)}); "
+        "plans hold native code, so plancache refuses it. Use a private directory, or set "
+        "PLANCACHE_ALLOW_SHARED_DIR=1 if everyone who can write there is trusted",
+        path=str(directory),
+    )
+
+
+class Store:
+    """The SQLite database of one cache directory.
+
+    ``Store(directory)`` creates the directory (mode 0700) and database (0600) if needed,
+    applies pending migrations and moves an unreadable database file aside. A directory
+    that cannot be written opens read-only: lookups work, writes raise ``StoreError``.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        read_only: bool | None = None,
+        allow_shared_dir: bool | None = None,
+    ) -> None:
+        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        self.path = self.directory / DB_NAME
+        if allow_shared_dir is None:
+            allow_shared_dir = os.environ.get("PLANCACHE_ALLOW_SHARED_DIR", "") not in ("", "0")
+        self._local = threading.local()
+        self._prepare_directory(read_only, allow_shared_dir)
+        self._open_and_migrate()
+
+    # ------------------------------------------------------------------ opening
+
+    def _prepare_directory(self, read_only: bool | None, allow_shared: bool) -> None:
+        directory = self.directory
+        if not directory.exists() and read_only is not True:
+            try:
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CacheDirError(
+                    f"cannot create cache directory {directory}: {exc.strerror or exc}", path=str(directory)
+                ) from exc
+        if not directory.is_dir():
+            raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
+        _check_private(directory, allow_shared)
+        writable = os.access(directory, os.W_OK) and (not self.path.exists() or os.access(self.path, os.W_OK))
+        if read_only is None:
+            read_only = not writable
+        self.read_only = bool(read_only)
+        if self.read_only and not self.path.exists():
+            raise CacheDirError(f"read-only cache directory {directory} holds no {DB_NAME}", path=str(directory))
+
+    def _open_and_migrate(self) -> None:
+        try:
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            if self.read_only or isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
+            self._move_aside(str(exc))
+            self._migrate()
+
+    def _move_aside(self, reason: str) -> None:
+        self.close()
+        aside = self.path.with_name(f"{DB_NAME}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        log.warning("plancache: %s is unreadable (%s); moved it to %s and started a new store", self.path, reason, aside)
+        os.replace(self.path, aside)
+        for suffix in ("-wal", "-shm"):
+            side = Path(str(self.path) + suffix)
+            if side.exists():
+                os.replace(side, Path(str(aside) + suffix))
+
+    def _migrate(self) -> None:
+        conn = self.connection()
+        found = conn.execute("PRAGMA user_version").fetchone()[0]
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads page 1: garbage fails here
+        steps = migrations()
+        latest = steps[-1][0]
+        if found > latest:
+            raise SchemaTooNewError(
+                f"{self.path} has schema {found}, newer than this plancache supports ({latest}); "
+                "upgrade plancache or point PLANCACHE_DIR elsewhere. The file was not changed",
+                path=str(self.path),
+                found=found,
+                supported=latest,
+            )
+        if found == latest:
+            return
+        if self.read_only:
+            raise StoreError(f"read-only store {self.path} has schema {found}, older than {latest}", path=str(self.path))
+        if found == 0:
+            conn.execute("PRAGMA journal_mode=WAL")
+        with self.transaction() as tx:
+            found = tx.execute("PRAGMA user_version").fetchone()[0]  # another process may have migrated
+            for number, name, sql in steps:
+                if number <= found:
+                    continue
+                for statement in _statements(sql):
+                    tx.execute(statement)
+                tx.execute(f"PRAGMA user_version = {int(number)}")
+                log.debug("plancache: applied migration %s to %s", name, self.path)
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection, opened on first use and again after a fork."""
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is not None and local.pid == os.getpid():
+            return conn
+        if self.read_only:
+            # immutable=1: a baked, read-only cache has no -shm/-wal to create.
+            uri = f"file:{self.path}?mode=ro&immutable=1"
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        else:
+            old_umask = os.umask(0o077)  # database, -wal and -shm private to the user
+            try:
+                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+            finally:
+                os.umask(old_umask)
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if not self.read_only:
+            conn.execute("PRAGMA synchronous = NORMAL")
+        local.conn = conn
+        local.pid = os.getpid()
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            conn.close()
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A short write transaction, taken with BEGIN IMMEDIATE so it never deadlocks."""
+        if self.read_only:
+            raise StoreError(f"plan store {self.path} is read-only", path=str(self.path))
+        conn = self.connection()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise StoreBusyError(f"plan store {self.path} stayed locked for {BUSY_TIMEOUT_MS} ms", path=str(self.path)) from exc
+            raise StoreError(f"cannot write plan store {self.path}: {exc}", path=str(self.path)) from exc
+        try:
+            yield conn
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise StoreError(f"cannot commit to plan store {self.path}: {exc}", path=str(self.path)) from exc
+
+    def _write(self, sql: str, params: Any = ()) -> int:
+        try:
+            with self.transaction() as tx:
+                return tx.execute(sql, params).rowcount
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write plan store {self.path}: {exc}", path=str(self.path)) from exc
+
+    # ------------------------------------------------------------------ plans
+
+    def get(self, key: str) -> Entry | None:
+        """The entry stored under ``key``, or None. Reads only; checks no checksum."""
+        row = self.connection().execute("SELECT * FROM plans WHERE key = ?", (key,)).fetchone()
+        return Entry.from_row(row) if row is not None else None
+
+    def put(self, entry: Entry) -> None:
+        """Insert or replace an entry in one short transaction."""
+        try:
+            with self.transaction() as tx:
+                tx.execute(_INSERT_SQL, entry.row())
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot store plan {entry.key[:12]} in {self.path}: {exc}", path=str(self.path)) from exc
+
+    def delete(self, key: str) -> bool:
+        return self._write("DELETE FROM plans WHERE key = ?", (key,)) > 0
+
+    def resolve(self, prefix: str) -> list[str]:
+        """Full keys starting with ``prefix`` (at most two, enough to tell ambiguity)."""
+        if not prefix or any(c not in "0123456789abcdef" for c in prefix.lower()):
+            return []
+        rows = self.connection().execute(
+            "SELECT key FROM plans WHERE key >= ? AND key < ? ORDER BY key LIMIT 2", (prefix.lower(), prefix.lower() + "g")
+        )
+        return [r[0] for r in rows]
+
+    def keys(self) -> list[str]:
+        return [r[0] for r in self.connection().execute("SELECT key FROM plans ORDER BY key")]
+
+    def list_entries(self, env_id: str | None = None) -> list[dict[str, Any]]:
+        """Summaries of every entry (no blob), most recently used first."""
+        sql = f"SELECT {_LIST_COLUMNS} FROM plans"
+        params: tuple[Any, ...] = ()
+        if env_id is not None:
+            sql += " WHERE env_id = ?"
+            params = (env_id,)
+        rows = self.connection().execute(sql + " ORDER BY last_used_at DESC, key", params)
+        return [dict(r) for r in rows]
+
+    def record_hits(self, hits: Mapping[str, tuple[int, float]]) -> None:
+        """Add batched hit counts and last-used times: ``{key: (count, last_used)}``."""
+        if not hits:
+            return
+        try:
+            with self.transaction() as tx:
+                tx.executemany(
+                    "UPDATE plans SET hit_count = hit_count + ?, last_used_at = max(last_used_at, ?) WHERE key = ?",
+                    [(count, used, key) for key, (count, used) in hits.items()],
+                )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot record hits in {self.path}: {exc}", path=str(self.path)) from exc
+
+    def quarantine(self, key: str, reason: str) -> bool:
+        """Move an entry out of service, keeping it (and its blob) for inspection."""
+        try:
+            with self.transaction() as tx:
+                row = tx.execute("SELECT * FROM plans WHERE key = ?", (key,)).fetchone()
+                if row is None:
+                    return False
+                meta = {k: row[k] for k in row.keys() if k != "blob"}
+                tx.execute(
+                    "INSERT INTO quarantine (key, reason, quarantined_at, row_json, blob) VALUES (?, ?, ?, ?, ?)",
+                    (key, reason, time.time(), json.dumps(meta), row["blob"]),
+                )
+                tx.execute("DELETE FROM plans WHERE key = ?", (key,))
+                tx.execute(
+                    "INSERT INTO counters (name, value) VALUES ('quarantined', 1) "
+                    "ON CONFLICT(name) DO UPDATE SET value = value + 1"
+                )
+                return True
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot quarantine {key[:12]} in {self.path}: {exc}", path=str(self.path)) from exc
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        rows = self.connection().execute(
+            "SELECT id, key, reason, quarantined_at, length(blob) AS blob_size FROM quarantine ORDER BY id"
+        )
+        return [dict(r) for r in rows]
+
+    def bump(self, name: str, by: int = 1) -> None:
+        self._write(
+            "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+            (name, by),
+        )
+
+    def counters(self) -> dict[str, int]:
+        return {r[0]: r[1] for r in self.connection().execute("SELECT name, value FROM counters")}
+
+    # ------------------------------------------------------------------ kernel caches
+
+    def get_kernel_cache(self, env_id: str) -> tuple[bytes, int | None] | None:
+        row = self.connection().execute(
+            "SELECT blob, blob_sha256, revision FROM kernel_caches WHERE env_id = ?", (env_id,)
+        ).fetchone()
+        if row is None or sha256(bytes(row["blob"])) != row["blob_sha256"]:
+            return None
+        return bytes(row["blob"]), row["revision"]
+
+    def put_kernel_cache(self, env_id: str, blob: bytes, revision: int | None) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO kernel_caches (env_id, blob, blob_sha256, revision, updated_at) VALUES (?, ?, ?, ?, ?)",
+            (env_id, blob, sha256(blob), revision, time.time()),
+        )
+
+    # ------------------------------------------------------------------ size, age, health
+
+    def total_size(self) -> int:
+        row = self.connection().execute("SELECT coalesce(sum(blob_size), 0) FROM plans").fetchone()
+        return int(row[0])
+
+    def evict_to(self, max_bytes: int, batch: int = 16) -> int:
+        """Delete least-recently-used entries, a small batch per transaction, until the
+        blobs total at most ``max_bytes``. Returns how many entries were deleted."""
+        deleted = 0
+        while self.total_size() > max_bytes:
+            with self.transaction() as tx:
+                keys = [
+                    r[0]
+                    for r in tx.execute("SELECT key FROM plans ORDER BY last_used_at ASC, key LIMIT ?", (batch,))
+                ]
+                if not keys:
+                    break
+                tx.executemany("DELETE FROM plans WHERE key = ?", [(k,) for k in keys])
+                deleted += len(keys)
+        return deleted
+
+    def stats(self) -> dict[str, Any]:
+        conn = self.connection()
+        row = conn.execute(
+            "SELECT count(*) AS entries, coalesce(sum(blob_size), 0) AS blob_bytes, "
+            "coalesce(sum(hit_count), 0) AS hits, count(DISTINCT env_id) AS environments, "
+            "coalesce(sum(build_seconds), 0) AS build_seconds FROM plans"
+        ).fetchone()
+        by_policy = {r[0]: r[1] for r in conn.execute("SELECT policy, count(*) FROM plans GROUP BY policy")}
+        quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+        return {
+            "path": str(self.path),
+            "read_only": self.read_only,
+            "file_bytes": self.path.stat().st_size if self.path.exists() else 0,
+            **dict(row),
+            "by_policy": by_policy,
+            "quarantined": quarantined,
+            "counters": self.counters(),
+        }
+
+    def integrity_problems(self) -> list[str]:
+        """SQLite's integrity check plus every blob's checksum; empty when healthy."""
+        conn = self.connection()
+        problems = [r[0] for r in conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
+        for row in conn.execute("SELECT key, blob, blob_sha256 FROM plans"):
+            if sha256(bytes(row["blob"])) != row["blob_sha256"]:
+                problems.append(f"checksum mismatch in entry {row['key']}")
+        return problems

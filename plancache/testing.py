@@ -1,0 +1,266 @@
+"""A CPU backend for tests: the whole cache (hits, misses, store, locking, CLI) without a GPU.
+
+``CpuTestBackend`` takes real ``cudnn.pygraph`` objects, which build without a GPU, and
+implements the backend seam with PyTorch on the CPU:
+
+* candidates: a fixed number per graph with simulated, deterministic timings (a function
+  of the key and the index), so autotuning picks the same winner every time;
+* a plan blob: the graph's canonical description and the chosen engine, as JSON behind a
+  magic header, so a damaged blob is refused by ``load`` just as cuDNN refuses one;
+* execution: a reference implementation of convolution, matmul, pointwise ops and SDPA,
+  so users can test code that runs plans on CPU-only CI.
+
+Options make it slow (``build_delay``) or log every build to a file (``build_log``), which
+the concurrency tests use to count builds across processes.
+
+Use it with ``PlanCache(backend=CpuTestBackend())``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .backend import BuiltPlan, EngineChoice
+from .errors import BuildError, InvalidGraphError
+from .key import BuildOptions, TensorSpec, canonical_json, describe, tensor_table
+
+__all__ = ["CpuTestBackend"]
+
+MAGIC = b"PLANCACHE-TEST-PLAN/1\n"
+
+_TORCH_DTYPE_NAMES = {
+    "data_type.HALF": "float16",
+    "data_type.BFLOAT16": "bfloat16",
+    "data_type.FLOAT": "float32",
+    "data_type.DOUBLE": "float64",
+    "data_type.INT32": "int32",
+    "data_type.INT64": "int64",
+    "data_type.INT8": "int8",
+    "data_type.UINT8": "uint8",
+    "data_type.BOOLEAN": "bool",
+}
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+class _Native:
+    """A 'loaded plan' of the test backend: the description it evaluates."""
+
+    def __init__(self, description: dict[str, Any], tensors: Sequence[TensorSpec], engine: dict[str, Any]) -> None:
+        self.description = description
+        self.tensors = list(tensors)
+        self.engine = engine
+        self.executions = 0
+
+
+def _pointwise(torch: Any, mode: str, a: Any, b: Any, params: Mapping[str, Any]) -> Any:
+    functional = torch.nn.functional
+    binary = {"add": torch.add, "bias": torch.add, "sub": torch.sub, "mul": torch.mul, "scale": torch.mul,
+              "div": torch.div, "max": torch.maximum, "min": torch.minimum, "pow": torch.pow}  # fmt: skip
+    unary = {"relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp,
+             "log": torch.log, "neg": torch.neg, "abs": torch.abs, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+             "identity": lambda x: x, "gelu": functional.gelu, "swish": functional.silu,
+             "gelu_approx_tanh": lambda x: functional.gelu(x, approximate="tanh"), "erf": torch.erf}  # fmt: skip
+    if mode in binary:
+        return binary[mode](a, b)
+    if mode in unary:
+        return unary[mode](a)
+    raise NotImplementedError(f"pointwise mode {mode!r}")
+
+
+def _evaluate(description: Mapping[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate a canonical description on CPU in float32; ``values`` maps tensor ids to tensors."""
+    torch = _torch()
+    functional = torch.nn.functional
+
+    def get(ref: str | None) -> Any:
+        if ref is None:
+            return None
+        value = values[ref]
+        if isinstance(value, (int, float)):
+            return torch.tensor(float(value))
+        return value.float()
+
+    for node in description["nodes"]:
+        kind, params, ins = node["type"], node["params"], node["inputs"]
+        if kind == "CONV_FPROP":
+            x, w = get(ins["image"]), get(ins["weight"])
+            conv = {3: functional.conv1d, 4: functional.conv2d, 5: functional.conv3d}[x.dim()]
+            out = conv(x, w, padding=params["padding"], stride=params["stride"], dilation=params["dilation"])
+        elif kind == "POINTWISE":
+            out = _pointwise(torch, str(params.get("mode")), get(ins.get("IN_0")), get(ins.get("IN_1")), params)
+        elif kind == "MATMUL":
+            out = torch.matmul(get(ins["A"]), get(ins["B"]))
+        elif kind == "SDPA":
+            q, k, v = get(ins["q"]), get(ins["k"]), get(ins["v"])
+            scale = get(ins.get("attn_scale")) if ins.get("attn_scale") else params.get("attn_scale")
+            if k.shape[1] != q.shape[1]:  # grouped-query attention
+                k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+                v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+            causal = bool(params.get("use_causal_mask") or params.get("causal_mask"))
+            scale_value = float(scale) if scale is not None else None
+            out = functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale_value)
+        else:
+            raise NotImplementedError(f"node type {kind}")
+        first_port = next(iter(node["outputs"]))
+        values[node["outputs"][first_port]] = out
+    return values
+
+
+class _Candidates:
+    def __init__(self, backend: CpuTestBackend, graph_description: dict[str, Any], tensors: list[TensorSpec]) -> None:
+        self.backend = backend
+        self.description = graph_description
+        self.tensors = tensors
+        self.digest = hashlib.sha256(canonical_json(graph_description).encode()).digest()
+        self.built: set[int] = set()
+
+    def __len__(self) -> int:
+        return self.backend.candidate_count
+
+    def engine(self, index: int) -> EngineChoice:
+        return EngineChoice(engine_id=index, knobs={"tile": 64 << (index % 3)}, name=f"test_engine_{index}")
+
+    def build(self, index: int) -> str | None:
+        if index in self.backend.unbuildable:
+            return "not supported by the test device"
+        if self.backend.build_delay:
+            time.sleep(self.backend.build_delay)
+        self.built.add(index)
+        return None
+
+    def simulated_ms(self, index: int) -> float:
+        """Deterministic per (graph, index); candidate 0 is rarely the best, as on GPUs."""
+        return 0.05 + (self.digest[index % len(self.digest)] / 255.0) * (1 + index % 4)
+
+    def time(self, index: int, runs: int) -> list[float]:
+        if index not in self.built:
+            raise RuntimeError(f"candidate {index} was not built")
+        return [self.simulated_ms(index) * (1 + 0.001 * (r % 3)) for r in range(runs)]
+
+    def finish(self, index: int) -> BuiltPlan:
+        engine = self.engine(index)
+        return self.backend.make_plan(self.description, self.tensors, engine)
+
+    def close(self) -> None:
+        self.built.clear()
+
+
+class CpuTestBackend:
+    """The backend seam implemented on the CPU with PyTorch; see the module docstring.
+
+    ``candidates``: how many candidate plans each graph has. ``unbuildable``: indices whose
+    build fails. ``build_delay``: seconds each candidate build sleeps. ``build_log``: a file
+    that gets one line per finished build (the key of the description). ``environment``:
+    replaces fields of the fingerprint (to stand for another GPU or library version).
+    """
+
+    name = "cpu-test"
+    device_type = "cpu"
+
+    def __init__(
+        self,
+        *,
+        candidates: int = 4,
+        unbuildable: Sequence[int] = (),
+        build_delay: float = 0.0,
+        build_log: str | os.PathLike[str] | None = None,
+        environment: Mapping[str, Any] | None = None,
+    ) -> None:
+        if candidates < 1:
+            raise ValueError("candidates must be >= 1")
+        self.candidate_count = candidates
+        self.unbuildable = frozenset(unbuildable)
+        self.build_delay = build_delay
+        self.build_log = os.fspath(build_log) if build_log is not None else None
+        self._environment = {
+            "gpu_name": "CPU test device",
+            "compute_capability": "0.0",
+            "sm_count": 0,
+            "driver_version": "none",
+            "cuda_version": "none",
+            "cudnn_backend_version": "cpu-test",
+            "cudnn_frontend_version": "cpu-test",
+            **(environment or {}),
+        }
+        self.loads = 0
+
+    def environment(self) -> dict[str, Any]:
+        return dict(self._environment)
+
+    def current_device(self) -> int:
+        return 0
+
+    def _describe_with_shapes(self, graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]:
+        """Description plus a tensor table whose output shapes come from a reference run."""
+        description = describe(graph)
+        table = tensor_table(graph)
+        torch = _torch()
+        values: dict[str, Any] = {}
+        for spec in table:
+            if spec.is_output:
+                continue
+            if not spec.dims:
+                raise InvalidGraphError(f"input tensor {spec.name!r} has no dims", node=None, reason="no dims")
+            values[f"u{spec.uid}"] = torch.zeros(spec.dims) if not spec.is_pass_by_value else 1.0
+        try:
+            _evaluate(description, values)
+        except NotImplementedError as exc:
+            raise BuildError(f"the CPU test backend cannot run {exc}", reason="unsupported by test backend") from exc
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise InvalidGraphError(f"the graph is invalid: {exc}", node=None, reason=str(exc)) from exc
+        inferred = []
+        for spec in table:
+            if spec.is_output and not spec.dims:
+                out = values[f"u{spec.uid}"]
+                dims = tuple(out.shape)
+                strides = tuple(out.contiguous().stride())
+                spec = TensorSpec(spec.uid, spec.name, dims, strides, spec.dtype, True, spec.is_pass_by_value)
+            inferred.append(spec)
+        return description, inferred
+
+    def candidates(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None) -> _Candidates:
+        description, tensors = self._describe_with_shapes(graph)
+        return _Candidates(self, description, tensors)
+
+    def make_plan(self, description: dict[str, Any], tensors: list[TensorSpec], engine: EngineChoice) -> BuiltPlan:
+        payload = {"description": description, "tensors": [t.to_dict() for t in tensors], "engine": engine.to_dict()}
+        blob = MAGIC + json.dumps(payload, sort_keys=True).encode()
+        if self.build_log is not None:
+            line = hashlib.sha256(canonical_json(description).encode()).hexdigest() + f" {os.getpid()}\n"
+            with open(self.build_log, "a") as f:  # one short append: atomic on POSIX
+                f.write(line)
+        return BuiltPlan(_Native(description, tensors, engine.to_dict()), blob, tensors, 1024, engine)
+
+    def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
+        description, tensors = self._describe_with_shapes(graph)
+        return self.make_plan(description, tensors, engine)
+
+    def load(self, blob: bytes, tensors: Sequence[TensorSpec]) -> _Native:
+        if not blob.startswith(MAGIC):
+            raise ValueError("not a plancache test plan (bad magic)")
+        payload = json.loads(blob[len(MAGIC):])
+        self.loads += 1
+        return _Native(payload["description"], [TensorSpec.from_dict(t) for t in payload["tensors"]], payload["engine"])
+
+    def allocate_workspace(self, size: int) -> bytearray | None:
+        return bytearray(size) if size else None
+
+    def execute(self, native: _Native, pack: Mapping[int, Any], workspace: Any) -> None:
+        torch = _torch()
+        values = {f"u{uid}": tensor for uid, tensor in pack.items()}
+        with torch.no_grad():
+            _evaluate(native.description, values)
+            for spec in native.tensors:
+                if spec.is_output:
+                    pack[spec.uid].copy_(values[f"u{spec.uid}"])
+        native.executions += 1
