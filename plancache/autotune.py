@@ -99,7 +99,8 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
 
     for index in built:
         reports[index].first_ms = cands.time(index, 1)[0]
-    best_first = min(reports[i].first_ms or float("inf") for i in built)
+    # Not ``first_ms or inf``: a run timed at 0.0 ms is the best, not missing.
+    best_first = min(ms for i in built if (ms := reports[i].first_ms) is not None)
     survivors = []
     for index in built:
         first = reports[index].first_ms

@@ -388,6 +388,9 @@ def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, .
         return value
 
     if kwargs:
-        return (*map(one, args), *((k, one(v)) for k, v in sorted(kwargs.items())))
+        # The marker keeps f(("n", 1)) and f(n=1) apart.
+        return (*map(one, args), _KWARGS, *((k, one(v)) for k, v in sorted(kwargs.items())))
     return tuple(map(one, args))
 
+
+_KWARGS = object()

@@ -149,7 +149,13 @@ def make_key(description: Mapping[str, Any], environment: Mapping[str, Any], opt
 # ---------------------------------------------------------------------------- describe
 
 
-def _tensors_of(graph: Any) -> Mapping[str, Any]:
+def _tensors_of(graph: Any) -> list[Any]:
+    """Every tensor of the graph, each once (by identity).
+
+    ``graph.tensors`` is keyed by name, and pygraph drops a name that two tensors share
+    from it (names are labels; duplicates are legal). Such tensors would then be missing
+    from the key and the variant pack, so the nodes' ports are walked as well.
+    """
     tensors = getattr(graph, "tensors", None)
     if not isinstance(tensors, Mapping):
         raise InvalidGraphError(
@@ -157,7 +163,27 @@ def _tensors_of(graph: Any) -> Mapping[str, Any]:
             node=None,
             reason="not a pygraph",
         )
-    return tensors
+    found: dict[int, Any] = {}
+    pending = list(tensors.values())
+    for node in getattr(graph, "nodes", []):
+        pending += [t for t in node.inputs.values() if t is not None]
+        pending += [t for t in node.outputs.values() if t is not None]
+    while pending:
+        t = pending.pop(0)
+        if id(t) in found:
+            continue
+        found[id(t)] = t
+        ragged = getattr(t, "ragged_offset", None)
+        if ragged is not None:
+            pending.append(ragged)
+    return list(found.values())
+
+
+def _data_type(tensor: Any) -> Any:
+    # A tensor may hold a torch dtype; get_data_type() gives the cuDNN enum, so both
+    # spellings key alike and Plan can check the caller's dtype.
+    getter = getattr(tensor, "get_data_type", None)
+    return getter() if callable(getter) else tensor.data_type
 
 
 def _graph_flags(graph: Any) -> dict[str, bool]:
@@ -251,7 +277,7 @@ class _Describer:
         return {
             "dim": [int(d) for d in (tensor.dim or [])],
             "stride": [int(s) for s in (tensor.stride or [])],
-            "dtype": _scalar(tensor.data_type, f"tensor {tensor.name!r}"),
+            "dtype": _scalar(_data_type(tensor), f"tensor {tensor.name!r}"),
             "is_virtual": bool(tensor.is_virtual),
             "is_pass_by_value": bool(getattr(tensor, "is_pass_by_value", False)),
             "is_output": (not tensor.is_virtual) and id(tensor) in self.produced,
@@ -267,17 +293,16 @@ class _Describer:
         if not nodes:
             raise InvalidGraphError("the graph has no operations", node=None, reason="empty graph")
         # Tensors that no node touches still take part in the variant pack; name them too.
-        for t in self.tensors.values():
+        for t in self.tensors:
             self.tensor_id(t)
         uids: dict[str, str] = {}
-        for name, t in self.tensors.items():
+        for t in self.tensors:
             tid = self.ids[id(t)]
-            if tid.startswith("u") and tid in uids and uids[tid] != name:
-                raise InvalidGraphError(
-                    f"tensors {uids[tid]!r} and {name!r} share uid {tid[1:]}", node=None, reason="duplicate uid"
-                )
-            uids[tid] = name
-        tensors = {self.ids[id(t)]: self.tensor(t) for t in self.tensors.values()}
+            if tid.startswith("u") and tid in uids:
+                message = f"tensors {uids[tid]!r} and {t.name!r} share uid {tid[1:]}"
+                raise InvalidGraphError(message, node=None, reason="duplicate uid")
+            uids[tid] = t.name
+        tensors = {self.ids[id(t)]: self.tensor(t) for t in self.tensors}
         return {
             "context": {
                 "io_data_type": _scalar(getattr(context, "io_data_type", None), "context"),
@@ -311,16 +336,17 @@ def tensor_table(graph: Any) -> list[TensorSpec]:
     # An output whose data type was never set takes the graph's io data type.
     io_type = _scalar(getattr(getattr(graph, "context", None), "io_data_type", None), "context")
     table = []
-    for name, t in _tensors_of(graph).items():
+    for t in describer.tensors:
         if t.is_virtual:
             continue
+        data_type = _data_type(t)
         table.append(
             TensorSpec(
                 uid=int(t.uid),
-                name=str(name),
+                name=str(t.name),
                 dims=tuple(int(d) for d in (t.dim or [])),
                 strides=tuple(int(s) for s in (t.stride or [])),
-                dtype=_scalar(t.data_type, name) if t.data_type is not None else io_type,
+                dtype=_scalar(data_type, t.name) if data_type is not None else io_type,
                 is_output=id(t) in describer.produced,
                 is_pass_by_value=bool(getattr(t, "is_pass_by_value", False)),
             )

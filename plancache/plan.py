@@ -71,7 +71,7 @@ class Plan:
                 spec,
                 tuple(spec.dims),
                 tuple((i, s) for i, (d, s) in enumerate(zip(spec.dims, spec.strides)) if d != 1),
-                TORCH_DTYPES.get(spec.dtype or "", None),
+                TORCH_DTYPES.get(spec.dtype or ""),
             )
             for spec in self.tensors
         }

@@ -213,7 +213,11 @@ class Store:
             allow_shared_dir = os.environ.get("PLANCACHE_ALLOW_SHARED_DIR", "") not in ("", "0")
         self._local = threading.local()
         self._prepare_directory(read_only, allow_shared_dir)
-        self._open_and_migrate()
+        try:
+            self._open_and_migrate()
+        except BaseException:
+            self.close()  # a refused database (newer schema, locked) must not stay open
+            raise
 
     # ------------------------------------------------------------------ opening
 
@@ -240,7 +244,7 @@ class Store:
         try:
             self._migrate()
         except sqlite3.DatabaseError as exc:
-            if self.read_only or isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            if self.read_only or (isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)):
                 raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
             self._move_aside(str(exc))
             self._migrate()
@@ -462,14 +466,21 @@ class Store:
         """Delete least-recently-used entries, a small batch per transaction, until the
         blobs total at most ``max_bytes``. Returns how many entries were deleted."""
         deleted = 0
-        while self.total_size() > max_bytes:
+        while (excess := self.total_size() - max_bytes) > 0:
             with self.transaction() as tx:
-                keys = [
-                    r[0]
-                    for r in tx.execute("SELECT key FROM plans ORDER BY last_used_at ASC, key LIMIT ?", (batch,))
-                ]
-                if not keys:
+                rows = tx.execute(
+                    "SELECT key, blob_size FROM plans ORDER BY last_used_at ASC, key LIMIT ?", (batch,)
+                ).fetchall()
+                if not rows:
                     break
+                # Only as many of the batch as the excess needs: deleting the whole batch
+                # would also drop recently used entries (even the one just stored).
+                keys = []
+                for key, size in rows:
+                    if excess <= 0:
+                        break
+                    keys.append(key)
+                    excess -= int(size)
                 tx.executemany("DELETE FROM plans WHERE key = ?", [(k,) for k in keys])
                 deleted += len(keys)
         return deleted

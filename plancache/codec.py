@@ -1,0 +1,47 @@
+"""One portable byte form of a stored entry, shared by bundles and the Redis tier.
+
+Layout: ``MAGIC``, an 8-byte big-endian header length, the header (the entry's fields
+as JSON, without the blob), then the blob. ``decode_entry`` refuses anything that is
+truncated, of another format, or whose blob does not match its SHA-256.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+from .store import Entry
+
+__all__ = ["ENTRY_MAGIC", "decode_entry", "encode_entry"]
+
+ENTRY_MAGIC = b"PLANCACHE-ENTRY/1\n"
+_LENGTH = struct.Struct(">Q")
+_MAX_HEADER = 64 << 20
+
+
+def encode_entry(entry: Entry) -> bytes:
+    header = {name: value for name, value in vars(entry).items() if name != "blob"}
+    raw = json.dumps(header, sort_keys=True).encode()
+    return ENTRY_MAGIC + _LENGTH.pack(len(raw)) + raw + entry.blob
+
+
+def decode_entry(data: bytes) -> Entry:
+    """The entry encoded in ``data``; raises ``ValueError`` saying what is wrong."""
+    if not data.startswith(ENTRY_MAGIC):
+        raise ValueError("not a plancache entry (bad magic or newer format)")
+    offset = len(ENTRY_MAGIC)
+    if len(data) < offset + _LENGTH.size:
+        raise ValueError("entry is truncated (no header length)")
+    (length,) = _LENGTH.unpack_from(data, offset)
+    offset += _LENGTH.size
+    if length > _MAX_HEADER or len(data) < offset + length:
+        raise ValueError("entry is truncated (header)")
+    try:
+        header: dict[str, Any] = json.loads(data[offset : offset + length])
+        entry = Entry(blob=bytes(data[offset + length :]), **header)
+    except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"entry header is malformed: {exc}") from exc
+    if not entry.checksum_ok():
+        raise ValueError(f"entry {entry.key[:12]}: blob does not match its checksum (truncated or altered)")
+    return entry

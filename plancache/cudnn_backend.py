@@ -1,0 +1,327 @@
+"""The cuDNN Frontend backend: the only module that imports ``cudnn`` or touches CUDA.
+
+Both imports happen inside functions, so importing plancache stays cheap and works
+without a GPU. cuDNN handles are kept one per (thread, device), as cuDNN requires, and
+pointed at the caller's current torch stream before every launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .backend import BuiltPlan, EngineChoice
+from .errors import BuildError, InvalidGraphError, NoGpuError
+from .key import BuildOptions, TensorSpec, tensor_table
+
+__all__ = ["CudnnBackend", "cudnn_module", "probe_environment"]
+
+log = logging.getLogger("plancache")
+
+_NODE_IN_MESSAGE = re.compile(r"[Nn]ode '([^']+)'")
+
+
+def _cudnn() -> Any:
+    import cudnn
+
+    return cudnn
+
+
+def cudnn_module() -> Any:
+    """The ``cudnn`` module, imported on first use (graph templates build pygraphs with it)."""
+    return _cudnn()
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def driver_version() -> str:
+    """The NVIDIA kernel driver version (``580.159.04``), else the CUDA driver API version."""
+    for path in ("/sys/module/nvidia/version", "/proc/driver/nvidia/version"):
+        with contextlib.suppress(OSError):
+            text = Path(path).read_text()
+            match = re.search(r"\d+\.\d+(\.\d+)?", text)
+            if match:
+                return match.group(0)
+    with contextlib.suppress(OSError, AttributeError):
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int()
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return f"cuda-api-{version.value}"
+    return "unknown"
+
+
+def _gpu_available() -> bool:
+    """Seam for tests: whether a CUDA device can be used."""
+    try:
+        torch = _torch()
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def probe_environment() -> dict[str, Any]:
+    """What can be known of the environment on this machine; never raises.
+
+    On a machine without a GPU, the GPU fields are None and ``gpu`` says why.
+    """
+    info: dict[str, Any] = {}
+    try:
+        info["cudnn_frontend_version"] = _cudnn().__version__
+    except Exception as exc:
+        info["cudnn_frontend_version"] = f"unavailable ({type(exc).__name__})"
+    try:
+        torch = _torch()
+        info["torch_version"] = torch.__version__
+        info["cuda_version"] = torch.version.cuda
+    except ImportError:
+        info["torch_version"] = None
+    if _gpu_available():
+        try:
+            info.update(CudnnBackend().environment())
+            info["gpu"] = "available"
+        except Exception as exc:
+            info["gpu"] = f"unusable: {exc}"
+    else:
+        info.update(gpu_name=None, compute_capability=None, sm_count=None, cudnn_backend_version=None)
+        info["driver_version"] = driver_version()
+        info["gpu"] = "none: no CUDA device is visible; plans can be inspected but not built or run here"
+    return info
+
+
+# ---------------------------------------------------------------------- candidates
+
+
+def _raise_invalid(exc: BaseException, stage: str) -> None:
+    match = _NODE_IN_MESSAGE.search(str(exc))
+    node = match.group(1) if match else None
+    where = f"node {node!r}: " if node else ""
+    raise InvalidGraphError(f"cuDNN rejected the graph at {stage}: {where}{exc}", node=node, reason=str(exc)) from exc
+
+
+def _knobs_to_json(knobs: Mapping[Any, int]) -> dict[str, int]:
+    return {getattr(k, "name", str(k)): int(v) for k, v in knobs.items()}
+
+
+def _knobs_from_json(knobs: Mapping[str, int]) -> dict[Any, int]:
+    knob_type = _cudnn().knob_type
+    return {knob_type[name]: int(value) for name, value in knobs.items()}
+
+
+class _Candidates:
+    """Candidates of one cuDNN graph, de-duplicated across heuristic modes."""
+
+    def __init__(self, backend: CudnnBackend, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None) -> None:
+        self.backend = backend
+        self.graph = graph
+        self.options = options
+        self.user_inputs = dict(inputs or {})
+        self.indices: list[int] = []  # position -> index in the graph's plan list
+        names: set[str] = set()
+        for index in range(graph.get_execution_plan_count()):
+            name = graph.get_plan_name_at_index(index)
+            if name not in names:  # modes A and B often propose the same engine config
+                names.add(name)
+                self.indices.append(index)
+        self.tensors = tensor_table(graph)
+        self.pack: dict[int, Any] | None = None
+        self.workspace: Any = None
+        self.built: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def engine(self, position: int) -> EngineChoice:
+        index = self.indices[position]
+        name = self.graph.get_plan_name_at_index(index)
+        try:
+            engine_id, knobs = self.graph.get_engine_and_knobs_at_index(index)
+        except Exception:
+            return EngineChoice(engine_id=None, knobs={}, name=name)
+        return EngineChoice(engine_id=int(engine_id), knobs=_knobs_to_json(knobs or {}), name=name)
+
+    def build(self, position: int) -> str | None:
+        cudnn = _cudnn()
+        try:
+            self.graph.build_plan_at_index(self.indices[position])
+        except (cudnn.cudnnGraphNotSupportedError, RuntimeError, ValueError) as exc:
+            return f"{type(exc).__name__}: {str(exc)[:300]}"
+        self.built.add(position)
+        return None
+
+    def _prepare_timing(self) -> None:
+        if self.pack is not None:
+            return
+        torch = _torch()
+        self.pack = {}
+        for spec in self.tensors:
+            if spec.uid in self.user_inputs:
+                self.pack[spec.uid] = self.user_inputs[spec.uid]
+            elif spec.is_pass_by_value:
+                self.pack[spec.uid] = torch.full(spec.dims or (1,), 0.5, dtype=torch.float32)
+            else:
+                self.pack[spec.uid] = _random_tensor(torch, spec)
+        sizes = [self.graph.get_workspace_size_plan_at_index(self.indices[p]) for p in self.built]
+        self.workspace = self.backend.allocate_workspace(max(sizes, default=0))
+
+    def time(self, position: int, runs: int) -> list[float]:
+        torch = _torch()
+        self._prepare_timing()
+        handle = self.backend.handle()
+        index = self.indices[position]
+        launch = self.graph.execute_plan_at_index
+        launch(self.pack, self.workspace, index, handle)  # warm-up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(runs):
+            start.record()
+            launch(self.pack, self.workspace, index, handle)
+            end.record()
+            end.synchronize()
+            times.append(float(start.elapsed_time(end)))
+        return times
+
+    def finish(self, position: int) -> BuiltPlan:
+        index = self.indices[position]
+        self.graph.build_plan_at_index(index)  # selects it: serialize() writes the selected plan
+        blob = bytes(self.graph.serialize(as_bytes=True))
+        workspace = int(self.graph.get_workspace_size_plan_at_index(index))
+        return BuiltPlan(self.graph, blob, tensor_table(self.graph), workspace, self.engine(position))
+
+    def close(self) -> None:
+        self.pack = None
+        self.workspace = None
+
+
+def _random_tensor(torch: Any, spec: TensorSpec) -> Any:
+    """A tensor laid out as ``spec`` with values in ±[0.25, 1): never zero, never huge."""
+    from .plan import TORCH_DTYPES
+
+    dtype = getattr(torch, TORCH_DTYPES.get(spec.dtype or "", "torch.float32").split(".")[1])
+    size = 1 + sum((d - 1) * s for d, s in zip(spec.dims, spec.strides))
+    flat = torch.empty(size, dtype=torch.float32, device="cuda")
+    if dtype.is_floating_point:
+        flat.uniform_(0.25, 1.0).mul_(torch.randint(0, 2, (size,), device="cuda").mul_(2).sub_(1))
+    else:
+        flat.fill_(1)
+    return torch.as_strided(flat.to(dtype), tuple(spec.dims), tuple(spec.strides))
+
+
+# ---------------------------------------------------------------------- backend
+
+
+class CudnnBackend:
+    """Builds, times, serializes, loads and executes cuDNN Frontend graphs."""
+
+    name = "cudnn"
+    device_type = "cuda"
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._environments: dict[int, dict[str, Any]] = {}
+
+    def _require_gpu(self) -> None:
+        if not _gpu_available():
+            raise NoGpuError("no CUDA device is visible: building, loading and running plans need an NVIDIA GPU")
+
+    def current_device(self) -> int:
+        self._require_gpu()
+        return int(_torch().cuda.current_device())
+
+    def handle(self) -> Any:
+        """This thread's cuDNN handle for the current device, on the current torch stream."""
+        torch = _torch()
+        device = torch.cuda.current_device()
+        handles = self._local.__dict__.setdefault("handles", {})
+        handle = handles.get(device)
+        cudnn = _cudnn()
+        if handle is None:
+            handle = handles[device] = cudnn.create_handle()
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+        return handle
+
+    def environment(self) -> dict[str, Any]:
+        self._require_gpu()
+        torch = _torch()
+        device = torch.cuda.current_device()
+        env = self._environments.get(device)
+        if env is None:
+            cudnn = _cudnn()
+            props = torch.cuda.get_device_properties(device)
+            env = {
+                "gpu_name": props.name,
+                "compute_capability": f"{props.major}.{props.minor}",
+                "sm_count": int(props.multi_processor_count),
+                "driver_version": driver_version(),
+                "cuda_version": torch.version.cuda,
+                "cudnn_backend_version": cudnn.backend_version_string(),
+                "cudnn_frontend_version": cudnn.__version__,
+            }
+            self._environments[device] = env
+        return dict(env)
+
+    def _plan_graph(self, graph: Any, options: BuildOptions) -> None:
+        cudnn = _cudnn()
+        if getattr(graph, "_planning_done", False):
+            raise InvalidGraphError(
+                "the graph was already planned (create_execution_plans or build ran); pass a fresh pygraph",
+                node=None,
+                reason="already planned",
+            )
+        try:
+            graph.validate()
+            graph.build_operation_graph()
+        except (ValueError, TypeError, RuntimeError, cudnn.cudnnGraphNotSupportedError) as exc:
+            _raise_invalid(exc, "validation")
+        if options.workspace_limit is not None:
+            graph.deselect_workspace_greater_than(options.workspace_limit)
+
+    def candidates(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None) -> _Candidates:
+        self._require_gpu()
+        cudnn = _cudnn()
+        self._plan_graph(graph, options)
+        modes = [getattr(cudnn.heur_mode, m) for m in options.heuristic_modes]
+        try:
+            graph.create_execution_plans(modes)
+            graph.check_support()
+        except cudnn.cudnnGraphNotSupportedError as exc:
+            _raise_invalid(exc, "planning")
+        except (ValueError, RuntimeError) as exc:
+            _raise_invalid(exc, "planning")
+        return _Candidates(self, graph, options, inputs)
+
+    def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
+        self._require_gpu()
+        if engine.engine_id is None:
+            raise BuildError(f"engine {engine.name!r} has no engine id to rebuild from", reason="no engine id")
+        self._plan_graph(graph, options)
+        graph.create_execution_plan(engine.engine_id, _knobs_from_json(engine.knobs))
+        index = graph.get_execution_plan_count() - 1
+        graph.build_plan_at_index(index)
+        blob = bytes(graph.serialize(as_bytes=True))
+        workspace = int(graph.get_workspace_size_plan_at_index(index))
+        return BuiltPlan(graph, blob, tensor_table(graph), workspace, engine)
+
+    def load(self, blob: bytes, tensors: Sequence[TensorSpec]) -> Any:
+        self._require_gpu()
+        graph = _cudnn().pygraph(handle=self.handle())
+        graph.deserialize(blob)
+        return graph
+
+    def allocate_workspace(self, size: int) -> Any:
+        if size <= 0:
+            return None
+        torch = _torch()
+        return torch.empty(size, dtype=torch.uint8, device="cuda")
+
+    def execute(self, native: Any, pack: Mapping[int, Any], workspace: Any) -> None:
+        native.execute(pack, workspace, handle=self.handle())

@@ -1,0 +1,536 @@
+"""The fleet tier: one shared Redis behind every node's local SQLite store.
+
+One machine autotunes a plan and publishes it; every other machine with the same
+environment fetches it instead of autotuning. Entries travel in the portable form of
+``codec.encode_entry``, signed with HMAC-SHA256 under a secret every node shares, because
+a plan blob can carry native code: an entry that is unsigned, signed with another secret,
+altered, undecodable or stored under the wrong key is refused, counted and never returned.
+
+Interface (what PlanCache uses; nothing here raises after construction)
+-----------------------------------------------------------------------
+::
+
+    RemoteTier(url: str, *, secret: bytes, namespace: str = "plancache", timeout: float = 0.25,
+               ttl: int | None = None, lock_ttl: float = 600, backoff_max: float = 60,
+               max_stall: float = 2.0)
+        # Connects lazily: constructing touches no network. Raises RemoteError for a bad
+        # configuration (secret shorter than 16 bytes, unknown URL scheme, redis-py missing).
+    RemoteTier.from_env(environ: Mapping[str, str] | None = None) -> RemoteTier | None
+        # None when PLANCACHE_REDIS_URL is unset. Secret from PLANCACHE_REDIS_SECRET or the
+        # file named by PLANCACHE_REDIS_SECRET_FILE (exactly one); RemoteError without one.
+        # Optional: PLANCACHE_REDIS_NAMESPACE, _TIMEOUT, _TTL, _MAX_STALL.
+    tier.get(key: str, env_id: str) -> Entry | None
+        # A verified entry, or None on a miss, a refusal or an outage. Its usage fields are
+        # this node's: hit_count 0, last_used_at now. Ready for Store.put.
+    tier.put(entry: Entry) -> bool
+        # Publish signed (with the TTL if any). False on an outage, a full Redis or an entry
+        # whose blob fails its checksum.
+    tier.lock(key: str, env_id: str, wait: float) -> ContextManager[bool]
+        # Cross-node single flight. True: build now (this node holds the lock, or Redis is
+        # unreachable so there is no one to coordinate with). False: the entry appeared, or
+        # `wait` seconds ran out; call get() again and build only if it is still None.
+        # Publish with put() INSIDE the with-block, so that waiters find the entry.
+    tier.stats() -> dict[str, Any]
+        # remote_hits, remote_misses, publishes, refused, errors, lock_waits, skipped (ints),
+        # plus available (bool), url (password hidden), namespace, key_id (secret fingerprint).
+    tier.available -> bool      # False while backing off or after max_stall was spent
+    tier.redis_key(key, env_id) -> str   # f"{namespace}:v{FORMAT}:{env_id}:{key}"
+    tier.key_id -> str          # 16 hex chars; equal on two nodes iff their secrets are equal
+    tier.close() -> None
+
+Wiring into PlanCache._lookup_or_build (env_id = key.environment_id(key.parts["environment"]))::
+
+    plan = self._load(graph, key, options)                  # 1. local SQLite
+    if plan is None and self.remote is not None:           # 2. read-through
+        entry = self.remote.get(key.digest, env_id)
+        if entry is not None:
+            self.store.put(entry); plan = self._load(graph, key, options)
+    ... take the local file lock, _load again, then:
+    with self.remote.lock(key.digest, env_id, wait=self.lock_timeout) as mine:
+        if not mine and (entry := self.remote.get(key.digest, env_id)) is not None:
+            self.store.put(entry); plan = self._load(...)  # built by another node
+        if plan is None:
+            plan = self._build(...)    # _persist calls self.remote.put(entry) after store.put
+
+Bounded delay
+-------------
+Every call makes at most one attempt, with no client-side retries. An attempt that fails
+costs at most ``timeout`` per round trip: connect + command (+ AUTH with a password, + SELECT
+with a database number other than 0), so 0.5 s with the defaults and no password. After a
+failure the tier is skipped (calls return at once, counted as ``skipped``) for 1, 2, 4 ...
+``backoff_max`` seconds, with ONE warning per outage and an info line when Redis answers
+again. Time spent in failed calls adds up per process; once it reaches ``max_stall`` the
+tier switches itself off for the rest of the process (one more warning). So an unreachable,
+black-holed or hung Redis delays a process by at most ``max_stall`` plus one attempt (2.5 s
+with the defaults) in total, however many lookups it makes. A dead Redis on a live host
+refuses connections in about a millisecond. ``lock(wait=...)`` waits on a healthy Redis are
+the caller's choice and not counted. Hostnames are resolved by the OS resolver, which these
+timeouts do not bound: give an IP address or a name in /etc/hosts on nodes whose DNS may
+hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import hashlib
+import hmac
+import inspect
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from .codec import decode_entry, encode_entry
+from .errors import RemoteError
+from .store import Entry
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = ["COUNTERS", "FORMAT", "SIGNATURE_MAGIC", "RemoteTier", "sign_value"]
+
+log = logging.getLogger("plancache.remote")
+T = TypeVar("T")
+
+FORMAT = 1  # in every key: a new value layout gets new keys instead of refusals
+SIGNATURE_MAGIC = b"PLANCACHE-SIGNED/1\n"
+_KEY_ID_SIZE = 8
+_TAG_SIZE = 32  # HMAC-SHA256
+_HEADER_SIZE = len(SIGNATURE_MAGIC) + _KEY_ID_SIZE + _TAG_SIZE
+MIN_SECRET_BYTES = 16  # a short secret can be guessed offline from one signed value
+COUNTERS = ("remote_hits", "remote_misses", "publishes", "refused", "errors", "lock_waits", "skipped")
+_POLL_FIRST, _POLL_MAX = 0.02, 0.25  # lock polling: quick for short builds, cheap for long ones
+
+ENV_URL = "PLANCACHE_REDIS_URL"
+ENV_SECRET = "PLANCACHE_REDIS_SECRET"
+ENV_SECRET_FILE = "PLANCACHE_REDIS_SECRET_FILE"
+
+# Atomic "is it built? else try to take the lock": one round trip, and no window in which a
+# node could take the lock just after the holder published and released it.
+_ACQUIRE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+# Delete the lock only if it still holds our token: after our lock expired and another
+# node took it, a plain DEL would release theirs.
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_monotonic = time.monotonic  # one name, so tests can drive the backoff clock
+
+
+class _Failed(enum.Enum):
+    FAILED = "failed"
+
+
+_FAILED = _Failed.FAILED
+
+
+class _Refused(ValueError):
+    """A value that must not be used; ``kind`` picks the warning, ``detail`` explains."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+
+
+# ---------------------------------------------------------------------------- signing
+
+
+def _key_id(secret: bytes) -> bytes:
+    """A fingerprint of the secret, stored in each value so that a node with another secret
+    says so instead of reporting tampering. It is an HMAC output: it reveals nothing."""
+    return hmac.new(secret, b"plancache-remote-key-id", hashlib.sha256).digest()[:_KEY_ID_SIZE]
+
+
+def _tag(secret: bytes, encoded: bytes) -> bytes:
+    # The magic is MACed too, so a tag made for another purpose or layout never verifies.
+    return hmac.new(secret, SIGNATURE_MAGIC + encoded, hashlib.sha256).digest()
+
+
+def sign_value(encoded: bytes, secret: bytes) -> bytes:
+    """The Redis value of an encoded entry: magic, key id, HMAC-SHA256 tag, entry."""
+    return SIGNATURE_MAGIC + _key_id(secret) + _tag(secret, encoded) + encoded
+
+
+def _verified_payload(value: bytes, secret: bytes, key_id: bytes) -> bytes:
+    """The encoded entry inside a signed value; raises ``_Refused`` saying why not."""
+    if not value.startswith(SIGNATURE_MAGIC) or len(value) < _HEADER_SIZE:
+        raise _Refused("unsigned", "value is not signed (no plancache signature header)")
+    offset = len(SIGNATURE_MAGIC)
+    their_id = value[offset : offset + _KEY_ID_SIZE]
+    tag = value[offset + _KEY_ID_SIZE : _HEADER_SIZE]
+    payload = value[_HEADER_SIZE:]
+    if not hmac.compare_digest(their_id, key_id):
+        raise _Refused(
+            "other-secret",
+            f"signed with another secret (key id {their_id.hex()}, this node's {key_id.hex()}); "
+            f"check that every node has the same {ENV_SECRET}",
+        )
+    if not hmac.compare_digest(tag, _tag(secret, payload)):
+        raise _Refused("bad-signature", "signature does not match: the value was altered")
+    return payload
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+def _check_secret(secret: bytes) -> bytes:
+    if not isinstance(secret, bytes | bytearray):
+        raise RemoteError(f"the Redis tier's secret must be bytes, not {type(secret).__name__}")
+    if len(secret) < MIN_SECRET_BYTES:
+        raise RemoteError(
+            f"the Redis tier's secret is {len(secret)} bytes; use at least {MIN_SECRET_BYTES} "
+            "(for example the output of `openssl rand -hex 32`)"
+        )
+    return bytes(secret)
+
+
+def _secret_from_env(env: Mapping[str, str]) -> bytes:
+    value = env.get(ENV_SECRET, "")
+    path = env.get(ENV_SECRET_FILE, "")
+    if value and path:
+        raise RemoteError(f"set {ENV_SECRET} or {ENV_SECRET_FILE}, not both")
+    if path:
+        try:
+            # Files usually end with a newline that is not part of the secret.
+            return Path(path).expanduser().read_bytes().rstrip(b"\r\n")
+        except OSError as exc:
+            raise RemoteError(f"cannot read {ENV_SECRET_FILE}={path}: {exc.strerror or exc}", path=path) from exc
+    if value:
+        return value.encode()
+    raise RemoteError(
+        f"{ENV_URL} is set but no secret is: set {ENV_SECRET} or {ENV_SECRET_FILE} (the same on "
+        "every node). Plan blobs can carry native code, so plancache uses no unsigned Redis tier"
+    )
+
+
+def _number_from_env(env: Mapping[str, str], name: str, default: float | None) -> float | None:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        number = float(text)
+    except ValueError:
+        number = -1.0
+    if number <= 0:
+        raise RemoteError(f"{name}={text!r} is not a positive number of seconds")
+    return number
+
+
+def _redact(url: str) -> str:
+    """The URL with its password replaced, for logs and stats."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _import_redis() -> Any:
+    try:
+        import redis  # optional dependency: only nodes that use the tier need it
+    except ImportError as exc:
+        raise RemoteError("the Redis tier needs redis-py: pip install 'plancache[redis]'") from exc
+    return redis
+
+
+def _quiet_handshake() -> dict[str, Any]:
+    """Connection options that skip CLIENT SETINFO: two round trips fewer per connect, each
+    of which a hung Redis could stretch to a full timeout."""
+    import redis.connection
+
+    params = inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    if "driver_info" in params:  # redis-py >= 7 (lib_name would warn there)
+        return {"driver_info": None}
+    return {"lib_name": None, "lib_version": None}
+
+
+# ---------------------------------------------------------------------------- the tier
+
+
+class RemoteTier:
+    """A signed, namespaced view of one Redis, shared by every node of a fleet.
+
+    Thread-safe and fork-safe (redis-py reconnects in a child). See the module docstring
+    for the interface and the bound on the delay an outage can cause.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        secret: bytes,
+        namespace: str = "plancache",
+        timeout: float = 0.25,
+        ttl: int | None = None,
+        lock_ttl: float = 600,
+        backoff_max: float = 60,
+        max_stall: float = 2.0,
+    ) -> None:
+        self._secret = _check_secret(secret)
+        self._key_id = _key_id(self._secret)
+        for name, number in (("timeout", timeout), ("lock_ttl", lock_ttl), ("backoff_max", backoff_max),
+                             ("max_stall", max_stall), ("ttl", 1 if ttl is None else ttl)):  # fmt: skip
+            if number <= 0:
+                raise RemoteError(f"RemoteTier {name} must be positive, not {number}")
+        if not namespace or ":" in namespace:
+            raise RemoteError(f"RemoteTier namespace must be non-empty without ':', not {namespace!r}")
+        self.url = _redact(url)
+        self.namespace = namespace
+        self.timeout = float(timeout)
+        self.ttl = None if ttl is None else int(ttl)
+        self.lock_ttl = float(lock_ttl)
+        self.backoff_max = float(backoff_max)
+        self.max_stall = float(max_stall)
+        self._redis = _import_redis()
+        self._client = self._connect(url)
+        self._acquire = self._client.register_script(_ACQUIRE_LUA)
+        self._release = self._client.register_script(_RELEASE_LUA)
+        # Connection trouble backs the tier off; a server that answers with an error
+        # (full, read-only replica, no permission) is up, so only that call fails.
+        self._outage_errors = (self._redis.ConnectionError, self._redis.TimeoutError, OSError)
+        self._counters = dict.fromkeys(COUNTERS, 0)
+        self._counter_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._failures = 0  # consecutive failed attempts of the current outage
+        self._retry_at = 0.0  # monotonic time before which calls are skipped
+        self._stalled = 0.0  # seconds spent in failed calls, this process
+        self._disabled = False  # max_stall spent
+        self._outage_warned = False
+        self._warned: set[str] = set()
+
+    def _connect(self, url: str) -> redis.Redis:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        redis = self._redis
+        try:
+            pool = redis.ConnectionPool.from_url(
+                url,
+                socket_timeout=self.timeout,
+                socket_connect_timeout=self.timeout,
+                retry=Retry(NoBackoff(), 0),  # one attempt per call: the backoff is ours
+                health_check_interval=0,
+                **_quiet_handshake(),
+            )
+        except ValueError as exc:
+            raise RemoteError(f"bad Redis URL {_redact(url)}: {exc}", url=_redact(url)) from exc
+        return redis.Redis(connection_pool=pool)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RemoteTier | None:
+        """The tier configured by ``PLANCACHE_REDIS_*``, or None when no URL is set."""
+        env = os.environ if environ is None else environ
+        url = env.get(ENV_URL, "").strip()
+        if not url:
+            return None
+        ttl = _number_from_env(env, "PLANCACHE_REDIS_TTL", None)
+        return cls(
+            url,
+            secret=_secret_from_env(env),
+            namespace=env.get("PLANCACHE_REDIS_NAMESPACE", "").strip() or "plancache",
+            timeout=_number_from_env(env, "PLANCACHE_REDIS_TIMEOUT", 0.25) or 0.25,
+            ttl=None if ttl is None else max(1, round(ttl)),
+            max_stall=_number_from_env(env, "PLANCACHE_REDIS_MAX_STALL", 2.0) or 2.0,
+        )
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def key_id(self) -> str:
+        return self._key_id.hex()
+
+    @property
+    def available(self) -> bool:
+        """Whether the next call would reach out to Redis (not backing off, not switched off)."""
+        with self._state_lock:
+            return not self._disabled and _monotonic() >= self._retry_at
+
+    def redis_key(self, key: str, env_id: str) -> str:
+        return f"{self.namespace}:v{FORMAT}:{env_id}:{key}"
+
+    def get(self, key: str, env_id: str) -> Entry | None:
+        """The verified entry for ``key``, or None (miss, refusal or outage)."""
+        name = self.redis_key(key, env_id)
+        value = self._call("get", lambda: self._client.get(name))
+        if value is _FAILED:
+            return None
+        if value is None:
+            self._count("remote_misses")
+            return None
+        raw = value.encode() if isinstance(value, str) else bytes(value)  # str only if misconfigured
+        entry = self._open(name, raw, key, env_id)
+        if entry is not None:
+            self._count("remote_hits")
+        return entry
+
+    def put(self, entry: Entry) -> bool:
+        """Publish ``entry`` signed; True once Redis has stored it."""
+        if not entry.checksum_ok():  # never spread a damaged local blob to the fleet
+            self._count("errors")
+            self._warn_once("put-checksum", "plancache: not publishing %s: its blob fails its checksum", entry.key[:12])
+            return False
+        # Usage counts are per node; a receiver starts from zero.
+        neutral = dataclasses.replace(entry, hit_count=0, last_used_at=0.0)
+        value = sign_value(encode_entry(neutral), self._secret)
+        name = self.redis_key(entry.key, entry.env_id)
+        stored = self._call("put", lambda: self._client.set(name, value, ex=self.ttl))
+        if stored is _FAILED or not stored:
+            return False
+        self._count("publishes")
+        return True
+
+    @contextlib.contextmanager
+    def lock(self, key: str, env_id: str, wait: float) -> Iterator[bool]:
+        """Cross-node single flight for one key; see the module docstring for the contract.
+
+        The lock expires after ``lock_ttl`` seconds, so a node that dies while building
+        never blocks the fleet: the others wait at most ``min(wait, lock_ttl)``.
+        """
+        lock_name = self.redis_key(key, env_id) + ":lock"
+        token = secrets.token_hex(16)  # only the owner's token releases the lock
+        outcome = self._acquire_lock(self.redis_key(key, env_id), lock_name, token, wait)
+        try:
+            yield outcome in ("mine", "down")
+        finally:
+            if outcome == "mine":
+                self._call("unlock", lambda: self._release(keys=[lock_name], args=[token]))
+
+    def stats(self) -> dict[str, Any]:
+        with self._counter_lock:
+            counters: dict[str, Any] = dict(self._counters)
+        counters.update(available=self.available, url=self.url, namespace=self.namespace, key_id=self.key_id)
+        return counters
+
+    def close(self) -> None:
+        self._client.close()
+        self._client.connection_pool.disconnect()
+
+    def __repr__(self) -> str:
+        return f"RemoteTier({self.url!r}, namespace={self.namespace!r})"
+
+    # ------------------------------------------------------------------ internals
+
+    def _count(self, name: str, by: int = 1) -> None:
+        with self._counter_lock:
+            self._counters[name] += by
+
+    def _warn_once(self, topic: str, message: str, *args: Any) -> None:
+        if topic in self._warned:
+            log.debug(message, *args)
+            return
+        self._warned.add(topic)
+        log.warning(message, *args)
+
+    def _open(self, name: str, value: bytes, key: str, env_id: str) -> Entry | None:
+        """Verify, then decode; anything doubtful is refused and counted, never raised."""
+        try:
+            entry = decode_entry(_verified_payload(value, self._secret, self._key_id))
+            if entry.key != key or entry.env_id != env_id:
+                raise _Refused("wrong-key", f"holds entry {entry.key[:12]}/{entry.env_id}, not the one asked for")
+        except _Refused as exc:
+            self._refuse(name, exc.kind, exc.detail)
+            return None
+        except ValueError as exc:  # signed by us yet undecodable: a bug or a newer plancache
+            self._refuse(name, "undecodable", str(exc))
+            return None
+        return dataclasses.replace(entry, hit_count=0, last_used_at=time.time())
+
+    def _refuse(self, name: str, kind: str, detail: str) -> None:
+        self._count("refused")
+        self._warn_once(
+            f"refused-{kind}",
+            "plancache: refused Redis entry %s: %s; building locally instead (see `refused` in stats)",
+            name,
+            detail,
+        )
+
+    def _call(self, what: str, op: Callable[[], T]) -> T | Literal[_Failed.FAILED]:
+        """Run one Redis command, or skip it while backing off; never raises."""
+        if not self.available:
+            self._count("skipped")
+            return _FAILED
+        started = time.perf_counter()  # real time even when tests drive _monotonic
+        try:
+            result = op()
+        except self._outage_errors as exc:
+            self._outage(what, exc, time.perf_counter() - started)
+            return _FAILED
+        except self._redis.RedisError as exc:
+            self._recovered()
+            self._count("errors")
+            self._warn_once(f"rejected-{what}", "plancache: Redis %s rejected %s (%s); continuing locally", self.url, what, exc)
+            return _FAILED
+        self._recovered()
+        return result
+
+    def _outage(self, what: str, exc: BaseException, elapsed: float) -> None:
+        self._count("errors")
+        with self._state_lock:
+            now = _monotonic()
+            self._stalled += elapsed
+            if now >= self._retry_at:  # concurrent failures of one attempt back off once
+                self._failures += 1
+                self._retry_at = now + min(self.backoff_max, 2.0 ** (self._failures - 1))
+            first, self._outage_warned = not self._outage_warned, True
+            give_up = self._stalled >= self.max_stall and not self._disabled
+            self._disabled = self._disabled or give_up
+            delay = self._retry_at - now
+        if first:
+            log.warning(
+                "plancache: Redis tier %s unreachable on %s (%s: %s); working locally, retrying in %.0f s "
+                "(backing off to %.0f s)",
+                self.url, what, type(exc).__name__, exc, delay, self.backoff_max,
+            )  # fmt: skip
+        if give_up:
+            log.warning(
+                "plancache: Redis tier %s cost %.1f s in failed calls (max_stall %.1f s); "
+                "switched off until this process restarts",
+                self.url, self._stalled, self.max_stall,
+            )  # fmt: skip
+
+    def _recovered(self) -> None:
+        if not self._outage_warned:  # the common case: no lock taken
+            return
+        with self._state_lock:
+            failures, self._failures, self._retry_at, self._outage_warned = self._failures, 0, 0.0, False
+        log.info("plancache: Redis tier %s answers again (after %d failed attempts)", self.url, failures)
+
+    def _acquire_lock(self, entry_name: str, lock_name: str, token: str, wait: float) -> str:
+        """'mine', 'built' (the entry exists), 'timeout', or 'down' (no coordination)."""
+        deadline = _monotonic() + max(0.0, wait)
+        px = str(max(1, int(self.lock_ttl * 1000)))
+        pause = _POLL_FIRST
+        waited = False
+        while True:
+            result = self._call("lock", lambda: self._acquire(keys=[entry_name, lock_name], args=[token, px]))
+            if result is _FAILED:
+                return "down"
+            if result == 1:
+                return "mine"
+            if result == 2:
+                return "built"
+            if not waited:
+                waited = True
+                self._count("lock_waits")
+                log.info("plancache: another node is building %s; waiting up to %.0f s", entry_name, wait)
+            remaining = deadline - _monotonic()
+            if remaining <= 0:
+                return "timeout"
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, _POLL_MAX)

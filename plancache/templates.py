@@ -1,0 +1,275 @@
+"""Built-in graph templates for the common fused ops, with PyTorch references.
+
+Each template builds a ``cudnn.pygraph`` with fixed uids from keyword parameters, lists
+its tensors (so callers can allocate them), and computes the same result in PyTorch.
+Manifests name templates (``plancache prewarm``), tests check plans against the
+references, and the benchmark builds its suite from them.
+
+Layouts are the ones cuDNN is fastest with: convolutions NHWC (dims NCHW, channels-last
+strides), attention BSHD (dims BHSD), matmuls row-major.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ManifestError
+
+__all__ = ["TEMPLATES", "Template", "TensorLayout", "allocate", "build", "reference"]
+
+ACTIVATIONS = ("relu", "gelu", "sigmoid", "tanh", "swish", None)
+DTYPES = {"bfloat16": "BFLOAT16", "float16": "HALF", "float32": "FLOAT"}
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    uid: int
+    name: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    is_output: bool
+
+
+def _cudnn() -> Any:
+    from .cudnn_backend import cudnn_module
+
+    return cudnn_module()
+
+
+def _nhwc(n: int, c: int, h: int, w: int) -> tuple[int, ...]:
+    return (h * w * c, 1, w * c, c)
+
+
+def _rows(*dims: int) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(dims):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def _out_hw(size: int, kernel: int, padding: int, stride: int, dilation: int) -> int:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+# ---------------------------------------------------------------------- layouts
+
+
+def _conv_layout(n: int, c: int, h: int, w: int, k: int, r: int = 3, s: int = 3, padding: int = 1, stride: int = 1,
+                 dilation: int = 1, bias: bool = True, **_: Any) -> list[TensorLayout]:  # fmt: skip
+    oh, ow = _out_hw(h, r, padding, stride, dilation), _out_hw(w, s, padding, stride, dilation)
+    layout = [
+        TensorLayout(1, "X", (n, c, h, w), _nhwc(n, c, h, w), False),
+        TensorLayout(2, "W", (k, c, r, s), _nhwc(k, c, r, s), False),
+    ]
+    if bias:
+        layout.append(TensorLayout(3, "B", (1, k, 1, 1), (k, 1, k, k), False))
+    layout.append(TensorLayout(4, "Y", (n, k, oh, ow), _nhwc(n, k, oh, ow), True))
+    return layout
+
+
+def _matmul_layout(b: int, m: int, n: int, k: int, bias: bool = True, **_: Any) -> list[TensorLayout]:
+    layout = [TensorLayout(1, "A", (b, m, k), _rows(b, m, k), False), TensorLayout(2, "B", (b, k, n), _rows(b, k, n), False)]
+    if bias:
+        layout.append(TensorLayout(3, "bias", (1, 1, n), (n, n, 1), False))
+    layout.append(TensorLayout(4, "C", (b, m, n), _rows(b, m, n), True))
+    return layout
+
+
+def _bshd(b: int, h: int, s: int, d: int) -> tuple[int, ...]:
+    return (s * h * d, d, h * d, 1)
+
+
+def _sdpa_layout(b: int, h: int, s: int, d: int, h_kv: int | None = None, s_kv: int | None = None, **_: Any) -> list[TensorLayout]:
+    h_kv, s_kv = h_kv or h, s_kv or s
+    return [
+        TensorLayout(1, "q", (b, h, s, d), _bshd(b, h, s, d), False),
+        TensorLayout(2, "k", (b, h_kv, s_kv, d), _bshd(b, h_kv, s_kv, d), False),
+        TensorLayout(3, "v", (b, h_kv, s_kv, d), _bshd(b, h_kv, s_kv, d), False),
+        TensorLayout(4, "o", (b, h, s, d), _bshd(b, h, s, d), True),
+    ]
+
+
+# ---------------------------------------------------------------------- builders
+
+
+def _graph(dtype: str, dynamic: bool, kernel_cache: Any, handle: Any = None) -> tuple[Any, Any]:
+    cudnn = _cudnn()
+    io = getattr(cudnn.data_type, DTYPES[dtype])
+    kwargs: dict[str, Any] = {"handle": handle} if handle is not None else {}
+    if dynamic:
+        kwargs["is_dynamic_shape_enabled"] = True
+        if kernel_cache is not None:
+            kwargs["kernel_cache"] = kernel_cache
+    graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, **kwargs)  # fmt: skip
+    return graph, io
+
+
+def _inputs(graph: Any, layout: list[TensorLayout], io: Any) -> dict[str, Any]:
+    return {
+        t.name: graph.tensor(name=t.name, dim=list(t.shape), stride=list(t.stride), data_type=io, uid=t.uid)
+        for t in layout
+        if not t.is_output
+    }
+
+
+def _finish(out: Any, spec: TensorLayout, io: Any) -> None:
+    out.set_output(True).set_uid(spec.uid).set_name(spec.name).set_dim(list(spec.shape)).set_stride(list(spec.stride))
+    out.set_data_type(io)
+
+
+def _activate(graph: Any, value: Any, act: str | None) -> Any:
+    if act is None:
+        return value
+    if act not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {act!r}; choose from {ACTIVATIONS}")
+    return getattr(graph, act)(input=value)
+
+
+def _build_conv(dtype: str = "bfloat16", act: str | None = "relu", dynamic: bool = False, kernel_cache: Any = None,
+                handle: Any = None, **params: Any) -> Any:  # fmt: skip
+    layout = _conv_layout(**params)
+    graph, io = _graph(dtype, dynamic, kernel_cache, handle)
+    t = _inputs(graph, layout, io)
+    p, st, dl = params.get("padding", 1), params.get("stride", 1), params.get("dilation", 1)
+    y = graph.conv_fprop(image=t["X"], weight=t["W"], padding=[p, p], stride=[st, st], dilation=[dl, dl])
+    if "B" in t:
+        y = graph.bias(input=y, bias=t["B"])
+    _finish(_activate(graph, y, act), layout[-1], io)
+    return graph
+
+
+def _build_matmul(dtype: str = "bfloat16", act: str | None = "relu", dynamic: bool = False, kernel_cache: Any = None,
+                  handle: Any = None, **params: Any) -> Any:  # fmt: skip
+    layout = _matmul_layout(**params)
+    graph, io = _graph(dtype, dynamic, kernel_cache, handle)
+    t = _inputs(graph, layout, io)
+    c = graph.matmul(t["A"], t["B"], compute_data_type=_cudnn().data_type.FLOAT)
+    if "bias" in t:
+        c = graph.add(a=c, b=t["bias"])
+    _finish(_activate(graph, c, act), layout[-1], io)
+    return graph
+
+
+def _build_sdpa(dtype: str = "bfloat16", causal: bool = True, dynamic: bool = False, kernel_cache: Any = None,
+                handle: Any = None, **params: Any) -> Any:  # fmt: skip
+    layout = _sdpa_layout(**params)
+    graph, io = _graph(dtype, dynamic, kernel_cache, handle)
+    t = _inputs(graph, layout, io)
+    scale = float(params["d"]) ** -0.5
+    o, _stats = graph.sdpa(q=t["q"], k=t["k"], v=t["v"], is_inference=True, attn_scale=scale, use_causal_mask=causal)
+    _finish(o, layout[-1], io)
+    return graph
+
+
+# ---------------------------------------------------------------------- references
+
+
+def _torch_act(torch: Any, value: Any, act: str | None) -> Any:
+    functional = torch.nn.functional
+    table = {None: lambda x: x, "relu": torch.relu, "gelu": functional.gelu, "sigmoid": torch.sigmoid,
+             "tanh": torch.tanh, "swish": functional.silu}  # fmt: skip
+    return table[act](value)
+
+
+def _ref_conv(torch: Any, x: Mapping[int, Any], act: str | None = "relu", **params: Any) -> Any:
+    p, st, dl = params.get("padding", 1), params.get("stride", 1), params.get("dilation", 1)
+    y = torch.nn.functional.conv2d(x[1].float(), x[2].float(), padding=p, stride=st, dilation=dl)
+    if params.get("bias", True):
+        y = y + x[3].float()
+    return _torch_act(torch, y, act)
+
+
+def _ref_matmul(torch: Any, x: Mapping[int, Any], act: str | None = "relu", **params: Any) -> Any:
+    c = torch.matmul(x[1].float(), x[2].float())
+    if params.get("bias", True):
+        c = c + x[3].float()
+    return _torch_act(torch, c, act)
+
+
+def _ref_sdpa(torch: Any, x: Mapping[int, Any], causal: bool = True, **params: Any) -> Any:
+    q, k, v = x[1].float(), x[2].float(), x[3].float()
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=float(params["d"]) ** -0.5)
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    required: tuple[str, ...]
+    build: Callable[..., Any]
+    layout: Callable[..., list[TensorLayout]]
+    reference: Callable[..., Any]
+    summary: str
+
+
+TEMPLATES: dict[str, Template] = {
+    t.name: t
+    for t in (
+        Template("conv_bias_act", ("n", "c", "h", "w", "k"), _build_conv, _conv_layout, _ref_conv,
+                 "2-D convolution (NHWC) + optional bias + optional activation"),
+        Template("matmul_bias_act", ("b", "m", "n", "k"), _build_matmul, _matmul_layout, _ref_matmul,
+                 "batched matmul + optional bias + optional activation"),
+        Template("sdpa", ("b", "h", "s", "d"), _build_sdpa, _sdpa_layout, _ref_sdpa,
+                 "scaled dot-product attention forward (inference), optional causal mask and GQA"),
+    )
+}  # fmt: skip
+
+_OPTIONAL = {"dtype", "act", "bias", "padding", "stride", "dilation", "r", "s", "causal", "h_kv", "s_kv", "dynamic"}
+
+
+def _template(name: str, params: Mapping[str, Any]) -> Template:
+    template = TEMPLATES.get(name)
+    if template is None:
+        raise ManifestError(f"unknown template {name!r}; known: {', '.join(TEMPLATES)}", path=None, entry=None)
+    missing = [p for p in template.required if p not in params]
+    unknown = [p for p in params if p not in template.required and p not in _OPTIONAL]
+    if missing or unknown:
+        parts = ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else [])
+        raise ManifestError(f"template {name!r}: " + ", ".join(parts), path=None, entry=None)
+    for p in template.required:
+        if not isinstance(params[p], int) or isinstance(params[p], bool) or params[p] < 1:
+            raise ManifestError(f"template {name!r}: {p} must be a positive integer, not {params[p]!r}", path=None, entry=None)
+    if params.get("dtype", "bfloat16") not in DTYPES:
+        raise ManifestError(f"template {name!r}: dtype must be one of {list(DTYPES)}", path=None, entry=None)
+    return template
+
+
+def build(name: str, kernel_cache: Any = None, handle: Any = None, **params: Any) -> Any:
+    """Build template ``name`` as a ``cudnn.pygraph`` (no GPU needed). ``kernel_cache``
+    applies to dynamic-shape graphs; ``handle`` is the cuDNN handle the graph builds with."""
+    return _template(name, params).build(kernel_cache=kernel_cache, handle=handle, **params)
+
+
+def layout(name: str, **params: Any) -> list[TensorLayout]:
+    return _template(name, params).layout(**params)
+
+
+def allocate(name: str, device: str = "cuda", seed: int = 0, **params: Any) -> dict[int, Any]:
+    """Random inputs (never zero) and an empty output for template ``name``, by uid."""
+    import torch
+
+    dtype = getattr(torch, params.get("dtype", "bfloat16"))
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    tensors = {}
+    for t in layout(name, **params):
+        size = 1 + sum((d - 1) * s for d, s in zip(t.shape, t.stride))
+        if t.is_output:
+            flat = torch.full((size,), float("nan"), dtype=dtype)
+        else:
+            flat = (torch.rand(size, generator=generator) * 0.75 + 0.25) * (torch.randint(0, 2, (size,), generator=generator) * 2 - 1)
+            flat = (flat * (0.5 if name != "sdpa" else 1.0)).to(dtype)
+        tensors[t.uid] = torch.as_strided(flat.to(device), t.shape, t.stride)
+    return tensors
+
+
+def reference(name: str, tensors: Mapping[int, Any], **params: Any) -> Any:
+    """The template's result computed by PyTorch in float32."""
+    import torch
+
+    return _template(name, params).reference(torch, tensors, **params)

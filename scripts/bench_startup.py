@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""Start-up benchmark: what a fresh process pays to get its cuDNN plans, with and without plancache.
+
+For a suite of seven graphs (conv+bias+relu, conv, matmul+bias+relu, matmul, SDPA), each
+phase runs in its own fresh process and times, per graph:
+
+  heuristic   cuDNN's heuristic build (modes A+FALLBACK, first plan that builds)
+  exhaustive  building and timing every candidate (plancache policy=exhaustive, cold store)
+  cold        plancache default policy, cold store: miss, autotune, store
+  warm        plancache, warm store: hit (describe, key, read, checksum, deserialize)
+  raw         cuDNN deserialize of the same blobs, nothing else
+
+then execution time of the cached plan, of the same engine built fresh, and of PyTorch
+eager; the in-process repeat lookup; and the autotuned pick against the exhaustive best.
+Needs an NVIDIA GPU. Prints a table; ``--out FILE`` also writes every figure as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SUITE: list[tuple[str, str, dict[str, Any]]] = [
+    ("conv_bias_relu N32 C128 56x56 K256", "conv_bias_act", {"n": 32, "c": 128, "h": 56, "w": 56, "k": 256}),
+    ("conv_bias_relu N8 C64 56x56 K64", "conv_bias_act", {"n": 8, "c": 64, "h": 56, "w": 56, "k": 64}),
+    ("conv N16 C256 28x28 K256", "conv_bias_act", {"n": 16, "c": 256, "h": 28, "w": 28, "k": 256, "bias": False, "act": None}),
+    ("matmul+bias+relu 16x512x1024x512", "matmul_bias_act", {"b": 16, "m": 512, "k": 1024, "n": 512}),
+    ("matmul 8x1024x1024x1024", "matmul_bias_act", {"b": 8, "m": 1024, "k": 1024, "n": 1024, "bias": False, "act": None}),
+    ("SDPA causal b4 h16 s1024 d64", "sdpa", {"b": 4, "h": 16, "s": 1024, "d": 64, "causal": True}),
+    ("SDPA b2 h32 s2048 d128", "sdpa", {"b": 2, "h": 32, "s": 2048, "d": 128, "causal": False}),
+]
+
+
+# ---------------------------------------------------------------------- child phases
+
+
+def _setup() -> tuple[Any, Any]:
+    import cudnn
+    import torch
+
+    torch.cuda.init()
+    handle = cudnn.create_handle()  # paid by every approach alike: outside the timings
+    return torch, handle
+
+
+def phase_heuristic(_: dict[str, Any]) -> dict[str, Any]:
+    import cudnn
+
+    from plancache import templates
+
+    torch, handle = _setup()
+    times = []
+    for _label, name, params in SUITE:
+        graph = templates.build(name, handle=handle, **params)
+        started = time.perf_counter()
+        graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return {"seconds": times}
+
+
+def _cache_phase(args: dict[str, Any], policy: str) -> dict[str, Any]:
+    import plancache
+    from plancache import templates
+
+    torch, _ = _setup()
+    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy=policy))
+    cache.environment  # noqa: B018 - reading device properties is not part of a lookup
+    cache.backend.handle()  # nor is creating the cuDNN handle (0.3-0.5 s)
+    times, sources = [], []
+    for _label, name, params in SUITE:
+        graph = templates.build(name, **params)
+        started = time.perf_counter()
+        plan = cache.get(graph)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+        sources.append(plan.source)
+    cache.close()
+    return {"seconds": times, "sources": sources, "counters": cache.counters}
+
+
+def phase_exhaustive(args: dict[str, Any]) -> dict[str, Any]:
+    return _cache_phase(args, "exhaustive")
+
+
+def phase_cold(args: dict[str, Any]) -> dict[str, Any]:
+    return _cache_phase(args, "topk")
+
+
+def phase_warm(args: dict[str, Any]) -> dict[str, Any]:
+    return _cache_phase(args, "topk")
+
+
+def phase_raw(args: dict[str, Any]) -> dict[str, Any]:
+    import sqlite3
+
+    import cudnn
+
+    import plancache
+    from plancache import templates
+
+    torch, handle = _setup()
+    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"))
+    keys = [cache.key(templates.build(name, **params)).digest for _l, name, params in SUITE]
+    with sqlite3.connect(Path(args["dir"]) / "plans.db") as conn:
+        blobs = [bytes(conn.execute("SELECT blob FROM plans WHERE key = ?", (k,)).fetchone()[0]) for k in keys]
+    times = []
+    for blob in blobs:
+        started = time.perf_counter()
+        graph = cudnn.pygraph(handle=handle)
+        graph.deserialize(blob)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return {"seconds": times, "blob_bytes": [len(b) for b in blobs]}
+
+
+def _gpu_ms(torch: Any, fn: Any, iters: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / iters
+
+
+def _eager(torch: Any, name: str, t: dict[int, Any], params: dict[str, Any]) -> Any:
+    functional = torch.nn.functional
+    act = params.get("act", "relu")
+    if name == "conv_bias_act":
+        def run() -> Any:
+            y = functional.conv2d(t[1], t[2], padding=params.get("padding", 1))
+            if params.get("bias", True):
+                y = y + t[3]
+            return torch.relu(y) if act == "relu" else y
+    elif name == "matmul_bias_act":
+        def run() -> Any:
+            y = torch.matmul(t[1], t[2])
+            if params.get("bias", True):
+                y = y + t[3]
+            return torch.relu(y) if act == "relu" else y
+    else:
+        def run() -> Any:
+            return functional.scaled_dot_product_attention(t[1], t[2], t[3], is_causal=params["causal"],
+                                                           scale=params["d"] ** -0.5)  # fmt: skip
+    return run
+
+
+def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
+    import plancache
+    from plancache import templates
+    from plancache.backend import EngineChoice
+
+    torch, _ = _setup()
+    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"))
+    rows = []
+    for _label, name, params in SUITE:
+        cached = cache.get(templates.build(name, **params))
+        tensors = templates.allocate(name, device="cuda", **params)
+        entry = cache.store.get(cached.key)
+        assert entry is not None and entry.engine is not None
+        fresh = cache.backend.rebuild(templates.build(name, **params), EngineChoice.from_dict(entry.engine), cache.options)
+        fresh_plan = plancache.Plan(key="fresh", backend=cache.backend, native=fresh.native, tensors=fresh.tensors,
+                                    workspace_size=fresh.workspace_size, engine=fresh.engine, source="built",
+                                    device=cache.backend.current_device())  # fmt: skip
+        cached_ms = _gpu_ms(torch, lambda p=cached, t=tensors: p.execute(t))
+        fresh_ms = _gpu_ms(torch, lambda p=fresh_plan, t=tensors: p.execute(t))
+        eager_ms = _gpu_ms(torch, _eager(torch, name, tensors, params))
+        cached.execute(tensors)
+        ref = templates.reference(name, tensors, **params)
+        err = float((tensors[4].float() - ref).norm() / ref.norm())
+        rows.append({"cached_ms": cached_ms, "fresh_ms": fresh_ms, "eager_ms": eager_ms, "rel_error": err})
+
+    # In-process repeat lookups: the builder form and a plain get() of a rebuilt graph.
+    label, name, params = SUITE[1]
+    tensors = templates.allocate(name, device="cuda", **params)
+
+    @cache.builder
+    def conv(x: Any, w: Any, b: Any, y: Any) -> Any:
+        return templates.build(name, **params)
+
+    conv(tensors[1], tensors[2], tensors[3], tensors[4])
+    n = 100_000
+    started = time.perf_counter()
+    for _ in range(n):
+        conv(tensors[1], tensors[2], tensors[3], tensors[4])
+    builder_us = (time.perf_counter() - started) / n * 1e6
+    graph = templates.build(name, **params)
+    started = time.perf_counter()
+    for _ in range(1000):
+        cache.get(graph)
+    get_us = (time.perf_counter() - started) / 1000 * 1e6
+    host_started = time.perf_counter()
+    plan = conv(tensors[1], tensors[2], tensors[3], tensors[4])
+    for _ in range(1000):
+        plan.execute(tensors)
+    host_us = (time.perf_counter() - host_started) / 1000 * 1e6
+    torch.cuda.synchronize()
+    return {"rows": rows, "builder_repeat_us": builder_us, "get_repeat_us": get_us, "execute_host_us": host_us}
+
+
+PHASES = {f.__name__[len("phase_"):]: f for f in (phase_heuristic, phase_exhaustive, phase_cold, phase_warm, phase_raw, phase_exec)}
+
+
+# ---------------------------------------------------------------------- parent
+
+
+def run_phase(phase: str, **args: Any) -> dict[str, Any]:
+    started = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, __file__, "--phase", phase, "--args", json.dumps(args)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    if out.returncode != 0:
+        sys.stderr.write(out.stderr[-4000:])
+        raise SystemExit(f"phase {phase} failed with exit code {out.returncode}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["process_seconds"] = time.perf_counter() - started
+    print(f"  phase {phase:10} done in {result['process_seconds']:.1f} s (fresh process)", file=sys.stderr)
+    return result
+
+
+def quality(ex_dir: str, cold_dir: str) -> list[dict[str, Any]]:
+    """The autotuned pick's time in the exhaustive table, against that table's best."""
+    import plancache
+    from plancache import templates
+    from plancache.store import Store
+
+    ex, cold = Store(ex_dir, read_only=True), Store(cold_dir, read_only=True)
+    rows = []
+    for _label, name, params in SUITE:
+        graph = templates.build(name, **params)
+        description = plancache.describe(graph)
+        picks = [e for e in (ex.get(k["key"]) for k in ex.list_entries()) if e and e.description == description]
+        chosen = [e for e in (cold.get(k["key"]) for k in cold.list_entries()) if e and e.description == description]
+        if not picks or not chosen:
+            rows.append({})
+            continue
+        table = {c["engine"]["name"]: c.get("median_ms") for c in picks[0].candidates if c.get("median_ms")}
+        best = min(table.values())
+        pick = chosen[0].engine["name"] if chosen[0].engine else None
+        rows.append({"best_ms": best, "pick": pick, "pick_ms": table.get(pick), "candidates": len(picks[0].candidates)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phase", choices=sorted(PHASES))
+    parser.add_argument("--args", default="{}")
+    parser.add_argument("--out", help="write all figures as JSON here")
+    opts = parser.parse_args()
+    if opts.phase:
+        print(json.dumps(PHASES[opts.phase](json.loads(opts.args))))
+        return
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "bench_startup needs an NVIDIA GPU: it times cuDNN plan builds. Without one, "
+            "`python -m pytest` runs the full cache on the CPU test backend."
+        )
+    root = Path(tempfile.mkdtemp(prefix="plancache-bench-"))
+    ex_dir, topk_dir = str(root / "exhaustive"), str(root / "topk")
+    results = {
+        "heuristic": run_phase("heuristic"),
+        "exhaustive": run_phase("exhaustive", dir=ex_dir),
+        "cold": run_phase("cold", dir=topk_dir),
+        "warm": run_phase("warm", dir=topk_dir),
+        "raw": run_phase("raw", dir=topk_dir),
+        "exec": run_phase("exec", dir=topk_dir),
+    }
+    results["quality"] = quality(ex_dir, topk_dir)
+    results["suite"] = [label for label, _, _ in SUITE]
+    import cudnn
+
+    results["versions"] = {"gpu": torch.cuda.get_device_name(), "cudnn": torch.backends.cudnn.version(),
+                           "cudnn_frontend": cudnn.__version__, "torch": torch.__version__,
+                           "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    print_table(results)
+    if opts.out:
+        Path(opts.out).write_text(json.dumps(results, indent=2))
+
+
+def print_table(r: dict[str, Any]) -> None:
+    ms = lambda s: f"{s * 1e3:9.1f}"  # noqa: E731
+    print(f"\nplancache start-up benchmark  {r['versions']}")
+    print(f"{'graph':38} {'heur ms':>9} {'exh ms':>9} {'cold ms':>9} {'warm ms':>9} {'raw ms':>9}"
+          f" {'exec':>8} {'fresh':>8} {'eager':>8} {'pick/best':>9} {'err':>8}")  # fmt: skip
+    totals = dict.fromkeys(("heuristic", "exhaustive", "cold", "warm", "raw"), 0.0)
+    for i, label in enumerate(r["suite"]):
+        row = r["exec"]["rows"][i]
+        q = r["quality"][i]
+        ratio = f"{q['pick_ms'] / q['best_ms']:.3f}" if q.get("pick_ms") else "n/a"
+        for phase in totals:
+            totals[phase] += r[phase]["seconds"][i]
+        print(f"{label:38} {ms(r['heuristic']['seconds'][i])} {ms(r['exhaustive']['seconds'][i])} "
+              f"{ms(r['cold']['seconds'][i])} {ms(r['warm']['seconds'][i])} {ms(r['raw']['seconds'][i])} "
+              f"{row['cached_ms']:8.4f} {row['fresh_ms']:8.4f} {row['eager_ms']:8.4f} {ratio:>9} {row['rel_error']:8.1e}")  # fmt: skip
+    print(f"{'TOTAL (s)':38} " + " ".join(f"{totals[p]:9.3f}" for p in totals))
+    warm, raw = totals["warm"], totals["raw"]
+    print(f"\nwarm / raw deserialize: {warm / raw:.3f}x  (target <= 1.15x + 2 ms: {warm <= 1.15 * raw + 0.002})")
+    print(f"warm vs heuristic build: {totals['heuristic'] / warm:.0f}x faster; vs exhaustive: {totals['exhaustive'] / warm:.0f}x")
+    print(f"cold (top-k) wall / exhaustive wall: {totals['cold'] / totals['exhaustive']:.2f}")
+    print(f"repeat lookup: builder {r['exec']['builder_repeat_us']:.2f} us, get(graph) {r['exec']['get_repeat_us']:.1f} us;"
+          f" execute host overhead {r['exec']['execute_host_us']:.1f} us")  # fmt: skip
+    print(f"warm sources: {r['warm']['sources']}  counters: {r['warm']['counters']}")
+
+
+if __name__ == "__main__":
+    main()

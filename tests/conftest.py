@@ -1,0 +1,78 @@
+"""Fixtures shared by the CPU tests: a private cache directory per test and caches that
+run real cudnn.pygraph graphs through ``CpuTestBackend``."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plancache import PlanCache, Store
+from plancache.testing import CpuTestBackend
+
+_ENV_VARS = ("PLANCACHE_MAX_SIZE", "PLANCACHE_ALLOW_SHARED_DIR")
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own PLANCACHE_DIR under tmp_path (not created yet), so no test
+    can touch the user's cache or another test's."""
+    directory = tmp_path / "plancache"
+    monkeypatch.setenv("PLANCACHE_DIR", str(directory))
+    for name in _ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return directory
+
+
+@pytest.fixture
+def backend() -> CpuTestBackend:
+    return CpuTestBackend()
+
+
+@pytest.fixture
+def make_cache(backend: CpuTestBackend) -> Iterator[Callable[..., PlanCache]]:
+    """Open a PlanCache on $PLANCACHE_DIR (CpuTestBackend unless ``backend=`` is given);
+    every cache opened is closed after the test."""
+    opened: list[PlanCache] = []
+
+    def make(**kwargs: Any) -> PlanCache:
+        kwargs.setdefault("backend", CpuTestBackend())
+        cache = PlanCache(**kwargs)
+        opened.append(cache)
+        return cache
+
+    yield make
+    for cache in opened:
+        cache.close()
+
+
+@pytest.fixture
+def cache(make_cache: Callable[..., PlanCache], backend: CpuTestBackend) -> PlanCache:
+    """A PlanCache on $PLANCACHE_DIR with the ``backend`` fixture's CpuTestBackend."""
+    return make_cache(backend=backend)
+
+
+@pytest.fixture
+def store(cache_dir: Path) -> Iterator[Store]:
+    s = Store()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def db(cache_dir: Path) -> Iterator[Callable[[], sqlite3.Connection]]:
+    """Open the cache's database directly (for inspecting or damaging it); closed after."""
+    connections: list[sqlite3.Connection] = []
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(cache_dir / "plans.db", isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        connections.append(conn)
+        return conn
+
+    yield connect
+    for conn in connections:
+        conn.close()

@@ -1,0 +1,181 @@
+"""The timing policy, on fake candidate sets whose build results and timings are set by
+the test."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from plancache import BuildError, BuildOptions, BuiltPlan, EngineChoice, TimingPolicy
+from plancache.autotune import autotune
+
+
+class FakeCandidates:
+    """``medians[i]``: what candidate i's careful runs measure; ``firsts[i]``: its single
+    first run (defaults to the median); ``failing``: indices whose build fails."""
+
+    def __init__(
+        self,
+        medians: Sequence[float],
+        *,
+        failing: Sequence[int] = (),
+        firsts: Sequence[float] | None = None,
+    ) -> None:
+        self.medians = list(medians)
+        self.firsts = list(firsts) if firsts is not None else list(medians)
+        self.failing = set(failing)
+        self.build_calls: list[int] = []
+        self.time_calls: list[tuple[int, int]] = []
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self.medians)
+
+    def engine(self, index: int) -> EngineChoice:
+        return EngineChoice(engine_id=100 + index, knobs={"k": index}, name=f"fake{index}")
+
+    def build(self, index: int) -> str | None:
+        self.build_calls.append(index)
+        return f"engine {index} not supported" if index in self.failing else None
+
+    def time(self, index: int, runs: int) -> list[float]:
+        assert index in self.build_calls and index not in self.failing, "timed a candidate that was not built"
+        self.time_calls.append((index, runs))
+        if runs == 1:
+            return [self.firsts[index]]
+        median = self.medians[index]
+        # Spread around the median so that only the median, not the mean, equals it.
+        return sorted([median * 0.5, median, median, median * 10.0][: max(runs, 1)] + [median] * max(0, runs - 4))
+
+    def finish(self, index: int) -> BuiltPlan:
+        return BuiltPlan(native=index, blob=b"", tensors=[], workspace_size=0, engine=self.engine(index))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def timed(self, runs: int | None = None) -> list[int]:
+        return [i for i, r in self.time_calls if runs is None or r == runs]
+
+
+def statuses(result: object) -> list[str]:
+    return [r.status for r in result.candidates]  # type: ignore[attr-defined]
+
+
+def test_heuristic_picks_the_first_buildable_without_timing() -> None:
+    cands = FakeCandidates([5.0, 4.0, 3.0, 0.1, 0.1], failing=[0, 1])
+    result = autotune(cands, BuildOptions(policy="heuristic"))
+    assert result.winner == 2  # not 3, although 3 would be faster: heuristic order rules
+    assert cands.build_calls == [0, 1, 2]
+    assert cands.time_calls == []
+    assert statuses(result) == ["failed", "failed", "chosen", "not_built", "not_built"]
+    assert result.candidates[0].error == "engine 0 not supported"
+    assert result.timing == {"method": "not timed"}
+    assert result.policy == "heuristic"
+
+
+def test_topk_builds_and_times_only_k() -> None:
+    cands = FakeCandidates([5.0, 4.0, 3.0, 2.0, 1.0, 0.5])
+    result = autotune(cands, BuildOptions(policy="topk", top_k=3), TimingPolicy(runs=5, prune_factor=100.0))
+    assert cands.build_calls == [0, 1, 2]
+    assert sorted(cands.timed(1)) == [0, 1, 2]
+    assert sorted(cands.timed(5)) == [0, 1, 2]
+    assert result.winner == 2
+    assert statuses(result) == ["timed", "timed", "chosen", "not_built", "not_built", "not_built"]
+    assert result.candidates[2].median_ms == 3.0
+    assert len(result.candidates[2].times_ms) == 5
+    assert result.timing["runs"] == 5 and result.timing["prune_factor"] == 100.0
+
+
+def test_topk_counts_only_candidates_that_built() -> None:
+    cands = FakeCandidates([5.0, 0.1, 4.0, 3.0, 1.0], failing=[1])
+    result = autotune(cands, BuildOptions(policy="topk", top_k=3), TimingPolicy(prune_factor=100.0))
+    assert cands.build_calls == [0, 1, 2, 3]  # 1 failed, so 3 is built to make K
+    assert 1 not in cands.timed()
+    assert result.winner == 3
+    assert statuses(result) == ["timed", "failed", "timed", "chosen", "not_built"]
+
+
+def test_failed_builds_are_skipped_and_reported() -> None:
+    cands = FakeCandidates([2.0, 0.1, 1.0], failing=[1])  # the fastest one fails to build
+    result = autotune(cands, BuildOptions(policy="exhaustive"), TimingPolicy(prune_factor=100.0))
+    assert result.winner == 2
+    assert result.candidates[1].status == "failed"
+    assert result.candidates[1].error == "engine 1 not supported"
+    assert result.candidates[1].median_ms is None
+
+
+def test_exhaustive_builds_every_candidate() -> None:
+    cands = FakeCandidates([3.0, 2.0, 4.0, 1.5, 2.5, 6.0, 1.6, 9.0, 7.0, 1.7])
+    result = autotune(cands, BuildOptions(policy="exhaustive", top_k=2), TimingPolicy(prune_factor=100.0))
+    assert cands.build_calls == list(range(10))
+    assert sorted(cands.timed(1)) == list(range(10))
+    assert result.winner == 3
+
+
+def test_slow_first_runs_are_pruned_before_careful_timing() -> None:
+    # First runs: 1.0 is the best; 3.0 is exactly at the factor (kept), 3.5 and 40 beyond it.
+    cands = FakeCandidates([1.0, 0.9, 0.8, 0.7], firsts=[1.0, 3.5, 3.0, 40.0])
+    result = autotune(cands, BuildOptions(policy="exhaustive"), TimingPolicy(runs=3, prune_factor=3.0))
+    assert statuses(result) == ["timed", "pruned", "chosen", "pruned"]
+    assert sorted(cands.timed(3)) == [0, 2]  # pruned candidates get no careful timing
+    assert result.candidates[1].first_ms == 3.5
+    assert result.candidates[1].median_ms is None
+    assert result.winner == 2
+
+
+def test_a_zero_first_run_is_the_best_not_missing() -> None:
+    cands = FakeCandidates([0.0, 1.0, 2.0], firsts=[0.0, 1.0, 2.0])
+    result = autotune(cands, BuildOptions(policy="exhaustive"), TimingPolicy(prune_factor=3.0))
+    assert statuses(result) == ["chosen", "pruned", "pruned"]
+
+
+def test_the_lowest_median_wins_not_the_first_run() -> None:
+    # Candidate 0 had the luckiest first run; candidate 1 has the lower median.
+    cands = FakeCandidates([2.0, 1.0], firsts=[0.5, 1.2])
+    result = autotune(cands, BuildOptions(policy="exhaustive"), TimingPolicy(runs=7, prune_factor=3.0))
+    assert result.winner == 1
+    assert result.candidates[0].median_ms == 2.0 and result.candidates[1].median_ms == 1.0
+
+
+def test_ties_go_to_the_lower_index() -> None:
+    cands = FakeCandidates([3.0, 1.0, 1.0, 1.0])
+    result = autotune(cands, BuildOptions(policy="exhaustive"))
+    assert result.winner == 1
+    assert statuses(result) == ["timed", "chosen", "timed", "timed"]
+
+
+def test_a_single_buildable_candidate_is_chosen_without_timing() -> None:
+    cands = FakeCandidates([1.0, 2.0, 3.0], failing=[0, 2])
+    result = autotune(cands, BuildOptions(policy="topk", top_k=8))
+    assert result.winner == 1
+    assert cands.time_calls == []
+    assert statuses(result) == ["failed", "chosen", "failed"]
+
+
+def test_all_failed_is_a_build_error_with_every_reason() -> None:
+    cands = FakeCandidates([1.0, 2.0, 3.0], failing=[0, 1, 2])
+    with pytest.raises(BuildError) as info:
+        autotune(cands, BuildOptions(policy="exhaustive"))
+    assert info.value.reason == "all failed"
+    message = str(info.value)
+    assert "3 candidate plans" in message
+    assert all(f"#{i}: engine {i} not supported" in message for i in range(3))
+    assert isinstance(info.value, RuntimeError)
+
+
+def test_no_candidates_is_a_build_error() -> None:
+    with pytest.raises(BuildError) as info:
+        autotune(FakeCandidates([]), BuildOptions())
+    assert info.value.reason == "no candidates"
+
+
+def test_reports_are_json_serializable() -> None:
+    cands = FakeCandidates([1.0, 3.0, 0.5], failing=[0])
+    result = autotune(cands, BuildOptions(policy="exhaustive"), TimingPolicy(runs=3))
+    reports = json.loads(json.dumps([r.to_dict() for r in result.candidates]))
+    assert [r["engine"]["engine_id"] for r in reports] == [100, 101, 102]
+    assert reports[2]["status"] == "chosen" and reports[2]["times_ms"]
+    assert result.autotune_seconds >= 0
+    json.dumps(result.timing)

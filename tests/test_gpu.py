@@ -1,0 +1,171 @@
+"""GPU tests: real cuDNN plans against PyTorch. Skipped without CUDA; run by scripts/gpu-check."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with CUDA"),
+]
+
+import plancache  # noqa: E402
+from plancache import templates  # noqa: E402
+
+CASES = {
+    "conv_bias_relu": ("conv_bias_act", {"n": 8, "c": 64, "h": 56, "w": 56, "k": 64}),
+    "matmul_bias_relu": ("matmul_bias_act", {"b": 4, "m": 512, "n": 1024, "k": 512}),
+    "sdpa_causal": ("sdpa", {"b": 2, "h": 8, "s": 512, "d": 64, "causal": True}),
+}
+TOLERANCE = 1e-2  # relative error of bf16 outputs against a float32 PyTorch reference
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    return float((out.float() - ref).norm() / ref.norm().clamp_min(1e-12))
+
+
+def run_and_check(plan: plancache.Plan, name: str, params: dict[str, Any], seed: int = 0) -> float:
+    tensors = templates.allocate(name, device="cuda", seed=seed, **params)
+    plan.execute(tensors)
+    torch.cuda.synchronize()
+    return relative_error(tensors[4], templates.reference(name, tensors, **params))
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> plancache.PlanCache:
+    return plancache.PlanCache(tmp_path / "cache")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plan_matches_pytorch(cache: plancache.PlanCache, case: str) -> None:
+    name, params = CASES[case]
+    plan = cache.get(templates.build(name, **params))
+    assert plan.source == "built"
+    assert run_and_check(plan, name, params) <= TOLERANCE
+    entry = cache.store.get(plan.key)
+    assert entry is not None and entry.checksum_ok()
+    assert any(c["status"] == "chosen" for c in entry.candidates)
+
+
+_CHILD = r"""
+import json, sys, torch, plancache
+from plancache import templates
+name, params = sys.argv[1], json.loads(sys.argv[2])
+cache = plancache.PlanCache(sys.argv[3])
+plan = cache.get(templates.build(name, **params))
+t = templates.allocate(name, device="cuda", seed=1, **params)
+plan.execute(t); torch.cuda.synchronize()
+ref = templates.reference(name, t, **params)
+err = float((t[4].float() - ref).norm() / ref.norm())
+print(json.dumps({"source": plan.source, "counters": cache.counters, "error": err}))
+"""
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fresh_process_hit_builds_nothing(tmp_path: Path, case: str) -> None:
+    name, params = CASES[case]
+    directory = tmp_path / "cache"
+    first = plancache.PlanCache(directory)
+    first.get(templates.build(name, **params))
+    first.close()
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, name, json.dumps(params), str(directory)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["source"] == "loaded"
+    assert result["counters"]["builds"] == 0 and result["counters"]["misses"] == 0
+    assert result["error"] <= TOLERANCE
+
+
+def test_cuda_graph_capture_replays(cache: plancache.PlanCache) -> None:
+    name, params = CASES["conv_bias_relu"]
+    plan = cache.get(templates.build(name, **params)).prepare()
+    tensors = templates.allocate(name, device="cuda", seed=2, **params)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        plan.execute(tensors)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.execute(tensors)
+    fresh = templates.allocate(name, device="cuda", seed=3, **params)
+    for uid in (1, 2, 3):
+        tensors[uid].copy_(fresh[uid])
+    tensors[4].fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert relative_error(tensors[4], templates.reference(name, tensors, **params)) <= TOLERANCE
+
+
+def test_wrong_tensors_are_refused_before_launch(cache: plancache.PlanCache) -> None:
+    name, params = CASES["matmul_bias_relu"]
+    plan = cache.get(templates.build(name, **params))
+    good = templates.allocate(name, device="cuda", **params)
+    cases = {
+        "shape": {**good, 1: good[1][:, :-1]},
+        "dtype": {**good, 2: good[2].half()},
+        "device": {**good, 3: good[3].cpu()},
+        "missing": {k: v for k, v in good.items() if k != 2},
+        "unknown": {**good, 99: good[1]},
+    }
+    for what, tensors in cases.items():
+        with pytest.raises(plancache.TensorMismatchError):
+            plan.execute(tensors)
+        torch.cuda.synchronize()
+        assert torch.isnan(good[4]).all(), f"{what}: the plan launched"
+
+
+def _rank(directory: str, queue: Any) -> None:
+    name, params = CASES["sdpa_causal"]
+    cache = plancache.PlanCache(directory)
+    plan = cache.get(templates.build(name, **params))
+    error = run_and_check(plan, name, params, seed=os.getpid() % 7)
+    queue.put({"builds": cache.counters["builds"], "source": plan.source, "error": error})
+
+
+def test_eight_processes_autotune_once(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=_rank, args=(str(tmp_path / "cache"), queue)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert sum(r["builds"] for r in results) == 1
+    assert sorted(r["source"] for r in results) == ["built"] + ["loaded"] * 7
+    assert max(r["error"] for r in results) <= TOLERANCE
+
+
+def test_flipped_blob_is_rebuilt_from_engine(tmp_path: Path) -> None:
+    name, params = CASES["conv_bias_relu"]
+    directory = tmp_path / "cache"
+    first = plancache.PlanCache(directory)
+    key = first.get(templates.build(name, **params)).key
+    first.close()
+    with sqlite3.connect(directory / "plans.db") as conn:
+        blob = bytearray(conn.execute("SELECT blob FROM plans WHERE key = ?", (key,)).fetchone()[0])
+        blob[len(blob) // 2] ^= 0x40
+        conn.execute("UPDATE plans SET blob = ? WHERE key = ?", (bytes(blob), key))
+    second = plancache.PlanCache(directory)
+    plan = second.get(templates.build(name, **params))
+    assert plan.source == "rebuilt"
+    assert second.counters["corrupt"] == 1 and second.counters["rebuilds"] == 1
+    assert run_and_check(plan, name, params) <= TOLERANCE
+    assert len(second.store.quarantined()) == 1
+    stored = second.store.get(key)
+    assert stored is not None and stored.checksum_ok()

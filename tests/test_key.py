@@ -1,0 +1,333 @@
+"""The canonical description and the key: stable, rename-proof, and sensitive to every
+part that can change a plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import cudnn
+import pytest
+
+from graphs import EXAMPLES, CausalSdpa, ConvBiasRelu, MatmulBiasRelu, row_major
+from plancache import BuildOptions, InvalidGraphError, PlanCache, describe, make_key
+from plancache.key import KEY_FORMAT, canonical_json, environment_id, tensor_table
+from plancache.testing import CpuTestBackend
+
+DT = cudnn.data_type
+ENV = CpuTestBackend().environment()
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def key_of(spec: Any, environment: dict[str, Any] = ENV, options: BuildOptions | None = None) -> str:
+    return make_key(describe(spec.graph()), environment, options or BuildOptions()).digest
+
+
+# ---------------------------------------------------------------------------- describe
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_describe_is_json_serializable_and_stable(name: str) -> None:
+    spec = EXAMPLES[name]
+    graph = spec.graph()
+    description = describe(graph)
+    text = json.dumps(description, allow_nan=False)
+    assert json.loads(text) == description  # plain JSON types only: no tuples, enums, objects
+    assert describe(graph) == description  # describing does not mutate the graph
+    assert canonical_json(describe(spec.graph())) == canonical_json(description)  # a fresh graph
+    digest = make_key(description, ENV, BuildOptions()).digest
+    assert len(digest) == 64 and set(digest) <= set("0123456789abcdef")
+
+
+def test_description_names_tensors_by_uid_and_virtuals_by_order() -> None:
+    description = describe(ConvBiasRelu().graph())
+    assert set(description["tensors"]) == {"u1", "u2", "u3", "u4", "v0", "v1"}
+    assert [n["type"] for n in description["nodes"]] == ["CONV_FPROP", "POINTWISE", "POINTWISE"]
+    assert description["nodes"][0]["inputs"] == {"image": "u1", "weight": "u2"}
+    assert description["nodes"][2]["outputs"] == {"OUT_0": "u4"}
+    assert description["tensors"]["u4"]["is_output"] is True
+    assert description["tensors"]["u1"]["stride"] == [288, 1, 48, 8]  # channels-last
+    assert "X" not in json.dumps(description)  # names never enter the key
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_renaming_tensors_and_nodes_does_not_change_the_key(name: str) -> None:
+    spec = EXAMPLES[name]
+    renamed = dataclasses.replace(spec, prefix="renamed/")
+    graph = renamed.graph()
+    assert all(t.name.startswith("renamed/") for t in graph.tensors.values())
+    assert all(n.name.startswith("renamed/") for n in graph.nodes)
+    assert describe(graph) == describe(spec.graph())
+    assert key_of(renamed) == key_of(spec)
+
+
+def test_renaming_a_tensor_after_building_does_not_change_the_key() -> None:
+    graph = MatmulBiasRelu().graph()
+    before = describe(graph)
+    graph.tensors["A"].set_name("something_else")
+    assert describe(graph) == before
+
+
+# One baseline and variants that each change one thing that can change the plan.
+CONV = ConvBiasRelu()
+MATMUL = MatmulBiasRelu()
+SDPA = CausalSdpa()
+VARIANTS: dict[str, tuple[Any, Any]] = {
+    "conv shape n": (CONV, dataclasses.replace(CONV, n=3)),
+    "conv shape h": (CONV, dataclasses.replace(CONV, h=8)),
+    "conv shape c": (CONV, dataclasses.replace(CONV, c=16)),
+    "conv stride layout": (CONV, dataclasses.replace(CONV, layout="nchw")),
+    "conv dtype": (CONV, dataclasses.replace(CONV, dtype="HALF")),
+    "conv uid": (CONV, dataclasses.replace(CONV, uids=(1, 2, 3, 5))),
+    "conv uid swap": (CONV, dataclasses.replace(CONV, uids=(2, 1, 3, 4))),
+    "conv padding": (CONV, dataclasses.replace(CONV, padding=0)),
+    "conv stride": (CONV, dataclasses.replace(CONV, conv_stride=2)),
+    "conv dilation": (CONV, dataclasses.replace(CONV, dilation=2)),
+    "conv compute type": (CONV, dataclasses.replace(CONV, compute="HALF")),
+    "conv dynamic shape": (CONV, dataclasses.replace(CONV, dynamic=True)),
+    "matmul shape": (MATMUL, dataclasses.replace(MATMUL, m=16)),
+    "matmul stride": (MATMUL, dataclasses.replace(MATMUL, b_layout="col")),
+    "matmul dtype": (MATMUL, dataclasses.replace(MATMUL, dtype="BFLOAT16")),
+    "matmul uid": (MATMUL, dataclasses.replace(MATMUL, uids=(11, 12, 13, 15))),
+    "matmul compute type": (MATMUL, dataclasses.replace(MATMUL, compute="HALF")),
+    "matmul dynamic shape": (MATMUL, dataclasses.replace(MATMUL, dynamic=True)),
+    "sdpa causal flag": (SDPA, dataclasses.replace(SDPA, causal=False)),
+    "sdpa shape": (SDPA, dataclasses.replace(SDPA, s=16)),
+    "sdpa head dim": (SDPA, dataclasses.replace(SDPA, d=32)),
+    "sdpa dtype": (SDPA, dataclasses.replace(SDPA, dtype="BFLOAT16")),
+    "sdpa compute type": (SDPA, dataclasses.replace(SDPA, compute="HALF")),
+    "sdpa scale uid": (SDPA, dataclasses.replace(SDPA, uids=(21, 22, 23, 26, 25))),
+    "sdpa scale by value vs float": (SDPA, dataclasses.replace(SDPA, scale_by_value=False)),
+    "sdpa float scale value": (
+        dataclasses.replace(SDPA, scale_by_value=False),
+        dataclasses.replace(SDPA, scale_by_value=False, attn_scale=0.5),
+    ),
+    "sdpa dynamic shape": (SDPA, dataclasses.replace(SDPA, dynamic=True)),
+}
+
+
+@pytest.mark.parametrize("change", sorted(VARIANTS))
+def test_any_change_that_can_alter_the_plan_changes_the_key(change: str) -> None:
+    base, variant = VARIANTS[change]
+    assert key_of(variant) != key_of(base)
+
+
+def test_all_variants_have_distinct_keys() -> None:
+    specs = {spec for pair in VARIANTS.values() for spec in pair}
+    keys = {key_of(spec) for spec in specs}
+    assert len(keys) == len(specs)
+
+
+def test_pass_by_value_scale_value_is_not_part_of_the_key() -> None:
+    # The value of a pass-by-value scale arrives at execute time; only a baked float keys.
+    assert key_of(dataclasses.replace(SDPA, attn_scale=0.5)) == key_of(SDPA)
+
+
+def test_key_is_the_same_in_a_subprocess_with_another_hash_seed() -> None:
+    script = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(TESTS_DIR)!r})\n"
+        "from graphs import EXAMPLES\n"
+        "from plancache import BuildOptions, describe, make_key\n"
+        "from plancache.testing import CpuTestBackend\n"
+        "env = CpuTestBackend().environment()\n"
+        "print(json.dumps({n: make_key(describe(s.graph()), env, BuildOptions()).digest "
+        "for n, s in EXAMPLES.items()}))\n"
+    )
+    expected = {name: key_of(spec) for name, spec in EXAMPLES.items()}
+    for seed in ("1", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        result = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout) == expected
+
+
+# ---------------------------------------------------------------------------- invalid graphs
+
+
+def test_missing_output_uid_is_an_error_naming_the_tensor() -> None:
+    g = cudnn.pygraph(io_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    a = g.tensor(name="A", dim=[1, 4, 8], stride=[32, 8, 1], uid=1)
+    b = g.tensor(name="B", dim=[1, 8, 2], stride=[16, 2, 1], uid=2)
+    out = g.matmul(a, b, name="mm")
+    out.set_output(True).set_name("the_output")  # no set_uid
+    with pytest.raises(InvalidGraphError) as info:
+        describe(g)
+    assert "'the_output'" in str(info.value)
+    assert info.value.reason == "missing uid"
+    assert info.value.node == "mm"
+
+
+def test_missing_input_uid_is_an_error_naming_the_tensor() -> None:
+    g = cudnn.pygraph(io_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    a = g.tensor(name="input_without_uid", dim=[1, 4, 8], stride=[32, 8, 1])
+    b = g.tensor(name="B", dim=[1, 8, 2], stride=[16, 2, 1], uid=2)
+    g.matmul(a, b, name="mm").set_output(True).set_uid(3)
+    with pytest.raises(InvalidGraphError, match="'input_without_uid' has no uid") as info:
+        describe(g)
+    assert info.value.reason == "missing uid"
+
+
+def test_duplicate_uid_is_refused() -> None:
+    g = cudnn.pygraph(io_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    a = g.tensor(name="A", dim=[1, 4, 8], stride=[32, 8, 1], uid=1)
+    with pytest.raises(ValueError, match="already user-assigned"):
+        g.tensor(name="B", dim=[1, 8, 2], stride=[16, 2, 1], uid=1)  # pygraph refuses it itself
+    b = g.tensor(name="B", dim=[1, 8, 2], stride=[16, 2, 1], uid=2)
+    g.matmul(a, b, name="mm").set_output(True).set_uid(3)
+    b.uid = 1  # behind pygraph's back: describe must still notice
+    with pytest.raises(InvalidGraphError, match="share uid 1") as info:
+        describe(g)
+    assert info.value.reason == "duplicate uid"
+    assert "'A'" in str(info.value) and "'B'" in str(info.value)
+
+
+def test_tensors_sharing_a_name_still_key_their_shapes() -> None:
+    # pygraph allows duplicate names (they are labels) and drops such names from
+    # graph.tensors; their shapes must still reach the key and the tensor table.
+    def graph(m: int) -> Any:
+        g = cudnn.pygraph(io_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+        a = g.tensor(name="x", dim=[1, m, 8], stride=row_major([1, m, 8]), uid=1)
+        b = g.tensor(name="x", dim=[1, 8, 4], stride=row_major([1, 8, 4]), uid=2)
+        g.matmul(a, b, name="mm").set_output(True).set_uid(3)
+        return g
+
+    assert "x" not in graph(4).tensors
+    assert make_key(describe(graph(4)), ENV, BuildOptions()) != make_key(describe(graph(16)), ENV, BuildOptions())
+    assert [spec.uid for spec in tensor_table(graph(4))] == [1, 2, 3]
+
+
+def test_torch_and_cudnn_dtype_spellings_key_alike() -> None:
+    import torch
+
+    def graph(dtype: Any) -> Any:
+        g = cudnn.pygraph(io_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+        a = g.tensor(name="A", dim=[1, 4, 8], stride=[32, 8, 1], data_type=dtype, uid=1)
+        b = g.tensor(name="B", dim=[1, 8, 2], stride=[16, 2, 1], data_type=DT.FLOAT, uid=2)
+        g.matmul(a, b, name="mm").set_output(True).set_uid(3)
+        return g
+
+    assert describe(graph(torch.float32)) == describe(graph(DT.FLOAT))
+    assert tensor_table(graph(torch.float32))[0].dtype == "data_type.FLOAT"  # so Plan checks it
+
+
+def test_not_a_graph_and_empty_graph_are_refused() -> None:
+    with pytest.raises(InvalidGraphError, match="expected a cudnn.pygraph"):
+        describe(object())
+    with pytest.raises(InvalidGraphError, match="no operations"):
+        describe(cudnn.pygraph(io_data_type=DT.FLOAT))
+
+
+def test_attribute_without_stable_text_is_refused() -> None:
+    spec = CausalSdpa(scale_by_value=False)
+    g = cudnn.pygraph(io_data_type=DT.HALF, compute_data_type=DT.FLOAT)
+    q, k, v = (g.tensor(name=n, dim=spec.qkv_dims, stride=row_major(spec.qkv_dims), uid=u) for n, u in zip("qkv", (1, 2, 3)))
+    o, _ = g.sdpa(q, k, v, attn_scale=0.5, score_mod=lambda graph, score: score, name="sdpa")
+    o.set_output(True).set_uid(4)
+    with pytest.raises(InvalidGraphError, match="memory address") as info:
+        describe(g)
+    assert info.value.node == "sdpa"
+
+
+def test_tensor_table_lists_the_variant_pack() -> None:
+    table = tensor_table(ConvBiasRelu().graph())
+    assert [(s.uid, s.name, s.is_output) for s in table] == [(1, "X", False), (2, "W", False), (3, "B", False), (4, "Y", True)]
+    assert table[0].strides == (288, 1, 48, 8)
+    assert all(s.dtype == "data_type.FLOAT" for s in table)
+    sdpa = {s.name: s for s in tensor_table(CausalSdpa().graph())}
+    assert sdpa["scale"].is_pass_by_value and not sdpa["q"].is_pass_by_value
+    assert type(table[0]).from_dict(table[0].to_dict()) == table[0]
+
+
+# ---------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"policy": "fastest"},
+        {"top_k": 0},
+        {"heuristic_modes": ()},
+        {"heuristic_modes": ("A", "C")},
+        {"workspace_limit": -1},
+    ],
+)
+def test_build_options_validation(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        BuildOptions(**kwargs)
+
+
+def test_build_options_defaults_and_valid_values() -> None:
+    assert BuildOptions().policy == "topk"
+    for policy in ("heuristic", "topk", "exhaustive"):
+        assert BuildOptions(policy=policy).to_dict()["policy"] == policy
+    options = BuildOptions(heuristic_modes=("B",), workspace_limit=0, top_k=1)
+    assert options.to_dict() == {
+        "policy": "topk", "top_k": 1, "heuristic_modes": ["B"], "workspace_limit": 0, "kernel_cache": False,
+    }  # fmt: skip
+
+
+def test_build_options_enter_the_key() -> None:
+    spec = EXAMPLES["conv_bias_relu"]
+    base = key_of(spec, options=BuildOptions())
+    assert key_of(spec, options=BuildOptions(policy="exhaustive")) != base
+    assert key_of(spec, options=BuildOptions(top_k=2)) != base
+    assert key_of(spec, options=BuildOptions(workspace_limit=1 << 20)) != base
+    assert key_of(spec, options=BuildOptions(heuristic_modes=("A",))) != base
+    assert key_of(spec, options=BuildOptions(kernel_cache=True)) != base
+    # top_k only matters to the topk policy
+    heuristic = key_of(spec, options=BuildOptions(policy="heuristic"))
+    assert key_of(spec, options=BuildOptions(policy="heuristic", top_k=3)) == heuristic
+
+
+# ---------------------------------------------------------------------------- environment, explain
+
+
+def test_environment_change_changes_the_key() -> None:
+    other = {**ENV, "cudnn_backend_version": "99999"}
+    spec = EXAMPLES["matmul_bias_relu"]
+    assert key_of(spec, environment=other) != key_of(spec)
+    assert environment_id(other) != environment_id(ENV)
+    assert environment_id(dict(reversed(list(ENV.items())))) == environment_id(ENV)  # order-free
+
+
+def test_plan_cache_key_uses_the_backend_environment(make_cache: Any) -> None:
+    graph_spec = EXAMPLES["causal_sdpa"]
+    here = make_cache().key(graph_spec.graph())
+    there = make_cache(backend=CpuTestBackend(environment={"gpu_name": "Other GPU"})).key(graph_spec.graph())
+    assert here.digest == key_of(graph_spec)
+    assert here != there
+    assert here.parts["environment"]["gpu_name"] == "CPU test device"
+    assert there.parts["environment"]["gpu_name"] == "Other GPU"
+
+
+def test_explain_shows_which_part_differs() -> None:
+    spec = EXAMPLES["conv_bias_relu"]
+    base = make_key(describe(spec.graph()), ENV, BuildOptions())
+    other_env = make_key(describe(spec.graph()), {**ENV, "sm_count": 132}, BuildOptions())
+    other_graph = make_key(describe(dataclasses.replace(spec, padding=0).graph()), ENV, BuildOptions())
+
+    def differing(a: Any, b: Any) -> set[str]:
+        ea, eb = a.explain(), b.explain()
+        assert set(ea) == set(eb) == {"format", "graph", "environment", "options"}
+        return {part for part in ea if ea[part]["sha256"] != eb[part]["sha256"]}
+
+    assert differing(base, other_env) == {"environment"}
+    assert differing(base, other_graph) == {"graph"}
+    assert differing(base, base) == set()
+    explained = base.explain()
+    assert explained["format"]["value"] == KEY_FORMAT
+    assert explained["environment"]["value"] == ENV
+    json.dumps(explained)  # printable by the CLI
+
+
+def test_plan_cache_key_matches_the_plan(cache: PlanCache) -> None:
+    graph = EXAMPLES["conv_bias_relu"].graph()
+    assert cache.get(graph).key == cache.key(graph).digest

@@ -1,0 +1,618 @@
+"""The Redis fleet tier against a real redis-server on 127.0.0.1, started by these tests.
+
+Tests marked ``redis`` need the ``redis-server`` binary (Debian package redis-server) and
+are skipped without it; the rest (configuration, a hung server, backoff) need no server.
+Nothing here contacts any address but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+redis = pytest.importorskip("redis")
+
+from plancache import remote  # noqa: E402  (after the importorskip above)
+from plancache.codec import encode_entry  # noqa: E402
+from plancache.errors import RemoteError  # noqa: E402
+from plancache.remote import RemoteTier, sign_value  # noqa: E402
+from plancache.store import Entry, Store, sha256  # noqa: E402
+
+REDIS_SERVER = shutil.which("redis-server")
+needs_server = pytest.mark.skipif(
+    REDIS_SERVER is None, reason="redis-server is not on PATH (Debian: apt-get install redis-server)"
+)
+SECRET = b"fleet-secret-0123456789abcdef-32"
+OTHER_SECRET = b"another-secret-0123456789abcdef!"
+ENV_ID = "0123456789abcdef"
+LOG = "plancache.remote"
+
+
+# ---------------------------------------------------------------------------- a local redis-server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalRedis:
+    """A throwaway redis-server bound to 127.0.0.1 only, without persistence."""
+
+    def __init__(self, directory: Path, port: int | None = None) -> None:
+        self.directory = directory
+        self.port = port
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> LocalRedis:
+        for _ in range(5):  # a port picked free can be taken before redis binds it
+            port = self.port or _free_port()
+            if self._try_start(port):
+                self.port = port
+                return self
+        raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}")
+
+    def _try_start(self, port: int) -> bool:
+        args = [str(REDIS_SERVER), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--protected-mode", "yes", "--dir", str(self.directory), "--logfile", str(self.directory / "redis.log")]  # fmt: skip
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.process = None
+                return False
+            with contextlib.suppress(redis.RedisError), self.client(port) as client:
+                if client.ping():
+                    return True
+            time.sleep(0.02)
+        self.stop()
+        return False
+
+    def client(self, port: int | None = None) -> Any:
+        return redis.Redis(host="127.0.0.1", port=port or self.port, socket_timeout=1)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not on PATH (Debian: apt-get install redis-server)")
+    server = LocalRedis(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[LocalRedis]:
+    """A server of this test alone, which it may kill, restart or fill."""
+    server = LocalRedis(tmp_path).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def raw(redis_server: LocalRedis) -> Iterator[Any]:
+    client = redis_server.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def make_tier() -> Iterator[Callable[..., RemoteTier]]:
+    """Tiers in a namespace of this test, closed at the end (warnings are errors here)."""
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    tiers: list[RemoteTier] = []
+
+    def make(url: str, **options: Any) -> RemoteTier:
+        options.setdefault("secret", SECRET)
+        options.setdefault("namespace", namespace)
+        tier = RemoteTier(url, **options)
+        tiers.append(tier)
+        return tier
+
+    yield make
+    for tier in tiers:
+        tier.close()
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The backoff clock, moved by the test: ``fake_clock[0] += 5``."""
+    now = [1000.0]
+    monkeypatch.setattr(remote, "_monotonic", lambda: now[0])
+    return now
+
+
+def make_entry(key: str = "ab" * 32, env_id: str = ENV_ID, size: int = 4096) -> Entry:
+    blob = (bytes(range(256)) * (size // 256 + 1))[:size]
+    return Entry(
+        key=key, env_id=env_id, label="CONV_FPROP", description={"nodes": [{"type": "CONV_FPROP"}]},
+        environment={"gpu": "test"}, options={}, tensors=[{"uid": 1}], blob=blob, blob_sha256=sha256(blob),
+        engine={"id": 3}, workspace_size=0, policy="fastest", candidates=[{"index": 0, "ms": 0.1}],
+        timing={"runs": 3}, build_seconds=1.5, autotune_seconds=1.0, backend="cpu-test",
+        created_at=1_700_000_000.0, last_used_at=1_700_000_100.0, hit_count=7,
+    )  # fmt: skip
+
+
+def same_plan(a: Entry, b: Entry) -> bool:
+    """Equal but for the per-node usage fields."""
+    usage = {"hit_count", "last_used_at"}
+    return {k: v for k, v in vars(a).items() if k not in usage} == {k: v for k, v in vars(b).items() if k not in usage}
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOG and r.levelno >= logging.WARNING]
+
+
+# ---------------------------------------------------------------------------- sharing
+
+
+@needs_server
+@pytest.mark.redis
+def test_round_trip(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier]) -> None:
+    tier = make_tier(redis_server.url)
+    entry = make_entry()
+    assert tier.get(entry.key, ENV_ID) is None
+    assert tier.put(entry)
+    got = tier.get(entry.key, ENV_ID)
+    assert got is not None and same_plan(got, entry)
+    assert got.hit_count == 0 and got.last_used_at > entry.last_used_at  # usage is per node
+    stats = tier.stats()
+    assert {k: stats[k] for k in remote.COUNTERS} == {
+        "remote_hits": 1, "remote_misses": 1, "publishes": 1, "refused": 0, "errors": 0, "lock_waits": 0, "skipped": 0,
+    }  # fmt: skip
+    assert stats["available"] is True and stats["key_id"] == tier.key_id
+
+
+@needs_server
+@pytest.mark.redis
+def test_two_machines_share_a_plan(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], tmp_path: Path) -> None:
+    """Two cache directories stand for two machines: A autotunes, B reads through."""
+    store_a, store_b = Store(tmp_path / "machine-a"), Store(tmp_path / "machine-b")
+    tier_a, tier_b = make_tier(redis_server.url), make_tier(redis_server.url)
+    entry = make_entry(size=100_000)
+    store_a.put(entry)  # write-through: local first, then the fleet
+    assert tier_a.put(entry)
+
+    assert store_b.get(entry.key) is None
+    fetched = tier_b.get(entry.key, ENV_ID)
+    assert fetched is not None
+    store_b.put(fetched)  # read-through: a remote hit is stored locally
+    local = store_b.get(entry.key)
+    assert local is not None and local.checksum_ok() and same_plan(local, entry)
+    assert tier_b.stats()["remote_hits"] == 1
+    store_a.close()
+    store_b.close()
+
+
+@needs_server
+@pytest.mark.redis
+def test_namespaces_and_environments_are_separate(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier]) -> None:
+    tier = make_tier(redis_server.url)
+    other_namespace = make_tier(redis_server.url, namespace=f"{tier.namespace}x")
+    entry = make_entry()
+    assert tier.put(entry)
+    assert tier.redis_key(entry.key, ENV_ID) == f"{tier.namespace}:v{remote.FORMAT}:{ENV_ID}:{entry.key}"
+    assert other_namespace.get(entry.key, ENV_ID) is None
+    assert tier.get(entry.key, "fedcba9876543210") is None
+
+
+# ---------------------------------------------------------------------------- refusals
+
+
+def _flip_byte(value: bytes) -> bytes:
+    middle = len(value) - 100  # inside the blob
+    return value[:middle] + bytes([value[middle] ^ 0x01]) + value[middle + 1 :]
+
+
+def _unsigned(value: bytes) -> bytes:
+    return encode_entry(make_entry())  # a well-formed entry without a signature
+
+
+@needs_server
+@pytest.mark.redis
+@pytest.mark.parametrize("tamper", [_flip_byte, _unsigned], ids=["flipped-byte", "unsigned"])
+def test_tampered_entry_is_refused(
+    redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any, tamper: Callable[[bytes], bytes],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    tier = make_tier(redis_server.url)
+    entry = make_entry()
+    assert tier.put(entry)
+    name = tier.redis_key(entry.key, ENV_ID)
+    raw.set(name, tamper(raw.get(name)))
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        assert tier.get(entry.key, ENV_ID) is None
+        assert tier.get(entry.key, ENV_ID) is None
+    assert tier.stats()["refused"] == 2 and tier.stats()["remote_hits"] == 0
+    assert len(warnings_of(caplog)) == 1 and "refused" in warnings_of(caplog)[0]
+
+
+@needs_server
+@pytest.mark.redis
+def test_validly_signed_entry_under_another_key_is_refused(
+    redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any
+) -> None:
+    """A signed value copied to another key must not serve that key."""
+    tier = make_tier(redis_server.url)
+    entry = make_entry()
+    assert tier.put(entry)
+    raw.set(tier.redis_key("cd" * 32, ENV_ID), raw.get(tier.redis_key(entry.key, ENV_ID)))
+    assert tier.get("cd" * 32, ENV_ID) is None
+    assert tier.stats()["refused"] == 1
+
+
+@needs_server
+@pytest.mark.redis
+def test_signed_but_undecodable_is_refused(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any) -> None:
+    tier = make_tier(redis_server.url)
+    raw.set(tier.redis_key("ef" * 32, ENV_ID), sign_value(b"not an entry at all", SECRET))
+    assert tier.get("ef" * 32, ENV_ID) is None
+    assert tier.stats()["refused"] == 1
+
+
+@needs_server
+@pytest.mark.redis
+def test_wrong_secret_is_refused(
+    redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], caplog: pytest.LogCaptureFixture
+) -> None:
+    ours, theirs = make_tier(redis_server.url), make_tier(redis_server.url, secret=OTHER_SECRET)
+    assert ours.key_id != theirs.key_id
+    entry = make_entry()
+    assert theirs.put(entry)
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        assert ours.get(entry.key, ENV_ID) is None
+    assert ours.stats()["refused"] == 1
+    assert "another secret" in warnings_of(caplog)[0]
+
+
+def test_damaged_local_entry_is_not_published() -> None:
+    tier = RemoteTier("redis://127.0.0.1:1/0", secret=SECRET)  # never contacted
+    entry = make_entry()
+    entry.blob = entry.blob[:-1]
+    assert tier.put(entry) is False
+    assert tier.stats()["errors"] == 1 and tier.stats()["skipped"] == 0
+    tier.close()
+
+
+# ---------------------------------------------------------------------------- single flight
+
+
+@needs_server
+@pytest.mark.redis
+def test_single_flight_across_two_nodes(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier]) -> None:
+    """Two nodes miss the same key at once: exactly one builds, the other waits and loads it."""
+    nodes = {"a": make_tier(redis_server.url), "b": make_tier(redis_server.url)}
+    entry = make_entry()
+    start = threading.Barrier(2)
+    builds: list[str] = []
+    outcome: dict[str, str] = {}
+
+    def node(name: str) -> None:
+        tier = nodes[name]
+        start.wait()
+        assert tier.get(entry.key, ENV_ID) is None
+        with tier.lock(entry.key, ENV_ID, wait=5) as mine:
+            if mine:
+                time.sleep(0.3)  # autotuning
+                builds.append(name)
+                assert tier.put(entry)  # published before the lock is released
+                outcome[name] = "built"
+            else:
+                outcome[name] = "loaded" if tier.get(entry.key, ENV_ID) is not None else "missing"
+
+    threads = [threading.Thread(target=node, args=(name,)) for name in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(builds) == 1
+    assert sorted(outcome.values()) == ["built", "loaded"]
+    assert sum(t.stats()["lock_waits"] for t in nodes.values()) == 1
+    waiter = nodes["b" if builds == ["a"] else "a"]
+    assert waiter.stats()["remote_hits"] == 1
+
+
+def _process_node(url: str, namespace: str, directory: str, start: Any, results: Any) -> None:
+    """One machine in its own process: its own cache directory, its own connection."""
+    store = Store(directory)
+    tier = RemoteTier(url, secret=SECRET, namespace=namespace)
+    entry = make_entry()
+    start.wait(10)
+    outcome = "hit"
+    if tier.get(entry.key, ENV_ID) is None:
+        with tier.lock(entry.key, ENV_ID, wait=10) as mine:
+            fetched = None if mine else tier.get(entry.key, ENV_ID)
+            if fetched is not None:
+                store.put(fetched)
+                outcome = "loaded"
+            else:
+                time.sleep(0.3)  # autotuning
+                store.put(entry)
+                tier.put(entry)
+                outcome = "built"
+    results.put((outcome, store.get(entry.key) is not None))
+    tier.close()
+    store.close()
+
+
+@needs_server
+@pytest.mark.redis
+def test_single_flight_across_two_processes(
+    redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], tmp_path: Path
+) -> None:
+    context = multiprocessing.get_context("spawn")  # like separate machines: nothing inherited
+    start, results = context.Barrier(2), context.Queue()
+    namespace = make_tier(redis_server.url).namespace
+    workers = [
+        context.Process(target=_process_node, args=(redis_server.url, namespace, str(tmp_path / m), start, results))
+        for m in ("machine-a", "machine-b")
+    ]
+    for w in workers:
+        w.start()
+    outcomes = sorted(results.get(timeout=20) for _ in workers)
+    for w in workers:
+        w.join(10)
+    results.close()
+    results.join_thread()
+    assert outcomes == [("built", True), ("loaded", True)]
+
+
+@needs_server
+@pytest.mark.redis
+def test_lock_is_released_only_by_its_owner(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any) -> None:
+    slow = make_tier(redis_server.url, lock_ttl=0.2)
+    other = make_tier(redis_server.url)
+    key = "12" * 32
+    lock_name = slow.redis_key(key, ENV_ID) + ":lock"
+    with contextlib.ExitStack() as stack:
+        first = slow.lock(key, ENV_ID, wait=0)
+        assert first.__enter__() is True
+        time.sleep(0.3)  # the slow node's lock expires while it is still building
+        second = stack.enter_context(other.lock(key, ENV_ID, wait=1))
+        assert second is True
+        token = raw.get(lock_name)
+        first.__exit__(None, None, None)  # must not release the other node's lock
+        assert raw.get(lock_name) == token
+    assert raw.exists(lock_name) == 0
+
+
+@needs_server
+@pytest.mark.redis
+def test_dead_nodes_lock_expires(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any) -> None:
+    tier = make_tier(redis_server.url)
+    key = "34" * 32
+    raw.set(tier.redis_key(key, ENV_ID) + ":lock", "token-of-a-node-that-died", px=300)
+    started = time.monotonic()
+    with tier.lock(key, ENV_ID, wait=5) as mine:
+        assert mine is True
+    assert 0.2 < time.monotonic() - started < 2
+    assert tier.stats()["lock_waits"] == 1
+
+
+@needs_server
+@pytest.mark.redis
+def test_lock_wait_runs_out(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any) -> None:
+    tier = make_tier(redis_server.url)
+    key = "56" * 32
+    raw.set(tier.redis_key(key, ENV_ID) + ":lock", "busy", px=10_000)
+    started = time.monotonic()
+    with tier.lock(key, ENV_ID, wait=0.2) as mine:
+        assert mine is False  # the caller re-checks get(), then builds anyway
+    assert time.monotonic() - started < 1
+
+
+@needs_server
+@pytest.mark.redis
+def test_lock_sees_an_entry_already_published(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier]) -> None:
+    tier = make_tier(redis_server.url)
+    entry = make_entry()
+    assert tier.put(entry)
+    with tier.lock(entry.key, ENV_ID, wait=5) as mine:
+        assert mine is False
+    assert tier.stats()["lock_waits"] == 0
+
+
+# ---------------------------------------------------------------------------- outages
+
+
+@needs_server
+@pytest.mark.redis
+def test_server_killed_mid_run(
+    own_server: LocalRedis, make_tier: Callable[..., RemoteTier], caplog: pytest.LogCaptureFixture,
+    fake_clock: list[float],
+) -> None:  # fmt: skip
+    tier = make_tier(own_server.url)
+    entry = make_entry()
+    assert tier.put(entry) and tier.get(entry.key, ENV_ID) is not None
+    own_server.stop()
+    with caplog.at_level(logging.INFO, logger=LOG):
+        started = time.monotonic()
+        for _ in range(50):
+            assert tier.get(entry.key, ENV_ID) is None
+            assert tier.put(entry) is False
+        with tier.lock(entry.key, ENV_ID, wait=5) as mine:
+            assert mine is True  # nobody to coordinate with: build locally
+        assert time.monotonic() - started < 1
+        assert len(warnings_of(caplog)) == 1 and "unreachable" in warnings_of(caplog)[0]
+        stats = tier.stats()
+        assert stats["errors"] == 1 and stats["skipped"] == 100 and stats["available"] is False
+
+        own_server.start()  # back on the same port
+        fake_clock[0] += 1.0  # first backoff window over
+        assert tier.get(entry.key, ENV_ID) is None  # a fresh server: a miss, not an error
+        assert tier.stats()["remote_misses"] == 1 and tier.available
+    assert any("answers again" in r.getMessage() for r in caplog.records)
+
+
+def test_backoff_skips_calls_while_down(
+    make_tier: Callable[..., RemoteTier], fake_clock: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    tier = make_tier(f"redis://127.0.0.1:{_free_port()}/0", backoff_max=4)  # nothing listens there
+    attempts = []
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        for step in range(32):  # 16 fake seconds in half-second steps
+            before = tier.stats()["errors"]
+            tier.get("ab" * 32, ENV_ID)
+            if tier.stats()["errors"] > before:
+                attempts.append(step / 2)
+            fake_clock[0] += 0.5
+    assert attempts == [0, 1, 3, 7, 11, 15]  # waits of 1, 2, 4, then backoff_max
+    assert tier.stats()["skipped"] == 32 - len(attempts)
+    assert len(warnings_of(caplog)) == 1
+
+
+@pytest.fixture
+def hung_server() -> Iterator[str]:
+    """A TCP port that accepts connections and never answers: a hung Redis."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+
+
+def test_hung_server_costs_one_timeout(
+    hung_server: str, make_tier: Callable[..., RemoteTier], caplog: pytest.LogCaptureFixture
+) -> None:
+    tier = make_tier(hung_server, timeout=0.1)
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        started = time.monotonic()
+        for _ in range(20):
+            assert tier.get("ab" * 32, ENV_ID) is None
+            assert tier.put(make_entry()) is False
+        elapsed = time.monotonic() - started
+    assert 0.09 < elapsed < 0.5
+    assert tier.stats()["errors"] == 1 and len(warnings_of(caplog)) == 1
+
+
+def test_max_stall_switches_the_tier_off(
+    hung_server: str, make_tier: Callable[..., RemoteTier], fake_clock: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    tier = make_tier(hung_server, timeout=0.1, max_stall=0.15)
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        for _ in range(10):
+            tier.get("ab" * 32, ENV_ID)
+            fake_clock[0] += 100  # every backoff window over: only the stall budget stops calls
+    assert tier.stats()["available"] is False
+    assert tier.stats()["errors"] == 2  # 2 x 0.1 s reached max_stall; the rest skipped
+    assert len(warnings_of(caplog)) == 2 and "switched off" in warnings_of(caplog)[1]
+
+
+@needs_server
+@pytest.mark.redis
+def test_full_redis_rejects_publish_but_serves_reads(
+    own_server: LocalRedis, make_tier: Callable[..., RemoteTier], caplog: pytest.LogCaptureFixture
+) -> None:
+    tier = make_tier(own_server.url)
+    stored, new = make_entry(), make_entry(key="78" * 32)
+    assert tier.put(stored)
+    with own_server.client() as admin:
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", "1")  # every write now fails with OOM
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        assert tier.put(new) is False
+        assert tier.put(new) is False
+    assert tier.get(stored.key, ENV_ID) is not None  # reads still work: no backoff
+    assert tier.available and tier.stats()["errors"] == 2
+    assert len(warnings_of(caplog)) == 1 and "rejected" in warnings_of(caplog)[0]
+
+
+# ---------------------------------------------------------------------------- TTL
+
+
+@needs_server
+@pytest.mark.redis
+def test_ttl_applied(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any) -> None:
+    entry = make_entry()
+    expiring = make_tier(redis_server.url, ttl=100)
+    assert expiring.put(entry)
+    assert 90 < raw.ttl(expiring.redis_key(entry.key, ENV_ID)) <= 100
+
+    lasting = make_tier(redis_server.url, namespace=f"{expiring.namespace}b", lock_ttl=30)
+    assert lasting.put(entry)
+    assert raw.ttl(lasting.redis_key(entry.key, ENV_ID)) == -1  # no TTL: kept until evicted
+    with lasting.lock(entry.key + "0", ENV_ID, wait=0) as mine:
+        assert mine
+        assert 25_000 < raw.pttl(lasting.redis_key(entry.key + "0", ENV_ID) + ":lock") <= 30_000
+
+
+@needs_server
+@pytest.mark.redis
+def test_ttl_expiry_is_a_miss(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any) -> None:
+    tier = make_tier(redis_server.url, ttl=1)
+    entry = make_entry()
+    assert tier.put(entry)
+    raw.pexpire(tier.redis_key(entry.key, ENV_ID), 1)  # do not wait a whole second
+    time.sleep(0.01)
+    assert tier.get(entry.key, ENV_ID) is None and tier.stats()["remote_misses"] == 1
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+def test_from_env_without_url_is_none() -> None:
+    assert RemoteTier.from_env({}) is None
+    assert RemoteTier.from_env({"PLANCACHE_REDIS_SECRET": "x" * 32}) is None
+
+
+def test_from_env_refuses_to_run_without_a_secret() -> None:
+    with pytest.raises(RemoteError) as info:
+        RemoteTier.from_env({"PLANCACHE_REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert "PLANCACHE_REDIS_SECRET" in str(info.value) and "PLANCACHE_REDIS_SECRET_FILE" in str(info.value)
+
+
+def test_from_env_reads_the_secret_file(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(SECRET + b"\n")
+    url = "redis://:hunter2@127.0.0.1:1/0"
+    tier = RemoteTier.from_env({"PLANCACHE_REDIS_URL": url, "PLANCACHE_REDIS_SECRET_FILE": str(path),
+                                "PLANCACHE_REDIS_TTL": "3600", "PLANCACHE_REDIS_TIMEOUT": "0.1",
+                                "PLANCACHE_REDIS_NAMESPACE": "fleet1"})  # fmt: skip
+    direct = RemoteTier(url, secret=SECRET)
+    assert tier is not None
+    assert tier.key_id == direct.key_id  # the trailing newline is not part of the secret
+    assert (tier.ttl, tier.timeout, tier.namespace) == (3600, 0.1, "fleet1")
+    assert "hunter2" not in tier.url and "hunter2" not in repr(tier) and "hunter2" not in str(tier.stats())
+    tier.close()
+    direct.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PLANCACHE_REDIS_SECRET": "s" * 32, "PLANCACHE_REDIS_SECRET_FILE": "/x"}, "not both"),
+        ({"PLANCACHE_REDIS_SECRET_FILE": "/nonexistent/secret"}, "/nonexistent/secret"),
+        ({"PLANCACHE_REDIS_SECRET": "short"}, "at least 16"),
+        ({"PLANCACHE_REDIS_SECRET": "s" * 32, "PLANCACHE_REDIS_TIMEOUT": "soon"}, "PLANCACHE_REDIS_TIMEOUT"),
+    ],
+)
+def test_from_env_errors_are_clear(env: dict[str, str], message: str) -> None:
+    with pytest.raises(RemoteError, match=message):
+        RemoteTier.from_env({"PLANCACHE_REDIS_URL": "redis://127.0.0.1:1/0", **env})
+
+
+def test_bad_url_is_a_clear_error() -> None:
+    with pytest.raises(RemoteError, match="bad Redis URL"):
+        RemoteTier("http://127.0.0.1:1", secret=SECRET)

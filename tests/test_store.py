@@ -1,0 +1,429 @@
+"""The SQLite store: opening, migrating, permissions, damaged and foreign databases, and
+every read and write the cache relies on."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sqlite3
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plancache import CacheDirError, SchemaTooNewError, Store, StoreError
+from plancache.store import DB_NAME, BUSY_TIMEOUT_MS, Entry, migrations, sha256
+
+IS_ROOT = os.geteuid() == 0
+
+
+def make_entry(key: str = "ab" * 32, *, blob: bytes = b"plan-bytes", last_used_at: float = 1000.0, **fields: Any) -> Entry:
+    values: dict[str, Any] = {
+        "key": key,
+        "env_id": "0123456789abcdef",
+        "label": "MATMUL+POINTWISE(relu)",
+        "description": {"nodes": [{"type": "MATMUL"}], "tensors": {}},
+        "environment": {"gpu_name": "CPU test device"},
+        "options": {"policy": "topk", "top_k": 8},
+        "tensors": [{"uid": 1, "name": "A", "dims": [2, 3], "strides": [3, 1], "dtype": None, "is_output": False}],
+        "blob": blob,
+        "blob_sha256": sha256(blob),
+        "engine": {"engine_id": 3, "knobs": {"tile": 64}, "name": "e3"},
+        "workspace_size": 1024,
+        "policy": "topk",
+        "candidates": [{"index": 0, "status": "chosen"}],
+        "timing": {"runs": 7},
+        "build_seconds": 0.5,
+        "autotune_seconds": 0.25,
+        "backend": "cpu-test",
+        "created_at": 900.0,
+        "last_used_at": last_used_at,
+    }
+    values.update(fields)
+    return Entry(**values)
+
+
+def hexkey(prefix: str) -> str:
+    return (prefix + "0" * 64)[:64]
+
+
+# ---------------------------------------------------------------------------- opening
+
+
+def test_fresh_store_is_migrated_in_wal_mode_with_a_busy_timeout(store: Store) -> None:
+    conn = store.connection()
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(migrations()) >= 1
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == BUSY_TIMEOUT_MS > 0
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"plans", "quarantine", "kernel_caches", "counters"} <= tables
+    assert store.read_only is False
+
+
+def test_wal_mode_is_persistent(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
+    store.close()
+    conn = db()  # a plain connection sees what the file says, not what the store set
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(migrations())
+
+
+def test_migrations_are_numbered_from_one() -> None:
+    steps = migrations()
+    assert [n for n, _, _ in steps] == list(range(1, len(steps) + 1))
+    assert steps[0][1] == "0001_initial.sql"
+    assert "CREATE TABLE plans" in steps[0][2]
+
+
+def test_reopening_does_not_migrate_again(store: Store) -> None:
+    store.put(make_entry())
+    store.close()
+    again = Store()
+    try:
+        assert again.keys() == [make_entry().key]
+    finally:
+        again.close()
+
+
+def test_default_directory_is_plancache_dir(store: Store, cache_dir: Path) -> None:
+    assert store.directory == cache_dir
+    assert store.path == cache_dir / DB_NAME
+    assert store.path.is_file()
+
+
+def test_created_directory_is_0700_and_database_0600(tmp_path: Path) -> None:
+    directory = tmp_path / "a" / "b" / "cache"
+    s = Store(directory)
+    try:
+        s.put(make_entry())  # creates -wal and -shm
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        assert stat.S_IMODE(s.path.stat().st_mode) == 0o600
+        for suffix in ("-wal", "-shm"):
+            side = Path(str(s.path) + suffix)
+            if side.exists():
+                assert stat.S_IMODE(side.stat().st_mode) == 0o600, suffix
+    finally:
+        s.close()
+
+
+def test_garbage_database_is_moved_aside_and_replaced(
+    cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache_dir.mkdir(mode=0o700)
+    garbage = b"this is not an SQLite database\n" * 200
+    (cache_dir / DB_NAME).write_bytes(garbage)
+    s = Store()
+    try:
+        aside = list(cache_dir.glob(f"{DB_NAME}.corrupt-*"))
+        assert len(aside) == 1
+        assert aside[0].read_bytes() == garbage  # kept for inspection, not overwritten
+        assert "unreadable" in caplog.text
+        assert s.keys() == []
+        s.put(make_entry())
+        assert s.get(make_entry().key) == make_entry()
+        assert s.connection().execute("PRAGMA user_version").fetchone()[0] == len(migrations())
+    finally:
+        s.close()
+
+
+def test_schema_newer_than_code_is_refused_and_left_untouched(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
+    store.put(make_entry())
+    store.close()
+    conn = db()
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    path = store.path
+    before = path.read_bytes()
+    listing = sorted(p.name for p in path.parent.iterdir())
+    with pytest.raises(SchemaTooNewError) as info:
+        Store()
+    assert info.value.found == 99
+    assert info.value.supported == len(migrations())
+    assert info.value.path == str(path)
+    assert isinstance(info.value, StoreError) and isinstance(info.value, OSError)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == listing  # nothing moved aside
+
+
+def test_shared_directory_is_refused(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache_dir.mkdir()
+    cache_dir.chmod(0o777)
+    with pytest.raises(CacheDirError, match="writable by other users") as info:
+        Store()
+    assert info.value.path == str(cache_dir)
+    assert not (cache_dir / DB_NAME).exists()
+    cache_dir.chmod(0o770)  # group-writable is shared too
+    with pytest.raises(CacheDirError):
+        Store()
+    monkeypatch.setenv("PLANCACHE_ALLOW_SHARED_DIR", "0")
+    with pytest.raises(CacheDirError):
+        Store()
+    Store(allow_shared_dir=True).close()
+    monkeypatch.setenv("PLANCACHE_ALLOW_SHARED_DIR", "1")
+    s = Store()
+    s.put(make_entry())
+    s.close()
+
+
+def test_directory_that_cannot_be_created_names_the_path(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    target = blocker / "cache"
+    with pytest.raises(CacheDirError) as info:
+        Store(target)
+    assert str(target) in str(info.value)
+    assert info.value.path == str(target)
+    with pytest.raises(CacheDirError, match="not a directory") as info:
+        Store(blocker)
+    assert info.value.path == str(blocker)
+
+
+def test_read_only_store_serves_reads_and_refuses_writes(store: Store) -> None:
+    store.put(make_entry())
+    store.close()
+    ro = Store(read_only=True)
+    try:
+        assert ro.read_only is True
+        assert ro.get(make_entry().key) == make_entry()
+        assert ro.stats()["read_only"] is True
+        with pytest.raises(StoreError, match="read-only"):
+            ro.put(make_entry(hexkey("cd")))
+        with pytest.raises(StoreError, match="read-only"):
+            ro.record_hits({make_entry().key: (1, 2000.0)})
+    finally:
+        ro.close()
+    reopened = Store()
+    try:
+        assert reopened.keys() == [make_entry().key]
+    finally:
+        reopened.close()
+
+
+def test_read_only_store_needs_a_database(cache_dir: Path) -> None:
+    cache_dir.mkdir(mode=0o700)
+    with pytest.raises(CacheDirError, match="holds no"):
+        Store(read_only=True)
+    assert not (cache_dir / DB_NAME).exists()
+
+
+def test_read_only_directory_can_be_read(store: Store, cache_dir: Path) -> None:
+    store.put(make_entry())
+    store.close()
+    cache_dir.chmod(0o500)
+    try:
+        # Root can write anywhere, so os.access cannot tell; ask for read-only explicitly.
+        ro = Store(read_only=True if IS_ROOT else None)
+        try:
+            assert ro.read_only is True
+            assert ro.get(make_entry().key) == make_entry()
+            with pytest.raises(StoreError):
+                ro.put(make_entry(hexkey("ef")))
+        finally:
+            ro.close()
+        assert sorted(p.name for p in cache_dir.iterdir()) == [DB_NAME]
+    finally:
+        cache_dir.chmod(0o700)
+
+
+@pytest.mark.skipif(IS_ROOT, reason="root may write to a 0500 directory; auto-detection cannot be seen")
+def test_read_only_directory_is_detected(store: Store, cache_dir: Path) -> None:
+    store.put(make_entry())
+    store.close()
+    cache_dir.chmod(0o500)
+    try:
+        ro = Store()
+        try:
+            assert ro.read_only is True
+            assert ro.get(make_entry().key) is not None
+        finally:
+            ro.close()
+    finally:
+        cache_dir.chmod(0o700)
+
+
+def test_unwritable_directory_is_detected_through_os_access(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The detection logic itself, runnable as root: pretend os.access denies writing.
+    store.put(make_entry())
+    store.close()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if mode & os.W_OK else real_access(path, mode))
+    ro = Store()
+    try:
+        assert ro.read_only is True
+        assert ro.get(make_entry().key) is not None
+    finally:
+        ro.close()
+
+
+# ---------------------------------------------------------------------------- plans
+
+
+def test_put_get_round_trip(store: Store) -> None:
+    entry = make_entry(blob=bytes(range(256)) * 4)
+    store.put(entry)
+    got = store.get(entry.key)
+    assert got == entry
+    assert got is not None and got.checksum_ok()
+    assert store.get(hexkey("ff")) is None
+    replaced = make_entry(label="other", blob=b"x")
+    store.put(replaced)  # same key: replaces
+    assert store.get(entry.key) == replaced
+    assert store.keys() == [entry.key]
+
+
+def test_checksum_ok_detects_damage_and_empty_blobs() -> None:
+    assert make_entry().checksum_ok()
+    assert not make_entry(blob_sha256=sha256(b"other")).checksum_ok()
+    assert not make_entry(blob=b"", blob_sha256=sha256(b"")).checksum_ok()
+
+
+def test_resolve_key_prefixes(store: Store) -> None:
+    keys = [hexkey("abc1"), hexkey("abc2"), hexkey("abd"), hexkey("f0")]
+    for k in keys:
+        store.put(make_entry(k))
+    assert store.resolve("abc1") == [keys[0]]
+    assert store.resolve("ABC1") == [keys[0]]  # case-insensitive
+    assert store.resolve("abc") == keys[:2]
+    assert len(store.resolve("ab")) == 2  # at most two: enough to tell ambiguity
+    assert store.resolve("f") == [keys[3]]
+    assert store.resolve(keys[2]) == [keys[2]]
+    assert store.resolve("e") == []
+    assert store.resolve("") == []
+    assert store.resolve("zz") == []  # not hex
+    assert store.resolve("ab%") == []  # never a LIKE pattern
+
+
+def test_record_hits_adds_counts_in_one_transaction(store: Store) -> None:
+    a, b = hexkey("a1"), hexkey("b2")
+    store.put(make_entry(a, last_used_at=1000.0))
+    store.put(make_entry(b, last_used_at=1000.0))
+    statements: list[str] = []
+    store.connection().set_trace_callback(statements.append)
+    store.record_hits({a: (3, 2000.0), b: (1, 1500.0), hexkey("c3"): (5, 9999.0)})  # unknown key: ignored
+    store.connection().set_trace_callback(None)
+    assert sum(s.startswith("BEGIN") for s in statements) == 1
+    assert sum(s.startswith("COMMIT") for s in statements) == 1
+    rows = {r["key"]: r for r in store.list_entries()}
+    assert (rows[a]["hit_count"], rows[a]["last_used_at"]) == (3, 2000.0)
+    assert (rows[b]["hit_count"], rows[b]["last_used_at"]) == (1, 1500.0)
+    store.record_hits({a: (2, 1200.0)})  # an older time never moves last_used_at back
+    entry = store.get(a)
+    assert entry is not None and (entry.hit_count, entry.last_used_at) == (5, 2000.0)
+    assert store.keys() == [a, b]
+
+
+def test_record_no_hits_writes_nothing(store: Store) -> None:
+    statements: list[str] = []
+    store.connection().set_trace_callback(statements.append)
+    store.record_hits({})
+    store.connection().set_trace_callback(None)
+    assert statements == []
+
+
+def test_quarantine_moves_the_row(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
+    entry = make_entry(blob=b"damaged?")
+    store.put(entry)
+    store.put(make_entry(hexkey("cd")))
+    assert store.quarantine(entry.key, "blob checksum mismatch") is True
+    assert store.get(entry.key) is None
+    assert store.keys() == [hexkey("cd")]
+    [row] = store.quarantined()
+    assert (row["key"], row["reason"], row["blob_size"]) == (entry.key, "blob checksum mismatch", len(b"damaged?"))
+    assert store.counters() == {"quarantined": 1}
+    assert store.quarantine(entry.key, "again") is False  # already gone
+    assert store.quarantine(hexkey("ee"), "unknown") is False
+    assert store.counters() == {"quarantined": 1}
+    stored = db().execute("SELECT row_json, blob FROM quarantine").fetchone()
+    meta = json.loads(stored["row_json"])
+    assert meta["label"] == entry.label and "blob" not in meta
+    assert bytes(stored["blob"]) == b"damaged?"
+    assert store.stats()["quarantined"] == 1
+
+
+def test_evict_to_deletes_least_recently_used_first(store: Store) -> None:
+    blob = b"x" * 100
+    for i, used in enumerate([4000.0, 1000.0, 3000.0, 2000.0]):
+        store.put(make_entry(hexkey(f"{i}"), blob=blob, last_used_at=used))
+    assert store.total_size() == 400
+    assert store.evict_to(10_000) == 0
+    assert store.evict_to(250) == 2  # only as many as needed, oldest first
+    assert store.keys() == [hexkey("0"), hexkey("2")]
+    store.record_hits({hexkey("2"): (1, 5000.0)})  # now 0 is least recently used
+    assert store.evict_to(100) == 1
+    assert store.keys() == [hexkey("2")]
+    assert store.evict_to(0) == 1
+    assert store.keys() == []
+    assert store.total_size() == 0
+
+
+def test_evict_to_works_across_batches(store: Store) -> None:
+    for i in range(40):
+        store.put(make_entry(f"{i:02x}".ljust(64, "0"), blob=b"y" * 10, last_used_at=float(i + 1)))
+    assert store.evict_to(55, batch=4) == 35
+    assert store.keys() == [f"{i:02x}".ljust(64, "0") for i in range(35, 40)]
+
+
+def test_delete_list_and_stats(store: Store) -> None:
+    store.put(make_entry(hexkey("01"), last_used_at=10.0, blob=b"abc"))
+    store.put(make_entry(hexkey("02"), last_used_at=20.0, blob=b"defg", env_id="fedcba9876543210", policy="heuristic"))
+    listed = store.list_entries()
+    assert [e["key"] for e in listed] == [hexkey("02"), hexkey("01")]  # most recently used first
+    assert "blob" not in listed[0]
+    assert [e["key"] for e in store.list_entries(env_id="fedcba9876543210")] == [hexkey("02")]
+    stats = store.stats()
+    assert (stats["entries"], stats["blob_bytes"], stats["environments"]) == (2, 7, 2)
+    assert stats["by_policy"] == {"topk": 1, "heuristic": 1}
+    assert stats["file_bytes"] > 0
+    assert store.delete(hexkey("01")) is True
+    assert store.delete(hexkey("01")) is False
+    assert store.keys() == [hexkey("02")]
+
+
+def test_counters_and_kernel_caches(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
+    store.bump("rebuilds")
+    store.bump("rebuilds", 2)
+    assert store.counters() == {"rebuilds": 3}
+    assert store.get_kernel_cache("env1") is None
+    store.put_kernel_cache("env1", b"kernels", 7)
+    assert store.get_kernel_cache("env1") == (b"kernels", 7)
+    db().execute("UPDATE kernel_caches SET blob = ? WHERE env_id = 'env1'", (b"kernelz",))
+    assert store.get_kernel_cache("env1") is None  # a damaged kernel cache is ignored
+
+
+def test_integrity_problems_reports_checksum_mismatches(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
+    entry = make_entry()
+    store.put(entry)
+    assert store.integrity_problems() == []
+    db().execute("UPDATE plans SET blob = ? WHERE key = ?", (b"plan-bytez", entry.key))
+    assert store.integrity_problems() == [f"checksum mismatch in entry {entry.key}"]
+
+
+def test_connection_is_per_thread(store: Store) -> None:
+    import threading
+
+    seen: list[sqlite3.Connection] = []
+    thread = threading.Thread(target=lambda: seen.append(store.connection()))
+    thread.start()
+    thread.join()
+    assert seen[0] is not store.connection()
+    assert store.connection() is store.connection()
+    seen[0].close()
+
+
+def test_store_errors_pickle_with_their_fields() -> None:
+    error = CacheDirError("cannot create cache directory /x", path="/x")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is CacheDirError and copy.path == "/x" and str(copy) == str(error)
+    too_new = pickle.loads(pickle.dumps(SchemaTooNewError("too new", path="/p", found=3, supported=1)))
+    assert (too_new.found, too_new.supported) == (3, 1)
+
+
+def test_writes_are_visible_to_another_connection_at_once(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
+    reader = db()
+    store.put(make_entry())
+    assert reader.execute("SELECT count(*) FROM plans").fetchone()[0] == 1
+    store.put(make_entry(hexkey("cd")))
+    assert reader.execute("SELECT count(*) FROM plans").fetchone()[0] == 2
