@@ -109,3 +109,11 @@ class Backend(Protocol):
     def execute(self, native: Any, pack: Mapping[int, Any], workspace: Any) -> None:
         """Launch a plan on the caller's current stream with tensors by uid."""
         ...
+
+    def kernel_cache_blob(self) -> bytes | None:
+        """The shared kernel cache of dynamic-shape builds, serialized (None: unused)."""
+        ...
+
+    def restore_kernel_cache(self, blob: bytes) -> None:
+        """Load a stored kernel cache before the first dynamic-shape build."""
+        ...

@@ -14,10 +14,11 @@ import functools
 import logging
 import os
 import sqlite3
+import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .autotune import TimingPolicy, autotune
@@ -34,7 +35,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _HIT_FLUSH_EVERY = 512  # batched hit-count writes: at most one per this many hits, and at close
 _COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "refused", "store_errors",
-             "waits", "unpersisted")  # fmt: skip
+             "waits", "unpersisted", "kernel_cache_restores")  # fmt: skip
 
 
 def summarize(description: Mapping[str, Any]) -> str:
@@ -50,6 +51,15 @@ def _default_backend() -> Backend:
     from .cudnn_backend import CudnnBackend  # the only cuDNN import, and only when used
 
     return CudnnBackend()
+
+
+def _remote_from_env() -> Any:
+    """The Redis tier when ``PLANCACHE_REDIS_URL`` is set (redis is imported only then)."""
+    if not os.environ.get("PLANCACHE_REDIS_URL", "").strip():
+        return None
+    from .remote import RemoteTier
+
+    return RemoteTier.from_env()
 
 
 def _max_size_from_env() -> int | None:
@@ -86,6 +96,8 @@ class PlanCache:
         read_only: bool | None = None,
         max_size: int | None = None,
         lock_timeout: float = 900.0,
+        restore_kernel_cache: bool = True,
+        remote: Any = None,
     ) -> None:
         self.backend = backend if backend is not None else _default_backend()
         self.options = options or BuildOptions()
@@ -101,6 +113,11 @@ class PlanCache:
         self._environment: dict[str, Any] | None = None
         self._warned: set[str] = set()
         self._recorders: list[Callable[[Any, CacheKey], None]] = []
+        self.restore_kernel_cache = restore_kernel_cache
+        self.remote = remote if remote is not None else _remote_from_env()
+        self._remote_flushed: dict[str, int] = {}
+        self._kernel_cache_restored = False
+        self._kernel_cache_digest: str | None = None
         if self.store.read_only:
             self._warn_once("read-only", "plancache: %s is read-only: stored plans are served, new ones stay in memory", self.directory)
         # Flush batched hit counts when the process ends; weakly, so the cache can be freed.
@@ -171,23 +188,91 @@ class PlanCache:
 
         return wrap(fn) if fn is not None else wrap
 
+    def preload(self, keys: Iterable[str] | None = None) -> dict[str, Any]:
+        """Load stored plans into memory before the first step, so later ``get`` calls
+        find them without touching the store or cuDNN's deserializer.
+
+        ``keys``: the keys to load (from a manifest, say); None loads every entry of this
+        environment. Damaged entries are quarantined and reported, never raised.
+        Returns ``{"loaded": [...], "missing": [...], "failed": {key: reason}, "seconds": s}``.
+        """
+        started = time.perf_counter()
+        env_id = environment_id(self.environment)
+        if keys is None:
+            keys = [row["key"] for row in self.store.list_entries(env_id)]
+        device = self.backend.current_device()
+        report: dict[str, Any] = {"loaded": [], "missing": [], "failed": {}}
+        for digest in keys:
+            if (digest, device) in self._memory:
+                report["loaded"].append(digest)
+                continue
+            entry = self._read(digest)
+            if entry is None:
+                report["missing"].append(digest)
+                continue
+            reason = None
+            if entry.environment != self.environment:
+                reason = "entry belongs to another environment"
+            elif not entry.checksum_ok():
+                reason = "blob checksum mismatch"
+            if reason is None:
+                tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
+                try:
+                    native = self.backend.load(entry.blob, tensors)
+                except Exception as exc:  # a refused blob is reported, never raised
+                    reason = f"deserialize failed: {type(exc).__name__}: {exc}"
+                else:
+                    engine = EngineChoice.from_dict(entry.engine) if entry.engine else None
+                    with self._lock:
+                        self._memory[(digest, device)] = self._plan(digest, native, tensors, entry.workspace_size, engine, "loaded")
+                    self.counters["hits"] += 1
+                    self._note_hit(digest)
+                    report["loaded"].append(digest)
+                    continue
+            if reason != "entry belongs to another environment":
+                self._quarantine(digest, reason)
+            report["failed"][digest] = reason
+        report["seconds"] = time.perf_counter() - started
+        return report
+
     def stats(self) -> dict[str, Any]:
-        """This process's counters, then the store's totals."""
-        return {"process": dict(self.counters), "store": self.store.stats()}
+        """This process's counters, the store's totals, and the remote tier's counters."""
+        data: dict[str, Any] = {"process": dict(self.counters), "store": self.store.stats()}
+        if self.remote is not None:
+            data["remote"] = self.remote.stats()
+        return data
 
     def flush(self) -> None:
-        """Write batched hit counts now (also done at close and at exit)."""
+        """Write batched hit counts (and the remote tier's counters) now; also done at
+        close and at exit."""
         with self._lock:
             pending, self._pending_hits = self._pending_hits, {}
-        if pending and not self.store.read_only:
-            try:
-                self.store.record_hits(pending)
-            except StoreError as exc:
-                self._warn_once("hits", "plancache: could not record hit counts: %s", exc)
+            remote = self._remote_counter_deltas()
+        if self.store.read_only or not (pending or remote):
+            return
+        try:
+            self.store.record_hits(pending)
+            self.store.bump_many(remote)
+        except StoreError as exc:
+            self._warn_once("hits", "plancache: could not record hit counts: %s", exc)
+
+    def _remote_counter_deltas(self) -> dict[str, int]:
+        """Remote counters since the last flush, named for the store (``remote_refused``...)."""
+        if self.remote is None:
+            return {}
+        now = {k: v for k, v in self.remote.stats().items() if isinstance(v, int) and not isinstance(v, bool)}
+        deltas = {}
+        for name, value in now.items():
+            stored = name if name.startswith("remote_") else f"remote_{name}"
+            deltas[stored] = value - self._remote_flushed.get(name, 0)
+        self._remote_flushed = now
+        return deltas
 
     def close(self) -> None:
         self.flush()
         self.store.close()
+        if self.remote is not None:
+            self.remote.close()
 
     def __enter__(self) -> PlanCache:
         return self
@@ -221,11 +306,11 @@ class PlanCache:
             return None
 
     def _lookup_or_build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None) -> Plan:
-        plan = self._load(graph, key, options)
+        plan = self._load(graph, key, options) or self._from_remote(graph, key, options)
         if plan is not None:
             return plan
         if self.store.read_only:
-            return self._build(graph, key, options, inputs, persist=False)
+            return self._build_once_in_fleet(graph, key, options, inputs, persist=False)
         lock = self._key_lock(key.digest)
         started = time.monotonic()
         try:
@@ -246,9 +331,38 @@ class PlanCache:
             plan = self._load(graph, key, options)  # built by the process we waited for?
             if plan is not None:
                 return plan
-            return self._build(graph, key, options, inputs, persist=True)
+            return self._build_once_in_fleet(graph, key, options, inputs, persist=True)
         finally:
             lock.release()
+
+    def _build_once_in_fleet(
+        self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, *, persist: bool
+    ) -> Plan:
+        """Build, holding the fleet-wide Redis lock when there is a remote tier: a node that
+        waited finds the plan another node published (inside its lock) and loads it."""
+        if self.remote is None:
+            return self._build(graph, key, options, inputs, persist=persist)
+        env_id = environment_id(key.parts["environment"])
+        with self.remote.lock(key.digest, env_id, wait=self.lock_timeout) as mine:
+            if not mine:
+                plan = self._from_remote(graph, key, options)
+                if plan is not None:
+                    return plan
+            return self._build(graph, key, options, inputs, persist=persist)
+
+    def _from_remote(self, graph: Any, key: CacheKey, options: BuildOptions) -> Plan | None:
+        """Read-through: a verified remote entry is stored locally, then loaded as a hit."""
+        if self.remote is None:
+            return None
+        entry = self.remote.get(key.digest, environment_id(key.parts["environment"]))
+        if entry is None:
+            return None
+        if not self.store.read_only:
+            try:
+                self.store.put(entry)
+            except (StoreError, OSError) as exc:
+                self._warn_once("write", "plancache: could not store remote plan %s (%s); using it from memory", key.digest[:12], exc)
+        return self._load(graph, key, options, entry=entry)
 
     def _key_lock(self, digest: str) -> Any:
         from filelock import FileLock  # imported on the first miss only
@@ -257,8 +371,9 @@ class PlanCache:
         locks.mkdir(mode=0o700, exist_ok=True)
         return FileLock(str(locks / f"{digest[:32]}.lock"), mode=0o600)
 
-    def _load(self, graph: Any, key: CacheKey, options: BuildOptions) -> Plan | None:
-        entry = self._read(key.digest)
+    def _load(self, graph: Any, key: CacheKey, options: BuildOptions, entry: Entry | None = None) -> Plan | None:
+        if entry is None:
+            entry = self._read(key.digest)
         if entry is None:
             return None
         tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
@@ -310,6 +425,9 @@ class PlanCache:
     ) -> Plan:
         self.counters["misses"] += 1
         started = time.perf_counter()
+        dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
+        if dynamic:
+            self._restore_kernel_cache(key)
         cands = self.backend.candidates(graph, options, inputs)
         try:
             result = autotune(cands, options, self.timing)
@@ -317,6 +435,8 @@ class PlanCache:
         finally:
             cands.close()
         self.counters["builds"] += 1
+        if dynamic and persist:
+            self._save_kernel_cache(key)
         elapsed = time.perf_counter() - started
         reports = [r.to_dict() for r in result.candidates]
         if persist:
@@ -324,6 +444,43 @@ class PlanCache:
         else:
             self.counters["unpersisted"] += 1
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "built")
+
+    def _restore_kernel_cache(self, key: CacheKey) -> None:
+        """Before this process's first dynamic-shape build: load the stored kernel cache of
+        this environment (never another's: it is stored under the environment id)."""
+        if self._kernel_cache_restored or not self.restore_kernel_cache:
+            return
+        self._kernel_cache_restored = True
+        restore = getattr(self.backend, "restore_kernel_cache", None)
+        if restore is None:
+            return
+        try:
+            stored = self.store.get_kernel_cache(environment_id(key.parts["environment"]))
+        except (StoreError, sqlite3.Error) as exc:
+            self._warn_once("kernel-cache", "plancache: cannot read the stored kernel cache: %s", exc)
+            return
+        if stored is None:
+            return
+        try:
+            restore(stored[0])
+        except Exception as exc:  # a refused kernel cache only costs compile time
+            self._warn_once("kernel-cache", "plancache: the stored kernel cache was refused (%s); building without it", exc)
+            return
+        self._kernel_cache_digest = sha256(stored[0])
+        self.counters["kernel_cache_restores"] += 1
+
+    def _save_kernel_cache(self, key: CacheKey) -> None:
+        """After a dynamic-shape build: store the kernel cache if it changed."""
+        blob_of = getattr(self.backend, "kernel_cache_blob", None)
+        blob = blob_of() if blob_of is not None else None
+        if not blob or sha256(blob) == self._kernel_cache_digest:
+            return
+        try:
+            self.store.put_kernel_cache(environment_id(key.parts["environment"]), blob, None)
+        except (StoreError, sqlite3.Error) as exc:
+            self._warn_once("kernel-cache-write", "plancache: cannot store the kernel cache: %s", exc)
+            return
+        self._kernel_cache_digest = sha256(blob)
 
     def _persist(
         self,
@@ -365,6 +522,8 @@ class PlanCache:
             self.counters["store_errors"] += 1
             self.counters["unpersisted"] += 1
             self._warn_once("write", "plancache: could not store plan %s (%s); it is used from memory only", key.digest[:12], exc)
+        if self.remote is not None:
+            self.remote.put(entry)  # inside the fleet lock: nodes waiting on it find the plan
 
     def _plan(self, digest: str, native: Any, tensors: list[TensorSpec], workspace: int, engine: EngineChoice | None, source: str) -> Plan:
         return Plan(
@@ -379,18 +538,27 @@ class PlanCache:
         )
 
 
+_tensor_type: Any = None
+
+
 def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a builder's result depends on: tensors by layout, everything else by value."""
+    """What a builder's result depends on: tensors by layout, everything else by value.
 
-    def one(value: Any) -> Any:
-        if hasattr(value, "stride") and hasattr(value, "dtype") and hasattr(value, "shape"):
-            return (tuple(value.shape), value.stride(), value.dtype, value.device)
-        return value
-
+    On the hot path of every decorated call, hence the plain loops and no helper calls.
+    """
+    global _tensor_type
+    tensor_type = _tensor_type
+    if tensor_type is None:
+        torch = sys.modules.get("torch")
+        tensor_type = () if torch is None else torch.Tensor
+        if torch is not None:
+            _tensor_type = tensor_type  # resolved once torch is loaded
+    signature = [
+        (a.shape, a.stride(), a.dtype, a.device) if isinstance(a, tensor_type) else a for a in args
+    ]
     if kwargs:
-        # The marker keeps f(("n", 1)) and f(n=1) apart.
-        return (*map(one, args), _KWARGS, *((k, one(v)) for k, v in sorted(kwargs.items())))
-    return tuple(map(one, args))
-
-
-_KWARGS = object()
+        for name in sorted(kwargs):
+            value = kwargs[name]
+            signature.append((name, (value.shape, value.stride(), value.dtype, value.device)
+                              if isinstance(value, tensor_type) else value))  # fmt: skip
+    return tuple(signature)

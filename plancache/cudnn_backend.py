@@ -24,6 +24,8 @@ __all__ = ["CudnnBackend", "cudnn_module", "probe_environment"]
 
 log = logging.getLogger("plancache")
 
+_INNER = 3  # launches per careful measurement
+_SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock: enough for the host to queue _INNER launches
 _NODE_IN_MESSAGE = re.compile(r"[Nn]ode '([^']+)'")
 
 
@@ -101,11 +103,14 @@ def probe_environment() -> dict[str, Any]:
 # ---------------------------------------------------------------------- candidates
 
 
-def _raise_invalid(exc: BaseException, stage: str) -> None:
+def _raise_invalid(exc: BaseException, stage: str, graph: Any = None) -> None:
     match = _NODE_IN_MESSAGE.search(str(exc))
     node = match.group(1) if match else None
     where = f"node {node!r}: " if node else ""
-    raise InvalidGraphError(f"cuDNN rejected the graph at {stage}: {where}{exc}", node=node, reason=str(exc)) from exc
+    hint = ""
+    if (getattr(graph, "_cpp_graph_kwargs", None) or {}).get("is_dynamic_shape_enabled"):
+        hint = " (dynamic shapes are enabled: cuDNN may build this graph only as a static one; retry with is_dynamic_shape_enabled=False)"
+    raise InvalidGraphError(f"cuDNN rejected the graph at {stage}: {where}{exc}{hint}", node=node, reason=str(exc)) from exc
 
 
 def _knobs_to_json(knobs: Mapping[Any, int]) -> dict[str, int]:
@@ -174,20 +179,33 @@ class _Candidates:
         self.workspace = self.backend.allocate_workspace(max(sizes, default=0))
 
     def time(self, position: int, runs: int) -> list[float]:
+        """Milliseconds per launch, ``runs`` times, measured with CUDA events.
+
+        Before each measurement the stream is held busy (``torch.cuda._sleep``) while the
+        host queues the launches, so a kernel shorter than the host's launch overhead
+        (tens of microseconds) is timed on the GPU alone, not on the launch rate. A single
+        run (the pruning pass) times one launch; careful runs time ``_INNER`` each.
+        """
         torch = _torch()
         self._prepare_timing()
         handle = self.backend.handle()
         index = self.indices[position]
         launch = self.graph.execute_plan_at_index
-        launch(self.pack, self.workspace, index, handle)  # warm-up
+        pack, workspace = self.pack, self.workspace
+        launch(pack, workspace, index, handle)  # warm-up
+        inner = 1 if runs == 1 else _INNER
+        sleep = getattr(torch.cuda, "_sleep", None)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []
         for _ in range(runs):
+            if sleep is not None:
+                sleep(_SLEEP_CYCLES)
             start.record()
-            launch(self.pack, self.workspace, index, handle)
+            for _ in range(inner):
+                launch(pack, workspace, index, handle)
             end.record()
             end.synchronize()
-            times.append(float(start.elapsed_time(end)))
+            times.append(float(start.elapsed_time(end)) / inner)
         return times
 
     def finish(self, position: int) -> BuiltPlan:
@@ -228,6 +246,38 @@ class CudnnBackend:
     def __init__(self) -> None:
         self._local = threading.local()
         self._environments: dict[int, dict[str, Any]] = {}
+        self._kernel_caches: dict[int, Any] = {}  # device -> the one shared cudnn kernel cache
+
+    # ------------------------------------------------------------------ kernel cache
+
+    def _kernel_cache(self) -> Any:
+        device = self.current_device()
+        cache = self._kernel_caches.get(device)
+        if cache is None:
+            cache = self._kernel_caches[device] = _cudnn().create_kernel_cache()
+        return cache
+
+    def attach_kernel_cache(self, graph: Any) -> bool:
+        """Give a dynamic-shape graph the shared kernel cache, unless it brought its own.
+        Returns whether the graph builds against the shared one."""
+        kwargs = getattr(graph, "_cpp_graph_kwargs", None)
+        if kwargs is None or not kwargs.get("is_dynamic_shape_enabled"):
+            return False
+        if kwargs.get("kernel_cache") is None:
+            # The pygraph forwards these keyword arguments to the backend graph when it
+            # lowers, which has not happened yet: setting it now equals passing it at
+            # construction.
+            kwargs["kernel_cache"] = self._kernel_cache()
+        return kwargs["kernel_cache"] is self._kernel_caches.get(self.current_device())
+
+    def kernel_cache_blob(self) -> bytes | None:
+        """The shared kernel cache of the current device, serialized; None if unused."""
+        cache = self._kernel_caches.get(self.current_device())
+        return None if cache is None else str(cache.serialize()).encode()
+
+    def restore_kernel_cache(self, blob: bytes) -> None:
+        """Fill the shared kernel cache from a stored blob (same environment only)."""
+        self._kernel_cache().deserialize(blob.decode())
 
     def _require_gpu(self) -> None:
         if not _gpu_available():
@@ -281,28 +331,30 @@ class CudnnBackend:
             graph.validate()
             graph.build_operation_graph()
         except (ValueError, TypeError, RuntimeError, cudnn.cudnnGraphNotSupportedError) as exc:
-            _raise_invalid(exc, "validation")
+            _raise_invalid(exc, "validation", graph)
         if options.workspace_limit is not None:
             graph.deselect_workspace_greater_than(options.workspace_limit)
 
     def candidates(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None) -> _Candidates:
         self._require_gpu()
         cudnn = _cudnn()
+        self.attach_kernel_cache(graph)
         self._plan_graph(graph, options)
         modes = [getattr(cudnn.heur_mode, m) for m in options.heuristic_modes]
         try:
             graph.create_execution_plans(modes)
             graph.check_support()
         except cudnn.cudnnGraphNotSupportedError as exc:
-            _raise_invalid(exc, "planning")
+            _raise_invalid(exc, "planning", graph)
         except (ValueError, RuntimeError) as exc:
-            _raise_invalid(exc, "planning")
+            _raise_invalid(exc, "planning", graph)
         return _Candidates(self, graph, options, inputs)
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
         self._require_gpu()
         if engine.engine_id is None:
             raise BuildError(f"engine {engine.name!r} has no engine id to rebuild from", reason="no engine id")
+        self.attach_kernel_cache(graph)
         self._plan_graph(graph, options)
         graph.create_execution_plan(engine.engine_id, _knobs_from_json(engine.knobs))
         index = graph.get_execution_plan_count() - 1

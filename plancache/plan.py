@@ -6,6 +6,7 @@ No torch import: tensors are checked through their ``shape``, ``stride()``, ``dt
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,7 +41,7 @@ class Plan:
     """
 
     __slots__ = ("_backend", "_expected", "_name_to_uid", "_native", "_required", "_workspace", "device",
-                 "engine", "key", "source", "tensors", "workspace_size")  # fmt: skip
+                 "_fast", "engine", "key", "source", "tensors", "workspace_size")  # fmt: skip
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class Plan:
         self._backend = backend
         self._native = native
         self._workspace: Any = None
+        self._fast: dict[int, tuple[Any, ...]] | None = None
         self._name_to_uid = {spec.name: spec.uid for spec in self.tensors}
         self._required = frozenset(spec.uid for spec in self.tensors)
         # Strides of size-1 dimensions never affect addressing, so they are not checked.
@@ -90,9 +92,54 @@ class Plan:
             self._workspace = self._backend.allocate_workspace(self.workspace_size)
         return self
 
+    def _fast_table(self) -> dict[int, tuple[Any, ...]]:
+        """Per uid: (dims, strides, torch dtype, size-1-tolerant strides), resolved once.
+
+        torch is looked up in ``sys.modules``: a caller passing tensors has imported it.
+        """
+        torch = sys.modules.get("torch")
+        table = {}
+        for uid, (spec, dims, stride_items, dtype_name) in self._expected.items():
+            dtype = getattr(torch, dtype_name.split(".")[1], None) if torch is not None and dtype_name else None
+            table[uid] = (spec.is_pass_by_value, dims, tuple(spec.strides), stride_items, dtype)
+        return table
+
     def check(self, tensors: Mapping[int | str, Any]) -> dict[int, Any]:
         """The variant pack by uid, after checking every tensor. Raises
         ``TensorMismatchError`` naming each problem; launches nothing."""
+        name_to_uid = self._name_to_uid
+        pack = {(name_to_uid.get(ref, ref) if ref.__class__ is str else ref): t for ref, t in tensors.items()}
+        fast = self._fast
+        if fast is None:
+            fast = self._fast = self._fast_table()
+        ok = pack.keys() == self._required and len(pack) == len(tensors)
+        if ok:
+            cuda = self._backend.device_type == "cuda"
+            try:
+                for uid, tensor in pack.items():
+                    pass_by_value, dims, strides, stride_items, dtype = fast[uid]
+                    if pass_by_value:
+                        continue
+                    # Empty dims: a shape the backend left unknown, not checked (as in the slow path).
+                    if (dims and tensor.shape != dims) or (dtype is not None and tensor.dtype is not dtype):
+                        ok = False
+                        break
+                    stride = tensor.stride()
+                    if stride != strides and any(stride[i] != s for i, s in stride_items):
+                        ok = False
+                        break
+                    # is_cpu, not "not is_cuda": a meta (or mps, xpu) tensor is no CPU tensor.
+                    if not (tensor.is_cuda if cuda else tensor.is_cpu) or (cuda and tensor.get_device() != self.device):
+                        ok = False
+                        break
+            except (AttributeError, TypeError, IndexError):
+                ok = False
+        if not ok:
+            self._explain_mismatch(tensors)
+        return pack
+
+    def _explain_mismatch(self, tensors: Mapping[int | str, Any]) -> None:
+        """The slow path: name every problem, then raise."""
         pack: dict[int, Any] = {}
         problems: list[str] = []
         for ref, tensor in tensors.items():
@@ -100,6 +147,8 @@ class Plan:
             if uid is None or uid not in self._required:
                 problems.append(f"{ref!r} is not a tensor of this plan")
                 continue
+            if uid in pack:
+                problems.append(f"uid {uid} is given twice (by name and by uid)")
             pack[uid] = tensor
         missing = self._required.difference(pack)
         if missing:
@@ -126,11 +175,9 @@ class Plan:
                 problems.append(f"{where} has dtype {tensor.dtype}, the plan needs {dtype}")
             if device.type != device_type or (device_type == "cuda" and device.index != self.device):
                 problems.append(f"{where} is on {device}, the plan runs on {device_type}:{self.device}")
-        if problems:
-            raise TensorMismatchError(
-                f"plan {self.key[:12]}: " + "; ".join(problems), key=self.key, problems=problems
-            )
-        return pack
+        if not problems:  # the fast path refused something the slow path cannot name
+            problems.append("the tensors do not match the plan")
+        raise TensorMismatchError(f"plan {self.key[:12]}: " + "; ".join(problems), key=self.key, problems=problems)
 
     def execute(self, tensors: Mapping[int | str, Any]) -> None:
         """Check ``tensors`` (by uid or name) and launch the plan on the current stream."""

@@ -38,7 +38,7 @@ Interface (what PlanCache uses; nothing here raises after construction)
     tier.key_id -> str          # 16 hex chars; equal on two nodes iff their secrets are equal
     tier.close() -> None
 
-Wiring into PlanCache._lookup_or_build (env_id = key.environment_id(key.parts["environment"]))::
+Wiring into PlanCache._lookup_or_build (env_id = environment_id(key.parts["environment"]), from .key)::
 
     plan = self._load(graph, key, options)                  # 1. local SQLite
     if plan is None and self.remote is not None:           # 2. read-through
@@ -62,7 +62,7 @@ failure the tier is skipped (calls return at once, counted as ``skipped``) for 1
 again. Time spent in failed calls adds up per process; once it reaches ``max_stall`` the
 tier switches itself off for the rest of the process (one more warning). So an unreachable,
 black-holed or hung Redis delays a process by at most ``max_stall`` plus one attempt (2.5 s
-with the defaults) in total, however many lookups it makes. A dead Redis on a live host
+with the defaults and no password) in total, however many lookups it makes. A dead Redis on a live host
 refuses connections in about a millisecond. ``lock(wait=...)`` waits on a healthy Redis are
 the caller's choice and not counted. Hostnames are resolved by the OS resolver, which these
 timeouts do not bound: give an IP address or a name in /etc/hosts on nodes whose DNS may
@@ -431,11 +431,10 @@ class RemoteTier:
             self._counters[name] += by
 
     def _warn_once(self, topic: str, message: str, *args: Any) -> None:
-        if topic in self._warned:
-            log.debug(message, *args)
-            return
-        self._warned.add(topic)
-        log.warning(message, *args)
+        with self._counter_lock:
+            first = topic not in self._warned
+            self._warned.add(topic)
+        log.log(logging.WARNING if first else logging.DEBUG, message, *args)
 
     def _open(self, name: str, value: bytes, key: str, env_id: str) -> Entry | None:
         """Verify, then decode; anything doubtful is refused and counted, never raised."""

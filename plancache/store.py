@@ -21,6 +21,7 @@ import sqlite3
 import stat
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,7 +234,8 @@ class Store:
         if not directory.is_dir():
             raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
         _check_private(directory, allow_shared)
-        writable = os.access(directory, os.W_OK) and (not self.path.exists() or os.access(self.path, os.W_OK))
+        self._directory_writable = os.access(directory, os.W_OK)
+        writable = self._directory_writable and (not self.path.exists() or os.access(self.path, os.W_OK))
         if read_only is None:
             read_only = not writable
         self.read_only = bool(read_only)
@@ -296,8 +298,13 @@ class Store:
         if conn is not None and local.pid == os.getpid():
             return conn
         if self.read_only:
-            # immutable=1: a baked, read-only cache has no -shm/-wal to create.
-            uri = f"file:{self.path}?mode=ro&immutable=1"
+            # mode=ro still reads the -wal, so it sees what live writers have committed (a
+            # fresh store keeps even its schema there until a checkpoint). Only a directory we
+            # cannot write (a baked cache), where no -shm can be created, needs immutable=1,
+            # which ignores the -wal. The path is quoted: '?' or '#' would end it in a URI.
+            uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
+            if not self._directory_writable:
+                uri += "&immutable=1"
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         else:
             old_umask = os.umask(0o077)  # database, -wal and -shm private to the user
@@ -432,10 +439,22 @@ class Store:
         return [dict(r) for r in rows]
 
     def bump(self, name: str, by: int = 1) -> None:
-        self._write(
-            "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
-            (name, by),
-        )
+        self.bump_many({name: by})
+
+    def bump_many(self, deltas: Mapping[str, int]) -> None:
+        """Add to several persistent counters in one transaction."""
+        rows = [(name, int(by)) for name, by in deltas.items() if by]
+        if not rows:
+            return
+        try:
+            with self.transaction() as tx:
+                tx.executemany(
+                    "INSERT INTO counters (name, value) VALUES (?, ?) "
+                    "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+                    rows,
+                )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot update counters in {self.path}: {exc}", path=str(self.path)) from exc
 
     def counters(self) -> dict[str, int]:
         return {r[0]: r[1] for r in self.connection().execute("SELECT name, value FROM counters")}

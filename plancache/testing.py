@@ -155,6 +155,11 @@ class _Candidates:
         self.built.clear()
 
 
+def summary_of_ops(description: Mapping[str, Any]) -> str:
+    """What a kernel is compiled for, regardless of shapes: the op types in order."""
+    return "+".join(node["type"] for node in description["nodes"])
+
+
 class CpuTestBackend:
     """The backend seam implemented on the CPU with PyTorch; see the module docstring.
 
@@ -193,6 +198,8 @@ class CpuTestBackend:
             **(environment or {}),
         }
         self.loads = 0
+        # Simulated kernel cache: descriptions of the dynamic-shape graphs "compiled" so far.
+        self.kernels: set[str] = set()
 
     def environment(self) -> dict[str, Any]:
         return dict(self._environment)
@@ -230,7 +237,15 @@ class CpuTestBackend:
 
     def candidates(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None) -> _Candidates:
         description, tensors = self._describe_with_shapes(graph)
+        if description["flags"]["dynamic_shape"]:
+            self.kernels.add(summary_of_ops(description))
         return _Candidates(self, description, tensors)
+
+    def kernel_cache_blob(self) -> bytes | None:
+        return json.dumps(sorted(self.kernels)).encode() if self.kernels else None
+
+    def restore_kernel_cache(self, blob: bytes) -> None:
+        self.kernels.update(json.loads(blob))
 
     def make_plan(self, description: dict[str, Any], tensors: list[TensorSpec], engine: EngineChoice) -> BuiltPlan:
         payload = {"description": description, "tensors": [t.to_dict() for t in tensors], "engine": engine.to_dict()}

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import benchlib
+from benchlib import gpu_ms
 
 SUITE: list[tuple[str, str, dict[str, Any]]] = [
     ("conv_bias_relu N32 C128 56x56 K256", "conv_bias_act", {"n": 32, "c": 128, "h": 56, "w": 56, "k": 256}),
@@ -120,19 +121,6 @@ def phase_raw(args: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": times, "blob_bytes": [len(b) for b in blobs]}
 
 
-def _gpu_ms(torch: Any, fn: Any, iters: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end)) / iters
-
-
 def _eager(torch: Any, name: str, t: dict[int, Any], params: dict[str, Any]) -> Any:
     functional = torch.nn.functional
     act = params.get("act", "relu")
@@ -172,16 +160,16 @@ def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
         fresh_plan = plancache.Plan(key="fresh", backend=cache.backend, native=fresh.native, tensors=fresh.tensors,
                                     workspace_size=fresh.workspace_size, engine=fresh.engine, source="built",
                                     device=cache.backend.current_device())  # fmt: skip
-        cached_ms = _gpu_ms(torch, lambda p=cached, t=tensors: p.execute(t))
-        fresh_ms = _gpu_ms(torch, lambda p=fresh_plan, t=tensors: p.execute(t))
-        eager_ms = _gpu_ms(torch, _eager(torch, name, tensors, params))
+        cached_ms = gpu_ms(torch, lambda p=cached, t=tensors: p.execute(t))
+        fresh_ms = gpu_ms(torch, lambda p=fresh_plan, t=tensors: p.execute(t))
+        eager_ms = gpu_ms(torch, _eager(torch, name, tensors, params))
         cached.execute(tensors)
         ref = templates.reference(name, tensors, **params)
-        err = float((tensors[4].float() - ref).norm() / ref.norm())
+        err = benchlib.rel_error(tensors[4], ref)
         rows.append({"cached_ms": cached_ms, "fresh_ms": fresh_ms, "eager_ms": eager_ms, "rel_error": err})
 
     # In-process repeat lookups: the builder form and a plain get() of a rebuilt graph.
-    label, name, params = SUITE[1]
+    _label, name, params = SUITE[1]
     tensors = templates.allocate(name, device="cuda", **params)
 
     @cache.builder
@@ -215,18 +203,7 @@ PHASES = {f.__name__[len("phase_"):]: f for f in (phase_heuristic, phase_exhaust
 
 
 def run_phase(phase: str, **args: Any) -> dict[str, Any]:
-    started = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, __file__, "--phase", phase, "--args", json.dumps(args)],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    if out.returncode != 0:
-        sys.stderr.write(out.stderr[-4000:])
-        raise SystemExit(f"phase {phase} failed with exit code {out.returncode}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    result["process_seconds"] = time.perf_counter() - started
-    print(f"  phase {phase:10} done in {result['process_seconds']:.1f} s (fresh process)", file=sys.stderr)
-    return result
+    return benchlib.run_phase(__file__, phase, **args)
 
 
 def quality(ex_dir: str, cold_dir: str) -> list[dict[str, Any]]:
@@ -262,13 +239,7 @@ def main() -> None:
         print(json.dumps(PHASES[opts.phase](json.loads(opts.args))))
         return
 
-    import torch
-
-    if not torch.cuda.is_available():
-        raise SystemExit(
-            "bench_startup needs an NVIDIA GPU: it times cuDNN plan builds. Without one, "
-            "`python -m pytest` runs the full cache on the CPU test backend."
-        )
+    torch = benchlib.require_gpu("bench_startup")
     root = Path(tempfile.mkdtemp(prefix="plancache-bench-"))
     ex_dir, topk_dir = str(root / "exhaustive"), str(root / "topk")
     results = {
@@ -281,11 +252,7 @@ def main() -> None:
     }
     results["quality"] = quality(ex_dir, topk_dir)
     results["suite"] = [label for label, _, _ in SUITE]
-    import cudnn
-
-    results["versions"] = {"gpu": torch.cuda.get_device_name(), "cudnn": torch.backends.cudnn.version(),
-                           "cudnn_frontend": cudnn.__version__, "torch": torch.__version__,
-                           "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    results["versions"] = benchlib.versions(torch)
     print_table(results)
     if opts.out:
         Path(opts.out).write_text(json.dumps(results, indent=2))

@@ -169,3 +169,49 @@ def test_flipped_blob_is_rebuilt_from_engine(tmp_path: Path) -> None:
     assert len(second.store.quarantined()) == 1
     stored = second.store.get(key)
     assert stored is not None and stored.checksum_ok()
+
+
+_DYNAMIC_CHILD = r"""
+import json, sys, torch, plancache
+from plancache import templates
+cache = plancache.PlanCache(sys.argv[1])
+params = {"c": 32, "h": 28, "w": 28, "k": 32, "n": 5, "dynamic": True}
+plan = cache.get(templates.build("conv_bias_act", **params))
+t = templates.allocate("conv_bias_act", device="cuda", **params)
+plan.execute(t); torch.cuda.synchronize()
+ref = templates.reference("conv_bias_act", t, **params)
+print(json.dumps({"counters": cache.counters, "error": float((t[4].float() - ref).norm() / ref.norm())}))
+"""
+
+
+def test_dynamic_shapes_share_and_persist_the_kernel_cache(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    cache = plancache.PlanCache(directory)
+    for n in (1, 2, 3, 4):
+        params = {"c": 32, "h": 28, "w": 28, "k": 32, "n": n, "dynamic": True}
+        plan = cache.get(templates.build("conv_bias_act", **params))
+        assert run_and_check(plan, "conv_bias_act", params) <= TOLERANCE
+    assert cache.backend.attach_kernel_cache(templates.build("conv_bias_act", **params))
+    env_id = plancache.key.environment_id(cache.environment)
+    stored = cache.store.get_kernel_cache(env_id)
+    assert stored is not None and len(stored[0]) > 0
+    cache.close()
+    out = subprocess.run([sys.executable, "-c", _DYNAMIC_CHILD, str(directory)], check=True,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["counters"]["kernel_cache_restores"] == 1 and result["counters"]["builds"] == 1
+    assert result["error"] <= TOLERANCE
+
+
+def test_bucketed_batch_matches_the_exact_result(cache: plancache.PlanCache) -> None:
+    from plancache import buckets
+
+    params = {"c": 32, "h": 14, "w": 14, "k": 32, "n": 5}
+    tensors = templates.allocate("conv_bias_act", device="cuda", **params)
+    size = buckets.round_up(5, buckets.powers_of_two(32))
+    plan = cache.get(templates.build("conv_bias_act", **{**params, "n": size}))
+    padded = {uid: buckets.pad_to(t, 0, size) for uid, t in tensors.items()}
+    plan.execute(padded)
+    torch.cuda.synchronize()
+    ref = templates.reference("conv_bias_act", tensors, **params)
+    assert relative_error(padded[4][:5], ref) <= TOLERANCE

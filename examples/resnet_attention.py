@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""A small model built from cuDNN graphs through plancache, and its start-up demo.
+
+The model: a ResNet-style stem of three fused convolutions (conv+bias+ReLU, NHWC), then
+one attention block on the 28x28 feature map as 784 tokens (Q/K/V projections, SDPA,
+output projection with ReLU). Six distinct cuDNN graphs; the Q, K and V projections
+share one plan. Its output is checked against the same model in PyTorch.
+
+    python examples/resnet_attention.py            # the start-up demo (needs a GPU)
+    python examples/resnet_attention.py --mode warm --dir DIR   # one fresh-process run
+
+The demo runs the model in fresh processes and prints the time to first output with no
+plan cache (cuDNN heuristic builds), with a cold plancache, a warm one, and a cache that
+was just imported from a bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+N = 8  # batch
+LAYERS: list[tuple[str, str, dict[str, Any]]] = [
+    ("conv1", "conv_bias_act", {"n": N, "c": 64, "h": 56, "w": 56, "k": 64}),
+    ("conv2", "conv_bias_act", {"n": N, "c": 64, "h": 56, "w": 56, "k": 128, "stride": 2}),
+    ("conv3", "conv_bias_act", {"n": N, "c": 128, "h": 28, "w": 28, "k": 128}),
+    ("proj", "matmul_bias_act", {"b": N, "m": 784, "k": 128, "n": 128, "act": None}),
+    ("attn", "sdpa", {"b": N, "h": 2, "s": 784, "d": 64, "causal": False}),
+    ("out", "matmul_bias_act", {"b": N, "m": 784, "k": 128, "n": 128, "act": "relu"}),
+]
+TOLERANCE = 2e-2
+
+
+class RawPlans:
+    """No cache: what a user does today, a cuDNN heuristic build for every graph."""
+
+    def __init__(self) -> None:
+        import cudnn
+        import torch
+
+        self.cudnn, self.torch = cudnn, torch
+        self.handle = cudnn.create_handle()
+        self.graphs: dict[str, tuple[Any, Any]] = {}
+
+    def run(self, layer: str, name: str, params: dict[str, Any], tensors: dict[int, Any]) -> None:
+        from plancache import templates
+
+        if layer not in self.graphs:
+            graph = templates.build(name, handle=self.handle, **params)
+            graph.build([self.cudnn.heur_mode.A, self.cudnn.heur_mode.FALLBACK])
+            size = max(graph.get_workspace_size(), 1)
+            self.graphs[layer] = (graph, self.torch.empty(size, dtype=self.torch.uint8, device="cuda"))
+        graph, workspace = self.graphs[layer]
+        self.cudnn.set_stream(handle=self.handle, stream=self.torch.cuda.current_stream().cuda_stream)
+        graph.execute(tensors, workspace, handle=self.handle)
+
+
+class CachedPlans:
+    """plancache: one lookup per layer, built or loaded once per process."""
+
+    def __init__(self, directory: str, backend: Any = None) -> None:
+        import plancache
+
+        self.cache = plancache.PlanCache(directory, backend=backend)
+        self.plans: dict[str, Any] = {}
+
+    def run(self, layer: str, name: str, params: dict[str, Any], tensors: dict[int, Any]) -> None:
+        from plancache import templates
+
+        plan = self.plans.get(layer)
+        if plan is None:
+            plan = self.plans[layer] = self.cache.get(templates.build(name, **params))
+        plan.execute(tensors)
+
+
+def weights(torch: Any, device: str = "cuda", seed: int = 0) -> dict[str, Any]:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape: int, scale: float) -> Any:
+        return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(device)
+
+    w: dict[str, Any] = {}
+    for layer, name, p in LAYERS[:3]:
+        w[layer] = rnd(p["k"], p["c"], 3, 3, scale=(p["c"] * 9) ** -0.5).to(memory_format=torch.channels_last)
+        w[layer + ".b"] = rnd(1, p["k"], 1, 1, scale=0.1)
+    for layer in ("q", "k", "v", "out"):
+        w[layer] = rnd(128, 128, scale=128**-0.5)
+        w[layer + ".b"] = rnd(1, 1, 128, scale=0.1)
+    return w
+
+
+def forward(plans: Any, torch: Any, w: dict[str, Any], x: Any) -> Any:
+    """The model through cuDNN plans; every tensor is laid out as its template expects."""
+
+    def empty(shape: tuple[int, ...], channels_last: bool = False) -> Any:
+        t = torch.empty(shape, dtype=x.dtype, device=x.device)
+        return t.to(memory_format=torch.channels_last) if channels_last else t
+
+    h = x
+    for layer, name, p in LAYERS[:3]:
+        stride = p.get("stride", 1)
+        out = empty((N, p["k"], p["h"] // stride, p["w"] // stride), channels_last=True)
+        plans.run(layer, name, p, {1: h, 2: w[layer], 3: w[layer + ".b"], 4: out})
+        h = out
+    tokens = h.permute(0, 2, 3, 1).reshape(N, 784, 128)  # NHWC memory: a view, no copy
+    _, proj, pp = LAYERS[3]
+    qkv = {}
+    for part in ("q", "k", "v"):
+        qkv[part] = empty((N, 784, 128))
+        weight = w[part].unsqueeze(0).expand(N, 128, 128).contiguous()
+        plans.run("proj", proj, pp, {1: tokens, 2: weight, 3: w[part + ".b"], 4: qkv[part]})
+    heads = {part: t.view(N, 784, 2, 64).permute(0, 2, 1, 3) for part, t in qkv.items()}  # BSHD memory
+    o = empty((N, 784, 2, 64)).permute(0, 2, 1, 3)
+    _, attn, ap = LAYERS[4]
+    plans.run("attn", attn, ap, {1: heads["q"], 2: heads["k"], 3: heads["v"], 4: o})
+    attended = o.permute(0, 2, 1, 3).reshape(N, 784, 128)
+    out = empty((N, 784, 128))
+    _, proj_out, op = LAYERS[5]
+    weight = w["out"].unsqueeze(0).expand(N, 128, 128).contiguous()
+    plans.run("out", proj_out, op, {1: attended, 2: weight, 3: w["out.b"], 4: out})
+    return out
+
+
+def forward_pytorch(torch: Any, w: dict[str, Any], x: Any) -> Any:
+    """The same model in PyTorch, float32 from the same bf16 weights."""
+    functional = torch.nn.functional
+    h = x.float()
+    for layer, _name, p in LAYERS[:3]:
+        h = torch.relu(functional.conv2d(h, w[layer].float(), padding=1, stride=p.get("stride", 1)) + w[layer + ".b"].float())
+    tokens = h.permute(0, 2, 3, 1).reshape(N, 784, 128)
+    q, k, v = (tokens @ w[p].float() + w[p + ".b"].float() for p in ("q", "k", "v"))
+    split = lambda t: t.view(N, 784, 2, 64).permute(0, 2, 1, 3)  # noqa: E731
+    o = functional.scaled_dot_product_attention(split(q), split(k), split(v), scale=64**-0.5)
+    return torch.relu(o.permute(0, 2, 1, 3).reshape(N, 784, 128) @ w["out"].float() + w["out.b"].float())
+
+
+def run_once(mode: str, directory: str | None, bundle: str | None) -> dict[str, Any]:
+    import torch
+
+    torch.cuda.init()
+    w = weights(torch)
+    x = torch.randn(N, 64, 56, 56).to(torch.bfloat16).cuda().to(memory_format=torch.channels_last)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    imported = None
+    if mode == "bundle":
+        from plancache.bundle import import_bundle
+        from plancache.store import Store
+
+        imported = import_bundle(Store(directory), bundle)
+    plans = RawPlans() if mode == "nocache" else CachedPlans(directory or "")
+    out = forward(plans, torch, w, x)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - started
+    steady_started = time.perf_counter()
+    for _ in range(10):
+        forward(plans, torch, w, x)
+    torch.cuda.synchronize()
+    ref = forward_pytorch(torch, w, x)
+    error = float((out.float() - ref).norm() / ref.norm())
+    result = {"mode": mode, "first_output_s": first, "step_s": (time.perf_counter() - steady_started) / 10, "rel_error": error}
+    if isinstance(plans, CachedPlans):
+        plans.cache.close()
+        result["counters"] = plans.cache.counters
+    if imported is not None:
+        result["imported"] = {k: (len(v) if isinstance(v, list) else v) for k, v in dict(imported).items()}
+    return result
+
+
+def demo() -> None:
+    root = Path(tempfile.mkdtemp(prefix="plancache-example-"))
+    warm, imported, bundle = root / "warm", root / "imported", root / "plans.bundle"
+
+    def fresh(mode: str, directory: Path | None = None) -> dict[str, Any]:
+        args = [sys.executable, __file__, "--mode", mode]
+        if directory is not None:
+            args += ["--dir", str(directory)]
+        if mode == "bundle":
+            args += ["--bundle", str(bundle)]
+        started = time.perf_counter()
+        out = subprocess.run(args, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            sys.stderr.write(out.stderr[-3000:])
+            raise SystemExit(f"mode {mode} failed")
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        result["process_s"] = time.perf_counter() - started
+        return result
+
+    rows = [fresh("nocache"), fresh("cold", warm), fresh("warm", warm)]
+    export = subprocess.run([sys.executable, "-m", "plancache", "--dir", str(warm), "export", str(bundle), "--json"],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    if export.returncode != 0:
+        sys.stderr.write(export.stderr)
+        raise SystemExit("export failed")
+    rows.append(fresh("bundle", imported))
+    print(f"\nexample model (3 fused convs + attention block, batch {N}, bf16): time to first output in a fresh process")
+    print(f"{'mode':10} {'first output s':>15} {'step ms':>9} {'process s':>10} {'rel err':>9}  counters")
+    for r in rows:
+        counters = {k: v for k, v in r.get("counters", {}).items() if v}
+        print(f"{r['mode']:10} {r['first_output_s']:15.3f} {r['step_s'] * 1e3:9.2f} {r['process_s']:10.1f} {r['rel_error']:9.1e}  {counters}")
+    bad = [r["mode"] for r in rows if r["rel_error"] > TOLERANCE]
+    if bad:
+        raise SystemExit(f"outputs differ from PyTorch in modes {bad}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=["nocache", "cold", "warm", "bundle"])
+    parser.add_argument("--dir")
+    parser.add_argument("--bundle")
+    parser.add_argument("--out", help="ignored; accepted so scripts/gpu-check can run every demo alike")
+    opts = parser.parse_args()
+    if opts.mode:
+        print(json.dumps(run_once(opts.mode, opts.dir, opts.bundle)))
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("this demo runs cuDNN plans and needs an NVIDIA GPU; the model's graphs build on CPU with the test backend")
+    demo()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    main()

@@ -1,0 +1,101 @@
+"""PlanCache with the Redis tier: two cache directories stand for two machines sharing one
+real redis-server on 127.0.0.1 (see test_remote.py for the server fixtures)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_remote import SECRET, LocalRedis, own_server, redis_server  # noqa: F401 - fixtures
+
+from plancache import PlanCache, templates
+from plancache.key import environment_id
+from plancache.remote import RemoteTier
+from plancache.testing import CpuTestBackend
+
+pytestmark = pytest.mark.redis
+
+PARAMS = {"n": 2, "c": 8, "h": 6, "w": 6, "k": 8, "dtype": "float32"}
+
+
+def graph(**overrides: Any) -> Any:
+    return templates.build("conv_bias_act", **{**PARAMS, **overrides})
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Callable[..., PlanCache]:
+    """``machine(name, url)``: a PlanCache in its own directory with its own tier."""
+    namespace = f"fleet{time.monotonic_ns()}"
+    caches: list[PlanCache] = []
+
+    def make(name: str, url: str, **backend_options: Any) -> PlanCache:
+        tier = RemoteTier(url, secret=SECRET, namespace=namespace, timeout=0.25)
+        cache = PlanCache(tmp_path / name, backend=CpuTestBackend(**backend_options), remote=tier)
+        caches.append(cache)
+        return cache
+
+    yield make
+    for cache in caches:
+        cache.close()
+
+
+def test_a_plan_built_on_one_machine_is_a_hit_on_another(redis_server: LocalRedis, machine: Callable[..., PlanCache]) -> None:
+    a, b = machine("a", redis_server.url), machine("b", redis_server.url)
+    built = a.get(graph())
+    loaded = b.get(graph())
+    assert (built.source, loaded.source) == ("built", "loaded")
+    assert b.counters["builds"] == 0
+    assert b.remote.stats()["remote_hits"] == 1
+    assert b.store.get(loaded.key) is not None, "read-through stores the plan locally"
+    b.close()
+    assert b.store.counters()["remote_hits"] == 1, "remote counters reach the store (plancache stats)"
+
+
+def test_two_machines_missing_together_build_once(redis_server: LocalRedis, machine: Callable[..., PlanCache]) -> None:
+    caches = [machine(name, redis_server.url, build_delay=0.05) for name in ("a", "b", "c")]
+    sources: list[str] = []
+    barrier = threading.Barrier(len(caches))
+
+    def node(cache: PlanCache) -> None:
+        barrier.wait()
+        sources.append(cache.get(graph(n=3)).source)
+
+    threads = [threading.Thread(target=node, args=(c,)) for c in caches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(sources) == ["built", "loaded", "loaded"]
+    assert sum(c.counters["builds"] for c in caches) == 1
+
+
+def test_a_tampered_remote_entry_is_refused_and_rebuilt(redis_server: LocalRedis, machine: Callable[..., PlanCache]) -> None:
+    a, b = machine("a", redis_server.url), machine("b", redis_server.url)
+    key = a.get(graph(n=4)).key
+    client = redis_server.client()
+    name = a.remote.redis_key(key, environment_id(a.environment))
+    value = bytearray(client.get(name))
+    value[-10] ^= 0x01
+    client.set(name, bytes(value))
+    plan = b.get(graph(n=4))
+    assert plan.source == "built"
+    assert b.remote.stats()["refused"] >= 1
+    assert b.remote.stats()["remote_hits"] == 0
+    c = machine("c", redis_server.url)
+    assert c.get(graph(n=4)).source == "loaded", "the rebuilt plan replaced the tampered one"
+
+
+def test_killed_server_leaves_local_operation_working(own_server: LocalRedis, machine: Callable[..., PlanCache]) -> None:
+    a = machine("a", own_server.url)
+    a.get(graph(n=5))
+    own_server.stop()
+    started = time.monotonic()
+    for n in range(6, 12):
+        assert a.get(graph(n=n)).source == "built"
+    assert a.get(graph(n=5)).source == "built"  # the in-memory plan: still served
+    assert time.monotonic() - started < 5.0
+    assert a.remote.stats()["available"] is False
