@@ -86,7 +86,7 @@ def weights(torch: Any, device: str = "cuda", seed: int = 0) -> dict[str, Any]:
         return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(device)
 
     w: dict[str, Any] = {}
-    for layer, name, p in LAYERS[:3]:
+    for layer, _name, p in LAYERS[:3]:
         w[layer] = rnd(p["k"], p["c"], 3, 3, scale=(p["c"] * 9) ** -0.5).to(memory_format=torch.channels_last)
         w[layer + ".b"] = rnd(1, p["k"], 1, 1, scale=0.1)
     for layer in ("q", "k", "v", "out"):

@@ -78,6 +78,12 @@ def _build_in_order(cands: CandidateSet, want: int, reports: list[CandidateRepor
     return built
 
 
+def _launch_failed(report: CandidateReport, exc: Exception) -> None:
+    report.status = "failed"
+    report.error = f"launch: {type(exc).__name__}: {str(exc)[:300]}"
+    log.debug("plancache: candidate #%d failed to launch: %s", report.index, exc)
+
+
 def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | None = None) -> AutotuneResult:
     """Pick a candidate under ``options.policy``; raises ``BuildError`` when none builds."""
     timing = timing or TimingPolicy()
@@ -108,10 +114,17 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
             reports[index].status = "pruned"
         else:
             survivors.append(index)
-    for index in survivors:
-        times = cands.time(index, timing.runs)
+    for index in list(survivors):
+        try:
+            times = cands.time(index, timing.runs)
+        except Exception as exc:
+            _launch_failed(reports[index], exc)
+            survivors.remove(index)
+            continue
         reports[index].times_ms = times
         reports[index].median_ms = statistics.median(times)
+    if not survivors:
+        raise BuildError("every candidate that built failed to run", reason="all failed")
     winner = min(survivors, key=lambda i: (reports[i].median_ms, i))
     reports[winner].status = "chosen"
     elapsed = time.perf_counter() - started

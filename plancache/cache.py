@@ -10,6 +10,7 @@ caller always gets a working plan or a clear error about their own input.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import logging
 import os
@@ -109,10 +110,14 @@ class PlanCache:
         self.counters = dict.fromkeys(_COUNTERS, 0)
         self._memory: dict[tuple[str, int], Plan] = {}
         self._pending_hits: dict[str, tuple[int, float]] = {}
+        self._pending_total = 0
         self._lock = threading.RLock()
         self._environment: dict[str, Any] | None = None
         self._warned: set[str] = set()
         self._recorders: list[Callable[[Any, CacheKey], None]] = []
+        from .manifest import recorder_from_env  # PLANCACHE_RECORD=path: record every graph into a manifest
+
+        recorder_from_env(self)
         self.restore_kernel_cache = restore_kernel_cache
         self.remote = remote if remote is not None else _remote_from_env()
         self._remote_flushed: dict[str, int] = {}
@@ -152,6 +157,7 @@ class PlanCache:
         plan = self._memory.get(memo)
         if plan is not None:
             self.counters["memory_hits"] += 1
+            self._note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
             return plan
         with self._lock:
             plan = self._memory.get(memo)
@@ -174,7 +180,10 @@ class PlanCache:
 
             @functools.wraps(func)
             def wrapper(*args: Any, **kwargs: Any) -> Plan:
-                signature = _signature(args, kwargs)
+                signature, has_tensor = _signature(args, kwargs)
+                if not has_tensor:
+                    # No tensor argument tells the device: the plan belongs to the current one.
+                    signature = (*signature, self.backend.current_device())
                 plan = plans.get(signature)
                 if plan is None:
                     plan = self.get(func(*args, **kwargs), options=options)
@@ -246,7 +255,7 @@ class PlanCache:
         """Write batched hit counts (and the remote tier's counters) now; also done at
         close and at exit."""
         with self._lock:
-            pending, self._pending_hits = self._pending_hits, {}
+            pending, self._pending_hits, self._pending_total = self._pending_hits, {}, 0
             remote = self._remote_counter_deltas()
         if self.store.read_only or not (pending or remote):
             return
@@ -294,7 +303,8 @@ class PlanCache:
     def _note_hit(self, key: str) -> None:
         count, _ = self._pending_hits.get(key, (0, 0.0))
         self._pending_hits[key] = (count + 1, time.time())
-        if sum(c for c, _ in self._pending_hits.values()) >= _HIT_FLUSH_EVERY:
+        self._pending_total += 1
+        if self._pending_total >= _HIT_FLUSH_EVERY:
             self.flush()
 
     def _read(self, key: str) -> Entry | None:
@@ -391,7 +401,7 @@ class PlanCache:
             else:
                 self.counters["hits"] += 1
                 self._note_hit(key.digest)
-                return self._plan(key.digest, native, tensors, entry.workspace_size, engine, "loaded")
+                return self._plan(key.digest, native, _named_as(tensors, graph), entry.workspace_size, engine, "loaded")
         self._quarantine(key.digest, reason)
         if engine is None or self.store.read_only:
             return None
@@ -539,10 +549,22 @@ class PlanCache:
 
 
 _tensor_type: Any = None
+_KWARGS = object()
 
 
-def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a builder's result depends on: tensors by layout, everything else by value.
+def _named_as(tensors: list[TensorSpec], graph: Any) -> list[TensorSpec]:
+    """The stored tensor table under the names of the caller's graph: names are not part
+    of the key, so a plan stored by one caller is found by another that named differently."""
+    tensor_map = getattr(graph, "tensors", None)
+    if not isinstance(tensor_map, Mapping):
+        return tensors
+    names = {int(t.uid): str(name) for name, t in tensor_map.items() if not t.is_virtual}
+    return [dataclasses.replace(t, name=names.get(t.uid, t.name)) for t in tensors]
+
+
+def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[tuple[Any, ...], bool]:
+    """What a builder's result depends on: tensors by layout (shape, strides, dtype,
+    device), everything else by value; and whether any argument was a tensor.
 
     On the hot path of every decorated call, hence the plain loops and no helper calls.
     """
@@ -553,12 +575,21 @@ def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, .
         tensor_type = () if torch is None else torch.Tensor
         if torch is not None:
             _tensor_type = tensor_type  # resolved once torch is loaded
-    signature = [
-        (a.shape, a.stride(), a.dtype, a.device) if isinstance(a, tensor_type) else a for a in args
-    ]
+    has_tensor = False
+    signature: list[Any] = []
+    for a in args:
+        if isinstance(a, tensor_type):
+            signature.append((a.shape, a.stride(), a.dtype, a.device))
+            has_tensor = True
+        else:
+            signature.append(a)
     if kwargs:
+        signature.append(_KWARGS)  # f(("n", 1)) and f(n=1) must not look alike
         for name in sorted(kwargs):
             value = kwargs[name]
-            signature.append((name, (value.shape, value.stride(), value.dtype, value.device)
-                              if isinstance(value, tensor_type) else value))  # fmt: skip
-    return tuple(signature)
+            if isinstance(value, tensor_type):
+                signature.append((name, (value.shape, value.stride(), value.dtype, value.device)))
+                has_tensor = True
+            else:
+                signature.append((name, value))
+    return tuple(signature), has_tensor

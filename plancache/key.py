@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: Bumped whenever the description or key layout changes, so old entries become misses.
-KEY_FORMAT = 1
+KEY_FORMAT = 2
 
 POLICIES = ("heuristic", "topk", "exhaustive")
 HEURISTIC_MODES = ("A", "B", "FALLBACK")
@@ -186,13 +186,18 @@ def _data_type(tensor: Any) -> Any:
     return getter() if callable(getter) else tensor.data_type
 
 
-def _graph_flags(graph: Any) -> dict[str, bool]:
-    # The dynamic-shape and override-shape flags are constructor arguments that the
-    # pygraph keeps only in the keyword arguments it forwards to the backend graph.
+def _graph_flags(graph: Any) -> dict[str, Any]:
+    # These are constructor arguments that the pygraph keeps only in the keyword arguments
+    # it forwards to the backend graph; each can change which plans cuDNN proposes.
     kwargs = getattr(graph, "_cpp_graph_kwargs", None) or {}
+    device_property = kwargs.get("device_property")
     return {
         "dynamic_shape": bool(kwargs.get("is_dynamic_shape_enabled", False)),
         "override_shape": bool(kwargs.get("is_override_shape_enabled", False)),
+        "sm_count": _scalar(kwargs.get("sm_count"), "graph sm_count"),
+        "sm_version": _scalar(kwargs.get("sm_version"), "graph sm_version"),
+        # A device-property object has no stable text; its serialized JSON does.
+        "device_property": str(device_property.serialize()) if device_property is not None else None,
     }
 
 
@@ -225,6 +230,7 @@ class _Describer:
         self.ids: dict[int, str] = {}  # id(tensor object) -> canonical id
         self.virtual_count = 0
         self.produced: set[int] = set()
+        self.float_stats: set[int] = set()  # SDPA Stats outputs: validate() makes them FLOAT
 
     def tensor_id(self, tensor: Any) -> str:
         key = id(tensor)
@@ -264,6 +270,9 @@ class _Describer:
             if t is not None:
                 self.produced.add(id(t))
         node_type = getattr(node, "node_type", None)
+        stats = node.outputs.get("Stats")
+        if stats is not None and getattr(node_type, "name", None) in ("SDPA", "SDPA_FP8", "SDPA_MXFP8"):
+            self.float_stats.add(id(stats))
         return {
             "type": node_type.name if isinstance(node_type, enum.Enum) else str(node_type),
             "compute_data_type": _scalar(getattr(node, "compute_data_type", None), where),
@@ -274,10 +283,25 @@ class _Describer:
 
     def tensor(self, tensor: Any) -> dict[str, Any]:
         ragged = getattr(tensor, "ragged_offset", None)
+        # validate() and build_operation_graph() fill in what the caller left unset on op
+        # outputs (dims, strides, data types), and the backend plans the graph after it was
+        # keyed: describe only what the caller set, so the same graph object keys alike
+        # before and after. What inference adds follows from the rest of the description.
+        produced = id(tensor) in self.produced
+        dims = tensor.dim if not produced or getattr(tensor, "dim_assigned", True) else None
+        strides = tensor.stride if not produced or getattr(tensor, "stride_assigned", True) else None
+        data_type = _data_type(tensor)
+        if data_type is None:  # as validate() fills it in
+            context = getattr(self.graph, "context", None)
+            if id(tensor) in self.float_stats:
+                data_type = "data_type.FLOAT"
+            else:
+                fill = "intermediate_data_type" if tensor.is_virtual else "io_data_type"
+                data_type = getattr(context, fill, None)
         return {
-            "dim": [int(d) for d in (tensor.dim or [])],
-            "stride": [int(s) for s in (tensor.stride or [])],
-            "dtype": _scalar(_data_type(tensor), f"tensor {tensor.name!r}"),
+            "dim": [int(d) for d in (dims or [])],
+            "stride": [int(s) for s in (strides or [])],
+            "dtype": _scalar(data_type, f"tensor {tensor.name!r}"),
             "is_virtual": bool(tensor.is_virtual),
             "is_pass_by_value": bool(getattr(tensor, "is_pass_by_value", False)),
             "is_output": (not tensor.is_virtual) and id(tensor) in self.produced,

@@ -40,8 +40,21 @@ class Plan:
     captured in a CUDA graph after one eager call (or after ``plan.prepare()``).
     """
 
-    __slots__ = ("_backend", "_expected", "_name_to_uid", "_native", "_required", "_workspace", "device",
-                 "_fast", "engine", "key", "source", "tensors", "workspace_size")  # fmt: skip
+    __slots__ = (
+        "_backend",
+        "_expected",
+        "_fast",
+        "_name_to_uid",
+        "_native",
+        "_required",
+        "_workspace",
+        "device",
+        "engine",
+        "key",
+        "source",
+        "tensors",
+        "workspace_size",
+    )  # fmt: skip
 
     def __init__(
         self,

@@ -418,7 +418,7 @@ class Store:
                 row = tx.execute("SELECT * FROM plans WHERE key = ?", (key,)).fetchone()
                 if row is None:
                     return False
-                meta = {k: row[k] for k in row.keys() if k != "blob"}
+                meta = {k: row[k] for k in row.keys() if k != "blob"}  # noqa: SIM118 - iterating a Row gives values
                 tx.execute(
                     "INSERT INTO quarantine (key, reason, quarantined_at, row_json, blob) VALUES (?, ?, ?, ?, ?)",
                     (key, reason, time.time(), json.dumps(meta), row["blob"]),

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_fixtures import own_server, redis_server  # noqa: F401 - fixtures for the Redis tests
 
 from plancache import PlanCache, Store
 from plancache.testing import CpuTestBackend
 
-_ENV_VARS = ("PLANCACHE_MAX_SIZE", "PLANCACHE_ALLOW_SHARED_DIR")
+_ENV_VARS = ("PLANCACHE_MAX_SIZE", "PLANCACHE_ALLOW_SHARED_DIR", "PLANCACHE_REDIS_URL", "PLANCACHE_RECORD", "PLANCACHE_BACKEND")
 
 
 @pytest.fixture(autouse=True)

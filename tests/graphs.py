@@ -34,7 +34,7 @@ def row_major(dims: list[int]) -> list[int]:
 
 def channels_last(dims: list[int]) -> list[int]:
     """Strides of an NCHW-dimensioned tensor stored NHWC, the layout cuDNN convs prefer."""
-    n, c, h, w = dims
+    _, c, h, w = dims
     return [c * h * w, 1, w * c, c]
 
 
@@ -295,3 +295,19 @@ def matmul_bias_relu(**fields: Any) -> cudnn.pygraph:
 
 def causal_sdpa(**fields: Any) -> cudnn.pygraph:
     return dataclasses.replace(EXAMPLES["causal_sdpa"], **fields).graph()
+
+
+def assert_runs_correctly(plan: Any, spec: Any, *, seed: int = 0, by_name: bool = False) -> None:
+    """Execute ``plan`` on fresh tensors for ``spec`` and compare with the torch reference."""
+    torch = _torch()
+    pack = spec.tensors(seed)
+    out = pack[output_uid(spec)]
+    if by_name:
+        names = dict(zip(spec.uids, (spec.prefix + n for n in spec.names)))
+        plan.execute({names[uid]: tensor for uid, tensor in pack.items()})
+    else:
+        plan.execute(pack)
+    expected = spec.reference(pack)
+    tolerance = 1e-5 if spec.dtype == "FLOAT" else 1e-2
+    assert float(expected.abs().max()) > 0, "a reference of all zeros proves nothing"
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_remote import SECRET, LocalRedis, own_server, redis_server  # noqa: F401 - fixtures
+from redis_fixtures import LocalRedis
 
 from plancache import PlanCache, templates
 from plancache.key import environment_id
 from plancache.remote import RemoteTier
 from plancache.testing import CpuTestBackend
+
+SECRET = b"fleet-secret-0123456789abcdef-32"
 
 pytestmark = pytest.mark.redis
 

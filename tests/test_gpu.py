@@ -215,3 +215,51 @@ def test_bucketed_batch_matches_the_exact_result(cache: plancache.PlanCache) -> 
     torch.cuda.synchronize()
     ref = templates.reference("conv_bias_act", tensors, **params)
     assert relative_error(padded[4][:5], ref) <= TOLERANCE
+
+
+_FLEET_NODE = r"""
+import json, sys, torch, plancache
+from plancache import templates
+from plancache.remote import RemoteTier
+name, params = sys.argv[1], json.loads(sys.argv[2])
+tier = RemoteTier(sys.argv[4], secret=b"gpu-fleet-secret-0123456789abcdef")
+cache = plancache.PlanCache(sys.argv[3], remote=tier)
+plan = cache.get(templates.build(name, **params))
+t = templates.allocate(name, device="cuda", seed=4, **params)
+plan.execute(t); torch.cuda.synchronize()
+ref = templates.reference(name, t, **params)
+print(json.dumps({"source": plan.source, "counters": cache.counters, "remote": tier.stats(),
+                  "error": float((t[4].float() - ref).norm() / ref.norm())}))
+"""
+
+
+def test_fleet_plan_from_another_machine(tmp_path: Path) -> None:
+    """Two processes with their own cache directories (two machines) share one Redis: the
+    second executes, correctly, the plan the first autotuned."""
+    import shutil
+    import socket
+    import time
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH (scripts/gpu-check carries one as .whl/deb)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        time.sleep(0.5)
+        url = f"redis://127.0.0.1:{port}/0"
+        name, params = CASES["sdpa_causal"]
+        results = []
+        for machine in ("a", "b"):
+            out = subprocess.run([sys.executable, "-c", _FLEET_NODE, name, json.dumps(params), str(tmp_path / machine), url],
+                                 check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    finally:
+        server.kill()
+    first, second = results
+    assert first["source"] == "built" and first["remote"]["publishes"] == 1
+    assert second["source"] == "loaded" and second["counters"]["builds"] == 0
+    assert second["remote"]["remote_hits"] == 1
+    assert max(first["error"], second["error"]) <= TOLERANCE

@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import shutil
 import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -24,92 +22,18 @@ import pytest
 
 redis = pytest.importorskip("redis")
 
+from redis_fixtures import LocalRedis, free_port, needs_server  # noqa: E402
+
 from plancache import remote  # noqa: E402  (after the importorskip above)
 from plancache.codec import encode_entry  # noqa: E402
 from plancache.errors import RemoteError  # noqa: E402
 from plancache.remote import RemoteTier, sign_value  # noqa: E402
 from plancache.store import Entry, Store, sha256  # noqa: E402
 
-REDIS_SERVER = shutil.which("redis-server")
-needs_server = pytest.mark.skipif(
-    REDIS_SERVER is None, reason="redis-server is not on PATH (Debian: apt-get install redis-server)"
-)
 SECRET = b"fleet-secret-0123456789abcdef-32"
 OTHER_SECRET = b"another-secret-0123456789abcdef!"
 ENV_ID = "0123456789abcdef"
 LOG = "plancache.remote"
-
-
-# ---------------------------------------------------------------------------- a local redis-server
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class LocalRedis:
-    """A throwaway redis-server bound to 127.0.0.1 only, without persistence."""
-
-    def __init__(self, directory: Path, port: int | None = None) -> None:
-        self.directory = directory
-        self.port = port
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> LocalRedis:
-        for _ in range(5):  # a port picked free can be taken before redis binds it
-            port = self.port or _free_port()
-            if self._try_start(port):
-                self.port = port
-                return self
-        raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}")
-
-    def _try_start(self, port: int) -> bool:
-        args = [str(REDIS_SERVER), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--protected-mode", "yes", "--dir", str(self.directory), "--logfile", str(self.directory / "redis.log")]  # fmt: skip
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.process = None
-                return False
-            with contextlib.suppress(redis.RedisError), self.client(port) as client:
-                if client.ping():
-                    return True
-            time.sleep(0.02)
-        self.stop()
-        return False
-
-    def client(self, port: int | None = None) -> Any:
-        return redis.Redis(host="127.0.0.1", port=port or self.port, socket_timeout=1)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not on PATH (Debian: apt-get install redis-server)")
-    server = LocalRedis(tmp_path_factory.mktemp("redis")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[LocalRedis]:
-    """A server of this test alone, which it may kill, restart or fill."""
-    server = LocalRedis(tmp_path).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -470,7 +394,7 @@ def test_server_killed_mid_run(
 def test_backoff_skips_calls_while_down(
     make_tier: Callable[..., RemoteTier], fake_clock: list[float], caplog: pytest.LogCaptureFixture
 ) -> None:
-    tier = make_tier(f"redis://127.0.0.1:{_free_port()}/0", backoff_max=4)  # nothing listens there
+    tier = make_tier(f"redis://127.0.0.1:{free_port()}/0", backoff_max=4)  # nothing listens there
     attempts = []
     with caplog.at_level(logging.WARNING, logger=LOG):
         for step in range(32):  # 16 fake seconds in half-second steps

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from plancache import CacheDirError, SchemaTooNewError, Store, StoreError
-from plancache.store import DB_NAME, BUSY_TIMEOUT_MS, Entry, migrations, sha256
+from plancache.store import BUSY_TIMEOUT_MS, DB_NAME, Entry, migrations, sha256
 
 IS_ROOT = os.geteuid() == 0
 
@@ -212,6 +212,7 @@ def test_read_only_store_needs_a_database(cache_dir: Path) -> None:
 def test_read_only_directory_can_be_read(store: Store, cache_dir: Path) -> None:
     store.put(make_entry())
     store.close()
+    before = store.path.read_bytes()
     cache_dir.chmod(0o500)
     try:
         # Root can write anywhere, so os.access cannot tell; ask for read-only explicitly.
@@ -223,9 +224,37 @@ def test_read_only_directory_can_be_read(store: Store, cache_dir: Path) -> None:
                 ro.put(make_entry(hexkey("ef")))
         finally:
             ro.close()
-        assert sorted(p.name for p in cache_dir.iterdir()) == [DB_NAME]
+        assert store.path.read_bytes() == before
+        if not IS_ROOT:
+            assert sorted(p.name for p in cache_dir.iterdir()) == [DB_NAME]  # no -wal, no -shm
     finally:
         cache_dir.chmod(0o700)
+
+
+def test_read_only_store_sees_what_a_live_writer_committed(store: Store) -> None:
+    # A fresh store keeps everything, its schema included, in the -wal until a checkpoint.
+    store.put(make_entry())
+    assert Path(str(store.path) + "-wal").stat().st_size > 0
+    ro = Store(read_only=True)
+    try:
+        assert ro.get(make_entry().key) == make_entry()
+        store.put(make_entry(hexkey("cd")))
+        assert ro.keys() == sorted([make_entry().key, hexkey("cd")])
+    finally:
+        ro.close()
+
+
+def test_odd_characters_in_the_directory_name(tmp_path: Path) -> None:
+    directory = tmp_path / "odd #?% name"
+    writer = Store(directory)
+    writer.put(make_entry())
+    writer.close()
+    ro = Store(directory, read_only=True)
+    try:
+        assert ro.get(make_entry().key) == make_entry()
+    finally:
+        ro.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd #?% name"]
 
 
 @pytest.mark.skipif(IS_ROOT, reason="root may write to a 0500 directory; auto-detection cannot be seen")

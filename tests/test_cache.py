@@ -1,0 +1,496 @@
+"""PlanCache end to end on the CPU test backend: misses, hits, damaged entries, read-only
+and failing stores, eviction, and the builder decorator."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from graphs import EXAMPLES, ConvBiasRelu, assert_runs_correctly
+
+import plancache.cache
+from plancache import BuildError, BuildOptions, InvalidGraphError, PlanCache, Store, StoreError
+from plancache.cache import _COUNTERS, _max_size_from_env, _signature
+from plancache.key import environment_id
+from plancache.store import DB_NAME
+from plancache.testing import CpuTestBackend
+
+MakeCache = Callable[..., PlanCache]
+Connect = Callable[[], sqlite3.Connection]
+WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE", "BEGIN", "COMMIT", "CREATE", "DROP", "ALTER")
+
+
+def build_and_close(make_cache: MakeCache, *specs: Any) -> list[Any]:
+    """Store plans for ``specs`` with a first cache that is then closed."""
+    first = make_cache()
+    plans = [first.get(spec.graph()) for spec in specs]
+    assert [p.source for p in plans] == ["built"] * len(specs)
+    first.close()
+    return plans
+
+
+def damage_blob(connect: Connect, key: str) -> bytes:
+    """Flip one bit in the middle of a stored blob, leaving its recorded checksum."""
+    conn = connect()
+    blob = bytes(conn.execute("SELECT blob FROM plans WHERE key = ?", (key,)).fetchone()[0])
+    damaged = bytearray(blob)
+    damaged[len(damaged) // 2] ^= 0x01
+    conn.execute("UPDATE plans SET blob = ? WHERE key = ?", (bytes(damaged), key))
+    return blob
+
+
+def file_state(directory: Path) -> dict[str, tuple[int, int]]:
+    state = {}
+    for suffix in ("", "-wal"):
+        path = directory / (DB_NAME + suffix)
+        if path.exists():
+            st = path.stat()
+            state[path.name] = (st.st_size, st.st_mtime_ns)
+    return state
+
+
+# ---------------------------------------------------------------------------- miss, hit
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_miss_then_hit_in_a_new_instance(name: str, make_cache: MakeCache) -> None:
+    spec = EXAMPLES[name]
+    first = make_cache()
+    built = first.get(spec.graph())
+    assert built.source == "built"
+    assert (first.counters["misses"], first.counters["builds"], first.counters["hits"]) == (1, 1, 0)
+    assert_runs_correctly(built, spec)
+    first.close()
+
+    backend = CpuTestBackend()
+    second = make_cache(backend=backend)
+    loaded = second.get(spec.graph())
+    assert loaded.source == "loaded"
+    assert (second.counters["misses"], second.counters["builds"], second.counters["hits"]) == (0, 0, 1)
+    assert backend.loads == 1
+    assert (loaded.key, loaded.engine, loaded.tensors, loaded.workspace_size) == (
+        built.key, built.engine, built.tensors, built.workspace_size,
+    )  # fmt: skip
+    assert_runs_correctly(loaded, spec, seed=1)
+
+
+def test_memory_hit_returns_the_same_plan(cache: PlanCache, backend: CpuTestBackend) -> None:
+    spec = EXAMPLES["matmul_bias_relu"]
+    plan = cache.get(spec.graph())
+    assert cache.get(spec.graph()) is plan  # a new, equal graph object
+    assert cache.get(dataclasses.replace(spec, prefix="other_").graph()) is plan
+    assert cache.counters["memory_hits"] == 2
+    assert cache.counters["misses"] == 1
+    assert backend.loads == 0
+
+
+def test_hits_write_nothing_until_flush(make_cache: MakeCache, cache_dir: Path, db: Connect) -> None:
+    specs = [ConvBiasRelu(n=n) for n in (1, 2, 3)]
+    build_and_close(make_cache, *specs)
+    second = make_cache()
+    statements: list[str] = []
+    second.store.connection().set_trace_callback(statements.append)
+    before = file_state(cache_dir)
+    assert DB_NAME in before
+    for _ in range(40):
+        plans = [second.get(spec.graph()) for spec in specs]
+    assert [p.source for p in plans] == ["loaded"] * 3
+    assert (second.counters["hits"], second.counters["memory_hits"]) == (3, 117)
+    assert [s for s in statements if s.lstrip().upper().startswith(WRITES)] == []
+    assert file_state(cache_dir) == before
+    assert {r["hit_count"] for r in db().execute("SELECT hit_count FROM plans")} == {0}
+
+    second.flush()
+    assert any(s.lstrip().upper().startswith("UPDATE") for s in statements)
+    # every lookup counts, from the store or from memory, so busy plans stay young for eviction
+    assert sorted(r["hit_count"] for r in db().execute("SELECT hit_count FROM plans")) == [40, 40, 40]
+    second.flush()  # nothing pending: nothing counted twice
+    assert sorted(r["hit_count"] for r in db().execute("SELECT hit_count FROM plans")) == [40, 40, 40]
+
+
+def test_hit_counts_are_flushed_in_batches(
+    make_cache: MakeCache, db: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plancache.cache, "_HIT_FLUSH_EVERY", 3)
+    specs = [ConvBiasRelu(n=n) for n in range(1, 6)]
+    build_and_close(make_cache, *specs)
+    second = make_cache()
+    for spec in specs:
+        second.get(spec.graph())
+
+    def counted() -> int:
+        return sum(r[0] for r in db().execute("SELECT hit_count FROM plans"))
+
+    assert counted() == 3  # the first batch of three went out by itself
+    second.close()
+    assert counted() == 5  # the rest at close
+
+
+def test_context_manager_flushes_on_exit(make_cache: MakeCache, db: Connect) -> None:
+    spec = EXAMPLES["causal_sdpa"]
+    build_and_close(make_cache, spec)
+    with PlanCache(backend=CpuTestBackend()) as cache:
+        assert cache.get(spec.graph()).source == "loaded"
+    assert db().execute("SELECT hit_count FROM plans").fetchone()[0] == 1
+
+
+def test_counters_and_stats(make_cache: MakeCache) -> None:
+    spec = EXAMPLES["conv_bias_relu"]
+    first = make_cache()
+    first.get(spec.graph())
+    first.get(spec.graph())
+    stats = first.stats()
+    assert set(stats["process"]) == set(_COUNTERS)
+    assert stats["process"]["misses"] == 1 and stats["process"]["memory_hits"] == 1
+    assert all(v == 0 for k, v in stats["process"].items() if k not in ("misses", "builds", "memory_hits"))
+    assert stats["store"]["entries"] == 1
+    assert stats["store"]["by_policy"] == {"topk": 1}
+
+
+def test_stored_entry_records_how_the_plan_was_made(cache: PlanCache, backend: CpuTestBackend) -> None:
+    spec = EXAMPLES["conv_bias_relu"]
+    plan = cache.get(spec.graph())
+    entry = cache.store.get(plan.key)
+    assert entry is not None and entry.checksum_ok()
+    assert entry.label == "CONV_FPROP+POINTWISE(bias)+POINTWISE(relu)"
+    assert entry.backend == "cpu-test"
+    assert entry.policy == "topk"
+    assert entry.environment == backend.environment()
+    assert entry.env_id == environment_id(backend.environment())
+    assert entry.options == BuildOptions().to_dict()
+    assert entry.description == cache.key(spec.graph()).parts["graph"]
+    assert entry.tensors == [t.to_dict() for t in plan.tensors]
+    assert plan.engine is not None and entry.engine == plan.engine.to_dict()
+    assert len(entry.candidates) == backend.candidate_count
+    chosen = [c for c in entry.candidates if c["status"] == "chosen"]
+    assert [c["index"] for c in chosen] == [plan.engine.engine_id]
+    assert entry.timing["runs"] == cache.timing.runs
+    json.dumps(entry.candidates)
+
+
+def test_autotuning_is_deterministic_and_skips_unbuildable(make_cache: MakeCache, tmp_path: Path) -> None:
+    spec = EXAMPLES["matmul_bias_relu"]
+    winner = make_cache().get(spec.graph()).engine
+    again = make_cache(directory=tmp_path / "other").get(spec.graph()).engine
+    assert winner == again
+    assert winner is not None and winner.engine_id is not None
+    avoiding = make_cache(directory=tmp_path / "third", backend=CpuTestBackend(unbuildable=[winner.engine_id]))
+    other = avoiding.get(spec.graph()).engine
+    assert other is not None and other.engine_id != winner.engine_id
+
+
+def test_options_per_call_make_another_entry(cache: PlanCache) -> None:
+    spec = EXAMPLES["matmul_bias_relu"]
+    default = cache.get(spec.graph())
+    heuristic = cache.get(spec.graph(), options=BuildOptions(policy="heuristic"))
+    assert heuristic is not default and heuristic.key != default.key
+    entry = cache.store.get(heuristic.key)
+    assert entry is not None and entry.policy == "heuristic"
+    assert heuristic.engine is not None and heuristic.engine.engine_id == 0  # first buildable
+    assert entry.candidates[0]["status"] == "chosen"
+    assert len(cache.store.keys()) == 2
+
+
+def test_recorders_see_every_lookup(cache: PlanCache) -> None:
+    seen: list[tuple[Any, str]] = []
+    cache.add_recorder(lambda graph, key: seen.append((graph, key.digest)))
+    graphs = [EXAMPLES["conv_bias_relu"].graph() for _ in range(2)]
+    plans = [cache.get(g) for g in graphs]
+    assert [(g, p.key) for g, p in zip(graphs, plans)] == seen
+
+
+def test_invalid_graph_and_build_error_store_nothing(make_cache: MakeCache) -> None:
+    spec = EXAMPLES["conv_bias_relu"]
+    graph = spec.graph()
+    graph.tensors["X"].uid_assigned = False  # as if set_uid() had never been called
+    cache = make_cache()
+    with pytest.raises(InvalidGraphError, match="'X' has no uid"):
+        cache.get(graph)
+    failing = make_cache(backend=CpuTestBackend(unbuildable=range(4)))
+    with pytest.raises(BuildError, match="none of the 4 candidate plans"):
+        failing.get(spec.graph())
+    assert failing.counters["builds"] == 0
+    assert failing.store.keys() == []
+
+
+# ---------------------------------------------------------------------------- damaged entries
+
+
+def test_corrupted_blob_is_quarantined_and_rebuilt_from_its_engine(
+    make_cache: MakeCache, db: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = EXAMPLES["matmul_bias_relu"]
+    [original] = build_and_close(make_cache, spec)
+    good_blob = damage_blob(db, original.key)
+
+    backend = CpuTestBackend()
+    second = make_cache(backend=backend)
+    plan = second.get(spec.graph())
+    assert plan.source == "rebuilt"
+    assert plan.engine == original.engine  # no autotuning: the recorded engine
+    assert backend.loads == 0  # a damaged blob never reaches the library
+    counters = second.counters
+    assert (counters["corrupt"], counters["rebuilds"], counters["misses"], counters["hits"]) == (1, 1, 0, 0)
+    [quarantined] = second.store.quarantined()
+    assert (quarantined["key"], quarantined["reason"]) == (original.key, "blob checksum mismatch")
+    assert second.store.counters()["quarantined"] == 1
+    assert "unusable" in caplog.text
+    assert_runs_correctly(plan, spec)
+    entry = second.store.get(original.key)
+    assert entry is not None and entry.checksum_ok() and entry.blob == good_blob
+    second.close()
+    assert make_cache().get(spec.graph()).source == "loaded"
+
+
+def test_backend_refusing_a_blob_is_quarantined_and_rebuilt(
+    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = EXAMPLES["causal_sdpa"]
+    [original] = build_and_close(make_cache, spec)
+    backend = CpuTestBackend()
+
+    def refuse(blob: bytes, tensors: Any) -> Any:
+        raise RuntimeError("CUDNN_STATUS_BAD_PARAM: cannot deserialize")
+
+    monkeypatch.setattr(backend, "load", refuse)
+    second = make_cache(backend=backend)
+    plan = second.get(spec.graph())
+    assert plan.source == "rebuilt"
+    assert plan.engine == original.engine
+    [quarantined] = second.store.quarantined()
+    assert quarantined["reason"].startswith("deserialize failed: RuntimeError")
+    assert second.counters["corrupt"] == 1 and second.counters["rebuilds"] == 1
+    assert_runs_correctly(plan, spec)
+
+
+def test_damaged_entry_without_engine_is_autotuned_again(make_cache: MakeCache, db: Connect) -> None:
+    spec = EXAMPLES["conv_bias_relu"]
+    [original] = build_and_close(make_cache, spec)
+    damage_blob(db, original.key)
+    db().execute("UPDATE plans SET engine_json = NULL")
+    second = make_cache()
+    plan = second.get(spec.graph())
+    assert plan.source == "built"
+    assert (second.counters["corrupt"], second.counters["rebuilds"], second.counters["misses"]) == (1, 0, 1)
+    assert_runs_correctly(plan, spec)
+    assert second.store.get(original.key) is not None
+
+
+def test_failed_rebuild_falls_back_to_autotuning(
+    make_cache: MakeCache, db: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = EXAMPLES["conv_bias_relu"]
+    [original] = build_and_close(make_cache, spec)
+    damage_blob(db, original.key)
+    backend = CpuTestBackend()
+
+    def no_rebuild(*args: Any) -> Any:
+        raise RuntimeError("engine gone")
+
+    monkeypatch.setattr(backend, "rebuild", no_rebuild)
+    second = make_cache(backend=backend)
+    plan = second.get(spec.graph())
+    assert plan.source == "built"
+    assert second.counters["corrupt"] == 1 and second.counters["rebuilds"] == 0
+    assert_runs_correctly(plan, spec)
+
+
+def test_entry_whose_environment_differs_is_not_served(make_cache: MakeCache, db: Connect) -> None:
+    spec = EXAMPLES["matmul_bias_relu"]
+    [original] = build_and_close(make_cache, spec)
+    foreign = {**CpuTestBackend().environment(), "gpu_name": "Some other GPU"}
+    db().execute("UPDATE plans SET environment_json = ? WHERE key = ?", (json.dumps(foreign), original.key))
+    backend = CpuTestBackend()
+    second = make_cache(backend=backend)
+    plan = second.get(spec.graph())
+    assert plan.source == "rebuilt"
+    assert backend.loads == 0
+    [quarantined] = second.store.quarantined()
+    assert quarantined["reason"] == "environment differs from the key's"
+    entry = second.store.get(original.key)
+    assert entry is not None and entry.environment == backend.environment()
+
+
+def test_another_environment_misses_and_keeps_both_entries(make_cache: MakeCache) -> None:
+    spec = EXAMPLES["conv_bias_relu"]
+    [here] = build_and_close(make_cache, spec)
+    other = make_cache(backend=CpuTestBackend(environment={"cudnn_backend_version": "91000"}))
+    there = other.get(spec.graph())
+    assert there.source == "built" and there.key != here.key
+    assert len({e["env_id"] for e in other.store.list_entries()}) == 2
+    assert other.store.quarantined() == []
+
+
+# ---------------------------------------------------------------------------- store trouble
+
+
+def test_read_only_store_serves_hits_and_builds_misses_in_memory(make_cache: MakeCache, db: Connect) -> None:
+    stored, unstored = EXAMPLES["conv_bias_relu"], EXAMPLES["matmul_bias_relu"]
+    build_and_close(make_cache, stored)
+    ro = make_cache(read_only=True)
+    assert ro.store.read_only
+    hit = ro.get(stored.graph())
+    assert hit.source == "loaded"
+    miss = ro.get(unstored.graph())
+    assert miss.source == "built"
+    assert ro.get(unstored.graph()) is miss
+    assert (ro.counters["hits"], ro.counters["misses"], ro.counters["unpersisted"]) == (1, 1, 1)
+    assert_runs_correctly(hit, stored)
+    assert_runs_correctly(miss, unstored)
+    ro.close()
+    rows = db().execute("SELECT key, hit_count FROM plans").fetchall()
+    assert [(r["key"], r["hit_count"]) for r in rows] == [(hit.key, 0)]  # nothing written at all
+
+
+def test_read_only_store_with_a_damaged_entry_builds_in_memory(make_cache: MakeCache, db: Connect) -> None:
+    spec = EXAMPLES["conv_bias_relu"]
+    [original] = build_and_close(make_cache, spec)
+    damage_blob(db, original.key)
+    ro = make_cache(read_only=True)
+    plan = ro.get(spec.graph())
+    assert plan.source == "built"
+    assert ro.counters["corrupt"] == 1 and ro.counters["unpersisted"] == 1
+    assert_runs_correctly(plan, spec)
+    assert db().execute("SELECT count(*) FROM quarantine").fetchone()[0] == 0  # could not move it
+
+
+def test_store_write_failure_still_returns_a_plan(
+    cache: PlanCache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def disk_full(self: Store, entry: Any) -> None:
+        raise StoreError("cannot store plan: database or disk is full", path=str(self.path))
+
+    monkeypatch.setattr(Store, "put", disk_full)
+    spec = EXAMPLES["causal_sdpa_float_scale"]
+    plan = cache.get(spec.graph())
+    assert plan.source == "built"
+    assert cache.counters["unpersisted"] == 1 and cache.counters["store_errors"] == 1
+    assert cache.store.keys() == []
+    assert "could not store plan" in caplog.text
+    assert_runs_correctly(plan, spec)
+    assert cache.get(spec.graph()) is plan  # still served from memory
+
+
+def test_store_read_failure_is_a_miss(cache: PlanCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: Store, key: str) -> Any:
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    monkeypatch.setattr(Store, "get", broken)
+    plan = cache.get(EXAMPLES["conv_bias_relu"].graph())
+    assert plan.source == "built"
+    assert cache.counters["store_errors"] == 2  # before and after taking the build lock
+
+
+# ---------------------------------------------------------------------------- eviction
+
+
+def test_max_size_evicts_least_recently_used(make_cache: MakeCache, tmp_path: Path) -> None:
+    specs = [ConvBiasRelu(n=n) for n in (1, 2, 3)]
+    probe = make_cache(directory=tmp_path / "probe")
+    for spec in specs:
+        probe.get(spec.graph())
+    by_key = {e["key"]: e["blob_size"] for e in probe.store.list_entries()}
+    sizes = [by_key[probe.key(spec.graph()).digest] for spec in specs]
+    cache = make_cache(max_size=sizes[1] + sizes[2])
+    keys = [cache.get(s.graph()).key for s in specs]
+    assert cache.store.keys() == sorted(keys[1:])  # only the oldest went, not the whole batch
+    assert cache.store.total_size() == sizes[1] + sizes[2]
+
+
+def test_max_size_from_environment(monkeypatch: pytest.MonkeyPatch, make_cache: MakeCache) -> None:
+    for text, expected in [("1k", 1024), ("2M", 2 << 20), ("1.5G", 3 << 29), ("4096", 4096), (" 8K ", 8192)]:
+        monkeypatch.setenv("PLANCACHE_MAX_SIZE", text)
+        assert _max_size_from_env() == expected, text
+    monkeypatch.setenv("PLANCACHE_MAX_SIZE", "lots")
+    with pytest.raises(ValueError, match="PLANCACHE_MAX_SIZE"):
+        _max_size_from_env()
+    monkeypatch.setenv("PLANCACHE_MAX_SIZE", "1M")
+    assert make_cache().max_size == 1 << 20
+    assert make_cache(max_size=5).max_size == 5
+
+
+# ---------------------------------------------------------------------------- builder
+
+
+def test_builder_returns_the_same_plan_for_same_shaped_tensors(cache: PlanCache) -> None:
+    calls: list[tuple[int, ...]] = []
+
+    @cache.builder
+    def conv_plan(x: torch.Tensor, w: torch.Tensor, *, padding: int = 1) -> Any:
+        calls.append(tuple(x.shape))
+        n, c, h, width = x.shape
+        return ConvBiasRelu(n=n, c=c, h=h, w=width, k=w.shape[0], padding=padding).graph()
+
+    x = torch.randn(2, 8, 6, 6).to(memory_format=torch.channels_last)
+    w = torch.randn(4, 8, 3, 3).to(memory_format=torch.channels_last)
+    plan = conv_plan(x, w)
+    assert conv_plan(torch.zeros_like(x), torch.ones_like(w)) is plan
+    assert calls == [(2, 8, 6, 6)]  # the graph was not even built again
+    bigger = conv_plan(torch.randn(3, 8, 6, 6).to(memory_format=torch.channels_last), w)
+    assert bigger is not plan and bigger.key != plan.key
+    unpadded = conv_plan(x, w, padding=0)
+    assert unpadded.key not in (plan.key, bigger.key)
+    assert conv_plan(x, w, padding=0) is unpadded
+    assert len(calls) == 3
+    assert len(conv_plan.plans) == 3
+    assert cache.counters["memory_hits"] == 2
+    assert conv_plan.__name__ == "conv_plan"
+    assert_runs_correctly(plan, ConvBiasRelu())
+
+
+def test_builder_tells_layouts_and_dtypes_apart(cache: PlanCache) -> None:
+    calls = []
+
+    @cache.builder(options=BuildOptions(policy="heuristic"))
+    def plan_for(x: torch.Tensor) -> Any:
+        calls.append(x)
+        return ConvBiasRelu(n=x.shape[0]).graph()
+
+    x = torch.randn(2, 8, 6, 6)
+    plan = plan_for(x)
+    plan_for(x.to(memory_format=torch.channels_last))  # other strides
+    plan_for(x.double())  # other dtype
+    assert len(calls) == 3
+    assert plan_for(x) is plan
+    entry = cache.store.get(plan.key)
+    assert entry is not None and entry.policy == "heuristic"
+
+
+def test_signature_is_tensor_layout_and_argument_values() -> None:
+    assert _signature((1,), {"a": 2, "b": 3}) == _signature((1,), {"b": 3, "a": 2})
+    assert _signature((1,), {"a": 2}) != _signature((1,), {"a": 3})
+    x = torch.zeros(2, 3)
+    assert _signature((x,), {}) == _signature((torch.ones(2, 3),), {})
+    assert _signature((x,), {}) != _signature((x.t().contiguous().t(),), {})
+
+
+def test_signature_keeps_positional_and_keyword_arguments_apart_with_marker() -> None:
+    assert _signature((("n", 1),), {}) != _signature((), {"n": 1})
+    assert _signature((1,), {})[1] is False
+
+
+def test_a_hit_executes_by_the_callers_tensor_names(make_cache: Any, tmp_path: Path) -> None:
+    from plancache import templates
+
+    params = {"b": 1, "m": 4, "n": 4, "k": 4, "dtype": "float32"}
+    first = make_cache()
+    first.get(templates.build("matmul_bias_act", **params))
+    first.close()
+    graph = templates.build("matmul_bias_act", **params)
+    for t in graph.tensors.values():
+        if not t.is_virtual:
+            t.set_name("renamed_" + t.name)
+    plan = make_cache().get(graph)
+    assert plan.source == "loaded"
+    tensors = templates.allocate("matmul_bias_act", device="cpu", **params)
+    by_name = {name: tensors[t.uid] for name, t in graph.tensors.items() if not t.is_virtual}
+    assert all(name.startswith("renamed_") for name in by_name)
+    plan.execute(by_name)
+    ref = templates.reference("matmul_bias_act", tensors, **params)
+    assert torch.allclose(tensors[4].float(), ref, atol=1e-5)
