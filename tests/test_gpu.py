@@ -263,3 +263,13 @@ def test_fleet_plan_from_another_machine(tmp_path: Path) -> None:
     assert second["source"] == "loaded" and second["counters"]["builds"] == 0
     assert second["remote"]["remote_hits"] == 1
     assert max(first["error"], second["error"]) <= TOLERANCE
+
+
+def test_readme_quick_start_on_the_gpu(tmp_path: Path) -> None:
+    from test_readme import run_quick_start
+
+    namespace = run_quick_start("cuda", f"plancache.PlanCache({str(tmp_path)!r})")
+    torch.cuda.synchronize()
+    x, w, b, y = (namespace[n] for n in ("x", "w", "b", "y"))
+    ref = torch.relu(torch.nn.functional.conv2d(x.float(), w.float(), padding=1) + b.float())
+    assert relative_error(y, ref) <= TOLERANCE
