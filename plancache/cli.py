@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -228,8 +229,14 @@ def diff(obj: _Context, key_a: str, key_b: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def stats(obj: _Context, as_json: bool) -> None:
-    """Totals of the store: entries, bytes, hits, quarantined entries, counters."""
+    """Totals of the store: entries, bytes, hits, quarantined entries, counters (remote
+    hits, misses, publishes and refusals among them, as flushed by every process)."""
     data = obj.store().stats()
+    from .cache import _remote_from_env  # configured from PLANCACHE_REDIS_*; touches no network
+
+    remote = _remote_from_env()
+    if remote is not None:
+        data["remote"] = {k: v for k, v in remote.stats().items() if k in ("url", "namespace", "key_id")}
 
     def text(d: dict[str, Any]) -> Iterable[str]:
         yield f"path          {d['path']}{' (read-only)' if d['read_only'] else ''}"
@@ -241,6 +248,9 @@ def stats(obj: _Context, as_json: bool) -> None:
         yield f"quarantined   {d['quarantined']}"
         for name, value in sorted(d["counters"].items()):
             yield f"{name:13} {value}"
+        if "remote" in d:
+            r = d["remote"]
+            yield f"remote        {r['url']} namespace {r['namespace']} secret id {r['key_id']}"
 
     _emit(data, as_json, text)
 
@@ -258,6 +268,145 @@ def rm(obj: _Context, keys: tuple[str, ...], as_json: bool) -> None:
         if store.delete(entry.key):
             removed.append(entry.key)
     _emit({"removed": removed}, as_json, lambda d: (f"removed {k}" for k in d["removed"]))
+
+
+# ---------------------------------------------------------------------- prewarm, bundles, inspect
+
+
+def _backend_from_env() -> Any:
+    """The backend named by ``PLANCACHE_BACKEND=module:Class`` (tests name the CPU one);
+    None, so PlanCache uses cuDNN, when unset."""
+    ref = os.environ.get("PLANCACHE_BACKEND", "").strip()
+    if not ref:
+        return None
+    from .manifest import resolve_builder
+
+    try:
+        return resolve_builder(ref, "PLANCACHE_BACKEND")()
+    except LookupError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _make_cache(obj: _Context) -> Any:
+    """A PlanCache on the chosen directory with the ``PLANCACHE_BACKEND`` backend."""
+    from .cache import PlanCache
+
+    return PlanCache(obj.directory, backend=_backend_from_env())
+
+
+@cli.command()
+@click.argument("manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--dry-run", is_flag=True, help="List the keys that would be built; build nothing.")
+@click.option("--policy", type=click.Choice(["topk", "exhaustive", "heuristic"]), default=None,
+              help="Build policy of entries without their own options (default: topk, as PlanCache uses).")  # fmt: skip
+@click.option("--no-progress", is_flag=True, help="No progress bar (shown only when stderr is a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+def prewarm(obj: _Context, manifest: Path, dry_run: bool, policy: str | None, no_progress: bool, as_json: bool) -> None:
+    """Build and autotune every graph MANIFEST names (JSON or TOML; see docs/prewarm.md).
+
+    Plans already stored are skipped (counted as hits), so an interrupted run resumes.
+    A failing entry is reported and the others still run; the exit code is 3 if any failed.
+    Builder modules import from the current directory and the manifest's "pythonpath".
+    """
+    from .key import BuildOptions
+    from .prewarm import prewarm as run_prewarm
+    from .prewarm import summary_lines
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: builder modules next to the user
+    cache = _make_cache(obj)
+    try:
+        options = BuildOptions(policy=policy) if policy else None
+        report = run_prewarm(cache, manifest, dry_run=dry_run, progress=not no_progress, options=options)
+    finally:
+        cache.close()
+    _emit(report, as_json, summary_lines)
+    if report["failed"]:
+        sys.exit(EXIT_PROBLEMS)
+
+
+@cli.command(name="export")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--env", "env_id", default=None, help="Only entries of this environment id (see `plancache ls`).")
+@click.option("--key", "keys", multiple=True, help="Only this entry (a key or unique prefix); repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, ...], as_json: bool) -> None:
+    """Write stored plans to one portable bundle FILE, to ship inside a container image
+    or to another machine (`plancache import` merges it there)."""
+    from .bundle import export_bundle
+
+    store = obj.store()
+    try:
+        report = export_bundle(store, file, env_id=env_id, keys=list(keys) or None)
+    finally:
+        store.close()
+
+    def text(d: dict[str, Any]) -> Iterable[str]:
+        yield f"exported {d['entries']} plans ({_size(d['bytes'])}) to {d['path']}"
+        for env_id, summary in d["environments"].items():
+            yield f"  environment {env_id}: {summary}"
+        for key, reason in d["skipped"].items():
+            yield f"  skipped {key[:12]}: {reason}"
+
+    _emit(report, as_json, text)
+
+
+@cli.command(name="import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--replace", is_flag=True, help="Replace plans the cache already has (default: keep them).")
+@click.option("--env", "env_id", default=None, help="Only import entries of this environment id.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None, as_json: bool) -> None:
+    """Merge bundle FILE into the cache. The whole bundle is verified first (format,
+    checksums, keys, environments, member names): a truncated, tampered, newer-format or
+    unsafe bundle is refused and the cache is left unchanged."""
+    from .bundle import import_bundle
+
+    store = obj.store()
+    try:
+        report = import_bundle(store, file, replace=replace, env_id=env_id)
+    finally:
+        store.close()
+
+    def text(d: dict[str, Any]) -> Iterable[str]:
+        yield (f"imported {len(d['imported'])} plans, replaced {len(d['replaced'])}, kept {len(d['kept'])} existing, "
+               f"skipped {len(d['skipped'])} of other environments (bundle of {d['entries']})")  # fmt: skip
+        for env_id, summary in d["environments"].items():
+            yield f"  environment {env_id}: {summary}"
+
+    _emit(report, as_json, text)
+
+
+@cli.command(name="inspect")
+@click.argument("keys", nargs=-1)
+@click.option("--env", "env_id", default=None, help="Only entries of this environment id.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None, as_json: bool) -> None:
+    """A readable report per stored plan (all, or each KEY prefix): ops, shapes, dtypes,
+    chosen engine, the candidates' timings, speed-up over the heuristics' first choice,
+    hits and age."""
+    from .report import entry_report, report_lines
+
+    store = obj.store()
+    try:
+        entries = [_entry(store, k) for k in keys] if keys else [store.get(r["key"]) for r in store.list_entries(env_id)]
+        data = [entry_report(e) for e in entries if e is not None]
+    finally:
+        store.close()
+
+    def text(d: list[dict[str, Any]]) -> Iterable[str]:
+        if not d:
+            yield "(no entries)"
+        for i, report in enumerate(d):
+            if i:
+                yield ""
+            yield from report_lines(report)
+
+    _emit(data, as_json, text)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,296 @@
+"""Bundles: one portable file of stored plans, for container images or other machines.
+
+Layout (all lengths big-endian)::
+
+    b"PLANCACHE-BUNDLE\\n"            magic (the same in every format version)
+    8 bytes                          header length H
+    32 bytes                         SHA-256 of the header
+    H bytes                          header: UTF-8 JSON, see below
+    payload                          the entries, each in codec.encode_entry form, back to back
+
+The header: ``{"format": 1, "key_format": N, "created_at": t, "plancache_version": v,
+"environments": {env_id: fingerprint}, "payload_size": n, "entries": [{"key", "env_id",
+"label", "offset", "size", "sha256"}]}``. Entries tile the payload in order, with no gap
+or overlap, and the file ends where the payload ends.
+
+``import_bundle`` checks everything before it writes anything: magic, format version
+(newer is refused), header checksum, exact length, every entry's checksum, the codec
+form (whose blob has its own checksum), each key against the parts it hashes, each
+environment against its id; member names must be plain 64-hex keys. Then all entries go
+in one transaction: a refused bundle leaves the database as it was. Checksums catch
+damage and tampering in transit, not a forger who rewrites them: ship bundles over a
+trusted channel or sign them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import struct
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .codec import decode_entry, encode_entry
+from .errors import BundleError, EntryNotFoundError, StoreError
+from .key import KEY_FORMAT, canonical_json, environment_id
+from .store import Entry, Store
+
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_MAGIC", "export_bundle", "import_bundle", "read_bundle"]
+
+BUNDLE_MAGIC = b"PLANCACHE-BUNDLE\n"
+BUNDLE_FORMAT = 1
+_LENGTH = struct.Struct(">Q")
+_PRELUDE = len(BUNDLE_MAGIC) + _LENGTH.size + 32
+_MAX_HEADER = 256 << 20
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+_ENV_ID = re.compile(r"^[0-9a-f]{16}$")
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _env_summary(environment: Mapping[str, Any]) -> str:
+    return ", ".join(
+        f"{k}={environment[k]}" for k in ("gpu_name", "compute_capability", "cudnn_backend_version") if k in environment
+    )
+
+
+def _select(store: Store, env_id: str | None, keys: Iterable[str] | None) -> list[str]:
+    if keys is None:
+        return [row["key"] for row in store.list_entries(env_id)]
+    selected = []
+    for prefix in keys:
+        found = store.resolve(prefix)
+        if len(found) != 1:
+            problem = "no entry" if not found else "an ambiguous prefix"
+            raise EntryNotFoundError(f"{prefix!r} names {problem} in {store.path}", key=prefix)
+        selected.append(found[0])
+    return selected
+
+
+def export_bundle(
+    store: Store, path: str | os.PathLike[str], *, env_id: str | None = None, keys: Iterable[str] | None = None
+) -> dict[str, Any]:
+    """Write the entries of ``store`` (those of ``env_id``, or the given ``keys`` or key
+    prefixes; default all) to one bundle file at ``path``, atomically.
+
+    Entries whose blob fails its checksum are left out and reported under ``skipped``.
+    Returns ``{"path", "entries", "keys", "bytes", "environments", "skipped"}``.
+    """
+    started = time.perf_counter()
+    target = Path(path)
+    chosen = _select(store, env_id, keys)
+    payload = bytearray()
+    members: list[dict[str, Any]] = []
+    environments: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+    for key in dict.fromkeys(chosen):
+        entry = store.get(key)
+        if entry is None:
+            skipped[key] = "removed while exporting"
+            continue
+        if not entry.checksum_ok():
+            skipped[key] = "blob checksum mismatch (damaged entry)"
+            continue
+        if env_id is not None and entry.env_id != env_id:
+            skipped[key] = f"belongs to environment {entry.env_id}"
+            continue
+        data = encode_entry(entry)
+        members.append({"key": entry.key, "env_id": entry.env_id, "label": entry.label, "offset": len(payload),
+                        "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+        environments[entry.env_id] = entry.environment
+        payload += data
+    header = json.dumps(
+        {"format": BUNDLE_FORMAT, "key_format": KEY_FORMAT, "created_at": time.time(), "plancache_version": _version(),
+         "environments": environments, "payload_size": len(payload), "entries": members},
+        sort_keys=True,
+    ).encode()  # fmt: skip
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(BUNDLE_MAGIC + _LENGTH.pack(len(header)) + hashlib.sha256(header).digest())
+            f.write(header)
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)  # a reader sees the old file or the whole new one
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return {
+        "path": str(target),
+        "entries": len(members),
+        "keys": [m["key"] for m in members],
+        "bytes": target.stat().st_size,
+        "environments": {e: _env_summary(env) for e, env in environments.items()},
+        "skipped": skipped,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _refuse(path: str, message: str, **fields: Any) -> BundleError:
+    return BundleError(f"bundle {path} refused: {message}", path=path, **fields)
+
+
+def _header(data: bytes, where: str) -> dict[str, Any]:
+    if not data.startswith(BUNDLE_MAGIC):
+        raise _refuse(where, "not a plancache bundle (bad magic)", reason="magic")
+    if len(data) < _PRELUDE:
+        raise _refuse(where, "truncated (incomplete prelude)", reason="truncated")
+    (length,) = _LENGTH.unpack_from(data, len(BUNDLE_MAGIC))
+    digest = data[len(BUNDLE_MAGIC) + _LENGTH.size : _PRELUDE]
+    if length > _MAX_HEADER or len(data) < _PRELUDE + length:
+        raise _refuse(where, "truncated (incomplete header)", reason="truncated")
+    raw = data[_PRELUDE : _PRELUDE + length]
+    # The format version is read before the checksum so a newer bundle is named as such.
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    if isinstance(header, dict) and isinstance(header.get("format"), int) and header["format"] > BUNDLE_FORMAT:
+        raise _refuse(where, f"format {header['format']} is newer than this plancache supports ({BUNDLE_FORMAT}); upgrade plancache",
+                      reason="newer format", found=header["format"], supported=BUNDLE_FORMAT)  # fmt: skip
+    if hashlib.sha256(raw).digest() != digest:
+        raise _refuse(where, "header checksum mismatch (damaged or tampered)", reason="checksum")
+    if not isinstance(header, dict) or header.get("format") != BUNDLE_FORMAT:
+        found = header.get("format") if isinstance(header, dict) else None
+        raise _refuse(where, f"malformed header (format {found!r})", reason="malformed")
+    for name, kind in (("environments", dict), ("entries", list), ("payload_size", int), ("key_format", int)):
+        if not isinstance(header.get(name), kind):
+            raise _refuse(where, f"malformed header: {name!r} is missing or not a {kind.__name__}", reason="malformed")
+    if header["key_format"] != KEY_FORMAT:
+        raise _refuse(where, f"its plans were keyed with key format {header['key_format']}, this plancache uses {KEY_FORMAT}: "
+                      "they could never be hit", reason="key format")  # fmt: skip
+    if len(data) != _PRELUDE + length + header["payload_size"]:
+        state = "truncated" if len(data) < _PRELUDE + length + header["payload_size"] else "has trailing bytes"
+        raise _refuse(
+            where, f"{state} ({len(data)} bytes, expected {_PRELUDE + length + header['payload_size']})", reason="truncated"
+        )
+    header["_payload_start"] = _PRELUDE + length
+    return header
+
+
+def _member(data: bytes, header: Mapping[str, Any], index: int, member: Any, offset: int, where: str) -> Entry:
+    if not isinstance(member, dict):
+        raise _refuse(where, f"entry {index} is not an object", reason="malformed")
+    key, env_id = member.get("key"), member.get("env_id")
+    # Names are keys, never paths: anything else (a/b, ../x, /etc) is refused outright.
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise _refuse(
+            where, f"entry {index} has an unsafe or malformed name {key!r} (expected a 64-hex key)", reason="unsafe name"
+        )
+    if not isinstance(env_id, str) or not _ENV_ID.match(env_id) or env_id not in header["environments"]:
+        raise _refuse(where, f"entry {key[:12]} has a malformed or unlisted environment id {env_id!r}", reason="malformed")
+    size, sha = member.get("size"), member.get("sha256")
+    if member.get("offset") != offset or not isinstance(size, int) or size <= 0 or not isinstance(sha, str):
+        raise _refuse(where, f"entry {key[:12]} has a malformed offset, size or checksum", reason="malformed")
+    start = header["_payload_start"] + offset
+    blob = data[start : start + size]
+    if len(blob) != size or offset + size > header["payload_size"]:
+        raise _refuse(where, f"entry {key[:12]} runs past the end of the payload", reason="truncated")
+    if hashlib.sha256(blob).hexdigest() != sha:
+        raise _refuse(where, f"entry {key[:12]} does not match its checksum (damaged or tampered)", reason="checksum", key=key)
+    try:
+        entry = decode_entry(blob)
+    except ValueError as exc:
+        raise _refuse(where, f"entry {key[:12]}: {exc}", reason="malformed", key=key) from exc
+    parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
+    if entry.key != key or hashlib.sha256(canonical_json(parts).encode()).hexdigest() != key:
+        raise _refuse(where, f"entry {key[:12]}: its key does not match the graph, environment and options it holds",
+                      reason="key mismatch", key=key)  # fmt: skip
+    if (
+        entry.env_id != env_id
+        or environment_id(entry.environment) != env_id
+        or header["environments"][env_id] != entry.environment
+    ):
+        raise _refuse(
+            where, f"entry {key[:12]}: its environment does not match environment id {env_id}", reason="environment", key=key
+        )
+    return entry
+
+
+def read_bundle(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Entry]]:
+    """Read and verify a bundle completely: its header and every entry, or ``BundleError``."""
+    where = os.fspath(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise BundleError(f"cannot read bundle {where}: {exc.strerror or exc}", path=where, reason="unreadable") from exc
+    header = _header(data, where)
+    entries: list[Entry] = []
+    seen: set[str] = set()
+    offset = 0
+    for index, member in enumerate(header["entries"]):
+        entry = _member(data, header, index, member, offset, where)
+        if entry.key in seen:
+            raise _refuse(where, f"entry {entry.key[:12]} appears twice", reason="malformed")
+        seen.add(entry.key)
+        entries.append(entry)
+        offset += member["size"]
+    if offset != header["payload_size"]:
+        raise _refuse(where, "the payload holds bytes no entry accounts for", reason="malformed")
+    return header, entries
+
+
+def _insert(
+    tx: sqlite3.Connection, entries: list[Entry], replace: bool, imported: list[str], replaced: list[str], kept: list[str]
+) -> None:
+    now = time.time()
+    for entry in entries:
+        entry.hit_count, entry.last_used_at = 0, now
+        exists = tx.execute("SELECT 1 FROM plans WHERE key = ?", (entry.key,)).fetchone() is not None
+        if exists and not replace:
+            kept.append(entry.key)
+            continue
+        row = entry.row()  # the store's own row mapping, so new columns follow
+        tx.execute(f"INSERT OR REPLACE INTO plans ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})", row)
+        (replaced if exists else imported).append(entry.key)
+
+
+def import_bundle(
+    store: Store, path: str | os.PathLike[str], *, replace: bool = False, env_id: str | None = None
+) -> dict[str, Any]:
+    """Merge a bundle into ``store``: verify all of it, then insert in one transaction.
+
+    Existing keys are kept unless ``replace``. ``env_id`` imports only that environment's
+    entries. Imported entries start with no hits and count as used now (so size-based
+    eviction does not drop them first). Raises ``BundleError`` (database untouched) for a
+    truncated, tampered, malformed, newer-format or unsafe bundle. Returns ``{"path",
+    "format", "entries", "imported", "replaced", "kept", "skipped", "environments", "seconds"}``.
+    """
+    started = time.perf_counter()
+    header, entries = read_bundle(path)
+    if env_id is not None:
+        skipped = [e.key for e in entries if e.env_id != env_id]
+        entries = [e for e in entries if e.env_id == env_id]
+    else:
+        skipped = []
+    imported: list[str] = []
+    replaced: list[str] = []
+    kept: list[str] = []
+    try:
+        with store.transaction() as tx:
+            _insert(tx, entries, replace, imported, replaced, kept)
+    except sqlite3.Error as exc:  # rolled back by transaction(): nothing was written
+        raise StoreError(f"cannot import into {store.path}: {exc}", path=str(store.path)) from exc
+    return {
+        "path": os.fspath(path),
+        "format": header["format"],
+        "entries": len(header["entries"]),
+        "imported": imported,
+        "replaced": replaced,
+        "kept": kept,
+        "skipped": skipped,
+        "environments": {e: _env_summary(env) for e, env in header["environments"].items()},
+        "seconds": time.perf_counter() - started,
+    }

@@ -1,0 +1,492 @@
+"""Prewarm manifests: the graphs to build and autotune ahead of time (format version 1).
+
+A manifest is a JSON (or TOML) document::
+
+    {"version": 1,
+     "pythonpath": ["."],                       # optional, relative to the manifest
+     "entries": [
+       {"template": "conv_bias_act", "params": {"n": [1, 8, 32], "c": 64, "h": 56, "w": 56, "k": 64}},
+       {"template": "sdpa", "params": {"h": 16, "d": 64}, "shapes": [{"b": 4, "s": 1024}, {"b": 1, "s": 4096}]},
+       {"builder": "mymodel.graphs:attention", "args": [8], "kwargs": {"heads": 16}, "expand": {"seq": [512, 1024]}},
+       {"graph": {...canonical description, as written by the recorder...}}]}
+
+Entry kinds: ``template`` (a built-in template of ``plancache.templates``; a list-valued
+param expands into one graph per value, several lists into their cartesian product, and
+``shapes`` lists parameter sets merged over ``params``); ``builder`` (``module:function``
+called with ``args``/``kwargs``, returning a ``cudnn.pygraph``; ``expand`` maps keyword
+names to value lists, expanded like template lists); ``graph`` (a canonical description,
+rebuilt exactly by ``plancache.replay``). Every entry may carry a ``name`` and ``options``
+(``policy``, ``top_k``, ``heuristic_modes``, ``workspace_limit``, ``kernel_cache``: the
+``BuildOptions`` its plan is keyed and built with). ``SCHEMA`` is the JSON Schema.
+
+``load_manifest`` reports a bad entry as a ``ManifestError`` naming the file, the entry
+index and its line, and still returns every good entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import itertools
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import templates
+from .errors import ManifestError
+from .key import HEURISTIC_MODES, POLICIES, BuildOptions, CacheKey, canonical_json
+
+__all__ = [
+    "MANIFEST_VERSION",
+    "SCHEMA",
+    "ManifestEntry",
+    "load_manifest",
+    "parse_manifest",
+    "record_to",
+    "recorder_from_env",
+    "resolve_builder",
+    "write_manifest",
+]
+
+log = logging.getLogger("plancache")
+
+MANIFEST_VERSION = 1
+
+_SCALAR = {"type": ["integer", "number", "string", "boolean", "null"]}
+_PARAMS = {"type": "object", "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "minItems": 1, "items": _SCALAR}]}}
+_OPTIONS = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "policy": {"enum": list(POLICIES)},
+        "top_k": {"type": ["integer", "null"], "minimum": 1},
+        "heuristic_modes": {"type": "array", "minItems": 1, "items": {"enum": list(HEURISTIC_MODES)}},
+        "workspace_limit": {"type": ["integer", "null"], "minimum": 0},
+        "kernel_cache": {"type": "boolean"},
+    },
+}
+_COMMON = {"name": {"type": "string"}, "options": _OPTIONS}
+_ENTRY_SCHEMAS: dict[str, dict[str, Any]] = {
+    "template": {
+        "type": "object",
+        "required": ["template"],
+        "additionalProperties": False,
+        "properties": {"template": {"type": "string"}, "params": _PARAMS,
+                       "shapes": {"type": "array", "minItems": 1, "items": _PARAMS}, **_COMMON},
+    },
+    "builder": {
+        "type": "object",
+        "required": ["builder"],
+        "additionalProperties": False,
+        "properties": {
+            "builder": {"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"},
+            "args": {"type": "array"},
+            "kwargs": {"type": "object"},
+            "expand": {"type": "object", "additionalProperties": {"type": "array", "minItems": 1}},
+            **_COMMON,
+        },
+    },
+    "graph": {
+        "type": "object",
+        "required": ["graph"],
+        "additionalProperties": False,
+        "properties": {
+            "graph": {
+                "type": "object",
+                "required": ["nodes", "tensors"],
+                "properties": {
+                    "nodes": {"type": "array", "minItems": 1, "items": {
+                        "type": "object", "required": ["type", "inputs", "outputs", "params"],
+                        "properties": {"type": {"type": "string", "pattern": "^[A-Z][A-Z0-9_]*$"},
+                                       "inputs": {"type": "object"}, "outputs": {"type": "object"},
+                                       "params": {"type": "object"}}}},
+                    "tensors": {"type": "object", "propertyNames": {"pattern": "^[uv][0-9]+$"}},
+                },
+            },
+            **_COMMON,
+        },
+    },
+}  # fmt: skip
+#: JSON Schema (draft 2020-12) of a version-1 manifest.
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "plancache prewarm manifest",
+    "type": "object",
+    "required": ["version", "entries"],
+    "additionalProperties": False,
+    "properties": {
+        "version": {"const": MANIFEST_VERSION},
+        "pythonpath": {"type": "array", "items": {"type": "string"}},
+        "entries": {"type": "array", "items": {"oneOf": list(_ENTRY_SCHEMAS.values())}},
+    },
+}
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One graph to prewarm: an entry of a manifest with its lists expanded."""
+
+    index: int  # position in the manifest's "entries"
+    kind: str  # template | builder | graph
+    spec: dict[str, Any]  # {"template", "params"} | {"builder", "args", "kwargs"} | {"graph"}
+    line: int | None = None
+    path: str | None = None
+    name: str | None = None
+    options: dict[str, Any] | None = None
+    builder: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def where(self) -> str:
+        """``file:line: entry N`` for messages."""
+        place = f"{self.path or '<manifest>'}:{self.line}" if self.line else (self.path or "<manifest>")
+        return f"{place}: entry {self.index}"
+
+    @property
+    def label(self) -> str:
+        if self.kind == "template":
+            text = self.spec["template"] + " " + " ".join(f"{k}={v}" for k, v in self.spec["params"].items())
+        elif self.kind == "builder":
+            args = [json.dumps(a) for a in self.spec["args"]] + [f"{k}={json.dumps(v)}" for k, v in self.spec["kwargs"].items()]
+            text = f"{self.spec['builder']}({', '.join(args)})"
+        else:
+            from .cache import summarize  # cache imports manifest lazily; no import cycle at load
+
+            text = summarize(self.spec["graph"])
+        text = text.strip()
+        return f"{self.name}: {text}" if self.name else text
+
+    def build(self) -> Any:
+        """A fresh ``cudnn.pygraph`` for this entry (no GPU needed)."""
+        if self.kind == "template":
+            return templates.build(self.spec["template"], **self.spec["params"])
+        if self.kind == "graph":
+            from .replay import rebuild_graph
+
+            return rebuild_graph(self.spec["graph"])
+        function = self.builder or resolve_builder(self.spec["builder"])
+        graph = function(*self.spec["args"], **self.spec["kwargs"])
+        if not hasattr(graph, "nodes") or not hasattr(graph, "tensors"):
+            raise ManifestError(f"{self.where}: builder {self.spec['builder']} returned {type(graph).__name__}, not a cudnn.pygraph",
+                                path=self.path, entry=self.index, line=self.line)  # fmt: skip
+        return graph
+
+    def build_options(self, default: BuildOptions) -> BuildOptions:
+        """``default`` with this entry's own options applied."""
+        if not self.options:
+            return default
+        changes = {k: v for k, v in self.options.items() if not (k == "top_k" and v is None)}
+        if "heuristic_modes" in changes:
+            changes["heuristic_modes"] = tuple(changes["heuristic_modes"])
+        return dataclasses.replace(default, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """This (expanded) entry as a manifest entry."""
+        data: dict[str, Any] = dict(self.spec)
+        if self.name:
+            data["name"] = self.name
+        if self.options:
+            data["options"] = dict(self.options)
+        return data
+
+
+def resolve_builder(ref: str, what: str = "builder") -> Callable[..., Any]:
+    """The callable named by ``module:function`` (``function`` may be dotted, ``Class.method``).
+    Raises ``LookupError`` saying what is missing."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # user code: a missing module, or one that fails as it imports
+        raise LookupError(f"{what} {ref!r}: module {module_name!r} cannot be imported ({type(exc).__name__}: {exc})") from exc
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise LookupError(f"{what} {ref!r}: {module_name} has no attribute {attr!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise LookupError(f"{what} {ref!r} is a {type(target).__name__}, not callable")
+    return target
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def _entry_offsets(text: str) -> list[int]:
+    """Character offsets of the elements of the top-level "entries" array of JSON ``text``
+    (already known to parse), found by decoding value by value."""
+    decoder = json.JSONDecoder()
+
+    def skip(pos: int, sep: str = "") -> int:  # past whitespace, and one separator if present
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1
+        if sep and text.startswith(sep, pos):
+            return skip(pos + 1)
+        return pos
+
+    pos = skip(0)
+    if not text.startswith("{", pos):
+        return []
+    pos = skip(pos + 1)
+    while pos < len(text) and text[pos] != "}":
+        name, pos = decoder.raw_decode(text, pos)
+        pos = skip(pos, ":")
+        if name == "entries" and text.startswith("[", pos):
+            offsets: list[int] = []
+            pos = skip(pos + 1)
+            while not text.startswith("]", pos):
+                offsets.append(pos)
+                _, pos = decoder.raw_decode(text, pos)
+                pos = skip(pos, ",")
+            return offsets
+        _, pos = decoder.raw_decode(text, pos)
+        pos = skip(pos, ",")
+    return []
+
+
+def _toml_lines(text: str) -> list[int]:
+    """Lines of the ``[[entries]]`` tables of a TOML manifest, in order."""
+    return [i + 1 for i, line in enumerate(text.splitlines()) if re.match(r"\s*\[\[\s*entries\s*\]\]", line)]
+
+
+def _schema_problem(schema: Mapping[str, Any], value: Any) -> str | None:
+    import jsonschema  # only when loading a manifest
+
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(value))
+    if error is None:
+        return None
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+    return f"{where}: {error.message}" if where else error.message
+
+
+def _product(base: Mapping[str, Any], lists: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
+    names = list(lists)
+    return [{**base, **dict(zip(names, values))} for values in itertools.product(*(lists[n] for n in names))]
+
+
+_COUNTS = {"r": 1, "s": 1, "stride": 1, "dilation": 1, "h_kv": 1, "s_kv": 1, "padding": 0}  # optional ints: least value
+_FLAGS = ("bias", "causal", "dynamic")
+
+
+def _check_template_params(name: str, params: Mapping[str, Any]) -> None:
+    """Refuse now what would only fail (or divide by zero) when the graph is built."""
+    required = templates.TEMPLATES[name].required
+    for key, least in _COUNTS.items():
+        value = params.get(key)
+        if key in required or value is None:
+            continue  # required ones are checked by the template itself
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"template {name!r}: {key} must be an integer >= {least}, not {value!r}")
+    for key in _FLAGS:
+        if key in params and not isinstance(params[key], bool):
+            raise ValueError(f"template {name!r}: {key} must be true or false, not {params[key]!r}")
+    act = params.get("act", "relu")
+    if act not in templates.ACTIVATIONS:
+        raise ValueError(f"template {name!r}: act must be one of {[a for a in templates.ACTIVATIONS if a]} or null, not {act!r}")
+    out = templates.layout(name, **params)[-1]  # unknown or missing params, required ones > 0
+    if any(d < 1 for d in out.shape):
+        raise ValueError(
+            f"template {name!r}: the output would be empty ({list(out.shape)}): the kernel is larger than the padded input"
+        )
+
+
+def _expand_template(raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+    name = raw["template"]
+    if name not in templates.TEMPLATES:
+        raise ValueError(f"unknown template {name!r}; known: {', '.join(templates.TEMPLATES)}")
+    combos = []
+    for shape in raw.get("shapes") or [{}]:
+        params = {**raw.get("params", {}), **shape}
+        scalars = {k: v for k, v in params.items() if not isinstance(v, list)}
+        combos += _product(scalars, {k: v for k, v in params.items() if isinstance(v, list)})
+    for params in combos:
+        _check_template_params(name, params)
+    return [{"template": name, "params": params} for params in combos]
+
+
+def _expand(kind: str, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if kind == "template":
+        return _expand_template(raw)
+    if kind == "builder":
+        base = {"builder": raw["builder"], "args": list(raw.get("args", [])), "kwargs": dict(raw.get("kwargs", {}))}
+        return [{**base, "kwargs": kwargs} for kwargs in _product(base["kwargs"], raw.get("expand", {}))]
+    return [{"graph": raw["graph"]}]
+
+
+def parse_manifest(
+    text: str, path: str | os.PathLike[str] | None = None, *, fmt: str = "json"
+) -> tuple[list[ManifestEntry], list[ManifestError]]:
+    """Parse manifest ``text`` (``fmt`` json or toml): the good entries, expanded, and one
+    error per bad entry. A document that cannot be read at all gives no entries and one error."""
+    where = os.fspath(path) if path is not None else "<manifest>"
+
+    def fatal(message: str, line: int | None = None) -> tuple[list[ManifestEntry], list[ManifestError]]:
+        place = f"{where}:{line}" if line else where
+        return [], [ManifestError(f"{place}: {message}", path=where, entry=None, line=line)]
+
+    try:
+        if fmt == "toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib  # type: ignore[no-redef]
+            document: Any = tomllib.loads(text)
+            lines: list[int | None] = list(_toml_lines(text))
+        else:
+            document = json.loads(text)
+            lines = [text.count("\n", 0, offset) + 1 for offset in _entry_offsets(text)]
+    except json.JSONDecodeError as exc:
+        return fatal(f"not valid JSON: {exc.msg} (column {exc.colno})", exc.lineno)
+    except ValueError as exc:  # tomllib.TOMLDecodeError
+        return fatal(f"not valid TOML: {exc}")
+    except ModuleNotFoundError:
+        return fatal("reading a TOML manifest needs Python 3.11 or the tomli package")
+    if not isinstance(document, dict):
+        return fatal("a manifest is an object with 'version' and 'entries'")
+    version = document.get("version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > MANIFEST_VERSION:
+        return fatal(f"manifest format {version} is newer than this plancache supports ({MANIFEST_VERSION}); upgrade plancache")
+    top = {k: v for k, v in SCHEMA.items() if k != "properties"}
+    problem = _schema_problem({**top, "properties": {**SCHEMA["properties"], "entries": {"type": "array"}}}, document)
+    if problem:
+        return fatal(problem)
+    base = Path(where).resolve().parent if path is not None else Path.cwd()
+    for folder in document.get("pythonpath", []):
+        folder = str((base / folder).resolve())
+        if folder not in sys.path:
+            sys.path.insert(0, folder)  # so builder modules next to the manifest import
+    entries: list[ManifestEntry] = []
+    errors: list[ManifestError] = []
+    for index, raw in enumerate(document["entries"]):
+        line = lines[index] if index < len(lines) else None
+        try:
+            entries += _load_entry(index, raw, where, line)
+        except Exception as exc:  # one bad entry is reported; the others still load
+            known = isinstance(exc, (ValueError, LookupError))
+            message = exc.message if isinstance(exc, ManifestError) else str(exc) if known else f"{type(exc).__name__}: {exc}"
+            place = f"{where}:{line}" if line else where
+            errors.append(ManifestError(f"{place}: entry {index}: {message}", path=where, entry=index, line=line))
+    return entries, errors
+
+
+def _load_entry(index: int, raw: Any, where: str, line: int | None) -> list[ManifestEntry]:
+    kinds = [k for k in _ENTRY_SCHEMAS if isinstance(raw, dict) and k in raw]
+    if len(kinds) != 1:
+        raise ValueError("an entry is an object with exactly one of 'template', 'builder' or 'graph'")
+    kind = kinds[0]
+    problem = _schema_problem(_ENTRY_SCHEMAS[kind], raw)
+    if problem:
+        raise ValueError(problem)
+    function = resolve_builder(raw["builder"]) if kind == "builder" else None
+    options = dict(raw["options"]) if raw.get("options") else None
+    if options:
+        ManifestEntry(index, kind, {}, options=options).build_options(BuildOptions())  # refuses bad combinations now
+    return [ManifestEntry(index, kind, spec, line, where, raw.get("name"), options, function) for spec in _expand(kind, raw)]
+
+
+def load_manifest(path: str | os.PathLike[str]) -> tuple[list[ManifestEntry], list[ManifestError]]:
+    """Read a manifest file (``.toml`` is TOML, anything else JSON).
+
+    Returns the good entries, expanded, and one ``ManifestError`` per bad entry (fields
+    ``path``, ``entry``, ``line``); a bad entry never hides the others.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return [], [
+            ManifestError(f"{os.fspath(path)}: cannot read the manifest: {exc}", path=os.fspath(path), entry=None, line=None)
+        ]
+    return parse_manifest(text, path, fmt="toml" if str(path).endswith(".toml") else "json")
+
+
+# ---------------------------------------------------------------------- writing and recording
+
+
+def _write_json(path: Path, document: Mapping[str, Any]) -> None:
+    """Write atomically: a reader never sees half a manifest."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=1, sort_keys=False)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_manifest(
+    path: str | os.PathLike[str], entries: Iterable[ManifestEntry | Mapping[str, Any]], *, pythonpath: list[str] | None = None
+) -> None:
+    """Write a version-1 JSON manifest of ``entries`` (``ManifestEntry`` or raw entry dicts)."""
+    document: dict[str, Any] = {"version": MANIFEST_VERSION}
+    if pythonpath:
+        document["pythonpath"] = list(pythonpath)
+    document["entries"] = [e.to_dict() if isinstance(e, ManifestEntry) else dict(e) for e in entries]
+    _write_json(Path(path), document)
+
+
+class _Recorder:
+    """Appends each new graph a cache looks up to a manifest, as a replayable ``graph`` entry."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, graph: Any, key: CacheKey) -> None:
+        if key.digest in self._seen:  # every lookup calls this: a set lookup when nothing is new
+            return
+        with self._lock:
+            if key.digest in self._seen:
+                return
+            self._seen.add(key.digest)
+            entry: dict[str, Any] = {"graph": key.parts["graph"]}
+            options = key.parts["options"]
+            if options != BuildOptions().to_dict():
+                entry["options"] = {k: v for k, v in options.items() if not (k == "top_k" and v is None)}
+            try:
+                self._append(entry)
+            except Exception as exc:  # recording must never break the model that is running
+                log.warning("plancache: could not record graph %s in %s: %s", key.digest[:12], self.path, exc)
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        from filelock import FileLock
+
+        # Several processes of one job may record into one file: read, merge, replace under a lock.
+        with FileLock(str(self.path) + ".lock"):
+            document: dict[str, Any] = {"version": MANIFEST_VERSION, "entries": []}
+            if self.path.exists():
+                document = json.loads(self.path.read_text(encoding="utf-8"))
+                if not isinstance(document, dict) or not isinstance(document.get("entries"), list):
+                    raise ValueError("the file exists and is not a manifest; not overwriting it")
+            text = canonical_json(entry)
+            if any(canonical_json(e) == text for e in document["entries"]):
+                return
+            document["entries"].append(entry)
+            _write_json(self.path, document)
+
+
+_RECORDERS: dict[str, _Recorder] = {}
+
+
+def record_to(path: str | os.PathLike[str]) -> Callable[[Any, CacheKey], None]:
+    """A callback for ``PlanCache.add_recorder`` that appends every graph looked up to
+    the manifest at ``path`` (created if needed; existing entries are kept). Recorded
+    entries are ``graph`` entries: replaying them gives identical keys."""
+    resolved = Path(path).expanduser().resolve()
+    return _RECORDERS.setdefault(str(resolved), _Recorder(resolved))
+
+
+def recorder_from_env(cache: Any) -> None:
+    """Record into ``$PLANCACHE_RECORD`` when it is set (``PlanCache`` calls this)."""
+    target = os.environ.get("PLANCACHE_RECORD", "").strip()
+    if target:
+        cache.add_recorder(record_to(target))

@@ -1,0 +1,252 @@
+"""plancache prewarm and warm start on the CPU test backend: resumable builds, dry runs,
+failing entries, progress, the CLI command, and loading plans before the first step."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from plancache import BuildOptions, PlanCache, Store, templates
+from plancache.cli import cli
+from plancache.manifest import load_manifest
+from plancache.prewarm import _Progress, prewarm, warm_start
+
+MakeCache = Callable[..., PlanCache]
+BACKEND = "plancache.testing:CpuTestBackend"
+
+GOOD = [
+    {"template": "conv_bias_act", "params": {"n": [1, 2], "c": 8, "h": 6, "w": 6, "k": 4}},
+    {"template": "matmul_bias_act", "params": {"b": 2, "m": 4, "k": 16, "n": 8, "act": "gelu"}},
+    {"template": "sdpa", "params": {"b": 1, "h": 2, "s": 8, "d": 16}},
+]
+
+
+def manifest(tmp_path: Path, *entries: Any, name: str = "manifest.json") -> Path:
+    """Entry i of the file is on line 3 + i."""
+    body = ",\n".join(f"  {json.dumps(e)}" for e in entries)
+    path = tmp_path / name
+    path.write_text('{"version": 1,\n "entries": [\n' + body + "\n]}\n")
+    return path
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLANCACHE_BACKEND", BACKEND)
+
+
+def statuses(report: dict[str, Any]) -> list[str]:
+    return [r["status"] for r in report["entries"]]
+
+
+# ---------------------------------------------------------------------------- prewarm
+
+
+def test_prewarm_builds_everything_then_resumes_with_hits_only(tmp_path: Path, make_cache: MakeCache) -> None:
+    path = manifest(tmp_path, *GOOD)
+    first = make_cache()
+    report = prewarm(first, path, progress=False)
+    assert (report["total"], report["built"], report["hits"], report["failed"]) == (4, 4, 0, 0)
+    assert first.counters["builds"] == 4
+    assert len(first.store.keys()) == 4
+    first.close()
+
+    second = make_cache()
+    again = prewarm(second, path, progress=False)
+    assert (again["built"], again["hits"], again["failed"]) == (0, 4, 0)
+    assert second.counters["builds"] == 0 and second.counters["misses"] == 0
+    assert [r["key"] for r in again["entries"]] == [r["key"] for r in report["entries"]]
+    # Skipping a stored plan is not a use of it: hit counts stay untouched.
+    second.flush()
+    assert all(row["hit_count"] == 0 for row in second.store.list_entries())
+
+
+def test_interrupted_prewarm_resumes_where_it_stopped(tmp_path: Path, make_cache: MakeCache) -> None:
+    entries, _ = load_manifest(manifest(tmp_path, *GOOD))
+    cache = make_cache()
+    prewarm(cache, entries[:2], progress=False)
+    report = prewarm(cache, entries, progress=False)
+    assert statuses(report) == ["hit", "hit", "built", "built"]
+
+
+def test_failing_entries_are_reported_and_the_rest_still_build(tmp_path: Path, make_cache: MakeCache) -> None:
+    path = manifest(
+        tmp_path,
+        GOOD[0],
+        {"template": "conv_bias_act", "params": {"n": 1, "c": 8, "h": 6, "w": 6}},  # line 4: k missing
+        {
+            "builder": "plancache.templates:build",
+            "args": ["matmul_bias_act"],
+            "kwargs": {"b": 1, "m": 4, "k": 8, "n": 3, "act": "elu"},
+        },
+        {"builder": "no_such_pkg.graphs:g"},  # line 6
+        GOOD[2],
+    )
+    cache = make_cache()
+    report = prewarm(cache, path, progress=False)
+    assert (report["built"], report["failed"]) == (3, 3)
+    failed = sorted((r["index"], r["line"]) for r in report["entries"] if r["status"] == "failed")
+    assert failed == [(1, 4), (2, 5), (3, 6)]
+    by_index = {r["index"]: r for r in report["entries"] if r["status"] == "failed"}
+    assert "missing ['k']" in by_index[1]["error"]
+    assert "manifest.json:5: entry 2" in by_index[2]["error"] and "elu" in by_index[2]["error"]
+    assert "no_such_pkg" in by_index[3]["error"]
+    assert len(cache.store.keys()) == 3
+
+
+def test_a_build_error_of_one_graph_does_not_stop_the_others(tmp_path: Path, make_cache: MakeCache) -> None:
+    from plancache.testing import CpuTestBackend
+
+    cache = make_cache(backend=CpuTestBackend(candidates=2, unbuildable=[0, 1]))
+    report = prewarm(cache, manifest(tmp_path, *GOOD), progress=False)
+    assert report["failed"] == 4 and all("BuildError" in r["error"] for r in report["entries"])
+
+
+def test_dry_run_lists_keys_and_builds_nothing(tmp_path: Path, make_cache: MakeCache) -> None:
+    path = manifest(tmp_path, *GOOD)
+    cache = make_cache()
+    report = prewarm(cache, path, dry_run=True, progress=False)
+    assert statuses(report) == ["would_build"] * 4 and report["would_build"] == 4
+    assert cache.counters["builds"] == 0 and cache.store.keys() == []
+    entries, _ = load_manifest(path)
+    assert [r["key"] for r in report["entries"]] == [cache.key(e.build()).digest for e in entries]
+
+    prewarm(cache, path, progress=False)
+    assert statuses(prewarm(cache, path, dry_run=True, progress=False)) == ["hit"] * 4
+
+
+def test_duplicates_and_policy_option(tmp_path: Path, make_cache: MakeCache) -> None:
+    cache = make_cache()
+    path = manifest(tmp_path, GOOD[1], GOOD[1], {**GOOD[1], "options": {"policy": "exhaustive"}})
+    report = prewarm(cache, path, progress=False, options=BuildOptions(policy="heuristic"))
+    assert statuses(report) == ["built", "duplicate", "built"]
+    assert sorted(row["policy"] for row in cache.store.list_entries()) == ["exhaustive", "heuristic"]
+
+
+def test_progress_line_when_stderr_is_a_terminal() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    bar = _Progress(3, True, stream)
+    bar.update("built", 1.5)
+    bar.update("hit", 0.01)
+    bar.close()
+    text = stream.getvalue()
+    assert "prewarm 1/3" in text and "prewarm 2/3  hits 1  failed 0  last 0.01s  ETA" in text
+
+    quiet = io.StringIO()  # not a terminal: nothing
+    bar = _Progress(3, True, quiet)
+    bar.update("built", 1.0)
+    bar.close()
+    assert quiet.getvalue() == ""
+
+
+# ---------------------------------------------------------------------------- warm start
+
+
+def test_warm_start_from_a_manifest_loads_plans_before_the_first_step(tmp_path: Path, make_cache: MakeCache) -> None:
+    path = manifest(tmp_path, *GOOD)
+    builder = make_cache()
+    prewarm(builder, manifest(tmp_path, *GOOD[:2], name="part.json"), progress=False)  # sdpa is not built
+    builder.close()
+
+    cache = make_cache()
+    report = warm_start(cache, path)
+    assert len(report["loaded"]) == 3 and len(report["missing"]) == 1 and report["failed"] == {}
+    assert report["labels"][report["missing"][0]].startswith("sdpa b=1")
+    assert report["errors"] == [] and report["seconds"] >= 0
+    loads = cache.backend.loads  # type: ignore[attr-defined]
+    plan = cache.get(templates.build("conv_bias_act", n=2, c=8, h=6, w=6, k=4))
+    assert plan.source == "loaded"
+    assert cache.backend.loads == loads and cache.counters["memory_hits"] == 1  # type: ignore[attr-defined]
+
+
+def test_warm_start_reports_entries_that_cannot_be_keyed(tmp_path: Path, make_cache: MakeCache) -> None:
+    path = manifest(tmp_path, GOOD[1], {"template": "sdpa", "params": {"b": 1}}, {"builder": "plancache.templates:build"})
+    report = warm_start(make_cache(), path)
+    assert report["missing"] and report["loaded"] == []
+    assert sorted(e["index"] for e in report["errors"]) == [1, 2]
+    assert all("manifest.json:" in e["error"] for e in report["errors"])
+
+
+def test_warm_start_without_a_manifest_loads_every_entry_of_this_environment(tmp_path: Path, make_cache: MakeCache) -> None:
+    prewarm(make_cache(), manifest(tmp_path, *GOOD), progress=False)
+    report = warm_start(make_cache())
+    assert len(report["loaded"]) == 4 and report["missing"] == [] and report["failed"] == {}
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def test_cli_prewarm_json_then_resume(tmp_path: Path, cli_env: None, cache_dir: Path) -> None:
+    path = manifest(tmp_path, *GOOD)
+    runner = CliRunner()
+    result = runner.invoke(cli, ["prewarm", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["built"], report["failed"]) == (4, 0)
+    again = json.loads(runner.invoke(cli, ["prewarm", str(path), "--json"]).stdout)
+    assert (again["built"], again["hits"]) == (0, 4)
+    assert stored_keys(cache_dir) == 4
+
+
+def stored_keys(cache_dir: Path) -> int:
+    if not (cache_dir / "plans.db").exists():
+        return 0
+    store = Store(cache_dir)
+    try:
+        return len(store.keys())
+    finally:
+        store.close()
+
+
+def test_cli_prewarm_dry_run_and_policy(tmp_path: Path, cli_env: None, cache_dir: Path) -> None:
+    path = manifest(tmp_path, *GOOD)
+    runner = CliRunner()
+    result = runner.invoke(cli, ["prewarm", str(path), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert sum(line.startswith("would_build") for line in lines) == 4
+    assert "4 would build" in lines[-1]
+    assert stored_keys(cache_dir) == 0
+
+    result = runner.invoke(cli, ["prewarm", str(path), "--policy", "heuristic", "--json"])
+    assert result.exit_code == 0
+    store = Store(cache_dir)
+    assert {row["policy"] for row in store.list_entries()} == {"heuristic"}
+    store.close()
+
+
+def test_cli_prewarm_exit_code_3_when_an_entry_fails(tmp_path: Path, cli_env: None) -> None:
+    path = manifest(tmp_path, GOOD[1], {"template": "conv3d_zzz"})
+    result = CliRunner().invoke(cli, ["prewarm", str(path)])
+    assert result.exit_code == 3
+    assert "failed" in result.stdout and "line 4" in result.stdout and "conv3d_zzz" in result.stdout
+    assert "1 failed" in result.stdout.splitlines()[-1]
+
+
+def test_cli_prewarm_on_a_broken_manifest_and_a_bad_backend(
+    tmp_path: Path, cli_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{ not json")
+    result = CliRunner().invoke(cli, ["prewarm", str(broken), "--json"])
+    assert result.exit_code == 3 and "not valid JSON" in json.loads(result.stdout)["entries"][0]["error"]
+
+    monkeypatch.setenv("PLANCACHE_BACKEND", "plancache.testing:NoSuchBackend")
+    result = CliRunner().invoke(cli, ["prewarm", str(manifest(tmp_path, *GOOD))])
+    assert result.exit_code == 2 and "NoSuchBackend" in result.output
+
+
+def test_cli_help_texts() -> None:
+    runner = CliRunner()
+    for command in ("prewarm", "export", "import", "inspect"):
+        result = runner.invoke(cli, [command, "--help"])
+        assert result.exit_code == 0 and len(result.output.splitlines()) > 5
