@@ -273,3 +273,57 @@ def test_readme_quick_start_on_the_gpu(tmp_path: Path) -> None:
     x, w, b, y = (namespace[n] for n in ("x", "w", "b", "y"))
     ref = torch.relu(torch.nn.functional.conv2d(x.float(), w.float(), padding=1) + b.float())
     assert relative_error(y, ref) <= TOLERANCE
+
+
+def _plancache_cli(*args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "plancache", *args, "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def test_prewarm_export_import_and_warm_start(tmp_path: Path) -> None:
+    """The offline workflow on real plans: prewarm a manifest, resume it (all hits), ship it
+    as a bundle into another directory, warm-start from it and execute correctly."""
+    from plancache import prewarm as prewarm_module
+
+    manifest = str(Path(__file__).resolve().parent.parent / "examples" / "manifest.json")
+    source, target, bundle = tmp_path / "a", tmp_path / "b", tmp_path / "plans.bundle"
+    first = _plancache_cli("--dir", str(source), "prewarm", manifest, "--no-progress")
+    assert (first["failed"], first["built"]) == (0, 7)
+    again = _plancache_cli("--dir", str(source), "prewarm", manifest, "--no-progress")
+    assert (again["built"], again["hits"]) == (0, 7)
+    assert _plancache_cli("--dir", str(source), "export", str(bundle))["entries"] == 7
+    assert len(_plancache_cli("--dir", str(target), "import", str(bundle))["imported"]) == 7
+    cache = plancache.PlanCache(target)
+    report = prewarm_module.warm_start(cache, manifest)
+    assert len(report["loaded"]) == 7 and report["missing"] == [] and report["failed"] == {}
+    name, params = "conv_bias_act", {"n": 8, "c": 64, "h": 56, "w": 56, "k": 64, "act": "relu"}
+    plan = cache.get(templates.build(name, **params))
+    assert cache.counters["memory_hits"] == 1 and cache.counters["builds"] == 0
+    assert run_and_check(plan, name, params) <= TOLERANCE
+
+
+_RECORDING_MODEL = r"""
+import sys, torch, plancache
+from plancache import templates
+cache = plancache.PlanCache(sys.argv[1])
+for name, params in [("conv_bias_act", {"n": 2, "c": 32, "h": 14, "w": 14, "k": 32}),
+                     ("sdpa", {"b": 1, "h": 4, "s": 256, "d": 64, "causal": True})]:
+    plan = cache.get(templates.build(name, **params))
+    t = templates.allocate(name, device="cuda", **params)
+    plan.execute(t)
+torch.cuda.synchronize()
+print(sorted(p.key for p in cache._memory.values()))
+"""
+
+
+def test_recorded_graphs_prewarm_to_the_same_keys(tmp_path: Path) -> None:
+    recorded = tmp_path / "recorded.json"
+    env = {**os.environ, "PLANCACHE_RECORD": str(recorded)}
+    run = subprocess.run([sys.executable, "-c", _RECORDING_MODEL, str(tmp_path / "model")], env=env,
+                         check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+    keys = run.stdout.strip().splitlines()[-1]
+    report = _plancache_cli("--dir", str(tmp_path / "fresh"), "prewarm", str(recorded), "--no-progress")
+    assert (report["failed"], report["built"]) == (0, 2)
+    built = sorted(r["key"] for r in report["entries"] if r["status"] == "built")
+    assert built == sorted(json.loads(keys.replace("'", '"')))
