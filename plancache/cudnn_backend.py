@@ -287,6 +287,10 @@ class CudnnBackend:
         self._require_gpu()
         return int(_torch().cuda.current_device())
 
+    def use_device(self, index: int) -> None:
+        """Make ``index`` this thread's current device (new threads start on device 0)."""
+        _torch().cuda.set_device(index)
+
     def handle(self) -> Any:
         """This thread's cuDNN handle for the current device, on the current torch stream."""
         torch = _torch()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
@@ -18,7 +19,7 @@ from .errors import ManifestError
 from .key import BuildOptions, environment_id
 from .manifest import ManifestEntry, load_manifest
 
-__all__ = ["prewarm", "warm_start"]
+__all__ = ["Primer", "prewarm", "prime", "warm_start"]
 
 log = logging.getLogger("plancache")
 
@@ -206,6 +207,54 @@ def warm_start(cache: Any, manifest: Entries | None = None, *, options: BuildOpt
         log.warning("plancache: warm start loaded %d plans; %d missing, %d failed, %d manifest errors",
                     len(report["loaded"]), len(report["missing"]), len(report["failed"]), len(errors))  # fmt: skip
     return report
+
+
+class Primer(threading.Thread):
+    """Deserializes stored plans into throwaway graphs on a background thread.
+
+    A graph's first deserialize in a process also loads its engine's libraries and kernels
+    (on an H200, 10-100 ms for the first graph of an engine family); the next deserialize
+    of it takes a few ms. Started right after ``PlanCache()`` and before the model loads
+    its weights, the primer pays those loads while the weights load, so the lookups of the
+    first step are fast. It changes nothing in the cache: plans are still loaded, checked
+    and owned by the thread that looks them up. ``report`` (after ``join``): ``primed``,
+    ``failed`` {key: reason}, ``seconds``.
+    """
+
+    def __init__(self, cache: Any, keys: Iterable[str] | None = None) -> None:
+        super().__init__(name="plancache-primer", daemon=True)
+        self.cache = cache
+        self.keys = list(keys) if keys is not None else None
+        self.device = cache.backend.current_device()
+        self.report: dict[str, Any] = {"primed": 0, "failed": {}, "seconds": 0.0}
+
+    def run(self) -> None:
+        started = time.perf_counter()
+        cache, report = self.cache, self.report
+        use_device = getattr(cache.backend, "use_device", None)
+        if use_device is not None:
+            use_device(self.device)  # a new thread starts on device 0
+        keys = self.keys
+        if keys is None:
+            keys = [row["key"] for row in cache.store.list_entries(environment_id(cache.environment))]
+        for digest in keys:
+            try:
+                entry = cache.store.get(digest)
+                if entry is None or not entry.checksum_ok() or entry.environment != cache.environment:
+                    continue  # the lookup will report it; priming only warms what is healthy
+                cache.backend.load(entry.blob, [])
+                report["primed"] += 1
+            except Exception as exc:  # priming is an optimization: never an error
+                report["failed"][digest] = f"{type(exc).__name__}: {exc}"
+        report["seconds"] = time.perf_counter() - started
+
+
+def prime(cache: Any, keys: Iterable[str] | None = None) -> Primer:
+    """Start a ``Primer`` for ``keys`` (default: every stored entry of this environment)
+    and return it; ``join()`` it to wait, or just go on: lookups never wait for it."""
+    primer = Primer(cache, keys)
+    primer.start()
+    return primer
 
 
 def summary_lines(report: Mapping[str, Any]) -> list[str]:

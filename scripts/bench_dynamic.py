@@ -34,6 +34,11 @@ SDPA_BUCKETS = [256, 512, 768, 1024, 1280, 1536]
 TOLERANCE = 1e-2
 
 
+# The tensors that carry the varying dimension, and so are padded to a bucket: the image
+# and output of the convolution (not its weights or bias); all four tensors of attention.
+PADDED = {"conv": (1, 4), "sdpa": (1, 2, 3, 4)}
+
+
 def workloads() -> list[tuple[str, str, dict[str, Any], list[int], str, list[int], int]]:
     """(label, template, fixed params, sizes, varying param, buckets, padded dim)."""
     return [
@@ -109,7 +114,7 @@ def _cache_phase(args: dict[str, Any], bucketed: bool) -> dict[str, Any]:
             if bucketed:
                 padded_size = buckets.round_up(size, bucket_list)
                 run_params = {**params, var: padded_size}
-                run = {uid: buckets.pad_to(t, dim, padded_size) for uid, t in tensors.items()}
+                run = {uid: (buckets.pad_to(t, dim, padded_size) if uid in PADDED[label] else t) for uid, t in tensors.items()}
             else:
                 run_params, run = params, tensors
             plan = cache.get(templates.build(name, **run_params))

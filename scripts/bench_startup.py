@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +27,9 @@ from typing import Any
 
 import benchlib
 from benchlib import gpu_ms
+
+REPEATS = 3  # fresh processes per warm / raw / primed measurement
+STAND_IN_FOR_WEIGHT_LOADING_S = 1.0  # what a model does between creating the cache and its first step
 
 SUITE: list[tuple[str, str, dict[str, Any]]] = [
     ("conv_bias_relu N32 C128 56x56 K256", "conv_bias_act", {"n": 32, "c": 128, "h": 56, "w": 56, "k": 256}),
@@ -96,6 +100,31 @@ def phase_cold(args: dict[str, Any]) -> dict[str, Any]:
 
 def phase_warm(args: dict[str, Any]) -> dict[str, Any]:
     return _cache_phase(args, "topk")
+
+
+def phase_primed(args: dict[str, Any]) -> dict[str, Any]:
+    """Warm start as a model would do it: prime the plans in the background, load weights
+    (a sleep stands in), then look the plans up."""
+    import plancache
+    from plancache import templates
+    from plancache.prewarm import prime
+
+    torch, _ = _setup()
+    cache = plancache.PlanCache(args["dir"])
+    cache.environment  # noqa: B018
+    cache.backend.handle()
+    primer = prime(cache)
+    time.sleep(STAND_IN_FOR_WEIGHT_LOADING_S)
+    primer.join()
+    times = []
+    for _label, name, params in SUITE:
+        graph = templates.build(name, **params)
+        started = time.perf_counter()
+        cache.get(graph)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    cache.close()
+    return {"seconds": times, "counters": cache.counters, "primed": primer.report}
 
 
 def phase_raw(args: dict[str, Any]) -> dict[str, Any]:
@@ -182,6 +211,15 @@ def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
     for _ in range(n):
         conv(tensors[1], tensors[2], tensors[3], tensors[4])
     builder_us = (time.perf_counter() - started) / n * 1e6
+    @cache.builder(key=lambda x, w, b, y: x.shape[0])
+    def conv_by_batch(x: Any, w: Any, b: Any, y: Any) -> Any:
+        return templates.build(name, **params)
+
+    conv_by_batch(tensors[1], tensors[2], tensors[3], tensors[4])
+    started = time.perf_counter()
+    for _ in range(n):
+        conv_by_batch(tensors[1], tensors[2], tensors[3], tensors[4])
+    keyed_us = (time.perf_counter() - started) / n * 1e6
     graph = templates.build(name, **params)
     started = time.perf_counter()
     for _ in range(1000):
@@ -193,10 +231,11 @@ def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
         plan.execute(tensors)
     host_us = (time.perf_counter() - host_started) / 1000 * 1e6
     torch.cuda.synchronize()
-    return {"rows": rows, "builder_repeat_us": builder_us, "get_repeat_us": get_us, "execute_host_us": host_us}
+    return {"rows": rows, "builder_repeat_us": builder_us, "builder_key_repeat_us": keyed_us, "get_repeat_us": get_us,
+            "execute_host_us": host_us}  # fmt: skip
 
 
-PHASES = {f.__name__[len("phase_"):]: f for f in (phase_heuristic, phase_exhaustive, phase_cold, phase_warm, phase_raw, phase_exec)}
+PHASES = {f.__name__[len("phase_"):]: f for f in (phase_heuristic, phase_exhaustive, phase_cold, phase_warm, phase_raw, phase_primed, phase_exec)}
 
 
 # ---------------------------------------------------------------------- parent
@@ -225,8 +264,28 @@ def quality(ex_dir: str, cold_dir: str) -> list[dict[str, Any]]:
         table = {c["engine"]["name"]: c.get("median_ms") for c in picks[0].candidates if c.get("median_ms")}
         best = min(table.values())
         pick = chosen[0].engine["name"] if chosen[0].engine else None
-        rows.append({"best_ms": best, "pick": pick, "pick_ms": table.get(pick), "candidates": len(picks[0].candidates)})
+        # What top-K would pick, simulated on the exhaustive table: the best median among the
+        # first K candidates that built (pruned ones were slower than 3x the best first run).
+        built = [c for c in picks[0].candidates if c["status"] != "failed"]
+        sweep = {}
+        for k in SWEEP:
+            medians = [c["median_ms"] for c in built[:k] if c.get("median_ms")]
+            sweep[k] = (min(medians) / best) if medians else None
+        best_position = next(i for i, c in enumerate(built) if c.get("median_ms") == best)
+        rows.append({"best_ms": best, "pick": pick, "pick_ms": table.get(pick), "candidates": len(picks[0].candidates),
+                     "best_position": best_position, "sweep": sweep})  # fmt: skip
     return rows
+
+
+SWEEP = (1, 2, 3, 4, 6, 8)
+
+
+def print_sweep(quality_rows: list[dict[str, Any]]) -> None:
+    print("top-K simulated on the exhaustive timings (pick / best; 1.000 = the best):")
+    for k in SWEEP:
+        ratios = [q["sweep"][k] for q in quality_rows if q and q["sweep"].get(k)]
+        print(f"  K={k}: worst {max(ratios):.3f}, within 3%: {sum(r <= 1.03 for r in ratios)}/{len(ratios)}")
+    print("  position of the best candidate in heuristic order:", [q.get("best_position") for q in quality_rows])
 
 
 def main() -> None:
@@ -246,14 +305,24 @@ def main() -> None:
         "heuristic": run_phase("heuristic"),
         "exhaustive": run_phase("exhaustive", dir=ex_dir),
         "cold": run_phase("cold", dir=topk_dir),
-        "warm": run_phase("warm", dir=topk_dir),
-        "raw": run_phase("raw", dir=topk_dir),
-        "exec": run_phase("exec", dir=topk_dir),
     }
+    # A graph's first deserialize in a process also loads its engine's kernels, which varies
+    # by tens of ms between processes: alternate warm and raw, REPEATS fresh processes each,
+    # and keep the per-graph median of each.
+    for phase in ("warm", "raw", "primed"):
+        results[phase + "_runs"] = []
+    for _ in range(REPEATS):
+        for phase in ("warm", "raw", "primed"):
+            results[phase + "_runs"].append(run_phase(phase, dir=topk_dir))
+    for phase in ("warm", "raw", "primed"):
+        runs = results[phase + "_runs"]
+        results[phase] = {**runs[0], "seconds": [statistics.median(r["seconds"][i] for r in runs) for i in range(len(SUITE))]}
+    results["exec"] = run_phase("exec", dir=topk_dir)
     results["quality"] = quality(ex_dir, topk_dir)
     results["suite"] = [label for label, _, _ in SUITE]
     results["versions"] = benchlib.versions(torch)
     print_table(results)
+    print_sweep(results["quality"])
     if opts.out:
         Path(opts.out).write_text(json.dumps(results, indent=2))
 
@@ -261,9 +330,9 @@ def main() -> None:
 def print_table(r: dict[str, Any]) -> None:
     ms = lambda s: f"{s * 1e3:9.1f}"  # noqa: E731
     print(f"\nplancache start-up benchmark  {r['versions']}")
-    print(f"{'graph':38} {'heur ms':>9} {'exh ms':>9} {'cold ms':>9} {'warm ms':>9} {'raw ms':>9}"
+    print(f"{'graph':38} {'heur ms':>9} {'exh ms':>9} {'cold ms':>9} {'warm ms':>9} {'raw ms':>9} {'primed':>9}"
           f" {'exec':>8} {'fresh':>8} {'eager':>8} {'pick/best':>9} {'err':>8}")  # fmt: skip
-    totals = dict.fromkeys(("heuristic", "exhaustive", "cold", "warm", "raw"), 0.0)
+    totals = dict.fromkeys(("heuristic", "exhaustive", "cold", "warm", "raw", "primed"), 0.0)
     for i, label in enumerate(r["suite"]):
         row = r["exec"]["rows"][i]
         q = r["quality"][i]
@@ -271,14 +340,18 @@ def print_table(r: dict[str, Any]) -> None:
         for phase in totals:
             totals[phase] += r[phase]["seconds"][i]
         print(f"{label:38} {ms(r['heuristic']['seconds'][i])} {ms(r['exhaustive']['seconds'][i])} "
-              f"{ms(r['cold']['seconds'][i])} {ms(r['warm']['seconds'][i])} {ms(r['raw']['seconds'][i])} "
+              f"{ms(r['cold']['seconds'][i])} {ms(r['warm']['seconds'][i])} {ms(r['raw']['seconds'][i])} {ms(r['primed']['seconds'][i])} "
               f"{row['cached_ms']:8.4f} {row['fresh_ms']:8.4f} {row['eager_ms']:8.4f} {ratio:>9} {row['rel_error']:8.1e}")  # fmt: skip
     print(f"{'TOTAL (s)':38} " + " ".join(f"{totals[p]:9.3f}" for p in totals))
     warm, raw = totals["warm"], totals["raw"]
     print(f"\nwarm / raw deserialize: {warm / raw:.3f}x  (target <= 1.15x + 2 ms: {warm <= 1.15 * raw + 0.002})")
     print(f"warm vs heuristic build: {totals['heuristic'] / warm:.0f}x faster; vs exhaustive: {totals['exhaustive'] / warm:.0f}x")
+    primed = totals["primed"]
+    print(f"primed in the background during {STAND_IN_FOR_WEIGHT_LOADING_S:.0f} s of weight loading: lookups {primed * 1e3:.1f} ms;"
+          f" vs heuristic build {totals['heuristic'] / primed:.0f}x faster; vs exhaustive {totals['exhaustive'] / primed:.0f}x")
     print(f"cold (top-k) wall / exhaustive wall: {totals['cold'] / totals['exhaustive']:.2f}")
-    print(f"repeat lookup: builder {r['exec']['builder_repeat_us']:.2f} us, get(graph) {r['exec']['get_repeat_us']:.1f} us;"
+    print(f"repeat lookup: builder {r['exec']['builder_repeat_us']:.2f} us, builder(key=) {r['exec']['builder_key_repeat_us']:.2f} us,"
+          f" get(graph) {r['exec']['get_repeat_us']:.1f} us;"
           f" execute host overhead {r['exec']['execute_host_us']:.1f} us")  # fmt: skip
     print(f"warm sources: {r['warm']['sources']}  counters: {r['warm']['counters']}")
 

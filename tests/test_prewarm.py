@@ -250,3 +250,25 @@ def test_cli_help_texts() -> None:
     for command in ("prewarm", "export", "import", "inspect"):
         result = runner.invoke(cli, [command, "--help"])
         assert result.exit_code == 0 and len(result.output.splitlines()) > 5
+
+
+def test_primer_loads_healthy_entries_in_the_background_and_changes_nothing(make_cache: MakeCache) -> None:
+    from plancache.prewarm import prime
+    from plancache.testing import CpuTestBackend
+
+    builder = make_cache()
+    graphs = [templates.build("conv_bias_act", n=n, c=4, h=6, w=6, k=4, dtype="float32") for n in (1, 2)]
+    keys = [builder.get(g).key for g in graphs]
+    builder.close()
+    store = Store()  # damage the second entry: priming skips it, it does not fail
+    store.connection().execute("UPDATE plans SET blob_sha256 = 'x' WHERE key = ?", (keys[1],))
+    store.close()
+    backend = CpuTestBackend()
+    cache = make_cache(backend=backend)
+    primer = prime(cache)
+    primer.join(timeout=30)
+    assert not primer.is_alive()
+    assert primer.report["primed"] == 1 and primer.report["failed"] == {}
+    assert backend.loads == 1
+    assert cache.counters["hits"] == 0 and cache.counters["corrupt"] == 0, "priming leaves lookups to the caller"
+    assert cache.get(templates.build("conv_bias_act", n=1, c=4, h=6, w=6, k=4, dtype="float32")).source == "loaded"
