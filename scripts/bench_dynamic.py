@@ -16,7 +16,6 @@ PyTorch. Needs an NVIDIA GPU; ``--out FILE`` writes every figure as JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -176,13 +175,8 @@ PHASES = {name[len("phase_"):]: fn for name, fn in globals().items() if name.sta
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--phase", choices=sorted(PHASES))
-    parser.add_argument("--args", default="{}")
-    parser.add_argument("--out", help="write all figures as JSON here")
-    opts = parser.parse_args()
-    if opts.phase:
-        print(json.dumps(PHASES[opts.phase](json.loads(opts.args))))
+    opts = benchlib.parse_or_run_phase(__doc__.splitlines()[0], PHASES)
+    if opts is None:
         return
     torch = benchlib.require_gpu("bench_dynamic")
     root = Path(tempfile.mkdtemp(prefix="plancache-dyn-"))

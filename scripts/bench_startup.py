@@ -17,7 +17,6 @@ Needs an NVIDIA GPU. Prints a table; ``--out FILE`` also writes every figure as 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -289,13 +288,8 @@ def print_sweep(quality_rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--phase", choices=sorted(PHASES))
-    parser.add_argument("--args", default="{}")
-    parser.add_argument("--out", help="write all figures as JSON here")
-    opts = parser.parse_args()
-    if opts.phase:
-        print(json.dumps(PHASES[opts.phase](json.loads(opts.args))))
+    opts = benchlib.parse_or_run_phase(__doc__.splitlines()[0], PHASES)
+    if opts is None:
         return
 
     torch = benchlib.require_gpu("bench_startup")

@@ -6,12 +6,28 @@ user pays at start-up only shows in a process that has loaded nothing yet.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any
+
+
+def parse_or_run_phase(description: str, phases: dict[str, Any]) -> argparse.Namespace | None:
+    """The command line shared by the benchmarks. With ``--phase``, run that phase here (in
+    the fresh process the parent started), print its JSON and return None; else return the
+    options of the parent run."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--phase", choices=sorted(phases))
+    parser.add_argument("--args", default="{}")
+    parser.add_argument("--out", help="write all figures as JSON here")
+    opts = parser.parse_args()
+    if opts.phase:
+        print(json.dumps(phases[opts.phase](json.loads(opts.args))))
+        return None
+    return opts
 
 
 def run_phase(script: str, phase: str, **args: Any) -> dict[str, Any]:
