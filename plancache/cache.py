@@ -24,10 +24,10 @@ from typing import Any, TypeVar
 
 from .autotune import TimingPolicy, autotune
 from .backend import Backend, BuiltPlan, EngineChoice
-from .errors import LockTimeoutError, StoreError
+from .errors import DamagedEntryError, LockTimeoutError, StoreError
 from .key import BuildOptions, CacheKey, TensorSpec, describe, environment_id, make_key
 from .plan import Plan
-from .store import Entry, Store, sha256
+from .store import Entry, Store, entry_problem, sha256
 
 __all__ = ["PlanCache", "summarize"]
 
@@ -166,13 +166,21 @@ class PlanCache:
                 self._memory[memo] = plan
         return plan
 
-    def builder(self, fn: F | None = None, *, options: BuildOptions | None = None) -> Any:
+    def builder(
+        self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None
+    ) -> Any:
         """Decorate a function that builds a ``cudnn.pygraph`` from its arguments.
 
         The decorated function returns a ``Plan``. Calls with arguments of the same
         shapes, strides, dtypes and devices (tensors) and equal values (anything else)
-        return the same plan without building the graph again: a repeat costs
-        microseconds. Non-tensor arguments must be hashable.
+        return the same plan without building the graph again: a repeat costs a few
+        microseconds (reading four attributes of each tensor dominates). Non-tensor
+        arguments must be hashable.
+
+        ``key``: a function of the same arguments returning what the graph depends on
+        (``key=lambda x, w: x.shape[0]``, say). It replaces the automatic signature,
+        which makes repeats cheaper; it must capture everything that changes the graph,
+        the device included when that varies.
         """
 
         def wrap(func: F) -> Callable[..., Plan]:
@@ -180,10 +188,13 @@ class PlanCache:
 
             @functools.wraps(func)
             def wrapper(*args: Any, **kwargs: Any) -> Plan:
-                signature, has_tensor = _signature(args, kwargs)
-                if not has_tensor:
-                    # No tensor argument tells the device: the plan belongs to the current one.
-                    signature = (*signature, self.backend.current_device())
+                if key is not None:
+                    signature: Any = key(*args, **kwargs)
+                else:
+                    signature, has_tensor = _signature(args, kwargs)
+                    if not has_tensor:
+                        # No tensor argument tells the device: the plan belongs to the current one.
+                        signature = (*signature, self.backend.current_device())
                 plan = plans.get(signature)
                 if plan is None:
                     plan = self.get(func(*args, **kwargs), options=options)
@@ -219,19 +230,18 @@ class PlanCache:
             if entry is None:
                 report["missing"].append(digest)
                 continue
-            reason = None
             if entry.environment != self.environment:
-                reason = "entry belongs to another environment"
-            elif not entry.checksum_ok():
-                reason = "blob checksum mismatch"
+                reason: str | None = "entry belongs to another environment"
+            else:
+                reason = _unusable(entry, self.environment)  # checksum, altered metadata
             if reason is None:
-                tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
                 try:
+                    tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
                     native = self.backend.load(entry.blob, tensors)
-                except Exception as exc:  # a refused blob is reported, never raised
+                except Exception as exc:  # a damaged table or a refused blob is reported, never raised
                     reason = f"deserialize failed: {type(exc).__name__}: {exc}"
                 else:
-                    engine = EngineChoice.from_dict(entry.engine) if entry.engine else None
+                    engine = _engine_of(entry)
                     with self._lock:
                         self._memory[(digest, device)] = self._plan(digest, native, tensors, entry.workspace_size, engine, "loaded")
                     self.counters["hits"] += 1
@@ -310,6 +320,9 @@ class PlanCache:
     def _read(self, key: str) -> Entry | None:
         try:
             return self.store.get(key)
+        except DamagedEntryError as exc:  # one undecodable row: out of service, then a miss
+            self._quarantine(key, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
+            return None
         except (StoreError, sqlite3.Error, OSError) as exc:  # a damaged or busy store is a miss
             self.counters["store_errors"] += 1
             self._warn_once("read", "plancache: reading %s failed (%s); treating as a miss", self.store.path, exc)
@@ -321,22 +334,29 @@ class PlanCache:
             return plan
         if self.store.read_only:
             return self._build_once_in_fleet(graph, key, options, inputs, persist=False)
-        lock = self._key_lock(key.digest)
-        started = time.monotonic()
         try:
+            lock = self._key_lock(key.digest)
+            started = time.monotonic()
             lock.acquire(timeout=1.0)
         except TimeoutError:
             self.counters["waits"] += 1
-            log.info("plancache: waiting for another process to build %s (%s)", key.digest[:12], summarize(key.parts["graph"]))
+            log.info("plancache: waiting up to %.0f s for another process to build %s (%s); lock %s",
+                     self.lock_timeout, key.digest[:12], summarize(key.parts["graph"]), lock.lock_file)  # fmt: skip
             try:
                 lock.acquire(timeout=max(0.0, self.lock_timeout - 1.0))
             except TimeoutError as exc:
                 raise LockTimeoutError(
-                    f"waited {time.monotonic() - started:.0f} s for another process to build plan {key.digest[:12]}; "
-                    f"if no process is building it, remove {lock.lock_file}",
+                    f"waited {time.monotonic() - started:.0f} s for another process to build plan {key.digest[:12]} "
+                    f"(lock {lock.lock_file}); the lock goes when its holder exits, so that process is still "
+                    "building or hung. Raise lock_timeout for very long autotuning",
                     key=key.digest,
                     waited_s=time.monotonic() - started,
                 ) from exc
+            log.info("plancache: waited %.1f s for %s", time.monotonic() - started, key.digest[:12])
+        except OSError as exc:  # no lock file (disk full, odd permissions): still a plan, maybe built twice
+            self.counters["store_errors"] += 1
+            self._warn_once("lock", "plancache: cannot take the build lock in %s (%s); building without it", self.directory, exc)
+            return self._build_once_in_fleet(graph, key, options, inputs, persist=True)
         try:
             plan = self._load(graph, key, options)  # built by the process we waited for?
             if plan is not None:
@@ -386,14 +406,14 @@ class PlanCache:
             entry = self._read(key.digest)
         if entry is None:
             return None
-        tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
-        engine = EngineChoice.from_dict(entry.engine) if entry.engine else None
-        reason = None
-        if entry.environment != key.parts["environment"]:
-            reason = "environment differs from the key's"
-        elif not entry.checksum_ok():
-            reason = "blob checksum mismatch"
-        else:
+        engine = _engine_of(entry)
+        reason = _unusable(entry, key.parts["environment"])
+        if reason is None:
+            try:
+                tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:  # damaged, yet valid JSON
+                reason = f"tensor table cannot be decoded: {exc!r}"
+        if reason is None:
             try:
                 native = self.backend.load(entry.blob, tensors)
             except Exception as exc:  # the library refusing a blob is a miss, never a crash
@@ -528,7 +548,7 @@ class PlanCache:
             self.store.put(entry)
             if self.max_size is not None:
                 self.store.evict_to(self.max_size)
-        except (StoreError, OSError) as exc:
+        except (StoreError, OSError, sqlite3.Error) as exc:  # disk full, read-only, damaged: the plan still works
             self.counters["store_errors"] += 1
             self.counters["unpersisted"] += 1
             self._warn_once("write", "plancache: could not store plan %s (%s); it is used from memory only", key.digest[:12], exc)
@@ -550,6 +570,23 @@ class PlanCache:
 
 _tensor_type: Any = None
 _KWARGS = object()
+
+
+def _unusable(entry: Entry, environment: Mapping[str, Any]) -> str | None:
+    """Why a stored entry must not be served for a key of ``environment``, or None."""
+    if entry.environment != environment:
+        return "environment differs from the key's"
+    if not entry.checksum_ok():
+        return "blob checksum mismatch"
+    return entry_problem(entry)  # the row's own metadata altered (key, environment id, inputs)
+
+
+def _engine_of(entry: Entry) -> EngineChoice | None:
+    """The recorded engine and knobs, or None when absent or damaged (then: autotune)."""
+    try:
+        return EngineChoice.from_dict(entry.engine) if entry.engine else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _named_as(tensors: list[TensorSpec], graph: Any) -> list[TensorSpec]:

@@ -270,6 +270,98 @@ def rm(obj: _Context, keys: tuple[str, ...], as_json: bool) -> None:
     _emit({"removed": removed}, as_json, lambda d: (f"removed {k}" for k in d["removed"]))
 
 
+# ---------------------------------------------------------------------- verify, prune
+
+
+def _current_backend(why: str) -> Any:
+    """The ``PLANCACHE_BACKEND`` backend, else cuDNN; with its environment id. Without a
+    GPU the cuDNN backend raises NoGpuError, reported as one line saying what needed it."""
+    from .errors import NoGpuError
+    from .key import environment_id
+
+    backend = _backend_from_env()
+    if backend is None:
+        from .cudnn_backend import CudnnBackend
+
+        backend = CudnnBackend()
+    try:
+        return backend, environment_id(backend.environment())
+    except NoGpuError as exc:
+        raise NoGpuError(f"{why} needs this machine's GPU environment: {exc}") from exc
+
+
+def _verify_text(d: dict[str, Any]) -> Iterable[str]:
+    yield f"checked {d['entries']} entries in {d['path']}"
+    if d["deserialize"] is not None:
+        ds = d["deserialize"]
+        yield f"deserialized {ds['checked']} of environment {ds['env_id']} ({ds['skipped']} of other environments skipped)"
+    yield from (f"problem: {p}" for p in d["problems"])
+    fixed = d["fixed"]
+    if fixed.get("moved_aside"):
+        yield f"fixed: moved the damaged file to {fixed['moved_aside']} (kept); copied {fixed['salvaged']} intact entries"
+    yield from (f"fixed: quarantined {k}" for k in fixed.get("quarantined", []))
+    yield from (f"fixed: removed the kernel cache of {e}" for e in fixed.get("kernel_caches_removed", []))
+    if not d["problems"]:
+        yield "ok"
+    elif not fixed:
+        yield f"{len(d['problems'])} problem(s); `plancache verify --fix` quarantines entries and sets a damaged file aside"
+
+
+@cli.command()
+@click.option("--fix", is_flag=True, help="Quarantine bad entries; move a damaged file aside (kept) and copy its intact entries.")
+@click.option("--deserialize", is_flag=True, help="Also load every blob of this machine's environment (needs the GPU).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def verify(obj: _Context, fix: bool, deserialize: bool, as_json: bool) -> None:
+    """Check the store: SQLite integrity, every blob's checksum, every entry's key against
+    what it records, kernel caches. Exit code 3 when problems were found (also when --fix
+    fixed them: run it again to confirm). Nothing is ever deleted: see docs/reliability.md."""
+    load, env_id = None, None
+    if deserialize:
+        from .key import TensorSpec
+
+        backend, env_id = _current_backend("verify --deserialize")
+        load = lambda e: backend.load(e.blob, [TensorSpec.from_dict(t) for t in e.tensors])  # noqa: E731
+    store = obj.store()
+    try:
+        report = store.verify(fix=fix, load=load, env_id=env_id)
+    finally:
+        store.close()
+    _emit(report, as_json, _verify_text)
+    if report["problems"]:
+        sys.exit(EXIT_PROBLEMS)
+
+
+@cli.command()
+@click.option("--other-environments", is_flag=True, help="Entries of any other GPU, driver, CUDA, cuDNN or frontend version.")
+@click.option("--older-than", "days", type=click.FloatRange(min=0), default=None, help="Entries unused for more than DAYS days.")
+@click.option("--quarantined", is_flag=True, help="Every quarantined entry.")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def prune(obj: _Context, other_environments: bool, days: float | None, quarantined: bool, dry_run: bool, as_json: bool) -> None:
+    """Remove entries of other environments, entries unused for DAYS days, quarantined
+    entries (any combination), in small transactions that running jobs hardly notice."""
+    if not (other_environments or days is not None or quarantined):
+        raise click.UsageError("say what to prune: --other-environments, --older-than DAYS and/or --quarantined")
+    keep = {_current_backend("prune --other-environments")[1]} if other_environments else None
+    store = obj.store()
+    try:
+        report = store.prune(env_ids_keep=keep, older_than_s=days * 86400 if days is not None else None,
+                             quarantined=quarantined, dry_run=dry_run)  # fmt: skip
+    finally:
+        store.close()
+
+    def text(d: dict[str, Any]) -> Iterable[str]:
+        verb = "would remove" if d["dry_run"] else "removed"
+        for row in d["removed"]:
+            yield f"{verb} {row['key'][:12]}  {row['label'][:40]}  ({row['reason']})"
+        yield f"{verb} {len(d['removed'])} entries ({_size(d['bytes'])}), {d['quarantined']} quarantined entries, " \
+              f"{len(d['kernel_caches'])} kernel caches"  # fmt: skip
+
+    _emit(report, as_json, text)
+
+
 # ---------------------------------------------------------------------- prewarm, bundles, inspect
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "BuildError",
     "BundleError",
     "CacheDirError",
+    "DamagedEntryError",
     "EntryNotFoundError",
     "InvalidGraphError",
     "LockTimeoutError",
@@ -82,6 +83,11 @@ class CacheDirError(StoreError):
 class SchemaTooNewError(StoreError):
     """The database was written by a newer plancache; it is left untouched.
     Fields: ``path``, ``found``, ``supported``."""
+
+
+class DamagedEntryError(StoreError):
+    """One stored entry cannot be decoded (a damaged text or JSON column); the rest of the
+    store is fine. The cache quarantines it and rebuilds. Fields: ``path``, ``key``."""
 
 
 class StoreBusyError(StoreError, TimeoutError):

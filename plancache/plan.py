@@ -121,7 +121,8 @@ class Plan:
         """The variant pack by uid, after checking every tensor. Raises
         ``TensorMismatchError`` naming each problem; launches nothing."""
         name_to_uid = self._name_to_uid
-        pack = {(name_to_uid.get(ref, ref) if ref.__class__ is str else ref): t for ref, t in tensors.items()}
+        # Keys are uids once the check below passes (names were mapped, unknowns refused).
+        pack: dict[Any, Any] = {(name_to_uid.get(ref, ref) if ref.__class__ is str else ref): t for ref, t in tensors.items()}
         fast = self._fast
         if fast is None:
             fast = self._fast = self._fast_table()

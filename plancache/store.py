@@ -22,14 +22,15 @@ import stat
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CacheDirError, SchemaTooNewError, StoreBusyError, StoreError
+from .errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreBusyError, StoreError
+from .key import KEY_FORMAT, canonical_json, environment_id
 
-__all__ = ["DB_NAME", "Entry", "Store", "default_cache_dir", "migrations", "sha256"]
+__all__ = ["DB_NAME", "Entry", "Store", "default_cache_dir", "entry_problem", "migrations", "sha256"]
 
 log = logging.getLogger("plancache")
 
@@ -180,6 +181,86 @@ _INSERT_SQL = (
 )
 
 
+def _is_locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
+def _is_damage(exc: BaseException) -> bool:
+    """An error that says the file itself is damaged (not busy, full or read-only)."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    name = getattr(exc, "sqlite_errorname", "")  # Python >= 3.11
+    return name in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "malformed" in str(exc) or "not a database" in str(exc)
+
+
+def _is_undecodable(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "Could not decode" in str(exc)
+
+
+@contextlib.contextmanager
+def _lenient_text(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """Text columns decoded with replacement characters, so a damaged row can still be
+    quarantined or reported instead of raising on every read."""
+    old = conn.text_factory
+    conn.text_factory = lambda b: b.decode("utf-8", "replace")
+    try:
+        yield conn
+    finally:
+        conn.text_factory = old
+
+
+def entry_problem(entry: Entry) -> str | None:
+    """Why a row would be wrong to serve under its key, or None: its key or environment id
+    does not match the graph, environment and options it records (a row altered, copied
+    under another key, or stored by an older key format)."""
+    if entry.env_id != environment_id(entry.environment):
+        return "env_id does not match the recorded environment"
+    parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
+    if entry.key != sha256(canonical_json(parts).encode()):
+        return "key does not match the recorded graph, environment and options"
+    return _tensor_problem(entry)
+
+
+def _tensor_problem(entry: Entry) -> str | None:
+    """Whether the stored tensor table contradicts the graph of the key: a damaged input
+    shape would make every ``execute`` refuse the caller's right tensors. Outputs are not
+    compared: their shapes are inferred at build time and need not be in the graph."""
+    described = entry.description.get("tensors") or {}
+    for spec in entry.tensors:
+        graph_tensor = described.get(f"u{spec.get('uid')}")
+        if graph_tensor is None or graph_tensor.get("is_virtual") or bool(graph_tensor.get("is_output")) != bool(spec.get("is_output")):
+            return f"tensor table does not match the graph (uid {spec.get('uid')})"
+        if graph_tensor.get("is_output"):
+            continue
+        stored = (list(spec.get("dims") or []), list(spec.get("strides") or []), spec.get("dtype"))
+        if stored != (graph_tensor.get("dim"), graph_tensor.get("stride"), graph_tensor.get("dtype")):
+            return f"tensor table does not match the graph (uid {spec.get('uid')}: {stored[:2]})"
+    return None
+
+
+def _readable_entries(src: sqlite3.Connection) -> list[Entry]:
+    """Every entry of a damaged file that still reads back whole. Rows are fetched one
+    rowid at a time, so a bad page costs only the rows on it; the rowids come from a scan
+    (until the first bad page) and from ``max(rowid)`` when that still reads."""
+    src.execute("PRAGMA writable_schema = ON")  # reads a file shorter than its header says; mode=ro writes nothing
+    rowids: set[int] = set()
+    with contextlib.suppress(sqlite3.Error):
+        for row in src.execute("SELECT rowid FROM plans"):
+            rowids.add(int(row[0]))
+    with contextlib.suppress(sqlite3.Error, TypeError):
+        top = int(src.execute("SELECT max(rowid) FROM plans").fetchone()[0])
+        rowids.update(range(max(1, top - 200_000), top + 1))  # bounded: rowids grow with every replace
+    found = []
+    for rowid in sorted(rowids):
+        try:
+            row = src.execute("SELECT * FROM plans WHERE rowid = ?", (rowid,)).fetchone()
+            if row is not None:
+                found.append(Entry.from_row(row))
+        except (sqlite3.Error, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
 def _check_private(directory: Path, allow_shared: bool) -> None:
     """Refuse a cache directory that other users can write: its blobs carry native code."""
     mode = directory.stat().st_mode
@@ -245,13 +326,104 @@ class Store:
     def _open_and_migrate(self) -> None:
         try:
             self._migrate()
+            damage = self._damage_at_open()
         except sqlite3.DatabaseError as exc:
-            if self.read_only or (isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)):
+            if self.read_only or _is_locked(exc):
                 raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
-            self._move_aside(str(exc))
-            self._migrate()
+            damage = str(exc)
+        if damage is None:
+            return
+        if self.read_only:  # cannot move it aside: damaged pages stay misses
+            log.warning("plancache: read-only store %s is damaged (%s); unreadable entries are misses", self.path, damage)
+            return
+        self.repair(damage)
 
-    def _move_aside(self, reason: str) -> None:
+    def _damage_at_open(self) -> str | None:
+        """Damage that an earlier process left a marker for (``note_damage``), confirmed by
+        ``PRAGMA quick_check``; None when healthy. quick_check reads every page (tens of ms
+        per 1000 entries), so it runs only after a marker, never on a plain open.
+
+        A truncated file needs no check here: SQLite refuses a file shorter than its header
+        says on the first read (``_migrate`` reads page 1). The header is never read with
+        ``open()``: closing a second descriptor of the database file would drop this
+        process's POSIX locks on it, and other processes could then corrupt it."""
+        suspicion = self._marker_reason()
+        if suspicion is None:
+            return None
+        problem = self._quick_check()
+        if problem is None:
+            self._clear_marker()  # a stale marker: the file reads back whole
+            return None
+        return f"{suspicion}; {problem}"
+
+    def _quick_check(self, *, full: bool = False) -> str | None:
+        """The first problems ``PRAGMA quick_check`` (``integrity_check`` when ``full``)
+        reports, or None when it says ok."""
+        pragma = "integrity_check" if full else "quick_check"
+        try:
+            conn = self.connection()
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            rows = [r[0] for r in conn.execute(f"PRAGMA {pragma}(8)")]
+        except sqlite3.DatabaseError as exc:
+            if _is_locked(exc):
+                raise
+            return f"{pragma} failed: {exc}"
+        return None if rows == ["ok"] else "; ".join(rows[:3])
+
+    @property
+    def _marker(self) -> Path:
+        return self.path.with_name(DB_NAME + ".damaged")
+
+    def _marker_reason(self) -> str | None:
+        try:
+            text = self._marker.read_text().strip()
+        except OSError:
+            return None
+        return f"a process saw damage: {text[:200]}"
+
+    def _clear_marker(self) -> None:
+        with contextlib.suppress(OSError):
+            self._marker.unlink()
+
+    def note_damage(self, exc: BaseException) -> None:
+        """Leave a marker after a read or write that found a damaged file, so the next open
+        (or ``verify --fix``) checks it and moves it aside; this process keeps running on
+        misses rather than replacing a file other processes have open."""
+        if self.read_only or not _is_damage(exc):
+            return
+        old_umask = os.umask(0o077)
+        try:
+            self._marker.write_text(f"{time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {exc}\n")
+        except OSError:
+            pass
+        finally:
+            os.umask(old_umask)
+
+    def repair(self, reason: str, *, thorough: bool = False) -> dict[str, Any]:
+        """Move a damaged database file aside (kept, never deleted), start a new one and
+        copy into it every entry of the old file that still reads back intact.
+
+        Serialized by a file lock and re-checked under it: of several processes that find
+        the same damage, one moves the file and the others find the new store healthy.
+        ``thorough`` re-checks with ``integrity_check`` instead of ``quick_check``.
+        Returns ``{"moved_aside": path or None, "salvaged": n}``."""
+        from filelock import FileLock  # only on damage
+
+        with FileLock(str(self.path.with_name(DB_NAME + ".repair.lock")), mode=0o600, timeout=BUSY_TIMEOUT_MS / 1000):
+            self.close()
+            still = self._quick_check(full=thorough)
+            if still is None:  # healthy after all, or another process replaced it meanwhile
+                self._clear_marker()
+                return {"moved_aside": None, "salvaged": 0}
+            aside = self._move_aside(f"{reason}; {still}" if still and still not in reason else reason)
+            self._clear_marker()
+            self._migrate()
+            salvaged = self._salvage(aside)
+        if salvaged:
+            log.warning("plancache: copied %d intact entries from %s into the new store", salvaged, aside)
+        return {"moved_aside": str(aside), "salvaged": salvaged}
+
+    def _move_aside(self, reason: str) -> Path:
         self.close()
         aside = self.path.with_name(f"{DB_NAME}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         log.warning("plancache: %s is unreadable (%s); moved it to %s and started a new store", self.path, reason, aside)
@@ -260,6 +432,24 @@ class Store:
             side = Path(str(self.path) + suffix)
             if side.exists():
                 os.replace(side, Path(str(aside) + suffix))
+        return aside
+
+    def _salvage(self, aside: Path) -> int:
+        """Copy the entries of a moved-aside file that read back whole, match their
+        checksum and their key into this (new) store; 0 when nothing can be read."""
+        try:
+            src = sqlite3.connect(f"file:{urllib.parse.quote(str(aside))}?mode=ro", uri=True, isolation_level=None)
+        except sqlite3.Error:
+            return 0
+        src.row_factory = sqlite3.Row
+        try:
+            entries = [e for e in _readable_entries(src) if e.checksum_ok() and entry_problem(e) is None]
+        finally:
+            src.close()
+        for start in range(0, len(entries), 64):  # small transactions
+            with self.transaction() as tx:
+                tx.executemany(_INSERT_SQL, [e.row() for e in entries[start : start + 64]])
+        return len(entries)
 
     def _migrate(self) -> None:
         conn = self.connection()
@@ -335,7 +525,7 @@ class Store:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
+            if _is_locked(exc):
                 raise StoreBusyError(f"plan store {self.path} stayed locked for {BUSY_TIMEOUT_MS} ms", path=str(self.path)) from exc
             raise StoreError(f"cannot write plan store {self.path}: {exc}", path=str(self.path)) from exc
         try:
@@ -349,6 +539,7 @@ class Store:
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+            self.note_damage(exc)
             raise StoreError(f"cannot commit to plan store {self.path}: {exc}", path=str(self.path)) from exc
 
     def _write(self, sql: str, params: Any = ()) -> int:
@@ -361,9 +552,18 @@ class Store:
     # ------------------------------------------------------------------ plans
 
     def get(self, key: str) -> Entry | None:
-        """The entry stored under ``key``, or None. Reads only; checks no checksum."""
-        row = self.connection().execute("SELECT * FROM plans WHERE key = ?", (key,)).fetchone()
-        return Entry.from_row(row) if row is not None else None
+        """The entry stored under ``key``, or None. Reads only; checks no checksum. A read
+        that finds the file damaged leaves a marker for the next open, then raises."""
+        try:
+            row = self.connection().execute("SELECT * FROM plans WHERE key = ?", (key,)).fetchone()
+            return Entry.from_row(row) if row is not None else None
+        except (ValueError, KeyError, TypeError) as exc:  # a damaged JSON column
+            raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
+        except sqlite3.DatabaseError as exc:
+            if _is_undecodable(exc):  # one row's text is damaged, not the file
+                raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
+            self.note_damage(exc)
+            raise
 
     def put(self, entry: Entry) -> None:
         """Insert or replace an entry in one short transaction."""
@@ -371,6 +571,7 @@ class Store:
             with self.transaction() as tx:
                 tx.execute(_INSERT_SQL, entry.row())
         except sqlite3.Error as exc:
+            self.note_damage(exc)
             raise StoreError(f"cannot store plan {entry.key[:12]} in {self.path}: {exc}", path=str(self.path)) from exc
 
     def delete(self, key: str) -> bool:
@@ -413,24 +614,31 @@ class Store:
 
     def quarantine(self, key: str, reason: str) -> bool:
         """Move an entry out of service, keeping it (and its blob) for inspection."""
+        return self._quarantine_where("key = ?", key, reason)
+
+    def quarantine_rowid(self, rowid: int, reason: str) -> bool:
+        """``quarantine`` for a row whose key itself may be damaged (found by ``verify``)."""
+        return self._quarantine_where("rowid = ?", rowid, reason)
+
+    def _quarantine_where(self, where: str, value: str | int, reason: str) -> bool:
         try:
-            with self.transaction() as tx:
-                row = tx.execute("SELECT * FROM plans WHERE key = ?", (key,)).fetchone()
+            with self.transaction() as tx, _lenient_text(tx):
+                row = tx.execute(f"SELECT * FROM plans WHERE {where}", (value,)).fetchone()  # where: a constant
                 if row is None:
                     return False
                 meta = {k: row[k] for k in row.keys() if k != "blob"}  # noqa: SIM118 - iterating a Row gives values
                 tx.execute(
                     "INSERT INTO quarantine (key, reason, quarantined_at, row_json, blob) VALUES (?, ?, ?, ?, ?)",
-                    (key, reason, time.time(), json.dumps(meta), row["blob"]),
+                    (row["key"], reason, time.time(), json.dumps(meta), row["blob"]),
                 )
-                tx.execute("DELETE FROM plans WHERE key = ?", (key,))
+                tx.execute(f"DELETE FROM plans WHERE {where}", (value,))
                 tx.execute(
                     "INSERT INTO counters (name, value) VALUES ('quarantined', 1) "
                     "ON CONFLICT(name) DO UPDATE SET value = value + 1"
                 )
                 return True
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot quarantine {key[:12]} in {self.path}: {exc}", path=str(self.path)) from exc
+            raise StoreError(f"cannot quarantine {str(value)[:12]} in {self.path}: {exc}", path=str(self.path)) from exc
 
     def quarantined(self) -> list[dict[str, Any]]:
         rows = self.connection().execute(
@@ -484,6 +692,12 @@ class Store:
     def evict_to(self, max_bytes: int, batch: int = 16) -> int:
         """Delete least-recently-used entries, a small batch per transaction, until the
         blobs total at most ``max_bytes``. Returns how many entries were deleted."""
+        try:
+            return self._evict_to(max_bytes, batch)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot evict from plan store {self.path}: {exc}", path=str(self.path)) from exc
+
+    def _evict_to(self, max_bytes: int, batch: int) -> int:
         deleted = 0
         while (excess := self.total_size() - max_bytes) > 0:
             with self.transaction() as tx:
@@ -527,7 +741,189 @@ class Store:
         """SQLite's integrity check plus every blob's checksum; empty when healthy."""
         conn = self.connection()
         problems = [r[0] for r in conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
-        for row in conn.execute("SELECT key, blob, blob_sha256 FROM plans"):
-            if sha256(bytes(row["blob"])) != row["blob_sha256"]:
-                problems.append(f"checksum mismatch in entry {row['key']}")
+        with _lenient_text(conn):  # a damaged text column is a checksum problem, not a crash
+            for row in conn.execute("SELECT key, blob, blob_sha256 FROM plans"):
+                if sha256(bytes(row["blob"])) != row["blob_sha256"]:
+                    problems.append(f"checksum mismatch in entry {row['key']}")
         return problems
+
+    # ------------------------------------------------------------------ prune, verify
+
+    def prune(
+        self,
+        *,
+        env_ids_keep: set[str] | None = None,
+        older_than_s: float | None = None,
+        quarantined: bool = False,
+        dry_run: bool = False,
+        batch: int = 64,
+    ) -> dict[str, Any]:
+        """Remove entries of environments not in ``env_ids_keep`` (and their kernel caches),
+        entries unused for more than ``older_than_s`` seconds, and with ``quarantined`` every
+        quarantined entry. Deletes ``batch`` rows per transaction, so lookups and builds
+        of other processes never wait long; an entry used meanwhile is kept. ``dry_run``
+        reports and deletes nothing."""
+        cutoff = time.time() - older_than_s if older_than_s is not None else None
+        doomed = self._prune_candidates(env_ids_keep, cutoff)
+        report: dict[str, Any] = {
+            "dry_run": dry_run,
+            "removed": doomed,
+            "bytes": sum(r["blob_size"] for r in doomed),
+            "kernel_caches": self._stale_kernel_caches(env_ids_keep),
+            "quarantined": self.connection().execute("SELECT count(*) FROM quarantine").fetchone()[0] if quarantined else 0,
+        }
+        if dry_run:
+            return report
+        try:
+            for start in range(0, len(doomed), batch):
+                with self.transaction() as tx:  # an entry used since it was listed is kept
+                    rows = [(r["key"], r["last_used_at"]) for r in doomed[start : start + batch]]
+                    tx.executemany("DELETE FROM plans WHERE key = ? AND last_used_at <= ?", rows)
+            if report["kernel_caches"]:
+                with self.transaction() as tx:
+                    tx.executemany("DELETE FROM kernel_caches WHERE env_id = ?", [(e,) for e in report["kernel_caches"]])
+            while quarantined:
+                with self.transaction() as tx:
+                    sql = "DELETE FROM quarantine WHERE id IN (SELECT id FROM quarantine ORDER BY id LIMIT ?)"
+                    if tx.execute(sql, (batch,)).rowcount == 0:
+                        break
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot prune plan store {self.path}: {exc}", path=str(self.path)) from exc
+        return report
+
+    def _prune_candidates(self, env_ids_keep: set[str] | None, cutoff: float | None) -> list[dict[str, Any]]:
+        rows = self.connection().execute("SELECT key, env_id, label, blob_size, last_used_at FROM plans ORDER BY key")
+        doomed = []
+        for row in rows:
+            if env_ids_keep is not None and row["env_id"] not in env_ids_keep:
+                reason = "other environment"
+            elif cutoff is not None and row["last_used_at"] < cutoff:
+                reason = "unused since " + time.strftime("%Y-%m-%d", time.localtime(row["last_used_at"]))
+            else:
+                continue
+            doomed.append({**dict(row), "reason": reason})
+        return doomed
+
+    def _stale_kernel_caches(self, env_ids_keep: set[str] | None) -> list[str]:
+        if env_ids_keep is None:
+            return []
+        rows = self.connection().execute("SELECT env_id FROM kernel_caches ORDER BY env_id")
+        return [r[0] for r in rows if r[0] not in env_ids_keep]
+
+    def verify(
+        self,
+        *,
+        fix: bool = False,
+        load: Callable[[Entry], object] | None = None,
+        env_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Check everything: SQLite's integrity check, every blob's checksum, every row's
+        key against what it records, kernel-cache checksums and, given ``load``, that every
+        blob of environment ``env_id`` deserializes. ``report["problems"]`` lists them all.
+
+        ``fix``: quarantine bad entries (kept, never served), drop bad kernel caches; a file
+        that fails the integrity check is moved aside (kept) and its intact entries copied
+        into a new one. Nothing is deleted silently: the report says what was done."""
+        report: dict[str, Any] = {"path": str(self.path), "entries": 0, "integrity": [], "checksum": [], "foreign": {},
+                                  "damaged": {}, "unreadable": [], "kernel_caches": [], "deserialize": None, "fixed": {}}  # fmt: skip
+        try:
+            report["integrity"] = [r[0] for r in self.connection().execute("PRAGMA integrity_check(100)") if r[0] != "ok"]
+        except sqlite3.DatabaseError as exc:
+            if _is_locked(exc):
+                raise StoreError(f"cannot verify plan store {self.path}: {exc}", path=str(self.path)) from exc
+            report["integrity"] = [f"integrity_check failed: {exc}"]
+        if report["integrity"] and fix:
+            report["fixed"] = self.repair("integrity check: " + "; ".join(report["integrity"][:3]), thorough=True)
+        self._verify_rows(report, load, env_id)
+        report["problems"] = _problems(report)
+        if fix:
+            report["fixed"].update(self._fix_rows(report))
+        return report
+
+    def _verify_rows(self, report: dict[str, Any], load: Callable[[Entry], object] | None, env_id: str | None) -> None:
+        """Fill the row-level parts of a verify report, one row at a time by rowid, so a
+        row whose key itself is damaged is still found (and can be quarantined)."""
+        conn = self.connection()
+        checked: dict[str, Any] = {"env_id": env_id, "checked": 0, "skipped": 0, "failed": {}}
+        try:
+            rowids = [r[0] for r in conn.execute("SELECT rowid FROM plans ORDER BY rowid")]
+        except sqlite3.DatabaseError as exc:
+            report["unreadable"].append(f"listing entries failed: {exc}")
+            rowids = []
+        for rowid in rowids:
+            entry = self._verify_read(rowid, report)
+            if entry is None:
+                continue
+            report["entries"] += 1
+            if not entry.checksum_ok():
+                report["checksum"].append(entry.key)
+            elif (problem := entry_problem(entry)) is not None:
+                report["foreign"][entry.key] = problem
+            elif load is not None:
+                _check_load(entry, load, env_id, checked)
+        if load is not None:
+            report["deserialize"] = checked
+        with _lenient_text(conn):
+            for row in conn.execute("SELECT env_id, blob, blob_sha256 FROM kernel_caches"):
+                if sha256(bytes(row["blob"])) != row["blob_sha256"]:
+                    report["kernel_caches"].append(row["env_id"])
+
+    def _verify_read(self, rowid: int, report: dict[str, Any]) -> Entry | None:
+        """One row as an Entry; a row that cannot be decoded is recorded as damaged (it can
+        be quarantined), one SQLite cannot read as unreadable (only moving the file helps)."""
+        try:
+            row = self.connection().execute("SELECT * FROM plans WHERE rowid = ?", (rowid,)).fetchone()
+            return Entry.from_row(row) if row is not None else None
+        except (ValueError, KeyError, TypeError) as exc:
+            report["damaged"][rowid] = f"cannot be decoded: {exc}"
+        except sqlite3.DatabaseError as exc:
+            if not _is_undecodable(exc):
+                report["unreadable"].append(f"row {rowid}: {exc}")
+            else:
+                report["damaged"][rowid] = f"cannot be decoded: {exc}"
+        return None
+
+    def _fix_rows(self, report: dict[str, Any]) -> dict[str, Any]:
+        bad = {key: "blob checksum mismatch" for key in report["checksum"]}
+        bad.update(report["foreign"])
+        bad.update((report["deserialize"] or {}).get("failed") or {})
+        quarantined = [key for key, reason in sorted(bad.items()) if self.quarantine(key, f"verify: {reason}")]
+        quarantined += [f"row {rowid}" for rowid, reason in report["damaged"].items() if self.quarantine_rowid(rowid, f"verify: {reason}")]
+        if report["kernel_caches"]:
+            self._write_many("DELETE FROM kernel_caches WHERE env_id = ?", [(e,) for e in report["kernel_caches"]])
+        fixed: dict[str, Any] = {"quarantined": quarantined, "kernel_caches_removed": list(report["kernel_caches"])}
+        if report["unreadable"] and not report["fixed"].get("moved_aside"):  # unreadable rows cannot be moved: the file is
+            fixed.update(self.repair("unreadable rows: " + "; ".join(report["unreadable"][:3]), thorough=True))
+        return fixed
+
+    def _write_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        try:
+            with self.transaction() as tx:
+                tx.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write plan store {self.path}: {exc}", path=str(self.path)) from exc
+
+
+def _check_load(entry: Entry, load: Callable[[Entry], object], env_id: str | None, checked: dict[str, Any]) -> None:
+    """Deserialize one entry of ``env_id`` through ``load``; another environment's blob
+    cannot load on this GPU and is skipped."""
+    if env_id is not None and entry.env_id != env_id:
+        checked["skipped"] += 1
+        return
+    checked["checked"] += 1
+    try:
+        load(entry)
+    except Exception as exc:  # the library refusing a blob is a finding, not a crash
+        checked["failed"][entry.key] = f"deserialize failed: {type(exc).__name__}: {exc}"
+
+
+def _problems(report: Mapping[str, Any]) -> list[str]:
+    """One line per problem a verify report found."""
+    lines = [f"integrity: {p}" for p in report["integrity"]]
+    lines += [f"{key}: blob checksum mismatch" for key in report["checksum"]]
+    lines += [f"{key}: {reason}" for key, reason in report["foreign"].items()]
+    lines += [f"row {rowid}: {reason}" for rowid, reason in report["damaged"].items()]
+    lines += [f"unreadable: {what}" for what in report["unreadable"]]
+    lines += [f"kernel cache of {env}: checksum mismatch" for env in report["kernel_caches"]]
+    lines += [f"{key}: {reason}" for key, reason in ((report["deserialize"] or {}).get("failed") or {}).items()]
+    return lines

@@ -56,7 +56,7 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, dict[str, Any]]:
         results[name] = {**run(), "wall_seconds": round(time.monotonic() - started, 1)}
 
     timed("single flight", lambda: harness.single_flight(
-        root / "flight", processes_n=args.flight_processes, keys=args.flight_keys, delay=0.3))  # fmt: skip
+        root / "flight", processes_n=args.flight_processes, keys=args.flight_keys, delay=0.6))  # fmt: skip
     timed("SIGKILL writers", lambda: harness.sigkill_writers(root / "kill", iterations=args.kill_iterations, seed=11))
     timed("SIGKILL autotuning", lambda: harness.sigkill_builders(root / "builders", iterations=args.builder_kills, keys=6, delay=0.05))
     timed("readers + writers", lambda: harness.readers_writers(
@@ -77,7 +77,8 @@ def _rows(results: dict[str, dict[str, Any]]) -> list[list[str]]:
         ["SIGKILL writers", str(kill["processes"]), f"{kill['operations']} committed, {kill['operations_cut']} cut",
          f"{kill['sigkills']} SIGKILLs", f"{kill['integrity_checks_passed']}/{kill['iterations']}", str(kill["entries_lost"]),
          str(len(kill["violations"]))],
-        ["SIGKILL autotuning", str(2 * builders["iterations"] + 2), f"{builders['final_plans']} plans after", f"{builders['sigkills']} SIGKILLs",
+        ["SIGKILL autotuning", str(2 * builders["iterations"] + 2), f"{builders['final_plans']} gets of {builders['keys']} keys after",
+         f"{builders['sigkills']} SIGKILLs",
          "1/1" if not builders["violations"] else "0/1", "0", str(len(builders["violations"]))],
         ["readers + writers", str(rw["processes"]), f"{rw['operations']} in {rw['seconds']:.1f} s", f"{rw['locked_errors']} 'locked'",
          "1/1" if not rw["violations"] else "0/1", "0", str(len(rw["violations"]))],

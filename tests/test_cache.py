@@ -494,3 +494,19 @@ def test_a_hit_executes_by_the_callers_tensor_names(make_cache: Any, tmp_path: P
     plan.execute(by_name)
     ref = templates.reference("matmul_bias_act", tensors, **params)
     assert torch.allclose(tensors[4].float(), ref, atol=1e-5)
+
+
+def test_builder_with_an_explicit_key(make_cache: Any) -> None:
+    from plancache import templates
+
+    cache = make_cache()
+    calls = []
+
+    @cache.builder(key=lambda n: n)
+    def conv(n: int) -> Any:
+        calls.append(n)
+        return templates.build("conv_bias_act", n=n, c=4, h=6, w=6, k=4, dtype="float32")
+
+    first, again, other = conv(1), conv(1), conv(2)
+    assert first is again and first is not other
+    assert calls == [1, 2]

@@ -1,0 +1,169 @@
+"""Guarantees 1 and 2 of docs/reliability.md with real processes: single-flight autotuning
+across processes, locks of killed processes, SIGKILL at random points of writing and of
+autotuning, and many readers with writers. The scenarios live in harness.py (shared with
+scripts/stress_store.py, which runs them with larger counts)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+from graphs import ConvBiasRelu, assert_runs_correctly
+from harness import (
+    StoreModel,
+    cache_victim,
+    entry_for,
+    processes,
+    readers_writers,
+    sigkill_builders,
+    sigkill_writers,
+    single_flight,
+    start,
+)
+
+from plancache import LockTimeoutError, PlanCache, Store
+from plancache.store import DB_NAME
+
+pytestmark = pytest.mark.slow
+MakeCache = Callable[..., PlanCache]
+
+
+def lock_path(cache: PlanCache, graph: object) -> Path:
+    return cache.directory / "locks" / f"{cache.key(graph).digest[:32]}.lock"
+
+
+# ---------------------------------------------------------------------------- 1. single flight
+
+
+def test_sixteen_processes_build_each_key_exactly_once(tmp_path: Path) -> None:
+    # Each build takes 4 x 0.5 s, longer than the 1 s after which a waiter logs.
+    report = single_flight(tmp_path, processes_n=16, keys=6, delay=0.5)
+    assert report["violations"] == []
+    assert (report["plans"], report["builds"]) == (16 * 6, 6)
+    assert report["waits"] > 0 and report["wait_log_lines"] == report["waits"]  # one line per wait
+
+
+def test_a_lock_left_by_a_killed_builder_blocks_no_one(tmp_path: Path, make_cache: MakeCache) -> None:
+    directory, spec = tmp_path / "cache", ConvBiasRelu(n=3)
+    journal, build_log = tmp_path / "victim", tmp_path / "builds.log"
+    probe = make_cache(directory=directory)
+    lock = FileLock(str(lock_path(probe, spec.graph())))
+    with processes() as procs:
+        victim = start(procs, cache_victim, str(directory), [3], 0.5, str(build_log), str(journal))
+        deadline = time.monotonic() + 30
+        while not _held(lock):  # the victim is autotuning inside its lock
+            assert time.monotonic() < deadline and victim.is_alive(), "the victim never took the lock"
+            time.sleep(0.01)
+        victim.kill()
+        victim.join(10)
+    assert not build_log.exists()  # killed before storing anything
+    started = time.monotonic()
+    cache = make_cache(directory=directory, lock_timeout=20)
+    plan = cache.get(spec.graph())
+    assert time.monotonic() - started < 5  # not the 20 s lock timeout
+    assert plan.source == "built" and cache.counters["waits"] == 0
+    assert_runs_correctly(plan, spec)
+
+
+def _held(lock: FileLock) -> bool:
+    try:
+        lock.acquire(timeout=0)
+    except TimeoutError:
+        return True
+    lock.release()
+    return False
+
+
+def test_waiting_is_bounded_logged_and_names_the_key(make_cache: MakeCache, caplog: pytest.LogCaptureFixture) -> None:
+    cache = make_cache(lock_timeout=1.5)
+    graph = ConvBiasRelu(n=5).graph()
+    with FileLock(str(lock_path(cache, graph))), caplog.at_level(logging.INFO, logger="plancache"):  # a builder that hangs
+        started = time.monotonic()
+        with pytest.raises(LockTimeoutError) as info:
+            cache.get(graph)
+    waited = time.monotonic() - started
+    assert 1.4 < waited < 5
+    assert info.value.key == cache.key(graph).digest and info.value.waited_s >= 1.4
+    assert "still building or hung" in str(info.value)
+    [line] = [r.getMessage() for r in caplog.records if "waiting up to" in r.getMessage()]
+    assert info.value.key[:12] in line and "CONV_FPROP" in line and ".lock" in line
+    assert cache.counters["waits"] == 1
+
+
+def test_a_lookup_never_takes_the_build_lock(make_cache: MakeCache) -> None:
+    spec = ConvBiasRelu(n=6)
+    first = make_cache()
+    first.get(spec.graph())
+    first.close()
+    second = make_cache(lock_timeout=1.0)
+    with FileLock(str(lock_path(second, spec.graph()))):  # another process is rebuilding it
+        started = time.monotonic()
+        plan = second.get(spec.graph())
+    assert plan.source == "loaded" and second.counters["waits"] == 0
+    assert time.monotonic() - started < 0.5
+
+
+# ---------------------------------------------------------------------------- 2. crash safety
+
+
+def test_sigkill_of_writers_at_random_points_loses_nothing(tmp_path: Path) -> None:
+    report = sigkill_writers(tmp_path, iterations=30, writers=2, seed=3)
+    assert report["violations"] == []
+    assert report["entries_lost"] == 0
+    assert report["integrity_checks_passed"] == 30
+    assert report["sigkills"] == 60 and report["early_kills"] > 0
+    assert report["operations"] > 1000 and report["operations_cut"] > 10  # kills landed inside operations
+    assert report["entries_at_end"] > 0
+
+
+def test_the_kill_checker_sees_a_lost_or_partial_entry(tmp_path: Path) -> None:
+    # The checker above must be able to fail: drop one committed entry, cut another's blob.
+    store = Store(tmp_path / "cache")
+    entries = [entry_for(f"check-{i}", 4096) for i in range(3)]
+    journal = tmp_path / "journal"
+    journal.write_text("R\n" + "".join(f"B put {e.key}\nE put {e.key}\n" for e in entries))
+    for entry in entries:
+        store.put(entry)
+    model = StoreModel(4096)
+    model.apply(journal)
+    assert model.check(store.path) == ([], 0)
+    conn = sqlite3.connect(store.path, isolation_level=None)
+    conn.execute("DELETE FROM plans WHERE key = ?", (entries[0].key,))
+    conn.execute("UPDATE plans SET blob = substr(blob, 1, 100), blob_sha256 = ? WHERE key = ?", ("x", entries[1].key))
+    conn.close()
+    store.close()
+    violations, lost = model.check(tmp_path / "cache" / DB_NAME)
+    assert lost == 1
+    assert any("gone" in v for v in violations) and any("partial" in v for v in violations)
+
+
+def test_sigkill_during_autotune_and_store_lets_the_next_process_proceed(tmp_path: Path) -> None:
+    report = sigkill_builders(tmp_path, iterations=5, keys=4, delay=0.05)
+    assert report["violations"] == []
+    assert report["sigkills"] >= 5
+    assert report["final_plans"] == 2 * 5 * 4
+    assert report["final_seconds"] < 30
+
+
+# ---------------------------------------------------------------------------- many readers, two writers
+
+
+def test_sixteen_readers_and_two_writers_never_see_database_is_locked(tmp_path: Path) -> None:
+    report = readers_writers(tmp_path, readers=16, writers=2, reader_ops=150, writer_ops=300)
+    assert report["violations"] == []
+    assert (report["processes"], report["operations"]) == (18, 3000)
+    assert report["errors"] == 0 and report["locked_errors"] == 0
+
+
+def test_workers_leave_no_process_behind(tmp_path: Path) -> None:
+    # processes() kills and reaps whatever is still running, even when the test fails.
+    with pytest.raises(RuntimeError), processes() as procs:
+        worker = start(procs, cache_victim, str(tmp_path / "c"), list(range(1, 50)), 1.0, os.devnull, str(tmp_path / "j"))
+        raise RuntimeError("the test failed")
+    assert not worker.is_alive() and worker.exitcode is not None
