@@ -85,6 +85,15 @@ class PlanCache:
     create_execution_plans, check_support and build_plans.
 
     Thread-safe. One instance per process is the intended use; several are fine.
+
+    ``options``: the default ``BuildOptions`` (autotune policy, K, heuristic modes,
+    workspace limit, kernel-cache sharing). ``timing``: how candidates are timed.
+    ``read_only``: serve hits, keep new plans in memory (default: detected).
+    ``max_size``: bytes of plans kept, least recently used evicted (``PLANCACHE_MAX_SIZE``).
+    ``lock_timeout``: seconds to wait for another process building the same plan.
+    ``persist_kernel_cache``: store the shared kernel cache of dynamic-shape builds and
+    restore it in later processes (off: it did not shorten builds on cuDNN 9.19).
+    ``remote``: a ``RemoteTier`` (default: from ``PLANCACHE_REDIS_URL``, else none).
     """
 
     def __init__(
@@ -97,7 +106,7 @@ class PlanCache:
         read_only: bool | None = None,
         max_size: int | None = None,
         lock_timeout: float = 900.0,
-        restore_kernel_cache: bool = True,
+        persist_kernel_cache: bool = False,
         remote: Any = None,
     ) -> None:
         self.backend = backend if backend is not None else _default_backend()
@@ -118,7 +127,7 @@ class PlanCache:
         from .manifest import recorder_from_env  # PLANCACHE_RECORD=path: record every graph into a manifest
 
         recorder_from_env(self)
-        self.restore_kernel_cache = restore_kernel_cache
+        self.persist_kernel_cache = persist_kernel_cache
         self.remote = remote if remote is not None else _remote_from_env()
         self._remote_flushed: dict[str, int] = {}
         self._kernel_cache_restored = False
@@ -126,8 +135,7 @@ class PlanCache:
         if self.store.read_only:
             self._warn_once("read-only", "plancache: %s is read-only: stored plans are served, new ones stay in memory", self.directory)
         # Flush batched hit counts when the process ends; weakly, so the cache can be freed.
-        ref = weakref.ref(self)
-        atexit.register(lambda: (c := ref()) is not None and c.flush())
+        atexit.register(_flush_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ public
 
@@ -457,7 +465,7 @@ class PlanCache:
         started = time.perf_counter()
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
         if dynamic:
-            self._restore_kernel_cache(key)
+            self._restore_kernel_cache(key)  # only with persist_kernel_cache
         cands = self.backend.candidates(graph, options, inputs)
         try:
             result = autotune(cands, options, self.timing)
@@ -465,7 +473,7 @@ class PlanCache:
         finally:
             cands.close()
         self.counters["builds"] += 1
-        if dynamic and persist:
+        if dynamic and persist and self.persist_kernel_cache:
             self._save_kernel_cache(key)
         elapsed = time.perf_counter() - started
         reports = [r.to_dict() for r in result.candidates]
@@ -478,7 +486,7 @@ class PlanCache:
     def _restore_kernel_cache(self, key: CacheKey) -> None:
         """Before this process's first dynamic-shape build: load the stored kernel cache of
         this environment (never another's: it is stored under the environment id)."""
-        if self._kernel_cache_restored or not self.restore_kernel_cache:
+        if self._kernel_cache_restored or not self.persist_kernel_cache:
             return
         self._kernel_cache_restored = True
         restore = getattr(self.backend, "restore_kernel_cache", None)
@@ -570,6 +578,12 @@ class PlanCache:
 
 _tensor_type: Any = None
 _KWARGS = object()
+
+
+def _flush_at_exit(ref: weakref.ref[PlanCache]) -> None:
+    cache = ref()
+    if cache is not None:
+        cache.flush()
 
 
 def _unusable(entry: Entry, environment: Mapping[str, Any]) -> str | None:

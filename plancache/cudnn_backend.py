@@ -342,7 +342,8 @@ class CudnnBackend:
     def candidates(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None) -> _Candidates:
         self._require_gpu()
         cudnn = _cudnn()
-        self.attach_kernel_cache(graph)
+        if options.kernel_cache:
+            self.attach_kernel_cache(graph)
         self._plan_graph(graph, options)
         modes = [getattr(cudnn.heur_mode, m) for m in options.heuristic_modes]
         try:
@@ -358,7 +359,8 @@ class CudnnBackend:
         self._require_gpu()
         if engine.engine_id is None:
             raise BuildError(f"engine {engine.name!r} has no engine id to rebuild from", reason="no engine id")
-        self.attach_kernel_cache(graph)
+        if options.kernel_cache:
+            self.attach_kernel_cache(graph)
         self._plan_graph(graph, options)
         graph.create_execution_plan(engine.engine_id, _knobs_from_json(engine.knobs))
         index = graph.get_execution_plan_count() - 1

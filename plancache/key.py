@@ -50,6 +50,8 @@ class BuildOptions:
     ``policy``: ``"heuristic"`` takes the heuristics' first buildable plan without timing;
     ``"topk"`` times the first ``top_k`` candidates; ``"exhaustive"`` times all of them.
     ``workspace_limit`` (bytes) excludes plans that need more workspace.
+    ``kernel_cache``: dynamic-shape graphs build against the one kernel cache the
+    backend shares per device (False: each builds its own). Static graphs ignore it.
     """
 
     policy: str = "topk"
@@ -58,7 +60,7 @@ class BuildOptions:
     top_k: int = 4
     heuristic_modes: tuple[str, ...] = HEURISTIC_MODES
     workspace_limit: int | None = None
-    kernel_cache: bool = False
+    kernel_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

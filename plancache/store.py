@@ -113,9 +113,15 @@ class Entry:
     created_at: float = field(default_factory=time.time)
     last_used_at: float = 0.0
     hit_count: int = 0
+    meta_sha256: str | None = None  # None: written by schema 1, before this checksum existed
 
     def checksum_ok(self) -> bool:
         return len(self.blob) > 0 and sha256(self.blob) == self.blob_sha256
+
+    def meta_digest(self) -> str:
+        """SHA-256 of what the plan executes with besides its blob."""
+        meta = {"tensors": self.tensors, "engine": self.engine, "workspace_size": self.workspace_size}
+        return sha256(canonical_json(meta).encode())
 
     def row(self) -> dict[str, Any]:
         return {
@@ -140,6 +146,7 @@ class Entry:
             "created_at": self.created_at,
             "last_used_at": self.last_used_at or self.created_at,
             "hit_count": self.hit_count,
+            "meta_sha256": self.meta_sha256 or self.meta_digest(),
         }
 
     @classmethod
@@ -165,15 +172,15 @@ class Entry:
             created_at=float(row["created_at"]),
             last_used_at=float(row["last_used_at"]),
             hit_count=int(row["hit_count"]),
+            meta_sha256=row["meta_sha256"] if "meta_sha256" in row.keys() else None,  # noqa: SIM118 - a Row
         )
 
 
-_ROW_COLUMNS = tuple(Entry.__dataclass_fields__)  # only for documentation of the mapping
 _INSERT_COLUMNS = (
     "key", "env_id", "label", "graph_json", "environment_json", "options_json", "tensors_json",
     "blob", "blob_sha256", "blob_size", "engine_json", "workspace_size", "policy",
     "candidates_json", "timing_json", "build_seconds", "autotune_seconds", "backend",
-    "created_at", "last_used_at", "hit_count",
+    "created_at", "last_used_at", "hit_count", "meta_sha256",
 )  # fmt: skip
 _INSERT_SQL = (
     f"INSERT OR REPLACE INTO plans ({', '.join(_INSERT_COLUMNS)}) "
@@ -218,6 +225,8 @@ def entry_problem(entry: Entry) -> str | None:
     parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
     if entry.key != sha256(canonical_json(parts).encode()):
         return "key does not match the recorded graph, environment and options"
+    if entry.meta_sha256 is not None and entry.meta_sha256 != entry.meta_digest():
+        return "metadata checksum mismatch (tensor table, engine or workspace size altered)"
     return _tensor_problem(entry)
 
 
@@ -566,7 +575,10 @@ class Store:
             raise
 
     def put(self, entry: Entry) -> None:
-        """Insert or replace an entry in one short transaction."""
+        """Insert or replace an entry in one short transaction. Seals it first: an entry
+        without a metadata checksum gets one (``entry.meta_sha256``)."""
+        if entry.meta_sha256 is None:
+            entry.meta_sha256 = entry.meta_digest()
         try:
             with self.transaction() as tx:
                 tx.execute(_INSERT_SQL, entry.row())

@@ -237,7 +237,7 @@ class CpuTestBackend:
 
     def candidates(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None) -> _Candidates:
         description, tensors = self._describe_with_shapes(graph)
-        if description["flags"]["dynamic_shape"]:
+        if description["flags"]["dynamic_shape"] and options.kernel_cache:
             self.kernels.add(summary_of_ops(description))
         return _Candidates(self, description, tensors)
 

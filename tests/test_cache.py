@@ -510,3 +510,46 @@ def test_builder_with_an_explicit_key(make_cache: Any) -> None:
     first, again, other = conv(1), conv(1), conv(2)
     assert first is again and first is not other
     assert calls == [1, 2]
+
+
+def _dynamic_conv(n: int) -> Any:
+    from plancache import templates
+
+    return templates.build("conv_bias_act", n=n, c=4, h=6, w=6, k=4, dtype="float32", dynamic=True)
+
+
+def test_kernel_cache_is_shared_but_not_persisted_by_default(make_cache: Any) -> None:
+    from plancache.key import environment_id
+    from plancache.testing import CpuTestBackend
+
+    backend = CpuTestBackend()
+    cache = make_cache(backend=backend)
+    cache.get(_dynamic_conv(1))
+    assert backend.kernels, "dynamic builds use the shared kernel cache"
+    assert cache.store.get_kernel_cache(environment_id(cache.environment)) is None
+
+
+def test_kernel_cache_persisted_and_restored_when_asked(make_cache: Any) -> None:
+    from plancache.key import environment_id
+    from plancache.testing import CpuTestBackend
+
+    first = make_cache(persist_kernel_cache=True)
+    first.get(_dynamic_conv(1))
+    assert first.store.get_kernel_cache(environment_id(first.environment)) is not None
+    restored, fresh = CpuTestBackend(), CpuTestBackend(environment={"gpu_name": "another GPU"})
+    same_env = make_cache(backend=restored, persist_kernel_cache=True)
+    same_env.get(_dynamic_conv(2))
+    assert same_env.counters["kernel_cache_restores"] == 1
+    other_env = make_cache(backend=fresh, persist_kernel_cache=True)
+    other_env.get(_dynamic_conv(3))
+    assert other_env.counters["kernel_cache_restores"] == 0, "never a kernel cache of another environment"
+
+
+def test_kernel_cache_sharing_can_be_turned_off(make_cache: Any) -> None:
+    from plancache import BuildOptions
+    from plancache.testing import CpuTestBackend
+
+    backend = CpuTestBackend()
+    cache = make_cache(backend=backend, options=BuildOptions(kernel_cache=False))
+    cache.get(_dynamic_conv(1))
+    assert not backend.kernels

@@ -174,7 +174,7 @@ def test_flipped_blob_is_rebuilt_from_engine(tmp_path: Path) -> None:
 _DYNAMIC_CHILD = r"""
 import json, sys, torch, plancache
 from plancache import templates
-cache = plancache.PlanCache(sys.argv[1])
+cache = plancache.PlanCache(sys.argv[1], persist_kernel_cache=True)
 params = {"c": 32, "h": 28, "w": 28, "k": 32, "n": 5, "dynamic": True}
 plan = cache.get(templates.build("conv_bias_act", **params))
 t = templates.allocate("conv_bias_act", device="cuda", **params)
@@ -186,7 +186,7 @@ print(json.dumps({"counters": cache.counters, "error": float((t[4].float() - ref
 
 def test_dynamic_shapes_share_and_persist_the_kernel_cache(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
-    cache = plancache.PlanCache(directory)
+    cache = plancache.PlanCache(directory, persist_kernel_cache=True)
     for n in (1, 2, 3, 4):
         params = {"c": 32, "h": 28, "w": 28, "k": 32, "n": n, "dynamic": True}
         plan = cache.get(templates.build("conv_bias_act", **params))

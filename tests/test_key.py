@@ -295,7 +295,7 @@ def test_build_options_defaults_and_valid_values() -> None:
         assert BuildOptions(policy=policy).to_dict()["policy"] == policy
     options = BuildOptions(heuristic_modes=("B",), workspace_limit=0, top_k=1)
     assert options.to_dict() == {
-        "policy": "topk", "top_k": 1, "heuristic_modes": ["B"], "workspace_limit": 0, "kernel_cache": False,
+        "policy": "topk", "top_k": 1, "heuristic_modes": ["B"], "workspace_limit": 0, "kernel_cache": True,
     }  # fmt: skip
 
 
@@ -306,7 +306,7 @@ def test_build_options_enter_the_key() -> None:
     assert key_of(spec, options=BuildOptions(top_k=2)) != base
     assert key_of(spec, options=BuildOptions(workspace_limit=1 << 20)) != base
     assert key_of(spec, options=BuildOptions(heuristic_modes=("A",))) != base
-    assert key_of(spec, options=BuildOptions(kernel_cache=True)) != base
+    assert key_of(spec, options=BuildOptions(kernel_cache=False)) != base
     # top_k only matters to the topk policy
     heuristic = key_of(spec, options=BuildOptions(policy="heuristic"))
     assert key_of(spec, options=BuildOptions(policy="heuristic", top_k=3)) == heuristic

@@ -43,7 +43,10 @@ def make_entry(key: str = "ab" * 32, *, blob: bytes = b"plan-bytes", last_used_a
         "last_used_at": last_used_at,
     }
     values.update(fields)
-    return Entry(**values)
+    entry = Entry(**values)
+    if "meta_sha256" not in fields:
+        entry.meta_sha256 = entry.meta_digest()  # as Store.put seals it
+    return entry
 
 
 def hexkey(prefix: str) -> str:
@@ -456,3 +459,63 @@ def test_writes_are_visible_to_another_connection_at_once(store: Store, db: Call
     assert reader.execute("SELECT count(*) FROM plans").fetchone()[0] == 1
     store.put(make_entry(hexkey("cd")))
     assert reader.execute("SELECT count(*) FROM plans").fetchone()[0] == 2
+
+
+def _schema_one_database(directory: Path) -> Path:
+    """A database as plancache 0.1 with only migration 0001 wrote it, holding one row."""
+    directory.mkdir(mode=0o700)
+    path = directory / "plans.db"
+    number, _name, sql = migrations()[0]
+    assert number == 1
+    conn = sqlite3.connect(path)
+    conn.executescript(sql)
+    conn.execute("PRAGMA user_version = 1")
+    row = make_entry().row()
+    del row["meta_sha256"]  # schema 1 had no such column
+    conn.execute(f"INSERT INTO plans ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_schema_one_database_is_migrated_and_its_rows_still_served(tmp_path: Path) -> None:
+    _schema_one_database(tmp_path / "old")
+    store = Store(tmp_path / "old")
+    assert store.connection().execute("PRAGMA user_version").fetchone()[0] == len(migrations()) >= 2
+    entry = store.get("ab" * 32)
+    assert entry is not None and entry.meta_sha256 is None, "old rows keep NULL: nothing to compare"
+    assert entry.checksum_ok()
+    store.close()
+
+
+def test_metadata_checksum_catches_an_altered_tensor_table(store: Store) -> None:
+    from plancache.store import entry_problem
+
+    entry = make_entry()
+    store.put(entry)
+    stored = store.get(entry.key)
+    assert stored is not None and stored.meta_sha256 == stored.meta_digest()
+    tensors = json.loads(store.connection().execute("SELECT tensors_json FROM plans").fetchone()[0])
+    tensors[0]["dims"] = [2, 4]  # a flipped bit in a stored shape
+    store.connection().execute("UPDATE plans SET tensors_json = ?", (json.dumps(tensors),))
+    altered = store.get(entry.key)
+    assert altered is not None and altered.checksum_ok(), "the blob itself is intact"
+    assert altered.meta_sha256 != altered.meta_digest()
+
+
+def test_an_entry_with_an_altered_output_shape_is_rebuilt(make_cache: Callable[..., Any], cache_dir: Path) -> None:
+    from plancache import templates
+
+    params = {"b": 1, "m": 4, "n": 4, "k": 4, "dtype": "float32"}
+    key = make_cache().get(templates.build("matmul_bias_act", **params)).key
+    conn = sqlite3.connect(cache_dir / DB_NAME)
+    tensors = json.loads(conn.execute("SELECT tensors_json FROM plans").fetchone()[0])
+    output = next(t for t in tensors if t["is_output"])
+    output["dims"] = [1, 4, 5]  # outputs are not in the graph description: only the checksum sees this
+    conn.execute("UPDATE plans SET tensors_json = ?", (json.dumps(tensors),))
+    conn.commit()
+    conn.close()
+    cache = make_cache()
+    plan = cache.get(templates.build("matmul_bias_act", **params))
+    assert (plan.source, cache.counters["corrupt"]) == ("rebuilt", 1)
+    assert plan.key == key and next(t for t in plan.tensors if t.is_output).dims == (1, 4, 4)
