@@ -489,7 +489,6 @@ def test_schema_one_database_is_migrated_and_its_rows_still_served(tmp_path: Pat
 
 
 def test_metadata_checksum_catches_an_altered_tensor_table(store: Store) -> None:
-    from plancache.store import entry_problem
 
     entry = make_entry()
     store.put(entry)
