@@ -27,7 +27,7 @@ from .backend import Backend, BuiltPlan, EngineChoice
 from .errors import DamagedEntryError, LockTimeoutError, StoreError
 from .key import BuildOptions, CacheKey, TensorSpec, describe, environment_id, make_key
 from .plan import Plan
-from .store import Entry, Store, entry_problem, sha256
+from .store import Entry, Store, StoredPlan, entry_problem, sha256
 
 __all__ = ["PlanCache", "summarize"]
 
@@ -249,7 +249,7 @@ class PlanCache:
                 except Exception as exc:  # a damaged table or a refused blob is reported, never raised
                     reason = f"deserialize failed: {type(exc).__name__}: {exc}"
                 else:
-                    engine = _engine_of(entry)
+                    engine = _engine_of(entry.engine)
                     with self._lock:
                         self._memory[(digest, device)] = self._plan(digest, native, tensors, entry.workspace_size, engine, "loaded")
                     self.counters["hits"] += 1
@@ -410,30 +410,65 @@ class PlanCache:
         return FileLock(str(locks / f"{digest[:32]}.lock"), mode=0o600)
 
     def _load(self, graph: Any, key: CacheKey, options: BuildOptions, entry: Entry | None = None) -> Plan | None:
-        if entry is None:
-            entry = self._read(key.digest)
-        if entry is None:
-            return None
-        engine = _engine_of(entry)
-        reason = _unusable(entry, key.parts["environment"])
+        """A hit: check what the plan executes with, deserialize, or quarantine and rebuild.
+
+        ``entry``: a whole entry from the remote tier, checked whole. Otherwise only what a
+        hit needs is read (``Store.get_plan``): the lookup stays within a few hundred
+        microseconds of cuDNN's own deserialize.
+        """
+        environment = key.parts["environment"]
+        if entry is not None:
+            stored: StoredPlan | None = _serving_view(entry)
+            reason = _unusable(entry, environment)
+        else:
+            stored = self._read_plan(key.digest)
+            if stored is None:
+                return None
+            reason = stored.problem(environment)
+            if reason is None and stored.meta_ok is None:  # a schema-1 row: check it whole
+                old = self._read(key.digest)
+                reason = _unusable(old, environment) if old is not None else "entry cannot be read"
+        assert stored is not None
         if reason is None:
             try:
-                tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
+                tensors = [TensorSpec.from_dict(t) for t in stored.tensors]
             except (ValueError, KeyError, TypeError, AttributeError) as exc:  # damaged, yet valid JSON
                 reason = f"tensor table cannot be decoded: {exc!r}"
         if reason is None:
             try:
-                native = self.backend.load(entry.blob, tensors)
+                native = self.backend.load(stored.blob, tensors)
             except Exception as exc:  # the library refusing a blob is a miss, never a crash
                 reason = f"deserialize failed: {type(exc).__name__}: {exc}"
             else:
                 self.counters["hits"] += 1
                 self._note_hit(key.digest)
-                return self._plan(key.digest, native, _named_as(tensors, graph), entry.workspace_size, engine, "loaded")
+                engine = _engine_of(stored.engine)
+                return self._plan(key.digest, native, _named_as(tensors, graph), stored.workspace_size, engine, "loaded")
+        old = entry if entry is not None else self._read_quietly(key.digest)
+        engine = _engine_of(stored.engine)
         self._quarantine(key.digest, reason)
         if engine is None or self.store.read_only:
             return None
-        return self._rebuild(graph, key, options, entry, engine)
+        return self._rebuild(graph, key, options, old, engine)
+
+    def _read_plan(self, key: str) -> StoredPlan | None:
+        """``Store.get_plan`` with the store's failures turned into misses."""
+        try:
+            return self.store.get_plan(key)
+        except DamagedEntryError as exc:  # one undecodable row: out of service, then a miss
+            self._quarantine(key, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
+            return None
+        except (StoreError, sqlite3.Error, OSError) as exc:  # a damaged or busy store is a miss
+            self.counters["store_errors"] += 1
+            self._warn_once("read", "plancache: reading %s failed (%s); treating as a miss", self.store.path, exc)
+            return None
+
+    def _read_quietly(self, key: str) -> Entry | None:
+        """The whole entry for a rebuild's records (candidates, policy), if it still reads."""
+        try:
+            return self.store.get(key)
+        except (StoreError, sqlite3.Error, OSError):
+            return None
 
     def _quarantine(self, digest: str, reason: str) -> None:
         self.counters["corrupt"] += 1
@@ -445,7 +480,7 @@ class PlanCache:
         except StoreError as exc:
             self._warn_once("quarantine", "plancache: could not quarantine %s: %s", digest[:12], exc)
 
-    def _rebuild(self, graph: Any, key: CacheKey, options: BuildOptions, old: Entry, engine: EngineChoice) -> Plan | None:
+    def _rebuild(self, graph: Any, key: CacheKey, options: BuildOptions, old: Entry | None, engine: EngineChoice) -> Plan | None:
         """Rebuild a damaged entry from its engine id and knobs: no autotuning."""
         started = time.perf_counter()
         try:
@@ -454,8 +489,11 @@ class PlanCache:
             log.warning("plancache: rebuilding %s from engine %s failed (%s); autotuning instead", key.digest[:12], engine.name, exc)
             return None
         self.counters["rebuilds"] += 1
-        candidates = old.candidates
-        self._persist(key, built, old.policy, candidates, old.timing, time.perf_counter() - started, 0.0)
+        # The damaged entry's autotuning record still says why this engine was chosen.
+        policy = old.policy if old is not None else options.policy
+        candidates = old.candidates if old is not None else []
+        timing = old.timing if old is not None else {"method": "rebuilt from the stored engine id and knobs"}
+        self._persist(key, built, policy, candidates, timing, time.perf_counter() - started, 0.0)
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt")
 
     def _build(
@@ -595,10 +633,15 @@ def _unusable(entry: Entry, environment: Mapping[str, Any]) -> str | None:
     return entry_problem(entry)  # the row's own metadata altered (key, environment id, inputs)
 
 
-def _engine_of(entry: Entry) -> EngineChoice | None:
+def _serving_view(entry: Entry) -> StoredPlan:
+    return StoredPlan(entry.key, entry.environment, entry.tensors, entry.blob, entry.blob_sha256, entry.engine,
+                      entry.workspace_size, None if entry.meta_sha256 is None else entry.meta_sha256 == entry.meta_digest())  # fmt: skip
+
+
+def _engine_of(engine: Mapping[str, Any] | None) -> EngineChoice | None:
     """The recorded engine and knobs, or None when absent or damaged (then: autotune)."""
     try:
-        return EngineChoice.from_dict(entry.engine) if entry.engine else None
+        return EngineChoice.from_dict(engine) if engine else None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -610,7 +653,7 @@ def _named_as(tensors: list[TensorSpec], graph: Any) -> list[TensorSpec]:
     if not isinstance(tensor_map, Mapping):
         return tensors
     names = {int(t.uid): str(name) for name, t in tensor_map.items() if not t.is_virtual}
-    return [dataclasses.replace(t, name=names.get(t.uid, t.name)) for t in tensors]
+    return [t if names.get(t.uid, t.name) == t.name else dataclasses.replace(t, name=names[t.uid]) for t in tensors]
 
 
 def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[tuple[Any, ...], bool]:

@@ -12,6 +12,7 @@ Pure: no cuDNN, torch or CUDA import. Never uses Python's ``hash()``.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -75,11 +76,17 @@ class BuildOptions:
 
     def to_dict(self) -> dict[str, Any]:
         """The options as they enter the key (top_k only matters for the topk policy)."""
-        data = asdict(self)
-        data["heuristic_modes"] = list(self.heuristic_modes)
-        if self.policy != "topk":
-            data["top_k"] = None
-        return data
+        return dict(_options_dict(self))  # a copy: callers may change theirs
+
+
+@functools.lru_cache(maxsize=64)
+def _options_dict(options: BuildOptions) -> dict[str, Any]:
+    # Every lookup keys its options; asdict() deep-copies, so do it once per options value.
+    data = asdict(options)
+    data["heuristic_modes"] = list(options.heuristic_modes)
+    if options.policy != "topk":
+        data["top_k"] = None
+    return data
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Any
 from .errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreBusyError, StoreError
 from .key import KEY_FORMAT, canonical_json, environment_id
 
-__all__ = ["DB_NAME", "Entry", "Store", "default_cache_dir", "entry_problem", "migrations", "sha256"]
+__all__ = ["DB_NAME", "Entry", "Store", "StoredPlan", "default_cache_dir", "entry_problem", "migrations", "sha256"]
 
 log = logging.getLogger("plancache")
 
@@ -89,6 +89,44 @@ def _statements(script: str) -> Iterator[str]:
         raise StoreError(f"incomplete SQL statement in migration: {buffer.strip()[:80]!r}", path=None)
 
 
+def _meta_digest(tensors_json: str, engine_json: str | None, workspace_size: int) -> str:
+    return sha256(f"{tensors_json}\n{engine_json}\n{int(workspace_size)}".encode())
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    """What a hit needs of an entry, read without decoding the rest (graph, candidates,
+    timings): the lookup path reads this, ``Store.get`` reads everything."""
+
+    key: str
+    environment: dict[str, Any]
+    tensors: list[dict[str, Any]]
+    blob: bytes
+    blob_sha256: str
+    engine: dict[str, Any] | None
+    workspace_size: int
+    meta_ok: bool | None  # None: a schema-1 row, without a metadata checksum
+
+    def problem(self, environment: Mapping[str, Any]) -> str | None:
+        """Why this plan must not be served for a key of ``environment``, or None. What
+        it checks is all that a plan executes with: the blob, the tensor table, the engine
+        and workspace size, and the environment. (``plancache verify`` also re-derives
+        each key from its row.)"""
+        if self.environment != environment:
+            return "environment differs from the key's"
+        if not (self.blob and sha256(self.blob) == self.blob_sha256):
+            return "blob checksum mismatch"
+        if self.meta_ok is False:
+            return "metadata checksum mismatch (tensor table, engine or workspace size altered)"
+        return None
+
+
+_SELECT_PLAN = (
+    "SELECT key, environment_json, tensors_json, blob, blob_sha256, engine_json, workspace_size, meta_sha256 "
+    "FROM plans WHERE key = ?"
+)
+
+
 @dataclass
 class Entry:
     """One stored plan with everything known about how it was made."""
@@ -119,9 +157,14 @@ class Entry:
         return len(self.blob) > 0 and sha256(self.blob) == self.blob_sha256
 
     def meta_digest(self) -> str:
-        """SHA-256 of what the plan executes with besides its blob."""
-        meta = {"tensors": self.tensors, "engine": self.engine, "workspace_size": self.workspace_size}
-        return sha256(canonical_json(meta).encode())
+        """SHA-256 of what the plan executes with besides its blob, over the text the
+        store keeps (so a hit checks it without encoding anything)."""
+        return _meta_digest(*self._meta_columns())
+
+    def _meta_columns(self) -> tuple[str, str | None, int]:
+        # Canonical (sorted) JSON: the same text whatever order a decoder gave the keys.
+        engine = canonical_json(self.engine) if self.engine is not None else None
+        return canonical_json(self.tensors), engine, self.workspace_size
 
     def row(self) -> dict[str, Any]:
         return {
@@ -131,11 +174,11 @@ class Entry:
             "graph_json": json.dumps(self.description, sort_keys=True),
             "environment_json": json.dumps(self.environment, sort_keys=True),
             "options_json": json.dumps(self.options, sort_keys=True),
-            "tensors_json": json.dumps(self.tensors),
+            "tensors_json": self._meta_columns()[0],
             "blob": self.blob,
             "blob_sha256": self.blob_sha256,
             "blob_size": len(self.blob),
-            "engine_json": json.dumps(self.engine) if self.engine is not None else None,
+            "engine_json": self._meta_columns()[1],
             "workspace_size": self.workspace_size,
             "policy": self.policy,
             "candidates_json": json.dumps(self.candidates),
@@ -570,6 +613,33 @@ class Store:
             raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
         except sqlite3.DatabaseError as exc:
             if _is_undecodable(exc):  # one row's text is damaged, not the file
+                raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
+            self.note_damage(exc)
+            raise
+
+    def get_plan(self, key: str) -> StoredPlan | None:
+        """What a hit needs of the entry under ``key`` (see ``StoredPlan``), or None.
+        Raises like ``get``; a schema-1 row comes back with ``meta_ok`` None."""
+        try:
+            row = self.connection().execute(_SELECT_PLAN, (key,)).fetchone()
+            if row is None:
+                return None
+            tensors_json, engine_json, workspace = row["tensors_json"], row["engine_json"], int(row["workspace_size"])
+            meta = row["meta_sha256"]
+            return StoredPlan(
+                key=row["key"],
+                environment=json.loads(row["environment_json"]),
+                tensors=json.loads(tensors_json),
+                blob=bytes(row["blob"]),
+                blob_sha256=row["blob_sha256"],
+                engine=json.loads(engine_json) if engine_json else None,
+                workspace_size=workspace,
+                meta_ok=None if meta is None else meta == _meta_digest(tensors_json, engine_json, workspace),
+            )
+        except (ValueError, KeyError, TypeError) as exc:  # a damaged JSON column
+            raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
+        except sqlite3.DatabaseError as exc:
+            if _is_undecodable(exc):
                 raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
             self.note_damage(exc)
             raise

@@ -381,7 +381,7 @@ def test_store_read_failure_is_a_miss(cache: PlanCache, monkeypatch: pytest.Monk
     def broken(self: Store, key: str) -> Any:
         raise sqlite3.DatabaseError("database disk image is malformed")
 
-    monkeypatch.setattr(Store, "get", broken)
+    monkeypatch.setattr(Store, "get_plan", broken)  # the lookup path reads get_plan
     plan = cache.get(EXAMPLES["conv_bias_relu"].graph())
     assert plan.source == "built"
     assert cache.counters["store_errors"] == 2  # before and after taking the build lock

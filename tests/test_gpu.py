@@ -259,6 +259,7 @@ def test_fleet_plan_from_another_machine(tmp_path: Path) -> None:
             results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     finally:
         server.kill()
+        server.wait()
     first, second = results
     assert first["source"] == "built" and first["remote"]["publishes"] == 1
     assert second["source"] == "loaded" and second["counters"]["builds"] == 0

@@ -96,11 +96,11 @@ def _unique_offset(data: bytes, blob: bytes) -> int:
 @pytest.mark.parametrize(
     ("damage", "reason", "source"),
     [
-        ("UPDATE plans SET graph_json = replace(graph_json, '[3, 8, 6, 6]', '[3, 8, 6, 7]')", "key does not match", "rebuilt"),
+        ("UPDATE plans SET tensors_json = replace(tensors_json, '[3,8,6,6]', '[3,8,6,7]')", "metadata checksum", "rebuilt"),
         ("UPDATE plans SET tensors_json = substr(tensors_json, 1, 20)", "cannot be decoded", "built"),
         ("UPDATE plans SET tensors_json = CAST(X'5bff' AS TEXT)", "cannot be decoded", "built"),
     ],
-    ids=["altered-metadata", "truncated-json", "invalid-utf8"],
+    ids=["altered-tensor-table", "truncated-json", "invalid-utf8"],
 )
 def test_damaged_metadata_is_quarantined_and_never_served(
     make_cache: MakeCache, db: Connect, damage: str, reason: str, source: str
@@ -113,6 +113,18 @@ def test_damaged_metadata_is_quarantined_and_never_served(
     assert q["key"] == keys[2] and reason in q["reason"]
     assert q["blob_size"] > 0  # kept for inspection, blob and all
     assert cache.counters["corrupt"] == 1
+
+
+def test_a_description_altered_on_disk_is_served_then_found_by_verify(make_cache: MakeCache, db: Connect) -> None:
+    # A lookup checks what the plan executes with (blob, tensor table, engine, workspace,
+    # environment); the recorded graph description is not among them, so a hit stays
+    # cheap and correct, and `verify` re-derives every key to find such damage.
+    keys = stored(make_cache)
+    db().execute("UPDATE plans SET graph_json = replace(graph_json, '[3, 8, 6, 6]', '[3, 8, 6, 7]') WHERE key = ?", (keys[2],))
+    cache = make_cache()
+    assert all_served(cache) == ["loaded", "loaded", "loaded"]
+    report = cache.store.verify(fix=False)
+    assert "key does not match" in report["foreign"][keys[2]]
 
 
 def test_an_entry_cudnn_refuses_after_an_upgrade_is_rebuilt_without_autotuning(
