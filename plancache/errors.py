@@ -107,11 +107,13 @@ class EntryNotFoundError(PlanCacheError, KeyError):
 
 
 class ManifestError(PlanCacheError, ValueError):
-    """A prewarm manifest is malformed. Fields: ``path``, ``entry`` (index or None)."""
+    """A prewarm manifest is malformed. Fields: ``path``, ``entry`` (index or None),
+    ``line`` (of the entry in the file, when known)."""
 
 
 class BundleError(PlanCacheError, ValueError):
-    """A bundle is truncated, tampered with, of a newer format, or unsafe. Field: ``path``."""
+    """A bundle is truncated, tampered with, of a newer format, or unsafe. Fields: ``path``,
+    ``reason``; ``found`` and ``supported`` for a newer format; ``key`` for a bad entry."""
 
 
 class RemoteError(PlanCacheError, ConnectionError):
