@@ -1,4 +1,5 @@
-"""The SQLite plan store: open, migrate, get, put, evict, verify. Knows nothing of GPUs.
+"""The SQLite plan store: open, migrate, get, put, evict. Knows nothing of GPUs. What a row
+holds is ``entry.Entry``; ``Store.verify`` and ``Store.prune`` run in ``maintenance``.
 
 Habits: WAL set once at creation; on every connection a busy timeout and
 ``synchronous=NORMAL``; one connection per thread, reopened after ``fork``; writes in short
@@ -13,7 +14,6 @@ reliable there. Use the Redis tier to share plans between machines.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -23,12 +23,11 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .entry import Entry, StoredPlan, _meta_digest, entry_problem, sha256
 from .errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreBusyError, StoreError
-from .key import KEY_FORMAT, canonical_json, environment_id
 
 __all__ = ["DB_NAME", "Entry", "Store", "StoredPlan", "default_cache_dir", "entry_problem", "migrations", "sha256"]
 
@@ -40,10 +39,6 @@ _LIST_COLUMNS = (
     "key, env_id, label, blob_size, workspace_size, policy, backend, build_seconds, "
     "autotune_seconds, created_at, last_used_at, hit_count"
 )
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def default_cache_dir() -> Path:
@@ -89,134 +84,10 @@ def _statements(script: str) -> Iterator[str]:
         raise StoreError(f"incomplete SQL statement in migration: {buffer.strip()[:80]!r}", path=None)
 
 
-def _meta_digest(tensors_json: str, engine_json: str | None, workspace_size: int) -> str:
-    return sha256(f"{tensors_json}\n{engine_json}\n{int(workspace_size)}".encode())
-
-
-@dataclass(frozen=True)
-class StoredPlan:
-    """What a hit needs of an entry, read without decoding the rest (graph, candidates,
-    timings): the lookup path reads this, ``Store.get`` reads everything."""
-
-    key: str
-    environment: dict[str, Any]
-    tensors: list[dict[str, Any]]
-    blob: bytes
-    blob_sha256: str
-    engine: dict[str, Any] | None
-    workspace_size: int
-    meta_ok: bool | None  # None: a schema-1 row, without a metadata checksum
-
-    def problem(self, environment: Mapping[str, Any]) -> str | None:
-        """Why this plan must not be served for a key of ``environment``, or None. What
-        it checks is all that a plan executes with: the blob, the tensor table, the engine
-        and workspace size, and the environment. (``plancache verify`` also re-derives
-        each key from its row.)"""
-        if self.environment != environment:
-            return "environment differs from the key's"
-        if not (self.blob and sha256(self.blob) == self.blob_sha256):
-            return "blob checksum mismatch"
-        if self.meta_ok is False:
-            return "metadata checksum mismatch (tensor table, engine or workspace size altered)"
-        return None
-
-
 _SELECT_PLAN = (
     "SELECT key, environment_json, tensors_json, blob, blob_sha256, engine_json, workspace_size, meta_sha256 "
     "FROM plans WHERE key = ?"
 )
-
-
-@dataclass
-class Entry:
-    """One stored plan with everything known about how it was made."""
-
-    key: str
-    env_id: str
-    label: str
-    description: dict[str, Any]
-    environment: dict[str, Any]
-    options: dict[str, Any]
-    tensors: list[dict[str, Any]]
-    blob: bytes
-    blob_sha256: str
-    engine: dict[str, Any] | None
-    workspace_size: int
-    policy: str
-    candidates: list[dict[str, Any]]
-    timing: dict[str, Any]
-    build_seconds: float
-    autotune_seconds: float
-    backend: str
-    created_at: float = field(default_factory=time.time)
-    last_used_at: float = 0.0
-    hit_count: int = 0
-    meta_sha256: str | None = None  # None: written by schema 1, before this checksum existed
-
-    def checksum_ok(self) -> bool:
-        return len(self.blob) > 0 and sha256(self.blob) == self.blob_sha256
-
-    def meta_digest(self) -> str:
-        """SHA-256 of what the plan executes with besides its blob, over the text the
-        store keeps (so a hit checks it without encoding anything)."""
-        return _meta_digest(*self._meta_columns())
-
-    def _meta_columns(self) -> tuple[str, str | None, int]:
-        # Canonical (sorted) JSON: the same text whatever order a decoder gave the keys.
-        engine = canonical_json(self.engine) if self.engine is not None else None
-        return canonical_json(self.tensors), engine, self.workspace_size
-
-    def row(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "env_id": self.env_id,
-            "label": self.label,
-            "graph_json": json.dumps(self.description, sort_keys=True),
-            "environment_json": json.dumps(self.environment, sort_keys=True),
-            "options_json": json.dumps(self.options, sort_keys=True),
-            "tensors_json": self._meta_columns()[0],
-            "blob": self.blob,
-            "blob_sha256": self.blob_sha256,
-            "blob_size": len(self.blob),
-            "engine_json": self._meta_columns()[1],
-            "workspace_size": self.workspace_size,
-            "policy": self.policy,
-            "candidates_json": json.dumps(self.candidates),
-            "timing_json": json.dumps(self.timing),
-            "build_seconds": self.build_seconds,
-            "autotune_seconds": self.autotune_seconds,
-            "backend": self.backend,
-            "created_at": self.created_at,
-            "last_used_at": self.last_used_at or self.created_at,
-            "hit_count": self.hit_count,
-            "meta_sha256": self.meta_sha256 or self.meta_digest(),
-        }
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Entry:
-        return cls(
-            key=row["key"],
-            env_id=row["env_id"],
-            label=row["label"],
-            description=json.loads(row["graph_json"]),
-            environment=json.loads(row["environment_json"]),
-            options=json.loads(row["options_json"]),
-            tensors=json.loads(row["tensors_json"]),
-            blob=bytes(row["blob"]),
-            blob_sha256=row["blob_sha256"],
-            engine=json.loads(row["engine_json"]) if row["engine_json"] else None,
-            workspace_size=int(row["workspace_size"]),
-            policy=row["policy"],
-            candidates=json.loads(row["candidates_json"]),
-            timing=json.loads(row["timing_json"]),
-            build_seconds=float(row["build_seconds"]),
-            autotune_seconds=float(row["autotune_seconds"]),
-            backend=row["backend"],
-            created_at=float(row["created_at"]),
-            last_used_at=float(row["last_used_at"]),
-            hit_count=int(row["hit_count"]),
-            meta_sha256=row["meta_sha256"] if "meta_sha256" in row.keys() else None,  # noqa: SIM118 - a Row
-        )
 
 
 _INSERT_COLUMNS = (
@@ -257,37 +128,6 @@ def _lenient_text(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         yield conn
     finally:
         conn.text_factory = old
-
-
-def entry_problem(entry: Entry) -> str | None:
-    """Why a row would be wrong to serve under its key, or None: its key or environment id
-    does not match the graph, environment and options it records (a row altered, copied
-    under another key, or stored by an older key format)."""
-    if entry.env_id != environment_id(entry.environment):
-        return "env_id does not match the recorded environment"
-    parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
-    if entry.key != sha256(canonical_json(parts).encode()):
-        return "key does not match the recorded graph, environment and options"
-    if entry.meta_sha256 is not None and entry.meta_sha256 != entry.meta_digest():
-        return "metadata checksum mismatch (tensor table, engine or workspace size altered)"
-    return _tensor_problem(entry)
-
-
-def _tensor_problem(entry: Entry) -> str | None:
-    """Whether the stored tensor table contradicts the graph of the key: a damaged input
-    shape would make every ``execute`` refuse the caller's right tensors. Outputs are not
-    compared: their shapes are inferred at build time and need not be in the graph."""
-    described = entry.description.get("tensors") or {}
-    for spec in entry.tensors:
-        graph_tensor = described.get(f"u{spec.get('uid')}")
-        if graph_tensor is None or graph_tensor.get("is_virtual") or bool(graph_tensor.get("is_output")) != bool(spec.get("is_output")):
-            return f"tensor table does not match the graph (uid {spec.get('uid')})"
-        if graph_tensor.get("is_output"):
-            continue
-        stored = (list(spec.get("dims") or []), list(spec.get("strides") or []), spec.get("dtype"))
-        if stored != (graph_tensor.get("dim"), graph_tensor.get("stride"), graph_tensor.get("dtype")):
-            return f"tensor table does not match the graph (uid {spec.get('uid')}: {stored[:2]})"
-    return None
 
 
 def _readable_entries(src: sqlite3.Connection) -> list[Entry]:
@@ -845,52 +685,11 @@ class Store:
         quarantined entry. Deletes ``batch`` rows per transaction, so lookups and builds
         of other processes never wait long; an entry used meanwhile is kept. ``dry_run``
         reports and deletes nothing."""
-        cutoff = time.time() - older_than_s if older_than_s is not None else None
-        doomed = self._prune_candidates(env_ids_keep, cutoff)
-        report: dict[str, Any] = {
-            "dry_run": dry_run,
-            "removed": doomed,
-            "bytes": sum(r["blob_size"] for r in doomed),
-            "kernel_caches": self._stale_kernel_caches(env_ids_keep),
-            "quarantined": self.connection().execute("SELECT count(*) FROM quarantine").fetchone()[0] if quarantined else 0,
-        }
-        if dry_run:
-            return report
-        try:
-            for start in range(0, len(doomed), batch):
-                with self.transaction() as tx:  # an entry used since it was listed is kept
-                    rows = [(r["key"], r["last_used_at"]) for r in doomed[start : start + batch]]
-                    tx.executemany("DELETE FROM plans WHERE key = ? AND last_used_at <= ?", rows)
-            if report["kernel_caches"]:
-                with self.transaction() as tx:
-                    tx.executemany("DELETE FROM kernel_caches WHERE env_id = ?", [(e,) for e in report["kernel_caches"]])
-            while quarantined:
-                with self.transaction() as tx:
-                    sql = "DELETE FROM quarantine WHERE id IN (SELECT id FROM quarantine ORDER BY id LIMIT ?)"
-                    if tx.execute(sql, (batch,)).rowcount == 0:
-                        break
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot prune plan store {self.path}: {exc}", path=str(self.path)) from exc
-        return report
+        from . import maintenance  # imported here: maintenance imports this module
 
-    def _prune_candidates(self, env_ids_keep: set[str] | None, cutoff: float | None) -> list[dict[str, Any]]:
-        rows = self.connection().execute("SELECT key, env_id, label, blob_size, last_used_at FROM plans ORDER BY key")
-        doomed = []
-        for row in rows:
-            if env_ids_keep is not None and row["env_id"] not in env_ids_keep:
-                reason = "other environment"
-            elif cutoff is not None and row["last_used_at"] < cutoff:
-                reason = "unused since " + time.strftime("%Y-%m-%d", time.localtime(row["last_used_at"]))
-            else:
-                continue
-            doomed.append({**dict(row), "reason": reason})
-        return doomed
-
-    def _stale_kernel_caches(self, env_ids_keep: set[str] | None) -> list[str]:
-        if env_ids_keep is None:
-            return []
-        rows = self.connection().execute("SELECT env_id FROM kernel_caches ORDER BY env_id")
-        return [r[0] for r in rows if r[0] not in env_ids_keep]
+        return maintenance.prune(
+            self, env_ids_keep=env_ids_keep, older_than_s=older_than_s, quarantined=quarantined, dry_run=dry_run, batch=batch
+        )
 
     def verify(
         self,
@@ -906,106 +705,6 @@ class Store:
         ``fix``: quarantine bad entries (kept, never served), drop bad kernel caches; a file
         that fails the integrity check is moved aside (kept) and its intact entries copied
         into a new one. Nothing is deleted silently: the report says what was done."""
-        report: dict[str, Any] = {"path": str(self.path), "entries": 0, "integrity": [], "checksum": [], "foreign": {},
-                                  "damaged": {}, "unreadable": [], "kernel_caches": [], "deserialize": None, "fixed": {}}  # fmt: skip
-        try:
-            report["integrity"] = [r[0] for r in self.connection().execute("PRAGMA integrity_check(100)") if r[0] != "ok"]
-        except sqlite3.DatabaseError as exc:
-            if _is_locked(exc):
-                raise StoreError(f"cannot verify plan store {self.path}: {exc}", path=str(self.path)) from exc
-            report["integrity"] = [f"integrity_check failed: {exc}"]
-        if report["integrity"] and fix:
-            report["fixed"] = self.repair("integrity check: " + "; ".join(report["integrity"][:3]), thorough=True)
-        self._verify_rows(report, load, env_id)
-        report["problems"] = _problems(report)
-        if fix:
-            report["fixed"].update(self._fix_rows(report))
-        return report
+        from . import maintenance  # imported here: maintenance imports this module
 
-    def _verify_rows(self, report: dict[str, Any], load: Callable[[Entry], object] | None, env_id: str | None) -> None:
-        """Fill the row-level parts of a verify report, one row at a time by rowid, so a
-        row whose key itself is damaged is still found (and can be quarantined)."""
-        conn = self.connection()
-        checked: dict[str, Any] = {"env_id": env_id, "checked": 0, "skipped": 0, "failed": {}}
-        try:
-            rowids = [r[0] for r in conn.execute("SELECT rowid FROM plans ORDER BY rowid")]
-        except sqlite3.DatabaseError as exc:
-            report["unreadable"].append(f"listing entries failed: {exc}")
-            rowids = []
-        for rowid in rowids:
-            entry = self._verify_read(rowid, report)
-            if entry is None:
-                continue
-            report["entries"] += 1
-            if not entry.checksum_ok():
-                report["checksum"].append(entry.key)
-            elif (problem := entry_problem(entry)) is not None:
-                report["foreign"][entry.key] = problem
-            elif load is not None:
-                _check_load(entry, load, env_id, checked)
-        if load is not None:
-            report["deserialize"] = checked
-        with _lenient_text(conn):
-            for row in conn.execute("SELECT env_id, blob, blob_sha256 FROM kernel_caches"):
-                if sha256(bytes(row["blob"])) != row["blob_sha256"]:
-                    report["kernel_caches"].append(row["env_id"])
-
-    def _verify_read(self, rowid: int, report: dict[str, Any]) -> Entry | None:
-        """One row as an Entry; a row that cannot be decoded is recorded as damaged (it can
-        be quarantined), one SQLite cannot read as unreadable (only moving the file helps)."""
-        try:
-            row = self.connection().execute("SELECT * FROM plans WHERE rowid = ?", (rowid,)).fetchone()
-            return Entry.from_row(row) if row is not None else None
-        except (ValueError, KeyError, TypeError) as exc:
-            report["damaged"][rowid] = f"cannot be decoded: {exc}"
-        except sqlite3.DatabaseError as exc:
-            if not _is_undecodable(exc):
-                report["unreadable"].append(f"row {rowid}: {exc}")
-            else:
-                report["damaged"][rowid] = f"cannot be decoded: {exc}"
-        return None
-
-    def _fix_rows(self, report: dict[str, Any]) -> dict[str, Any]:
-        bad = {key: "blob checksum mismatch" for key in report["checksum"]}
-        bad.update(report["foreign"])
-        bad.update((report["deserialize"] or {}).get("failed") or {})
-        quarantined = [key for key, reason in sorted(bad.items()) if self.quarantine(key, f"verify: {reason}")]
-        quarantined += [f"row {rowid}" for rowid, reason in report["damaged"].items() if self.quarantine_rowid(rowid, f"verify: {reason}")]
-        if report["kernel_caches"]:
-            self._write_many("DELETE FROM kernel_caches WHERE env_id = ?", [(e,) for e in report["kernel_caches"]])
-        fixed: dict[str, Any] = {"quarantined": quarantined, "kernel_caches_removed": list(report["kernel_caches"])}
-        if report["unreadable"] and not report["fixed"].get("moved_aside"):  # unreadable rows cannot be moved: the file is
-            fixed.update(self.repair("unreadable rows: " + "; ".join(report["unreadable"][:3]), thorough=True))
-        return fixed
-
-    def _write_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        try:
-            with self.transaction() as tx:
-                tx.executemany(sql, rows)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot write plan store {self.path}: {exc}", path=str(self.path)) from exc
-
-
-def _check_load(entry: Entry, load: Callable[[Entry], object], env_id: str | None, checked: dict[str, Any]) -> None:
-    """Deserialize one entry of ``env_id`` through ``load``; another environment's blob
-    cannot load on this GPU and is skipped."""
-    if env_id is not None and entry.env_id != env_id:
-        checked["skipped"] += 1
-        return
-    checked["checked"] += 1
-    try:
-        load(entry)
-    except Exception as exc:  # the library refusing a blob is a finding, not a crash
-        checked["failed"][entry.key] = f"deserialize failed: {type(exc).__name__}: {exc}"
-
-
-def _problems(report: Mapping[str, Any]) -> list[str]:
-    """One line per problem a verify report found."""
-    lines = [f"integrity: {p}" for p in report["integrity"]]
-    lines += [f"{key}: blob checksum mismatch" for key in report["checksum"]]
-    lines += [f"{key}: {reason}" for key, reason in report["foreign"].items()]
-    lines += [f"row {rowid}: {reason}" for rowid, reason in report["damaged"].items()]
-    lines += [f"unreadable: {what}" for what in report["unreadable"]]
-    lines += [f"kernel cache of {env}: checksum mismatch" for env in report["kernel_caches"]]
-    lines += [f"{key}: {reason}" for key, reason in ((report["deserialize"] or {}).get("failed") or {}).items()]
-    return lines
+        return maintenance.verify(self, fix=fix, load=load, env_id=env_id)

@@ -1,0 +1,177 @@
+"""The data model of a stored plan: ``Entry`` (one row of the plan store with everything
+known about how its plan was made), ``StoredPlan`` (what a hit reads of a row), their
+checksums, and ``entry_problem``, which tells whether a row may be served under its key.
+Pure data and hashing: no SQLite connection, nothing of GPUs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .key import KEY_FORMAT, canonical_json, environment_id
+
+__all__ = ["Entry", "StoredPlan", "entry_problem", "sha256"]
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _meta_digest(tensors_json: str, engine_json: str | None, workspace_size: int) -> str:
+    return sha256(f"{tensors_json}\n{engine_json}\n{int(workspace_size)}".encode())
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    """What a hit needs of an entry, read without decoding the rest (graph, candidates,
+    timings): the lookup path reads this, ``Store.get`` reads everything."""
+
+    key: str
+    environment: dict[str, Any]
+    tensors: list[dict[str, Any]]
+    blob: bytes
+    blob_sha256: str
+    engine: dict[str, Any] | None
+    workspace_size: int
+    meta_ok: bool | None  # None: a schema-1 row, without a metadata checksum
+
+    def problem(self, environment: Mapping[str, Any]) -> str | None:
+        """Why this plan must not be served for a key of ``environment``, or None. What
+        it checks is all that a plan executes with: the blob, the tensor table, the engine
+        and workspace size, and the environment. (``plancache verify`` also re-derives
+        each key from its row.)"""
+        if self.environment != environment:
+            return "environment differs from the key's"
+        if not (self.blob and sha256(self.blob) == self.blob_sha256):
+            return "blob checksum mismatch"
+        if self.meta_ok is False:
+            return "metadata checksum mismatch (tensor table, engine or workspace size altered)"
+        return None
+
+
+@dataclass
+class Entry:
+    """One stored plan with everything known about how it was made."""
+
+    key: str
+    env_id: str
+    label: str
+    description: dict[str, Any]
+    environment: dict[str, Any]
+    options: dict[str, Any]
+    tensors: list[dict[str, Any]]
+    blob: bytes
+    blob_sha256: str
+    engine: dict[str, Any] | None
+    workspace_size: int
+    policy: str
+    candidates: list[dict[str, Any]]
+    timing: dict[str, Any]
+    build_seconds: float
+    autotune_seconds: float
+    backend: str
+    created_at: float = field(default_factory=time.time)
+    last_used_at: float = 0.0
+    hit_count: int = 0
+    meta_sha256: str | None = None  # None: written by schema 1, before this checksum existed
+
+    def checksum_ok(self) -> bool:
+        return len(self.blob) > 0 and sha256(self.blob) == self.blob_sha256
+
+    def meta_digest(self) -> str:
+        """SHA-256 of what the plan executes with besides its blob, over the text the
+        store keeps (so a hit checks it without encoding anything)."""
+        return _meta_digest(*self._meta_columns())
+
+    def _meta_columns(self) -> tuple[str, str | None, int]:
+        # Canonical (sorted) JSON: the same text whatever order a decoder gave the keys.
+        engine = canonical_json(self.engine) if self.engine is not None else None
+        return canonical_json(self.tensors), engine, self.workspace_size
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "env_id": self.env_id,
+            "label": self.label,
+            "graph_json": json.dumps(self.description, sort_keys=True),
+            "environment_json": json.dumps(self.environment, sort_keys=True),
+            "options_json": json.dumps(self.options, sort_keys=True),
+            "tensors_json": self._meta_columns()[0],
+            "blob": self.blob,
+            "blob_sha256": self.blob_sha256,
+            "blob_size": len(self.blob),
+            "engine_json": self._meta_columns()[1],
+            "workspace_size": self.workspace_size,
+            "policy": self.policy,
+            "candidates_json": json.dumps(self.candidates),
+            "timing_json": json.dumps(self.timing),
+            "build_seconds": self.build_seconds,
+            "autotune_seconds": self.autotune_seconds,
+            "backend": self.backend,
+            "created_at": self.created_at,
+            "last_used_at": self.last_used_at or self.created_at,
+            "hit_count": self.hit_count,
+            "meta_sha256": self.meta_sha256 or self.meta_digest(),
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Entry:
+        return cls(
+            key=row["key"],
+            env_id=row["env_id"],
+            label=row["label"],
+            description=json.loads(row["graph_json"]),
+            environment=json.loads(row["environment_json"]),
+            options=json.loads(row["options_json"]),
+            tensors=json.loads(row["tensors_json"]),
+            blob=bytes(row["blob"]),
+            blob_sha256=row["blob_sha256"],
+            engine=json.loads(row["engine_json"]) if row["engine_json"] else None,
+            workspace_size=int(row["workspace_size"]),
+            policy=row["policy"],
+            candidates=json.loads(row["candidates_json"]),
+            timing=json.loads(row["timing_json"]),
+            build_seconds=float(row["build_seconds"]),
+            autotune_seconds=float(row["autotune_seconds"]),
+            backend=row["backend"],
+            created_at=float(row["created_at"]),
+            last_used_at=float(row["last_used_at"]),
+            hit_count=int(row["hit_count"]),
+            meta_sha256=row["meta_sha256"] if "meta_sha256" in row.keys() else None,  # noqa: SIM118 - a Row
+        )
+
+
+def entry_problem(entry: Entry) -> str | None:
+    """Why a row would be wrong to serve under its key, or None: its key or environment id
+    does not match the graph, environment and options it records (a row altered, copied
+    under another key, or stored by an older key format)."""
+    if entry.env_id != environment_id(entry.environment):
+        return "env_id does not match the recorded environment"
+    parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
+    if entry.key != sha256(canonical_json(parts).encode()):
+        return "key does not match the recorded graph, environment and options"
+    if entry.meta_sha256 is not None and entry.meta_sha256 != entry.meta_digest():
+        return "metadata checksum mismatch (tensor table, engine or workspace size altered)"
+    return _tensor_problem(entry)
+
+
+def _tensor_problem(entry: Entry) -> str | None:
+    """Whether the stored tensor table contradicts the graph of the key: a damaged input
+    shape would make every ``execute`` refuse the caller's right tensors. Outputs are not
+    compared: their shapes are inferred at build time and need not be in the graph."""
+    described = entry.description.get("tensors") or {}
+    for spec in entry.tensors:
+        graph_tensor = described.get(f"u{spec.get('uid')}")
+        if graph_tensor is None or graph_tensor.get("is_virtual") or bool(graph_tensor.get("is_output")) != bool(spec.get("is_output")):
+            return f"tensor table does not match the graph (uid {spec.get('uid')})"
+        if graph_tensor.get("is_output"):
+            continue
+        stored = (list(spec.get("dims") or []), list(spec.get("strides") or []), spec.get("dtype"))
+        if stored != (graph_tensor.get("dim"), graph_tensor.get("stride"), graph_tensor.get("dtype")):
+            return f"tensor table does not match the graph (uid {spec.get('uid')}: {stored[:2]})"
+    return None

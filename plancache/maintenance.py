@@ -1,0 +1,196 @@
+"""Offline maintenance of a plan store: ``verify`` (SQLite's integrity check, every
+checksum, every row's key, kernel caches and, optionally, that blobs deserialize; with
+``fix``, quarantine and repair) and ``prune`` (entries of other environments, unused ones,
+the quarantine), in short transactions. The bodies of ``Store.verify`` and ``Store.prune``,
+which import this module when called: opening a store and the lookup path never load it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .entry import Entry, entry_problem, sha256
+from .errors import StoreError
+from .store import Store, _is_locked, _is_undecodable, _lenient_text
+
+__all__ = ["prune", "verify"]
+
+
+def prune(
+    store: Store,
+    *,
+    env_ids_keep: set[str] | None,
+    older_than_s: float | None,
+    quarantined: bool,
+    dry_run: bool,
+    batch: int,
+) -> dict[str, Any]:
+    """The body of ``Store.prune``, which documents it."""
+    cutoff = time.time() - older_than_s if older_than_s is not None else None
+    doomed = _prune_candidates(store, env_ids_keep, cutoff)
+    report: dict[str, Any] = {
+        "dry_run": dry_run,
+        "removed": doomed,
+        "bytes": sum(r["blob_size"] for r in doomed),
+        "kernel_caches": _stale_kernel_caches(store, env_ids_keep),
+        "quarantined": store.connection().execute("SELECT count(*) FROM quarantine").fetchone()[0] if quarantined else 0,
+    }
+    if dry_run:
+        return report
+    try:
+        for start in range(0, len(doomed), batch):
+            with store.transaction() as tx:  # an entry used since it was listed is kept
+                rows = [(r["key"], r["last_used_at"]) for r in doomed[start : start + batch]]
+                tx.executemany("DELETE FROM plans WHERE key = ? AND last_used_at <= ?", rows)
+        if report["kernel_caches"]:
+            with store.transaction() as tx:
+                tx.executemany("DELETE FROM kernel_caches WHERE env_id = ?", [(e,) for e in report["kernel_caches"]])
+        while quarantined:
+            with store.transaction() as tx:
+                sql = "DELETE FROM quarantine WHERE id IN (SELECT id FROM quarantine ORDER BY id LIMIT ?)"
+                if tx.execute(sql, (batch,)).rowcount == 0:
+                    break
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot prune plan store {store.path}: {exc}", path=str(store.path)) from exc
+    return report
+
+
+def _prune_candidates(store: Store, env_ids_keep: set[str] | None, cutoff: float | None) -> list[dict[str, Any]]:
+    rows = store.connection().execute("SELECT key, env_id, label, blob_size, last_used_at FROM plans ORDER BY key")
+    doomed = []
+    for row in rows:
+        if env_ids_keep is not None and row["env_id"] not in env_ids_keep:
+            reason = "other environment"
+        elif cutoff is not None and row["last_used_at"] < cutoff:
+            reason = "unused since " + time.strftime("%Y-%m-%d", time.localtime(row["last_used_at"]))
+        else:
+            continue
+        doomed.append({**dict(row), "reason": reason})
+    return doomed
+
+
+def _stale_kernel_caches(store: Store, env_ids_keep: set[str] | None) -> list[str]:
+    if env_ids_keep is None:
+        return []
+    rows = store.connection().execute("SELECT env_id FROM kernel_caches ORDER BY env_id")
+    return [r[0] for r in rows if r[0] not in env_ids_keep]
+
+
+def verify(
+    store: Store,
+    *,
+    fix: bool,
+    load: Callable[[Entry], object] | None,
+    env_id: str | None,
+) -> dict[str, Any]:
+    """The body of ``Store.verify``, which documents it."""
+    report: dict[str, Any] = {"path": str(store.path), "entries": 0, "integrity": [], "checksum": [], "foreign": {},
+                              "damaged": {}, "unreadable": [], "kernel_caches": [], "deserialize": None, "fixed": {}}  # fmt: skip
+    try:
+        report["integrity"] = [r[0] for r in store.connection().execute("PRAGMA integrity_check(100)") if r[0] != "ok"]
+    except sqlite3.DatabaseError as exc:
+        if _is_locked(exc):
+            raise StoreError(f"cannot verify plan store {store.path}: {exc}", path=str(store.path)) from exc
+        report["integrity"] = [f"integrity_check failed: {exc}"]
+    if report["integrity"] and fix:
+        report["fixed"] = store.repair("integrity check: " + "; ".join(report["integrity"][:3]), thorough=True)
+    _verify_rows(store, report, load, env_id)
+    report["problems"] = _problems(report)
+    if fix:
+        report["fixed"].update(_fix_rows(store, report))
+    return report
+
+
+def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], object] | None, env_id: str | None) -> None:
+    """Fill the row-level parts of a verify report, one row at a time by rowid, so a
+    row whose key itself is damaged is still found (and can be quarantined)."""
+    conn = store.connection()
+    checked: dict[str, Any] = {"env_id": env_id, "checked": 0, "skipped": 0, "failed": {}}
+    try:
+        rowids = [r[0] for r in conn.execute("SELECT rowid FROM plans ORDER BY rowid")]
+    except sqlite3.DatabaseError as exc:
+        report["unreadable"].append(f"listing entries failed: {exc}")
+        rowids = []
+    for rowid in rowids:
+        entry = _verify_read(store, rowid, report)
+        if entry is None:
+            continue
+        report["entries"] += 1
+        if not entry.checksum_ok():
+            report["checksum"].append(entry.key)
+        elif (problem := entry_problem(entry)) is not None:
+            report["foreign"][entry.key] = problem
+        elif load is not None:
+            _check_load(entry, load, env_id, checked)
+    if load is not None:
+        report["deserialize"] = checked
+    with _lenient_text(conn):
+        for row in conn.execute("SELECT env_id, blob, blob_sha256 FROM kernel_caches"):
+            if sha256(bytes(row["blob"])) != row["blob_sha256"]:
+                report["kernel_caches"].append(row["env_id"])
+
+
+def _verify_read(store: Store, rowid: int, report: dict[str, Any]) -> Entry | None:
+    """One row as an Entry; a row that cannot be decoded is recorded as damaged (it can
+    be quarantined), one SQLite cannot read as unreadable (only moving the file helps)."""
+    try:
+        row = store.connection().execute("SELECT * FROM plans WHERE rowid = ?", (rowid,)).fetchone()
+        return Entry.from_row(row) if row is not None else None
+    except (ValueError, KeyError, TypeError) as exc:
+        report["damaged"][rowid] = f"cannot be decoded: {exc}"
+    except sqlite3.DatabaseError as exc:
+        if not _is_undecodable(exc):
+            report["unreadable"].append(f"row {rowid}: {exc}")
+        else:
+            report["damaged"][rowid] = f"cannot be decoded: {exc}"
+    return None
+
+
+def _fix_rows(store: Store, report: dict[str, Any]) -> dict[str, Any]:
+    bad = {key: "blob checksum mismatch" for key in report["checksum"]}
+    bad.update(report["foreign"])
+    bad.update((report["deserialize"] or {}).get("failed") or {})
+    quarantined = [key for key, reason in sorted(bad.items()) if store.quarantine(key, f"verify: {reason}")]
+    quarantined += [f"row {rowid}" for rowid, reason in report["damaged"].items() if store.quarantine_rowid(rowid, f"verify: {reason}")]
+    if report["kernel_caches"]:
+        _write_many(store, "DELETE FROM kernel_caches WHERE env_id = ?", [(e,) for e in report["kernel_caches"]])
+    fixed: dict[str, Any] = {"quarantined": quarantined, "kernel_caches_removed": list(report["kernel_caches"])}
+    if report["unreadable"] and not report["fixed"].get("moved_aside"):  # unreadable rows cannot be moved: the file is
+        fixed.update(store.repair("unreadable rows: " + "; ".join(report["unreadable"][:3]), thorough=True))
+    return fixed
+
+
+def _write_many(store: Store, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    try:
+        with store.transaction() as tx:
+            tx.executemany(sql, rows)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot write plan store {store.path}: {exc}", path=str(store.path)) from exc
+
+
+def _check_load(entry: Entry, load: Callable[[Entry], object], env_id: str | None, checked: dict[str, Any]) -> None:
+    """Deserialize one entry of ``env_id`` through ``load``; another environment's blob
+    cannot load on this GPU and is skipped."""
+    if env_id is not None and entry.env_id != env_id:
+        checked["skipped"] += 1
+        return
+    checked["checked"] += 1
+    try:
+        load(entry)
+    except Exception as exc:  # the library refusing a blob is a finding, not a crash
+        checked["failed"][entry.key] = f"deserialize failed: {type(exc).__name__}: {exc}"
+
+
+def _problems(report: Mapping[str, Any]) -> list[str]:
+    """One line per problem a verify report found."""
+    lines = [f"integrity: {p}" for p in report["integrity"]]
+    lines += [f"{key}: blob checksum mismatch" for key in report["checksum"]]
+    lines += [f"{key}: {reason}" for key, reason in report["foreign"].items()]
+    lines += [f"row {rowid}: {reason}" for rowid, reason in report["damaged"].items()]
+    lines += [f"unreadable: {what}" for what in report["unreadable"]]
+    lines += [f"kernel cache of {env}: checksum mismatch" for env in report["kernel_caches"]]
+    lines += [f"{key}: {reason}" for key, reason in ((report["deserialize"] or {}).get("failed") or {}).items()]
+    return lines
