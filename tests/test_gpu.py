@@ -329,3 +329,16 @@ def test_recorded_graphs_prewarm_to_the_same_keys(tmp_path: Path) -> None:
     assert (report["failed"], report["built"]) == (0, 2)
     built = sorted(r["key"] for r in report["entries"] if r["status"] == "built")
     assert built == sorted(json.loads(keys.replace("'", '"')))
+
+
+def test_a_graph_cudnn_rejects_is_a_clear_error_and_nothing_is_stored(cache: plancache.PlanCache) -> None:
+    import cudnn
+
+    graph = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, compute_data_type=cudnn.data_type.FLOAT)
+    a = graph.tensor(name="A", dim=[4, 16, 32], stride=[512, 32, 1], data_type=cudnn.data_type.BFLOAT16, uid=1)
+    b = graph.tensor(name="B", dim=[4, 48, 8], stride=[384, 8, 1], data_type=cudnn.data_type.BFLOAT16, uid=2)
+    graph.matmul(a, b, name="mm").set_output(True).set_uid(3)
+    with pytest.raises(plancache.InvalidGraphError) as error:
+        cache.get(graph)
+    assert error.value.node == "mm" and "mm" in str(error.value)
+    assert cache.store.list_entries() == []
