@@ -10,9 +10,9 @@ Importing plancache touches no GPU and imports neither torch nor cuDNN.
 
 from __future__ import annotations
 
-from .autotune import TimingPolicy
-from .backend import Backend, BuiltPlan, CandidateSet, EngineChoice
-from .cache import PlanCache
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     BuildError,
     BundleError,
@@ -29,9 +29,43 @@ from .errors import (
     StoreError,
     TensorMismatchError,
 )
-from .key import BuildOptions, CacheKey, TensorSpec, describe, make_key
-from .plan import Plan
-from .store import Store, default_cache_dir
+
+# The rest loads on first use (PEP 562): ``import plancache`` stays a few milliseconds,
+# and a process pays for the cache's modules only when it uses them.
+_LAZY = {
+    "TimingPolicy": "autotune",
+    "Backend": "backend", "BuiltPlan": "backend", "CandidateSet": "backend", "EngineChoice": "backend",
+    "PlanCache": "cache",
+    "BuildOptions": "key", "CacheKey": "key", "TensorSpec": "key", "describe": "key", "make_key": "key",
+    "Plan": "plan",
+    "Store": "store", "default_cache_dir": "store",
+}  # fmt: skip
+_SUBMODULES = {"autotune", "backend", "buckets", "bundle", "cache", "cli", "codec", "cudnn_backend", "entry", "errors",
+               "key", "maintenance", "manifest", "plan", "prewarm", "remote", "replay", "report", "store",
+               "templates", "testing"}  # fmt: skip
+
+if TYPE_CHECKING:
+    from .autotune import TimingPolicy
+    from .backend import Backend, BuiltPlan, CandidateSet, EngineChoice
+    from .cache import PlanCache
+    from .key import BuildOptions, CacheKey, TensorSpec, describe, make_key
+    from .plan import Plan
+    from .store import Store, default_cache_dir
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'plancache' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)
+
 
 __version__ = "0.1.0"
 
