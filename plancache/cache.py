@@ -33,6 +33,7 @@ __all__ = ["PlanCache", "summarize"]
 
 log = logging.getLogger("plancache")
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 
 _HIT_FLUSH_EVERY = 512  # batched hit-count writes: at most one per this many hits, and at close
 _COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "refused", "store_errors",
@@ -326,8 +327,16 @@ class PlanCache:
             self.flush()
 
     def _read(self, key: str) -> Entry | None:
+        """The whole entry under ``key``; the store's failures are misses."""
+        return self._guarded_read(key, self.store.get)
+
+    def _read_plan(self, key: str) -> StoredPlan | None:
+        """What a hit needs of the entry under ``key``; the store's failures are misses."""
+        return self._guarded_read(key, self.store.get_plan)
+
+    def _guarded_read(self, key: str, read: Callable[[str], R | None]) -> R | None:
         try:
-            return self.store.get(key)
+            return read(key)
         except DamagedEntryError as exc:  # one undecodable row: out of service, then a miss
             self._quarantine(key, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
             return None
@@ -450,18 +459,6 @@ class PlanCache:
         if engine is None or self.store.read_only:
             return None
         return self._rebuild(graph, key, options, old, engine)
-
-    def _read_plan(self, key: str) -> StoredPlan | None:
-        """``Store.get_plan`` with the store's failures turned into misses."""
-        try:
-            return self.store.get_plan(key)
-        except DamagedEntryError as exc:  # one undecodable row: out of service, then a miss
-            self._quarantine(key, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
-            return None
-        except (StoreError, sqlite3.Error, OSError) as exc:  # a damaged or busy store is a miss
-            self.counters["store_errors"] += 1
-            self._warn_once("read", "plancache: reading %s failed (%s); treating as a miss", self.store.path, exc)
-            return None
 
     def _read_quietly(self, key: str) -> Entry | None:
         """The whole entry for a rebuild's records (candidates, policy), if it still reads."""
