@@ -5,8 +5,9 @@ its tensors (so callers can allocate them), and computes the same result in PyTo
 Manifests name templates (``plancache prewarm``), tests check plans against the
 references, and the benchmark builds its suite from them.
 
-Layouts are the ones cuDNN is fastest with: convolutions NHWC (dims NCHW, channels-last
-strides), attention BSHD (dims BHSD), matmuls row-major.
+Default layouts are the ones cuDNN is fastest with: convolutions NHWC (dims NCHW,
+channels-last strides), attention BSHD (dims BHSD), matmuls row-major; ``layout=`` picks
+another (``LAYOUTS``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from .errors import ManifestError
 
-__all__ = ["TEMPLATES", "Template", "TensorLayout", "allocate", "build", "reference"]
+__all__ = ["LAYOUTS", "TEMPLATES", "Template", "TensorLayout", "allocate", "build", "reference"]
 
 ACTIVATIONS = ("relu", "gelu", "sigmoid", "tanh", "swish", None)
 DTYPES = {"bfloat16": "BFLOAT16", "float16": "HALF", "float32": "FLOAT"}
@@ -57,38 +58,56 @@ def _out_hw(size: int, kernel: int, padding: int, stride: int, dilation: int) ->
 # ---------------------------------------------------------------------- layouts
 
 
+#: Memory layouts each template accepts (``layout=``); the first is the default.
+LAYOUTS = {
+    "conv_bias_act": ("nhwc", "nchw"),
+    "matmul_bias_act": ("nn", "nt", "tn"),  # t: that operand is stored transposed (column-major)
+    "sdpa": ("bshd", "bhsd"),
+}
+
+
 def _conv_layout(n: int, c: int, h: int, w: int, k: int, r: int = 3, s: int = 3, padding: int = 1, stride: int = 1,
-                 dilation: int = 1, bias: bool = True, **_: Any) -> list[TensorLayout]:  # fmt: skip
+                 dilation: int = 1, bias: bool = True, layout: str = "nhwc", **_: Any) -> list[TensorLayout]:  # fmt: skip
     oh, ow = _out_hw(h, r, padding, stride, dilation), _out_hw(w, s, padding, stride, dilation)
-    layout = [
-        TensorLayout(1, "X", (n, c, h, w), _nhwc(n, c, h, w), False),
-        TensorLayout(2, "W", (k, c, r, s), _nhwc(k, c, r, s), False),
+    order = _nhwc if layout == "nhwc" else _rows
+    tensors = [
+        TensorLayout(1, "X", (n, c, h, w), order(n, c, h, w), False),
+        TensorLayout(2, "W", (k, c, r, s), order(k, c, r, s), False),
     ]
     if bias:
-        layout.append(TensorLayout(3, "B", (1, k, 1, 1), (k, 1, k, k), False))
-    layout.append(TensorLayout(4, "Y", (n, k, oh, ow), _nhwc(n, k, oh, ow), True))
-    return layout
+        tensors.append(TensorLayout(3, "B", (1, k, 1, 1), (k, 1, k, k), False))
+    tensors.append(TensorLayout(4, "Y", (n, k, oh, ow), order(n, k, oh, ow), True))
+    return tensors
 
 
-def _matmul_layout(b: int, m: int, n: int, k: int, bias: bool = True, **_: Any) -> list[TensorLayout]:
-    layout = [TensorLayout(1, "A", (b, m, k), _rows(b, m, k), False), TensorLayout(2, "B", (b, k, n), _rows(b, k, n), False)]
+def _cols(b: int, rows: int, cols: int) -> tuple[int, ...]:
+    """Strides of a batched ``rows x cols`` matrix stored column-major."""
+    return (rows * cols, 1, rows)
+
+
+def _matmul_layout(b: int, m: int, n: int, k: int, bias: bool = True, layout: str = "nn", **_: Any) -> list[TensorLayout]:
+    a_strides = _cols(b, m, k) if layout == "tn" else _rows(b, m, k)
+    b_strides = _cols(b, k, n) if layout == "nt" else _rows(b, k, n)
+    layout_ = [TensorLayout(1, "A", (b, m, k), a_strides, False), TensorLayout(2, "B", (b, k, n), b_strides, False)]
     if bias:
-        layout.append(TensorLayout(3, "bias", (1, 1, n), (n, n, 1), False))
-    layout.append(TensorLayout(4, "C", (b, m, n), _rows(b, m, n), True))
-    return layout
+        layout_.append(TensorLayout(3, "bias", (1, 1, n), (n, n, 1), False))
+    layout_.append(TensorLayout(4, "C", (b, m, n), _rows(b, m, n), True))
+    return layout_
 
 
 def _bshd(b: int, h: int, s: int, d: int) -> tuple[int, ...]:
     return (s * h * d, d, h * d, 1)
 
 
-def _sdpa_layout(b: int, h: int, s: int, d: int, h_kv: int | None = None, s_kv: int | None = None, **_: Any) -> list[TensorLayout]:
+def _sdpa_layout(b: int, h: int, s: int, d: int, h_kv: int | None = None, s_kv: int | None = None, layout: str = "bshd",
+                 **_: Any) -> list[TensorLayout]:  # fmt: skip
     h_kv, s_kv = h_kv or h, s_kv or s
+    order = _bshd if layout == "bshd" else _rows
     return [
-        TensorLayout(1, "q", (b, h, s, d), _bshd(b, h, s, d), False),
-        TensorLayout(2, "k", (b, h_kv, s_kv, d), _bshd(b, h_kv, s_kv, d), False),
-        TensorLayout(3, "v", (b, h_kv, s_kv, d), _bshd(b, h_kv, s_kv, d), False),
-        TensorLayout(4, "o", (b, h, s, d), _bshd(b, h, s, d), True),
+        TensorLayout(1, "q", (b, h, s, d), order(b, h, s, d), False),
+        TensorLayout(2, "k", (b, h_kv, s_kv, d), order(b, h_kv, s_kv, d), False),
+        TensorLayout(3, "v", (b, h_kv, s_kv, d), order(b, h_kv, s_kv, d), False),
+        TensorLayout(4, "o", (b, h, s, d), order(b, h, s, d), True),
     ]
 
 
@@ -220,7 +239,7 @@ TEMPLATES: dict[str, Template] = {
     )
 }  # fmt: skip
 
-_OPTIONAL = {"dtype", "act", "bias", "padding", "stride", "dilation", "r", "s", "causal", "h_kv", "s_kv", "dynamic"}
+_OPTIONAL = {"dtype", "act", "bias", "padding", "stride", "dilation", "r", "s", "causal", "h_kv", "s_kv", "dynamic", "layout"}
 
 
 def _template(name: str, params: Mapping[str, Any]) -> Template:
@@ -237,6 +256,8 @@ def _template(name: str, params: Mapping[str, Any]) -> Template:
             raise ManifestError(f"template {name!r}: {p} must be a positive integer, not {params[p]!r}", path=None, entry=None)
     if params.get("dtype", "bfloat16") not in DTYPES:
         raise ManifestError(f"template {name!r}: dtype must be one of {list(DTYPES)}", path=None, entry=None)
+    if params.get("layout", LAYOUTS[name][0]) not in LAYOUTS[name]:
+        raise ManifestError(f"template {name!r}: layout must be one of {list(LAYOUTS[name])}", path=None, entry=None)
     return template
 
 

@@ -342,3 +342,20 @@ def test_a_graph_cudnn_rejects_is_a_clear_error_and_nothing_is_stored(cache: pla
         cache.get(graph)
     assert error.value.node == "mm" and "mm" in str(error.value)
     assert cache.store.list_entries() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("conv_bias_act", {"n": 4, "c": 32, "h": 28, "w": 28, "k": 32, "layout": "nchw"}),
+        ("matmul_bias_act", {"b": 2, "m": 256, "n": 128, "k": 64, "layout": "nt"}),
+        ("matmul_bias_act", {"b": 2, "m": 256, "n": 128, "k": 64, "layout": "tn"}),
+        ("sdpa", {"b": 1, "h": 4, "s": 256, "d": 64, "layout": "bhsd"}),
+    ],
+)
+def test_other_template_layouts_match_pytorch(cache: plancache.PlanCache, name: str, params: dict[str, Any]) -> None:
+    try:
+        plan = cache.get(templates.build(name, **params))
+    except plancache.InvalidGraphError as error:  # cuDNN may not support a layout: say so, clearly
+        pytest.fail(f"cuDNN refused {name} in layout {params['layout']}: {error}")
+    assert run_and_check(plan, name, params) <= TOLERANCE
