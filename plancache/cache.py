@@ -235,31 +235,25 @@ class PlanCache:
             if (digest, device) in self._memory:
                 report["loaded"].append(digest)
                 continue
-            entry = self._read(digest)
-            if entry is None:
+            stored = self._read_plan(digest)
+            if stored is None:
                 report["missing"].append(digest)
                 continue
-            if entry.environment != self.environment:
-                reason: str | None = "entry belongs to another environment"
-            else:
-                reason = _unusable(entry, self.environment)  # checksum, altered metadata
-            if reason is None:
-                try:
-                    tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
-                    native = self.backend.load(entry.blob, tensors)
-                except Exception as exc:  # a damaged table or a refused blob is reported, never raised
-                    reason = f"deserialize failed: {type(exc).__name__}: {exc}"
-                else:
-                    engine = _engine_of(entry.engine)
-                    with self._lock:
-                        self._memory[(digest, device)] = self._plan(digest, native, tensors, entry.workspace_size, engine, "loaded")
-                    self.counters["hits"] += 1
-                    self._note_hit(digest)
-                    report["loaded"].append(digest)
-                    continue
-            if reason != "entry belongs to another environment":
-                self._quarantine(digest, reason)
-            report["failed"][digest] = reason
+            if stored.environment != self.environment:  # not damage: kept for its own machines
+                report["failed"][digest] = "entry belongs to another environment"
+                continue
+            loaded = self._checked_load(digest, stored, self.environment, None)
+            if isinstance(loaded, str):  # damaged or refused: reported, never raised
+                self._quarantine(digest, loaded)
+                report["failed"][digest] = loaded
+                continue
+            native, tensors = loaded
+            engine = _engine_of(stored.engine)
+            with self._lock:
+                self._memory[(digest, device)] = self._plan(digest, native, tensors, stored.workspace_size, engine, "loaded")
+            self.counters["hits"] += 1
+            self._note_hit(digest)
+            report["loaded"].append(digest)
         report["seconds"] = time.perf_counter() - started
         return report
 
@@ -425,40 +419,49 @@ class PlanCache:
         hit needs is read (``Store.get_plan``): the lookup stays within a few hundred
         microseconds of cuDNN's own deserialize.
         """
-        environment = key.parts["environment"]
         if entry is not None:
             stored: StoredPlan | None = _serving_view(entry)
-            reason = _unusable(entry, environment)
         else:
             stored = self._read_plan(key.digest)
             if stored is None:
                 return None
-            reason = stored.problem(environment)
-            if reason is None and stored.meta_ok is None:  # a schema-1 row: check it whole
-                old = self._read(key.digest)
-                reason = _unusable(old, environment) if old is not None else "entry cannot be read"
         assert stored is not None
-        if reason is None:
-            try:
-                tensors = [TensorSpec.from_dict(t) for t in stored.tensors]
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:  # damaged, yet valid JSON
-                reason = f"tensor table cannot be decoded: {exc!r}"
-        if reason is None:
-            try:
-                native = self.backend.load(stored.blob, tensors)
-            except Exception as exc:  # the library refusing a blob is a miss, never a crash
-                reason = f"deserialize failed: {type(exc).__name__}: {exc}"
-            else:
-                self.counters["hits"] += 1
-                self._note_hit(key.digest)
-                engine = _engine_of(stored.engine)
-                return self._plan(key.digest, native, _named_as(tensors, graph), stored.workspace_size, engine, "loaded")
+        loaded = self._checked_load(key.digest, stored, key.parts["environment"], entry)
+        if not isinstance(loaded, str):
+            native, tensors = loaded
+            self.counters["hits"] += 1
+            self._note_hit(key.digest)
+            engine = _engine_of(stored.engine)
+            return self._plan(key.digest, native, _named_as(tensors, graph), stored.workspace_size, engine, "loaded")
         old = entry if entry is not None else self._read_quietly(key.digest)
         engine = _engine_of(stored.engine)
-        self._quarantine(key.digest, reason)
+        self._quarantine(key.digest, loaded)
         if engine is None or self.store.read_only:
             return None
         return self._rebuild(graph, key, options, old, engine)
+
+    def _checked_load(
+        self, digest: str, stored: StoredPlan, environment: Mapping[str, Any], entry: Entry | None
+    ) -> tuple[Any, list[TensorSpec]] | str:
+        """Deserialize a stored plan once every check passed: ``(native, tensors)``, or why
+        it must not be served. ``entry``: the whole entry, when the caller has it (remote)."""
+        if entry is not None:
+            reason = _unusable(entry, environment)
+        else:
+            reason = stored.problem(environment)
+            if reason is None and stored.meta_ok is None:  # a schema-1 row: check it whole
+                old = self._read(digest)
+                reason = _unusable(old, environment) if old is not None else "entry cannot be read"
+        if reason is not None:
+            return reason
+        try:
+            tensors = [TensorSpec.from_dict(t) for t in stored.tensors]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # damaged, yet valid JSON
+            return f"tensor table cannot be decoded: {exc!r}"
+        try:
+            return self.backend.load(stored.blob, tensors), tensors
+        except Exception as exc:  # the library refusing a blob is a miss, never a crash
+            return f"deserialize failed: {type(exc).__name__}: {exc}"
 
     def _read_quietly(self, key: str) -> Entry | None:
         """The whole entry for a rebuild's records (candidates, policy), if it still reads."""

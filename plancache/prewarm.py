@@ -239,10 +239,10 @@ class Primer(threading.Thread):
             keys = [row["key"] for row in cache.store.list_entries(environment_id(cache.environment))]
         for digest in keys:
             try:
-                entry = cache.store.get(digest)
-                if entry is None or not entry.checksum_ok() or entry.environment != cache.environment:
+                stored = cache.store.get_plan(digest)  # what a hit reads, not the whole entry
+                if stored is None or stored.problem(cache.environment) is not None:
                     continue  # the lookup will report it; priming only warms what is healthy
-                cache.backend.load(entry.blob, [])
+                cache.backend.load(stored.blob, [])
                 report["primed"] += 1
             except Exception as exc:  # priming is an optimization: never an error
                 report["failed"][digest] = f"{type(exc).__name__}: {exc}"
