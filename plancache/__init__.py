@@ -33,20 +33,19 @@ from .errors import (
 # The rest loads on first use (PEP 562): ``import plancache`` stays a few milliseconds,
 # and a process pays for the cache's modules only when it uses them.
 _LAZY = {
-    "TimingPolicy": "autotune",
-    "Backend": "backend", "BuiltPlan": "backend", "CandidateSet": "backend", "EngineChoice": "backend",
+    "TimingPolicy": "build.autotune",
+    "Backend": "build.backend", "BuiltPlan": "build.backend", "CandidateSet": "build.backend", "EngineChoice": "build.backend",
     "PlanCache": "cache",
     "BuildOptions": "key", "CacheKey": "key", "TensorSpec": "key", "describe": "key", "make_key": "key",
     "Plan": "plan",
     "Store": "store", "default_cache_dir": "store",
 }  # fmt: skip
-_SUBMODULES = {"autotune", "backend", "buckets", "bundle", "cache", "cli", "codec", "cudnn_backend", "entry", "errors",
-               "key", "maintenance", "manifest", "plan", "prewarm", "remote", "replay", "report", "store",
-               "templates", "testing"}  # fmt: skip
+_SUBMODULES = {"build", "buckets", "bundle", "cache", "cli", "codec", "errors", "flight", "key", "manifest", "plan",
+               "prewarm", "recording", "remote", "report", "store", "templates", "testing", "tiers"}  # fmt: skip
 
 if TYPE_CHECKING:
-    from .autotune import TimingPolicy
-    from .backend import Backend, BuiltPlan, CandidateSet, EngineChoice
+    from .build.autotune import TimingPolicy
+    from .build.backend import Backend, BuiltPlan, CandidateSet, EngineChoice
     from .cache import PlanCache
     from .key import BuildOptions, CacheKey, TensorSpec, describe, make_key
     from .plan import Plan

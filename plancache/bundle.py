@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .store import maintenance
 from .codec import decode_entry, encode_entry
 from .errors import BundleError, EntryNotFoundError, StoreError
 from .key import KEY_FORMAT, canonical_json, environment_id
@@ -66,7 +67,7 @@ def _env_summary(environment: Mapping[str, Any]) -> str:
 
 def _select(store: Store, env_id: str | None, keys: Iterable[str] | None) -> list[str]:
     if keys is None:
-        return [row["key"] for row in store.list_entries(env_id)]
+        return [row["key"] for row in maintenance.list_entries(store, env_id)]
     selected = []
     for prefix in keys:
         found = store.resolve(prefix)

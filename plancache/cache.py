@@ -1,56 +1,55 @@
-"""PlanCache: key -> hit (verify, deserialize) or miss (autotune, serialize, store).
+"""PlanCache: key -> memory -> local store -> fleet -> single flight -> build.
 
-Lookups never block on other processes and never write. A miss takes a per-key file lock
-so that many processes missing the same key autotune it once; the others wait (bounded)
-and load what the first one stored. Anything that goes wrong with the store (busy, full,
-read-only, damaged) is logged, counted and turns into a miss or an unpersisted plan: the
-caller always gets a working plan or a clear error about their own input.
+The life of a lookup (``get``), top to bottom, each step in the module named after it:
+
+1. ``key``: describe the graph, add the environment of the caller's current device and the
+   build options, hash.
+2. ``tiers.memory``: a loaded plan of this process? Return it under the caller's names.
+3. ``tiers.local`` then the remote tier: a stored entry that ``store.entry.problem`` finds
+   sound is loaded onto the device and kept in memory. Nothing is written, nothing waited
+   for: an unsound entry is only a miss here.
+4. ``flight``: the key's single flight (thread, then file, then fleet lock). Inside it,
+   look again (someone may have built it meanwhile); an unsound entry is quarantined (that
+   row, not whatever the key holds by then) and rebuilt from its engine and knobs on a
+   replayed graph; otherwise ``build.autotune`` picks a plan, which is stored.
+
+A busy, full, read-only or damaged store turns into misses and unpersisted plans, never
+into a failure: the caller gets a working plan, or a clear error about their own input.
 """
 
 from __future__ import annotations
 
-import atexit
-import dataclasses
 import functools
 import logging
 import os
-import sqlite3
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from .autotune import TimingPolicy, autotune
-from .backend import Backend, BuiltPlan, EngineChoice
-from .errors import DamagedEntryError, LockTimeoutError, StoreError
+from .build.autotune import TimingPolicy, autotune
+from .build.backend import Backend, BuiltPlan, EngineChoice
+from .errors import DamagedEntryError, PlanCacheError
+from .flight import SingleFlight
 from .key import BuildOptions, CacheKey, TensorSpec, describe, environment_id, make_key
-from .plan import Plan
-from .store import Entry, Store, StoredPlan, entry_problem, sha256
+from .plan import Plan, names_of
+from .recording import recorder_from_env
+from .store import Entry, problem, sha256, summarize
+from .tiers.local import LocalTier
+from .tiers.memory import LRU, max_plans_from_env
 
-__all__ = ["PlanCache", "summarize"]
+__all__ = ["PlanCache"]
 
 log = logging.getLogger("plancache")
 F = TypeVar("F", bound=Callable[..., Any])
-R = TypeVar("R")
 
-_HIT_FLUSH_EVERY = 512  # batched hit-count writes: at most one per this many hits, and at close
-_COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "refused", "store_errors",
-             "waits", "unpersisted", "kernel_cache_restores")  # fmt: skip
-
-
-def summarize(description: Mapping[str, Any]) -> str:
-    """A short op summary of a canonical description: ``CONV_FPROP+POINTWISE(relu)``."""
-    parts = []
-    for node in description.get("nodes", []):
-        mode = node.get("params", {}).get("mode") if isinstance(node.get("params"), dict) else None
-        parts.append(f"{node['type']}({mode})" if mode else str(node["type"]))
-    return "+".join(parts)
+_COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "store_errors", "waits",
+             "unpersisted", "kernel_cache_restores")  # fmt: skip
 
 
 def _default_backend() -> Backend:
-    from .cudnn_backend import CudnnBackend  # the only cuDNN import, and only when used
+    from .build.cudnn_backend import CudnnBackend  # the only cuDNN import, and only when used
 
     return CudnnBackend()
 
@@ -85,16 +84,17 @@ class PlanCache:
     input and output tensors have uids; it replaces validate, build_operation_graph,
     create_execution_plans, check_support and build_plans.
 
-    Thread-safe. One instance per process is the intended use; several are fine.
+    Thread-safe, and usable from any device: create it once (at import, say) and look up
+    graphs on whichever device is current; each device gets plans keyed and loaded for it.
 
-    ``options``: the default ``BuildOptions`` (autotune policy, K, heuristic modes,
-    workspace limit, kernel-cache sharing). ``timing``: how candidates are timed.
-    ``read_only``: serve hits, keep new plans in memory (default: detected).
-    ``max_size``: bytes of plans kept, least recently used evicted (``PLANCACHE_MAX_SIZE``).
-    ``lock_timeout``: seconds to wait for another process building the same plan.
-    ``persist_kernel_cache``: store the shared kernel cache of dynamic-shape builds and
-    restore it in later processes (off: it did not shorten builds on cuDNN 9.19).
-    ``remote``: a ``RemoteTier`` (default: from ``PLANCACHE_REDIS_URL``, else none).
+    ``options``: the default ``BuildOptions``. ``timing``: how candidates are timed.
+    ``read_only``: serve hits, keep new plans in memory (default: detected). ``max_size``:
+    bytes of plans kept on disk, least recently used evicted (``PLANCACHE_MAX_SIZE``).
+    ``max_plans``: loaded plans kept in memory (``PLANCACHE_MEMORY_PLANS``, default 1024).
+    ``lock_timeout``: seconds to wait for another thread, process or machine building the
+    same plan. ``persist_kernel_cache``: store the shared kernel cache of dynamic-shape
+    builds (off: it did not shorten builds on cuDNN 9.19). ``remote``: a ``RemoteTier``
+    (default: from ``PLANCACHE_REDIS_URL``, else none).
     """
 
     def __init__(
@@ -106,74 +106,90 @@ class PlanCache:
         timing: TimingPolicy | None = None,
         read_only: bool | None = None,
         max_size: int | None = None,
+        max_plans: int | None = None,
         lock_timeout: float = 900.0,
         persist_kernel_cache: bool = False,
         remote: Any = None,
     ) -> None:
+        self.counters = dict.fromkeys(_COUNTERS, 0)
+        self._warned: set[str] = set()
         self.backend = backend if backend is not None else _default_backend()
         self.options = options or BuildOptions()
         self.timing = timing or TimingPolicy()
-        self.store = Store(directory, read_only=read_only)
-        self.directory = self.store.directory
         self.max_size = max_size if max_size is not None else _max_size_from_env()
-        self.lock_timeout = lock_timeout
-        self.counters = dict.fromkeys(_COUNTERS, 0)
-        self._memory: dict[tuple[str, int], Plan] = {}
-        self._pending_hits: dict[str, tuple[int, float]] = {}
-        self._pending_total = 0
-        self._lock = threading.RLock()
-        self._environment: dict[str, Any] | None = None
-        self._warned: set[str] = set()
-        self._recorders: list[Callable[[Any, CacheKey], None]] = []
-        from .manifest import recorder_from_env  # PLANCACHE_RECORD=path: record every graph into a manifest
-
-        recorder_from_env(self)
-        self.persist_kernel_cache = persist_kernel_cache
+        self.local = LocalTier(directory, read_only=read_only, max_bytes=self.max_size, warn=self._warn_once, count=self._count)
+        self.directory = self.local.directory
+        self.memory: LRU[tuple[str, int], Plan] = LRU(max_plans if max_plans is not None else max_plans_from_env())
         self.remote = remote if remote is not None else _remote_from_env()
+        lock_dir = self.directory / "locks" if self.local.available and not self.local.read_only else None
+        self.flight = SingleFlight(lock_dir, timeout=lock_timeout, remote=self.remote, warn=self._warn_once, count=self._count)
+        self.lock_timeout = lock_timeout
+        self.persist_kernel_cache = persist_kernel_cache
+        self._environments: dict[int, tuple[dict[str, Any], str]] = {}
+        self._recorders: list[Callable[[Any, CacheKey], None]] = []
         self._remote_flushed: dict[str, int] = {}
         self._kernel_cache_restored = False
         self._kernel_cache_digest: str | None = None
-        if self.store.read_only:
+        self._closed = False
+        recorder_from_env(self)  # PLANCACHE_RECORD=path: record every graph into a manifest
+        if self.local.available and self.local.read_only:
             self._warn_once("read-only", "plancache: %s is read-only: stored plans are served, new ones stay in memory", self.directory)
         # Flush batched hit counts when the process ends; weakly, so the cache can be freed.
-        atexit.register(_flush_at_exit, weakref.ref(self))
+        ref = weakref.ref(self)
+        atexit_flush = functools.partial(_flush_at_exit, ref)
+        import atexit
+
+        atexit.register(atexit_flush)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=functools.partial(_after_fork, ref))
 
     # ------------------------------------------------------------------ public
 
     @property
-    def environment(self) -> dict[str, Any]:
-        """The environment fingerprint of this process's current device."""
-        if self._environment is None:
-            self._environment = self.backend.environment()
-        return self._environment
+    def store(self) -> Any:
+        """The SQLite ``Store`` of this cache (None when it could not be opened)."""
+        return self.local.store
 
-    def key(self, graph: Any, options: BuildOptions | None = None) -> CacheKey:
-        """The key ``graph`` is stored under; ``key.explain()`` shows each part."""
-        return make_key(describe(graph), self.environment, options or self.options)
+    @property
+    def environment(self) -> dict[str, Any]:
+        """The environment fingerprint of the calling thread's current device."""
+        return dict(self._environment(self.backend.current_device())[0])
+
+    def _environment(self, device: int) -> tuple[dict[str, Any], str]:
+        found = self._environments.get(device)
+        if found is None:
+            env = self.backend.environment(device)
+            found = self._environments[device] = (env, environment_id(env))
+        return found
+
+    def key(self, graph: Any, options: BuildOptions | None = None, *, device: int | None = None) -> CacheKey:
+        """The key ``graph`` is stored under on ``device`` (default: the current one);
+        ``key.explain()`` shows each part."""
+        device = self.backend.current_device() if device is None else device
+        return make_key(describe(graph), self._environment(device)[0], options or self.options)
 
     def get(self, graph: Any, *, options: BuildOptions | None = None, inputs: Mapping[int, Any] | None = None) -> Plan:
-        """A ready plan for ``graph``: from memory, from the store, or autotuned now.
+        """A ready plan for ``graph`` on the current device: from memory, from the store,
+        from the fleet, or autotuned now. The plan takes the names of ``graph``.
 
         ``inputs`` (tensors by uid) are used to time candidates on a miss instead of
         random tensors. Raises ``InvalidGraphError`` for a graph that cannot be keyed or
         built, ``BuildError`` when no candidate builds on this GPU.
         """
+        if self._closed:
+            raise PlanCacheError(f"the plan cache in {self.directory} is closed", path=str(self.directory))
         options = options or self.options
-        key = make_key(describe(graph), self.environment, options)
+        device = self.backend.current_device()
+        key = make_key(describe(graph), self._environment(device)[0], options)
         for record in self._recorders:
             record(graph, key)
-        memo = (key.digest, self.backend.current_device())
-        plan = self._memory.get(memo)
+        plan = self.memory.get((key.digest, device))
         if plan is not None:
             self.counters["memory_hits"] += 1
-            self._note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
-            return plan
-        with self._lock:
-            plan = self._memory.get(memo)
-            if plan is None:
-                plan = self._lookup_or_build(graph, key, options, inputs)
-                self._memory[memo] = plan
-        return plan
+            self.local.note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
+        else:
+            plan = self._resolve(graph, key, options, device, inputs)
+        return plan.named(names_of(graph))
 
     def builder(
         self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None
@@ -183,8 +199,8 @@ class PlanCache:
         The decorated function returns a ``Plan``. Calls with arguments of the same
         shapes, strides, dtypes and devices (tensors) and equal values (anything else)
         return the same plan without building the graph again: a repeat costs a few
-        microseconds (reading four attributes of each tensor dominates). Non-tensor
-        arguments must be hashable.
+        microseconds. Non-tensor arguments must be hashable. The plans it remembers are
+        bounded like the memory tier (least recently used dropped).
 
         ``key``: a function of the same arguments returning what the graph depends on
         (``key=lambda x, w: x.shape[0]``, say). It replaces the automatic signature,
@@ -193,7 +209,8 @@ class PlanCache:
         """
 
         def wrap(func: F) -> Callable[..., Plan]:
-            plans: dict[Any, Plan] = {}
+            plans: LRU[Any, Plan] = LRU(self.memory.capacity)
+            current_device = self.backend.current_device
 
             @functools.wraps(func)
             def wrapper(*args: Any, **kwargs: Any) -> Plan:
@@ -203,11 +220,11 @@ class PlanCache:
                     signature, has_tensor = _signature(args, kwargs)
                     if not has_tensor:
                         # No tensor argument tells the device: the plan belongs to the current one.
-                        signature = (*signature, self.backend.current_device())
+                        signature = (*signature, current_device())
                 plan = plans.get(signature)
                 if plan is None:
                     plan = self.get(func(*args, **kwargs), options=options)
-                    plans[signature] = plan
+                    plans.put(signature, plan)
                 else:
                     self.counters["memory_hits"] += 1
                 return plan
@@ -218,81 +235,62 @@ class PlanCache:
         return wrap(fn) if fn is not None else wrap
 
     def preload(self, keys: Iterable[str] | None = None) -> dict[str, Any]:
-        """Load stored plans into memory before the first step, so later ``get`` calls
-        find them without touching the store or cuDNN's deserializer.
+        """Load stored plans of the current device into memory before the first step, so
+        later ``get`` calls find them without touching the store or cuDNN's deserializer.
 
         ``keys``: the keys to load (from a manifest, say); None loads every entry of this
-        environment. Damaged entries are quarantined and reported, never raised.
+        device's environment. Unsound entries are quarantined and reported, never raised.
         Returns ``{"loaded": [...], "missing": [...], "failed": {key: reason}, "seconds": s}``.
         """
         started = time.perf_counter()
-        env_id = environment_id(self.environment)
-        if keys is None:
-            keys = [row["key"] for row in self.store.list_entries(env_id)]
         device = self.backend.current_device()
+        environment, env_id = self._environment(device)
+        if keys is None:
+            keys = self.local.entries_of(env_id)
         report: dict[str, Any] = {"loaded": [], "missing": [], "failed": {}}
         for digest in keys:
-            if (digest, device) in self._memory:
+            if (digest, device) in self.memory:
                 report["loaded"].append(digest)
                 continue
-            stored = self._read_plan(digest)
-            if stored is None:
+            outcome = self._serve_stored(digest, environment, device)
+            if isinstance(outcome, Plan):
+                self.memory.put((digest, device), outcome)
+                report["loaded"].append(digest)
+            elif outcome is None:
                 report["missing"].append(digest)
-                continue
-            if stored.environment != self.environment:  # not damage: kept for its own machines
-                report["failed"][digest] = "entry belongs to another environment"
-                continue
-            loaded = self._checked_load(digest, stored, self.environment, None)
-            if isinstance(loaded, str):  # damaged or refused: reported, never raised
-                self._quarantine(digest, loaded)
-                report["failed"][digest] = loaded
-                continue
-            native, tensors = loaded
-            engine = _engine_of(stored.engine)
-            with self._lock:
-                self._memory[(digest, device)] = self._plan(digest, native, tensors, stored.workspace_size, engine, "loaded")
-            self.counters["hits"] += 1
-            self._note_hit(digest)
-            report["loaded"].append(digest)
+            else:
+                entry, reason = outcome
+                if entry is not None and entry.environment != environment:
+                    report["failed"][digest] = "entry belongs to another environment"  # kept for its own machines
+                    continue
+                with self.flight.hold(digest, env_id):
+                    self._quarantine_if_unchanged(digest, entry, reason)
+                report["failed"][digest] = reason
         report["seconds"] = time.perf_counter() - started
         return report
 
     def stats(self) -> dict[str, Any]:
         """This process's counters, the store's totals, and the remote tier's counters."""
-        data: dict[str, Any] = {"process": dict(self.counters), "store": self.store.stats()}
+        data: dict[str, Any] = {"process": {**self.counters, "memory_plans": len(self.memory),
+                                            "memory_evicted": self.memory.evicted}, "store": self.local.stats()}  # fmt: skip
         if self.remote is not None:
             data["remote"] = self.remote.stats()
         return data
 
     def flush(self) -> None:
-        """Write batched hit counts (and the remote tier's counters) now; also done at
-        close and at exit."""
-        with self._lock:
-            pending, self._pending_hits, self._pending_total = self._pending_hits, {}, 0
-            remote = self._remote_counter_deltas()
-        if self.store.read_only or not (pending or remote):
-            return
-        try:
-            self.store.record_hits(pending)
-            self.store.bump_many(remote)
-        except StoreError as exc:
-            self._warn_once("hits", "plancache: could not record hit counts: %s", exc)
-
-    def _remote_counter_deltas(self) -> dict[str, int]:
-        """Remote counters since the last flush, named for the store (``remote_refused``...)."""
-        if self.remote is None:
-            return {}
-        now = {k: v for k, v in self.remote.stats().items() if isinstance(v, int) and not isinstance(v, bool)}
-        deltas = {}
-        for name, value in now.items():
-            stored = name if name.startswith("remote_") else f"remote_{name}"
-            deltas[stored] = value - self._remote_flushed.get(name, 0)
-        self._remote_flushed = now
-        return deltas
+        """Write batched hit counts (and the remote tier's counters) now, waiting for the
+        store if it is busy; the background writer and ``close`` never wait."""
+        self.local.flush(wait=True)
+        self.local.bump_counters(self._remote_counter_deltas())
 
     def close(self) -> None:
-        self.flush()
-        self.store.close()
+        """Write what is pending (without waiting on a busy store) and close the store and
+        the remote tier. Later lookups raise ``PlanCacheError``."""
+        if self._closed:
+            return
+        self._closed = True
+        self.local.bump_counters(self._remote_counter_deltas())
+        self.local.close()
         if self.remote is not None:
             self.remote.close()
 
@@ -306,199 +304,107 @@ class PlanCache:
         """Call ``record(graph, key)`` for every graph looked up (used to write manifests)."""
         self._recorders.append(record)
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ the lookup
 
-    def _warn_once(self, topic: str, message: str, *args: Any) -> None:
-        if topic not in self._warned:
-            self._warned.add(topic)
-            log.warning(message, *args)
+    def _resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None) -> Plan:
+        environment, env_id = self._environment(device)
+        plan = self._from_stored_tiers(key, environment, env_id, device)
+        if plan is None:
+            with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])) as turn:
+                plan = self.memory.get((key.digest, device)) or self._repair_or_build(graph, key, options, device, inputs, turn.fleet_built)
+        plan = plan.named(names_of(graph))
+        self.memory.put((key.digest, device), plan)
+        return plan
 
-    def _note_hit(self, key: str) -> None:
-        count, _ = self._pending_hits.get(key, (0, 0.0))
-        self._pending_hits[key] = (count + 1, time.time())
-        self._pending_total += 1
-        if self._pending_total >= _HIT_FLUSH_EVERY:
-            self.flush()
-
-    def _read(self, key: str) -> Entry | None:
-        """The whole entry under ``key``; the store's failures are misses."""
-        return self._guarded_read(key, self.store.get)
-
-    def _read_plan(self, key: str) -> StoredPlan | None:
-        """What a hit needs of the entry under ``key``; the store's failures are misses."""
-        return self._guarded_read(key, self.store.get_plan)
-
-    def _guarded_read(self, key: str, read: Callable[[str], R | None]) -> R | None:
-        try:
-            return read(key)
-        except DamagedEntryError as exc:  # one undecodable row: out of service, then a miss
-            self._quarantine(key, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
+    def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int, *, remote: bool = True) -> Plan | None:
+        """A sound stored plan from the local store, else from the fleet (then stored
+        locally); None otherwise. Reads only: an unsound entry is just a miss here."""
+        outcome = self._serve_stored(key.digest, environment, device)
+        if isinstance(outcome, Plan):
+            return outcome
+        if not remote or self.remote is None:
             return None
-        except (StoreError, sqlite3.Error, OSError) as exc:  # a damaged or busy store is a miss
-            self.counters["store_errors"] += 1
-            self._warn_once("read", "plancache: reading %s failed (%s); treating as a miss", self.store.path, exc)
+        entry = self.remote.get(key.digest, env_id)
+        if entry is None or problem(entry, environment) is not None:
             return None
+        self.local.put(entry)
+        loaded = self._load(entry, device)
+        return loaded if isinstance(loaded, Plan) else None
 
-    def _lookup_or_build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None) -> Plan:
-        plan = self._load(graph, key, options) or self._from_remote(graph, key, options)
-        if plan is not None:
-            return plan
-        if self.store.read_only:
-            return self._build_once_in_fleet(graph, key, options, inputs, persist=False)
-        try:
-            lock = self._key_lock(key.digest)
-            started = time.monotonic()
-            lock.acquire(timeout=1.0)
-        except TimeoutError:
-            self.counters["waits"] += 1
-            log.info("plancache: waiting up to %.0f s for another process to build %s (%s); lock %s",
-                     self.lock_timeout, key.digest[:12], summarize(key.parts["graph"]), lock.lock_file)  # fmt: skip
-            try:
-                lock.acquire(timeout=max(0.0, self.lock_timeout - 1.0))
-            except TimeoutError as exc:
-                raise LockTimeoutError(
-                    f"waited {time.monotonic() - started:.0f} s for another process to build plan {key.digest[:12]} "
-                    f"(lock {lock.lock_file}); the lock goes when its holder exits, so that process is still "
-                    "building or hung. Raise lock_timeout for very long autotuning",
-                    key=key.digest,
-                    waited_s=time.monotonic() - started,
-                ) from exc
-            log.info("plancache: waited %.1f s for %s", time.monotonic() - started, key.digest[:12])
-        except OSError as exc:  # no lock file (disk full, odd permissions): still a plan, maybe built twice
-            self.counters["store_errors"] += 1
-            self._warn_once("lock", "plancache: cannot take the build lock in %s (%s); building without it", self.directory, exc)
-            return self._build_once_in_fleet(graph, key, options, inputs, persist=True)
-        try:
-            plan = self._load(graph, key, options)  # built by the process we waited for?
+    def _repair_or_build(self, graph: Any, key: CacheKey, options: BuildOptions, device: int,
+                         inputs: Mapping[int, Any] | None, fleet_built: bool) -> Plan:  # fmt: skip
+        """Inside the key's single flight: serve what others stored meanwhile, repair an
+        unsound entry, or autotune."""
+        environment, env_id = self._environment(device)
+        outcome = self._serve_stored(key.digest, environment, device)
+        if isinstance(outcome, Plan):
+            return outcome
+        if outcome is not None:
+            entry, reason = outcome
+            self._quarantine_if_unchanged(key.digest, entry, reason)
+            rebuilt = self._rebuild(key, options, entry, device) if entry is not None else None
+            if rebuilt is not None:
+                return rebuilt
+        elif fleet_built or self.remote is not None:
+            plan = self._from_stored_tiers(key, environment, env_id, device)
             if plan is not None:
                 return plan
-            return self._build_once_in_fleet(graph, key, options, inputs, persist=True)
-        finally:
-            lock.release()
+        return self._build(graph, key, options, inputs, device)
 
-    def _build_once_in_fleet(
-        self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, *, persist: bool
-    ) -> Plan:
-        """Build, holding the fleet-wide Redis lock when there is a remote tier: a node that
-        waited finds the plan another node published (inside its lock) and loads it."""
-        if self.remote is None:
-            return self._build(graph, key, options, inputs, persist=persist)
-        env_id = environment_id(key.parts["environment"])
-        with self.remote.lock(key.digest, env_id, wait=self.lock_timeout) as mine:
-            if not mine:
-                plan = self._from_remote(graph, key, options)
-                if plan is not None:
-                    return plan
-            return self._build(graph, key, options, inputs, persist=persist)
-
-    def _from_remote(self, graph: Any, key: CacheKey, options: BuildOptions) -> Plan | None:
-        """Read-through: a verified remote entry is stored locally, then loaded as a hit."""
-        if self.remote is None:
-            return None
-        entry = self.remote.get(key.digest, environment_id(key.parts["environment"]))
+    def _serve_stored(self, digest: str, environment: Mapping[str, Any], device: int) -> Plan | tuple[Entry | None, str] | None:
+        """The local entry under ``digest``, judged and loaded: a ``Plan``; ``(entry,
+        reason)`` when it must not be served; None when there is none."""
+        try:
+            entry = self.local.get(digest)
+        except DamagedEntryError as exc:  # one undecodable row
+            return None, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}"
         if entry is None:
             return None
-        if not self.store.read_only:
-            try:
-                self.store.put(entry)
-            except (StoreError, OSError) as exc:
-                self._warn_once("write", "plancache: could not store remote plan %s (%s); using it from memory", key.digest[:12], exc)
-        return self._load(graph, key, options, entry=entry)
-
-    def _key_lock(self, digest: str) -> Any:
-        from filelock import FileLock  # imported on the first miss only
-
-        locks = self.directory / "locks"
-        locks.mkdir(mode=0o700, exist_ok=True)
-        return FileLock(str(locks / f"{digest[:32]}.lock"), mode=0o600)
-
-    def _load(self, graph: Any, key: CacheKey, options: BuildOptions, entry: Entry | None = None) -> Plan | None:
-        """A hit: check what the plan executes with, deserialize, or quarantine and rebuild.
-
-        ``entry``: a whole entry from the remote tier, checked whole. Otherwise only what a
-        hit needs is read (``Store.get_plan``): the lookup stays within a few hundred
-        microseconds of cuDNN's own deserialize.
-        """
-        if entry is not None:
-            stored: StoredPlan | None = _serving_view(entry)
-        else:
-            stored = self._read_plan(key.digest)
-            if stored is None:
-                return None
-        assert stored is not None
-        loaded = self._checked_load(key.digest, stored, key.parts["environment"], entry)
-        if not isinstance(loaded, str):
-            native, tensors = loaded
-            self.counters["hits"] += 1
-            self._note_hit(key.digest)
-            engine = _engine_of(stored.engine)
-            return self._plan(key.digest, native, _named_as(tensors, graph), stored.workspace_size, engine, "loaded")
-        old = entry if entry is not None else self._read_quietly(key.digest)
-        engine = _engine_of(stored.engine)
-        self._quarantine(key.digest, loaded)
-        if engine is None or self.store.read_only:
-            return None
-        return self._rebuild(graph, key, options, old, engine)
-
-    def _checked_load(
-        self, digest: str, stored: StoredPlan, environment: Mapping[str, Any], entry: Entry | None
-    ) -> tuple[Any, list[TensorSpec]] | str:
-        """Deserialize a stored plan once every check passed: ``(native, tensors)``, or why
-        it must not be served. ``entry``: the whole entry, when the caller has it (remote)."""
-        if entry is not None:
-            reason = _unusable(entry, environment)
-        else:
-            reason = stored.problem(environment)
-            if reason is None and stored.meta_ok is None:  # a schema-1 row: check it whole
-                old = self._read(digest)
-                reason = _unusable(old, environment) if old is not None else "entry cannot be read"
+        reason = problem(entry, environment)
         if reason is not None:
-            return reason
+            return entry, reason
+        loaded = self._load(entry, device)
+        return loaded if isinstance(loaded, Plan) else (entry, loaded)
+
+    def _load(self, entry: Entry, device: int) -> Plan | str:
+        """Deserialize a sound entry onto ``device``: a ``Plan``, or why it failed."""
         try:
-            tensors = [TensorSpec.from_dict(t) for t in stored.tensors]
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # damaged, yet valid JSON
-            return f"tensor table cannot be decoded: {exc!r}"
-        try:
-            return self.backend.load(stored.blob, tensors), tensors
+            tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
+            native = self.backend.load(entry.blob, tensors, device)
         except Exception as exc:  # the library refusing a blob is a miss, never a crash
-            return f"deserialize failed: {type(exc).__name__}: {exc}"
+            return f"deserialize failed: {type(exc).__name__}: {str(exc)[:300]}"
+        self.counters["hits"] += 1
+        self.local.note_hit(entry.key)
+        return self._plan(entry.key, native, tensors, entry.workspace_size, _engine_of(entry.engine), "loaded", device)
 
-    def _read_quietly(self, key: str) -> Entry | None:
-        """The whole entry for a rebuild's records (candidates, policy), if it still reads."""
-        try:
-            return self.store.get(key)
-        except (StoreError, sqlite3.Error, OSError):
-            return None
-
-    def _quarantine(self, digest: str, reason: str) -> None:
+    def _quarantine_if_unchanged(self, digest: str, entry: Entry | None, reason: str) -> None:
+        """Quarantine the row that was judged (its recorded checksum), inside the key's
+        single flight: a row another process rebuilt meanwhile is left in service."""
         self.counters["corrupt"] += 1
         log.warning("plancache: entry %s is unusable (%s); quarantined, rebuilding", digest[:12], reason)
-        if self.store.read_only:
-            return
-        try:
-            self.store.quarantine(digest, reason)
-        except StoreError as exc:
-            self._warn_once("quarantine", "plancache: could not quarantine %s: %s", digest[:12], exc)
+        self.local.quarantine(digest, entry, reason)
 
-    def _rebuild(self, graph: Any, key: CacheKey, options: BuildOptions, old: Entry | None, engine: EngineChoice) -> Plan | None:
-        """Rebuild a damaged entry from its engine id and knobs: no autotuning."""
+    def _rebuild(self, key: CacheKey, options: BuildOptions, old: Entry, device: int) -> Plan | None:
+        """Rebuild an unsound entry from its engine id and knobs on a graph replayed from
+        its description (the caller's graph stays unplanned, for autotuning if this fails)."""
+        engine = _engine_of(old.engine)
+        if engine is None or self.local.read_only:
+            return None
         started = time.perf_counter()
         try:
-            built = self.backend.rebuild(graph, engine, options)
+            from .build.replay import rebuild_graph
+
+            built = self.backend.rebuild(rebuild_graph(key.parts["graph"]), engine, options)
         except Exception as exc:
             log.warning("plancache: rebuilding %s from engine %s failed (%s); autotuning instead", key.digest[:12], engine.name, exc)
             return None
         self.counters["rebuilds"] += 1
-        # The damaged entry's autotuning record still says why this engine was chosen.
-        policy = old.policy if old is not None else options.policy
-        candidates = old.candidates if old is not None else []
-        timing = old.timing if old is not None else {"method": "rebuilt from the stored engine id and knobs"}
-        self._persist(key, built, policy, candidates, timing, time.perf_counter() - started, 0.0)
-        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt")
+        # The unsound entry's autotuning record still says why this engine was chosen.
+        timing = old.timing or {"method": "rebuilt from the stored engine id and knobs"}
+        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0)
+        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
 
-    def _build(
-        self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, *, persist: bool
-    ) -> Plan:
+    def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int) -> Plan:
         self.counters["misses"] += 1
         started = time.perf_counter()
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
@@ -511,15 +417,34 @@ class PlanCache:
         finally:
             cands.close()
         self.counters["builds"] += 1
-        if dynamic and persist and self.persist_kernel_cache:
+        if dynamic and self.persist_kernel_cache:
             self._save_kernel_cache(key)
-        elapsed = time.perf_counter() - started
         reports = [r.to_dict() for r in result.candidates]
-        if persist:
-            self._persist(key, built, result.policy, reports, result.timing, elapsed, result.autotune_seconds)
-        else:
+        self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started, result.autotune_seconds)
+        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "built", device)
+
+    def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
+                 timing: dict[str, Any], build_seconds: float, autotune_seconds: float) -> None:  # fmt: skip
+        now = time.time()
+        entry = Entry(
+            key=key.digest, env_id=environment_id(key.parts["environment"]), label=summarize(key.parts["graph"]),
+            description=key.parts["graph"], environment=key.parts["environment"], options=key.parts["options"],
+            tensors=[t.to_dict() for t in built.tensors], blob=built.blob, blob_sha256=sha256(built.blob),
+            engine=built.engine.to_dict() if built.engine else None, workspace_size=built.workspace_size,
+            policy=policy, candidates=candidates, timing=timing, build_seconds=build_seconds,
+            autotune_seconds=autotune_seconds, backend=self.backend.name, created_at=now, last_used_at=now,
+        )  # fmt: skip
+        if not self.local.put(entry):
             self.counters["unpersisted"] += 1
-        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "built")
+        if self.remote is not None:
+            self.remote.put(entry)  # inside the fleet lock: nodes waiting on it find the plan
+
+    def _plan(self, digest: str, native: Any, tensors: list[TensorSpec], workspace: int, engine: EngineChoice | None,
+              source: str, device: int) -> Plan:  # fmt: skip
+        return Plan(key=digest, backend=self.backend, native=native, tensors=tensors, workspace_size=workspace,
+                    engine=engine, source=source, device=device)  # fmt: skip
+
+    # ------------------------------------------------------------------ kernel cache
 
     def _restore_kernel_cache(self, key: CacheKey) -> None:
         """Before this process's first dynamic-shape build: load the stored kernel cache of
@@ -527,91 +452,53 @@ class PlanCache:
         if self._kernel_cache_restored or not self.persist_kernel_cache:
             return
         self._kernel_cache_restored = True
-        restore = getattr(self.backend, "restore_kernel_cache", None)
-        if restore is None:
+        blob = self.local.kernel_cache(environment_id(key.parts["environment"]))
+        if blob is None:
             return
         try:
-            stored = self.store.get_kernel_cache(environment_id(key.parts["environment"]))
-        except (StoreError, sqlite3.Error) as exc:
-            self._warn_once("kernel-cache", "plancache: cannot read the stored kernel cache: %s", exc)
-            return
-        if stored is None:
-            return
-        try:
-            restore(stored[0])
+            self.backend.restore_kernel_cache(blob)
         except Exception as exc:  # a refused kernel cache only costs compile time
             self._warn_once("kernel-cache", "plancache: the stored kernel cache was refused (%s); building without it", exc)
             return
-        self._kernel_cache_digest = sha256(stored[0])
+        self._kernel_cache_digest = sha256(blob)
         self.counters["kernel_cache_restores"] += 1
 
     def _save_kernel_cache(self, key: CacheKey) -> None:
         """After a dynamic-shape build: store the kernel cache if it changed."""
-        blob_of = getattr(self.backend, "kernel_cache_blob", None)
-        blob = blob_of() if blob_of is not None else None
-        if not blob or sha256(blob) == self._kernel_cache_digest:
-            return
-        try:
-            self.store.put_kernel_cache(environment_id(key.parts["environment"]), blob, None)
-        except (StoreError, sqlite3.Error) as exc:
-            self._warn_once("kernel-cache-write", "plancache: cannot store the kernel cache: %s", exc)
-            return
-        self._kernel_cache_digest = sha256(blob)
+        blob = self.backend.kernel_cache_blob()
+        if blob and sha256(blob) != self._kernel_cache_digest and self.local.put_kernel_cache(environment_id(key.parts["environment"]), blob):
+            self._kernel_cache_digest = sha256(blob)
 
-    def _persist(
-        self,
-        key: CacheKey,
-        built: BuiltPlan,
-        policy: str,
-        candidates: list[dict[str, Any]],
-        timing: dict[str, Any],
-        build_seconds: float,
-        autotune_seconds: float,
-    ) -> None:
-        now = time.time()
-        entry = Entry(
-            key=key.digest,
-            env_id=environment_id(key.parts["environment"]),
-            label=summarize(key.parts["graph"]),
-            description=key.parts["graph"],
-            environment=key.parts["environment"],
-            options=key.parts["options"],
-            tensors=[t.to_dict() for t in built.tensors],
-            blob=built.blob,
-            blob_sha256=sha256(built.blob),
-            engine=built.engine.to_dict() if built.engine else None,
-            workspace_size=built.workspace_size,
-            policy=policy,
-            candidates=candidates,
-            timing=timing,
-            build_seconds=build_seconds,
-            autotune_seconds=autotune_seconds,
-            backend=self.backend.name,
-            created_at=now,
-            last_used_at=now,
-        )
-        try:
-            self.store.put(entry)
-            if self.max_size is not None:
-                self.store.evict_to(self.max_size)
-        except (StoreError, OSError, sqlite3.Error) as exc:  # disk full, read-only, damaged: the plan still works
-            self.counters["store_errors"] += 1
-            self.counters["unpersisted"] += 1
-            self._warn_once("write", "plancache: could not store plan %s (%s); it is used from memory only", key.digest[:12], exc)
-        if self.remote is not None:
-            self.remote.put(entry)  # inside the fleet lock: nodes waiting on it find the plan
+    # ------------------------------------------------------------------ bookkeeping
 
-    def _plan(self, digest: str, native: Any, tensors: list[TensorSpec], workspace: int, engine: EngineChoice | None, source: str) -> Plan:
-        return Plan(
-            key=digest,
-            backend=self.backend,
-            native=native,
-            tensors=tensors,
-            workspace_size=workspace,
-            engine=engine,
-            source=source,
-            device=self.backend.current_device(),
-        )
+    def _warn_once(self, topic: str, message: str, *args: Any) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            log.warning(message, *args)
+
+    def _count(self, name: str) -> None:
+        self.counters[name] += 1
+
+    def _remote_counter_deltas(self) -> dict[str, int]:
+        """Remote counters since the last flush, named for the store (``remote_refused``...)."""
+        if self.remote is None:
+            return {}
+        now = {k: v for k, v in self.remote.stats().items() if isinstance(v, int) and not isinstance(v, bool)}
+        deltas = {}
+        for name, value in now.items():
+            stored = name if name.startswith("remote_") else f"remote_{name}"
+            deltas[stored] = value - self._remote_flushed.get(name, 0)
+        self._remote_flushed = now
+        return deltas
+
+    def _forget_process_state(self) -> None:
+        """In a forked child: the parent's loaded plans, locks and threads are not ours."""
+        self.memory = LRU(self.memory.capacity)
+        self.flight.after_fork()
+        self.local.after_fork()
+        after = getattr(self.remote, "after_fork", None)
+        if callable(after):
+            after()
 
 
 _tensor_type: Any = None
@@ -620,22 +507,14 @@ _KWARGS = object()
 
 def _flush_at_exit(ref: weakref.ref[PlanCache]) -> None:
     cache = ref()
+    if cache is not None and not cache._closed:
+        cache.local.flush(wait=False)
+
+
+def _after_fork(ref: weakref.ref[PlanCache]) -> None:
+    cache = ref()
     if cache is not None:
-        cache.flush()
-
-
-def _unusable(entry: Entry, environment: Mapping[str, Any]) -> str | None:
-    """Why a stored entry must not be served for a key of ``environment``, or None."""
-    if entry.environment != environment:
-        return "environment differs from the key's"
-    if not entry.checksum_ok():
-        return "blob checksum mismatch"
-    return entry_problem(entry)  # the row's own metadata altered (key, environment id, inputs)
-
-
-def _serving_view(entry: Entry) -> StoredPlan:
-    return StoredPlan(entry.key, entry.environment, entry.tensors, entry.blob, entry.blob_sha256, entry.engine,
-                      entry.workspace_size, None if entry.meta_sha256 is None else entry.meta_sha256 == entry.meta_digest())  # fmt: skip
+        cache._forget_process_state()
 
 
 def _engine_of(engine: Mapping[str, Any] | None) -> EngineChoice | None:
@@ -644,16 +523,6 @@ def _engine_of(engine: Mapping[str, Any] | None) -> EngineChoice | None:
         return EngineChoice.from_dict(engine) if engine else None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-
-
-def _named_as(tensors: list[TensorSpec], graph: Any) -> list[TensorSpec]:
-    """The stored tensor table under the names of the caller's graph: names are not part
-    of the key, so a plan stored by one caller is found by another that named differently."""
-    tensor_map = getattr(graph, "tensors", None)
-    if not isinstance(tensor_map, Mapping):
-        return tensors
-    names = {int(t.uid): str(name) for name, t in tensor_map.items() if not t.is_virtual}
-    return [t if names.get(t.uid, t.name) == t.name else dataclasses.replace(t, name=names[t.uid]) for t in tensors]
 
 
 def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[tuple[Any, ...], bool]:
@@ -687,3 +556,4 @@ def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[tuple[
             else:
                 signature.append((name, value))
     return tuple(signature), has_tensor
+

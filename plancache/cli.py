@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from .store import maintenance
 from .errors import EntryNotFoundError, PlanCacheError
 from .store import Entry, Store
 
@@ -119,7 +120,7 @@ def cli(ctx: click.Context, directory: Path | None, debug: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env(as_json: bool) -> None:
     """The environment fingerprint that keys every plan on this machine."""
-    from .cudnn_backend import probe_environment
+    from .build.cudnn_backend import probe_environment
 
     data = probe_environment()
 
@@ -136,7 +137,7 @@ def env(as_json: bool) -> None:
 @click.pass_obj
 def list_entries(obj: _Context, as_json: bool, env_id: str | None) -> None:
     """List stored plans, most recently used first."""
-    rows = obj.store().list_entries(env_id)
+    rows = maintenance.list_entries(obj.store(), env_id)
     now = time.time()
 
     def text(data: list[dict[str, Any]]) -> Iterable[str]:
@@ -281,7 +282,7 @@ def _current_backend(why: str) -> Any:
 
     backend = _backend_from_env()
     if backend is None:
-        from .cudnn_backend import CudnnBackend
+        from .build.cudnn_backend import CudnnBackend
 
         backend = CudnnBackend()
     try:
@@ -324,7 +325,7 @@ def verify(obj: _Context, fix: bool, deserialize: bool, as_json: bool) -> None:
         load = lambda e: backend.load(e.blob, [TensorSpec.from_dict(t) for t in e.tensors])  # noqa: E731
     store = obj.store()
     try:
-        report = store.verify(fix=fix, load=load, env_id=env_id)
+        report = maintenance.verify(store, fix=fix, load=load, env_id=env_id)
     finally:
         store.close()
     _emit(report, as_json, _verify_text)
@@ -347,7 +348,7 @@ def prune(obj: _Context, other_environments: bool, days: float | None, quarantin
     keep = {_current_backend("prune --other-environments")[1]} if other_environments else None
     store = obj.store()
     try:
-        report = store.prune(env_ids_keep=keep, older_than_s=days * 86400 if days is not None else None,
+        report = maintenance.prune(store, env_ids_keep=keep, older_than_s=days * 86400 if days is not None else None,
                              quarantined=quarantined, dry_run=dry_run)  # fmt: skip
     finally:
         store.close()
@@ -485,7 +486,7 @@ def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None, as_j
 
     store = obj.store()
     try:
-        entries = [_entry(store, k) for k in keys] if keys else [store.get(r["key"]) for r in store.list_entries(env_id)]
+        entries = [_entry(store, k) for k in keys] if keys else [store.get(r["key"]) for r in maintenance.list_entries(store, env_id)]
         data = [entry_report(e) for e in entries if e is not None]
     finally:
         store.close()

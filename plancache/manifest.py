@@ -168,7 +168,7 @@ class ManifestEntry:
         if self.kind == "template":
             return templates.build(self.spec["template"], **self.spec["params"])
         if self.kind == "graph":
-            from .replay import rebuild_graph
+            from .build.replay import rebuild_graph
 
             return rebuild_graph(self.spec["graph"])
         function = self.builder or resolve_builder(self.spec["builder"])

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from .errors import ManifestError
 from .key import BuildOptions, environment_id
 from .manifest import ManifestEntry, load_manifest
+from .store import problem
 
 __all__ = ["Primer", "prewarm", "prime", "warm_start"]
 
@@ -235,14 +236,15 @@ class Primer(threading.Thread):
         if use_device is not None:
             use_device(self.device)  # a new thread starts on device 0
         keys = self.keys
+        environment = cache.environment
         if keys is None:
-            keys = [row["key"] for row in cache.store.list_entries(environment_id(cache.environment))]
+            keys = cache.local.entries_of(environment_id(environment))
         for digest in keys:
             try:
-                stored = cache.store.get_plan(digest)  # what a hit reads, not the whole entry
-                if stored is None or stored.problem(cache.environment) is not None:
+                entry = cache.local.get(digest)  # what a hit reads
+                if entry is None or problem(entry, environment) is not None:
                     continue  # the lookup will report it; priming only warms what is healthy
-                cache.backend.load(stored.blob, [])
+                cache.backend.load(entry.blob, [], self.device)
                 report["primed"] += 1
             except Exception as exc:  # priming is an optimization: never an error
                 report["failed"][digest] = f"{type(exc).__name__}: {exc}"

@@ -18,14 +18,17 @@ Use it with ``PlanCache(backend=CpuTestBackend())``.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .backend import BuiltPlan, EngineChoice
+from .build.backend import BuiltPlan, EngineChoice
 from .errors import BuildError, InvalidGraphError
 from .key import BuildOptions, TensorSpec, canonical_json, describe, tensor_table
 
@@ -53,12 +56,13 @@ def _torch() -> Any:
 
 
 class _Native:
-    """A 'loaded plan' of the test backend: the description it evaluates."""
+    """A 'loaded plan' of the test backend: the description it evaluates, on one device."""
 
-    def __init__(self, description: dict[str, Any], tensors: Sequence[TensorSpec], engine: dict[str, Any]) -> None:
+    def __init__(self, description: dict[str, Any], tensors: Sequence[TensorSpec], engine: dict[str, Any], device: int) -> None:
         self.description = description
         self.tensors = list(tensors)
         self.engine = engine
+        self.device = device
         self.executions = 0
 
 
@@ -145,6 +149,8 @@ class _Candidates:
     def time(self, index: int, runs: int) -> list[float]:
         if index not in self.built:
             raise RuntimeError(f"candidate {index} was not built")
+        if index in self.backend.unlaunchable:
+            raise RuntimeError(f"candidate {index} failed to launch (simulated)")
         return [self.simulated_ms(index) * (1 + 0.001 * (r % 3)) for r in range(runs)]
 
     def finish(self, index: int) -> BuiltPlan:
@@ -163,10 +169,24 @@ def summary_of_ops(description: Mapping[str, Any]) -> str:
 class CpuTestBackend:
     """The backend seam implemented on the CPU with PyTorch; see the module docstring.
 
+    It behaves like cuDNN exactly where cache bugs hide:
+
+    * a graph is planned once: ``candidates`` and ``rebuild`` freeze the pygraph and refuse
+      one that was already planned, as cuDNN Frontend does;
+    * kernels use the workspace as scratch: outputs are staged in it, so two launches that
+      share one workspace give wrong results;
+    * devices differ: ``devices`` environments, one per device, ``use_device(i)`` per thread
+      (like ``torch.cuda.set_device``), and a plan launched on another device than the one
+      it was loaded on raises;
+    * alignment matters: a tensor whose data pointer is not 16-byte aligned is refused at
+      launch, as cuBLASLt refuses it on a GPU.
+
     ``candidates``: how many candidate plans each graph has. ``unbuildable``: indices whose
-    build fails. ``build_delay``: seconds each candidate build sleeps. ``build_log``: a file
-    that gets one line per finished build (the key of the description). ``environment``:
-    replaces fields of the fingerprint (to stand for another GPU or library version).
+    build fails. ``unlaunchable``: indices whose timed runs raise. ``build_delay``: seconds
+    each candidate build sleeps. ``build_log``: a file that gets one line per finished build
+    (the key of the description). ``environment``: replaces fields of device 0's fingerprint
+    (to stand for another GPU or library version); ``devices``: how many devices, or one
+    dict of replaced fields per device.
     """
 
     name = "cpu-test"
@@ -177,17 +197,20 @@ class CpuTestBackend:
         *,
         candidates: int = 4,
         unbuildable: Sequence[int] = (),
+        unlaunchable: Sequence[int] = (),
         build_delay: float = 0.0,
         build_log: str | os.PathLike[str] | None = None,
         environment: Mapping[str, Any] | None = None,
+        devices: int | Sequence[Mapping[str, Any]] = 1,
     ) -> None:
         if candidates < 1:
             raise ValueError("candidates must be >= 1")
         self.candidate_count = candidates
         self.unbuildable = frozenset(unbuildable)
+        self.unlaunchable = frozenset(unlaunchable)
         self.build_delay = build_delay
         self.build_log = os.fspath(build_log) if build_log is not None else None
-        self._environment = {
+        base = {
             "gpu_name": "CPU test device",
             "compute_capability": "0.0",
             "sm_count": 0,
@@ -197,15 +220,37 @@ class CpuTestBackend:
             "cudnn_frontend_version": "cpu-test",
             **(environment or {}),
         }
+        overrides = [{}] * devices if isinstance(devices, int) else [dict(d) for d in devices]
+        if not overrides:
+            raise ValueError("devices must be at least 1")
+        self._environments = [{**base, **extra} for extra in overrides]
+        self._local = threading.local()
         self.loads = 0
+        self.launches = 0
         # Simulated kernel cache: descriptions of the dynamic-shape graphs "compiled" so far.
         self.kernels: set[str] = set()
 
-    def environment(self) -> dict[str, Any]:
-        return dict(self._environment)
+    def environment(self, device: int | None = None) -> dict[str, Any]:
+        return dict(self._environments[self.current_device() if device is None else device])
 
     def current_device(self) -> int:
-        return 0
+        return int(getattr(self._local, "device", 0))
+
+    def use_device(self, index: int) -> None:
+        """This thread's current device from now on (like ``torch.cuda.set_device``)."""
+        if not 0 <= index < len(self._environments):
+            raise ValueError(f"no device {index}: the test backend has {len(self._environments)}")
+        self._local.device = index
+
+    def after_fork(self) -> None:
+        self._local = threading.local()
+
+    def prepare(self, device: int) -> None:
+        self._check_device(device)
+
+    def _check_device(self, device: int) -> None:
+        if not 0 <= device < len(self._environments):
+            raise ValueError(f"no device {device}: the test backend has {len(self._environments)}")
 
     def _describe_with_shapes(self, graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]:
         """Description plus a tensor table whose output shapes come from a reference run."""
@@ -229,15 +274,29 @@ class CpuTestBackend:
         for spec in table:
             if spec.is_output and not spec.dims:
                 out = values[f"u{spec.uid}"]
-                dims = tuple(out.shape)
-                strides = tuple(out.contiguous().stride())
-                spec = TensorSpec(spec.uid, spec.name, dims, strides, spec.dtype, True, spec.is_pass_by_value)
+                spec = dataclasses.replace(spec, dims=tuple(out.shape), strides=tuple(out.contiguous().stride()))
             inferred.append(spec)
         return description, inferred
 
+    def _plan_once(self, graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]:
+        """Describe and mark ``graph`` planned, refusing one planned before (as cuDNN does)."""
+        if getattr(graph, "_planning_done", False):
+            raise InvalidGraphError(
+                "the graph was already planned (create_execution_plans or build ran); pass a fresh pygraph",
+                node=None,
+                reason="already planned",
+            )
+        described = self._describe_with_shapes(graph)
+        freeze = getattr(graph, "_freeze", None)
+        if callable(freeze):
+            freeze()
+        with contextlib.suppress(AttributeError):
+            graph._planning_done = True
+        return described
+
     def candidates(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None) -> _Candidates:
-        description, tensors = self._describe_with_shapes(graph)
-        if description["flags"]["dynamic_shape"] and options.kernel_cache:
+        description, tensors = self._plan_once(graph)
+        if description["flags"].get("dynamic_shape") and options.kernel_cache:
             self.kernels.add(summary_of_ops(description))
         return _Candidates(self, description, tensors)
 
@@ -254,28 +313,65 @@ class CpuTestBackend:
             line = hashlib.sha256(canonical_json(description).encode()).hexdigest() + f" {os.getpid()}\n"
             with open(self.build_log, "a") as f:  # one short append: atomic on POSIX
                 f.write(line)
-        return BuiltPlan(_Native(description, tensors, engine.to_dict()), blob, tensors, 1024, engine)
+        native = _Native(description, tensors, engine.to_dict(), self.current_device())
+        return BuiltPlan(native, blob, tensors, _scratch_bytes(tensors), engine)
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
-        description, tensors = self._describe_with_shapes(graph)
+        description, tensors = self._plan_once(graph)
         return self.make_plan(description, tensors, engine)
 
-    def load(self, blob: bytes, tensors: Sequence[TensorSpec]) -> _Native:
+    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> _Native:
         if not blob.startswith(MAGIC):
             raise ValueError("not a plancache test plan (bad magic)")
         payload = json.loads(blob[len(MAGIC):])
         self.loads += 1
-        return _Native(payload["description"], [TensorSpec.from_dict(t) for t in payload["tensors"]], payload["engine"])
+        device = self.current_device() if device is None else device
+        self._check_device(device)
+        return _Native(payload["description"], [TensorSpec.from_dict(t) for t in payload["tensors"]], payload["engine"], device)
 
-    def allocate_workspace(self, size: int) -> bytearray | None:
-        return bytearray(size) if size else None
-
-    def execute(self, native: _Native, pack: Mapping[int, Any], workspace: Any) -> None:
+    def execute(self, native: _Native, pack: Mapping[int, Any], workspace_size: int, device: int) -> None:
+        if native.device != device:
+            raise RuntimeError(f"a plan loaded on device {native.device} was launched on device {device}")
         torch = _torch()
+        for uid, tensor in pack.items():
+            pointer = getattr(tensor, "data_ptr", None)
+            if pointer is not None and pointer() % 16:
+                raise RuntimeError(f"misaligned address: tensor uid {uid} is not 16-byte aligned")
+        # Scratch of this launch alone, as the cuDNN backend allocates it per launch.
+        workspace = torch.empty(max(workspace_size, 0), dtype=torch.uint8)
         values = {f"u{uid}": tensor for uid, tensor in pack.items()}
         with torch.no_grad():
             _evaluate(native.description, values)
-            for spec in native.tensors:
-                if spec.is_output:
-                    pack[spec.uid].copy_(values[f"u{spec.uid}"])
+            _stage_outputs(torch, native.tensors, values, pack, workspace)
         native.executions += 1
+        self.launches += 1
+
+
+def _scratch_bytes(tensors: Sequence[TensorSpec]) -> int:
+    """Workspace a test plan stages its outputs in: float32 of every output."""
+    total = 0
+    for spec in tensors:
+        if spec.is_output:
+            count = 1
+            for d in spec.dims:
+                count *= int(d)
+            total += 4 * count
+    return total
+
+
+def _stage_outputs(torch: Any, tensors: Sequence[TensorSpec], values: Mapping[str, Any], pack: Mapping[int, Any], workspace: Any) -> None:
+    """Write each output through the workspace, as kernels stage partial results in theirs:
+    a launch that shares its workspace with a concurrent one reads the other's values."""
+    offset = 0
+    for spec in tensors:
+        if not spec.is_output:
+            continue
+        result = values[f"u{spec.uid}"].float().reshape(-1)
+        size = 4 * result.numel()
+        if workspace.numel() < offset + size:
+            raise RuntimeError(f"workspace of {workspace.numel()} bytes is too small for this plan")
+        scratch = workspace[offset : offset + size].view(torch.float32)
+        scratch.copy_(result)
+        time.sleep(0)  # let a concurrent launch run here, as concurrent kernels would
+        pack[spec.uid].copy_(scratch.view(values[f"u{spec.uid}"].shape))
+        offset += size

@@ -174,7 +174,7 @@ def _eager(torch: Any, name: str, t: dict[int, Any], params: dict[str, Any]) -> 
 def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
     import plancache
     from plancache import templates
-    from plancache.backend import EngineChoice
+    from plancache.build.backend import EngineChoice
 
     torch, _ = _setup()
     cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"))
@@ -255,8 +255,8 @@ def quality(ex_dir: str, cold_dir: str) -> list[dict[str, Any]]:
     for _label, name, params in SUITE:
         graph = templates.build(name, **params)
         description = plancache.describe(graph)
-        picks = [e for e in (ex.get(k["key"]) for k in ex.list_entries()) if e and e.description == description]
-        chosen = [e for e in (cold.get(k["key"]) for k in cold.list_entries()) if e and e.description == description]
+        picks = [e for e in (ex.get(k["key"]) for k in maintenance.list_entries(ex)) if e and e.description == description]
+        chosen = [e for e in (cold.get(k["key"]) for k in maintenance.list_entries(cold)) if e and e.description == description]
         if not picks or not chosen:
             rows.append({})
             continue

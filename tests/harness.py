@@ -27,6 +27,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from plancache.store import maintenance
 from plancache import BuildOptions, PlanCache, Store
 from plancache.key import KEY_FORMAT, canonical_json, environment_id
 from plancache.store import DB_NAME, Entry, sha256
@@ -370,7 +371,7 @@ def _reopen_and_verify(directory: Path) -> list[str]:
         return []
     store = Store(directory)
     try:
-        report = store.verify()
+        report = maintenance.verify(store)
     finally:
         store.close()
     return [f"verify after the kills: {p}" for p in report["problems"]]
@@ -458,7 +459,7 @@ def rw_reader(directory: str, ops: int, seed: int, out: str, start_at: float) ->
             elif r < 0.75:
                 keys = store.keys() or keys
             elif r < 0.85:
-                store.list_entries()
+                maintenance.list_entries(store)
             elif r < 0.95:
                 store.stats()
             elif keys:
@@ -490,7 +491,7 @@ def rw_writer(directory: str, ops: int, seed: int, out: str, start_at: float, ma
             elif r < 0.8:
                 store.delete(keys.pop(rng.randrange(len(keys))))
             elif r < 0.9:
-                store.evict_to(max_size, batch=4)
+                store.evict_to(max_size)
             else:
                 store.bump_many({"rw_ops": 1})
         except Exception as exc:
@@ -657,10 +658,10 @@ def _one_fault(kind: str, directory: Path, keys: list[str], specs: list[Any], rn
         lost = sum(1 for k, s in zip(keys, sources2) if k != damaged_key and s != "loaded")
     store = Store(directory)
     try:
-        if store.verify()["problems"]:  # damage no lookup trips over (an index entry): verify --fix's job
+        if maintenance.verify(store)["problems"]:  # damage no lookup trips over (an index entry): verify --fix's job
             figures["repaired_by_verify_fix"] += 1
-            store.verify(fix=True)
-        violations += [f"verify: {p}" for p in store.verify()["problems"]]
+            maintenance.verify(store, fix=True)
+        violations += [f"verify: {p}" for p in maintenance.verify(store)["problems"]]
     finally:
         store.close()
     return violations, lost

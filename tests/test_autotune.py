@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from plancache import BuildError, BuildOptions, BuiltPlan, EngineChoice, TimingPolicy
-from plancache.autotune import autotune
+from plancache.build.autotune import autotune
 
 
 class FakeCandidates:

@@ -4,6 +4,9 @@ and failing stores, eviction, and the builder decorator."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+import time
 import json
 import sqlite3
 from collections.abc import Callable
@@ -15,11 +18,12 @@ import torch
 from graphs import EXAMPLES, ConvBiasRelu, assert_runs_correctly
 
 import plancache.cache
+from plancache.store import maintenance
 from plancache import BuildError, BuildOptions, InvalidGraphError, PlanCache, Store, StoreError
 from plancache.cache import _COUNTERS, _max_size_from_env, _signature
 from plancache.key import environment_id
 from plancache.store import DB_NAME
-from plancache.testing import CpuTestBackend
+from plancache.testing import MAGIC, CpuTestBackend
 
 MakeCache = Callable[..., PlanCache]
 Connect = Callable[[], sqlite3.Connection]
@@ -84,7 +88,9 @@ def test_memory_hit_returns_the_same_plan(cache: PlanCache, backend: CpuTestBack
     spec = EXAMPLES["matmul_bias_relu"]
     plan = cache.get(spec.graph())
     assert cache.get(spec.graph()) is plan  # a new, equal graph object
-    assert cache.get(dataclasses.replace(spec, prefix="other_").graph()) is plan
+    renamed = cache.get(dataclasses.replace(spec, prefix="other_").graph())
+    assert renamed.native is plan.native and renamed.key == plan.key  # one loaded plan...
+    assert set(renamed.names) == {f"other_{n}" for n in plan.names}  # ...under the caller's names
     assert cache.counters["memory_hits"] == 2
     assert cache.counters["misses"] == 1
     assert backend.loads == 0
@@ -114,10 +120,10 @@ def test_hits_write_nothing_until_flush(make_cache: MakeCache, cache_dir: Path, 
     assert sorted(r["hit_count"] for r in db().execute("SELECT hit_count FROM plans")) == [40, 40, 40]
 
 
-def test_hit_counts_are_flushed_in_batches(
+def test_hit_counts_are_written_by_a_background_thread(
     make_cache: MakeCache, db: Connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(plancache.cache, "_HIT_FLUSH_EVERY", 3)
+    monkeypatch.setattr(plancache.tiers.local, "HIT_FLUSH_SECONDS", 0.05)
     specs = [ConvBiasRelu(n=n) for n in range(1, 6)]
     build_and_close(make_cache, *specs)
     second = make_cache()
@@ -127,9 +133,46 @@ def test_hit_counts_are_flushed_in_batches(
     def counted() -> int:
         return sum(r[0] for r in db().execute("SELECT hit_count FROM plans"))
 
-    assert counted() == 3  # the first batch of three went out by itself
-    second.close()
-    assert counted() == 5  # the rest at close
+    deadline = time.monotonic() + 10
+    while counted() < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert counted() == 5  # written off the lookup path, without a flush() or close()
+
+
+def test_a_hit_never_waits_for_another_process_holding_the_write_lock(
+    make_cache: MakeCache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prune, import or prewarm elsewhere holds the write lock for 3 s: lookups, hit
+    bookkeeping included, go on; the counts wait for their turn instead of the caller."""
+    monkeypatch.setattr(plancache.tiers.local, "HIT_FLUSH_SECONDS", 0.05)
+    specs = [ConvBiasRelu(n=n) for n in range(1, 4)]
+    build_and_close(make_cache, *specs)
+    second = make_cache()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time\n"
+        f"c = sqlite3.connect({str(cache_dir / DB_NAME)!r}, isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); time.sleep(3); c.execute('COMMIT')\n"
+    )], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        worst = 0.0
+        stop = time.monotonic() + 2.0
+        while time.monotonic() < stop:
+            for spec in specs:
+                started = time.perf_counter()
+                second.get(spec.graph())
+                worst = max(worst, time.perf_counter() - started)
+        assert worst < 0.05, f"a hit waited {worst * 1000:.0f} ms behind another process's write lock"
+    finally:
+        holder.wait(timeout=30)
+        if holder.stdout is not None:
+            holder.stdout.close()
+    second.flush()  # once the lock is gone, nothing was lost
+    conn = sqlite3.connect(cache_dir / DB_NAME)
+    try:
+        assert conn.execute("SELECT sum(hit_count) FROM plans").fetchone()[0] > 3
+    finally:
+        conn.close()
 
 
 def test_context_manager_flushes_on_exit(make_cache: MakeCache, db: Connect) -> None:
@@ -146,9 +189,10 @@ def test_counters_and_stats(make_cache: MakeCache) -> None:
     first.get(spec.graph())
     first.get(spec.graph())
     stats = first.stats()
-    assert set(stats["process"]) == set(_COUNTERS)
+    assert set(stats["process"]) == {*_COUNTERS, "memory_plans", "memory_evicted"}
     assert stats["process"]["misses"] == 1 and stats["process"]["memory_hits"] == 1
-    assert all(v == 0 for k, v in stats["process"].items() if k not in ("misses", "builds", "memory_hits"))
+    assert stats["process"]["memory_plans"] == 1
+    assert all(v == 0 for k, v in stats["process"].items() if k not in ("misses", "builds", "memory_hits", "memory_plans"))
     assert stats["store"]["entries"] == 1
     assert stats["store"]["by_policy"] == {"topk": 1}
 
@@ -243,7 +287,8 @@ def test_corrupted_blob_is_quarantined_and_rebuilt_from_its_engine(
     assert "unusable" in caplog.text
     assert_runs_correctly(plan, spec)
     entry = second.store.get(original.key)
-    assert entry is not None and entry.checksum_ok() and entry.blob == good_blob
+    assert entry is not None and entry.checksum_ok() and plancache.store.problem(entry) is None
+    assert json.loads(entry.blob[len(MAGIC):])["engine"] == json.loads(good_blob[len(MAGIC):])["engine"]
     second.close()
     assert make_cache().get(spec.graph()).source == "loaded"
 
@@ -255,7 +300,7 @@ def test_backend_refusing_a_blob_is_quarantined_and_rebuilt(
     [original] = build_and_close(make_cache, spec)
     backend = CpuTestBackend()
 
-    def refuse(blob: bytes, tensors: Any) -> Any:
+    def refuse(blob: bytes, tensors: Any, device: Any = None) -> Any:
         raise RuntimeError("CUDNN_STATUS_BAD_PARAM: cannot deserialize")
 
     monkeypatch.setattr(backend, "load", refuse)
@@ -323,7 +368,7 @@ def test_another_environment_misses_and_keeps_both_entries(make_cache: MakeCache
     other = make_cache(backend=CpuTestBackend(environment={"cudnn_backend_version": "91000"}))
     there = other.get(spec.graph())
     assert there.source == "built" and there.key != here.key
-    assert len({e["env_id"] for e in other.store.list_entries()}) == 2
+    assert len({e["env_id"] for e in maintenance.list_entries(other.store)}) == 2
     assert other.store.quarantined() == []
 
 
@@ -363,7 +408,7 @@ def test_read_only_store_with_a_damaged_entry_builds_in_memory(make_cache: MakeC
 def test_store_write_failure_still_returns_a_plan(
     cache: PlanCache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def disk_full(self: Store, entry: Any) -> None:
+    def disk_full(self: Store, entry: Any, **kwargs: Any) -> None:
         raise StoreError("cannot store plan: database or disk is full", path=str(self.path))
 
     monkeypatch.setattr(Store, "put", disk_full)
@@ -381,7 +426,7 @@ def test_store_read_failure_is_a_miss(cache: PlanCache, monkeypatch: pytest.Monk
     def broken(self: Store, key: str) -> Any:
         raise sqlite3.DatabaseError("database disk image is malformed")
 
-    monkeypatch.setattr(Store, "get_plan", broken)  # the lookup path reads get_plan
+    monkeypatch.setattr(Store, "get", broken)  # the lookup path reads get
     plan = cache.get(EXAMPLES["conv_bias_relu"].graph())
     assert plan.source == "built"
     assert cache.counters["store_errors"] == 2  # before and after taking the build lock
@@ -395,7 +440,7 @@ def test_max_size_evicts_least_recently_used(make_cache: MakeCache, tmp_path: Pa
     probe = make_cache(directory=tmp_path / "probe")
     for spec in specs:
         probe.get(spec.graph())
-    by_key = {e["key"]: e["blob_size"] for e in probe.store.list_entries()}
+    by_key = {e["key"]: e["blob_size"] for e in maintenance.list_entries(probe.store)}
     sizes = [by_key[probe.key(spec.graph()).digest] for spec in specs]
     cache = make_cache(max_size=sizes[1] + sizes[2])
     keys = [cache.get(s.graph()).key for s in specs]
@@ -520,7 +565,7 @@ def _dynamic_conv(n: int) -> Any:
 
 def test_kernel_cache_is_shared_but_not_persisted_by_default(make_cache: Any) -> None:
     from plancache.key import environment_id
-    from plancache.testing import CpuTestBackend
+    from plancache.testing import MAGIC, CpuTestBackend
 
     backend = CpuTestBackend()
     cache = make_cache(backend=backend)
@@ -531,7 +576,7 @@ def test_kernel_cache_is_shared_but_not_persisted_by_default(make_cache: Any) ->
 
 def test_kernel_cache_persisted_and_restored_when_asked(make_cache: Any) -> None:
     from plancache.key import environment_id
-    from plancache.testing import CpuTestBackend
+    from plancache.testing import MAGIC, CpuTestBackend
 
     first = make_cache(persist_kernel_cache=True)
     first.get(_dynamic_conv(1))
@@ -547,7 +592,7 @@ def test_kernel_cache_persisted_and_restored_when_asked(make_cache: Any) -> None
 
 def test_kernel_cache_sharing_can_be_turned_off(make_cache: Any) -> None:
     from plancache import BuildOptions
-    from plancache.testing import CpuTestBackend
+    from plancache.testing import MAGIC, CpuTestBackend
 
     backend = CpuTestBackend()
     cache = make_cache(backend=backend, options=BuildOptions(kernel_cache=False))

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from redis_fixtures import LocalRedis
 
-from plancache import PlanCache, templates
+from plancache import Store, PlanCache, templates
 from plancache.key import environment_id
 from plancache.remote import RemoteTier
 from plancache.testing import CpuTestBackend
@@ -54,7 +54,7 @@ def test_a_plan_built_on_one_machine_is_a_hit_on_another(redis_server: LocalRedi
     assert b.remote.stats()["remote_hits"] == 1
     assert b.store.get(loaded.key) is not None, "read-through stores the plan locally"
     b.close()
-    assert b.store.counters()["remote_hits"] == 1, "remote counters reach the store (plancache stats)"
+    assert Store(b.directory).counters()["remote_hits"] == 1, "remote counters reach the store (plancache stats)"
 
 
 def test_two_machines_missing_together_build_once(redis_server: LocalRedis, machine: Callable[..., PlanCache]) -> None:

@@ -21,15 +21,10 @@ class CountingBackend(CpuTestBackend):
     def __init__(self) -> None:
         super().__init__()
         self.executions = 0
-        self.workspaces = 0
 
-    def execute(self, native: Any, pack: Any, workspace: Any) -> None:
+    def execute(self, native: Any, pack: Any, workspace_size: int, device: int) -> None:
         self.executions += 1
-        super().execute(native, pack, workspace)
-
-    def allocate_workspace(self, size: int) -> Any:
-        self.workspaces += 1
-        return super().allocate_workspace(size)
+        super().execute(native, pack, workspace_size, device)
 
 
 @pytest.fixture
@@ -100,21 +95,20 @@ def test_pass_by_value_scale_may_be_a_python_float(cache: PlanCache) -> None:
     assert not torch.allclose(pack[spec.uids[4]].float(), expected, atol=1e-2, rtol=1e-2)
 
 
-def test_workspace_is_allocated_once(counting: tuple[PlanCache, CountingBackend]) -> None:
+def test_prepare_returns_the_plan_and_launches_count(counting: tuple[PlanCache, CountingBackend]) -> None:
     cache, backend = counting
     plan = cache.get(CONV.graph())
-    assert plan.workspace_size == 1024
+    assert plan.workspace_size > 0  # the test kernels stage their outputs in scratch memory
     assert plan.prepare() is plan
     for seed in range(3):
         plan.execute(CONV.tensors(seed))
-    assert backend.workspaces == 1
     assert backend.executions == 3
     assert plan.native.executions == 3
 
 
 def test_repr_names_key_and_source(conv_plan: Plan) -> None:
     text = repr(conv_plan)
-    assert conv_plan.key[:12] in text and "built" in text and "[1, 2, 3, 4]" in text
+    assert conv_plan.key[:12] in text and "built" in text and "[1, 2, 3, 4]" in text and "cpu:0" in text
 
 
 # ---------------------------------------------------------------------------- size-1 dims

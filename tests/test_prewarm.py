@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from plancache.store import maintenance
 from plancache import BuildOptions, PlanCache, Store, templates
 from plancache.cli import cli
 from plancache.manifest import load_manifest
@@ -63,7 +64,7 @@ def test_prewarm_builds_everything_then_resumes_with_hits_only(tmp_path: Path, m
     assert [r["key"] for r in again["entries"]] == [r["key"] for r in report["entries"]]
     # Skipping a stored plan is not a use of it: hit counts stay untouched.
     second.flush()
-    assert all(row["hit_count"] == 0 for row in second.store.list_entries())
+    assert all(row["hit_count"] == 0 for row in maintenance.list_entries(second.store))
 
 
 def test_interrupted_prewarm_resumes_where_it_stopped(tmp_path: Path, make_cache: MakeCache) -> None:
@@ -125,7 +126,7 @@ def test_duplicates_and_policy_option(tmp_path: Path, make_cache: MakeCache) -> 
     path = manifest(tmp_path, GOOD[1], GOOD[1], {**GOOD[1], "options": {"policy": "exhaustive"}})
     report = prewarm(cache, path, progress=False, options=BuildOptions(policy="heuristic"))
     assert statuses(report) == ["built", "duplicate", "built"]
-    assert sorted(row["policy"] for row in cache.store.list_entries()) == ["exhaustive", "heuristic"]
+    assert sorted(row["policy"] for row in maintenance.list_entries(cache.store)) == ["exhaustive", "heuristic"]
 
 
 def test_progress_line_when_stderr_is_a_terminal() -> None:
@@ -220,7 +221,7 @@ def test_cli_prewarm_dry_run_and_policy(tmp_path: Path, cli_env: None, cache_dir
     result = runner.invoke(cli, ["prewarm", str(path), "--policy", "heuristic", "--json"])
     assert result.exit_code == 0
     store = Store(cache_dir)
-    assert {row["policy"] for row in store.list_entries()} == {"heuristic"}
+    assert {row["policy"] for row in maintenance.list_entries(store)} == {"heuristic"}
     store.close()
 
 

@@ -20,6 +20,7 @@ from graphs import ConvBiasRelu, MatmulBiasRelu, assert_runs_correctly
 from harness import entry_for
 
 import plancache
+from plancache.store import maintenance
 from plancache import PlanCache, SchemaTooNewError, Store
 from plancache.cli import cli
 from plancache.key import environment_id
@@ -81,7 +82,7 @@ def test_a_flipped_byte_in_the_file_is_a_checksum_miss_rebuilt_from_its_engine(
     [q] = cache.store.quarantined()
     assert (q["key"], q["reason"]) == (keys[1], "blob checksum mismatch")
     assert "unusable" in " ".join(warnings_of(caplog))
-    assert cache.store.verify()["problems"] == []  # the rebuilt entry is whole again
+    assert maintenance.verify(cache.store)["problems"] == []  # the rebuilt entry is whole again
 
 
 def _unique_offset(data: bytes, blob: bytes) -> int:
@@ -115,16 +116,16 @@ def test_damaged_metadata_is_quarantined_and_never_served(
     assert cache.counters["corrupt"] == 1
 
 
-def test_a_description_altered_on_disk_is_served_then_found_by_verify(make_cache: MakeCache, db: Connect) -> None:
-    # A lookup checks what the plan executes with (blob, tensor table, engine, workspace,
-    # environment); the recorded graph description is not among them, so a hit stays
-    # cheap and correct, and `verify` re-derives every key to find such damage.
+def test_a_description_altered_on_disk_is_found_by_every_reader(make_cache: MakeCache, db: Connect) -> None:
+    # One check judges every stored entry (store.entry.problem): verify re-derives each key
+    # from its row, and so does a hit, which then rebuilds the entry from its engine.
     keys = stored(make_cache)
     db().execute("UPDATE plans SET graph_json = replace(graph_json, '[3, 8, 6, 6]', '[3, 8, 6, 7]') WHERE key = ?", (keys[2],))
-    cache = make_cache()
-    assert all_served(cache) == ["loaded", "loaded", "loaded"]
-    report = cache.store.verify(fix=False)
+    report = maintenance.verify(Store(), fix=False)
     assert "key does not match" in report["foreign"][keys[2]]
+    cache = make_cache()
+    assert all_served(cache) == ["loaded", "loaded", "rebuilt"]
+    assert maintenance.verify(cache.store)["problems"] == []
 
 
 def test_an_entry_cudnn_refuses_after_an_upgrade_is_rebuilt_without_autotuning(
@@ -133,7 +134,7 @@ def test_an_entry_cudnn_refuses_after_an_upgrade_is_rebuilt_without_autotuning(
     keys = stored(make_cache)
     backend = CpuTestBackend()
 
-    def refuse(blob: bytes, tensors: Any) -> Any:
+    def refuse(blob: bytes, tensors: Any, device: Any = None) -> Any:
         raise RuntimeError("CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH")
 
     monkeypatch.setattr(backend, "load", refuse)
@@ -184,7 +185,7 @@ def test_a_damaged_file_is_moved_aside_with_a_clear_message_and_plans_still_come
     assert sources.count("loaded") + sources.count("built") == len(specs)
     if damage is _truncate:  # the entries on the pages that remain were copied over
         assert sources.count("loaded") >= 1
-    assert cache.store.verify()["problems"] == []
+    assert maintenance.verify(cache.store)["problems"] == []
 
 
 def test_a_damaged_page_is_a_miss_now_and_the_file_is_set_aside_at_the_next_open(
@@ -204,7 +205,7 @@ def test_a_damaged_page_is_a_miss_now_and_the_file_is_set_aside_at_the_next_open
     assert any(str(aside) in w for w in warnings_of(caplog))
     assert all_served(second) == ["loaded"] * 3  # every row was still readable by rowid: copied
     assert not (cache_dir / f"{DB_NAME}.damaged").exists()
-    assert second.store.verify()["problems"] == []
+    assert maintenance.verify(second.store)["problems"] == []
 
 
 def test_a_stale_damage_marker_costs_one_check_and_changes_nothing(make_cache: MakeCache, cache_dir: Path) -> None:
@@ -276,7 +277,7 @@ def test_a_full_disk_still_gives_working_plans_one_warning_and_an_intact_store(
     cache.close()
     store = Store()
     assert store.keys() == sorted(keys)  # earlier entries intact, nothing half-written
-    assert store.verify()["problems"] == []
+    assert maintenance.verify(store)["problems"] == []
     store.close()
 
 
@@ -292,7 +293,7 @@ def test_a_full_disk_while_quarantining_a_damaged_entry_still_gives_a_plan(
     assert "unusable" in unusable and "could not quarantine" in no_room and "database or disk is full" in no_room
     # The quarantine row needed new pages and failed; the rebuilt plan replaced the damaged
     # row in its own pages. Either way the store stays whole.
-    assert cache.store.verify()["problems"] == [] and cache.store.quarantined() == []
+    assert maintenance.verify(cache.store)["problems"] == [] and cache.store.quarantined() == []
 
 
 def test_no_lock_file_still_gives_a_stored_plan(make_cache: MakeCache, cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -327,12 +328,12 @@ def test_prune_removes_other_environments_old_and_quarantined_entries_in_small_b
 ) -> None:
     keys, env_id = two_environments["keys"], two_environments["env_id"]
     store = Store()
-    dry = store.prune(env_ids_keep={env_id}, older_than_s=86400, quarantined=True, dry_run=True)
+    dry = maintenance.prune(store, env_ids_keep={env_id}, older_than_s=86400, quarantined=True, dry_run=True)
     assert sorted(r["key"] for r in dry["removed"]) == sorted([two_environments["foreign"], keys[1]])
     assert len(store.keys()) == 3 and len(store.quarantined()) == 1  # a dry run changes nothing
     statements: list[str] = []
     store.connection().set_trace_callback(statements.append)
-    report = store.prune(env_ids_keep={env_id}, older_than_s=86400, quarantined=True, batch=1)
+    report = maintenance.prune(store, env_ids_keep={env_id}, older_than_s=86400, quarantined=True, batch=1)
     assert {r["reason"] for r in report["removed"]} == {"other environment", "unused since 1970-01-01"}
     assert store.keys() == [keys[0]]
     assert store.quarantined() == [] and report["quarantined"] == 1
@@ -350,16 +351,16 @@ def test_verify_finds_every_kind_of_problem_and_fix_quarantines_without_deleting
     conn.execute("UPDATE plans SET timing_json = CAST(X'ff' AS TEXT) WHERE key = ?", (keys[2],))  # undecodable
     conn.execute("INSERT INTO kernel_caches VALUES ('env', x'00', 'nope', NULL, 0)")
     store = Store()
-    report = store.verify()
+    report = maintenance.verify(store)
     assert report["checksum"] == [keys[0]] and list(report["foreign"]) == [keys[1]]
     assert len(report["damaged"]) == 1 and report["kernel_caches"] == ["env"]
     assert len(report["problems"]) == 4 and report["integrity"] == []
     assert len(store.keys()) == 3  # verify alone changes nothing
-    fixed = store.verify(fix=True)["fixed"]
+    fixed = maintenance.verify(store, fix=True)["fixed"]
     assert sorted(fixed["quarantined"][:2]) == sorted(keys[:2]) and len(fixed["quarantined"]) == 3
     assert fixed["kernel_caches_removed"] == ["env"] and fixed.get("moved_aside") is None
     assert store.keys() == [] and len(store.quarantined()) == 3  # kept for inspection
-    assert store.verify()["problems"] == []
+    assert maintenance.verify(store)["problems"] == []
     store.close()
 
 
@@ -368,14 +369,14 @@ def test_verify_fix_sets_a_damaged_file_aside_and_keeps_every_readable_entry(mak
     _zero_index_root(cache_dir / DB_NAME)
     damaged = (cache_dir / DB_NAME).read_bytes()
     store = Store()
-    report = store.verify()
+    report = maintenance.verify(store)
     assert report["integrity"] and report["problems"]
     assert aside_files(cache_dir) == []  # without --fix the file is only read
-    fixed = store.verify(fix=True)["fixed"]
+    fixed = maintenance.verify(store, fix=True)["fixed"]
     [aside] = aside_files(cache_dir)
     assert fixed["moved_aside"] == str(aside) and fixed["salvaged"] == 3
     assert aside.read_bytes() == damaged
-    assert store.keys() == sorted(keys) and store.verify()["problems"] == []
+    assert store.keys() == sorted(keys) and maintenance.verify(store)["problems"] == []
     store.close()
 
 
@@ -391,11 +392,11 @@ def test_verify_deserializes_this_environments_blobs(two_environments: dict[str,
         backend.load(entry.blob, [])
 
     store = Store()
-    report = store.verify(load=load, env_id=env_id)
+    report = maintenance.verify(store, load=load, env_id=env_id)
     assert report["deserialize"] == {"env_id": env_id, "checked": 2, "skipped": 1,
                                      "failed": {keys[1]: "deserialize failed: RuntimeError: CUDNN_STATUS_BAD_PARAM"}}  # fmt: skip
     assert sorted(seen) == sorted(keys[:2])
-    assert store.verify(fix=True, load=load, env_id=env_id)["fixed"]["quarantined"] == [keys[1]]
+    assert maintenance.verify(store, fix=True, load=load, env_id=env_id)["fixed"]["quarantined"] == [keys[1]]
     store.close()
 
 
@@ -470,7 +471,7 @@ def test_values_never_become_sql(store: Store) -> None:
     entry.label = hostile
     store.put(entry)
     assert store.resolve("'; DROP TABLE plans; --") == []
-    assert store.prune(env_ids_keep={hostile, entry.env_id}, older_than_s=None, quarantined=False)["removed"] == []
+    assert maintenance.prune(store, env_ids_keep={hostile, entry.env_id}, older_than_s=None, quarantined=False)["removed"] == []
     store.quarantine(entry.key, hostile)
     assert store.quarantined()[0]["reason"] == hostile
     assert invoke("rm", hostile).exit_code == 1
@@ -482,7 +483,7 @@ def test_sql_text_is_built_only_from_constants() -> None:
     # f-string of these few known, non-value parts; values always go in as parameters.
     allowed = {"BUSY_TIMEOUT_MS", "int(number)", "pragma", "where"}
     source_dir = Path(plancache.__file__).parent
-    for name in ("store.py", "cache.py", "maintenance.py"):
+    for name in ("store/store.py", "store/recovery.py", "store/maintenance.py", "cache.py", "tiers/local.py"):
         tree = ast.parse((source_dir / name).read_text())
         for call in ast.walk(tree):
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in ("execute", "executemany"):
@@ -501,8 +502,7 @@ def test_lock_and_marker_files_are_private(make_cache: MakeCache, cache_dir: Pat
     store.close()
     Store().close()  # checks the marker, finds the file healthy, removes the marker
     assert stat.S_IMODE((cache_dir / "locks").stat().st_mode) == 0o700
-    files = [*(cache_dir / "locks").iterdir()]
-    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
+    assert [*(cache_dir / "locks").iterdir()] == []  # a build's lock file goes with the build
     store = Store()
     store.note_damage(sqlite3.DatabaseError("database disk image is malformed"))
     assert stat.S_IMODE((cache_dir / f"{DB_NAME}.damaged").stat().st_mode) == 0o600

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from plancache.store import maintenance
 from plancache import CacheDirError, SchemaTooNewError, Store, StoreError
 from plancache.store import BUSY_TIMEOUT_MS, DB_NAME, Entry, migrations, sha256
 
@@ -338,7 +339,7 @@ def test_record_hits_adds_counts_in_one_transaction(store: Store) -> None:
     store.connection().set_trace_callback(None)
     assert sum(s.startswith("BEGIN") for s in statements) == 1
     assert sum(s.startswith("COMMIT") for s in statements) == 1
-    rows = {r["key"]: r for r in store.list_entries()}
+    rows = {r["key"]: r for r in maintenance.list_entries(store)}
     assert (rows[a]["hit_count"], rows[a]["last_used_at"]) == (3, 2000.0)
     assert (rows[b]["hit_count"], rows[b]["last_used_at"]) == (1, 1500.0)
     store.record_hits({a: (2, 1200.0)})  # an older time never moves last_used_at back
@@ -391,20 +392,22 @@ def test_evict_to_deletes_least_recently_used_first(store: Store) -> None:
     assert store.total_size() == 0
 
 
-def test_evict_to_works_across_batches(store: Store) -> None:
+def test_evict_to_many_entries_in_one_transaction(store: Store) -> None:
     for i in range(40):
         store.put(make_entry(f"{i:02x}".ljust(64, "0"), blob=b"y" * 10, last_used_at=float(i + 1)))
-    assert store.evict_to(55, batch=4) == 35
+    assert store.total_size() == 400
+    assert store.evict_to(55) == 35
+    assert store.total_size() == 50
     assert store.keys() == [f"{i:02x}".ljust(64, "0") for i in range(35, 40)]
 
 
 def test_delete_list_and_stats(store: Store) -> None:
     store.put(make_entry(hexkey("01"), last_used_at=10.0, blob=b"abc"))
     store.put(make_entry(hexkey("02"), last_used_at=20.0, blob=b"defg", env_id="fedcba9876543210", policy="heuristic"))
-    listed = store.list_entries()
+    listed = maintenance.list_entries(store)
     assert [e["key"] for e in listed] == [hexkey("02"), hexkey("01")]  # most recently used first
     assert "blob" not in listed[0]
-    assert [e["key"] for e in store.list_entries(env_id="fedcba9876543210")] == [hexkey("02")]
+    assert [e["key"] for e in maintenance.list_entries(store, env_id="fedcba9876543210")] == [hexkey("02")]
     stats = store.stats()
     assert (stats["entries"], stats["blob_bytes"], stats["environments"]) == (2, 7, 2)
     assert stats["by_policy"] == {"topk": 1, "heuristic": 1}

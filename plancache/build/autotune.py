@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .backend import CandidateSet
-from .errors import BuildError
-from .key import BuildOptions
+from ..errors import BuildError
+from ..key import BuildOptions
 
 __all__ = ["AutotuneResult", "CandidateReport", "TimingPolicy", "autotune"]
 
@@ -103,8 +103,17 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
         reports[winner].status = "chosen"
         return AutotuneResult(winner, reports, options.policy, time.perf_counter() - started, {"method": "not timed"})
 
+    launched = []
     for index in built:
-        reports[index].first_ms = cands.time(index, 1)[0]
+        try:
+            reports[index].first_ms = cands.time(index, 1)[0]
+        except Exception as exc:  # one candidate that cannot launch is dropped, not the miss
+            _launch_failed(reports[index], exc)
+            continue
+        launched.append(index)
+    if not launched:
+        raise BuildError("every candidate that built failed to run", reason="all failed")
+    built = launched
     # Not ``first_ms or inf``: a run timed at 0.0 ms is the best, not missing.
     best_first = min(ms for i in built if (ms := reports[i].first_ms) is not None)
     survivors = []

@@ -26,14 +26,14 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .entry import Entry, StoredPlan, _meta_digest, entry_problem, sha256
-from .errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreBusyError, StoreError
+from ..errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreBusyError, StoreError
+from .entry import INSERT_SQL, Entry, sha256
+from .recovery import DB_NAME, Recovery, is_damage, is_locked, is_undecodable, lenient_text
 
-__all__ = ["DB_NAME", "Entry", "Store", "StoredPlan", "default_cache_dir", "entry_problem", "migrations", "sha256"]
+__all__ = ["BUSY_TIMEOUT_MS", "DB_NAME", "Store", "default_cache_dir", "migrations"]
 
 log = logging.getLogger("plancache")
 
-DB_NAME = "plans.db"
 BUSY_TIMEOUT_MS = 30_000
 _LIST_COLUMNS = (
     "key, env_id, label, blob_size, workspace_size, policy, backend, build_seconds, "
@@ -59,7 +59,7 @@ def migrations() -> list[tuple[int, str, str]]:
         folder: Any = resources.files("plancache.migrations")
         files = [f for f in folder.iterdir() if f.name.endswith(".sql")]
     except ModuleNotFoundError:  # running from a source tree that is not installed
-        folder = Path(__file__).resolve().parent.parent / "migrations"
+        folder = Path(__file__).resolve().parents[2] / "migrations"
         files = sorted(folder.glob("*.sql"))
     found = []
     for f in files:
@@ -84,73 +84,24 @@ def _statements(script: str) -> Iterator[str]:
         raise StoreError(f"incomplete SQL statement in migration: {buffer.strip()[:80]!r}", path=None)
 
 
-_SELECT_PLAN = (
-    "SELECT key, environment_json, tensors_json, blob, blob_sha256, engine_json, workspace_size, meta_sha256 "
-    "FROM plans WHERE key = ?"
-)
-
-
-_INSERT_COLUMNS = (
-    "key", "env_id", "label", "graph_json", "environment_json", "options_json", "tensors_json",
-    "blob", "blob_sha256", "blob_size", "engine_json", "workspace_size", "policy",
-    "candidates_json", "timing_json", "build_seconds", "autotune_seconds", "backend",
-    "created_at", "last_used_at", "hit_count", "meta_sha256",
-)  # fmt: skip
-_INSERT_SQL = (
-    f"INSERT OR REPLACE INTO plans ({', '.join(_INSERT_COLUMNS)}) "
-    f"VALUES ({', '.join(':' + c for c in _INSERT_COLUMNS)})"
-)
-
-
-def _is_locked(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
-
-
-def _is_damage(exc: BaseException) -> bool:
-    """An error that says the file itself is damaged (not busy, full or read-only)."""
-    if not isinstance(exc, sqlite3.DatabaseError):
-        return False
-    name = getattr(exc, "sqlite_errorname", "")  # Python >= 3.11
-    return name in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "malformed" in str(exc) or "not a database" in str(exc)
-
-
-def _is_undecodable(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and "Could not decode" in str(exc)
-
-
-@contextlib.contextmanager
-def _lenient_text(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """Text columns decoded with replacement characters, so a damaged row can still be
-    quarantined or reported instead of raising on every read."""
-    old = conn.text_factory
-    conn.text_factory = lambda b: b.decode("utf-8", "replace")
-    try:
-        yield conn
-    finally:
-        conn.text_factory = old
-
-
-def _readable_entries(src: sqlite3.Connection) -> list[Entry]:
-    """Every entry of a damaged file that still reads back whole. Rows are fetched one
-    rowid at a time, so a bad page costs only the rows on it; the rowids come from a scan
-    (until the first bad page) and from ``max(rowid)`` when that still reads."""
-    src.execute("PRAGMA writable_schema = ON")  # reads a file shorter than its header says; mode=ro writes nothing
-    rowids: set[int] = set()
-    with contextlib.suppress(sqlite3.Error):
-        for row in src.execute("SELECT rowid FROM plans"):
-            rowids.add(int(row[0]))
-    with contextlib.suppress(sqlite3.Error, TypeError):
-        top = int(src.execute("SELECT max(rowid) FROM plans").fetchone()[0])
-        rowids.update(range(max(1, top - 200_000), top + 1))  # bounded: rowids grow with every replace
-    found = []
-    for rowid in sorted(rowids):
-        try:
-            row = src.execute("SELECT * FROM plans WHERE rowid = ?", (rowid,)).fetchone()
-            if row is not None:
-                found.append(Entry.from_row(row))
-        except (sqlite3.Error, ValueError, KeyError, TypeError):
+def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
+    """Inside a write transaction: delete least-recently-used plans (never ``keep``) until
+    the total is at most ``max_bytes``. The excess is read inside the transaction, so two
+    processes evicting at once each see the other's deletions."""
+    total = int(tx.execute("SELECT value FROM totals WHERE name = 'plan_bytes'").fetchone()[0])
+    excess = total - max_bytes
+    if excess <= 0:
+        return 0
+    doomed = []
+    for key, size in tx.execute("SELECT key, blob_size FROM plans ORDER BY last_used_at ASC, key").fetchall():
+        if excess <= 0:
+            break
+        if key == keep:
             continue
-    return found
+        doomed.append((key,))
+        excess -= int(size)
+    tx.executemany("DELETE FROM plans WHERE key = ?", doomed)
+    return len(doomed)
 
 
 def _check_private(directory: Path, allow_shared: bool) -> None:
@@ -166,7 +117,7 @@ def _check_private(directory: Path, allow_shared: bool) -> None:
     )
 
 
-class Store:
+class Store(Recovery):
     """The SQLite database of one cache directory.
 
     ``Store(directory)`` creates the directory (mode 0700) and database (0600) if needed,
@@ -186,6 +137,7 @@ class Store:
         if allow_shared_dir is None:
             allow_shared_dir = os.environ.get("PLANCACHE_ALLOW_SHARED_DIR", "") not in ("", "0")
         self._local = threading.local()
+        self._closed = False
         self._prepare_directory(read_only, allow_shared_dir)
         try:
             self._open_and_migrate()
@@ -220,7 +172,9 @@ class Store:
             self._migrate()
             damage = self._damage_at_open()
         except sqlite3.DatabaseError as exc:
-            if self.read_only or _is_locked(exc):
+            if self.read_only or not is_damage(exc):
+                # Busy, full, I/O error, read-only: nothing says the file is damaged, and
+                # moving a healthy store aside would lose every entry.
                 raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
             damage = str(exc)
         if damage is None:
@@ -229,119 +183,6 @@ class Store:
             log.warning("plancache: read-only store %s is damaged (%s); unreadable entries are misses", self.path, damage)
             return
         self.repair(damage)
-
-    def _damage_at_open(self) -> str | None:
-        """Damage that an earlier process left a marker for (``note_damage``), confirmed by
-        ``PRAGMA quick_check``; None when healthy. quick_check reads every page (tens of ms
-        per 1000 entries), so it runs only after a marker, never on a plain open.
-
-        A truncated file needs no check here: SQLite refuses a file shorter than its header
-        says on the first read (``_migrate`` reads page 1). The header is never read with
-        ``open()``: closing a second descriptor of the database file would drop this
-        process's POSIX locks on it, and other processes could then corrupt it."""
-        suspicion = self._marker_reason()
-        if suspicion is None:
-            return None
-        problem = self._quick_check()
-        if problem is None:
-            self._clear_marker()  # a stale marker: the file reads back whole
-            return None
-        return f"{suspicion}; {problem}"
-
-    def _quick_check(self, *, full: bool = False) -> str | None:
-        """The first problems ``PRAGMA quick_check`` (``integrity_check`` when ``full``)
-        reports, or None when it says ok."""
-        pragma = "integrity_check" if full else "quick_check"
-        try:
-            conn = self.connection()
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            rows = [r[0] for r in conn.execute(f"PRAGMA {pragma}(8)")]
-        except sqlite3.DatabaseError as exc:
-            if _is_locked(exc):
-                raise
-            return f"{pragma} failed: {exc}"
-        return None if rows == ["ok"] else "; ".join(rows[:3])
-
-    @property
-    def _marker(self) -> Path:
-        return self.path.with_name(DB_NAME + ".damaged")
-
-    def _marker_reason(self) -> str | None:
-        try:
-            text = self._marker.read_text().strip()
-        except OSError:
-            return None
-        return f"a process saw damage: {text[:200]}"
-
-    def _clear_marker(self) -> None:
-        with contextlib.suppress(OSError):
-            self._marker.unlink()
-
-    def note_damage(self, exc: BaseException) -> None:
-        """Leave a marker after a read or write that found a damaged file, so the next open
-        (or ``verify --fix``) checks it and moves it aside; this process keeps running on
-        misses rather than replacing a file other processes have open."""
-        if self.read_only or not _is_damage(exc):
-            return
-        old_umask = os.umask(0o077)
-        try:
-            self._marker.write_text(f"{time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {exc}\n")
-        except OSError:
-            pass
-        finally:
-            os.umask(old_umask)
-
-    def repair(self, reason: str, *, thorough: bool = False) -> dict[str, Any]:
-        """Move a damaged database file aside (kept, never deleted), start a new one and
-        copy into it every entry of the old file that still reads back intact.
-
-        Serialized by a file lock and re-checked under it: of several processes that find
-        the same damage, one moves the file and the others find the new store healthy.
-        ``thorough`` re-checks with ``integrity_check`` instead of ``quick_check``.
-        Returns ``{"moved_aside": path or None, "salvaged": n}``."""
-        from filelock import FileLock  # only on damage
-
-        with FileLock(str(self.path.with_name(DB_NAME + ".repair.lock")), mode=0o600, timeout=BUSY_TIMEOUT_MS / 1000):
-            self.close()
-            still = self._quick_check(full=thorough)
-            if still is None:  # healthy after all, or another process replaced it meanwhile
-                self._clear_marker()
-                return {"moved_aside": None, "salvaged": 0}
-            aside = self._move_aside(f"{reason}; {still}" if still and still not in reason else reason)
-            self._clear_marker()
-            self._migrate()
-            salvaged = self._salvage(aside)
-        if salvaged:
-            log.warning("plancache: copied %d intact entries from %s into the new store", salvaged, aside)
-        return {"moved_aside": str(aside), "salvaged": salvaged}
-
-    def _move_aside(self, reason: str) -> Path:
-        self.close()
-        aside = self.path.with_name(f"{DB_NAME}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-        log.warning("plancache: %s is unreadable (%s); moved it to %s and started a new store", self.path, reason, aside)
-        os.replace(self.path, aside)
-        for suffix in ("-wal", "-shm"):
-            side = Path(str(self.path) + suffix)
-            if side.exists():
-                os.replace(side, Path(str(aside) + suffix))
-        return aside
-
-    def _salvage(self, aside: Path) -> int:
-        """Copy the entries of a moved-aside file that read back whole, match their
-        checksum and their key into this (new) store; 0 when nothing can be read."""
-        try:
-            src = sqlite3.connect(f"file:{urllib.parse.quote(str(aside))}?mode=ro", uri=True, isolation_level=None)
-        except sqlite3.Error:
-            return 0
-        src.row_factory = sqlite3.Row
-        try:
-            entries = [e for e in _readable_entries(src) if e.checksum_ok() and entry_problem(e) is None]
-        finally:
-            src.close()
-        for start in range(0, len(entries), 64):  # small transactions
-            with self.transaction() as tx:
-                tx.executemany(_INSERT_SQL, [e.row() for e in entries[start : start + 64]])
-        return len(entries)
 
     def _migrate(self) -> None:
         conn = self.connection()
@@ -379,6 +220,8 @@ class Store:
         conn = getattr(local, "conn", None)
         if conn is not None and local.pid == os.getpid():
             return conn
+        if self._closed:
+            raise StoreError(f"plan store {self.path} is closed", path=str(self.path))
         if self.read_only:
             # mode=ro still reads the -wal, so it sees what live writers have committed (a
             # fresh store keeps even its schema there until a checkpoint). Only a directory we
@@ -396,6 +239,9 @@ class Store:
                 os.umask(old_umask)
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        # INSERT OR REPLACE deletes the row it replaces; only with recursive triggers does
+        # that delete run the trigger that keeps the size total (migration 0003) exact.
+        conn.execute("PRAGMA recursive_triggers = ON")
         if not self.read_only:
             conn.execute("PRAGMA synchronous = NORMAL")
         local.conn = conn
@@ -403,6 +249,16 @@ class Store:
         return conn
 
     def close(self) -> None:
+        """Close this thread's connection; later calls raise ``StoreError`` (``reopen``
+        undoes that). Other threads' connections close when their threads end."""
+        self._close_connection()
+        self._closed = True
+
+    def reopen(self) -> None:
+        """Allow connections again after ``close`` (recovery closes to move files)."""
+        self._closed = False
+
+    def _close_connection(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
             conn.close()
@@ -417,7 +273,7 @@ class Store:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            if _is_locked(exc):
+            if is_locked(exc):
                 raise StoreBusyError(f"plan store {self.path} stayed locked for {BUSY_TIMEOUT_MS} ms", path=str(self.path)) from exc
             raise StoreError(f"cannot write plan store {self.path}: {exc}", path=str(self.path)) from exc
         try:
@@ -452,46 +308,23 @@ class Store:
         except (ValueError, KeyError, TypeError) as exc:  # a damaged JSON column
             raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
         except sqlite3.DatabaseError as exc:
-            if _is_undecodable(exc):  # one row's text is damaged, not the file
+            if is_undecodable(exc):  # one row's text is damaged, not the file
                 raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
             self.note_damage(exc)
             raise
 
-    def get_plan(self, key: str) -> StoredPlan | None:
-        """What a hit needs of the entry under ``key`` (see ``StoredPlan``), or None.
-        Raises like ``get``; a schema-1 row comes back with ``meta_ok`` None."""
-        try:
-            row = self.connection().execute(_SELECT_PLAN, (key,)).fetchone()
-            if row is None:
-                return None
-            tensors_json, engine_json, workspace = row["tensors_json"], row["engine_json"], int(row["workspace_size"])
-            meta = row["meta_sha256"]
-            return StoredPlan(
-                key=row["key"],
-                environment=json.loads(row["environment_json"]),
-                tensors=json.loads(tensors_json),
-                blob=bytes(row["blob"]),
-                blob_sha256=row["blob_sha256"],
-                engine=json.loads(engine_json) if engine_json else None,
-                workspace_size=workspace,
-                meta_ok=None if meta is None else meta == _meta_digest(tensors_json, engine_json, workspace),
-            )
-        except (ValueError, KeyError, TypeError) as exc:  # a damaged JSON column
-            raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
-        except sqlite3.DatabaseError as exc:
-            if _is_undecodable(exc):
-                raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
-            self.note_damage(exc)
-            raise
+    def put(self, entry: Entry, *, max_bytes: int | None = None) -> int:
+        """Insert or replace an entry in one short transaction; with ``max_bytes``, evict
+        least-recently-used entries in that same transaction until the plans total at most
+        ``max_bytes`` (the new entry is kept). Returns how many entries were evicted.
 
-    def put(self, entry: Entry) -> None:
-        """Insert or replace an entry in one short transaction. Seals it first: an entry
-        without a metadata checksum gets one (``entry.meta_sha256``)."""
+        Seals the entry first: one without a metadata checksum gets one."""
         if entry.meta_sha256 is None:
             entry.meta_sha256 = entry.meta_digest()
         try:
             with self.transaction() as tx:
-                tx.execute(_INSERT_SQL, entry.row())
+                tx.execute(INSERT_SQL, entry.row())
+                return _evict(tx, max_bytes, keep=entry.key) if max_bytes is not None else 0
         except sqlite3.Error as exc:
             self.note_damage(exc)
             raise StoreError(f"cannot store plan {entry.key[:12]} in {self.path}: {exc}", path=str(self.path)) from exc
@@ -521,46 +354,67 @@ class Store:
         rows = self.connection().execute(sql + " ORDER BY last_used_at DESC, key", params)
         return [dict(r) for r in rows]
 
-    def record_hits(self, hits: Mapping[str, tuple[int, float]]) -> None:
-        """Add batched hit counts and last-used times: ``{key: (count, last_used)}``."""
+    def record_hits(self, hits: Mapping[str, tuple[int, float]], *, wait: bool = True) -> bool:
+        """Add batched hit counts and last-used times: ``{key: (count, last_used)}``.
+
+        ``wait=False``: give up at once (returning False, writing nothing) when another
+        process holds the write lock, instead of waiting up to the busy timeout: hit counts
+        are bookkeeping, never worth a stall."""
         if not hits:
-            return
+            return True
+        conn = self.connection()
+        if not wait:
+            conn.execute("PRAGMA busy_timeout = 0")
         try:
             with self.transaction() as tx:
                 tx.executemany(
                     "UPDATE plans SET hit_count = hit_count + ?, last_used_at = max(last_used_at, ?) WHERE key = ?",
                     [(count, used, key) for key, (count, used) in hits.items()],
                 )
+            return True
+        except StoreBusyError:
+            if wait:
+                raise
+            return False
         except sqlite3.Error as exc:
             raise StoreError(f"cannot record hits in {self.path}: {exc}", path=str(self.path)) from exc
+        finally:
+            if not wait:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
-    def quarantine(self, key: str, reason: str) -> bool:
-        """Move an entry out of service, keeping it (and its blob) for inspection."""
-        return self._quarantine_where("key = ?", key, reason)
+    def quarantine(self, key: str, reason: str, *, identity: tuple[str, float] | None = None) -> bool:
+        """Move an entry out of service, keeping it (and its blob) for inspection.
+
+        ``identity``: ``(blob_sha256, created_at)`` of the row that was judged; only that
+        row is quarantined, so one that another process has since replaced (rebuilt
+        healthy) stays in service."""
+        if identity is None:
+            return self._quarantine_where("key = ?", (key,), reason)
+        return self._quarantine_where("key = ? AND blob_sha256 = ? AND created_at = ?", (key, *identity), reason)
 
     def quarantine_rowid(self, rowid: int, reason: str) -> bool:
         """``quarantine`` for a row whose key itself may be damaged (found by ``verify``)."""
-        return self._quarantine_where("rowid = ?", rowid, reason)
+        return self._quarantine_where("rowid = ?", (rowid,), reason)
 
-    def _quarantine_where(self, where: str, value: str | int, reason: str) -> bool:
+    def _quarantine_where(self, where: str, values: tuple[Any, ...], reason: str) -> bool:
         try:
-            with self.transaction() as tx, _lenient_text(tx):
-                row = tx.execute(f"SELECT * FROM plans WHERE {where}", (value,)).fetchone()  # where: a constant
+            with self.transaction() as tx, lenient_text(tx):
+                row = tx.execute(f"SELECT rowid AS row_id, * FROM plans WHERE {where}", values).fetchone()  # where: a constant
                 if row is None:
                     return False
-                meta = {k: row[k] for k in row.keys() if k != "blob"}  # noqa: SIM118 - iterating a Row gives values
+                meta = {k: row[k] for k in row.keys() if k not in ("blob", "row_id")}  # noqa: SIM118 - iterating a Row gives values
                 tx.execute(
                     "INSERT INTO quarantine (key, reason, quarantined_at, row_json, blob) VALUES (?, ?, ?, ?, ?)",
                     (row["key"], reason, time.time(), json.dumps(meta), row["blob"]),
                 )
-                tx.execute(f"DELETE FROM plans WHERE {where}", (value,))
+                tx.execute("DELETE FROM plans WHERE rowid = ?", (row["row_id"],))
                 tx.execute(
                     "INSERT INTO counters (name, value) VALUES ('quarantined', 1) "
                     "ON CONFLICT(name) DO UPDATE SET value = value + 1"
                 )
                 return True
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot quarantine {str(value)[:12]} in {self.path}: {exc}", path=str(self.path)) from exc
+            raise StoreError(f"cannot quarantine {str(values[0])[:12]} in {self.path}: {exc}", path=str(self.path)) from exc
 
     def quarantined(self) -> list[dict[str, Any]]:
         rows = self.connection().execute(
@@ -608,37 +462,18 @@ class Store:
     # ------------------------------------------------------------------ size, age, health
 
     def total_size(self) -> int:
-        row = self.connection().execute("SELECT coalesce(sum(blob_size), 0) FROM plans").fetchone()
-        return int(row[0])
+        """Bytes of plan blobs stored, as the database tracks them (one row, no scan)."""
+        row = self.connection().execute("SELECT value FROM totals WHERE name = 'plan_bytes'").fetchone()
+        return int(row[0]) if row is not None else 0
 
-    def evict_to(self, max_bytes: int, batch: int = 16) -> int:
-        """Delete least-recently-used entries, a small batch per transaction, until the
-        blobs total at most ``max_bytes``. Returns how many entries were deleted."""
+    def evict_to(self, max_bytes: int) -> int:
+        """Delete least-recently-used entries, in one transaction, until the blobs total
+        at most ``max_bytes``. Returns how many entries were deleted."""
         try:
-            return self._evict_to(max_bytes, batch)
+            with self.transaction() as tx:
+                return _evict(tx, max_bytes, keep=None)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot evict from plan store {self.path}: {exc}", path=str(self.path)) from exc
-
-    def _evict_to(self, max_bytes: int, batch: int) -> int:
-        deleted = 0
-        while (excess := self.total_size() - max_bytes) > 0:
-            with self.transaction() as tx:
-                rows = tx.execute(
-                    "SELECT key, blob_size FROM plans ORDER BY last_used_at ASC, key LIMIT ?", (batch,)
-                ).fetchall()
-                if not rows:
-                    break
-                # Only as many of the batch as the excess needs: deleting the whole batch
-                # would also drop recently used entries (even the one just stored).
-                keys = []
-                for key, size in rows:
-                    if excess <= 0:
-                        break
-                    keys.append(key)
-                    excess -= int(size)
-                tx.executemany("DELETE FROM plans WHERE key = ?", [(k,) for k in keys])
-                deleted += len(keys)
-        return deleted
 
     def stats(self) -> dict[str, Any]:
         conn = self.connection()
@@ -663,48 +498,8 @@ class Store:
         """SQLite's integrity check plus every blob's checksum; empty when healthy."""
         conn = self.connection()
         problems = [r[0] for r in conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
-        with _lenient_text(conn):  # a damaged text column is a checksum problem, not a crash
+        with lenient_text(conn):  # a damaged text column is a checksum problem, not a crash
             for row in conn.execute("SELECT key, blob, blob_sha256 FROM plans"):
                 if sha256(bytes(row["blob"])) != row["blob_sha256"]:
                     problems.append(f"checksum mismatch in entry {row['key']}")
         return problems
-
-    # ------------------------------------------------------------------ prune, verify
-
-    def prune(
-        self,
-        *,
-        env_ids_keep: set[str] | None = None,
-        older_than_s: float | None = None,
-        quarantined: bool = False,
-        dry_run: bool = False,
-        batch: int = 64,
-    ) -> dict[str, Any]:
-        """Remove entries of environments not in ``env_ids_keep`` (and their kernel caches),
-        entries unused for more than ``older_than_s`` seconds, and with ``quarantined`` every
-        quarantined entry. Deletes ``batch`` rows per transaction, so lookups and builds
-        of other processes never wait long; an entry used meanwhile is kept. ``dry_run``
-        reports and deletes nothing."""
-        from . import maintenance  # imported here: maintenance imports this module
-
-        return maintenance.prune(
-            self, env_ids_keep=env_ids_keep, older_than_s=older_than_s, quarantined=quarantined, dry_run=dry_run, batch=batch
-        )
-
-    def verify(
-        self,
-        *,
-        fix: bool = False,
-        load: Callable[[Entry], object] | None = None,
-        env_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Check everything: SQLite's integrity check, every blob's checksum, every row's
-        key against what it records, kernel-cache checksums and, given ``load``, that every
-        blob of environment ``env_id`` deserializes. ``report["problems"]`` lists them all.
-
-        ``fix``: quarantine bad entries (kept, never served), drop bad kernel caches; a file
-        that fails the integrity check is moved aside (kept) and its intact entries copied
-        into a new one. Nothing is deleted silently: the report says what was done."""
-        from . import maintenance  # imported here: maintenance imports this module
-
-        return maintenance.verify(self, fix=fix, load=load, env_id=env_id)

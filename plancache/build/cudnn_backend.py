@@ -1,24 +1,34 @@
 """The cuDNN Frontend backend: the only module that imports ``cudnn`` or touches CUDA.
 
 Both imports happen inside functions, so importing plancache stays cheap and works
-without a GPU. cuDNN handles are kept one per (thread, device), as cuDNN requires, and
-pointed at the caller's current torch stream before every launch.
+without a GPU.
+
+Handles: cuDNN forbids two threads using one handle at once, and creating a handle inside
+a CUDA-graph capture invalidates the capture. So handles live in a pool per device: a
+launch leases one for the few microseconds it takes to enqueue, pointed at the caller's
+current stream; loading a plan puts one in the pool, so a thread that first launches a
+plan inside a capture leases an existing handle instead of creating one.
+
+Workspaces: allocated per launch from torch's caching allocator on the launching stream,
+as PyTorch does for its own cuDNN calls: stream-ordered reuse, never one buffer shared by
+two streams, and inside a capture they come from the capture's private pool.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import logging
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .backend import BuiltPlan, EngineChoice
-from .errors import BuildError, InvalidGraphError, NoGpuError
-from .key import BuildOptions, TensorSpec, tensor_table
+from ..errors import BuildError, InvalidGraphError, NoGpuError
+from ..key import BuildOptions, TensorSpec, tensor_table
 
 __all__ = ["CudnnBackend", "cudnn_module", "probe_environment"]
 
@@ -89,7 +99,8 @@ def probe_environment() -> dict[str, Any]:
         info["torch_version"] = None
     if _gpu_available():
         try:
-            info.update(CudnnBackend().environment())
+            backend = CudnnBackend()
+            info.update(backend.environment(backend.current_device()))
             info["gpu"] = "available"
         except Exception as exc:
             info["gpu"] = f"unusable: {exc}"
@@ -176,7 +187,8 @@ class _Candidates:
             else:
                 self.pack[spec.uid] = _random_tensor(torch, spec)
         sizes = [self.graph.get_workspace_size_plan_at_index(self.indices[p]) for p in self.built]
-        self.workspace = self.backend.allocate_workspace(max(sizes, default=0))
+        size = max(sizes, default=0)
+        self.workspace = torch.empty(size, dtype=torch.uint8, device="cuda") if size > 0 else None
 
     def time(self, position: int, runs: int) -> list[float]:
         """Milliseconds per launch, ``runs`` times, measured with CUDA events.
@@ -188,7 +200,11 @@ class _Candidates:
         """
         torch = _torch()
         self._prepare_timing()
-        handle = self.backend.handle()
+        with self.backend.handles.lease(torch.cuda.current_device()) as handle:
+            _cudnn().set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+            return self._time(torch, handle, position, runs)
+
+    def _time(self, torch: Any, handle: Any, position: int, runs: int) -> list[float]:
         index = self.indices[position]
         launch = self.graph.execute_plan_at_index
         pack, workspace = self.pack, self.workspace
@@ -222,9 +238,9 @@ class _Candidates:
 
 def _random_tensor(torch: Any, spec: TensorSpec) -> Any:
     """A tensor laid out as ``spec`` with values in ±[0.25, 1): never zero, never huge."""
-    from .plan import TORCH_DTYPES
+    from ..plan import TORCH_DTYPES
 
-    dtype = getattr(torch, TORCH_DTYPES.get(spec.dtype or "", "torch.float32").split(".")[1])
+    dtype = getattr(torch, (TORCH_DTYPES.get(spec.dtype or "") or ("float32",))[0])
     size = 1 + sum((d - 1) * s for d, s in zip(spec.dims, spec.strides))
     flat = torch.empty(size, dtype=torch.float32, device="cuda")
     if dtype.is_floating_point:
@@ -232,6 +248,65 @@ def _random_tensor(torch: Any, spec: TensorSpec) -> Any:
     else:
         flat.fill_(1)
     return torch.as_strided(flat.to(dtype), tuple(spec.dims), tuple(spec.strides))
+
+
+# ---------------------------------------------------------------------- handles
+
+
+class _Handles:
+    """cuDNN handles by device, leased to one thread at a time for one launch.
+
+    A lease pops a free handle, or creates one, except inside a CUDA-graph capture, where
+    creating one would invalidate the capture: there it waits for a handle to come back
+    (one exists once any plan of that device was loaded or prepared, and a lease lasts one
+    enqueue). ``ensure`` is called outside captures, when a plan is loaded or prepared."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[Any]] = {}
+        self._count: dict[int, int] = {}
+        self._cond = threading.Condition()
+
+    def ensure(self, device: int) -> None:
+        with self._cond:
+            if self._count.get(device, 0):
+                return
+        with self.lease(device):
+            pass
+
+    @contextlib.contextmanager
+    def lease(self, device: int) -> Iterator[Any]:
+        handle = self._take(device)
+        try:
+            yield handle
+        finally:
+            with self._cond:
+                self._free.setdefault(device, []).append(handle)
+                self._cond.notify()
+
+    def _take(self, device: int) -> Any:
+        with self._cond:
+            free = self._free.setdefault(device, [])
+            if free:
+                return free.pop()
+            if self._count.get(device, 0) and _torch().cuda.is_current_stream_capturing():
+                if not self._cond.wait_for(lambda: bool(free), timeout=30.0):
+                    raise RuntimeError(f"no cuDNN handle of device {device} came back within 30 s during a CUDA-graph capture")
+                return free.pop()
+            self._count[device] = self._count.get(device, 0) + 1
+        try:
+            torch = _torch()
+            with torch.cuda.device(device):
+                return _cudnn().create_handle()
+        except BaseException:
+            with self._cond:
+                self._count[device] -= 1
+            raise
+
+    def forget(self) -> None:
+        """In a forked child: the parent's handles belong to the parent's CUDA context."""
+        self._free = {}
+        self._count = {}
+        self._cond = threading.Condition()
 
 
 # ---------------------------------------------------------------------- backend
@@ -244,9 +319,18 @@ class CudnnBackend:
     device_type = "cuda"
 
     def __init__(self) -> None:
-        self._local = threading.local()
+        self.handles = _Handles()
         self._environments: dict[int, dict[str, Any]] = {}
         self._kernel_caches: dict[int, Any] = {}  # device -> the one shared cudnn kernel cache
+        self._gpu: bool | None = None
+        # A forked child (a DataLoader worker, say) must not reuse the parent's handles.
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self.after_fork)
+
+    def after_fork(self) -> None:
+        self.handles.forget()
+        self._kernel_caches = {}
+        self._gpu = None
 
     # ------------------------------------------------------------------ kernel cache
 
@@ -279,8 +363,12 @@ class CudnnBackend:
         """Fill the shared kernel cache from a stored blob (same environment only)."""
         self._kernel_cache().deserialize(blob.decode())
 
+    # ------------------------------------------------------------------ devices
+
     def _require_gpu(self) -> None:
-        if not _gpu_available():
+        if self._gpu is None:
+            self._gpu = _gpu_available()
+        if not self._gpu:
             raise NoGpuError("no CUDA device is visible: building, loading and running plans need an NVIDIA GPU")
 
     def current_device(self) -> int:
@@ -291,30 +379,20 @@ class CudnnBackend:
         """Make ``index`` this thread's current device (new threads start on device 0)."""
         _torch().cuda.set_device(index)
 
-    def handle(self) -> Any:
-        """This thread's cuDNN handle for the current device, on the current torch stream."""
-        torch = _torch()
-        device = torch.cuda.current_device()
-        handles = self._local.__dict__.setdefault("handles", {})
-        handle = handles.get(device)
-        cudnn = _cudnn()
-        if handle is None:
-            handle = handles[device] = cudnn.create_handle()
-        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-        return handle
-
-    def environment(self) -> dict[str, Any]:
+    def environment(self, device: int | None = None) -> dict[str, Any]:
         self._require_gpu()
-        torch = _torch()
-        device = torch.cuda.current_device()
+        device = self.current_device() if device is None else device
         env = self._environments.get(device)
         if env is None:
+            torch = _torch()
             cudnn = _cudnn()
             props = torch.cuda.get_device_properties(device)
             env = {
                 "gpu_name": props.name,
                 "compute_capability": f"{props.major}.{props.minor}",
                 "sm_count": int(props.multi_processor_count),
+                # MIG slices and partitioned GPUs differ in memory as well as SM count.
+                "total_memory": int(props.total_memory),
                 "driver_version": driver_version(),
                 "cuda_version": torch.version.cuda,
                 "cudnn_backend_version": cudnn.backend_version_string(),
@@ -322,6 +400,8 @@ class CudnnBackend:
             }
             self._environments[device] = env
         return dict(env)
+
+    # ------------------------------------------------------------------ building
 
     def _plan_graph(self, graph: Any, options: BuildOptions) -> None:
         cudnn = _cudnn()
@@ -342,6 +422,7 @@ class CudnnBackend:
     def candidates(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None) -> _Candidates:
         self._require_gpu()
         cudnn = _cudnn()
+        self.handles.ensure(self.current_device())  # plans built here launch from any thread later
         if options.kernel_cache:
             self.attach_kernel_cache(graph)
         self._plan_graph(graph, options)
@@ -349,9 +430,7 @@ class CudnnBackend:
         try:
             graph.create_execution_plans(modes)
             graph.check_support()
-        except cudnn.cudnnGraphNotSupportedError as exc:
-            _raise_invalid(exc, "planning", graph)
-        except (ValueError, RuntimeError) as exc:
+        except (cudnn.cudnnGraphNotSupportedError, ValueError, RuntimeError) as exc:
             _raise_invalid(exc, "planning", graph)
         return _Candidates(self, graph, options, inputs)
 
@@ -359,6 +438,7 @@ class CudnnBackend:
         self._require_gpu()
         if engine.engine_id is None:
             raise BuildError(f"engine {engine.name!r} has no engine id to rebuild from", reason="no engine id")
+        self.handles.ensure(self.current_device())
         if options.kernel_cache:
             self.attach_kernel_cache(graph)
         self._plan_graph(graph, options)
@@ -369,17 +449,35 @@ class CudnnBackend:
         workspace = int(graph.get_workspace_size_plan_at_index(index))
         return BuiltPlan(graph, blob, tensor_table(graph), workspace, engine)
 
-    def load(self, blob: bytes, tensors: Sequence[TensorSpec]) -> Any:
+    # ------------------------------------------------------------------ loading, launching
+
+    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
         self._require_gpu()
-        graph = _cudnn().pygraph(handle=self.handle())
-        graph.deserialize(blob)
+        torch = _torch()
+        device = torch.cuda.current_device() if device is None else device
+        with torch.cuda.device(device), self.handles.lease(device) as handle:
+            graph = _cudnn().pygraph(handle=handle)
+            graph.deserialize(blob)
         return graph
 
-    def allocate_workspace(self, size: int) -> Any:
-        if size <= 0:
-            return None
-        torch = _torch()
-        return torch.empty(size, dtype=torch.uint8, device="cuda")
+    def prepare(self, device: int) -> None:
+        self._require_gpu()
+        self.handles.ensure(device)
 
-    def execute(self, native: Any, pack: Mapping[int, Any], workspace: Any) -> None:
-        native.execute(pack, workspace, handle=self.handle())
+    def execute(self, native: Any, pack: Mapping[int, Any], workspace_size: int, device: int) -> None:
+        torch = _torch()
+        if torch.cuda.current_device() != device:
+            with torch.cuda.device(device):  # the plan's device, with that device's current stream
+                self._launch(torch, native, pack, workspace_size, device)
+        else:
+            self._launch(torch, native, pack, workspace_size, device)
+
+    def _launch(self, torch: Any, native: Any, pack: Mapping[int, Any], workspace_size: int, device: int) -> None:
+        # Per launch, on the current stream: freed when this call returns, reused by the
+        # caching allocator only in that stream's order.
+        workspace = torch.empty(workspace_size, dtype=torch.uint8, device=device) if workspace_size > 0 else None
+        stream = torch.cuda.current_stream(device).cuda_stream
+        cudnn = _cudnn()
+        with self.handles.lease(device) as handle:
+            cudnn.set_stream(handle=handle, stream=stream)
+            native.execute(pack, workspace, handle=handle)

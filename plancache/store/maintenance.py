@@ -1,8 +1,11 @@
-"""Offline maintenance of a plan store: ``verify`` (SQLite's integrity check, every
-checksum, every row's key, kernel caches and, optionally, that blobs deserialize; with
-``fix``, quarantine and repair) and ``prune`` (entries of other environments, unused ones,
-the quarantine), in short transactions. The bodies of ``Store.verify`` and ``Store.prune``,
-which import this module when called: opening a store and the lookup path never load it.
+"""Offline maintenance of a plan store: ``verify`` (SQLite's integrity check, every row
+judged by ``entry.problem``, kernel caches and, optionally, that blobs deserialize; with
+``fix``, quarantine and repair), ``prune`` (entries of other environments, unused ones,
+the quarantine) in short transactions, and the listings the CLI prints.
+
+Listings and schema queries go through sqlite-utils, which reads the store's tables
+without hand-written SQL; the lookup path never imports this module (plain ``sqlite3``
+there: no wrapper between a hit and its row).
 """
 
 from __future__ import annotations
@@ -12,23 +15,50 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .entry import Entry, entry_problem, sha256
-from .errors import StoreError
-from .store import Store, _is_locked, _is_undecodable, _lenient_text
+import sqlite_utils
 
-__all__ = ["prune", "verify"]
+from ..errors import StoreError
+from .entry import Entry, problem, sha256
+from .recovery import is_locked, is_undecodable, lenient_text
+from .store import Store
+
+__all__ = ["database", "list_entries", "prune", "schema_version", "verify"]
+
+_LIST_COLUMNS = ["key", "env_id", "label", "blob_size", "workspace_size", "policy", "backend", "build_seconds",
+                 "autotune_seconds", "created_at", "last_used_at", "hit_count"]  # fmt: skip
+
+
+def database(store: Store) -> sqlite_utils.Database:
+    """The store's connection (this thread's) seen through sqlite-utils."""
+    return sqlite_utils.Database(store.connection())
+
+
+def list_entries(store: Store, env_id: str | None = None) -> list[dict[str, Any]]:
+    """Summaries of every entry (no blob), most recently used first."""
+    where, args = ("env_id = ?", [env_id]) if env_id is not None else (None, None)
+    rows = database(store)["plans"].rows_where(where, args, select=", ".join(_LIST_COLUMNS), order_by="last_used_at DESC, key")
+    return list(rows)
+
+
+def schema_version(store: Store) -> int:
+    """The store's schema number (``PRAGMA user_version``)."""
+    return int(database(store).execute("PRAGMA user_version").fetchone()[0])
 
 
 def prune(
     store: Store,
     *,
-    env_ids_keep: set[str] | None,
-    older_than_s: float | None,
-    quarantined: bool,
-    dry_run: bool,
-    batch: int,
+    env_ids_keep: set[str] | None = None,
+    older_than_s: float | None = None,
+    quarantined: bool = False,
+    dry_run: bool = False,
+    batch: int = 64,
 ) -> dict[str, Any]:
-    """The body of ``Store.prune``, which documents it."""
+    """Remove entries of environments not in ``env_ids_keep`` (and their kernel caches),
+    entries unused for more than ``older_than_s`` seconds, and with ``quarantined`` every
+    quarantined entry. Deletes ``batch`` rows per transaction, so lookups and builds of other
+    processes never wait long; an entry used meanwhile is kept. ``dry_run`` reports and
+    deletes nothing."""
     cutoff = time.time() - older_than_s if older_than_s is not None else None
     doomed = _prune_candidates(store, env_ids_keep, cutoff)
     report: dict[str, Any] = {
@@ -59,7 +89,7 @@ def prune(
 
 
 def _prune_candidates(store: Store, env_ids_keep: set[str] | None, cutoff: float | None) -> list[dict[str, Any]]:
-    rows = store.connection().execute("SELECT key, env_id, label, blob_size, last_used_at FROM plans ORDER BY key")
+    rows = database(store)["plans"].rows_where(select="key, env_id, label, blob_size, last_used_at", order_by="key")
     doomed = []
     for row in rows:
         if env_ids_keep is not None and row["env_id"] not in env_ids_keep:
@@ -68,31 +98,37 @@ def _prune_candidates(store: Store, env_ids_keep: set[str] | None, cutoff: float
             reason = "unused since " + time.strftime("%Y-%m-%d", time.localtime(row["last_used_at"]))
         else:
             continue
-        doomed.append({**dict(row), "reason": reason})
+        doomed.append({**row, "reason": reason})
     return doomed
 
 
 def _stale_kernel_caches(store: Store, env_ids_keep: set[str] | None) -> list[str]:
     if env_ids_keep is None:
         return []
-    rows = store.connection().execute("SELECT env_id FROM kernel_caches ORDER BY env_id")
-    return [r[0] for r in rows if r[0] not in env_ids_keep]
+    rows = database(store)["kernel_caches"].rows_where(select="env_id", order_by="env_id")
+    return [r["env_id"] for r in rows if r["env_id"] not in env_ids_keep]
 
 
 def verify(
     store: Store,
     *,
-    fix: bool,
-    load: Callable[[Entry], object] | None,
-    env_id: str | None,
+    fix: bool = False,
+    load: Callable[[Entry], object] | None = None,
+    env_id: str | None = None,
 ) -> dict[str, Any]:
-    """The body of ``Store.verify``, which documents it."""
+    """Check everything: SQLite's integrity check, every row through ``entry.problem``,
+    kernel-cache checksums and, given ``load``, that every blob of environment ``env_id``
+    deserializes. ``report["problems"]`` lists them all.
+
+    ``fix``: quarantine bad entries (kept, never served), drop bad kernel caches; a file that
+    fails the integrity check is moved aside (kept) and its intact entries copied into a new
+    one. Nothing is deleted silently: the report says what was done."""
     report: dict[str, Any] = {"path": str(store.path), "entries": 0, "integrity": [], "checksum": [], "foreign": {},
                               "damaged": {}, "unreadable": [], "kernel_caches": [], "deserialize": None, "fixed": {}}  # fmt: skip
     try:
         report["integrity"] = [r[0] for r in store.connection().execute("PRAGMA integrity_check(100)") if r[0] != "ok"]
     except sqlite3.DatabaseError as exc:
-        if _is_locked(exc):
+        if is_locked(exc):
             raise StoreError(f"cannot verify plan store {store.path}: {exc}", path=str(store.path)) from exc
         report["integrity"] = [f"integrity_check failed: {exc}"]
     if report["integrity"] and fix:
@@ -121,13 +157,13 @@ def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], o
         report["entries"] += 1
         if not entry.checksum_ok():
             report["checksum"].append(entry.key)
-        elif (problem := entry_problem(entry)) is not None:
-            report["foreign"][entry.key] = problem
+        elif (found := problem(entry)) is not None:
+            report["foreign"][entry.key] = found
         elif load is not None:
             _check_load(entry, load, env_id, checked)
     if load is not None:
         report["deserialize"] = checked
-    with _lenient_text(conn):
+    with lenient_text(conn):
         for row in conn.execute("SELECT env_id, blob, blob_sha256 FROM kernel_caches"):
             if sha256(bytes(row["blob"])) != row["blob_sha256"]:
                 report["kernel_caches"].append(row["env_id"])
@@ -142,7 +178,7 @@ def _verify_read(store: Store, rowid: int, report: dict[str, Any]) -> Entry | No
     except (ValueError, KeyError, TypeError) as exc:
         report["damaged"][rowid] = f"cannot be decoded: {exc}"
     except sqlite3.DatabaseError as exc:
-        if not _is_undecodable(exc):
+        if not is_undecodable(exc):
             report["unreadable"].append(f"row {rowid}: {exc}")
         else:
             report["damaged"][rowid] = f"cannot be decoded: {exc}"

@@ -1,7 +1,7 @@
 """The data model of a stored plan: ``Entry`` (one row of the plan store with everything
-known about how its plan was made), ``StoredPlan`` (what a hit reads of a row), their
-checksums, and ``entry_problem``, which tells whether a row may be served under its key.
-Pure data and hashing: no SQLite connection, nothing of GPUs.
+known about how its plan was made), its checksums, and ``problem``: the one place that
+judges whether a stored entry may be served. Hits, ``verify``, bundle import, salvage and
+the Redis tier all ask it. Pure data and hashing: no SQLite connection, nothing of GPUs.
 """
 
 from __future__ import annotations
@@ -13,9 +13,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .key import KEY_FORMAT, canonical_json, environment_id
+from ..key import KEY_FORMAT, canonical_json, environment_id
 
-__all__ = ["Entry", "StoredPlan", "entry_problem", "sha256"]
+__all__ = ["INSERT_SQL", "Entry", "problem", "sha256", "summarize"]
+
+
+def summarize(description: Mapping[str, Any]) -> str:
+    """A short op summary of a canonical description, an entry's label:
+    ``CONV_FPROP+POINTWISE(relu)``."""
+    parts = []
+    for node in description.get("nodes", []):
+        params = node.get("params")
+        mode = params.get("mode") if isinstance(params, dict) else None
+        parts.append(f"{node['type']}({mode})" if mode else str(node["type"]))
+    return "+".join(parts)
 
 
 def sha256(data: bytes) -> str:
@@ -24,34 +35,6 @@ def sha256(data: bytes) -> str:
 
 def _meta_digest(tensors_json: str, engine_json: str | None, workspace_size: int) -> str:
     return sha256(f"{tensors_json}\n{engine_json}\n{int(workspace_size)}".encode())
-
-
-@dataclass(frozen=True)
-class StoredPlan:
-    """What a hit needs of an entry, read without decoding the rest (graph, candidates,
-    timings): the lookup path reads this, ``Store.get`` reads everything."""
-
-    key: str
-    environment: dict[str, Any]
-    tensors: list[dict[str, Any]]
-    blob: bytes
-    blob_sha256: str
-    engine: dict[str, Any] | None
-    workspace_size: int
-    meta_ok: bool | None  # None: a schema-1 row, without a metadata checksum
-
-    def problem(self, environment: Mapping[str, Any]) -> str | None:
-        """Why this plan must not be served for a key of ``environment``, or None. What
-        it checks is all that a plan executes with: the blob, the tensor table, the engine
-        and workspace size, and the environment. (``plancache verify`` also re-derives
-        each key from its row.)"""
-        if self.environment != environment:
-            return "environment differs from the key's"
-        if not (self.blob and sha256(self.blob) == self.blob_sha256):
-            return "blob checksum mismatch"
-        if self.meta_ok is False:
-            return "metadata checksum mismatch (tensor table, engine or workspace size altered)"
-        return None
 
 
 @dataclass
@@ -146,10 +129,19 @@ class Entry:
         )
 
 
-def entry_problem(entry: Entry) -> str | None:
-    """Why a row would be wrong to serve under its key, or None: its key or environment id
-    does not match the graph, environment and options it records (a row altered, copied
-    under another key, or stored by an older key format)."""
+def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str | None:
+    """Why ``entry`` must not be served (for a key of ``environment``, when given), or None.
+
+    Checks everything a plan executes with and everything its key promises: the blob's
+    checksum, the metadata checksum (tensor table, engine, workspace size), the environment,
+    the key and environment id re-derived from what the row records (a row altered, copied
+    under another key, or stored by an older key format), and the tensor table against the
+    graph. Costs a JSON encoding and two SHA-256 hashes of the row: tens of microseconds.
+    """
+    if not entry.checksum_ok():
+        return "blob checksum mismatch"
+    if environment is not None and entry.environment != environment:
+        return "environment differs from the key's"
     if entry.env_id != environment_id(entry.environment):
         return "env_id does not match the recorded environment"
     parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
@@ -175,3 +167,16 @@ def _tensor_problem(entry: Entry) -> str | None:
         if stored != (graph_tensor.get("dim"), graph_tensor.get("stride"), graph_tensor.get("dtype")):
             return f"tensor table does not match the graph (uid {spec.get('uid')}: {stored[:2]})"
     return None
+
+
+_INSERT_COLUMNS = (
+    "key", "env_id", "label", "graph_json", "environment_json", "options_json", "tensors_json",
+    "blob", "blob_sha256", "blob_size", "engine_json", "workspace_size", "policy",
+    "candidates_json", "timing_json", "build_seconds", "autotune_seconds", "backend",
+    "created_at", "last_used_at", "hit_count", "meta_sha256",
+)  # fmt: skip
+#: Insert (or replace) one ``Entry.row()``.
+INSERT_SQL = (
+    f"INSERT OR REPLACE INTO plans ({', '.join(_INSERT_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c for c in _INSERT_COLUMNS)})"
+)

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .key import BuildOptions, TensorSpec
+from ..key import BuildOptions, TensorSpec
 
 __all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice"]
 
@@ -35,7 +35,8 @@ class EngineChoice:
 
 @dataclass
 class BuiltPlan:
-    """A plan ready to execute, with what the store keeps of it."""
+    """What a build hands the cache: the backend's executable object, and what the store
+    keeps of it."""
 
     native: Any  # backend object that executes (a built cuDNN graph, say)
     blob: bytes  # serialized plan
@@ -72,42 +73,55 @@ class CandidateSet(Protocol):
 
 @runtime_checkable
 class Backend(Protocol):
-    """Builds, loads and executes plans. ``name`` is stored with each entry."""
+    """Builds, loads and executes plans. ``name`` is stored with each entry.
+
+    Devices are explicit: a plan belongs to the device it was loaded or built on, and every
+    call that touches one names it (or uses the caller's current device for a build).
+    """
 
     name: str
     #: torch device type the plan's tensors must live on ("cuda" or "cpu").
     device_type: str
 
-    def environment(self) -> dict[str, Any]:
-        """Everything outside the graph that changes a plan: GPU, driver, library versions."""
+    def environment(self, device: int | None = None) -> dict[str, Any]:
+        """Everything outside the graph that changes a plan on ``device`` (default: the
+        current one): GPU, driver, library versions. Per device: two devices of one
+        machine may differ."""
         ...
 
     def current_device(self) -> int:
-        """Index of the device plans are loaded onto now."""
+        """Index of the calling thread's current device."""
         ...
 
     def candidates(
         self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None
     ) -> CandidateSet:
-        """Validate ``graph`` and list its candidate plans. Raises ``InvalidGraphError``
-        naming the node when the library rejects the graph. ``inputs`` (by uid) are used
-        for timing instead of random tensors when given."""
+        """Validate ``graph`` on the current device and list its candidate plans. Raises
+        ``InvalidGraphError`` naming the node when the library rejects the graph. ``inputs``
+        (by uid) are used for timing instead of random tensors when given."""
         ...
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
-        """Build ``graph`` with a known engine and knobs, skipping autotuning."""
+        """Build ``graph`` (a fresh, unplanned one) with a known engine and knobs, skipping
+        autotuning."""
         ...
 
-    def load(self, blob: bytes, tensors: Sequence[TensorSpec]) -> Any:
-        """Deserialize a stored plan; raises if the library refuses it."""
+    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
+        """Deserialize a stored plan onto ``device`` (default: the current one); raises if the library refuses it."""
         ...
 
-    def allocate_workspace(self, size: int) -> Any:
-        """A workspace of ``size`` bytes on the current device (None when size is 0)."""
+    def prepare(self, device: int) -> None:
+        """Create now whatever a launch on ``device`` from this thread needs, so that a
+        launch inside a CUDA-graph capture creates nothing."""
         ...
 
-    def execute(self, native: Any, pack: Mapping[int, Any], workspace: Any) -> None:
-        """Launch a plan on the caller's current stream with tensors by uid."""
+    def execute(self, native: Any, pack: Mapping[int, Any], workspace_size: int, device: int) -> None:
+        """Launch a plan on the current stream of ``device`` with tensors by uid, with a
+        workspace of ``workspace_size`` bytes allocated for this launch alone."""
+        ...
+
+    def after_fork(self) -> None:
+        """Forget handles and other per-process state in a forked child."""
         ...
 
     def kernel_cache_blob(self) -> bytes | None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import InvalidGraphError
-from .key import canonical_json, describe
+from ..errors import InvalidGraphError
+from ..key import canonical_json, describe
 
 __all__ = ["rebuild_graph"]
 

@@ -1,0 +1,183 @@
+"""Single flight per key: of all threads, processes and machines missing one key, one
+builds it and the others wait for it, while lookups of every other key go on.
+
+Three locks, taken in order, each only around the build of its key:
+
+1. a thread lock per key (threads of this process);
+2. a file lock per key in ``<cache>/locks/`` (processes of this machine), held with
+   ``flock`` and removed by its holder after the build, so locks/ does not keep a file per
+   key ever seen. A waiter that wakes up holding a file that was meanwhile removed (or
+   replaced) retries on the current one: two holders of one key are impossible;
+3. the fleet lock in Redis, when there is a remote tier (machines of a fleet), renewed by
+   the tier while held.
+
+Every wait is bounded by ``timeout``: past it, ``LockTimeoutError`` names the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import LockTimeoutError
+
+log = logging.getLogger("plancache")
+
+__all__ = ["SingleFlight", "Turn"]
+
+_POLL_S = (0.005, 0.25)  # first and longest sleep between tries of a held file lock
+
+
+@dataclass
+class Turn:
+    """What a holder learns on entering: ``waited`` (another thread or process of this
+    machine held the key first: look again before building) and ``fleet_built`` (the fleet
+    lock said another machine built it: read the remote tier again)."""
+
+    waited: bool = False
+    fleet_built: bool = False
+
+
+class _KeyLocks:
+    """One ``threading.Lock`` per key, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key: str, timeout: float) -> Iterator[bool]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            waited = not lock.acquire(blocking=False)
+            if waited and not lock.acquire(timeout=timeout):
+                raise LockTimeoutError(
+                    f"waited {timeout:.0f} s for another thread to build plan {key[:12]}", key=key, waited_s=timeout
+                )
+            try:
+                yield waited
+            finally:
+                lock.release()
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users <= 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
+def _lock_file(path: Path, deadline: float) -> tuple[int, bool]:
+    """Open and ``flock`` ``path`` before ``deadline``: ``(fd, waited)``. The lock holds
+    only while ``path`` still names the locked file."""
+    waited = False
+    pause = _POLL_S[0]
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            waited = True
+            if time.monotonic() >= deadline:
+                raise TimeoutError(str(path)) from exc
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, _POLL_S[1])
+            continue
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        mine = os.fstat(fd)
+        if current is not None and (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
+            return fd, waited
+        os.close(fd)  # its holder removed it after building: lock the file there now
+        waited = True
+
+
+class SingleFlight:
+    """Per-key mutual exclusion across threads, processes and (with ``remote``) machines.
+
+    ``lock_dir``: where the file locks live (None: this process only, e.g. a read-only or
+    unopenable store). ``remote``: an object with ``lock(key, env_id, wait)`` yielding
+    True when this machine should build (the Redis tier). ``warn(topic, message, *args)``
+    logs once per topic.
+    """
+
+    def __init__(self, lock_dir: Path | None, *, timeout: float, remote: Any = None, warn: Callable[..., None] | None = None,
+                 count: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        self.lock_dir = lock_dir
+        self._count = count or (lambda name: None)
+        self.timeout = timeout
+        self.remote = remote
+        self._warn = warn or (lambda *args: None)
+        self._threads = _KeyLocks()
+
+    @contextlib.contextmanager
+    def hold(self, key: str, env_id: str, label: str = "") -> Iterator[Turn]:
+        """Hold the key's locks; ``label`` (an op summary) names it in log lines."""
+        started = time.monotonic()
+        with self._threads.hold(key, self.timeout) as thread_waited, self._file_lock(key, label, started) as file_waited:
+            turn = Turn(waited=thread_waited or file_waited)
+            if turn.waited:
+                log.info("plancache: waited %.1f s for another build of %s", time.monotonic() - started, key[:12])
+            if self.remote is None:
+                yield turn
+                return
+            remaining = max(0.0, self.timeout - (time.monotonic() - started))
+            with self.remote.lock(key, env_id, wait=remaining) as mine:
+                turn.fleet_built = not mine
+                yield turn
+
+    @contextlib.contextmanager
+    def _file_lock(self, key: str, label: str, started: float) -> Iterator[bool]:
+        if self.lock_dir is None:
+            yield False
+            return
+        path = self.lock_dir / f"{key[:32]}.lock"
+        try:
+            self.lock_dir.mkdir(mode=0o700, exist_ok=True)
+            try:
+                fd, waited = _lock_file(path, time.monotonic())  # one try: is another process building it?
+            except TimeoutError:
+                self._count("waits")
+                log.info("plancache: waiting up to %.0f s for another process to build %s (%s); lock %s", self.timeout, key[:12], label, path)
+                fd, waited = _lock_file(path, started + self.timeout)
+                waited = True
+        except TimeoutError as exc:
+            raise LockTimeoutError(
+                f"waited {time.monotonic() - started:.0f} s for another process to build plan {key[:12]} "
+                f"(lock {path}); the lock goes when its holder exits, so that process is still "
+                "building or hung. Raise lock_timeout for very long autotuning",
+                key=key,
+                waited_s=time.monotonic() - started,
+            ) from exc
+        except OSError as exc:  # no lock file (disk full, odd permissions): still a plan, maybe built twice
+            self._warn("lock", "plancache: cannot take the build lock in %s (%s); building without it", self.lock_dir, exc)
+            yield False
+            return
+        try:
+            yield waited
+        finally:
+            # Remove before unlocking: a waiter that then locks the removed file sees that
+            # the path no longer names it and retries (see _lock_file).
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            os.close(fd)
+
+    def after_fork(self) -> None:
+        """A forked child starts with no thread locks held (the parent's threads are gone)."""
+        self._threads = _KeyLocks()

@@ -1,0 +1,99 @@
+"""Recording the graphs a program looks up (``PLANCACHE_RECORD=path``) into a manifest of
+replayable ``graph`` entries, for ``plancache prewarm`` on another machine or a later run.
+
+Low in the layers: the cache calls it on every lookup, so it depends only on the key and
+on the manifest's file format (a JSON document ``{"version": 1, "entries": [...]}``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .key import BuildOptions, CacheKey, canonical_json
+
+__all__ = ["MANIFEST_VERSION", "record_to", "recorder_from_env", "write_json"]
+
+log = logging.getLogger("plancache")
+
+MANIFEST_VERSION = 1
+
+
+def write_json(path: Path, document: Mapping[str, Any]) -> None:
+    """Write atomically: a reader never sees half a manifest."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=1, sort_keys=False)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class _Recorder:
+    """Appends each new graph a cache looks up to a manifest, as a replayable ``graph`` entry."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, graph: Any, key: CacheKey) -> None:
+        if key.digest in self._seen:  # every lookup calls this: a set lookup when nothing is new
+            return
+        with self._lock:
+            if key.digest in self._seen:
+                return
+            self._seen.add(key.digest)
+            entry: dict[str, Any] = {"graph": key.parts["graph"]}
+            options = key.parts["options"]
+            if options != BuildOptions().to_dict():
+                entry["options"] = {k: v for k, v in options.items() if not (k == "top_k" and v is None)}
+            try:
+                self._append(entry)
+            except Exception as exc:  # recording must never break the model that is running
+                log.warning("plancache: could not record graph %s in %s: %s", key.digest[:12], self.path, exc)
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        from filelock import FileLock
+
+        # Several processes of one job may record into one file: read, merge, replace under a lock.
+        with FileLock(str(self.path) + ".lock"):
+            document: dict[str, Any] = {"version": MANIFEST_VERSION, "entries": []}
+            if self.path.exists():
+                document = json.loads(self.path.read_text(encoding="utf-8"))
+                if not isinstance(document, dict) or not isinstance(document.get("entries"), list):
+                    raise ValueError("the file exists and is not a manifest; not overwriting it")
+            text = canonical_json(entry)
+            if any(canonical_json(e) == text for e in document["entries"]):
+                return
+            document["entries"].append(entry)
+            write_json(self.path, document)
+
+
+_RECORDERS: dict[str, _Recorder] = {}
+
+
+def record_to(path: str | os.PathLike[str]) -> Callable[[Any, CacheKey], None]:
+    """A callback for ``PlanCache.add_recorder`` that appends every graph looked up to
+    the manifest at ``path`` (created if needed; existing entries are kept). Recorded
+    entries are ``graph`` entries: replaying them gives identical keys."""
+    resolved = Path(path).expanduser().resolve()
+    return _RECORDERS.setdefault(str(resolved), _Recorder(resolved))
+
+
+def recorder_from_env(cache: Any) -> None:
+    """Record into ``$PLANCACHE_RECORD`` when it is set (``PlanCache`` calls this)."""
+    target = os.environ.get("PLANCACHE_RECORD", "").strip()
+    if target:
+        cache.add_recorder(record_to(target))

@@ -1,0 +1,8 @@
+"""Storage: the SQLite plan store (``store``), what a row holds and the one check of
+whether it may be served (``entry``), recovery from damage (``recovery``) and offline
+maintenance (``maintenance``: verify, prune, listings)."""
+
+from .entry import Entry, problem, sha256, summarize
+from .store import BUSY_TIMEOUT_MS, DB_NAME, Store, default_cache_dir, migrations
+
+__all__ = ["BUSY_TIMEOUT_MS", "DB_NAME", "Entry", "Store", "default_cache_dir", "migrations", "problem", "sha256", "summarize"]

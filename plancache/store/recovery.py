@@ -1,0 +1,209 @@
+"""Recovery of a damaged plan store: which SQLite errors mean damage, a marker left by a
+process that met damage, and the repair that moves the file aside (kept, never deleted) and
+copies every intact entry into a new one.
+
+Only real damage (SQLITE_CORRUPT, SQLITE_NOTADB) moves a file aside. A full disk, an I/O
+error, a read-only file or a busy lock say nothing about the file's contents: moving a
+healthy store aside for them would lose every entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .entry import INSERT_SQL, Entry, problem
+
+__all__ = ["Recovery", "is_damage", "is_locked", "is_undecodable", "lenient_text"]
+
+log = logging.getLogger("plancache")
+
+DB_NAME = "plans.db"
+REPAIR_LOCK_TIMEOUT_S = 30.0
+
+
+def is_locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
+def is_damage(exc: BaseException) -> bool:
+    """An error that says the file itself is damaged (not busy, full or read-only)."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    name = getattr(exc, "sqlite_errorname", "")  # Python >= 3.11
+    return name in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "malformed" in str(exc) or "not a database" in str(exc)
+
+
+def is_undecodable(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "Could not decode" in str(exc)
+
+
+@contextlib.contextmanager
+def lenient_text(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """Text columns decoded with replacement characters, so a damaged row can still be
+    quarantined or reported instead of raising on every read."""
+    old = conn.text_factory
+    conn.text_factory = lambda b: b.decode("utf-8", "replace")
+    try:
+        yield conn
+    finally:
+        conn.text_factory = old
+
+
+def _readable_entries(src: sqlite3.Connection) -> list[Entry]:
+    """Every entry of a damaged file that still reads back whole. Rows are fetched one
+    rowid at a time, so a bad page costs only the rows on it; the rowids come from a scan
+    (until the first bad page) and from ``max(rowid)`` when that still reads."""
+    src.execute("PRAGMA writable_schema = ON")  # reads a file shorter than its header says; mode=ro writes nothing
+    rowids: set[int] = set()
+    with contextlib.suppress(sqlite3.Error):
+        for row in src.execute("SELECT rowid FROM plans"):
+            rowids.add(int(row[0]))
+    with contextlib.suppress(sqlite3.Error, TypeError):
+        top = int(src.execute("SELECT max(rowid) FROM plans").fetchone()[0])
+        rowids.update(range(max(1, top - 200_000), top + 1))  # bounded: rowids grow with every replace
+    found = []
+    for rowid in sorted(rowids):
+        try:
+            row = src.execute("SELECT * FROM plans WHERE rowid = ?", (rowid,)).fetchone()
+            if row is not None:
+                found.append(Entry.from_row(row))
+        except (sqlite3.Error, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+
+
+class Recovery:
+    """What a ``Store`` does about damage (a base class: the store's own methods open,
+    migrate and close the file)."""
+
+    path: Path
+    read_only: bool
+
+    def connection(self) -> sqlite3.Connection: ...  # provided by Store
+    def _close_connection(self) -> None: ...  # provided by Store
+    def _migrate(self) -> None: ...  # provided by Store
+    def transaction(self) -> Any: ...  # provided by Store
+
+    def _damage_at_open(self) -> str | None:
+        """Damage that an earlier process left a marker for (``note_damage``), confirmed by
+        ``PRAGMA quick_check``; None when healthy. quick_check reads every page (tens of ms
+        per 1000 entries), so it runs only after a marker, never on a plain open.
+
+        A truncated file needs no check here: SQLite refuses a file shorter than its header
+        says on the first read (``_migrate`` reads page 1). The header is never read with
+        ``open()``: closing a second descriptor of the database file would drop this
+        process's POSIX locks on it, and other processes could then corrupt it."""
+        suspicion = self._marker_reason()
+        if suspicion is None:
+            return None
+        problem = self._quick_check()
+        if problem is None:
+            self._clear_marker()  # a stale marker: the file reads back whole
+            return None
+        return f"{suspicion}; {problem}"
+
+    def _quick_check(self, *, full: bool = False) -> str | None:
+        """The first problems ``PRAGMA quick_check`` (``integrity_check`` when ``full``)
+        reports, or None when it says ok."""
+        pragma = "integrity_check" if full else "quick_check"
+        try:
+            conn = self.connection()
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            rows = [r[0] for r in conn.execute(f"PRAGMA {pragma}(8)")]
+        except sqlite3.DatabaseError as exc:
+            if is_locked(exc):
+                raise
+            return f"{pragma} failed: {exc}"
+        return None if rows == ["ok"] else "; ".join(rows[:3])
+
+    @property
+    def _marker(self) -> Path:
+        return self.path.with_name(DB_NAME + ".damaged")
+
+    def _marker_reason(self) -> str | None:
+        try:
+            text = self._marker.read_text().strip()
+        except OSError:
+            return None
+        return f"a process saw damage: {text[:200]}"
+
+    def _clear_marker(self) -> None:
+        with contextlib.suppress(OSError):
+            self._marker.unlink()
+
+    def note_damage(self, exc: BaseException) -> None:
+        """Leave a marker after a read or write that found a damaged file, so the next open
+        (or ``verify --fix``) checks it and moves it aside; this process keeps running on
+        misses rather than replacing a file other processes have open."""
+        if self.read_only or not is_damage(exc):
+            return
+        old_umask = os.umask(0o077)
+        try:
+            self._marker.write_text(f"{time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {exc}\n")
+        except OSError:
+            pass
+        finally:
+            os.umask(old_umask)
+
+    def repair(self, reason: str, *, thorough: bool = False) -> dict[str, Any]:
+        """Move a damaged database file aside (kept, never deleted), start a new one and
+        copy into it every entry of the old file that still reads back intact.
+
+        Serialized by a file lock and re-checked under it: of several processes that find
+        the same damage, one moves the file and the others find the new store healthy.
+        ``thorough`` re-checks with ``integrity_check`` instead of ``quick_check``.
+        Returns ``{"moved_aside": path or None, "salvaged": n}``."""
+        from filelock import FileLock  # only on damage
+
+        with FileLock(str(self.path.with_name(DB_NAME + ".repair.lock")), mode=0o600, timeout=REPAIR_LOCK_TIMEOUT_S):
+            self._close_connection()
+            still = self._quick_check(full=thorough)
+            if still is None:  # healthy after all, or another process replaced it meanwhile
+                self._clear_marker()
+                return {"moved_aside": None, "salvaged": 0}
+            aside = self._move_aside(f"{reason}; {still}" if still and still not in reason else reason)
+            self._clear_marker()
+            self._migrate()
+            salvaged = self._salvage(aside)
+        if salvaged:
+            log.warning("plancache: copied %d intact entries from %s into the new store", salvaged, aside)
+        return {"moved_aside": str(aside), "salvaged": salvaged}
+
+    def _move_aside(self, reason: str) -> Path:
+        self._close_connection()
+        aside = self.path.with_name(f"{DB_NAME}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        log.warning("plancache: %s is unreadable (%s); moved it to %s and started a new store", self.path, reason, aside)
+        os.replace(self.path, aside)
+        for suffix in ("-wal", "-shm"):
+            side = Path(str(self.path) + suffix)
+            if side.exists():
+                os.replace(side, Path(str(aside) + suffix))
+        return aside
+
+    def _salvage(self, aside: Path) -> int:
+        """Copy the entries of a moved-aside file that read back whole, match their
+        checksum and their key into this (new) store; 0 when nothing can be read."""
+        try:
+            src = sqlite3.connect(f"file:{urllib.parse.quote(str(aside))}?mode=ro", uri=True, isolation_level=None)
+        except sqlite3.Error:
+            return 0
+        src.row_factory = sqlite3.Row
+        try:
+            entries = [e for e in _readable_entries(src) if problem(e) is None]
+        finally:
+            src.close()
+        for start in range(0, len(entries), 64):  # small transactions
+            with self.transaction() as tx:
+                tx.executemany(INSERT_SQL, [e.row() for e in entries[start : start + 64]])
+        return len(entries)
+

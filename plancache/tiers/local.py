@@ -1,0 +1,219 @@
+"""The local tier: this machine's SQLite store, seen by a cache that must never stall.
+
+Every failure of the store (busy, full, read-only, damaged, not even openable) is logged
+once, counted and turned into a miss or an unpersisted plan: the caller always gets a
+working plan. Reads never write. Hit counts are batched in memory and written by a
+background thread (and at close) without waiting: when another process holds the write
+lock, the batch is kept for the next try rather than stalling anyone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreError
+from ..store import Entry, Store, default_cache_dir
+
+__all__ = ["HIT_FLUSH_SECONDS", "LocalTier"]
+
+log = logging.getLogger("plancache")
+
+#: How often batched hit counts are written: last-used times feed eviction, which works in
+#: hours, so a minute of lag costs nothing.
+HIT_FLUSH_SECONDS = 30.0
+
+
+class LocalTier:
+    """``get``/``put`` of entries in the SQLite store of ``directory``.
+
+    ``warn(topic, message, *args)`` logs once per topic; ``count(name)`` bumps a counter
+    of the owning cache. A store that cannot be opened for a reason other than the
+    caller's configuration (a full disk, an I/O error) leaves the tier ``available``
+    False: plans still work, unpersisted, and the warning says why.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None,
+        *,
+        read_only: bool | None,
+        max_bytes: int | None,
+        warn: Callable[..., None],
+        count: Callable[[str], None],
+    ) -> None:
+        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        self.max_bytes = max_bytes
+        self._warn = warn
+        self._count = count
+        self.store: Store | None = None
+        try:
+            self.store = Store(self.directory, read_only=read_only)
+        except (CacheDirError, SchemaTooNewError):
+            raise  # the caller's configuration: a clear error, never a silent fallback
+        except (StoreError, OSError, sqlite3.Error) as exc:
+            count("store_errors")
+            warn("open", "plancache: cannot open the plan store in %s (%s); plans work but are not stored", self.directory, exc)
+        self._hits: dict[str, tuple[int, float]] = {}
+        self._hits_lock = threading.Lock()
+        self._flusher: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def available(self) -> bool:
+        return self.store is not None
+
+    @property
+    def read_only(self) -> bool:
+        return self.store is None or self.store.read_only
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, key: str, env_id: str | None = None) -> Entry | None:
+        """The whole entry under ``key``; the store's failures are misses. An entry that
+        cannot be decoded is a miss too, reported through ``damaged`` for quarantine."""
+        if self.store is None:
+            return None
+        try:
+            return self.store.get(key)
+        except DamagedEntryError:
+            raise
+        except (StoreError, sqlite3.Error, OSError) as exc:  # a damaged or busy store is a miss
+            self._count("store_errors")
+            self._warn("read", "plancache: reading %s failed (%s); treating as a miss", self.store.path, exc)
+            return None
+
+    def entries_of(self, env_id: str) -> list[str]:
+        """Keys stored for one environment, most recently used first ([] on failure)."""
+        if self.store is None:
+            return []
+        try:
+            rows = self.store.connection().execute(
+                "SELECT key FROM plans WHERE env_id = ? ORDER BY last_used_at DESC, key", (env_id,)
+            )
+            return [r[0] for r in rows]
+        except (StoreError, sqlite3.Error, OSError) as exc:
+            self._warn("read", "plancache: listing %s failed (%s)", self.store.path, exc)
+            return []
+
+    # ------------------------------------------------------------------ writes
+
+    def put(self, entry: Entry) -> bool:
+        """Store ``entry`` (evicting inside the same write when over ``max_bytes``);
+        False when it could not be stored (read-only, full, damaged: logged once)."""
+        if self.store is None or self.store.read_only:
+            return False
+        try:
+            evicted = self.store.put(entry, max_bytes=self.max_bytes)
+        except (StoreError, OSError, sqlite3.Error) as exc:
+            self._count("store_errors")
+            self._warn("write", "plancache: could not store plan %s (%s); it is used from memory only", entry.key[:12], exc)
+            return False
+        if evicted:
+            log.info("plancache: evicted %d least recently used plans to stay under %d bytes", evicted, self.max_bytes)
+        return True
+
+    def quarantine(self, key: str, judged: Entry | None, reason: str) -> None:
+        """Take the judged row out of service (matched by key, recorded checksum and
+        creation time); a row another process has since rewritten is left alone. None:
+        the row could not even be decoded, so the key's row is the judged one."""
+        if self.store is None or self.store.read_only:
+            return
+        identity = (judged.blob_sha256, judged.created_at) if judged is not None else None
+        try:
+            self.store.quarantine(key, reason, identity=identity)
+        except StoreError as exc:
+            self._warn("quarantine", "plancache: could not quarantine %s: %s", key[:12], exc)
+
+    def kernel_cache(self, env_id: str) -> bytes | None:
+        if self.store is None:
+            return None
+        try:
+            stored = self.store.get_kernel_cache(env_id)
+        except (StoreError, sqlite3.Error) as exc:
+            self._warn("kernel-cache", "plancache: cannot read the stored kernel cache: %s", exc)
+            return None
+        return stored[0] if stored is not None else None
+
+    def put_kernel_cache(self, env_id: str, blob: bytes) -> bool:
+        if self.store is None or self.store.read_only:
+            return False
+        try:
+            self.store.put_kernel_cache(env_id, blob, None)
+            return True
+        except (StoreError, sqlite3.Error) as exc:
+            self._warn("kernel-cache-write", "plancache: cannot store the kernel cache: %s", exc)
+            return False
+
+    # ------------------------------------------------------------------ hit counts
+
+    def note_hit(self, key: str) -> None:
+        """Count a hit in memory; a background thread writes the counts. Never blocks on
+        the store."""
+        now = time.time()
+        with self._hits_lock:
+            count, _ = self._hits.get(key, (0, 0.0))
+            self._hits[key] = (count + 1, now)
+            if self._flusher is None and self.store is not None and not self.store.read_only:
+                self._flusher = threading.Thread(target=self._flush_loop, name="plancache-hits", daemon=True)
+                self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(HIT_FLUSH_SECONDS):
+            self.flush(wait=False)
+
+    def flush(self, *, wait: bool = False) -> bool:
+        """Write batched hit counts. ``wait=False`` skips (keeping the batch) when another
+        process holds the write lock. Returns whether everything pending was written."""
+        with self._hits_lock:
+            pending, self._hits = self._hits, {}
+        if not pending or self.store is None or self.store.read_only:
+            return True
+        written = False
+        try:
+            written = self.store.record_hits(pending, wait=wait)
+        except (StoreError, sqlite3.Error, OSError) as exc:
+            self._warn("hits", "plancache: could not record hit counts: %s", exc)
+            return False
+        if not written:
+            self._merge_back(pending)
+        return written
+
+    def _merge_back(self, pending: Mapping[str, tuple[int, float]]) -> None:
+        with self._hits_lock:
+            for key, (count, used) in pending.items():
+                now_count, now_used = self._hits.get(key, (0, 0.0))
+                self._hits[key] = (count + now_count, max(used, now_used))
+
+    def bump_counters(self, deltas: Mapping[str, int]) -> None:
+        if self.store is None or self.store.read_only or not any(deltas.values()):
+            return
+        try:
+            self.store.bump_many(deltas)
+        except StoreError as exc:
+            self._warn("hits", "plancache: could not record counters: %s", exc)
+
+    def stats(self) -> dict[str, Any]:
+        if self.store is None:
+            return {"path": str(self.directory), "available": False}
+        return self.store.stats()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.flush(wait=False)
+        if self.store is not None:
+            self.store.close()
+
+    def after_fork(self) -> None:
+        """In a forked child: new locks, no flusher (threads do not survive a fork), and
+        none of the parent's pending counts (the parent writes those)."""
+        self._hits = {}
+        self._hits_lock = threading.Lock()
+        self._flusher = None
+        self._stop = threading.Event()

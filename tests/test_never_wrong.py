@@ -1,0 +1,340 @@
+"""Never a wrong plan: names, scratch memory, devices, alignment, data types, forks, and the
+cache's repair paths. Each test fails on a cache that gets its class of bug wrong, because
+the CPU test backend behaves like cuDNN where these bugs live (one-shot planning, scratch
+in the workspace, devices that differ, alignment that matters)."""
+
+from __future__ import annotations
+
+import os
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cudnn
+import pytest
+import torch
+from graphs import EXAMPLES, ConvBiasRelu, MatmulBiasRelu
+
+from plancache import PlanCache, PlanCacheError, Store, TensorMismatchError, TensorSpec
+from plancache.plan import TORCH_DTYPES, Plan
+from plancache.store import sha256
+from plancache.testing import CpuTestBackend
+
+MakeCache = Callable[..., PlanCache]
+
+
+def subtraction(lhs_name: str, rhs_name: str, lhs_uid: int = 1, rhs_uid: int = 2) -> Any:
+    """out = (uid 1) - (uid 2), the inputs named as the caller likes."""
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+    a = g.tensor(name=lhs_name, dim=[1, 4], stride=[4, 1], uid=lhs_uid, data_type=cudnn.data_type.FLOAT)
+    b = g.tensor(name=rhs_name, dim=[1, 4], stride=[4, 1], uid=rhs_uid, data_type=cudnn.data_type.FLOAT)
+    out = g.sub(a=a, b=b) if hasattr(g, "sub") else g.subtract(a, b)
+    out.set_output(True).set_uid(3).set_name("out").set_data_type(cudnn.data_type.FLOAT)
+    return g
+
+
+# ---------------------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("path", ["memory", "preload", "store"])
+def test_a_plan_speaks_the_names_of_the_graph_it_was_asked_for(make_cache: MakeCache, path: str) -> None:
+    first = make_cache()
+    first.get(subtraction("lhs", "rhs"))  # uid 1 is "lhs"
+    cache = first
+    if path != "memory":
+        first.close()
+        cache = make_cache()
+        if path == "preload":
+            assert cache.preload()["loaded"]
+    plan = cache.get(subtraction("rhs", "lhs"))  # the same graph, but uid 1 is now "rhs"
+    seven, zero, out = torch.full((1, 4), 7.0), torch.zeros(1, 4), torch.zeros(1, 4)
+    plan.execute({"rhs": seven, "lhs": zero, "out": out})  # uid 1 = 7, uid 2 = 0
+    assert torch.equal(out, torch.full((1, 4), 7.0)), "names were bound through another graph's table"
+
+
+def test_names_of_an_earlier_caller_are_refused(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    cache.get(subtraction("lhs", "rhs"))
+    plan = cache.get(subtraction("a", "b"))
+    with pytest.raises(TensorMismatchError, match="'lhs' is not a tensor of this plan"):
+        plan.execute({"lhs": torch.zeros(1, 4), "b": torch.zeros(1, 4), "out": torch.zeros(1, 4)})
+
+
+# ---------------------------------------------------------------------------- scratch
+
+
+def test_concurrent_launches_of_one_plan_never_share_scratch(cache: PlanCache) -> None:
+    spec = MatmulBiasRelu(m=32, k=32, n=32)
+    plan = cache.get(spec.graph())
+    wrong: list[int] = []
+    barrier = threading.Barrier(4)
+
+    def launch(seed: int) -> None:
+        barrier.wait()
+        for i in range(40):
+            pack = spec.tensors(seed=seed * 1000 + i)
+            plan.execute(pack)
+            if not torch.allclose(pack[spec.uids[-1]], spec.reference(pack), atol=1e-4, rtol=1e-4):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=launch, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == [], f"{len(wrong)} of 160 concurrent launches gave wrong results"
+
+
+def test_memory_holds_a_bounded_number_of_plans(make_cache: MakeCache) -> None:
+    cache = make_cache(max_plans=3)
+    plans = [cache.get(ConvBiasRelu(n=n).graph()) for n in range(1, 7)]
+    assert len(cache.memory) == 3 and cache.stats()["process"]["memory_evicted"] == 3
+    assert cache.get(ConvBiasRelu(n=1).graph()).source == "loaded"  # evicted from memory, still stored
+    assert all(p.native is not None for p in plans)
+
+
+def test_memory_plans_bound_comes_from_the_environment(make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLANCACHE_MEMORY_PLANS", "2")
+    assert make_cache().memory.capacity == 2
+    monkeypatch.setenv("PLANCACHE_MEMORY_PLANS", "0")
+    with pytest.raises(ValueError, match="PLANCACHE_MEMORY_PLANS"):
+        make_cache()
+
+
+# ---------------------------------------------------------------------------- devices
+
+
+def two_devices() -> CpuTestBackend:
+    return CpuTestBackend(devices=[{}, {"gpu_name": "CPU test device, smaller", "sm_count": 66}])
+
+
+def test_each_device_is_keyed_and_stored_under_its_own_environment(make_cache: MakeCache) -> None:
+    backend = two_devices()
+    cache = make_cache(backend=backend)  # created while device 0 is current
+    spec = EXAMPLES["conv_bias_relu"]
+    on_zero = cache.get(spec.graph())
+    backend.use_device(1)
+    on_one = cache.get(spec.graph())
+    assert on_one.key != on_zero.key and on_one.device == 1 and on_zero.device == 0
+    assert cache.key(spec.graph()).parts["environment"]["sm_count"] == 66
+    entry = cache.store.get(on_one.key)
+    assert entry is not None and entry.environment["gpu_name"] == "CPU test device, smaller"
+    assert on_one.source == "built"  # device 0's plan was not served for device 1
+
+
+def test_a_plan_launches_on_its_own_device_whatever_is_current(make_cache: MakeCache) -> None:
+    backend = two_devices()
+    cache = make_cache(backend=backend)
+    spec = EXAMPLES["conv_bias_relu"]
+    backend.use_device(1)
+    plan = cache.get(spec.graph())
+    backend.use_device(0)
+    pack = spec.tensors(seed=1)
+    plan.execute(pack)  # the backend refuses a launch on another device than the plan's
+    torch.testing.assert_close(pack[spec.uids[-1]], spec.reference(pack))
+
+
+def test_threads_on_two_devices_get_plans_of_their_own_device(make_cache: MakeCache) -> None:
+    backend = two_devices()
+    cache = make_cache(backend=backend)
+    seen: dict[int, Plan] = {}
+
+    def worker(device: int) -> None:
+        backend.use_device(device)
+        seen[device] = cache.get(EXAMPLES["causal_sdpa"].graph())
+
+    threads = [threading.Thread(target=worker, args=(d,)) for d in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (seen[0].device, seen[1].device) == (0, 1) and seen[0].key != seen[1].key
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_uses_no_state_of_its_parent(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    spec = EXAMPLES["conv_bias_relu"]
+    cache.get(spec.graph())
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh memory tier, its own store connection and locks
+        code = 1
+        try:
+            # No torch computation here: torch's CPU thread pool does not survive a fork.
+            plan = cache.get(spec.graph())
+            code = 0 if (plan.source == "loaded" and len(cache.memory) == 1) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+# ---------------------------------------------------------------------------- launch checks
+
+
+def test_a_misaligned_tensor_is_refused_before_launch(cache: PlanCache) -> None:
+    spec = MatmulBiasRelu()
+    plan = cache.get(spec.graph())
+    pack = spec.tensors(seed=3)
+    a = pack[spec.uids[0]]
+    storage = torch.empty(a.numel() + 8, dtype=a.dtype)
+    shifted = storage[1 : 1 + a.numel()].view(a.shape)  # 4 bytes off a 16-byte boundary
+    shifted.copy_(a)
+    pack[spec.uids[0]] = shifted
+    with pytest.raises(TensorMismatchError, match="16-byte alignment"):
+        plan.execute(pack)
+
+
+def test_every_frontend_data_type_has_a_dtype_check() -> None:
+    members = [m for m in dir(cudnn.data_type) if m.isupper() and m != "NOT_SET"]
+    assert sorted(f"data_type.{m}" for m in members) == sorted(TORCH_DTYPES)
+
+
+@pytest.mark.parametrize("cudnn_type", ["data_type.FP8_E8M0", "data_type.FP8_E5M3", "data_type.INT4", "data_type.FP4_E2M1"])
+def test_exotic_data_types_are_checked(cudnn_type: str) -> None:
+    spec = TensorSpec(uid=1, name="x", dims=(4, 8), strides=(8, 1), dtype=cudnn_type, is_output=False)
+    plan = Plan(key="k" * 64, backend=CpuTestBackend(), native=None, tensors=[spec], workspace_size=0,
+                engine=None, source="built", device=0)  # fmt: skip
+    with pytest.raises(TensorMismatchError, match="dtype"):
+        plan.check({1: torch.zeros(4, 8, dtype=torch.float32)})
+    packed = cudnn_type in ("data_type.INT4", "data_type.FP4_E2M1")
+    storage = getattr(torch, TORCH_DTYPES[cudnn_type][-1])
+    plan.check({1: torch.zeros(4, 4 if packed else 8, dtype=torch.uint8).view(storage)})  # 4-bit: two values a byte
+
+
+def test_execute_of_none_is_a_mismatch_error(cache: PlanCache) -> None:
+    plan = cache.get(EXAMPLES["conv_bias_relu"].graph())
+    with pytest.raises(TensorMismatchError, match="mapping"):
+        plan.execute(None)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- repair paths
+
+
+def test_a_failed_rebuild_leaves_the_callers_graph_unplanned_for_autotuning(
+    make_cache: MakeCache, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = EXAMPLES["matmul_bias_relu"]
+    first = make_cache()
+    first.get(spec.graph())
+    first.close()
+    db().execute("UPDATE plans SET blob = CAST('garbage' AS BLOB)")
+    backend = CpuTestBackend()
+
+    def rebuild_fails(graph: Any, engine: Any, options: Any) -> Any:
+        backend._plan_once(graph)  # planned, as cuDNN plans it, then the build fails
+        raise RuntimeError("CUDNN_STATUS_EXECUTION_FAILED")
+
+    monkeypatch.setattr(backend, "rebuild", rebuild_fails)
+    plan = make_cache(backend=backend).get(spec.graph())
+    assert plan.source == "built"  # autotuned on the caller's graph, still unplanned
+
+
+def test_a_candidate_that_fails_to_launch_in_the_first_pass_is_only_dropped(make_cache: MakeCache) -> None:
+    cache = make_cache(backend=CpuTestBackend(candidates=4, unlaunchable=[1]))
+    plan = cache.get(EXAMPLES["conv_bias_relu"].graph())
+    entry = cache.store.get(plan.key)
+    assert entry is not None
+    statuses = {c["index"]: c["status"] for c in entry.candidates}
+    assert statuses[1] == "failed" and "chosen" in statuses.values()
+
+
+def test_quarantine_takes_only_the_row_that_was_judged(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    plan = cache.get(EXAMPLES["conv_bias_relu"].graph())
+    store: Store = cache.store
+    judged = store.get(plan.key)
+    assert judged is not None
+    # Another process rebuilds the entry meanwhile: a new row under the same key.
+    judged.created_at += 1.0
+    judged.blob = judged.blob + b" "
+    judged.blob_sha256 = sha256(judged.blob)
+    store.put(judged)
+    old_identity = (sha256(judged.blob[:-1]), judged.created_at - 1.0)
+    assert store.quarantine(plan.key, "stale judgement", identity=old_identity) is False
+    assert store.get(plan.key) is not None and store.quarantined() == []
+
+
+def test_a_build_of_one_key_never_delays_a_hit_of_another(make_cache: MakeCache) -> None:
+    hot = EXAMPLES["conv_bias_relu"]
+    make_cache().get(hot.graph())  # stored
+    cache = make_cache(backend=CpuTestBackend(build_delay=0.5))
+    builder = threading.Thread(target=cache.get, args=(MatmulBiasRelu(m=16).graph(),))
+    builder.start()
+    time.sleep(0.1)  # the other key is autotuning now
+    started = time.perf_counter()
+    cache.get(hot.graph())
+    waited = time.perf_counter() - started
+    builder.join()
+    assert waited < 0.2, f"a hit waited {waited:.2f} s for another key's build"
+
+
+def test_lock_files_go_with_their_builds(cache: PlanCache) -> None:
+    for n in range(1, 6):
+        cache.get(ConvBiasRelu(n=n).graph())
+    assert list((cache.directory / "locks").iterdir()) == []
+
+
+def test_a_closed_cache_says_so(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    cache.close()
+    with pytest.raises(PlanCacheError, match="closed"):
+        cache.get(EXAMPLES["conv_bias_relu"].graph())
+    with pytest.raises(PlanCacheError, match="closed"):
+        cache.store.connection()
+
+
+def test_a_full_disk_at_open_gives_working_unpersisted_plans_and_moves_nothing(
+    make_cache: MakeCache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = EXAMPLES["conv_bias_relu"]
+    first = make_cache()
+    first.get(spec.graph())
+    first.close()
+    before = sorted(p.name for p in cache_dir.iterdir())
+
+    def full(self: Store) -> None:
+        import sqlite3
+
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(Store, "_migrate", full)
+    cache = make_cache()
+    plan = cache.get(spec.graph())
+    assert plan.source == "built" and cache.counters["unpersisted"] == 1
+    assert "cannot open the plan store" in caplog.text
+    monkeypatch.undo()
+    assert sorted(p.name for p in cache_dir.iterdir() if not p.name.startswith("plans.db-")) == [
+        n for n in before if not n.startswith("plans.db-")
+    ], "a healthy store was moved aside"
+    assert make_cache().get(EXAMPLES["conv_bias_relu"].graph()).source == "loaded"  # nothing lost
+
+
+def test_eviction_happens_inside_the_write_and_keeps_the_new_entry(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    plans = [cache.get(ConvBiasRelu(n=n).graph()) for n in range(1, 5)]
+    store: Store = cache.store
+    sizes = {p.key: len(store.get(p.key).blob) for p in plans}  # type: ignore[union-attr]
+    assert store.total_size() == sum(sizes.values())  # tracked by the database itself
+    newest = store.get(plans[-1].key)
+    assert newest is not None
+    evicted = store.put(newest, max_bytes=sizes[plans[-1].key] + 1)
+    assert evicted == 3 and store.keys() == [plans[-1].key]
+    assert store.total_size() == sizes[plans[-1].key]
+
+
+def test_a_graph_the_backend_planned_cannot_be_planned_again(cache: PlanCache) -> None:
+    graph = EXAMPLES["conv_bias_relu"].graph()
+    cache.get(graph)
+    other = PlanCache(cache.directory / "other", backend=CpuTestBackend())
+    try:
+        with pytest.raises(Exception, match="already planned"):
+            other.get(graph)  # a planned pygraph is frozen, as in cuDNN
+    finally:
+        other.close()
+
+
+
