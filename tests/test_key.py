@@ -250,15 +250,26 @@ def test_not_a_graph_and_empty_graph_are_refused() -> None:
         describe(cudnn.pygraph(io_data_type=DT.FLOAT))
 
 
-def test_attribute_without_stable_text_is_refused() -> None:
+def test_callable_attribute_is_refused_unless_tagged() -> None:
+    # A score_mod's repr says nothing about what it computes (softcap 30 or 50): it cannot
+    # be keyed, so it is refused, naming the node and the parameter, unless the caller tags it.
     spec = CausalSdpa(scale_by_value=False)
-    g = cudnn.pygraph(io_data_type=DT.HALF, compute_data_type=DT.FLOAT)
-    q, k, v = (g.tensor(name=n, dim=spec.qkv_dims, stride=row_major(spec.qkv_dims), uid=u) for n, u in zip("qkv", (1, 2, 3)))
-    o, _ = g.sdpa(q, k, v, attn_scale=0.5, score_mod=lambda graph, score: score, name="sdpa")
-    o.set_output(True).set_uid(4)
-    with pytest.raises(InvalidGraphError, match="memory address") as info:
-        describe(g)
+
+    def graph() -> Any:
+        g = cudnn.pygraph(io_data_type=DT.HALF, compute_data_type=DT.FLOAT)
+        q, k, v = (g.tensor(name=n, dim=spec.qkv_dims, stride=row_major(spec.qkv_dims), uid=u) for n, u in zip("qkv", (1, 2, 3)))
+        o, _ = g.sdpa(q, k, v, attn_scale=0.5, score_mod=lambda graph, score: score, name="sdpa")
+        o.set_output(True).set_uid(4)
+        return g
+
+    with pytest.raises(InvalidGraphError, match="node 'sdpa' param 'score_mod' is a callable") as info:
+        describe(graph())
     assert info.value.node == "sdpa"
+    assert info.value.reason == "callable without tag"
+    tagged = describe(graph(), tag="identity/v1")
+    assert tagged == describe(graph(), tag="identity/v1")
+    assert tagged != describe(graph(), tag="identity/v2")
+    assert tagged["tag"] == "identity/v1"
 
 
 def test_tensor_table_lists_the_variant_pack() -> None:
