@@ -32,14 +32,28 @@ def _cudnn() -> Any:
     return cudnn
 
 
-def _builder_outputs(cudnn: Any, kind: str) -> set[str] | None:
-    """The output ports a builder creates itself (None: all of them)."""
+def _op_table(cudnn: Any, kind: str) -> tuple[str, Mapping[str, Any]] | None:
+    """cuDNN Frontend's (builder name, spec) of a node type, when it has a table entry."""
     fe = getattr(cudnn, "_pygraph", None)
     node_type = getattr(getattr(cudnn, "graph_types", None), "NodeType", None)
     member = getattr(node_type, kind, None) if node_type is not None else None
-    captured = getattr(fe, "_CAPTURED_BY_TYPE", {}).get(member) if member is not None else None
-    if captured is not None:
-        return set(captured[1].get("outputs", ()))
+    if member is None:
+        return None
+    entry = getattr(fe, "_CAPTURED_BY_TYPE", {}).get(member) or getattr(fe, "_STRUCTURED_BY_TYPE", {}).get(member)
+    return entry if isinstance(entry, tuple) else None
+
+
+def _builder_name(cudnn: Any, kind: str) -> str:
+    """The pygraph builder of a node type: ``LAYERNORM_BWD`` is built by ``layernorm_backward``."""
+    entry = _op_table(cudnn, kind)
+    return str(entry[0]) if entry is not None else kind.lower()
+
+
+def _builder_outputs(cudnn: Any, kind: str) -> set[str] | None:
+    """The output ports a builder creates itself (None: all of them)."""
+    entry = _op_table(cudnn, kind)
+    if entry is not None and "out_kwargs" in entry[1]:
+        return set(entry[1].get("outputs", ()))
     return _BUILDER_OUTPUTS.get(kind)
 
 
@@ -83,7 +97,8 @@ def _decode(value: Any, cudnn: Any, tensors: Mapping[str, Any]) -> Any:
     if isinstance(value, str) and value.count(".") == 1:
         # describe writes enums as "TypeName.MEMBER"; only names cuDNN defines decode.
         type_name, member = value.split(".")
-        enum_type = getattr(cudnn, type_name, None)
+        # some enums (convolution_mode) live only in the compiled module
+        enum_type = getattr(cudnn, type_name, None) or getattr(getattr(cudnn, "_compiled_module", None), type_name, None)
         if isinstance(enum_type, type) and hasattr(enum_type, member):
             return getattr(enum_type, member)
     return value
@@ -190,7 +205,7 @@ class _Replayer:
         elif kind == "MATMUL":
             method, args = self.graph.matmul, [inputs["A"], inputs["B"]]
         else:
-            method, args = getattr(self.graph, kind.lower(), None), []
+            method, args = getattr(self.graph, _builder_name(self.cudnn, kind), None), []
             kwargs.update(self._gather_lists(inputs, params))
             kwargs.update(inputs)
             made = _builder_outputs(self.cudnn, kind)
