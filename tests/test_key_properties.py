@@ -251,3 +251,47 @@ def test_pairs_within_a_family_are_distinct_descriptions_not_just_digests() -> N
     texts = [canonical_json(describe(v.build(), tag=v.tag)) for v in distinct]
     for (a, ta), (b, tb) in itertools.combinations(zip(distinct, texts), 2):
         assert ta != tb, (a.label, b.label)
+
+
+# ---------------------------------------------------------------------------- the GPU oracle's logic
+
+
+def _oracle() -> Any:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "key_oracle.py"
+    spec = importlib.util.spec_from_file_location("key_oracle", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["key_oracle"] = module  # its dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_oracle_flags_exactly_the_pairs_cudnn_separates_and_plancache_does_not() -> None:
+    oracle = _oracle()
+    R = oracle.Result
+    results = [
+        R("f", "a", ours="1", ours_after="1", theirs="x"),
+        R("f", "b", ours="1", ours_after="1", theirs="y"),  # cuDNN apart, plancache alike: a collision
+        R("f", "c", ours="2", ours_after="2", theirs="x"),  # cuDNN alike, plancache apart: over-separated
+        R("f", "d", ours="3", ours_after="4", theirs="z"),  # the key changed once built: unstable
+        R("f", "e", ours="5", stage="cudnn", error="rejected"),  # skipped
+    ]
+    report = oracle.compare("f", results)
+    assert report.variants == 5 and report.compared_pairs == 6
+    assert report.collisions == [("a", "b")]
+    assert report.cudnn_distinct_pairs == 5 and report.over_separated_pairs == 1
+    assert report.unstable == ["d"]
+    assert report.skipped == [("e", "cudnn", "rejected")]
+
+
+def test_the_oracle_survives_variants_it_cannot_build() -> None:
+    # Without a GPU every variant stops at cuDNN; the run goes on and says nothing compared.
+    oracle = _oracle()
+    result = oracle.run_variant(FAMILIES["matmul"].variants()[0])
+    assert result.ours is not None and not result.ok and result.stage == "cudnn"
+    broken = dataclasses.replace(FAMILIES["matmul"].variants()[0], builder=lambda g, p: 1 / 0)
+    assert oracle.run_variant(broken).stage == "build"
+    assert oracle.main(["matmul"]) == 2
