@@ -338,7 +338,7 @@ class _Encoder:
 
     def __init__(self, tag: str | None, keying: bool) -> None:
         self.tag = tag
-        self.keying = keying  # tensor_table walks without keying values (callables are fine there)
+        self.keying = keying  # tensor_table walks the graph without keying node parameters
         self.ids: dict[int, str] = {}  # id(tensor) -> canonical id
         self.order: list[Any] = []  # tensors in order of first appearance
         self.counts = {"v": 0, "c": 0}
@@ -427,7 +427,7 @@ class _Encoder:
         if isinstance(v, (list, tuple)):
             return [self.value(x, where) for x in v]
         if callable(v):
-            if not self.keying or self.tag is not None:
+            if self.tag is not None:
                 return {"callable": True}  # the caller's tag, in the description, stands for it
             raise _refuse(
                 f"{_text(where)} is a callable ({getattr(v, '__qualname__', type(v).__name__)}): its behaviour cannot be keyed; "
@@ -502,7 +502,8 @@ class _Describer(_Encoder):
             "compute_data_type": _dtype(compute, ("node", name, "compute_data_type", None)),
             "inputs": inputs,
             "outputs": outputs,
-            "params": {k: value(v, ("node", name, "param", k)) for k, v in node.params.items()},
+            # (the tensor table needs no parameters: it neither encodes nor refuses them)
+            "params": {k: value(v, ("node", name, "param", k)) for k, v in node.params.items()} if self.keying else {},
         }
         if not vars(node).keys() <= _NODE_ATTRS_KNOWN:
             description.update(self.extras(node, _NODE_ATTRS_KNOWN, "node", name, "attribute"))

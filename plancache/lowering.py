@@ -37,7 +37,8 @@ class Lowering:
 
     ``mode``: ``"attrs"`` (only user-assigned dims/strides reach cuDNN), ``"push_dims"``
     (dims always, strides when user-assigned), ``"push_all"`` (dims and strides always),
-    ``"raw"`` (unknown to plancache: everything as it is, plus the assigned flags).
+    ``"raw"`` (unknown to plancache: everything as it is, plus the assigned flags),
+    ``"caller"`` (not an op output: a tensor lowered whole, like a graph input).
     ``direct``: output ports lowered as caller tensors (the captured ops' ``out_kwargs``).
     """
 
@@ -48,6 +49,8 @@ class Lowering:
 
 
 def lowering(node_type: Any) -> Lowering:
+    """How a node type's outputs reach cuDNN. Memoized by id: NodeType members are immortal
+    (and kept alive here), and an Enum member hashes slowly for a per-lookup path."""
     low = _LOWERINGS.get(id(node_type))
     if low is None:
         low = _LOWERINGS[id(node_type)] = _lowering_of(node_type)
