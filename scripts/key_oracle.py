@@ -4,6 +4,7 @@
     python scripts/key_oracle.py                        # every family of tests/key_families.py
     python scripts/key_oracle.py sdpa conv_dgrad        # some families
     python scripts/key_oracle.py --json out.json        # also write every result as JSON ("-": stdout)
+    python scripts/key_oracle.py --isolate              # each family in its own process (a crash skips one family)
     python scripts/key_oracle.py --list                 # the families and their variants (no GPU)
 
 For each variant that keeps its family's names, uids and tensor creation order, it builds
@@ -18,8 +19,10 @@ before the backend validates and plans that very object, which may be keyed agai
 key must not change (the backend reports its own layouts back into the graph); a change is
 reported as unstable.
 
-Exit status: 0 when nothing collided and no key was unstable, 1 otherwise, 2 when no pair
-could be compared (no GPU, or cuDNN rejected everything).
+Exit status: 0 when nothing collided and no key was unstable; 1 on a collision (whatever
+else); 3 when keys were unstable but nothing collided (a cache miss, never a wrong plan:
+see the known limits in docs/key.md); 2 when no pair could be compared (no GPU, or cuDNN
+rejected everything).
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections import Counter
@@ -114,6 +119,31 @@ def run_variant(variant: Variant) -> Result:
     return result
 
 
+def family_results(name: str, verbose: bool) -> list[Result]:
+    """Every comparable variant of a family, run in this process."""
+    results = []
+    for variant in (v for v in FAMILIES[name].variants() if v.comparable):
+        result = run_variant(variant)
+        results.append(result)
+        if verbose:
+            state = "ok" if result.ok else f"skipped at {result.stage}: {result.error[:160]}"
+            print(f"  {variant.id}: {state} ({result.seconds * 1000:.0f} ms)", flush=True)
+    return results
+
+
+def family_results_isolated(name: str, verbose: bool) -> list[Result]:
+    """The same in a child process: a crash inside cuDNN (or a sticky CUDA error) costs
+    this family only; its variants are then recorded as skipped at "crashed"."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "results.json"
+        command = [sys.executable, str(Path(__file__).resolve()), name, "--json", str(out)] + (["-v"] if verbose else [])
+        child = subprocess.run(command, capture_output=not verbose, text=True, check=False)
+        if out.exists():
+            return [Result(**r) for r in json.loads(out.read_text())["results"][name]]
+    error = f"the child process died (exit {child.returncode})"
+    return [Result(name, v.label, stage="crashed", error=error) for v in FAMILIES[name].variants() if v.comparable]
+
+
 def compare(family: str, results: list[Result]) -> FamilyReport:
     report = FamilyReport(family, variants=len(results))
     done = [r for r in results if r.ok]
@@ -148,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help='write every result as JSON to PATH ("-": stdout)')
     parser.add_argument("--list", action="store_true", help="list the families and their variants, then exit")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every variant as it runs")
+    parser.add_argument("--isolate", action="store_true", help="run each family in its own process")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.families) - set(FAMILIES))
     if unknown:
@@ -166,14 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     reports: list[FamilyReport] = []
     all_results: dict[str, list[Result]] = {}
     for name in names:
-        variants = [v for v in FAMILIES[name].variants() if v.comparable]
-        results = []
-        for variant in variants:
-            result = run_variant(variant)
-            results.append(result)
-            if args.verbose:
-                state = "ok" if result.ok else f"skipped at {result.stage}: {result.error[:160]}"
-                print(f"  {variant.id}: {state} ({result.seconds * 1000:.0f} ms)", flush=True)
+        results = (family_results_isolated if args.isolate else family_results)(name, args.verbose)
         all_results[name] = results
         report = compare(name, results)
         reports.append(report)
@@ -224,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if pairs == 0:
         print("key oracle: no pair could be compared (is there a GPU? did cuDNN reject every variant?)")
         return 2
-    return 1 if collisions or unstable else 0
+    return 1 if collisions else 3 if unstable else 0
 
 
 if __name__ == "__main__":

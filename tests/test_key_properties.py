@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 import struct
 import sys
@@ -287,11 +288,16 @@ def test_the_oracle_flags_exactly_the_pairs_cudnn_separates_and_plancache_does_n
     assert report.skipped == [("e", "cudnn", "rejected")]
 
 
-def test_the_oracle_survives_variants_it_cannot_build() -> None:
+def test_the_oracle_survives_variants_it_cannot_build(tmp_path: Any) -> None:
     # Without a GPU every variant stops at cuDNN; the run goes on and says nothing compared.
     oracle = _oracle()
     result = oracle.run_variant(FAMILIES["matmul"].variants()[0])
     assert result.ours is not None and not result.ok and result.stage == "cudnn"
     broken = dataclasses.replace(FAMILIES["matmul"].variants()[0], builder=lambda g, p: 1 / 0)
     assert oracle.run_variant(broken).stage == "build"
-    assert oracle.main(["matmul"]) == 2
+    out = tmp_path / "oracle.json"
+    assert oracle.main(["matmul", "reshape", "--json", str(out)]) == 2
+    payload = json.loads(out.read_text())
+    comparable = sum(v.comparable for name in ("matmul", "reshape") for v in FAMILIES[name].variants())
+    assert payload["summary"]["variants"] == payload["summary"]["skipped"] == comparable
+    assert payload["summary"]["collisions"] == 0 and set(payload["results"]) == {"matmul", "reshape"}
