@@ -1,12 +1,18 @@
 """What determines a plan, and the key that names it.
 
 ``describe(graph)`` turns a ``cudnn.pygraph`` into a canonical, JSON-serializable
-description without touching the GPU: it reads the graph's public structure (``context``,
-``nodes``, ``tensors``), never calls into cuDNN, and drops everything that cannot change
-the plan (tensor and node names). ``make_key`` hashes that description together with the
-environment fingerprint and the build options.
+description without touching the GPU. It covers what the pygraph hands to cuDNN *by
+construction*: every field of every tensor (``dataclasses.fields(Tensor)``), every
+attribute of every node, every graph-level keyword argument and data type, and the graph
+attributes that steer planning. What cannot change a plan is on explicit deny lists below,
+each with its reason; a field or value plancache does not know how to key exactly is
+refused with ``InvalidGraphError`` instead of being dropped. ``make_key`` hashes that
+description together with the environment fingerprint and the build options.
 
-Pure: no cuDNN, torch or CUDA import. Never uses Python's ``hash()``.
+docs/key.md describes what the key covers and what plancache refuses.
+
+Pure: imports neither cuDNN nor torch (it reads the modules a pygraph's caller already
+imported, from ``sys.modules``, when it needs them). Never uses Python's ``hash()``.
 """
 
 from __future__ import annotations
@@ -17,14 +23,21 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import InvalidGraphError
+from .lowering import Lowering, inferred_shapes, lowering, row_major
 
 __all__ = [
+    "GRAPH_KWARGS_DENIED",
     "KEY_FORMAT",
+    "NODE_ATTRS_DENIED",
+    "NODE_ATTRS_KEYED",
+    "TENSOR_FIELDS_DENIED",
+    "TENSOR_FIELDS_KEYED",
     "BuildOptions",
     "CacheKey",
     "TensorSpec",
@@ -32,16 +45,15 @@ __all__ = [
     "describe",
     "environment_id",
     "make_key",
+    "mark_shared_kernel_cache",
     "tensor_table",
 ]
 
 #: Bumped whenever the description or key layout changes, so old entries become misses.
-KEY_FORMAT = 2
+KEY_FORMAT = 3
 
 POLICIES = ("heuristic", "topk", "exhaustive")
 HEURISTIC_MODES = ("A", "B", "FALLBACK")
-
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,12 @@ def _options_dict(options: BuildOptions) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One non-virtual tensor of a plan: what ``Plan.execute`` checks before launching."""
+    """One non-virtual tensor of a plan: what ``Plan.execute`` checks before launching.
+
+    ``alignment``: bytes the data pointer must be aligned to. cuDNN Frontend's graph API
+    declares every tensor 16-byte aligned to cuDNN, so that is the default (and what a
+    table stored before the field existed means).
+    """
 
     uid: int
     name: str
@@ -100,6 +117,7 @@ class TensorSpec:
     dtype: str | None
     is_output: bool
     is_pass_by_value: bool = False
+    alignment: int = 16
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -117,6 +135,7 @@ class TensorSpec:
             dtype=data.get("dtype"),
             is_output=bool(data["is_output"]),
             is_pass_by_value=bool(data.get("is_pass_by_value", False)),
+            alignment=int(data.get("alignment", 16)),
         )
 
 
@@ -157,233 +176,595 @@ def make_key(description: Mapping[str, Any], environment: Mapping[str, Any], opt
     return CacheKey(digest=_sha256(parts), parts=parts)
 
 
+# ---------------------------------------------------------------------------- what is keyed
+
+#: Fields of ``cudnn.graph_types.Tensor`` that enter the description. ``dim``/``stride``
+#: enter as cuDNN receives them: a graph input's always; an op output's when the
+#: pygraph pushes them at lowering (user-assigned ones, which ``dim_assigned`` /
+#: ``stride_assigned`` record, and the ones captured and shape-ambiguous ops always
+#: push). ``uid`` names a caller tensor (``u<uid>``); ``uid_assigned`` must hold for it.
+TENSOR_FIELDS_KEYED = frozenset({
+    "data_type", "dim", "stride", "dim_assigned", "stride_assigned", "is_virtual", "is_pass_by_value",
+    "pass_by_value", "uid", "uid_assigned", "reordering_type", "ragged_offset", "ragged_offset_multiplier",
+    "alignment_value", "scalar_type",
+})  # fmt: skip
+
+#: Fields of a tensor that cannot change a plan, and why. (Also denied, per tensor kind:
+#: the raw uid number of a virtual tensor or a graph-held scalar, which the pygraph
+#: allocates in creation order and which the caller never binds: those tensors are
+#: numbered by first appearance in the node walk instead.)
+TENSOR_FIELDS_DENIED: dict[str, str] = {
+    "name": "a label: plans bind tensors by uid, and renaming changes no computation",
+    "owner": "a weak reference to the owning pygraph, not a property of the tensor",
+}
+
+#: Attributes of ``cudnn.nodes.Node`` that enter the description (any attribute a later
+#: cuDNN Frontend adds is keyed too, exactly, or refused).
+NODE_ATTRS_KEYED = frozenset({"node_type", "compute_data_type", "inputs", "outputs", "params"})
+
+NODE_ATTRS_DENIED: dict[str, str] = {"name": "a label: node names change no computation"}
+
+#: Keyword arguments the pygraph forwards to the backend graph that cannot change a plan.
+GRAPH_KWARGS_DENIED: dict[str, str] = {
+    "name": "a label of the graph",
+    "kernel_cache": "an object whose identity is per process: only whether the caller attached one is keyed",
+    "handle": "a cuDNN handle binds a device and stream, not a plan (the environment keys the device)",
+}
+
+# Graph attributes that are keyed by name (below) or are planning state plancache owns.
+_GRAPH_KWARGS_KNOWN = frozenset({
+    "is_dynamic_shape_enabled", "is_override_shape_enabled", "sm_count", "sm_version", "device_property",
+    "cuda_graph_retention", *GRAPH_KWARGS_DENIED,
+})  # fmt: skip
+_GRAPH_PUBLIC_KNOWN = frozenset({"is_cuda_graph_replay_expected"})
+_NODE_ATTRS_KNOWN = NODE_ATTRS_KEYED | frozenset(NODE_ATTRS_DENIED)
+_TENSOR_FIELDS_KNOWN = TENSOR_FIELDS_KEYED | frozenset(TENSOR_FIELDS_DENIED)
+_CONTEXT_DTYPES = ("io_data_type", "intermediate_data_type", "compute_data_type")
+
+# Attention nodes whose softmax Stats validate() makes FLOAT when the caller left it unset.
+_FLOAT_STATS_NODES = frozenset({"SDPA", "SDPA_FP8", "SDPA_MXFP8"})
+
+# A string that reads like describe's enum spelling ("Type.MEMBER") is wrapped, so a
+# string and an enum never describe alike.
+_ENUM_LIKE = re.compile(r"[A-Za-z_]\w*\.[A-Za-z_]\w*")
+
+# Tensor-valued attributes are keyed by their bytes; past this size they are refused
+# rather than bloating every key (cuDNN takes scalars there).
+_MAX_ARRAY_BYTES = 1 << 16
+
+# Kernel caches a plancache backend attached (kept alive here, so ids stay unique).
+_SHARED_KERNEL_CACHES: dict[int, Any] = {}
+
+
+def mark_shared_kernel_cache(cache: Any) -> None:
+    """Record a kernel cache that plancache itself attaches to graphs it builds.
+
+    Attaching it happens after the graph was keyed (``BuildOptions.kernel_cache`` keys that
+    choice), so the graph must key alike before and after: describe treats this cache as
+    no caller-attached cache.
+    """
+    _SHARED_KERNEL_CACHES[id(cache)] = cache
+
+
+def _refuse(message: str, node: str | None = None, reason: str = "unkeyable attribute") -> InvalidGraphError:
+    return InvalidGraphError(message, node=node, reason=reason)
+
+
+#: Where a value sits, formatted only when something is refused (describe runs on every
+#: lookup): ``(kind, name, label, field)``, e.g. ``("node", "sdpa", "param", "score_mod")``.
+Where = tuple[str, Any, str, Any]
+
+
+def _text(where: Where) -> str:
+    kind, name, label, name2 = where
+    head = f"{kind} {name!r}" if name is not None else kind
+    tail = f" {label} {name2!r}" if name2 is not None else f" {label}" if label else ""
+    return head + tail
+
+
+# ---------------------------------------------------------------------------- values
+
+
+@functools.lru_cache(maxsize=256)
+def _string(value: str) -> Any:
+    return {"str": value} if _ENUM_LIKE.fullmatch(value) else value
+
+
+def _array(value: Any, where: Where) -> dict[str, Any]:
+    """A torch tensor or numpy value, exactly: library, dtype, shape and raw bytes."""
+    module = type(value).__module__.split(".")[0]
+    if module == "torch":
+        flat = value.detach().to("cpu").contiguous().reshape(-1)
+        data = flat.view(sys.modules["torch"].uint8).numpy().tobytes()
+        shape, dtype = list(value.shape), str(value.dtype)
+    else:  # numpy array or numpy scalar
+        array = sys.modules["numpy"].asarray(value)
+        data, shape, dtype = array.tobytes(), list(array.shape), array.dtype.str
+    if len(data) > _MAX_ARRAY_BYTES:
+        raise _refuse(f"{_text(where)} is a {len(data)}-byte array; plancache keys only small arrays exactly")
+    return {"array": {"lib": module, "dtype": dtype, "shape": shape, "hex": data.hex()}}
+
+
+def _dtype(value: Any, where: Where) -> str | None:
+    """A data type as the cuDNN enum name: torch dtypes are mapped as cuDNN Frontend maps
+    them at lowering (``datatypes._library_type``), so both spellings key alike."""
+    # By id: enum members and torch dtypes are immortal singletons (only those are
+    # memoized), and an id hashes much faster than an Enum member does.
+    name = _DTYPES.get(id(value), _MISSING)
+    return _dtype_slow(value, where) if name is _MISSING else name
+
+
+def _dtype_slow(value: Any, where: Where) -> str | None:
+    if isinstance(value, enum.Enum):
+        name = f"{type(value).__name__}.{value.name}"
+    elif type(value).__module__ == "torch":
+        try:
+            from cudnn.datatypes import _library_type  # the caller's graph imported cudnn already
+
+            converted = _library_type(value)
+        except Exception as exc:
+            raise _refuse(
+                f"{_text(where)} has data type {value}, which cuDNN has no type for", reason="unsupported dtype"
+            ) from exc
+        name = f"{type(converted).__name__}.{converted.name}"
+    else:
+        raise _refuse(f"{_text(where)} has data type {value!r} of type {type(value).__name__}; plancache cannot key it")
+    if len(_DTYPES) < 256:
+        _DTYPES[id(value)] = name
+        _DTYPE_OBJECTS.append(value)  # keeps the id taken
+    return name
+
+
+_MISSING: Any = object()
+_DTYPES: dict[int, str | None] = {id(None): None}
+_DTYPE_OBJECTS: list[Any] = []
+
+
+def _ints(values: Iterable[Any] | None, where: Where) -> list[int]:
+    out = list(values or ())
+    for i, v in enumerate(out):
+        if type(v) is not int:
+            if isinstance(v, bool) or not hasattr(v, "__index__"):
+                raise _refuse(f"{_text(where)} holds {v!r}, not an integer")
+            out[i] = int(v)
+    return out
+
+
 # ---------------------------------------------------------------------------- describe
 
 
-def _tensors_of(graph: Any) -> list[Any]:
-    """Every tensor of the graph, each once (by identity).
+class _Encoder:
+    """Names a graph's tensors canonically and encodes attribute values exactly."""
 
-    ``graph.tensors`` is keyed by name, and pygraph drops a name that two tensors share
-    from it (names are labels; duplicates are legal). Such tensors would then be missing
-    from the key and the variant pack, so the nodes' ports are walked as well.
-    """
-    tensors = getattr(graph, "tensors", None)
-    if not isinstance(tensors, Mapping):
-        raise InvalidGraphError(
-            f"expected a cudnn.pygraph, got {type(graph).__name__}: it has no 'tensors' mapping",
-            node=None,
-            reason="not a pygraph",
-        )
-    found: dict[int, Any] = {}
-    pending = list(tensors.values())
-    for node in getattr(graph, "nodes", []):
-        pending += [t for t in node.inputs.values() if t is not None]
-        pending += [t for t in node.outputs.values() if t is not None]
-    while pending:
-        t = pending.pop(0)
-        if id(t) in found:
-            continue
-        found[id(t)] = t
-        ragged = getattr(t, "ragged_offset", None)
-        if ragged is not None:
-            pending.append(ragged)
-    return list(found.values())
+    def __init__(self, tag: str | None, keying: bool) -> None:
+        self.tag = tag
+        self.keying = keying  # tensor_table walks the graph without keying node parameters
+        self.ids: dict[int, str] = {}  # id(tensor) -> canonical id
+        self.order: list[Any] = []  # tensors in order of first appearance
+        self.counts = {"v": 0, "c": 0}
+        self.uid_names: dict[int, str] = {}
+        self.tensor_type = getattr(sys.modules.get("cudnn.graph_types"), "Tensor", None)
+        self.node_name: str | None = None  # the node being described, for error messages
+
+    # ------------------------------------------------------------------ naming
+    def ref(self, t: Any) -> str:
+        tid = self.ids.get(id(t))
+        return tid if tid is not None else self._name(t)
+
+    def _name(self, t: Any) -> str:
+        if t.pass_by_value is not None and t.scalar_type is not None:
+            # A scalar the graph holds itself (graph.tensor_scalar): lowered by value, its
+            # auto uid never binds anything, so it is named by position like a virtual.
+            tid = f"c{self.counts['c']}"
+            self.counts["c"] += 1
+        elif t.is_virtual:
+            tid = f"v{self.counts['v']}"
+            self.counts["v"] += 1
+        else:
+            if not t.uid_assigned:
+                raise _refuse(
+                    f"tensor {t.name!r} has no uid: call set_uid() (or pass uid=) on every input and output tensor, "
+                    "since stored plans execute by uid",
+                    node=self.node_name,
+                    reason="missing uid",
+                )
+            uid = int(t.uid)
+            other = self.uid_names.get(uid)
+            if other is not None:
+                raise _refuse(f"tensors {other!r} and {t.name!r} share uid {uid}", reason="duplicate uid")
+            self.uid_names[uid] = t.name
+            tid = f"u{uid}"
+        self.ids[id(t)] = tid
+        self.order.append(t)
+        return tid
+
+    def is_tensor(self, value: Any) -> bool:
+        t = type(value)
+        return t is self.tensor_type if self.tensor_type is not None else hasattr(value, "is_virtual") and hasattr(value, "uid")
+
+    # ------------------------------------------------------------------ values
+    def value(self, v: Any, where: Where) -> Any:
+        """An exact, canonical JSON form of an attribute value, or a refusal."""
+        t = type(v)
+        if v is None or t is bool or t is int:
+            return v
+        if t is float:
+            return v if math.isfinite(v) else {"float": repr(v)}
+        if t is str:
+            return _string(v)
+        if t is list or t is tuple:
+            out = list(v)
+            for i, x in enumerate(out):
+                tx = type(x)
+                if not (tx is int or tx is bool or x is None):
+                    out[i] = self.value(x, where)
+            return out
+        if t is self.tensor_type:
+            return {"tensor": self.ref(v)}
+        return self._value_slow(v, where)
+
+    def _value_slow(self, v: Any, where: Where) -> Any:
+        if isinstance(v, enum.Enum):
+            return f"{type(v).__name__}.{v.name}"
+        if self.is_tensor(v):
+            return {"tensor": self.ref(v)}
+        if type(v).__module__.split(".")[0] in ("torch", "numpy") and hasattr(v, "dtype"):
+            return _array(v, where)
+        if isinstance(v, slice):
+            return {"slice": [self.value(v.start, where), self.value(v.stop, where), self.value(v.step, where)]}
+        if isinstance(v, bool):
+            return bool(v)
+        if isinstance(v, int):
+            return int(v)
+        if isinstance(v, float):
+            return self.value(float(v), where)
+        if isinstance(v, str):
+            return _string(str(v))
+        if isinstance(v, Mapping):
+            if not all(isinstance(k, str) for k in v):
+                raise _refuse(f"{_text(where)} is a mapping with non-string keys; plancache cannot key it")
+            return {"dict": {k: self.value(x, where) for k, x in v.items()}}
+        if isinstance(v, (list, tuple)):
+            return [self.value(x, where) for x in v]
+        if callable(v):
+            if self.tag is not None:
+                return {"callable": True}  # the caller's tag, in the description, stands for it
+            raise _refuse(
+                f"{_text(where)} is a callable ({getattr(v, '__qualname__', type(v).__name__)}): its behaviour cannot be keyed; "
+                "pass describe(graph, tag=...) with a tag that changes whenever the callable does",
+                node=self.node_name,
+                reason="callable without tag",
+            )
+        raise _refuse(f"{_text(where)} is a {type(v).__name__}, which plancache cannot key exactly", node=self.node_name)
+
+    def extras(self, obj: Any, known: frozenset[str], kind: str, name: Any, label: str) -> dict[str, Any]:
+        """Attributes a later cuDNN Frontend may add: keyed exactly, never dropped."""
+        attrs = vars(obj)
+        if attrs.keys() <= known:
+            return {}
+        return {f"x:{k}": self.value(attrs[k], (kind, name, label, k)) for k in sorted(attrs.keys() - known)}
+
+    def tensor_extras(self, t: Any) -> dict[str, Any]:
+        # Checked per class once (dataclasses.fields), then per instance by count only:
+        # an instance gains an attribute only when someone sets one that is not a field.
+        cls = type(t)
+        fields = _FIELD_COUNT.get(cls)
+        if fields is None:
+            fields = _FIELD_COUNT[cls] = _field_count(cls)
+        if fields < 0 or len(vars(t)) > fields:
+            return self.extras(t, _TENSOR_FIELDS_KNOWN, "tensor", t.name, "field")
+        return {}
 
 
-def _data_type(tensor: Any) -> Any:
-    # A tensor may hold a torch dtype; get_data_type() gives the cuDNN enum, so both
-    # spellings key alike and Plan can check the caller's dtype.
-    getter = getattr(tensor, "get_data_type", None)
-    return getter() if callable(getter) else tensor.data_type
+class _Describer(_Encoder):
+    """One walk over a pygraph: describes its nodes, tensors, data types and flags."""
 
-
-def _graph_flags(graph: Any) -> dict[str, Any]:
-    # These are constructor arguments that the pygraph keeps only in the keyword arguments
-    # it forwards to the backend graph; each can change which plans cuDNN proposes.
-    kwargs = getattr(graph, "_cpp_graph_kwargs", None) or {}
-    device_property = kwargs.get("device_property")
-    return {
-        "dynamic_shape": bool(kwargs.get("is_dynamic_shape_enabled", False)),
-        "override_shape": bool(kwargs.get("is_override_shape_enabled", False)),
-        "sm_count": _scalar(kwargs.get("sm_count"), "graph sm_count"),
-        "sm_version": _scalar(kwargs.get("sm_version"), "graph sm_version"),
-        # A device-property object has no stable text; its serialized JSON does.
-        "device_property": str(device_property.serialize()) if device_property is not None else None,
-    }
-
-
-def _scalar(value: Any, where: str) -> Any:
-    """A canonical JSON scalar for an attribute value; refuses what is not stable."""
-    if value is None or isinstance(value, (bool, int, str)):
-        if isinstance(value, str) and _ADDRESS.search(value):
-            raise InvalidGraphError(f"{where} holds a memory address ({value!r}); it cannot be keyed", node=None, reason="unstable attribute")
-        return value
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return repr(value)
-        return value
-    if isinstance(value, enum.Enum):
-        return f"{type(value).__name__}.{value.name}"
-    text = str(value)
-    if _ADDRESS.search(text):
-        raise InvalidGraphError(
-            f"{where} is a {type(value).__name__} whose text holds a memory address; plancache cannot key it",
-            node=None,
-            reason="unstable attribute",
-        )
-    return text
-
-
-class _Describer:
-    def __init__(self, graph: Any) -> None:
+    def __init__(self, graph: Any, tag: str | None, *, keying: bool = True) -> None:
+        tensors = getattr(graph, "tensors", None)
+        if not isinstance(tensors, Mapping) or not hasattr(graph, "nodes"):
+            raise _refuse(
+                f"expected a cudnn.pygraph, got {type(graph).__name__}: it has no 'tensors' mapping", reason="not a pygraph"
+            )
+        super().__init__(tag, keying)
         self.graph = graph
-        self.tensors = _tensors_of(graph)
-        self.ids: dict[int, str] = {}  # id(tensor object) -> canonical id
-        self.virtual_count = 0
-        self.produced: set[int] = set()
-        self.float_stats: set[int] = set()  # SDPA Stats outputs: validate() makes them FLOAT
+        self.context = getattr(graph, "context", None) or _NO_CONTEXT
+        self.roles: dict[int, tuple[str, Lowering]] = {}  # id(op output) -> (port, how it lowers)
+        self.produced: set[int] = set()  # ids of every tensor some node outputs
+        self.float_stats: set[int] = set()  # attention Stats outputs: validate() makes them FLOAT
+        self.shapes: dict[int, tuple[list[int], list[int]]] | None = None
 
-    def tensor_id(self, tensor: Any) -> str:
-        key = id(tensor)
-        if key not in self.ids:
-            if tensor.is_virtual:
-                self.ids[key] = f"v{self.virtual_count}"
-                self.virtual_count += 1
-            else:
-                if not getattr(tensor, "uid_assigned", True):
-                    raise InvalidGraphError(
-                        f"tensor {tensor.name!r} has no uid: call set_uid() (or pass uid=) on every "
-                        "input and output tensor, since stored plans execute by uid",
-                        node=None,
-                        reason="missing uid",
-                    )
-                self.ids[key] = f"u{int(tensor.uid)}"
-        return self.ids[key]
-
-    def value(self, value: Any, where: str) -> Any:
-        if hasattr(value, "is_virtual") and hasattr(value, "uid"):
-            return {"tensor": self.tensor_id(value)}
-        if isinstance(value, Mapping):
-            return {str(k): self.value(v, f"{where}.{k}") for k, v in value.items()}
-        if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-            return [self.value(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        return _scalar(value, where)
-
+    # ------------------------------------------------------------------ nodes
     def node(self, node: Any) -> dict[str, Any]:
-        where = f"node {node.name!r}"
-        try:
-            outputs = {port: (self.tensor_id(t) if t is not None else None) for port, t in node.outputs.items()}
-            inputs = {port: (self.tensor_id(t) if t is not None else None) for port, t in node.inputs.items()}
-            params = self.value(dict(node.params), f"{where} param")
-        except InvalidGraphError as exc:
-            raise InvalidGraphError(f"{where}: {exc.message}", node=node.name, reason=exc.fields.get("reason")) from exc
-        for t in node.outputs.values():
-            if t is not None:
-                self.produced.add(id(t))
-        node_type = getattr(node, "node_type", None)
-        stats = node.outputs.get("Stats")
-        if stats is not None and getattr(node_type, "name", None) in ("SDPA", "SDPA_FP8", "SDPA_MXFP8"):
-            self.float_stats.add(id(stats))
-        return {
-            "type": node_type.name if isinstance(node_type, enum.Enum) else str(node_type),
-            "compute_data_type": _scalar(getattr(node, "compute_data_type", None), where),
+        name = self.node_name = node.name
+        kind = node.node_type
+        if not isinstance(kind, enum.Enum):
+            raise _refuse(f"node {name!r} has node type {kind!r}, which is not a NodeType", node=name)
+        kind_name = kind._name_  # Enum.name is a slow descriptor; this runs per node per lookup
+        low = lowering(kind)
+        ref = self.ref
+        inputs = {port: (ref(t) if t is not None else None) for port, t in node.inputs.items()}
+        outputs: dict[str, str | None] = {}
+        for port, t in node.outputs.items():
+            if t is None:
+                outputs[port] = None
+                continue
+            outputs[port] = ref(t)
+            self.produced.add(id(t))
+            # An output the caller passes in (attention's out_kwargs) lowers like an input.
+            if id(t) not in self.roles and port not in low.direct:
+                self.roles[id(t)] = (port, low)
+            if port == "Stats" and kind_name in _FLOAT_STATS_NODES:
+                self.float_stats.add(id(t))
+        value = self.value
+        compute = node.compute_data_type
+        description = {
+            "type": kind_name,
+            "compute_data_type": _dtype(compute, ("node", name, "compute_data_type", None)),
             "inputs": inputs,
             "outputs": outputs,
-            "params": params,
+            # (the tensor table needs no parameters: it neither encodes nor refuses them)
+            "params": {k: value(v, ("node", name, "param", k)) for k, v in node.params.items()} if self.keying else {},
         }
+        if not vars(node).keys() <= _NODE_ATTRS_KNOWN:
+            description.update(self.extras(node, _NODE_ATTRS_KNOWN, "node", name, "attribute"))
+        self.node_name = None
+        return description
 
-    def tensor(self, tensor: Any) -> dict[str, Any]:
-        ragged = getattr(tensor, "ragged_offset", None)
-        # validate() and build_operation_graph() fill in what the caller left unset on op
-        # outputs (dims, strides, data types), and the backend plans the graph after it was
-        # keyed: describe only what the caller set, so the same graph object keys alike
-        # before and after. What inference adds follows from the rest of the description.
-        produced = id(tensor) in self.produced
-        dims = tensor.dim if not produced or getattr(tensor, "dim_assigned", True) else None
-        strides = tensor.stride if not produced or getattr(tensor, "stride_assigned", True) else None
-        data_type = _data_type(tensor)
-        if data_type is None:  # as validate() fills it in
-            context = getattr(self.graph, "context", None)
-            if id(tensor) in self.float_stats:
-                data_type = "data_type.FLOAT"
+    # ------------------------------------------------------------------ tensors
+    def effective_dtype(self, t: Any) -> str | None:
+        """The data type cuDNN gets: the tensor's, or the one validate() fills in."""
+        data_type = t.data_type
+        if data_type is None:
+            if id(t) in self.float_stats:
+                return "data_type.FLOAT"
+            data_type = self.context.intermediate_data_type if t.is_virtual else self.context.io_data_type
+        return _dtype(data_type, ("tensor", t.name, "", None))
+
+    def shape(self, t: Any, low: Lowering, port: str) -> tuple[list[int], list[int]]:
+        """The dims and strides validate() leaves on a pushed output (inferred if unset)."""
+        if not t.dim or (port in low.reinfer and not t.dim_assigned):
+            if self.shapes is None:
+                self.shapes = inferred_shapes(list(self.graph.nodes)) or {}
+            if id(t) in self.shapes:
+                return self.shapes[id(t)]
+        dims = _ints(t.dim, ("tensor", t.name, "dim", None))
+        strides = _ints(t.stride, ("tensor", t.name, "stride", None))
+        return dims, strides or row_major(dims)
+
+    def tensor(self, t: Any) -> dict[str, Any]:
+        tid = self.ids[id(t)]
+        if tid[0] == "c":  # lowered as graph.tensor_scalar(value, scalar_type): nothing else
+            entry: dict[str, Any] = {
+                "scalar": self.value(t.pass_by_value, ("tensor", t.name, "value", None)),
+                "scalar_type": self.value(t.scalar_type, ("tensor", t.name, "scalar_type", None)),
+                "is_virtual": False,
+                "is_output": False,
+            }
+            entry.update(self.tensor_extras(t))
+            return entry
+        port, low = self.roles.get(id(t), _CALLER)
+        mode = low.mode
+        dim: list[int] | None
+        strides: list[int] | None
+        if mode == "caller":  # lowered as a tensor of its own (_make_tensor): all of it
+            dim = _ints(t.dim, ("tensor", t.name, "dim", None))
+            strides = _ints(t.stride, ("tensor", t.name, "stride", None))
+        elif mode == "attrs":
+            dim = _ints(t.dim, ("tensor", t.name, "dim", None)) if t.dim_assigned and t.dim else None
+            strides = _ints(t.stride, ("tensor", t.name, "stride", None)) if t.stride_assigned and t.stride else None
+        elif mode == "raw":
+            dim = _ints(t.dim, ("tensor", t.name, "dim", None))
+            strides = _ints(t.stride, ("tensor", t.name, "stride", None))
+        else:
+            dims, inferred = self.shape(t, low, port)
+            dim = dims or None
+            if mode == "push_all":
+                strides = inferred or None
             else:
-                fill = "intermediate_data_type" if tensor.is_virtual else "io_data_type"
-                data_type = getattr(context, fill, None)
-        return {
-            "dim": [int(d) for d in (dims or [])],
-            "stride": [int(s) for s in (strides or [])],
-            "dtype": _scalar(data_type, f"tensor {tensor.name!r}"),
-            "is_virtual": bool(tensor.is_virtual),
-            "is_pass_by_value": bool(getattr(tensor, "is_pass_by_value", False)),
-            "is_output": (not tensor.is_virtual) and id(tensor) in self.produced,
-            "value": self.value(getattr(tensor, "pass_by_value", None), f"tensor {tensor.name!r}"),
-            "ragged_offset": self.tensor_id(ragged) if ragged is not None else None,
-            "reordering_type": _scalar(getattr(tensor, "reordering_type", None), f"tensor {tensor.name!r}"),
-            "alignment": _scalar(getattr(tensor, "alignment_value", None), f"tensor {tensor.name!r}"),
+                strides = _ints(t.stride, ("tensor", t.name, "stride", None)) if t.stride_assigned and t.stride else None
+        entry = {
+            "dim": dim,
+            "stride": strides,
+            "dtype": self.effective_dtype(t),
+            "is_virtual": bool(t.is_virtual),
+            "is_output": id(t) in self.produced and not t.is_virtual,
         }
+        if mode == "raw":
+            entry["dim_assigned"], entry["stride_assigned"] = bool(t.dim_assigned), bool(t.stride_assigned)
+        # The rest only when set: a fixed default is as exact as the value, and shorter.
+        if t.is_pass_by_value:
+            entry["is_pass_by_value"] = True
+        if t.pass_by_value is not None:
+            entry["pass_by_value"] = self.value(t.pass_by_value, ("tensor", t.name, "pass_by_value", None))
+        if t.scalar_type is not None:
+            entry["scalar_type"] = self.value(t.scalar_type, ("tensor", t.name, "scalar_type", None))
+        if t.reordering_type is not None:
+            entry["reordering_type"] = self.value(t.reordering_type, ("tensor", t.name, "reordering_type", None))
+        if t.ragged_offset is not None:
+            entry["ragged_offset"] = self.ref(t.ragged_offset)
+        if t.ragged_offset_multiplier != 1:
+            entry["ragged_offset_multiplier"] = self.value(
+                t.ragged_offset_multiplier, ("tensor", t.name, "ragged_offset_multiplier", None)
+            )
+        if t.alignment_value != 1:
+            entry["alignment_value"] = self.value(t.alignment_value, ("tensor", t.name, "alignment_value", None))
+        entry.update(self.tensor_extras(t))
+        return entry
+
+    # ------------------------------------------------------------------ graph
+    def walk(self) -> list[dict[str, Any]]:
+        """Name every tensor (nodes first, in order) and describe the nodes."""
+        nodes = [self.node(n) for n in self.graph.nodes]
+        if not nodes:
+            raise _refuse("the graph has no operations", reason="empty graph")
+        # Caller tensors no node touches still take part in the variant pack: name them
+        # too. Untouched virtual tensors and graph-held scalars are never lowered.
+        registered = getattr(self.graph, "_tensor_by_uid", None)
+        for t in (registered if isinstance(registered, Mapping) else self.graph.tensors).values():
+            if id(t) not in self.ids and not t.is_virtual and not (t.pass_by_value is not None and t.scalar_type is not None):
+                self.ref(t)
+        i = 0
+        while i < len(self.order):  # ragged offsets hang off tensors, not ports; they bind too
+            ragged = self.order[i].ragged_offset
+            if ragged is not None:
+                self.ref(ragged)
+            i += 1
+        return nodes
+
+    def flags(self) -> dict[str, Any]:
+        graph = self.graph
+        kwargs = getattr(graph, "_cpp_graph_kwargs", None) or {}
+        value = self.value
+        device_property = kwargs.get("device_property")
+        kernel_cache = kwargs.get("kernel_cache")
+        shared = kernel_cache is not None and _SHARED_KERNEL_CACHES.get(id(kernel_cache)) is kernel_cache
+        flags = {
+            "dynamic_shape": bool(kwargs.get("is_dynamic_shape_enabled", False)),
+            "override_shape": bool(kwargs.get("is_override_shape_enabled", False)),
+            "sm_count": value(kwargs.get("sm_count"), ("graph", None, "sm_count", None)),
+            "sm_version": value(kwargs.get("sm_version"), ("graph", None, "sm_version", None)),
+            "device_property": _device_property(device_property) if device_property is not None else None,
+            "cuda_graph_retention": value(kwargs.get("cuda_graph_retention"), ("graph", None, "cuda_graph_retention", None)),
+            # whether the caller brought a kernel cache (plancache's own shared one is keyed
+            # by BuildOptions.kernel_cache)
+            "kernel_cache": kernel_cache is not None and not shared,
+            # python engines' heuristics may lead with another plan when replay is expected
+            "cuda_graph_replay": bool(getattr(graph, "is_cuda_graph_replay_expected", False)),
+        }
+        if not kwargs.keys() <= _GRAPH_KWARGS_KNOWN:  # forwarded to the backend graph as they are
+            for k in sorted(kwargs.keys() - _GRAPH_KWARGS_KNOWN):
+                flags[f"kw:{k}"] = value(kwargs[k], ("graph", None, "keyword argument", k))
+        for k in _public_attributes(graph):
+            flags[f"attr:{k}"] = value(getattr(graph, k), ("graph", None, "attribute", k))
+        # Engine and note filters set on the graph before planning restrict the candidates.
+        # (Its workspace limit is not keyed: plancache sets it from BuildOptions.workspace_limit.)
+        barred = getattr(graph, "_barred_names", None)
+        if barred:
+            flags["deselected_engines"] = sorted(value(list(barred), ("graph", None, "deselect_engines", None)))
+        notes = getattr(graph, "_note_filters", None)
+        if notes:
+            flags["note_filters"] = [value(list(n), ("graph", None, "note filter", None)) for n in notes]
+        return flags
+
+    def context_description(self) -> dict[str, Any]:
+        context = self.context
+        out = {}
+        for name in _CONTEXT_DTYPES:
+            data_type = getattr(context, name, None)
+            out[name] = _dtype(data_type, ("graph", None, name, None))
+        if not vars(context).keys() <= _CONTEXT_KNOWN:
+            out.update(self.extras(context, _CONTEXT_KNOWN, "graph", None, "context field"))
+        return out
 
     def describe(self) -> dict[str, Any]:
-        context = getattr(self.graph, "context", None)
-        nodes = [self.node(n) for n in getattr(self.graph, "nodes", [])]
-        if not nodes:
-            raise InvalidGraphError("the graph has no operations", node=None, reason="empty graph")
-        # Tensors that no node touches still take part in the variant pack; name them too.
-        for t in self.tensors:
-            self.tensor_id(t)
-        uids: dict[str, str] = {}
-        for t in self.tensors:
-            tid = self.ids[id(t)]
-            if tid.startswith("u") and tid in uids:
-                message = f"tensors {uids[tid]!r} and {t.name!r} share uid {tid[1:]}"
-                raise InvalidGraphError(message, node=None, reason="duplicate uid")
-            uids[tid] = t.name
-        tensors = {self.ids[id(t)]: self.tensor(t) for t in self.tensors}
-        return {
-            "context": {
-                "io_data_type": _scalar(getattr(context, "io_data_type", None), "context"),
-                "intermediate_data_type": _scalar(getattr(context, "intermediate_data_type", None), "context"),
-                "compute_data_type": _scalar(getattr(context, "compute_data_type", None), "context"),
-            },
-            "flags": _graph_flags(self.graph),
-            "nodes": nodes,
-            "tensors": tensors,
-        }
+        nodes = self.walk()
+        tensors = {self.ids[id(t)]: self.tensor(t) for t in self.order}
+        description = {"context": self.context_description(), "flags": self.flags(), "nodes": nodes, "tensors": tensors}
+        if self.tag is not None:
+            description["tag"] = self.tag
+        return description
 
 
-def describe(graph: Any) -> dict[str, Any]:
+_CALLER = ("", Lowering("caller"))
+_CONTEXT_KNOWN = frozenset(_CONTEXT_DTYPES)
+_FIELD_COUNT: dict[type, int] = {}
+
+
+def _field_count(cls: type) -> int:
+    """How many attributes an instance of a tensor class may carry, or -1 when its class
+    has a field plancache does not know (then every instance is checked attribute by
+    attribute, and the unknown field keyed exactly)."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(cls):
+        return -1
+    names = {f.name for f in dataclasses.fields(cls)}
+    return len(names) if names <= _TENSOR_FIELDS_KNOWN else -1
+
+
+_PUBLIC_ATTRIBUTES: dict[tuple[str, ...], list[str]] = {}
+
+
+def _public_attributes(graph: Any) -> list[str]:
+    """A graph's public attributes beyond the known ones (keyed exactly if any appear);
+    memoized by attribute layout, since describe runs on every lookup."""
+    names = tuple(vars(graph))
+    found = _PUBLIC_ATTRIBUTES.get(names)
+    if found is None:
+        found = sorted(k for k in names if not k.startswith("_") and k not in _GRAPH_PUBLIC_KNOWN)
+        if len(_PUBLIC_ATTRIBUTES) < 64:
+            _PUBLIC_ATTRIBUTES[names] = found
+    return found
+
+
+class _NoContext:
+    io_data_type = intermediate_data_type = compute_data_type = None
+
+
+_NO_CONTEXT = _NoContext()
+
+
+def _device_property(device_property: Any) -> str:
+    data = device_property.serialize()
+    if isinstance(data, str):
+        return data
+    if isinstance(data, (bytes, bytearray)):
+        return bytes(data).hex()
+    if isinstance(data, list) and all(type(b) is int and 0 <= b < 256 for b in data):
+        return bytes(data).hex()
+    raise _refuse(f"graph device_property serializes to a {type(data).__name__}; plancache cannot key it")
+
+
+def describe(graph: Any, tag: str | None = None) -> dict[str, Any]:
     """The canonical description of a ``cudnn.pygraph``: needs no GPU.
 
-    Every node's type, compute type, ports and parameters; every tensor's uid, dims,
-    strides, data type and flags; the graph's data types and dynamic-shape flag. Tensors
-    and nodes are named by uid (virtual tensors by order of appearance), so renaming
-    changes nothing while any change that can alter the plan changes the result.
+    Every node's type, compute type, ports, parameters (exactly: floats to the bit,
+    tensors by dtype, shape and bytes) and any other attribute; every tensor's fields as
+    cuDNN receives them; the graph's data types, keyword arguments and planning flags.
+    Tensors and nodes are named by uid (virtual tensors and graph-held scalars by order of
+    appearance), so renaming or creating tensors in another order changes nothing, while
+    any change that can alter the plan changes the result. The description of a graph is
+    the same before and after ``validate()`` (inferred dims are computed, not read).
 
-    Raises ``InvalidGraphError`` for a tensor without a uid, two tensors sharing a uid,
-    an empty graph, or an attribute that has no stable text form.
+    ``tag``: a graph holding a callable (an attention ``score_mod``, say) is refused,
+    since nothing about a function's behaviour can be keyed; pass a tag naming what the
+    callable does (``"softcap=30/v2"``) and it enters the description in the callable's
+    stead. The tag must change whenever the callable's behaviour does, or a stored plan
+    of the old behaviour is served.
+
+    Raises ``InvalidGraphError`` for a caller tensor without a uid, two tensors sharing a
+    uid, an empty graph, a callable without a tag, or a value plancache cannot key exactly.
     """
-    return _Describer(graph).describe()
+    if tag is not None and not isinstance(tag, str):
+        raise TypeError(f"tag must be a string, not {type(tag).__name__}")
+    return _Describer(graph, tag).describe()
 
 
 def tensor_table(graph: Any) -> list[TensorSpec]:
-    """The non-virtual tensors of a graph, by uid: what a plan's variant pack holds."""
-    describer = _Describer(graph)
-    describer.describe()  # validates uids and fills describer.produced
-    # An output whose data type was never set takes the graph's io data type.
-    io_type = _scalar(getattr(getattr(graph, "context", None), "io_data_type", None), "context")
+    """The non-virtual tensors of a graph, by uid: what a plan's variant pack holds.
+
+    Graph-held scalars (``graph.tensor_scalar``) are not listed: the graph embeds their
+    value and fills their slot itself, so the caller passes nothing for them.
+    """
+    describer = _Describer(graph, None, keying=False)
+    describer.walk()  # names (and checks) every tensor, records which are outputs
     table = []
-    for t in describer.tensors:
-        if t.is_virtual:
+    for t in describer.order:
+        tid = describer.ids[id(t)]
+        if tid[0] != "u":
             continue
-        data_type = _data_type(t)
+        data_type = t.data_type
+        if data_type is None:  # an unset data type takes the graph's io data type
+            data_type = describer.context.io_data_type
         table.append(
             TensorSpec(
                 uid=int(t.uid),
                 name=str(t.name),
-                dims=tuple(int(d) for d in (t.dim or [])),
-                strides=tuple(int(s) for s in (t.stride or [])),
-                dtype=_scalar(data_type, t.name) if data_type is not None else io_type,
+                dims=tuple(int(d) for d in (t.dim or ())),
+                strides=tuple(int(s) for s in (t.stride or ())),
+                dtype=_dtype(data_type, ("tensor", t.name, "", None)),
                 is_output=id(t) in describer.produced,
-                is_pass_by_value=bool(getattr(t, "is_pass_by_value", False)),
+                is_pass_by_value=bool(t.is_pass_by_value),
             )
         )
     return sorted(table, key=lambda spec: spec.uid)

@@ -85,6 +85,10 @@ def _evaluate(description: Mapping[str, Any], values: dict[str, Any]) -> dict[st
     """Evaluate a canonical description on CPU in float32; ``values`` maps tensor ids to tensors."""
     torch = _torch()
     functional = torch.nn.functional
+    for tid, spec in description["tensors"].items():  # scalars the graph holds itself
+        if tid.startswith("c"):
+            scalar = spec["scalar"]
+            values[tid] = float(scalar["float"]) if isinstance(scalar, dict) else scalar
 
     def get(ref: str | None) -> Any:
         if ref is None:

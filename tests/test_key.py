@@ -174,6 +174,139 @@ def test_key_is_the_same_in_a_subprocess_with_another_hash_seed() -> None:
         assert json.loads(result.stdout) == expected
 
 
+# ---------------------------------------------------------------------------- what cuDNN receives
+
+
+def _family_variant(family: str, label: str) -> Any:
+    from key_families import FAMILIES
+
+    return next(v for v in FAMILIES[family].variants() if v.label == label)
+
+
+def _family_key(family: str, label: str) -> str:
+    variant = _family_variant(family, label)
+    return make_key(describe(variant.build(), tag=variant.tag), ENV, BuildOptions()).digest
+
+
+@pytest.mark.parametrize(
+    ("family", "labels"),
+    [
+        ("conv_dgrad", ["base", "dx=15"]),  # dX 16x16 vs 15x15 from the same 8x8 loss, stride 2
+        ("conv_wgrad", ["base", "r=4"]),  # 3x3 vs 4x4 filters
+        ("reduction", ["base", "out=[2, 1, 64]", "out=[1, 1, 1]"]),  # [B,M,1] vs [B,1,N] vs [1,1,1]
+        ("conv_reduction", ["base", "out=[2, 16, 1, 1]"]),  # over channels vs over H, W
+        ("reshape", ["base", "out=[16, 16]"]),  # [2,128] vs [16,16]
+    ],
+)
+def test_output_dims_the_op_pushes_to_cudnn_are_keyed(family: str, labels: list[str]) -> None:
+    # out_dims= sets an op output's dims without marking them assigned, yet the pygraph
+    # pushes them to cuDNN for these ops: they decide what the graph computes.
+    keys = [_family_key(family, label) for label in labels]
+    assert len(set(keys)) == len(keys)
+
+
+def test_key_is_the_same_before_and_after_validate_when_validate_infers_pushed_dims() -> None:
+    variant = _family_variant("conv_dgrad", "chain=True,via='infer'")
+    graph = variant.build()
+    before = describe(graph)
+    with contextlib.suppress(Exception):  # lowering needs a GPU; inference runs first
+        graph.validate()
+    assert list(graph.nodes[-1].outputs["DX"].dim) == [2, 4, 15, 15]
+    assert describe(graph) == before
+
+
+def test_tensor_valued_scalar_attributes_are_keyed_exactly() -> None:
+    # str(torch.tensor(0.10004)) is "tensor(0.1000)": the old text key collided.
+    a = _family_key("pointwise_scalars", "scalars={'negative_slope': ('torch', 0.1, 'float32')}")
+    b = _family_key("pointwise_scalars", "scalars={'negative_slope': ('torch', 0.10004, 'float32')}")
+    c = _family_key("pointwise_scalars", "scalars={'negative_slope': ('torch', 0.1, 'float64')}")
+    assert len({a, b, c}) == 3
+
+
+def test_ragged_offset_multiplier_is_keyed() -> None:
+    keys = [_family_key("sdpa_ragged", label) for label in ("base", "multiplier=2", "o_multiplier=2")]
+    assert len(set(keys)) == 3
+
+
+def test_scalar_type_of_a_graph_held_scalar_is_keyed() -> None:
+    assert _family_key("graph_scalar", "base") != _family_key("graph_scalar", "scalar_type='RUNTIME_PARAM'")
+
+
+def test_graph_held_scalars_need_no_uid_and_stay_out_of_the_tensor_table() -> None:
+    # graph.tensor_scalar() is the usual idiom: the pygraph gives the scalar an automatic
+    # uid and embeds its value; the caller binds nothing for it.
+    graph = _family_variant("graph_scalar", "base").build()
+    description = describe(graph)
+    assert description["tensors"]["c0"] == {
+        "scalar": 0.5, "scalar_type": "scalar_type.COMPILE_TIME_CONST", "is_virtual": False, "is_output": False,
+    }  # fmt: skip
+    assert [spec.uid for spec in tensor_table(graph)] == [1, 2]
+    # A runtime pass-by-value tensor the caller creates with a uid stays in the table.
+    caller = _family_variant("graph_scalar", "scalar='caller'").build()
+    table = {spec.uid: spec for spec in tensor_table(caller)}
+    assert set(table) == {1, 2, 5} and table[5].is_pass_by_value
+
+
+def test_graph_held_scalar_values_key_by_value_and_type() -> None:
+    labels = ["base", "value=0.25", "value=0.5000001", "value=2.0", "value=2", "value=-0.0", "value=0.0"]
+    keys = [_family_key("graph_scalar", label) for label in labels]
+    assert len(set(keys)) == len(keys)
+
+
+def test_torch_dtypes_in_the_graph_context_key_like_cudnn_ones_before_and_after_validate() -> None:
+    import torch
+
+    def graph(io: Any, intermediate: Any, compute: Any) -> Any:
+        g = cudnn.pygraph(io_data_type=io, intermediate_data_type=intermediate, compute_data_type=compute)
+        a = g.tensor(name="A", dim=[1, 4, 8], stride=[32, 8, 1], uid=1)
+        b = g.tensor(name="B", dim=[1, 8, 2], stride=[16, 2, 1], uid=2)
+        g.relu(g.matmul(a, b, name="mm"), name="relu").set_output(True).set_uid(3)
+        return g
+
+    torch_graph = graph(torch.bfloat16, torch.float32, torch.float32)
+    before = describe(torch_graph)
+    assert before == describe(graph(DT.BFLOAT16, DT.FLOAT, DT.FLOAT))
+    with contextlib.suppress(Exception):  # fills the tensors' data types with torch dtypes
+        torch_graph.validate()
+    assert describe(torch_graph) == before
+
+
+def test_a_kernel_cache_the_caller_attached_is_keyed_but_not_plancaches_own() -> None:
+    from plancache.key import mark_shared_kernel_cache
+
+    spec = MatmulBiasRelu(dynamic=True)
+    plain = describe(spec.graph())
+    own = spec.graph()
+    own._cpp_graph_kwargs["kernel_cache"] = object()  # as cudnn.pygraph(kernel_cache=...) stores it
+    assert describe(own) != plain and describe(own)["flags"]["kernel_cache"] is True
+    shared = object()
+    mark_shared_kernel_cache(shared)
+    attached = spec.graph()
+    before = describe(attached)
+    attached._cpp_graph_kwargs["kernel_cache"] = shared  # what the backend does after keying
+    assert describe(attached) == before == plain
+
+
+def test_device_properties_are_keyed_by_their_serialized_form() -> None:
+    from key_families import FakeDeviceProperties
+
+    def graph(sm_count: int) -> Any:
+        g = MatmulBiasRelu().graph()
+        g._cpp_graph_kwargs["device_property"] = FakeDeviceProperties(sm_count)
+        return g
+
+    assert describe(graph(132)) == describe(graph(132))
+    assert describe(graph(132)) != describe(graph(114)) != describe(MatmulBiasRelu().graph())
+
+
+def test_tensor_spec_alignment_defaults_to_16_bytes_and_reads_old_tables() -> None:
+    spec = tensor_table(ConvBiasRelu().graph())[0]
+    assert spec.alignment == 16
+    old = {k: v for k, v in spec.to_dict().items() if k != "alignment"}  # a table stored before the field
+    assert type(spec).from_dict(old) == spec
+    assert type(spec).from_dict({**old, "alignment": 256}).alignment == 256
+
+
 # ---------------------------------------------------------------------------- invalid graphs
 
 
@@ -250,15 +383,26 @@ def test_not_a_graph_and_empty_graph_are_refused() -> None:
         describe(cudnn.pygraph(io_data_type=DT.FLOAT))
 
 
-def test_attribute_without_stable_text_is_refused() -> None:
+def test_callable_attribute_is_refused_unless_tagged() -> None:
+    # A score_mod's repr says nothing about what it computes (softcap 30 or 50): it cannot
+    # be keyed, so it is refused, naming the node and the parameter, unless the caller tags it.
     spec = CausalSdpa(scale_by_value=False)
-    g = cudnn.pygraph(io_data_type=DT.HALF, compute_data_type=DT.FLOAT)
-    q, k, v = (g.tensor(name=n, dim=spec.qkv_dims, stride=row_major(spec.qkv_dims), uid=u) for n, u in zip("qkv", (1, 2, 3)))
-    o, _ = g.sdpa(q, k, v, attn_scale=0.5, score_mod=lambda graph, score: score, name="sdpa")
-    o.set_output(True).set_uid(4)
-    with pytest.raises(InvalidGraphError, match="memory address") as info:
-        describe(g)
+
+    def graph() -> Any:
+        g = cudnn.pygraph(io_data_type=DT.HALF, compute_data_type=DT.FLOAT)
+        q, k, v = (g.tensor(name=n, dim=spec.qkv_dims, stride=row_major(spec.qkv_dims), uid=u) for n, u in zip("qkv", (1, 2, 3)))
+        o, _ = g.sdpa(q, k, v, attn_scale=0.5, score_mod=lambda graph, score: score, name="sdpa")
+        o.set_output(True).set_uid(4)
+        return g
+
+    with pytest.raises(InvalidGraphError, match="node 'sdpa' param 'score_mod' is a callable") as info:
+        describe(graph())
     assert info.value.node == "sdpa"
+    assert info.value.reason == "callable without tag"
+    tagged = describe(graph(), tag="identity/v1")
+    assert tagged == describe(graph(), tag="identity/v1")
+    assert tagged != describe(graph(), tag="identity/v2")
+    assert tagged["tag"] == "identity/v1"
 
 
 def test_tensor_table_lists_the_variant_pack() -> None:

@@ -301,12 +301,12 @@ def test_a_full_disk_at_open_gives_working_unpersisted_plans_and_moves_nothing(
 
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(Store, "_migrate", full)
-    cache = make_cache()
-    plan = cache.get(spec.graph())
+    with monkeypatch.context() as patch:  # undone at the end of the block, PLANCACHE_DIR kept
+        patch.setattr(Store, "_migrate", full)
+        cache = make_cache()
+        plan = cache.get(spec.graph())
     assert plan.source == "built" and cache.counters["unpersisted"] == 1
     assert "cannot open the plan store" in caplog.text
-    monkeypatch.undo()
     assert sorted(p.name for p in cache_dir.iterdir() if not p.name.startswith("plans.db-")) == [
         n for n in before if not n.startswith("plans.db-")
     ], "a healthy store was moved aside"

@@ -28,7 +28,7 @@ from typing import Any
 
 from .backend import BuiltPlan, EngineChoice
 from ..errors import BuildError, InvalidGraphError, NoGpuError
-from ..key import BuildOptions, TensorSpec, tensor_table
+from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_table
 
 __all__ = ["CudnnBackend", "cudnn_module", "probe_environment"]
 
@@ -339,6 +339,8 @@ class CudnnBackend:
         cache = self._kernel_caches.get(device)
         if cache is None:
             cache = self._kernel_caches[device] = _cudnn().create_kernel_cache()
+            # attached after the graph was keyed: the key must not see it as the caller's
+            mark_shared_kernel_cache(cache)
         return cache
 
     def attach_kernel_cache(self, graph: Any) -> bool:

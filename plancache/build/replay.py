@@ -22,6 +22,7 @@ __all__ = ["rebuild_graph"]
 
 # Outputs of the attention builders that the caller passes in as keyword arguments
 # (the builder only creates these); any other output port of an SDPA node is a kwarg.
+# cuDNN Frontend's own table is used when it has one.
 _BUILDER_OUTPUTS = {"SDPA": {"O", "Stats"}, "SDPA_FP8": {"O", "Stats", "Amax_S", "Amax_O"}}
 
 
@@ -31,18 +32,73 @@ def _cudnn() -> Any:
     return cudnn
 
 
+def _op_table(cudnn: Any, kind: str) -> tuple[str, Mapping[str, Any]] | None:
+    """cuDNN Frontend's (builder name, spec) of a node type, when it has a table entry."""
+    fe = getattr(cudnn, "_pygraph", None)
+    node_type = getattr(getattr(cudnn, "graph_types", None), "NodeType", None)
+    member = getattr(node_type, kind, None) if node_type is not None else None
+    if member is None:
+        return None
+    entry = getattr(fe, "_CAPTURED_BY_TYPE", {}).get(member) or getattr(fe, "_STRUCTURED_BY_TYPE", {}).get(member)
+    return entry if isinstance(entry, tuple) else None
+
+
+def _builder_name(cudnn: Any, kind: str) -> str:
+    """The pygraph builder of a node type: ``LAYERNORM_BWD`` is built by ``layernorm_backward``."""
+    entry = _op_table(cudnn, kind)
+    return str(entry[0]) if entry is not None else kind.lower()
+
+
+def _builder_outputs(cudnn: Any, kind: str) -> set[str] | None:
+    """The output ports a builder creates itself (None: all of them)."""
+    entry = _op_table(cudnn, kind)
+    if entry is not None and "out_kwargs" in entry[1]:
+        return set(entry[1].get("outputs", ()))
+    return _BUILDER_OUTPUTS.get(kind)
+
+
+def _array(data: Mapping[str, Any]) -> Any:
+    """The torch tensor or numpy value ``describe`` keyed by its bytes."""
+    raw = bytes.fromhex(data["hex"])
+    if data["lib"] == "torch":
+        import torch
+
+        dtype = getattr(torch, str(data["dtype"]).removeprefix("torch."))
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(data["shape"]).clone()
+    import numpy
+
+    values = numpy.frombuffer(raw, dtype=numpy.dtype(data["dtype"])).reshape(data["shape"])
+    return values[()] if not data["shape"] else values.copy()
+
+
 def _decode(value: Any, cudnn: Any, tensors: Mapping[str, Any]) -> Any:
-    """Undo ``describe``'s encoding of a value: tensor references and enum names."""
+    """Undo ``describe``'s encoding of a value: tensor references, enum names, and the
+    tagged forms of strings, non-finite floats, slices, arrays and mappings."""
     if isinstance(value, dict):
-        if set(value) == {"tensor"}:
-            return tensors[value["tensor"]]
-        return {k: _decode(v, cudnn, tensors) for k, v in value.items()}
+        if len(value) == 1:
+            (form, inner), = value.items()
+            if form == "tensor":
+                return tensors[inner]
+            if form == "str":
+                return inner
+            if form == "float":
+                return float(inner)
+            if form == "slice":
+                return slice(*(_decode(v, cudnn, tensors) for v in inner))
+            if form == "array":
+                return _array(inner)
+            if form == "dict":
+                return {k: _decode(v, cudnn, tensors) for k, v in inner.items()}
+            if form == "callable":
+                raise InvalidGraphError("the recorded graph holds a callable, which cannot be replayed", node=None, reason="callable")
+        raise InvalidGraphError(f"the recorded description holds an unknown value {value!r}", node=None, reason="malformed")
     if isinstance(value, list):
         return [_decode(v, cudnn, tensors) for v in value]
     if isinstance(value, str) and value.count(".") == 1:
         # describe writes enums as "TypeName.MEMBER"; only names cuDNN defines decode.
         type_name, member = value.split(".")
-        enum_type = getattr(cudnn, type_name, None)
+        # some enums (convolution_mode) live only in the compiled module
+        enum_type = getattr(cudnn, type_name, None) or getattr(getattr(cudnn, "_compiled_module", None), type_name, None)
         if isinstance(enum_type, type) and hasattr(enum_type, member):
             return getattr(enum_type, member)
     return value
@@ -56,13 +112,18 @@ class _Replayer:
         self.tensors: dict[str, Any] = {}
         context = {k: _decode(v, self.cudnn, {}) for k, v in description.get("context", {}).items()}
         flags = description.get("flags", {})
+        optional = {k: self.dec(flags.get(k)) for k in ("sm_count", "sm_version", "cuda_graph_retention")}
         self.graph = self.cudnn.pygraph(
             io_data_type=context.get("io_data_type"),
             intermediate_data_type=context.get("intermediate_data_type"),
             compute_data_type=context.get("compute_data_type"),
             is_dynamic_shape_enabled=bool(flags.get("dynamic_shape")),
             is_override_shape_enabled=bool(flags.get("override_shape")),
+            is_cuda_graph_replay_expected=bool(flags.get("cuda_graph_replay")),
+            **{k: v for k, v in optional.items() if v is not None},
         )
+        if flags.get("deselected_engines"):
+            self.graph.deselect_engines(list(flags["deselected_engines"]))
         self.produced = {tid for node in description["nodes"] for tid in node["outputs"].values() if tid is not None}
 
     def dec(self, value: Any) -> Any:
@@ -73,22 +134,26 @@ class _Replayer:
         if tid in self.tensors:
             return self.tensors[tid]
         spec = self.specs[tid]
+        if tid.startswith("c"):  # a graph-held scalar
+            t = self.graph.tensor_scalar(self.dec(spec["scalar"]), self.dec(spec["scalar_type"]), name=tid)
+            self.tensors[tid] = t
+            return t
         kwargs: dict[str, Any] = {}
         if spec.get("ragged_offset") is not None:
             kwargs["ragged_offset"] = self.tensor(spec["ragged_offset"])
-        if spec.get("value") is not None:
-            kwargs["pass_by_value"] = self.dec(spec["value"])
-        if spec.get("reordering_type") is not None:
-            kwargs["reordering_type"] = self.dec(spec["reordering_type"])
+        for name in ("pass_by_value", "scalar_type", "reordering_type"):
+            if spec.get(name) is not None:
+                kwargs[name] = self.dec(spec[name])
         t = self.graph.tensor(
-            dim=list(spec["dim"]),
-            stride=list(spec["stride"]) or None,
+            dim=list(spec["dim"] or []),
+            stride=list(spec["stride"] or []) or None,
             data_type=self.dec(spec.get("dtype")),
             is_virtual=bool(spec["is_virtual"]),
             is_pass_by_value=bool(spec.get("is_pass_by_value")),
             name=tid,
             uid=int(tid[1:]) if tid.startswith("u") else None,
-            alignment_value=int(spec.get("alignment") or 1),
+            alignment_value=int(spec.get("alignment_value", 1)),
+            ragged_offset_multiplier=int(spec.get("ragged_offset_multiplier", 1)),
             **kwargs,
         )
         self.tensors[tid] = t
@@ -97,16 +162,16 @@ class _Replayer:
     def finish_output(self, tid: str, port: str, t: Any) -> None:
         """Give a builder-made output the recorded uid, output flag, dims and type.
 
-        ``describe`` reports an output's dims and strides only when the caller set them
-        (inference fills the rest later), so recorded ones are set, even if inferred
-        alike, and absent ones are left to inference.
+        ``describe`` reports an output's dims and strides when cuDNN receives them (set by
+        the caller, or pushed by the op), so recorded ones are set, even if inferred alike,
+        and absent ones are left to inference.
         """
         spec = self.specs[tid]
         if not spec["is_virtual"]:
             t.set_output(True).set_uid(int(tid[1:])).set_name(tid)
-        if spec["dim"]:
+        if spec.get("dim"):
             t.set_dim(list(spec["dim"]))
-        if spec["stride"]:
+        if spec.get("stride"):
             t.set_stride(list(spec["stride"]))
         dtype = self.dec(spec.get("dtype"))
         current = t.get_data_type()
@@ -117,8 +182,14 @@ class _Replayer:
                 current = self.cudnn.data_type.FLOAT
         if dtype is not None and dtype != current:
             t.set_data_type(dtype)
-        if (spec.get("alignment") or 1) != getattr(t, "alignment_value", 1):
-            t.set_alignment_value(int(spec["alignment"]))
+        if spec.get("alignment_value", 1) != t.alignment_value:
+            t.set_alignment_value(int(spec["alignment_value"]))
+        if spec.get("reordering_type") is not None:
+            t.set_reordering_type(self.dec(spec["reordering_type"]))
+        if spec.get("ragged_offset") is not None:
+            t.set_ragged_offset(self.tensor(spec["ragged_offset"]))
+        if spec.get("ragged_offset_multiplier", 1) != 1:
+            t.set_ragged_offset_multiplier(int(spec["ragged_offset_multiplier"]))
         self.tensors[tid] = t
 
     def node(self, index: int, node: Mapping[str, Any]) -> None:
@@ -134,10 +205,10 @@ class _Replayer:
         elif kind == "MATMUL":
             method, args = self.graph.matmul, [inputs["A"], inputs["B"]]
         else:
-            method, args = getattr(self.graph, kind.lower(), None), []
+            method, args = getattr(self.graph, _builder_name(self.cudnn, kind), None), []
             kwargs.update(self._gather_lists(inputs, params))
             kwargs.update(inputs)
-            made = _BUILDER_OUTPUTS.get(kind)
+            made = _builder_outputs(self.cudnn, kind)
             for port, tid in node["outputs"].items():
                 if made is not None and port not in made and tid is not None:
                     kwargs[port] = self.tensor(tid)  # an output the caller passes in
@@ -196,7 +267,7 @@ def rebuild_graph(description: Mapping[str, Any]) -> Any:
         raise InvalidGraphError(
             f"the recorded description is malformed: {type(exc).__name__}: {exc}", node=None, reason="malformed"
         ) from exc
-    rebuilt = describe(graph)
+    rebuilt = describe(graph, tag=description.get("tag"))
     if canonical_json(rebuilt) != canonical_json(dict(description)):
         where = _first_difference(rebuilt, dict(description))
         raise InvalidGraphError(f"the rebuilt graph differs from the recorded one at {where}", node=None, reason="inexact replay")
