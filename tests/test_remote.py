@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
+import signal
 import socket
 import threading
 import time
@@ -307,17 +309,19 @@ def test_single_flight_across_two_processes(
 @needs_server
 @pytest.mark.redis
 def test_lock_is_released_only_by_its_owner(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any) -> None:
-    slow = make_tier(redis_server.url, lock_ttl=0.2)
-    other = make_tier(redis_server.url)
+    slow = make_tier(redis_server.url, lock_ttl=0.3)
+    other = make_tier(redis_server.url, lock_ttl=5)
     key = "12" * 32
     lock_name = slow.redis_key(key, ENV_ID) + ":lock"
     with contextlib.ExitStack() as stack:
         first = slow.lock(key, ENV_ID, wait=0)
         assert first.__enter__() is True
-        time.sleep(0.3)  # the slow node's lock expires while it is still building
+        raw.delete(lock_name)  # the slow node's lock expired (say its renewals could not reach Redis)
         second = stack.enter_context(other.lock(key, ENV_ID, wait=1))
         assert second is True
         token = raw.get(lock_name)
+        time.sleep(0.5)  # the slow node keeps building: its renewals must not extend the other's lock
+        assert raw.pttl(lock_name) > 4000
         first.__exit__(None, None, None)  # must not release the other node's lock
         assert raw.get(lock_name) == token
     assert raw.exists(lock_name) == 0
@@ -463,6 +467,120 @@ def test_full_redis_rejects_publish_but_serves_reads(
     assert len(warnings_of(caplog)) == 1 and "rejected" in warnings_of(caplog)[0]
 
 
+# ---------------------------------------------------------------------------- lock renewal, release, bounds
+
+
+@pytest.fixture
+def aof_server(tmp_path: Path) -> Iterator[LocalRedis]:
+    """A server with an append-only file: a lock it holds survives a restart."""
+    server = LocalRedis(tmp_path, args=["--appendonly", "yes", "--appendfsync", "always"]).start()
+    yield server
+    server.stop()
+
+
+@needs_server
+@pytest.mark.redis
+def test_lock_is_renewed_while_its_holder_builds(
+    redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any
+) -> None:
+    holder, other = make_tier(redis_server.url, lock_ttl=1), make_tier(redis_server.url)
+    key = "9a" * 32
+    lock_name = holder.redis_key(key, ENV_ID) + ":lock"
+    with holder.lock(key, ENV_ID, wait=0) as mine:
+        assert mine is True
+        started = time.monotonic()
+        while (elapsed := time.monotonic() - started) < 3:  # autotuning for three times the lock's expiry
+            with other.lock(key, ENV_ID, wait=0) as theirs:
+                assert theirs is False, f"another node took the lock {elapsed:.1f} s into the build"
+            assert 0 < raw.pttl(lock_name) <= 1000
+            time.sleep(0.1)
+    assert raw.exists(lock_name) == 0  # released as the block ends
+    time.sleep(0.5)
+    assert raw.exists(lock_name) == 0  # and no renewal brings it back
+    with other.lock(key, ENV_ID, wait=0) as theirs:
+        assert theirs is True
+
+
+def _dying_holder(url: str, namespace: str, key: str, ready: Any) -> None:
+    """A node that takes the lock and builds until it is killed."""
+    tier = RemoteTier(url, secret=SECRET, namespace=namespace, lock_ttl=1)
+    with tier.lock(key, ENV_ID, wait=0) as mine:
+        ready.put(mine)
+        time.sleep(60)
+
+
+@needs_server
+@pytest.mark.redis
+def test_a_dead_holders_lock_lasts_one_expiry(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier]) -> None:
+    """Renewal keeps a live holder's lock; when the holder dies, waiters wait one expiry at most."""
+    waiter = make_tier(redis_server.url)
+    key = "9b" * 32
+    context = multiprocessing.get_context("spawn")  # another machine: nothing shared but Redis
+    ready = context.Queue()
+    holder = context.Process(target=_dying_holder, args=(redis_server.url, waiter.namespace, key, ready), daemon=True)
+    holder.start()
+    try:
+        assert ready.get(timeout=15) is True
+        time.sleep(1.5)  # past the lock's 1 s expiry: the holder's renewals keep it
+        with waiter.lock(key, ENV_ID, wait=0) as mine:
+            assert mine is False
+        holder.kill()
+        holder.join(5)
+        started = time.monotonic()
+        with waiter.lock(key, ENV_ID, wait=10) as mine:
+            waited = time.monotonic() - started
+            assert mine is True
+        assert waited < 1.5  # at most one expiry (1 s) plus a poll
+    finally:
+        holder.kill()
+        holder.join(5)
+        ready.close()
+        ready.join_thread()
+
+
+@needs_server
+@pytest.mark.redis
+@pytest.mark.parametrize("trouble", ["down-at-release", "restarted-before-release", "hung-at-release"])
+def test_a_failed_publish_never_strands_the_lock(
+    aof_server: LocalRedis, make_tier: Callable[..., RemoteTier], trouble: str
+) -> None:
+    """Redis restarts (or hangs) mid-build: the holder's publish fails and it backs off, but its
+    lock, kept in the append-only file, must still be released, or the next node to need the
+    plan waits its whole lock timeout on a healthy Redis."""
+    holder, other = make_tier(aof_server.url, timeout=0.1), make_tier(aof_server.url)
+    entry = make_entry()
+    assert aof_server.process is not None
+    pid = aof_server.process.pid
+    with holder.lock(entry.key, ENV_ID, wait=0) as mine:
+        assert mine is True
+        if trouble == "hung-at-release":
+            os.kill(pid, signal.SIGSTOP)
+        else:
+            aof_server.stop()
+        assert holder.put(entry) is False and not holder.available  # the holder backs off
+        if trouble == "restarted-before-release":
+            aof_server.start()
+        leaving = time.monotonic()
+    left_after = time.monotonic() - leaving
+    if trouble == "hung-at-release":
+        os.kill(pid, signal.SIGCONT)
+    elif trouble == "down-at-release":
+        aof_server.start()  # same port, same append-only file: the lock is back
+    started = time.monotonic()
+    with other.lock(entry.key, ENV_ID, wait=10) as theirs:
+        waited = time.monotonic() - started
+    assert left_after < 0.5, "leaving the block waits one Redis attempt at most"
+    assert waited < 3, f"the next node waited {waited:.1f} s for a stranded lock"
+    if trouble != "hung-at-release":  # a hung Redis runs the timed-out publish once it resumes
+        assert theirs is True
+    lock_name = holder.redis_key(entry.key, ENV_ID) + ":lock"
+    with aof_server.client() as admin:
+        deadline = time.monotonic() + 3
+        while admin.exists(lock_name) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert admin.exists(lock_name) == 0, "the holder's lock outlived its release"
+
+
 # ---------------------------------------------------------------------------- TTL
 
 
@@ -513,11 +631,12 @@ def test_from_env_reads_the_secret_file(tmp_path: Path) -> None:
     url = "redis://:hunter2@127.0.0.1:1/0"
     tier = RemoteTier.from_env({"PLANCACHE_REDIS_URL": url, "PLANCACHE_REDIS_SECRET_FILE": str(path),
                                 "PLANCACHE_REDIS_TTL": "3600", "PLANCACHE_REDIS_TIMEOUT": "0.1",
-                                "PLANCACHE_REDIS_NAMESPACE": "fleet1"})  # fmt: skip
+                                "PLANCACHE_REDIS_NAMESPACE": "fleet1", "PLANCACHE_REDIS_LOCK_TTL": "120"})  # fmt: skip
     direct = RemoteTier(url, secret=SECRET)
     assert tier is not None
     assert tier.key_id == direct.key_id  # the trailing newline is not part of the secret
-    assert (tier.ttl, tier.timeout, tier.namespace) == (3600, 0.1, "fleet1")
+    assert (tier.ttl, tier.timeout, tier.namespace, tier.lock_ttl) == (3600, 0.1, "fleet1", 120)
+    assert direct.lock_ttl == 60  # renewed while held: a dead holder's lock lasts a minute
     assert "hunter2" not in tier.url and "hunter2" not in repr(tier) and "hunter2" not in str(tier.stats())
     tier.close()
     direct.close()
