@@ -23,8 +23,9 @@ Interface (what PlanCache uses; nothing here raises after construction)
         # A verified entry, or None on a miss, a refusal or an outage. Its usage fields are
         # this node's: hit_count 0, last_used_at now. Ready for Store.put.
     tier.put(entry: Entry) -> bool
-        # Publish signed (with the TTL if any). False on an outage, a full Redis or an entry
-        # whose blob fails its checksum.
+        # Publish signed (with the TTL if any). False on an outage, a full Redis (also with
+        # allkeys-lru: a value larger than its free memory) or an entry whose blob fails its
+        # checksum.
     tier.lock(key: str, env_id: str, wait: float) -> ContextManager[bool]
         # Cross-node single flight (plancache.fleet_lock). True: build now (this node holds
         # the lock, or Redis is unreachable or full so there is no one to coordinate with).
@@ -115,6 +116,12 @@ COUNTERS = ("remote_hits", "remote_misses", "publishes", "refused", "errors", "l
 ENV_URL = "PLANCACHE_REDIS_URL"
 ENV_SECRET = "PLANCACHE_REDIS_SECRET"
 ENV_SECRET_FILE = "PLANCACHE_REDIS_SECRET_FILE"
+
+# What a write that Redis refuses for lack of memory costs, per call, for its one warning.
+_WHEN_FULL = {
+    "put": "the plan is still served from the local store",
+    "lock": "building without the fleet lock (another node may build the same plan)",
+}
 
 _monotonic = time.monotonic  # one name, so tests can drive the backoff clock
 
@@ -466,8 +473,7 @@ class RemoteTier:
             return _FAILED
         except self._redis.RedisError as exc:
             self._recovered()
-            self._count("errors")
-            self._warn_once(f"rejected-{what}", "plancache: Redis %s rejected %s (%s); continuing locally", self.url, what, exc)
+            self._rejected(what, exc)
             return _FAILED
         self._recovered()
         return result
@@ -476,6 +482,17 @@ class RemoteTier:
         """``_call`` for the lock's scripts, whose replies are integers: None when it failed."""
         result = self._call(what, op, mode)
         return None if result is _FAILED else int(result)
+
+    def _rejected(self, what: str, exc: BaseException) -> None:
+        """Redis answered with an error: it is up (no backoff); only this call failed."""
+        self._count("errors")
+        if isinstance(exc, self._redis.exceptions.OutOfMemoryError) and what in _WHEN_FULL:
+            # maxmemory reached, under any policy: allkeys-lru first evicts what it can,
+            # then still refuses a value larger than the memory that frees.
+            self._warn_once(f"full-{what}", "plancache: Redis %s rejected %s: it is full (%s); %s. Logged once, counted in `errors`",
+                            self.url, "a publish" if what == "put" else "the fleet lock", exc, _WHEN_FULL[what])  # fmt: skip
+        else:
+            self._warn_once(f"rejected-{what}", "plancache: Redis %s rejected %s (%s); continuing locally", self.url, what, exc)
 
     def _outage(self, what: str, exc: BaseException, elapsed: float) -> None:
         self._count("errors")

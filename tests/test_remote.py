@@ -581,6 +581,69 @@ def test_a_failed_publish_never_strands_the_lock(
         assert admin.exists(lock_name) == 0, "the holder's lock outlived its release"
 
 
+@needs_server
+@pytest.mark.redis
+@pytest.mark.parametrize(("maxmemory", "size"), [("1mb", 2_000_000), ("8mb", 10_000_000)])
+def test_redis_smaller_than_a_plan(
+    maxmemory: str, size: int, tmp_path: Path, make_tier: Callable[..., RemoteTier], caplog: pytest.LogCaptureFixture
+) -> None:
+    """allkeys-lru does refuse writes: a value larger than what eviction can free (8mb), or
+    every write once Redis's own overhead exceeds maxmemory (1mb). The tier reports it once,
+    says "build locally" for a refused lock, and keeps working."""
+    server = LocalRedis(tmp_path, args=["--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru"]).start()
+    try:
+        tier = make_tier(server.url)
+        big = make_entry(size=size)
+        with caplog.at_level(logging.WARNING, logger=LOG):
+            started = time.monotonic()
+            assert tier.put(big) is False
+            assert tier.put(big) is False
+            with tier.lock("9e" * 32, ENV_ID, wait=5) as mine:
+                assert mine is True  # taken, or refused: either way this node builds, at once
+            elapsed = time.monotonic() - started
+        assert elapsed < 1
+        stats = tier.stats()
+        assert stats["available"] is True and stats["publishes"] == 0 and stats["skipped"] == 0
+        assert stats["errors"] >= 2
+        published = [m for m in warnings_of(caplog) if "publish" in m]
+        assert len(published) == 1 and "full" in published[0] and "local store" in published[0]
+        if maxmemory == "8mb":  # once Redis has dropped the refused value, smaller plans fit again
+            deadline = time.monotonic() + 3
+            while not tier.put(make_entry(size=100_000)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert tier.stats()["publishes"] == 1
+    finally:
+        server.stop()
+
+
+@needs_server
+@pytest.mark.redis
+def test_full_redis_refuses_the_lock_but_not_its_renewal_or_release(
+    own_server: LocalRedis, make_tier: Callable[..., RemoteTier], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full Redis (here noeviction) refuses the lock script: a waiter builds locally at once,
+    without the fleet lock; the holder's renewal and release still go through."""
+    holder, waiter = make_tier(own_server.url, lock_ttl=0.6), make_tier(own_server.url)
+    key = "9f" * 32
+    lock_name = holder.redis_key(key, ENV_ID) + ":lock"
+    admin = own_server.client()
+    with holder.lock(key, ENV_ID, wait=0) as mine:
+        assert mine is True
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", "1")  # every write that needs memory fails with OOM
+        with caplog.at_level(logging.WARNING, logger=LOG):
+            started = time.monotonic()
+            with waiter.lock(key, ENV_ID, wait=5) as theirs:
+                assert theirs is True  # no exception, no wait: build without the fleet lock
+            assert time.monotonic() - started < 0.5
+        assert any("without the fleet lock" in m for m in warnings_of(caplog))
+        time.sleep(1.0)  # past the 0.6 s expiry: renewed all the same
+        assert admin.exists(lock_name) == 1
+    assert admin.exists(lock_name) == 0
+    assert waiter.available and holder.available
+    admin.close()
+
+
 # ---------------------------------------------------------------------------- TTL
 
 
