@@ -478,6 +478,31 @@ def aof_server(tmp_path: Path) -> Iterator[LocalRedis]:
     server.stop()
 
 
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A tiny TCP server on 127.0.0.1 that accepts connections and never answers: a hung Redis."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.05)
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):  # a timeout: look at `stop` again
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    stop.set()
+    thread.join(5)
+    for connection in held:
+        connection.close()
+    listener.close()
+
+
 @needs_server
 @pytest.mark.redis
 def test_lock_is_renewed_while_its_holder_builds(
@@ -579,6 +604,44 @@ def test_a_failed_publish_never_strands_the_lock(
         while admin.exists(lock_name) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert admin.exists(lock_name) == 0, "the holder's lock outlived its release"
+
+
+@pytest.mark.parametrize("wait", [0.0, 1.0])
+@pytest.mark.parametrize("state", ["healthy", "hung", "down", "hangs-while-waiting"])
+def test_lock_wait_is_bounded(
+    state: str, wait: float, request: pytest.FixtureRequest, make_tier: Callable[..., RemoteTier]
+) -> None:
+    """lock(wait=W) returns within W plus one Redis attempt, whatever Redis does."""
+    timeout = 0.1
+    held: contextlib.AbstractContextManager[bool] | None = None
+    if state in ("healthy", "hangs-while-waiting"):
+        server: LocalRedis = request.getfixturevalue("own_server")  # skips without redis-server
+        url = server.url
+        held = make_tier(url).lock("9d" * 32, ENV_ID, wait=0)  # referenced: held for the whole test
+        assert held.__enter__() is True
+    else:
+        url = request.getfixturevalue("silent_server") if state == "hung" else f"redis://127.0.0.1:{free_port()}/0"
+    tier = make_tier(url, timeout=timeout)
+    hang: threading.Timer | None = None
+    if state == "hangs-while-waiting":
+        assert server.process is not None
+        hang = threading.Timer(0.3, os.kill, args=(server.process.pid, signal.SIGSTOP))
+        hang.start()
+    try:
+        started = time.monotonic()
+        with tier.lock("9d" * 32, ENV_ID, wait=wait) as mine:
+            elapsed = time.monotonic() - started
+    finally:
+        if hang is not None:
+            hang.join()
+            os.kill(server.process.pid, signal.SIGCONT)
+        if held is not None:
+            held.__exit__(None, None, None)
+    assert elapsed < wait + 2 * timeout + 0.1
+    expected = {"healthy": False, "hung": True, "down": True, "hangs-while-waiting": wait > 0.3}[state]
+    assert mine is expected  # True: nobody to coordinate with, build locally
+    if state == "healthy":
+        assert elapsed >= wait
 
 
 @needs_server
