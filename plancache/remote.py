@@ -11,25 +11,28 @@ Interface (what PlanCache uses; nothing here raises after construction)
 ::
 
     RemoteTier(url: str, *, secret: bytes, namespace: str = "plancache", timeout: float = 0.25,
-               ttl: int | None = None, lock_ttl: float = 600, backoff_max: float = 60,
+               ttl: int | None = None, lock_ttl: float = 60, backoff_max: float = 60,
                max_stall: float = 2.0)
         # Connects lazily: constructing touches no network. Raises RemoteError for a bad
         # configuration (secret shorter than 16 bytes, unknown URL scheme, redis-py missing).
     RemoteTier.from_env(environ: Mapping[str, str] | None = None) -> RemoteTier | None
         # None when PLANCACHE_REDIS_URL is unset. Secret from PLANCACHE_REDIS_SECRET or the
         # file named by PLANCACHE_REDIS_SECRET_FILE (exactly one); RemoteError without one.
-        # Optional: PLANCACHE_REDIS_NAMESPACE, _TIMEOUT, _TTL, _MAX_STALL.
+        # Optional: PLANCACHE_REDIS_NAMESPACE, _TIMEOUT, _TTL, _LOCK_TTL, _MAX_STALL.
     tier.get(key: str, env_id: str) -> Entry | None
         # A verified entry, or None on a miss, a refusal or an outage. Its usage fields are
         # this node's: hit_count 0, last_used_at now. Ready for Store.put.
     tier.put(entry: Entry) -> bool
-        # Publish signed (with the TTL if any). False on an outage, a full Redis or an entry
-        # whose blob fails its checksum.
+        # Publish signed (with the TTL if any). False on an outage, a full Redis (also with
+        # allkeys-lru: a value larger than its free memory) or an entry whose blob fails its
+        # checksum.
     tier.lock(key: str, env_id: str, wait: float) -> ContextManager[bool]
-        # Cross-node single flight. True: build now (this node holds the lock, or Redis is
-        # unreachable so there is no one to coordinate with). False: the entry appeared, or
-        # `wait` seconds ran out; call get() again and build only if it is still None.
-        # Publish with put() INSIDE the with-block, so that waiters find the entry.
+        # Cross-node single flight (plancache.fleet_lock). True: build now (this node holds
+        # the lock, or Redis is unreachable or full so there is no one to coordinate with).
+        # False: the entry appeared, or `wait` seconds ran out; call get() again and build
+        # only if it is still None. Publish with put() INSIDE the with-block, so that waiters
+        # find the entry. The lock is renewed while the block runs and expires `lock_ttl`
+        # after its holder dies; its release is retried until Redis answers.
     tier.stats() -> dict[str, Any]
         # remote_hits, remote_misses, publishes, refused, errors, lock_waits, skipped (ints),
         # plus available (bool), url (password hidden), namespace, key_id (secret fingerprint).
@@ -64,9 +67,12 @@ tier switches itself off for the rest of the process (one more warning). So an u
 black-holed or hung Redis delays a process by at most ``max_stall`` plus one attempt (2.5 s
 with the defaults and no password) in total, however many lookups it makes. A dead Redis on a live host
 refuses connections in about a millisecond. ``lock(wait=...)`` waits on a healthy Redis are
-the caller's choice and not counted. Hostnames are resolved by the OS resolver, which these
-timeouts do not bound: give an IP address or a name in /etc/hosts on nodes whose DNS may
-hang.
+the caller's choice and not counted: ``lock(wait=W)`` returns within W plus one attempt.
+Releasing a lock is the one call made while backing off (counted like the others, so the
+bound holds; skipped once the tier is switched off); renewals and release retries run on
+the lock's own daemon thread and delay no caller. Hostnames are resolved by the OS
+resolver, which these timeouts do not bound: give an IP address or a name in /etc/hosts on
+nodes whose DNS may hang.
 """
 
 from __future__ import annotations
@@ -79,16 +85,16 @@ import hmac
 import inspect
 import logging
 import os
-import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from .codec import decode_entry, encode_entry
 from .errors import RemoteError
+from .fleet_lock import CallMode, FleetLock
 from .store import Entry
 
 if TYPE_CHECKING:
@@ -106,25 +112,16 @@ _TAG_SIZE = 32  # HMAC-SHA256
 _HEADER_SIZE = len(SIGNATURE_MAGIC) + _KEY_ID_SIZE + _TAG_SIZE
 MIN_SECRET_BYTES = 16  # a short secret can be guessed offline from one signed value
 COUNTERS = ("remote_hits", "remote_misses", "publishes", "refused", "errors", "lock_waits", "skipped")
-_POLL_FIRST, _POLL_MAX = 0.02, 0.25  # lock polling: quick for short builds, cheap for long ones
 
 ENV_URL = "PLANCACHE_REDIS_URL"
 ENV_SECRET = "PLANCACHE_REDIS_SECRET"
 ENV_SECRET_FILE = "PLANCACHE_REDIS_SECRET_FILE"
 
-# Atomic "is it built? else try to take the lock": one round trip, and no window in which a
-# node could take the lock just after the holder published and released it.
-_ACQUIRE_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return 0
-"""
-# Delete the lock only if it still holds our token: after our lock expired and another
-# node took it, a plain DEL would release theirs.
-_RELEASE_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+# What a write that Redis refuses for lack of memory costs, per call, for its one warning.
+_WHEN_FULL = {
+    "put": "the plan is still served from the local store",
+    "lock": "building without the fleet lock (another node may build the same plan)",
+}
 
 _monotonic = time.monotonic  # one name, so tests can drive the backoff clock
 
@@ -278,7 +275,7 @@ class RemoteTier:
         namespace: str = "plancache",
         timeout: float = 0.25,
         ttl: int | None = None,
-        lock_ttl: float = 600,
+        lock_ttl: float = 60,
         backoff_max: float = 60,
         max_stall: float = 2.0,
     ) -> None:
@@ -299,8 +296,6 @@ class RemoteTier:
         self.max_stall = float(max_stall)
         self._redis = _import_redis()
         self._client = self._connect(url)
-        self._acquire = self._client.register_script(_ACQUIRE_LUA)
-        self._release = self._client.register_script(_RELEASE_LUA)
         # Connection trouble backs the tier off; a server that answers with an error
         # (full, read-only replica, no permission) is up, so only that call fails.
         self._outage_errors = (self._redis.ConnectionError, self._redis.TimeoutError, OSError)
@@ -313,6 +308,9 @@ class RemoteTier:
         self._disabled = False  # max_stall spent
         self._outage_warned = False
         self._warned: set[str] = set()
+        self._locks = FleetLock(
+            self._client, self._script_call, lock_ttl=self.lock_ttl, count=self._count, warn_once=self._warn_once
+        )
 
     def _connect(self, url: str) -> redis.Redis:
         from redis.backoff import NoBackoff
@@ -346,6 +344,7 @@ class RemoteTier:
             namespace=env.get("PLANCACHE_REDIS_NAMESPACE", "").strip() or "plancache",
             timeout=_number_from_env(env, "PLANCACHE_REDIS_TIMEOUT", 0.25) or 0.25,
             ttl=None if ttl is None else max(1, round(ttl)),
+            lock_ttl=_number_from_env(env, "PLANCACHE_REDIS_LOCK_TTL", 60.0) or 60.0,
             max_stall=_number_from_env(env, "PLANCACHE_REDIS_MAX_STALL", 2.0) or 2.0,
         )
 
@@ -395,21 +394,14 @@ class RemoteTier:
         self._count("publishes")
         return True
 
-    @contextlib.contextmanager
-    def lock(self, key: str, env_id: str, wait: float) -> Iterator[bool]:
+    def lock(self, key: str, env_id: str, wait: float) -> contextlib.AbstractContextManager[bool]:
         """Cross-node single flight for one key; see the module docstring for the contract.
 
-        The lock expires after ``lock_ttl`` seconds, so a node that dies while building
-        never blocks the fleet: the others wait at most ``min(wait, lock_ttl)``.
+        The lock is renewed while the with-block runs and expires ``lock_ttl`` seconds after
+        the last renewal, so a node that dies while building never blocks the fleet: the
+        others wait at most ``min(wait, lock_ttl)``.
         """
-        lock_name = self.redis_key(key, env_id) + ":lock"
-        token = secrets.token_hex(16)  # only the owner's token releases the lock
-        outcome = self._acquire_lock(self.redis_key(key, env_id), lock_name, token, wait)
-        try:
-            yield outcome in ("mine", "down")
-        finally:
-            if outcome == "mine":
-                self._call("unlock", lambda: self._release(keys=[lock_name], args=[token]))
+        return self._locks.hold(self.redis_key(key, env_id), wait)
 
     def stats(self) -> dict[str, Any]:
         with self._counter_lock:
@@ -418,6 +410,7 @@ class RemoteTier:
         return counters
 
     def close(self) -> None:
+        self._locks.close()  # first: its last release attempt needs the client
         self._client.close()
         self._client.connection_pool.disconnect()
 
@@ -459,24 +452,47 @@ class RemoteTier:
             detail,
         )
 
-    def _call(self, what: str, op: Callable[[], T]) -> T | Literal[_Failed.FAILED]:
-        """Run one Redis command, or skip it while backing off; never raises."""
-        if not self.available:
-            self._count("skipped")
-            return _FAILED
+    def _call(self, what: str, op: Callable[[], T], mode: CallMode = "normal") -> T | Literal[_Failed.FAILED]:
+        """Run one Redis command, or skip it while backing off; never raises. ``mode``: see
+        ``fleet_lock.CallMode`` (releases are made while backing off; the lock's thread
+        calls whatever the state, uncounted against max_stall since no caller waits)."""
+        if mode != "background":
+            with self._state_lock:
+                skip = self._disabled or (mode == "normal" and _monotonic() < self._retry_at)
+            if skip:
+                self._count("skipped")
+                return _FAILED
         started = time.perf_counter()  # real time even when tests drive _monotonic
         try:
             result = op()
         except self._outage_errors as exc:
-            self._outage(what, exc, time.perf_counter() - started)
+            if mode == "background":  # the caller-facing calls warn about the outage
+                log.debug("plancache: Redis %s did not answer %s (%s: %s)", self.url, what, type(exc).__name__, exc)
+            else:
+                self._outage(what, exc, time.perf_counter() - started)
             return _FAILED
         except self._redis.RedisError as exc:
             self._recovered()
-            self._count("errors")
-            self._warn_once(f"rejected-{what}", "plancache: Redis %s rejected %s (%s); continuing locally", self.url, what, exc)
+            self._rejected(what, exc)
             return _FAILED
         self._recovered()
         return result
+
+    def _script_call(self, what: str, op: Callable[[], Any], mode: CallMode) -> int | None:
+        """``_call`` for the lock's scripts, whose replies are integers: None when it failed."""
+        result = self._call(what, op, mode)
+        return None if result is _FAILED else int(result)
+
+    def _rejected(self, what: str, exc: BaseException) -> None:
+        """Redis answered with an error: it is up (no backoff); only this call failed."""
+        self._count("errors")
+        if isinstance(exc, self._redis.exceptions.OutOfMemoryError) and what in _WHEN_FULL:
+            # maxmemory reached, under any policy: allkeys-lru first evicts what it can,
+            # then still refuses a value larger than the memory that frees.
+            self._warn_once(f"full-{what}", "plancache: Redis %s rejected %s: it is full (%s); %s. Logged once, counted in `errors`",
+                            self.url, "a publish" if what == "put" else "the fleet lock", exc, _WHEN_FULL[what])  # fmt: skip
+        else:
+            self._warn_once(f"rejected-{what}", "plancache: Redis %s rejected %s (%s); continuing locally", self.url, what, exc)
 
     def _outage(self, what: str, exc: BaseException, elapsed: float) -> None:
         self._count("errors")
@@ -509,27 +525,3 @@ class RemoteTier:
         with self._state_lock:
             failures, self._failures, self._retry_at, self._outage_warned = self._failures, 0, 0.0, False
         log.info("plancache: Redis tier %s answers again (after %d failed attempts)", self.url, failures)
-
-    def _acquire_lock(self, entry_name: str, lock_name: str, token: str, wait: float) -> str:
-        """'mine', 'built' (the entry exists), 'timeout', or 'down' (no coordination)."""
-        deadline = _monotonic() + max(0.0, wait)
-        px = str(max(1, int(self.lock_ttl * 1000)))
-        pause = _POLL_FIRST
-        waited = False
-        while True:
-            result = self._call("lock", lambda: self._acquire(keys=[entry_name, lock_name], args=[token, px]))
-            if result is _FAILED:
-                return "down"
-            if result == 1:
-                return "mine"
-            if result == 2:
-                return "built"
-            if not waited:
-                waited = True
-                self._count("lock_waits")
-                log.info("plancache: another node is building %s; waiting up to %.0f s", entry_name, wait)
-            remaining = deadline - _monotonic()
-            if remaining <= 0:
-                return "timeout"
-            time.sleep(min(pause, remaining))
-            pause = min(pause * 2, _POLL_MAX)

@@ -13,7 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,13 @@ def free_port() -> int:
 
 
 class LocalRedis:
-    """A throwaway redis-server bound to 127.0.0.1 only, without persistence."""
+    """A throwaway redis-server bound to 127.0.0.1 only, without persistence unless ``args``
+    (extra redis-server options, which override the defaults) turn it on."""
 
-    def __init__(self, directory: Path, port: int | None = None) -> None:
+    def __init__(self, directory: Path, port: int | None = None, args: Sequence[str] = ()) -> None:
         self.directory = directory
         self.port = port
+        self.args = list(args)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -60,8 +62,10 @@ class LocalRedis:
         raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}")
 
     def _try_start(self, port: int) -> bool:
+        # self.args last: a repeated redis-server option takes its last value.
         args = [str(REDIS_SERVER), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--protected-mode", "yes", "--dir", str(self.directory), "--logfile", str(self.directory / "redis.log")]  # fmt: skip
+                "--protected-mode", "yes", "--dir", str(self.directory), "--logfile", str(self.directory / "redis.log"),
+                *self.args]  # fmt: skip
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:

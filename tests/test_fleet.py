@@ -101,3 +101,19 @@ def test_killed_server_leaves_local_operation_working(own_server: LocalRedis, ma
     assert a.get(graph(n=5)).source == "built"  # the in-memory plan: still served
     assert time.monotonic() - started < 5.0
     assert a.remote.stats()["available"] is False
+
+
+def test_a_full_redis_costs_only_the_publish(own_server: LocalRedis, machine: Callable[..., PlanCache]) -> None:
+    """Redis refuses every write (maxmemory reached, allkeys-lru or not): each machine builds
+    without the fleet lock, keeps and serves its plan locally, and raises nothing."""
+    with own_server.client() as admin:
+        admin.config_set("maxmemory-policy", "allkeys-lru")
+        admin.config_set("maxmemory", "1")  # below Redis's own overhead: nothing fits
+    a = machine("a", own_server.url)
+    started = time.monotonic()
+    assert a.get(graph(n=13)).source == "built"
+    assert time.monotonic() - started < 2.0
+    stats = a.remote.stats()
+    assert stats["publishes"] == 0 and stats["errors"] == 2 and stats["available"] is True  # the lock, the publish
+    assert machine("a", own_server.url).get(graph(n=13)).source == "loaded", "kept in the local store"
+    assert machine("b", own_server.url).get(graph(n=13)).source == "built"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
+import signal
 import socket
 import threading
 import time
@@ -307,17 +309,19 @@ def test_single_flight_across_two_processes(
 @needs_server
 @pytest.mark.redis
 def test_lock_is_released_only_by_its_owner(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any) -> None:
-    slow = make_tier(redis_server.url, lock_ttl=0.2)
-    other = make_tier(redis_server.url)
+    slow = make_tier(redis_server.url, lock_ttl=0.3)
+    other = make_tier(redis_server.url, lock_ttl=5)
     key = "12" * 32
     lock_name = slow.redis_key(key, ENV_ID) + ":lock"
     with contextlib.ExitStack() as stack:
         first = slow.lock(key, ENV_ID, wait=0)
         assert first.__enter__() is True
-        time.sleep(0.3)  # the slow node's lock expires while it is still building
+        raw.delete(lock_name)  # the slow node's lock expired (say its renewals could not reach Redis)
         second = stack.enter_context(other.lock(key, ENV_ID, wait=1))
         assert second is True
         token = raw.get(lock_name)
+        time.sleep(0.5)  # the slow node keeps building: its renewals must not extend the other's lock
+        assert raw.pttl(lock_name) > 4000
         first.__exit__(None, None, None)  # must not release the other node's lock
         assert raw.get(lock_name) == token
     assert raw.exists(lock_name) == 0
@@ -463,6 +467,246 @@ def test_full_redis_rejects_publish_but_serves_reads(
     assert len(warnings_of(caplog)) == 1 and "rejected" in warnings_of(caplog)[0]
 
 
+# ---------------------------------------------------------------------------- lock renewal, release, bounds
+
+
+@pytest.fixture
+def aof_server(tmp_path: Path) -> Iterator[LocalRedis]:
+    """A server with an append-only file: a lock it holds survives a restart."""
+    server = LocalRedis(tmp_path, args=["--appendonly", "yes", "--appendfsync", "always"]).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A tiny TCP server on 127.0.0.1 that accepts connections and never answers: a hung Redis."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.05)
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):  # a timeout: look at `stop` again
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    stop.set()
+    thread.join(5)
+    for connection in held:
+        connection.close()
+    listener.close()
+
+
+@needs_server
+@pytest.mark.redis
+def test_lock_is_renewed_while_its_holder_builds(
+    redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any
+) -> None:
+    holder, other = make_tier(redis_server.url, lock_ttl=1), make_tier(redis_server.url)
+    key = "9a" * 32
+    lock_name = holder.redis_key(key, ENV_ID) + ":lock"
+    with holder.lock(key, ENV_ID, wait=0) as mine:
+        assert mine is True
+        started = time.monotonic()
+        while (elapsed := time.monotonic() - started) < 3:  # autotuning for three times the lock's expiry
+            with other.lock(key, ENV_ID, wait=0) as theirs:
+                assert theirs is False, f"another node took the lock {elapsed:.1f} s into the build"
+            assert 0 < raw.pttl(lock_name) <= 1000
+            time.sleep(0.1)
+    assert raw.exists(lock_name) == 0  # released as the block ends
+    time.sleep(0.5)
+    assert raw.exists(lock_name) == 0  # and no renewal brings it back
+    with other.lock(key, ENV_ID, wait=0) as theirs:
+        assert theirs is True
+
+
+def _dying_holder(url: str, namespace: str, key: str, ready: Any) -> None:
+    """A node that takes the lock and builds until it is killed."""
+    tier = RemoteTier(url, secret=SECRET, namespace=namespace, lock_ttl=1)
+    with tier.lock(key, ENV_ID, wait=0) as mine:
+        ready.put(mine)
+        time.sleep(60)
+
+
+@needs_server
+@pytest.mark.redis
+def test_a_dead_holders_lock_lasts_one_expiry(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier]) -> None:
+    """Renewal keeps a live holder's lock; when the holder dies, waiters wait one expiry at most."""
+    waiter = make_tier(redis_server.url)
+    key = "9b" * 32
+    context = multiprocessing.get_context("spawn")  # another machine: nothing shared but Redis
+    ready = context.Queue()
+    holder = context.Process(target=_dying_holder, args=(redis_server.url, waiter.namespace, key, ready), daemon=True)
+    holder.start()
+    try:
+        assert ready.get(timeout=15) is True
+        time.sleep(1.5)  # past the lock's 1 s expiry: the holder's renewals keep it
+        with waiter.lock(key, ENV_ID, wait=0) as mine:
+            assert mine is False
+        holder.kill()
+        holder.join(5)
+        started = time.monotonic()
+        with waiter.lock(key, ENV_ID, wait=10) as mine:
+            waited = time.monotonic() - started
+            assert mine is True
+        assert waited < 1.5  # at most one expiry (1 s) plus a poll
+    finally:
+        holder.kill()
+        holder.join(5)
+        ready.close()
+        ready.join_thread()
+
+
+@needs_server
+@pytest.mark.redis
+@pytest.mark.parametrize("trouble", ["down-at-release", "restarted-before-release", "hung-at-release"])
+def test_a_failed_publish_never_strands_the_lock(
+    aof_server: LocalRedis, make_tier: Callable[..., RemoteTier], trouble: str
+) -> None:
+    """Redis restarts (or hangs) mid-build: the holder's publish fails and it backs off, but its
+    lock, kept in the append-only file, must still be released, or the next node to need the
+    plan waits its whole lock timeout on a healthy Redis."""
+    holder, other = make_tier(aof_server.url, timeout=0.1), make_tier(aof_server.url)
+    entry = make_entry()
+    assert aof_server.process is not None
+    pid = aof_server.process.pid
+    with holder.lock(entry.key, ENV_ID, wait=0) as mine:
+        assert mine is True
+        if trouble == "hung-at-release":
+            os.kill(pid, signal.SIGSTOP)
+        else:
+            aof_server.stop()
+        assert holder.put(entry) is False and not holder.available  # the holder backs off
+        if trouble == "restarted-before-release":
+            aof_server.start()
+        leaving = time.monotonic()
+    left_after = time.monotonic() - leaving
+    if trouble == "hung-at-release":
+        os.kill(pid, signal.SIGCONT)
+    elif trouble == "down-at-release":
+        aof_server.start()  # same port, same append-only file: the lock is back
+    started = time.monotonic()
+    with other.lock(entry.key, ENV_ID, wait=10) as theirs:
+        waited = time.monotonic() - started
+    assert left_after < 0.5, "leaving the block waits one Redis attempt at most"
+    assert waited < 3, f"the next node waited {waited:.1f} s for a stranded lock"
+    if trouble != "hung-at-release":  # a hung Redis runs the timed-out publish once it resumes
+        assert theirs is True
+    lock_name = holder.redis_key(entry.key, ENV_ID) + ":lock"
+    with aof_server.client() as admin:
+        deadline = time.monotonic() + 3
+        while admin.exists(lock_name) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert admin.exists(lock_name) == 0, "the holder's lock outlived its release"
+
+
+@pytest.mark.parametrize("wait", [0.0, 1.0])
+@pytest.mark.parametrize("state", ["healthy", "hung", "down", "hangs-while-waiting"])
+def test_lock_wait_is_bounded(
+    state: str, wait: float, request: pytest.FixtureRequest, make_tier: Callable[..., RemoteTier]
+) -> None:
+    """lock(wait=W) returns within W plus one Redis attempt, whatever Redis does."""
+    timeout = 0.1
+    held: contextlib.AbstractContextManager[bool] | None = None
+    if state in ("healthy", "hangs-while-waiting"):
+        server: LocalRedis = request.getfixturevalue("own_server")  # skips without redis-server
+        url = server.url
+        held = make_tier(url).lock("9d" * 32, ENV_ID, wait=0)  # referenced: held for the whole test
+        assert held.__enter__() is True
+    else:
+        url = request.getfixturevalue("silent_server") if state == "hung" else f"redis://127.0.0.1:{free_port()}/0"
+    tier = make_tier(url, timeout=timeout)
+    hang: threading.Timer | None = None
+    if state == "hangs-while-waiting":
+        assert server.process is not None
+        hang = threading.Timer(0.3, os.kill, args=(server.process.pid, signal.SIGSTOP))
+        hang.start()
+    try:
+        started = time.monotonic()
+        with tier.lock("9d" * 32, ENV_ID, wait=wait) as mine:
+            elapsed = time.monotonic() - started
+    finally:
+        if hang is not None:
+            hang.join()
+            os.kill(server.process.pid, signal.SIGCONT)
+        if held is not None:
+            held.__exit__(None, None, None)
+    assert elapsed < wait + 2 * timeout + 0.1
+    expected = {"healthy": False, "hung": True, "down": True, "hangs-while-waiting": wait > 0.3}[state]
+    assert mine is expected  # True: nobody to coordinate with, build locally
+    if state == "healthy":
+        assert elapsed >= wait
+
+
+@needs_server
+@pytest.mark.redis
+@pytest.mark.parametrize(("maxmemory", "size"), [("1mb", 2_000_000), ("8mb", 10_000_000)])
+def test_redis_smaller_than_a_plan(
+    maxmemory: str, size: int, tmp_path: Path, make_tier: Callable[..., RemoteTier], caplog: pytest.LogCaptureFixture
+) -> None:
+    """allkeys-lru does refuse writes: a value larger than what eviction can free (8mb), or
+    every write once Redis's own overhead exceeds maxmemory (1mb). The tier reports it once,
+    says "build locally" for a refused lock, and keeps working."""
+    server = LocalRedis(tmp_path, args=["--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru"]).start()
+    try:
+        tier = make_tier(server.url)
+        big = make_entry(size=size)
+        with caplog.at_level(logging.WARNING, logger=LOG):
+            started = time.monotonic()
+            assert tier.put(big) is False
+            assert tier.put(big) is False
+            with tier.lock("9e" * 32, ENV_ID, wait=5) as mine:
+                assert mine is True  # taken, or refused: either way this node builds, at once
+            elapsed = time.monotonic() - started
+        assert elapsed < 1
+        stats = tier.stats()
+        assert stats["available"] is True and stats["publishes"] == 0 and stats["skipped"] == 0
+        assert stats["errors"] >= 2
+        published = [m for m in warnings_of(caplog) if "publish" in m]
+        assert len(published) == 1 and "full" in published[0] and "local store" in published[0]
+        if maxmemory == "8mb":  # once Redis has dropped the refused value, smaller plans fit again
+            deadline = time.monotonic() + 3
+            while not tier.put(make_entry(size=100_000)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert tier.stats()["publishes"] == 1
+    finally:
+        server.stop()
+
+
+@needs_server
+@pytest.mark.redis
+def test_full_redis_refuses_the_lock_but_not_its_renewal_or_release(
+    own_server: LocalRedis, make_tier: Callable[..., RemoteTier], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full Redis (here noeviction) refuses the lock script: a waiter builds locally at once,
+    without the fleet lock; the holder's renewal and release still go through."""
+    holder, waiter = make_tier(own_server.url, lock_ttl=0.6), make_tier(own_server.url)
+    key = "9f" * 32
+    lock_name = holder.redis_key(key, ENV_ID) + ":lock"
+    admin = own_server.client()
+    with holder.lock(key, ENV_ID, wait=0) as mine:
+        assert mine is True
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", "1")  # every write that needs memory fails with OOM
+        with caplog.at_level(logging.WARNING, logger=LOG):
+            started = time.monotonic()
+            with waiter.lock(key, ENV_ID, wait=5) as theirs:
+                assert theirs is True  # no exception, no wait: build without the fleet lock
+            assert time.monotonic() - started < 0.5
+        assert any("without the fleet lock" in m for m in warnings_of(caplog))
+        time.sleep(1.0)  # past the 0.6 s expiry: renewed all the same
+        assert admin.exists(lock_name) == 1
+    assert admin.exists(lock_name) == 0
+    assert waiter.available and holder.available
+    admin.close()
+
+
 # ---------------------------------------------------------------------------- TTL
 
 
@@ -513,11 +757,12 @@ def test_from_env_reads_the_secret_file(tmp_path: Path) -> None:
     url = "redis://:hunter2@127.0.0.1:1/0"
     tier = RemoteTier.from_env({"PLANCACHE_REDIS_URL": url, "PLANCACHE_REDIS_SECRET_FILE": str(path),
                                 "PLANCACHE_REDIS_TTL": "3600", "PLANCACHE_REDIS_TIMEOUT": "0.1",
-                                "PLANCACHE_REDIS_NAMESPACE": "fleet1"})  # fmt: skip
+                                "PLANCACHE_REDIS_NAMESPACE": "fleet1", "PLANCACHE_REDIS_LOCK_TTL": "120"})  # fmt: skip
     direct = RemoteTier(url, secret=SECRET)
     assert tier is not None
     assert tier.key_id == direct.key_id  # the trailing newline is not part of the secret
-    assert (tier.ttl, tier.timeout, tier.namespace) == (3600, 0.1, "fleet1")
+    assert (tier.ttl, tier.timeout, tier.namespace, tier.lock_ttl) == (3600, 0.1, "fleet1", 120)
+    assert direct.lock_ttl == 60  # renewed while held: a dead holder's lock lasts a minute
     assert "hunter2" not in tier.url and "hunter2" not in repr(tier) and "hunter2" not in str(tier.stats())
     tier.close()
     direct.close()

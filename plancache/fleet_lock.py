@@ -1,0 +1,247 @@
+"""The fleet lock: cross-node single flight for one plan key, kept in the shared Redis.
+
+``FleetLock.hold(entry_name, wait)`` is what ``RemoteTier.lock`` returns. It takes the
+lock ``<entry_name>:lock`` with a random token, or learns that the entry already exists,
+or gives up after ``wait`` seconds, or finds Redis unusable (down, backing off, full) and
+says "build locally". While the with-block runs and this node holds the lock, a daemon
+thread renews it every ``lock_ttl / 3`` seconds, so an autotune may take longer than the
+lock's expiry, and a holder that dies stops renewing, so its lock is gone one expiry later.
+
+Releasing is never skipped: the release at the end of the block is attempted even while
+the tier backs off (it is counted against ``max_stall``, so the documented delay bound
+holds), and when Redis does not answer, the same thread retries it until Redis answers
+or the lock would have expired anyway. A Redis that restarts from its append-only file
+keeps the lock; without the retry the next node that needs the plan would wait out its
+whole ``wait`` on a healthy Redis.
+
+Every script compares the token first, so only the holder extends or deletes its lock:
+after a lock expired and another node took it, a late renewal or release of the first
+holder does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+__all__ = ["CallMode", "FleetLock", "ScriptCall"]
+
+log = logging.getLogger("plancache.remote")
+
+# How the tier makes one call: "normal" is skipped while the tier backs off; "always" is
+# attempted even then (a release), counted against max_stall, skipped only once the tier is
+# switched off; "background" comes from the lock's own thread: it delays no caller, so it is
+# made whatever the tier's state and is not counted against max_stall.
+CallMode = Literal["normal", "always", "background"]
+# (what, operation, mode) -> the script's integer reply, or None when the call failed.
+ScriptCall = Callable[[str, Callable[[], Any], CallMode], int | None]
+
+_POLL_FIRST, _POLL_MAX = 0.02, 0.25  # lock polling: quick for short builds, cheap for long ones
+_RETRY_FIRST, _RETRY_MAX = 0.1, 1.0  # release retries: prompt once Redis is back, cheap while not
+
+# Atomic "is it built? else try to take the lock": one round trip, and no window in which a
+# node could take the lock just after the holder published and released it.
+_ACQUIRE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+# Extend the lock only while it holds our token: never revive or extend another node's.
+# PEXPIRE needs no memory, so a full Redis still accepts it.
+_RENEW_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+# Delete the lock only if it still holds our token: after our lock expired and another
+# node took it, a plain DEL would release theirs.
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class FleetLock:
+    """Takes, renews and releases fleet locks through one Redis client.
+
+    ``call`` runs one command with the tier's outage handling (see ``CallMode``);
+    ``count`` and ``warn_once`` are the tier's counters and once-per-topic warnings.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        call: ScriptCall,
+        *,
+        lock_ttl: float,
+        count: Callable[[str], None],
+        warn_once: Callable[..., None],
+    ) -> None:
+        self.lock_ttl = lock_ttl
+        self.renew_every = lock_ttl / 3  # two renewals may fail before the lock expires
+        self._px = str(max(1, int(lock_ttl * 1000)))
+        self._call = call
+        self._count = count
+        self._warn_once = warn_once
+        self._acquire = client.register_script(_ACQUIRE_LUA)
+        self._renew = client.register_script(_RENEW_LUA)
+        self._release = client.register_script(_RELEASE_LUA)
+        self._holds: set[_Hold] = set()
+        self._holds_lock = threading.Lock()
+        self.closed = threading.Event()
+
+    @contextlib.contextmanager
+    def hold(self, entry_name: str, wait: float) -> Iterator[bool]:
+        """True: build now (this node holds the lock, or Redis cannot coordinate). False:
+        the entry exists, or ``wait`` ran out."""
+        lock_name = entry_name + ":lock"
+        token = secrets.token_hex(16)  # only the owner's token renews or releases the lock
+        outcome, taken_at = self._take(entry_name, lock_name, token, wait)
+        if outcome != "mine":
+            yield outcome == "down"
+            return
+        hold = _Hold(self, lock_name, token, expires_at=taken_at + self.lock_ttl)
+        with self._holds_lock:
+            self._holds.add(hold)
+        hold.start()
+        try:
+            yield True
+        finally:
+            hold.leave()
+
+    def close(self) -> None:
+        """Stop renewing; try once more to release locks whose release is still pending.
+        A lock still held (its with-block open) is left to expire: closing makes no promise
+        that the build is over, and a block left after close touches Redis no more."""
+        self.closed.set()
+        with self._holds_lock:
+            holds = list(self._holds)
+        for hold in holds:
+            hold.wake()
+            if hold.pending:
+                hold.release("always")
+
+    # ------------------------------------------------------------------ internals
+
+    def _take(self, entry_name: str, lock_name: str, token: str, wait: float) -> tuple[str, float]:
+        """('mine' | 'built' | 'timeout' | 'down', when the winning attempt was sent).
+
+        Real time, not the tier's backoff clock: the wait is bounded by ``wait`` plus one
+        attempt (a round trip, or ``timeout`` per round trip when Redis fails) whatever the
+        backoff state."""
+        deadline = time.monotonic() + max(0.0, wait)
+        pause = _POLL_FIRST
+        waited = False
+        while True:
+            sent = time.monotonic()
+            result = self._call("lock", lambda: self._acquire(keys=[entry_name, lock_name], args=[token, self._px]), "normal")
+            if result is None:  # down, backing off, or refused (a full Redis): no coordination
+                return "down", sent
+            if result == 1:
+                return "mine", sent
+            if result == 2:
+                return "built", sent
+            if not waited:
+                waited = True
+                self._count("lock_waits")
+                log.info("plancache: another node is building %s; waiting up to %.0f s", entry_name, wait)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout", sent
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, _POLL_MAX)
+
+    def _forget(self, hold: _Hold) -> None:
+        with self._holds_lock:
+            self._holds.discard(hold)
+
+
+class _Hold:
+    """One lock this node holds: renewed by a daemon thread while the with-block runs, then
+    released by the block's owner, or by the thread when that release could not reach Redis."""
+
+    def __init__(self, owner: FleetLock, name: str, token: str, expires_at: float) -> None:
+        self.owner = owner
+        self.name = name
+        self.token = token
+        self.expires_at = expires_at  # monotonic; by then Redis has dropped the lock anyway
+        self.pending = False  # the block is over but the release has not reached Redis
+        self._leaving = False  # set before the release, so a failed renewal is not "lost"
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"plancache-lock-{name.split(':')[-2][:12]}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def leave(self) -> None:
+        """End of the with-block: release now, or leave it to the thread (never blocks on
+        Redis for more than one attempt, and not at all once the tier is switched off)."""
+        self._leaving = True
+        if self.owner.closed.is_set():  # the tier is closed: the lock expires by itself
+            self._wake.set()
+            return
+        self.pending = not self.release("always")
+        if not self.pending:
+            self.owner._forget(self)
+        self._wake.set()
+
+    def release(self, mode: Literal["always", "background"]) -> bool:
+        """True once Redis answered: released, or already not ours (expired, taken)."""
+        result = self.owner._call("unlock", lambda: self.owner._release(keys=[self.name], args=[self.token]), mode)
+        if result is None:
+            return False
+        self.pending = False
+        return True
+
+    def _run(self) -> None:
+        try:
+            self._renew_while_held()
+            self._retry_release()
+        except Exception as exc:  # a daemon thread must not die with a traceback; the lock expires
+            log.debug("plancache: fleet lock thread for %s stopped: %r", self.name, exc)
+        finally:
+            if not self.pending:
+                self.owner._forget(self)
+
+    def _renew_while_held(self) -> None:
+        while not self._wake.wait(self.owner.renew_every):
+            if self._leaving or self.owner.closed.is_set():
+                return
+            sent = time.monotonic()
+            result = self.owner._call(
+                "renew", lambda: self.owner._renew(keys=[self.name], args=[self.token, self.owner._px]), "background"
+            )
+            if result == 1:
+                self.expires_at = sent + self.owner.lock_ttl
+            elif result == 0 and not self._leaving:
+                # Expired during an outage longer than the expiry, evicted, or lost with a
+                # Redis restarted without persistence: another node may build this plan too.
+                self.owner._warn_once(
+                    "lock-lost",
+                    "plancache: lost the fleet lock %s while building (expired or evicted); another node may build the same plan",
+                    self.name,
+                )
+                return
+            # None: Redis did not answer; try again next period while the lock may still exist.
+
+    def _retry_release(self) -> None:
+        self._wake.wait()  # the block is over (or the tier closed)
+        pause = _RETRY_FIRST
+        while self.pending and not self.owner.closed.is_set():
+            remaining = self.expires_at - time.monotonic()
+            if remaining <= 0:  # Redis has dropped the lock by itself
+                self.pending = False
+                return
+            if self.owner.closed.wait(min(pause, remaining)):
+                return
+            if self.release("background"):
+                log.info("plancache: released the fleet lock %s once Redis answered again", self.name)
+                return
+            pause = min(pause * 2, _RETRY_MAX)
