@@ -65,16 +65,9 @@ def _remote_from_env() -> Any:
 
 
 def _max_size_from_env() -> int | None:
-    text = os.environ.get("PLANCACHE_MAX_SIZE", "").strip()
-    if not text:
-        return None
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    scale = units.get(text[-1].lower(), 1)
-    number = text[:-1] if text[-1].lower() in units else text
-    try:
-        return int(float(number) * scale)
-    except ValueError as exc:
-        raise ValueError(f"PLANCACHE_MAX_SIZE={text!r} is not a size like 500M or 2G") from exc
+    from .config import max_size_from_env  # PLANCACHE_MAX_SIZE: 0 is no limit, a bad value a ConfigError
+
+    return max_size_from_env()
 
 
 class PlanCache:
