@@ -10,14 +10,18 @@ share one plan. Its output is checked against the same model in PyTorch.
     python examples/resnet_attention.py --mode warm --dir DIR   # one fresh-process run
 
 The demo runs the model in fresh processes and prints the time to first output with no
-plan cache (cuDNN heuristic builds), with a cold plancache, a warm one, and a cache that
-was just imported from a bundle.
+plan cache (cuDNN heuristic builds), with a cold plancache, a warm one, a cache that was
+just imported from a bundle, and the same model in PyTorch eager (bf16, no plancache).
+Beside it, the time of one step once everything is loaded: the median of STEPS steps,
+each CUDA-synchronized, timed alone (the float32 reference run that checks the output is
+outside every timing).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +39,9 @@ LAYERS: list[tuple[str, str, dict[str, Any]]] = [
     ("out", "matmul_bias_act", {"b": N, "m": 784, "k": 128, "n": 128, "act": "relu"}),
 ]
 TOLERANCE = 2e-2
+STEPS = 20  # timed steps per run (after WARMUP_STEPS untimed ones); the median is reported
+WARMUP_STEPS = 3
+MODES = ["nocache", "cold", "warm", "bundle", "eager"]
 
 
 class RawPlans:
@@ -127,6 +134,20 @@ def forward(plans: Any, torch: Any, w: dict[str, Any], x: Any) -> Any:
     return out
 
 
+def forward_eager(torch: Any, w: dict[str, Any], x: Any) -> Any:
+    """The same model in PyTorch eager, in bf16 and the same memory layouts as the cuDNN
+    graphs: what the model costs without plancache (PyTorch picks its own kernels)."""
+    functional = torch.nn.functional
+    h = x
+    for layer, _name, p in LAYERS[:3]:
+        h = torch.relu(functional.conv2d(h, w[layer], padding=1, stride=p.get("stride", 1)) + w[layer + ".b"])
+    tokens = h.permute(0, 2, 3, 1).reshape(N, 784, 128)
+    q, k, v = (tokens @ w[p] + w[p + ".b"] for p in ("q", "k", "v"))
+    split = lambda t: t.view(N, 784, 2, 64).permute(0, 2, 1, 3)  # noqa: E731
+    o = functional.scaled_dot_product_attention(split(q), split(k), split(v), scale=64**-0.5)
+    return torch.relu(o.permute(0, 2, 1, 3).reshape(N, 784, 128) @ w["out"] + w["out.b"])
+
+
 def forward_pytorch(torch: Any, w: dict[str, Any], x: Any) -> Any:
     """The same model in PyTorch, float32 from the same bf16 weights."""
     functional = torch.nn.functional
@@ -140,31 +161,61 @@ def forward_pytorch(torch: Any, w: dict[str, Any], x: Any) -> Any:
     return torch.relu(o.permute(0, 2, 1, 3).reshape(N, 784, 128) @ w["out"].float() + w["out.b"].float())
 
 
-def run_once(mode: str, directory: str | None, bundle: str | None) -> dict[str, Any]:
+def step_times_ms(torch: Any, step: Any, steps: int = STEPS, warmup: int = WARMUP_STEPS) -> list[float]:
+    """Milliseconds of each of ``steps`` calls of ``step`` after ``warmup`` untimed ones.
+    Each is timed alone and waits for the GPU (``torch.cuda.synchronize``), so it is what a
+    caller waiting for one output pays: host launch work plus GPU time."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - started) * 1e3)
+    return times
+
+
+def cuda_torch() -> Any:
+    """torch, once it is clear that there is a GPU (else one line and exit code 1)."""
     import torch
 
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "resnet_attention.py: this runs cuDNN plans and needs an NVIDIA GPU (torch.cuda.is_available() is False); "
+            "without one, `python -m pytest tests/test_example.py` runs the model through plancache on the CPU test backend"
+        )
     torch.cuda.init()
+    return torch
+
+
+def run_once(mode: str, directory: str | None, bundle: str | None) -> dict[str, Any]:
+    torch = cuda_torch()
     w = weights(torch)
     x = torch.randn(N, 64, 56, 56).to(torch.bfloat16).cuda().to(memory_format=torch.channels_last)
     torch.cuda.synchronize()
     started = time.perf_counter()
     imported = None
+    plans: Any = None
     if mode == "bundle":
         from plancache.bundle import import_bundle
         from plancache.store import Store
 
-        imported = import_bundle(Store(directory), bundle)
-    plans = RawPlans() if mode == "nocache" else CachedPlans(directory or "")
-    out = forward(plans, torch, w, x)
+        imported = import_bundle(Store(directory), bundle or "")
+    if mode == "eager":
+        step = lambda: forward_eager(torch, w, x)  # noqa: E731
+    else:
+        plans = RawPlans() if mode == "nocache" else CachedPlans(directory or "")
+        step = lambda: forward(plans, torch, w, x)  # noqa: E731
+    out = step()
     torch.cuda.synchronize()
     first = time.perf_counter() - started
-    steady_started = time.perf_counter()
-    for _ in range(10):
-        forward(plans, torch, w, x)
-    torch.cuda.synchronize()
-    ref = forward_pytorch(torch, w, x)
+    times = step_times_ms(torch, step)
+    ref = forward_pytorch(torch, w, x)  # float32, after the timings: checks the output only
     error = float((out.float() - ref).norm() / ref.norm())
-    result = {"mode": mode, "first_output_s": first, "step_s": (time.perf_counter() - steady_started) / 10, "rel_error": error}
+    result = {"mode": mode, "first_output_s": first, "step_ms": statistics.median(times), "step_ms_min": min(times),
+              "steps": len(times), "rel_error": error}  # fmt: skip
     if isinstance(plans, CachedPlans):
         plans.cache.close()
         result["counters"] = plans.cache.counters
@@ -173,7 +224,7 @@ def run_once(mode: str, directory: str | None, bundle: str | None) -> dict[str, 
     return result
 
 
-def demo() -> None:
+def demo(opts_out: str | None = None) -> None:
     root = Path(tempfile.mkdtemp(prefix="plancache-example-"))
     warm, imported, bundle = root / "warm", root / "imported", root / "plans.bundle"
 
@@ -199,31 +250,37 @@ def demo() -> None:
         sys.stderr.write(export.stderr)
         raise SystemExit("export failed")
     rows.append(fresh("bundle", imported))
-    print(f"\nexample model (3 fused convs + attention block, batch {N}, bf16): time to first output in a fresh process")
+    rows.append(fresh("eager"))
+    print(f"\nexample model (3 fused convs + attention block, batch {N}, bf16): time to first output in a fresh process;")
+    print(f"step: median of {STEPS} steps after {WARMUP_STEPS} warm-up steps, each CUDA-synchronized and timed alone")
     print(f"{'mode':10} {'first output s':>15} {'step ms':>9} {'process s':>10} {'rel err':>9}  counters")
     for r in rows:
         counters = {k: v for k, v in r.get("counters", {}).items() if v}
-        print(f"{r['mode']:10} {r['first_output_s']:15.3f} {r['step_s'] * 1e3:9.2f} {r['process_s']:10.1f} {r['rel_error']:9.1e}  {counters}")
+        print(f"{r['mode']:10} {r['first_output_s']:15.3f} {r['step_ms']:9.3f} {r['process_s']:10.1f} {r['rel_error']:9.1e}  {counters}")
+    print("eager: the same model in PyTorch (bf16, its own kernels), no plancache")
     bad = [r["mode"] for r in rows if r["rel_error"] > TOLERANCE]
     if bad:
         raise SystemExit(f"outputs differ from PyTorch in modes {bad}")
+    if opts_out:
+        Path(opts_out).write_text(json.dumps(rows, indent=2))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=["nocache", "cold", "warm", "bundle"])
-    parser.add_argument("--dir")
-    parser.add_argument("--bundle")
-    parser.add_argument("--out", help="ignored; accepted so scripts/gpu-check can run every demo alike")
+    parser.add_argument("--mode", choices=MODES, help="one run in this process, printed as JSON (the demo runs each in a fresh one)")
+    parser.add_argument("--dir", help="the plan cache directory (modes cold, warm, bundle)")
+    parser.add_argument("--bundle", help="the bundle to import first (mode bundle)")
+    parser.add_argument("--out", help="the demo's rows as JSON (also accepted so scripts/gpu-check can run every demo alike)")
     opts = parser.parse_args()
+    if opts.mode in ("cold", "warm", "bundle") and not opts.dir:
+        parser.error(f"--mode {opts.mode} needs --dir DIR (the plan cache directory)")
+    if opts.mode == "bundle" and not opts.bundle:
+        parser.error("--mode bundle needs --bundle FILE")
     if opts.mode:
         print(json.dumps(run_once(opts.mode, opts.dir, opts.bundle)))
         return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise SystemExit("this demo runs cuDNN plans and needs an NVIDIA GPU; the model's graphs build on CPU with the test backend")
-    demo()
+    cuda_torch()  # the demo needs a GPU: one line and exit code 1 without one
+    demo(opts.out)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import sqlite3
+import stat
 import struct
 import tempfile
 import time
@@ -36,11 +37,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .store import maintenance
 from .codec import decode_entry, encode_entry
 from .errors import BundleError, EntryNotFoundError, StoreError
 from .key import KEY_FORMAT, canonical_json, environment_id
-from .store import Entry, Store
+from .store import Entry, Store, maintenance
 
 __all__ = ["BUNDLE_FORMAT", "BUNDLE_MAGIC", "export_bundle", "import_bundle", "read_bundle"]
 
@@ -78,17 +78,49 @@ def _select(store: Store, env_id: str | None, keys: Iterable[str] | None) -> lis
     return selected
 
 
+def _check_target(target: Path) -> None:
+    """Refuse an export target that exists and is not a regular file: a symlink, FIFO,
+    device node, socket or directory is never replaced (the rename would replace the link
+    or the node itself, not write through it)."""
+    try:
+        mode = target.lstat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:  # a component is a file (ENOTDIR), a directory cannot be searched (EACCES)...
+        raise _cannot_write(target, exc) from exc
+    if not stat.S_ISREG(mode):
+        raise BundleError(f"cannot export to {target}: it exists and is {_kind(mode)}, not a regular file; "
+                          "plancache only replaces regular files", path=str(target), reason="not a regular file")  # fmt: skip
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def _cannot_write(target: Path, exc: OSError) -> BundleError:
+    where = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != str(target) else ""
+    return BundleError(f"cannot write bundle {target}: {exc.strerror or exc}{where}", path=str(target), reason="unwritable")
+
+
 def export_bundle(
     store: Store, path: str | os.PathLike[str], *, env_id: str | None = None, keys: Iterable[str] | None = None
 ) -> dict[str, Any]:
     """Write the entries of ``store`` (those of ``env_id``, or the given ``keys`` or key
-    prefixes; default all) to one bundle file at ``path``, atomically.
+    prefixes; default all) to one bundle file at ``path``, atomically: a temporary file in
+    the same directory, renamed over ``path``. ``path`` must be a regular file or not
+    exist: a symlink, FIFO, device node or other special file is refused (``BundleError``),
+    never replaced. Missing parent directories are created.
 
     Entries whose blob fails its checksum are left out and reported under ``skipped``.
     Returns ``{"path", "entries", "keys", "bytes", "environments", "skipped"}``.
     """
     started = time.perf_counter()
     target = Path(path)
+    _check_target(target)  # before any work; again just before the rename
     chosen = _select(store, env_id, keys)
     payload = bytearray()
     members: list[dict[str, Any]] = []
@@ -115,8 +147,11 @@ def export_bundle(
          "environments": environments, "payload_size": len(payload), "entries": members},
         sort_keys=True,
     ).encode()  # fmt: skip
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _cannot_write(target, exc) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(BUNDLE_MAGIC + _LENGTH.pack(len(header)) + hashlib.sha256(header).digest())
@@ -124,9 +159,12 @@ def export_bundle(
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
+        _check_target(target)  # once more just before the rename: never replace a special file
         os.replace(tmp, target)  # a reader sees the old file or the whole new one
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _cannot_write(target, exc) from exc
         raise
     return {
         "path": str(target),

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from .build.autotune import TimingPolicy, autotune
 from .build.backend import Backend, BuiltPlan, EngineChoice
+from .config import max_size_from_env
 from .errors import DamagedEntryError, PlanCacheError
 from .flight import SingleFlight
 from .key import BuildOptions, CacheKey, TensorSpec, describe, environment_id, make_key
@@ -61,19 +62,6 @@ def _remote_from_env() -> Any:
     from .remote import RemoteTier
 
     return RemoteTier.from_env()
-
-
-def _max_size_from_env() -> int | None:
-    text = os.environ.get("PLANCACHE_MAX_SIZE", "").strip()
-    if not text:
-        return None
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    scale = units.get(text[-1].lower(), 1)
-    number = text[:-1] if text[-1].lower() in units else text
-    try:
-        return int(float(number) * scale)
-    except ValueError as exc:
-        raise ValueError(f"PLANCACHE_MAX_SIZE={text!r} is not a size like 500M or 2G") from exc
 
 
 class PlanCache:
@@ -116,12 +104,16 @@ class PlanCache:
         self.backend = backend if backend is not None else _default_backend()
         self.options = options or BuildOptions()
         self.timing = timing or TimingPolicy()
-        self.max_size = max_size if max_size is not None else _max_size_from_env()
+        # PLANCACHE_MAX_SIZE, as ccache reads its limit: 0 is no limit, a bad value a ConfigError.
+        self.max_size = (max_size if max_size is not None else max_size_from_env()) or None
         self.local = LocalTier(directory, read_only=read_only, max_bytes=self.max_size, warn=self._warn_once, count=self._count)
         self.directory = self.local.directory
         self.memory: LRU[tuple[str, int], Plan] = LRU(max_plans if max_plans is not None else max_plans_from_env())
         self.remote = remote if remote is not None else _remote_from_env()
-        lock_dir = self.directory / "locks" if self.local.available and not self.local.read_only else None
+        # The build locks need only a writable directory, not a working store: processes that
+        # cannot store plans must still not autotune the same key at once.
+        writable = os.access(self.directory, os.W_OK) and not (self.local.store is not None and self.local.store.read_only)
+        lock_dir = self.directory / "locks" if writable else None
         self.flight = SingleFlight(lock_dir, timeout=lock_timeout, remote=self.remote, warn=self._warn_once, count=self._count)
         self.lock_timeout = lock_timeout
         self.persist_kernel_cache = persist_kernel_cache

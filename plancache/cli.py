@@ -1,56 +1,77 @@
 """The ``plancache`` command. Data goes to stdout (``--json`` for scripts), logs and
-progress to stderr.
+progress to stderr (progress only when stderr is a terminal).
 
 Exit codes: 0 success; 1 an error (one line on stderr; ``--debug`` for the traceback);
-2 bad usage; 3 ``verify`` found problems or ``prewarm`` had failing entries.
+2 bad usage (an unknown option, a bad argument, a bad ``PLANCACHE_BACKEND`` or
+``PLANCACHE_MAX_SIZE``); 3 ``verify`` found problems or ``prewarm`` had failing entries.
+``--dir``, ``--json`` and ``--debug`` go before or after the command name.
 """
 
 from __future__ import annotations
 
+import errno
+import inspect
 import json
 import logging
 import os
+import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
-from .store import maintenance
-from .errors import EntryNotFoundError, PlanCacheError
-from .store import Entry, Store
+from .config import ConfigError, format_size
+from .errors import CacheDirError, EntryNotFoundError, ManifestError, PlanCacheError
+from .store import DB_NAME, Entry, Store, default_cache_dir, maintenance
 
-__all__ = ["main"]
+__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
 
+EXIT_OK = 0
 EXIT_ERROR = 1
+EXIT_USAGE = 2
 EXIT_PROBLEMS = 3
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Context:
-    def __init__(self, directory: Path | None, debug: bool) -> None:
+    def __init__(self, directory: Path | None, debug: bool, as_json: bool = False) -> None:
         self.directory = directory
         self.debug = debug
+        self.as_json = as_json
 
-    def store(self, *, read_only: bool | None = None) -> Store:
-        return Store(self.directory, read_only=read_only)
+    def store(self, *, existing: bool = True) -> Store:
+        """The store of the chosen directory. ``existing``: it must already hold a plan
+        store; a missing or mistyped directory is an error and nothing is created."""
+        if existing:
+            directory = self.directory if self.directory is not None else default_cache_dir()
+            if not directory.exists():
+                raise CacheDirError(f"cache directory {directory} does not exist (check --dir or PLANCACHE_DIR)", path=str(directory))
+            if not directory.is_dir():
+                raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
+            if not (directory / DB_NAME).exists():
+                raise CacheDirError(f"cache directory {directory} holds no plan store ({DB_NAME}): nothing was cached there",
+                                    path=str(directory))  # fmt: skip
+        return Store(self.directory)
+
+
+def _wants_json(as_json: bool) -> bool:
+    obj = click.get_current_context().find_object(_Context)
+    return as_json or (obj is not None and obj.as_json)
 
 
 def _emit(data: Any, as_json: bool, text: Callable[[Any], Iterable[str]]) -> None:
-    if as_json:
+    if _wants_json(as_json):
         click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
     else:
         for line in text(data):
             click.echo(line)
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+_size = format_size
 
 
 def _age(seconds: float) -> str:
@@ -91,32 +112,78 @@ def _entry_parts(entry: Entry) -> dict[str, Any]:
     return {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
 
 
+def _one_line(exc: BaseException) -> tuple[str, int]:
+    """The one line and exit code of an error the user can act on."""
+    if isinstance(exc, ConfigError):
+        return str(exc), EXIT_USAGE
+    if isinstance(exc, PlanCacheError):
+        return str(exc), EXIT_ERROR
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        other = f" -> {exc.filename2}" if exc.filename2 else ""
+        return f"{exc.strerror or exc}{where}{other}", EXIT_ERROR
+    return f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc), EXIT_ERROR
+
+
 class _Group(click.Group):
-    """Maps every PlanCacheError to one line on stderr and exit code 1."""
+    """The one place that maps errors to one line on stderr and an exit code: plancache's
+    own errors, OSError and ValueError (a bad file, directory or value) give exit code 1,
+    a bad setting (``ConfigError``) 2. ``--debug`` shows the traceback instead."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except PlanCacheError as exc:
+        except (PlanCacheError, OSError, ValueError) as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
+                raise  # stdout closed early (`plancache ls | head`): click exits quietly
             if ctx.obj is not None and getattr(ctx.obj, "debug", False):
                 raise
-            click.echo(f"plancache: error: {exc}", err=True)
-            ctx.exit(EXIT_ERROR)
+            message, code = _one_line(exc)
+            click.echo(f"plancache: error: {' '.join(message.split())}", err=True)
+            ctx.exit(code)
+
+
+def _set_dir(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    obj = ctx.find_object(_Context)
+    if value is not None and obj is not None:
+        obj.directory = value.expanduser()
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    obj = ctx.find_object(_Context)
+    if value and obj is not None:
+        obj.debug = True
+        logging.getLogger().setLevel(logging.DEBUG)
+
+
+def _common(func: F) -> F:
+    """``--dir`` and ``--debug`` after the command name too (``plancache ls --dir X``)."""
+    func = click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug,
+                        help="Show tracebacks and debug logs (also before the command).")(func)  # fmt: skip
+    func = click.option("--dir", type=click.Path(path_type=Path), expose_value=False, callback=_set_dir,
+                        help="Cache directory (also before the command; default: $PLANCACHE_DIR, "
+                             "else the user cache directory).")(func)  # fmt: skip
+    return func
 
 
 @click.group(cls=_Group)
 @click.option("--dir", "directory", type=click.Path(path_type=Path), envvar="PLANCACHE_DIR",
               help="Cache directory (default: $PLANCACHE_DIR, else the user cache directory).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (also after the command).")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.version_option(package_name="plancache")
 @click.pass_context
-def cli(ctx: click.Context, directory: Path | None, debug: bool) -> None:
-    """plancache: a persistent, autotuning plan cache for cuDNN Frontend graphs."""
+def cli(ctx: click.Context, directory: Path | None, as_json: bool, debug: bool) -> None:
+    """plancache: a persistent, autotuning plan cache for cuDNN Frontend graphs.
+
+    Exit codes: 0 success, 1 error, 2 bad usage, 3 verify found problems or prewarm had
+    failing entries."""
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="%(message)s", stream=sys.stderr)
-    ctx.obj = _Context(directory, debug)
+    ctx.obj = _Context(directory.expanduser() if directory is not None else None, debug, as_json)
 
 
 @cli.command()
+@_common
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env(as_json: bool) -> None:
     """The environment fingerprint that keys every plan on this machine."""
@@ -132,12 +199,17 @@ def env(as_json: bool) -> None:
 
 
 @cli.command(name="ls")
+@_common
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id.")
 @click.pass_obj
 def list_entries(obj: _Context, as_json: bool, env_id: str | None) -> None:
     """List stored plans, most recently used first."""
-    rows = maintenance.list_entries(obj.store(), env_id)
+    store = obj.store()
+    try:
+        rows = maintenance.list_entries(store, env_id)
+    finally:
+        store.close()
     now = time.time()
 
     def text(data: list[dict[str, Any]]) -> Iterable[str]:
@@ -182,13 +254,18 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
 
 
 @cli.command()
+@_common
 @click.argument("key")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--explain", is_flag=True, help="Show each part of the key with its own hash.")
 @click.pass_obj
 def show(obj: _Context, key: str, as_json: bool, explain: bool) -> None:
     """Everything stored about one plan (KEY may be a unique prefix)."""
-    entry = _entry(obj.store(), key)
+    store = obj.store()
+    try:
+        entry = _entry(store, key)
+    finally:
+        store.close()
     data = {k: v for k, v in vars(entry).items() if k != "blob"}
     data["blob_size"] = len(entry.blob)
     if explain:
@@ -197,43 +274,76 @@ def show(obj: _Context, key: str, as_json: bool, explain: bool) -> None:
 
 
 @cli.command()
+@_common
 @click.argument("key_a")
 @click.argument("key_b")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def diff(obj: _Context, key_a: str, key_b: str, as_json: bool) -> None:
-    """Which parts of two keys differ: graph, environment or options (why a miss)."""
+    """Every difference between what two keys hash (graph, environment, options): one line
+    per differing path with both values, e.g. ``graph.nodes[0].params.stride: [1, 1] -> [2, 2]``.
+    With --json: a list of {path, a, b} (``absent``: the side that lacks the path)."""
     store = obj.store()
-    a, b = _entry(store, key_a), _entry(store, key_b)
-    pa, pb = _entry_parts(a), _entry_parts(b)
-    result: dict[str, Any] = {}
-    for part in pa:
-        if pa[part] != pb[part]:
-            if isinstance(pa[part], dict):
-                fields = sorted(set(pa[part]) | set(pb[part]))
-                result[part] = {f: [pa[part].get(f), pb[part].get(f)] for f in fields if pa[part].get(f) != pb[part].get(f)}
-            else:
-                result[part] = [pa[part], pb[part]]
+    try:
+        a, b = _entry(store, key_a), _entry(store, key_b)
+    finally:
+        store.close()
+    result = [_difference(path, va, vb) for path, va, vb in _differences(_entry_parts(a), _entry_parts(b), "")]
 
-    def text(d: dict[str, Any]) -> Iterable[str]:
+    def text(d: list[dict[str, Any]]) -> Iterable[str]:
         if not d:
             yield "the keys have identical parts"
-        for part, fields in d.items():
-            yield f"{part}:"
-            for name, (va, vb) in fields.items() if isinstance(fields, dict) else [("", fields)]:
-                yield f"  {name}: {json.dumps(va, sort_keys=True)[:200]}  !=  {json.dumps(vb, sort_keys=True)[:200]}"
+        for row in d:
+            va = "(absent)" if row.get("absent") == "a" else json.dumps(row["a"], sort_keys=True)
+            vb = "(absent)" if row.get("absent") == "b" else json.dumps(row["b"], sort_keys=True)
+            yield f"{row['path']}: {va} -> {vb}"
 
     _emit(result, as_json, text)
 
 
+_ABSENT: Any = object()
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _differences(a: Any, b: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
+    """(path, a, b) for every leaf where two JSON values differ. Objects are compared key
+    by key; lists holding objects or lists element by element; other lists (a stride, a
+    shape) and scalars as whole values. A path only one side has gives ``_ABSENT``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for name in sorted(set(a) | set(b), key=str):
+            step = f"{path}.{name}" if _NAME.match(str(name)) else f"{path}[{json.dumps(name)}]"
+            yield from _differences(a.get(name, _ABSENT), b.get(name, _ABSENT), step.lstrip("."))
+    elif isinstance(a, list) and isinstance(b, list) and any(isinstance(x, (dict, list)) for x in (*a, *b)):
+        for i in range(max(len(a), len(b))):
+            yield from _differences(a[i] if i < len(a) else _ABSENT, b[i] if i < len(b) else _ABSENT, f"{path}[{i}]")
+    elif a is _ABSENT or b is _ABSENT or json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True):
+        yield path, a, b
+
+
+def _difference(path: str, a: Any, b: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"path": path, "a": None if a is _ABSENT else a, "b": None if b is _ABSENT else b}
+    if a is _ABSENT or b is _ABSENT:
+        row["absent"] = "a" if a is _ABSENT else "b"
+    return row
+
+
 @cli.command()
+@_common
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def stats(obj: _Context, as_json: bool) -> None:
     """Totals of the store: entries, bytes, hits, quarantined entries, counters (remote
     hits, misses, publishes and refusals among them, as flushed by every process)."""
-    data = obj.store().stats()
     from .cache import _remote_from_env  # configured from PLANCACHE_REDIS_*; touches no network
+    from .config import max_size_from_env
+
+    max_size = max_size_from_env()  # a bad PLANCACHE_MAX_SIZE is reported here too
+    store = obj.store()
+    try:
+        data = store.stats()
+    finally:
+        store.close()
+    data["max_size"] = max_size
 
     remote = _remote_from_env()
     if remote is not None:
@@ -244,6 +354,7 @@ def stats(obj: _Context, as_json: bool) -> None:
         yield f"entries       {d['entries']} in {d['environments']} environment(s)"
         yield f"blobs         {_size(d['blob_bytes'])} (file {_size(d['file_bytes'])})"
         yield f"hits          {d['hits']}"
+        yield f"size limit    {_size(d['max_size']) if d['max_size'] else 'none'} (PLANCACHE_MAX_SIZE)"
         yield f"build time    {d['build_seconds']:.1f} s stored (saved again on every hit)"
         yield "by policy     " + ", ".join(f"{k}: {v}" for k, v in d["by_policy"].items())
         yield f"quarantined   {d['quarantined']}"
@@ -257,17 +368,28 @@ def stats(obj: _Context, as_json: bool) -> None:
 
 
 @cli.command()
+@_common
 @click.argument("keys", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def rm(obj: _Context, keys: tuple[str, ...], as_json: bool) -> None:
-    """Remove stored plans (each KEY may be a unique prefix)."""
+    """Remove stored plans (each KEY may be a unique prefix). Every KEY is resolved first:
+    if one is unknown or ambiguous, nothing is removed."""
     store = obj.store()
-    removed = []
-    for prefix in keys:
-        entry = _entry(store, prefix)
-        if store.delete(entry.key):
-            removed.append(entry.key)
+    try:
+        chosen: dict[str, str] = {}
+        problems: dict[str, str] = {}
+        for prefix in keys:
+            found = store.resolve(prefix)
+            if len(found) == 1:
+                chosen.setdefault(found[0], prefix)
+            else:
+                problems[prefix] = f"no entry with key {prefix!r}" if not found else f"key prefix {prefix!r} is ambiguous"
+        if problems:
+            raise EntryNotFoundError(f"nothing removed: {'; '.join(problems.values())} in {store.path}", key=next(iter(problems)))
+        removed = [key for key in chosen if store.delete(key)]
+    finally:
+        store.close()
     _emit({"removed": removed}, as_json, lambda d: (f"removed {k}" for k in d["removed"]))
 
 
@@ -309,6 +431,7 @@ def _verify_text(d: dict[str, Any]) -> Iterable[str]:
 
 
 @cli.command()
+@_common
 @click.option("--fix", is_flag=True, help="Quarantine bad entries; move a damaged file aside (kept) and copy its intact entries.")
 @click.option("--deserialize", is_flag=True, help="Also load every blob of this machine's environment (needs the GPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -334,6 +457,7 @@ def verify(obj: _Context, fix: bool, deserialize: bool, as_json: bool) -> None:
 
 
 @cli.command()
+@_common
 @click.option("--other-environments", is_flag=True, help="Entries of any other GPU, driver, CUDA, cuDNN or frontend version.")
 @click.option("--older-than", "days", type=click.FloatRange(min=0), default=None, help="Entries unused for more than DAYS days.")
 @click.option("--quarantined", is_flag=True, help="Every quarantined entry.")
@@ -372,46 +496,87 @@ def _backend_from_env() -> Any:
     ref = os.environ.get("PLANCACHE_BACKEND", "").strip()
     if not ref:
         return None
+    from .build.backend import Backend
     from .manifest import resolve_builder
 
+    hint = "set it to module:Class, e.g. plancache.testing:CpuTestBackend, or unset it for cuDNN"
+    if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$", ref):
+        raise ConfigError(f"PLANCACHE_BACKEND={ref!r} is not a backend class spec: {hint}", name="PLANCACHE_BACKEND", value=ref)
     try:
-        return resolve_builder(ref, "PLANCACHE_BACKEND")()
+        target = resolve_builder(ref, "PLANCACHE_BACKEND")
     except LookupError as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise ConfigError(f"{exc}; {hint}", name="PLANCACHE_BACKEND", value=ref) from exc
+    if not inspect.isclass(target):
+        raise ConfigError(f"PLANCACHE_BACKEND={ref!r} is a {type(target).__name__}, not a backend class: {hint}",
+                          name="PLANCACHE_BACKEND", value=ref)  # fmt: skip
+    try:
+        backend = target()
+    except Exception as exc:  # the user's class: whatever its constructor raises
+        raise ConfigError(f"PLANCACHE_BACKEND={ref!r}: {target.__name__}() failed: {type(exc).__name__}: {exc}",
+                          name="PLANCACHE_BACKEND", value=ref) from exc  # fmt: skip
+    if not isinstance(backend, Backend):
+        members = {*Backend.__annotations__, *(n for n in vars(Backend) if not n.startswith("_"))}
+        missing = sorted(m for m in members if not hasattr(backend, m))
+        raise ConfigError(f"PLANCACHE_BACKEND={ref!r}: {target.__name__} is not a backend class"
+                          f"{' (it lacks ' + ', '.join(missing) + ')' if missing else ''}: {hint}",
+                          name="PLANCACHE_BACKEND", value=ref)  # fmt: skip
+    return backend
 
 
 def _make_cache(obj: _Context) -> Any:
-    """A PlanCache on the chosen directory with the ``PLANCACHE_BACKEND`` backend."""
+    """A PlanCache on the chosen directory with the ``PLANCACHE_BACKEND`` backend. The
+    settings are checked before anything is created."""
     from .cache import PlanCache
+    from .config import max_size_from_env
 
-    return PlanCache(obj.directory, backend=_backend_from_env())
+    max_size = max_size_from_env()
+    backend = _backend_from_env()
+    return PlanCache(obj.directory, backend=backend, max_size=max_size)
 
 
 @cli.command()
+@_common
 @click.argument("manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--dry-run", is_flag=True, help="List the keys that would be built; build nothing.")
 @click.option("--policy", type=click.Choice(["topk", "exhaustive", "heuristic"]), default=None,
               help="Build policy of entries without their own options (default: topk, as PlanCache uses).")  # fmt: skip
 @click.option("--no-progress", is_flag=True, help="No progress bar (shown only when stderr is a terminal).")
+@click.option("--allow-code", is_flag=True,
+              help="Run the manifest's builder entries (they import and call module:function) and apply its "
+                   "pythonpath. Only for manifests you trust.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
-def prewarm(obj: _Context, manifest: Path, dry_run: bool, policy: str | None, no_progress: bool, as_json: bool) -> None:
+def prewarm(
+    obj: _Context, manifest: Path, dry_run: bool, policy: str | None, no_progress: bool, allow_code: bool, as_json: bool
+) -> None:
     """Build and autotune every graph MANIFEST names (JSON or TOML; see docs/prewarm.md).
 
     Plans already stored are skipped (counted as hits), so an interrupted run resumes.
     A failing entry is reported and the others still run; the exit code is 3 if any failed.
-    Builder modules import from the current directory and the manifest's "pythonpath".
+
+    Builder entries and "pythonpath" run code: they are refused (nothing is built)
+    unless --allow-code; then builder modules import from the current directory and the
+    manifest's "pythonpath". --dry-run imports nothing: builder entries are listed
+    without their keys.
     """
     from .key import BuildOptions
+    from .manifest import code_references
     from .prewarm import prewarm as run_prewarm
     from .prewarm import summary_lines
 
-    if os.getcwd() not in sys.path:
+    if not dry_run and not allow_code:
+        code = code_references(manifest)
+        if code:
+            shown = "; ".join(code[:3]) + (f"; and {len(code) - 3} more" if len(code) > 3 else "")
+            raise ManifestError(f"{manifest} runs code ({shown}): nothing was built. Pass --allow-code if you trust "
+                                "this manifest, or --dry-run to list its entries", path=str(manifest), entry=None, line=None)  # fmt: skip
+    if allow_code and not dry_run and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: builder modules next to the user
     cache = _make_cache(obj)
     try:
         options = BuildOptions(policy=policy) if policy else None
-        report = run_prewarm(cache, manifest, dry_run=dry_run, progress=not no_progress, options=options)
+        report = run_prewarm(cache, manifest, dry_run=dry_run, progress=not no_progress, options=options,
+                             allow_code=allow_code)  # fmt: skip
     finally:
         cache.close()
     _emit(report, as_json, summary_lines)
@@ -420,6 +585,7 @@ def prewarm(obj: _Context, manifest: Path, dry_run: bool, policy: str | None, no
 
 
 @cli.command(name="export")
+@_common
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id (see `plancache ls`).")
 @click.option("--key", "keys", multiple=True, help="Only this entry (a key or unique prefix); repeatable.")
@@ -447,6 +613,7 @@ def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, .
 
 
 @cli.command(name="import")
+@_common
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--replace", is_flag=True, help="Replace plans the cache already has (default: keep them).")
 @click.option("--env", "env_id", default=None, help="Only import entries of this environment id.")
@@ -458,7 +625,7 @@ def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None, as_
     unsafe bundle is refused and the cache is left unchanged."""
     from .bundle import import_bundle
 
-    store = obj.store()
+    store = obj.store(existing=False)
     try:
         report = import_bundle(store, file, replace=replace, env_id=env_id)
     finally:
@@ -474,6 +641,7 @@ def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None, as_
 
 
 @cli.command(name="inspect")
+@_common
 @click.argument("keys", nargs=-1)
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

@@ -21,6 +21,12 @@ rebuilt exactly by ``plancache.replay``). Every entry may carry a ``name`` and `
 
 ``load_manifest`` reports a bad entry as a ``ManifestError`` naming the file, the entry
 index and its line, and still returns every good entry.
+
+Code: a ``builder`` entry imports a module and calls a function, and ``pythonpath`` adds
+folders to ``sys.path``. ``allow_code=False`` refuses both (each builder entry and the
+``pythonpath`` come back as errors; the other entries load); ``listing=True`` imports
+nothing and leaves ``sys.path`` alone, returning builder entries unresolved, to be listed
+(what ``plancache prewarm --dry-run`` does). ``code_references`` names what would run.
 """
 
 from __future__ import annotations
@@ -33,8 +39,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +46,14 @@ from typing import Any
 
 from . import templates
 from .errors import ManifestError
-from .key import HEURISTIC_MODES, POLICIES, BuildOptions, CacheKey, canonical_json
+from .key import HEURISTIC_MODES, POLICIES, BuildOptions
+from .recording import MANIFEST_VERSION, record_to, recorder_from_env, write_json
 
 __all__ = [
     "MANIFEST_VERSION",
     "SCHEMA",
     "ManifestEntry",
+    "code_references",
     "load_manifest",
     "parse_manifest",
     "record_to",
@@ -58,7 +64,7 @@ __all__ = [
 
 log = logging.getLogger("plancache")
 
-MANIFEST_VERSION = 1
+_ALLOW_CODE = "allowed with --allow-code, or allow_code=True, for a manifest you trust"
 
 _SCALAR = {"type": ["integer", "number", "string", "boolean", "null"]}
 _PARAMS = {"type": "object", "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "minItems": 1, "items": _SCALAR}]}}
@@ -142,6 +148,8 @@ class ManifestEntry:
     name: str | None = None
     options: dict[str, Any] | None = None
     builder: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    #: Read without running code (``listing=True``): a builder entry to list, never to build.
+    listed_only: bool = field(default=False, compare=False, repr=False)
 
     @property
     def where(self) -> str:
@@ -171,6 +179,9 @@ class ManifestEntry:
             from .build.replay import rebuild_graph
 
             return rebuild_graph(self.spec["graph"])
+        if self.listed_only:
+            raise ManifestError(f"{self.where}: builder {self.spec['builder']} was listed without importing it; "
+                                "load the manifest with allow_code to build it", path=self.path, entry=self.index, line=self.line)  # fmt: skip
         function = self.builder or resolve_builder(self.spec["builder"])
         graph = function(*self.spec["args"], **self.spec["kwargs"])
         if not hasattr(graph, "nodes") or not hasattr(graph, "tensors"):
@@ -318,16 +329,13 @@ def _expand(kind: str, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"graph": raw["graph"]}]
 
 
-def parse_manifest(
-    text: str, path: str | os.PathLike[str] | None = None, *, fmt: str = "json"
-) -> tuple[list[ManifestEntry], list[ManifestError]]:
-    """Parse manifest ``text`` (``fmt`` json or toml): the good entries, expanded, and one
-    error per bad entry. A document that cannot be read at all gives no entries and one error."""
-    where = os.fspath(path) if path is not None else "<manifest>"
+def _read_document(text: str, where: str, fmt: str) -> tuple[dict[str, Any], list[int | None]] | ManifestError:
+    """The manifest document and the line of each entry, or the one error saying why the
+    document cannot be used at all. Runs no code and leaves ``sys.path`` alone."""
 
-    def fatal(message: str, line: int | None = None) -> tuple[list[ManifestEntry], list[ManifestError]]:
+    def fatal(message: str, line: int | None = None) -> ManifestError:
         place = f"{where}:{line}" if line else where
-        return [], [ManifestError(f"{place}: {message}", path=where, entry=None, line=line)]
+        return ManifestError(f"{place}: {message}", path=where, entry=None, line=line)
 
     try:
         if fmt == "toml":
@@ -355,17 +363,48 @@ def parse_manifest(
     problem = _schema_problem({**top, "properties": {**SCHEMA["properties"], "entries": {"type": "array"}}}, document)
     if problem:
         return fatal(problem)
-    base = Path(where).resolve().parent if path is not None else Path.cwd()
-    for folder in document.get("pythonpath", []):
-        folder = str((base / folder).resolve())
-        if folder not in sys.path:
-            sys.path.insert(0, folder)  # so builder modules next to the manifest import
-    entries: list[ManifestEntry] = []
+    return document, lines
+
+
+def parse_manifest(
+    text: str,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    fmt: str = "json",
+    allow_code: bool = True,
+    listing: bool = False,
+) -> tuple[list[ManifestEntry], list[ManifestError]]:
+    """Parse manifest ``text`` (``fmt`` json or toml): the good entries, expanded, and one
+    error per bad entry. A document that cannot be read at all gives no entries and one error.
+
+    ``allow_code=False``: builder entries and ``pythonpath`` are refused (reported as
+    errors; nothing is imported and ``sys.path`` is left alone). ``listing=True``: nothing
+    is imported and ``sys.path`` is left alone either, but builder entries are returned
+    unresolved (``builder`` None) so that they can be listed; they must not be built."""
+    where = os.fspath(path) if path is not None else "<manifest>"
+    read = _read_document(text, where, fmt)
+    if isinstance(read, ManifestError):
+        return [], [read]
+    document, lines = read
+    runs_code = allow_code and not listing
     errors: list[ManifestError] = []
+    if document.get("pythonpath") and not runs_code:
+        if not listing:
+            errors.append(ManifestError(f"{where}: pythonpath {document['pythonpath']} refused: it changes sys.path for "
+                                        f"builder modules, which run code ({_ALLOW_CODE})", path=where, entry=None, line=None))  # fmt: skip
+    elif runs_code:
+        base = Path(where).resolve().parent if path is not None else Path.cwd()
+        for folder in document.get("pythonpath", []):
+            folder = str((base / folder).resolve())
+            if folder not in sys.path:
+                sys.path.insert(0, folder)  # so builder modules next to the manifest import
+    entries: list[ManifestEntry] = []
     for index, raw in enumerate(document["entries"]):
         line = lines[index] if index < len(lines) else None
         try:
-            entries += _load_entry(index, raw, where, line)
+            if isinstance(raw, dict) and "builder" in raw and not allow_code and not listing:
+                raise ValueError(f"builder {raw['builder']!r} refused: builder entries import and run code ({_ALLOW_CODE})")
+            entries += _load_entry(index, raw, where, line, resolve=runs_code)
         except Exception as exc:  # one bad entry is reported; the others still load
             known = isinstance(exc, (ValueError, LookupError))
             message = exc.message if isinstance(exc, ManifestError) else str(exc) if known else f"{type(exc).__name__}: {exc}"
@@ -374,7 +413,7 @@ def parse_manifest(
     return entries, errors
 
 
-def _load_entry(index: int, raw: Any, where: str, line: int | None) -> list[ManifestEntry]:
+def _load_entry(index: int, raw: Any, where: str, line: int | None, *, resolve: bool = True) -> list[ManifestEntry]:
     kinds = [k for k in _ENTRY_SCHEMAS if isinstance(raw, dict) and k in raw]
     if len(kinds) != 1:
         raise ValueError("an entry is an object with exactly one of 'template', 'builder' or 'graph'")
@@ -382,44 +421,62 @@ def _load_entry(index: int, raw: Any, where: str, line: int | None) -> list[Mani
     problem = _schema_problem(_ENTRY_SCHEMAS[kind], raw)
     if problem:
         raise ValueError(problem)
-    function = resolve_builder(raw["builder"]) if kind == "builder" else None
+    function = resolve_builder(raw["builder"]) if kind == "builder" and resolve else None
     options = dict(raw["options"]) if raw.get("options") else None
     if options:
         ManifestEntry(index, kind, {}, options=options).build_options(BuildOptions())  # refuses bad combinations now
-    return [ManifestEntry(index, kind, spec, line, where, raw.get("name"), options, function) for spec in _expand(kind, raw)]
+    listed_only = kind == "builder" and not resolve
+    return [ManifestEntry(index, kind, spec, line, where, raw.get("name"), options, function, listed_only)
+            for spec in _expand(kind, raw)]  # fmt: skip
 
 
-def load_manifest(path: str | os.PathLike[str]) -> tuple[list[ManifestEntry], list[ManifestError]]:
+def _read_text(path: str | os.PathLike[str]) -> str | ManifestError:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return ManifestError(f"{os.fspath(path)}: cannot read the manifest: {exc}", path=os.fspath(path), entry=None, line=None)
+
+
+def _format(path: str | os.PathLike[str]) -> str:
+    return "toml" if str(path).endswith(".toml") else "json"
+
+
+def load_manifest(
+    path: str | os.PathLike[str], *, allow_code: bool = True, listing: bool = False
+) -> tuple[list[ManifestEntry], list[ManifestError]]:
     """Read a manifest file (``.toml`` is TOML, anything else JSON).
 
     Returns the good entries, expanded, and one ``ManifestError`` per bad entry (fields
-    ``path``, ``entry``, ``line``); a bad entry never hides the others.
+    ``path``, ``entry``, ``line``); a bad entry never hides the others. ``allow_code`` and
+    ``listing``: see ``parse_manifest`` (the ``plancache`` command passes
+    ``allow_code=False`` unless ``--allow-code``, and ``listing=True`` for ``--dry-run``).
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return [], [
-            ManifestError(f"{os.fspath(path)}: cannot read the manifest: {exc}", path=os.fspath(path), entry=None, line=None)
-        ]
-    return parse_manifest(text, path, fmt="toml" if str(path).endswith(".toml") else "json")
+    text = _read_text(path)
+    if isinstance(text, ManifestError):
+        return [], [text]
+    return parse_manifest(text, path, fmt=_format(path), allow_code=allow_code, listing=listing)
+
+
+def code_references(path: str | os.PathLike[str]) -> list[str]:
+    """What in the manifest at ``path`` would run code or change ``sys.path``: its
+    ``pythonpath`` and each builder entry, as short descriptions (``entry 3 (line 7):
+    builder mymodel.graphs:attn``). Imports nothing; an unreadable manifest gives []."""
+    text = _read_text(path)
+    if isinstance(text, ManifestError):
+        return []
+    read = _read_document(text, os.fspath(path), _format(path))
+    if isinstance(read, ManifestError):
+        return []
+    document, lines = read
+    found = [f"pythonpath {document['pythonpath']}"] if document.get("pythonpath") else []
+    for index, raw in enumerate(document["entries"]):
+        if isinstance(raw, dict) and "builder" in raw:
+            line = lines[index] if index < len(lines) else None
+            found.append(f"entry {index}{f' (line {line})' if line else ''}: builder {raw['builder']}")
+    return found
 
 
 # ---------------------------------------------------------------------- writing and recording
-
-
-def _write_json(path: Path, document: Mapping[str, Any]) -> None:
-    """Write atomically: a reader never sees half a manifest."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=1, sort_keys=False)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_manifest(
@@ -430,63 +487,4 @@ def write_manifest(
     if pythonpath:
         document["pythonpath"] = list(pythonpath)
     document["entries"] = [e.to_dict() if isinstance(e, ManifestEntry) else dict(e) for e in entries]
-    _write_json(Path(path), document)
-
-
-class _Recorder:
-    """Appends each new graph a cache looks up to a manifest, as a replayable ``graph`` entry."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-
-    def __call__(self, graph: Any, key: CacheKey) -> None:
-        if key.digest in self._seen:  # every lookup calls this: a set lookup when nothing is new
-            return
-        with self._lock:
-            if key.digest in self._seen:
-                return
-            self._seen.add(key.digest)
-            entry: dict[str, Any] = {"graph": key.parts["graph"]}
-            options = key.parts["options"]
-            if options != BuildOptions().to_dict():
-                entry["options"] = {k: v for k, v in options.items() if not (k == "top_k" and v is None)}
-            try:
-                self._append(entry)
-            except Exception as exc:  # recording must never break the model that is running
-                log.warning("plancache: could not record graph %s in %s: %s", key.digest[:12], self.path, exc)
-
-    def _append(self, entry: dict[str, Any]) -> None:
-        from filelock import FileLock
-
-        # Several processes of one job may record into one file: read, merge, replace under a lock.
-        with FileLock(str(self.path) + ".lock"):
-            document: dict[str, Any] = {"version": MANIFEST_VERSION, "entries": []}
-            if self.path.exists():
-                document = json.loads(self.path.read_text(encoding="utf-8"))
-                if not isinstance(document, dict) or not isinstance(document.get("entries"), list):
-                    raise ValueError("the file exists and is not a manifest; not overwriting it")
-            text = canonical_json(entry)
-            if any(canonical_json(e) == text for e in document["entries"]):
-                return
-            document["entries"].append(entry)
-            _write_json(self.path, document)
-
-
-_RECORDERS: dict[str, _Recorder] = {}
-
-
-def record_to(path: str | os.PathLike[str]) -> Callable[[Any, CacheKey], None]:
-    """A callback for ``PlanCache.add_recorder`` that appends every graph looked up to
-    the manifest at ``path`` (created if needed; existing entries are kept). Recorded
-    entries are ``graph`` entries: replaying them gives identical keys."""
-    resolved = Path(path).expanduser().resolve()
-    return _RECORDERS.setdefault(str(resolved), _Recorder(resolved))
-
-
-def recorder_from_env(cache: Any) -> None:
-    """Record into ``$PLANCACHE_RECORD`` when it is set (``PlanCache`` calls this)."""
-    target = os.environ.get("PLANCACHE_RECORD", "").strip()
-    if target:
-        cache.add_recorder(record_to(target))
+    write_json(Path(path), document)

@@ -90,7 +90,7 @@ class _Expect:
         self.dims, self.strides = geometry if geometry is not None else ((-1,), ())  # (-1,): nothing matches
         # Strides of size-1 dimensions never affect addressing, so they are not compared.
         self.stride_items = tuple((i, s) for i, (d, s) in enumerate(zip(self.dims, self.strides)) if d != 1)
-        self.dtype_names = TORCH_DTYPES.get(spec.dtype or "", None)
+        self.dtype_names = TORCH_DTYPES.get(spec.dtype or "")
         self.alignment = max(1, int(getattr(spec, "alignment", DEFAULT_ALIGNMENT) or 1))
         self.dtypes: tuple[Any, ...] | None = None  # torch dtype objects, resolved at first check
 

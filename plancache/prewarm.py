@@ -27,9 +27,9 @@ log = logging.getLogger("plancache")
 Entries = str | os.PathLike[str] | Iterable[ManifestEntry]
 
 
-def _entries(source: Entries) -> tuple[list[ManifestEntry], list[ManifestError]]:
+def _entries(source: Entries, *, allow_code: bool = True, listing: bool = False) -> tuple[list[ManifestEntry], list[ManifestError]]:
     if isinstance(source, (str, os.PathLike)):
-        return load_manifest(source)
+        return load_manifest(source, allow_code=allow_code, listing=listing)
     return list(source), []
 
 
@@ -96,6 +96,9 @@ def _describe_failure(entry: ManifestEntry, exc: Exception) -> str:
 
 def _run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: set[str]) -> dict[str, Any]:
     record: dict[str, Any] = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None}
+    if entry.listed_only:  # a dry run lists builder entries without importing them: no graph, no key
+        record["status"] = "listed"
+        return record
     graph = entry.build()
     opts = entry.build_options(options)
     key = cache.key(graph, opts)
@@ -124,19 +127,24 @@ def prewarm(
     dry_run: bool = False,
     progress: bool = True,
     options: BuildOptions | None = None,
+    allow_code: bool = True,
 ) -> dict[str, Any]:
     """Build and autotune every entry of a manifest (a path or ``ManifestEntry`` list).
 
     Entries already stored are skipped and counted as hits; ``dry_run`` only computes the
-    keys. Entries without their own ``options`` use ``options`` (default: the cache's).
-    Returns ``{"total", "built", "hits", "failed", "would_build", "duplicates", "seconds",
-    "environment", "dry_run", "entries": [{"index", "line", "label", "key", "status",
-    "seconds", "error"?}]}`` where status is built | hit | would_build | duplicate |
-    unpersisted | failed. A manifest's bad entries come back as failed records.
+    keys of template and graph entries, and lists builder entries of a manifest file
+    without importing them (status ``listed``, no key) or touching ``sys.path``.
+    ``allow_code=False`` refuses a manifest file's builder entries and ``pythonpath``
+    (failed records). Entries without their own ``options`` use ``options`` (default: the
+    cache's). Returns ``{"total", "built", "hits", "failed", "would_build", "listed",
+    "duplicates", "seconds", "environment", "dry_run", "entries": [{"index", "line",
+    "label", "key", "status", "seconds", "error"?}]}`` where status is built | hit |
+    would_build | listed | duplicate | unpersisted | failed. A manifest's bad entries come
+    back as failed records.
     """
     started = time.perf_counter()
     env_id = environment_id(cache.environment)  # no GPU: one clear error, not one per entry
-    todo, load_errors = _entries(entries)
+    todo, load_errors = _entries(entries, allow_code=allow_code, listing=dry_run)
     options = options or cache.options
     records = [_error_record(e) for e in load_errors]
     seen: set[str] = set()
@@ -156,7 +164,8 @@ def prewarm(
     finally:
         bar.close()
     count = {
-        s: sum(r["status"] == s for r in records) for s in ("built", "hit", "failed", "would_build", "duplicate", "unpersisted")
+        s: sum(r["status"] == s for r in records)
+        for s in ("built", "hit", "failed", "would_build", "listed", "duplicate", "unpersisted")
     }
     return {
         "total": len(records),
@@ -164,6 +173,7 @@ def prewarm(
         "hits": count["hit"],
         "failed": count["failed"],
         "would_build": count["would_build"],
+        "listed": count["listed"],
         "duplicates": count["duplicate"],
         "unpersisted": count["unpersisted"],
         "dry_run": dry_run,
@@ -173,7 +183,9 @@ def prewarm(
     }
 
 
-def warm_start(cache: Any, manifest: Entries | None = None, *, options: BuildOptions | None = None) -> dict[str, Any]:
+def warm_start(
+    cache: Any, manifest: Entries | None = None, *, options: BuildOptions | None = None, allow_code: bool = True
+) -> dict[str, Any]:
     """Load every plan a model will need into memory before its first step.
 
     ``manifest``: a path or ``ManifestEntry`` list naming the graphs (their keys are
@@ -181,13 +193,14 @@ def warm_start(cache: Any, manifest: Entries | None = None, *, options: BuildOpt
     ``cache.get`` calls for these graphs are memory hits. Returns ``cache.preload``'s
     report (``loaded``, ``missing``, ``failed`` {key: reason}) plus ``errors`` (manifest
     entries that could not be built or keyed), ``labels`` {key: label} and ``seconds``.
+    ``allow_code=False`` refuses a manifest file's builder entries and ``pythonpath``.
     """
     started = time.perf_counter()
     errors: list[dict[str, Any]] = []
     labels: dict[str, str] = {}
     keys: list[str] | None = None
     if manifest is not None:
-        todo, load_errors = _entries(manifest)
+        todo, load_errors = _entries(manifest, allow_code=allow_code)
         errors += [_error_record(e) for e in load_errors]
         keys = []
         for entry in todo:
@@ -269,6 +282,7 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
         lines.append(f"{r['status']:12} {key:12} {where:16} {r.get('seconds', 0.0):7.2f}s  {text}")
     verb = "would build" if report["dry_run"] else "built"
     count = report["would_build"] if report["dry_run"] else report["built"]
-    lines.append(f"{report['total']} entries: {count} {verb}, {report['hits']} already stored, "
+    listed = f", {report['listed']} builder entries listed without importing them" if report.get("listed") else ""
+    lines.append(f"{report['total']} entries: {count} {verb}{listed}, {report['hits']} already stored, "
                  f"{report['failed']} failed, {report['duplicates']} duplicates in {report['seconds']:.1f} s")  # fmt: skip
     return lines

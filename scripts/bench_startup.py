@@ -13,12 +13,15 @@ phase runs in its own fresh process and times, per graph:
 then execution time of the cached plan, of the same engine built fresh, and of PyTorch
 eager; the in-process repeat lookup; and the autotuned pick against the exhaustive best.
 Needs an NVIDIA GPU. Prints a table; ``--out FILE`` also writes every figure as JSON.
+Without a GPU it runs ``scripts/cpu_end_to_end.py`` instead (the cache end to end on the
+CPU test backend: misses, hits, a fresh-process hit, store figures) and exits 0.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -248,7 +251,7 @@ def quality(ex_dir: str, cold_dir: str) -> list[dict[str, Any]]:
     """The autotuned pick's time in the exhaustive table, against that table's best."""
     import plancache
     from plancache import templates
-    from plancache.store import Store
+    from plancache.store import Store, maintenance
 
     ex, cold = Store(ex_dir, read_only=True), Store(cold_dir, read_only=True)
     rows = []
@@ -291,7 +294,12 @@ def main() -> None:
     opts = benchlib.parse_or_run_phase(__doc__.splitlines()[0], PHASES)
     if opts is None:
         return
+    import torch
 
+    if not torch.cuda.is_available():  # no GPU: the cache end to end on the CPU test backend instead
+        import cpu_end_to_end
+
+        sys.exit(cpu_end_to_end.run(opts.out))
     torch = benchlib.require_gpu("bench_startup")
     root = Path(tempfile.mkdtemp(prefix="plancache-bench-"))
     ex_dir, topk_dir = str(root / "exhaustive"), str(root / "topk")

@@ -27,10 +27,9 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from plancache.store import maintenance
 from plancache import BuildOptions, PlanCache, Store
 from plancache.key import KEY_FORMAT, canonical_json, environment_id
-from plancache.store import DB_NAME, Entry, sha256
+from plancache.store import DB_NAME, Entry, maintenance, sha256
 from plancache.testing import CpuTestBackend
 
 CTX = multiprocessing.get_context("forkserver")

@@ -4,11 +4,11 @@ and failing stores, eviction, and the builder decorator."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import sqlite3
 import subprocess
 import sys
 import time
-import json
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,11 +18,11 @@ import torch
 from graphs import EXAMPLES, ConvBiasRelu, assert_runs_correctly
 
 import plancache.cache
-from plancache.store import maintenance
 from plancache import BuildError, BuildOptions, InvalidGraphError, PlanCache, Store, StoreError
-from plancache.cache import _COUNTERS, _max_size_from_env, _signature
+from plancache.cache import _COUNTERS, _signature
+from plancache.config import max_size_from_env as _max_size_from_env
 from plancache.key import environment_id
-from plancache.store import DB_NAME
+from plancache.store import DB_NAME, maintenance
 from plancache.testing import MAGIC, CpuTestBackend
 
 MakeCache = Callable[..., PlanCache]
@@ -565,7 +565,7 @@ def _dynamic_conv(n: int) -> Any:
 
 def test_kernel_cache_is_shared_but_not_persisted_by_default(make_cache: Any) -> None:
     from plancache.key import environment_id
-    from plancache.testing import MAGIC, CpuTestBackend
+    from plancache.testing import CpuTestBackend
 
     backend = CpuTestBackend()
     cache = make_cache(backend=backend)
@@ -576,7 +576,7 @@ def test_kernel_cache_is_shared_but_not_persisted_by_default(make_cache: Any) ->
 
 def test_kernel_cache_persisted_and_restored_when_asked(make_cache: Any) -> None:
     from plancache.key import environment_id
-    from plancache.testing import MAGIC, CpuTestBackend
+    from plancache.testing import CpuTestBackend
 
     first = make_cache(persist_kernel_cache=True)
     first.get(_dynamic_conv(1))
@@ -592,7 +592,7 @@ def test_kernel_cache_persisted_and_restored_when_asked(make_cache: Any) -> None
 
 def test_kernel_cache_sharing_can_be_turned_off(make_cache: Any) -> None:
     from plancache import BuildOptions
-    from plancache.testing import MAGIC, CpuTestBackend
+    from plancache.testing import CpuTestBackend
 
     backend = CpuTestBackend()
     cache = make_cache(backend=backend, options=BuildOptions(kernel_cache=False))

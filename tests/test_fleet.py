@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from redis_fixtures import LocalRedis
 
-from plancache import Store, PlanCache, templates
+from plancache import PlanCache, Store, templates
 from plancache.key import environment_id
 from plancache.remote import RemoteTier
 from plancache.testing import CpuTestBackend

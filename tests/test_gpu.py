@@ -21,8 +21,8 @@ pytestmark = [
 ]
 
 import plancache  # noqa: E402
-from plancache.store import maintenance
 from plancache import templates  # noqa: E402
+from plancache.store import maintenance  # noqa: E402
 
 CASES = {
     "conv_bias_relu": ("conv_bias_act", {"n": 8, "c": 64, "h": 56, "w": 56, "k": 64}),

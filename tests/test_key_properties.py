@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from key_families import FAMILIES, Family, Variant
 
 from plancache import BuildOptions, InvalidGraphError, describe, make_key
+from plancache.build.replay import rebuild_graph
 from plancache.key import (
     NODE_ATTRS_DENIED,
     NODE_ATTRS_KEYED,
@@ -33,7 +34,6 @@ from plancache.key import (
     TENSOR_FIELDS_KEYED,
     canonical_json,
 )
-from plancache.build.replay import rebuild_graph
 
 ENV = {"gpu_name": "test", "cudnn_backend_version": "test"}
 OPTIONS = BuildOptions()

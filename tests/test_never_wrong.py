@@ -6,7 +6,6 @@ in the workspace, devices that differ, alignment that matters)."""
 from __future__ import annotations
 
 import os
-
 import threading
 import time
 from collections.abc import Callable

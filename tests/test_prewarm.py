@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from plancache.store import maintenance
 from plancache import BuildOptions, PlanCache, Store, templates
 from plancache.cli import cli
 from plancache.manifest import load_manifest
 from plancache.prewarm import _Progress, prewarm, warm_start
+from plancache.store import maintenance
 
 MakeCache = Callable[..., PlanCache]
 BACKEND = "plancache.testing:CpuTestBackend"

@@ -20,11 +20,10 @@ from graphs import ConvBiasRelu, MatmulBiasRelu, assert_runs_correctly
 from harness import entry_for
 
 import plancache
-from plancache.store import maintenance
 from plancache import PlanCache, SchemaTooNewError, Store
 from plancache.cli import cli
 from plancache.key import environment_id
-from plancache.store import DB_NAME
+from plancache.store import DB_NAME, maintenance
 from plancache.testing import CpuTestBackend
 
 MakeCache = Callable[..., PlanCache]

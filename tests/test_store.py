@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from plancache.store import maintenance
 from plancache import CacheDirError, SchemaTooNewError, Store, StoreError
-from plancache.store import BUSY_TIMEOUT_MS, DB_NAME, Entry, migrations, sha256
+from plancache.store import BUSY_TIMEOUT_MS, DB_NAME, Entry, maintenance, migrations, sha256
 
 IS_ROOT = os.geteuid() == 0
 

@@ -22,7 +22,7 @@ import stat
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +169,7 @@ class Store(Recovery):
 
     def _open_and_migrate(self) -> None:
         try:
-            self._migrate()
+            self._migrate_when_free()
             damage = self._damage_at_open()
         except sqlite3.DatabaseError as exc:
             if self.read_only or not is_damage(exc):
@@ -183,6 +183,22 @@ class Store(Recovery):
             log.warning("plancache: read-only store %s is damaged (%s); unreadable entries are misses", self.path, damage)
             return
         self.repair(damage)
+
+    def _migrate_when_free(self) -> None:
+        """``_migrate``, retried while other processes hold the database (many processes
+        opening a new store at once all want to create it), up to the busy timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        pause = 0.01
+        while True:
+            try:
+                self._migrate()
+                return
+            except (sqlite3.OperationalError, StoreBusyError) as exc:
+                cause = exc.__cause__ if isinstance(exc, StoreBusyError) else exc
+                if not (isinstance(exc, StoreBusyError) or is_locked(cause or exc)) or time.monotonic() > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
 
     def _migrate(self) -> None:
         conn = self.connection()

@@ -1,0 +1,119 @@
+"""Settings read from the environment, and the parsing they share.
+
+``parse_size`` reads the sizes people write (``2G``, ``2GB``, ``2GiB``, ``500M``, ``1.5G``,
+``64k``, ``1024``); ``max_size_from_env`` reads ``PLANCACHE_MAX_SIZE`` with ccache's
+rules: unset, empty or ``0`` mean no limit, and anything else that is not a usable size is
+a ``ConfigError`` naming the variable and its value. A typo never deletes entries.
+
+``ENVIRONMENT`` lists every environment variable plancache reads, with its meaning and
+default (the README's table is checked against it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+
+from .errors import PlanCacheError
+
+__all__ = ["ENVIRONMENT", "MAX_SIZE_FLOOR", "MAX_SIZE_WARN", "ConfigError", "format_size", "max_size_from_env", "parse_size"]
+
+log = logging.getLogger("plancache")
+
+#: The smallest PLANCACHE_MAX_SIZE accepted: a smaller positive value is refused, because
+#: a number without a unit counts bytes and ``PLANCACHE_MAX_SIZE=2`` (meant as 2G) would
+#: otherwise evict every plan as soon as it is stored.
+MAX_SIZE_FLOOR = 1 << 10
+#: Limits below this are accepted with a warning: most plans are larger than a few KiB, and
+#: a plan larger than the limit is evicted (with every older one) right after it is stored.
+MAX_SIZE_WARN = 1 << 20
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = re.compile(r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])(?:i?b)?|b)?$", re.IGNORECASE)
+
+#: Every environment variable plancache reads: name -> (meaning, default).
+ENVIRONMENT: dict[str, tuple[str, str]] = {
+    "PLANCACHE_DIR": ("the cache directory (`--dir` overrides it)", "the user cache directory, e.g. `~/.cache/plancache`"),
+    "PLANCACHE_MAX_SIZE": ("bytes of plans kept; least recently used entries are evicted beyond it", "no limit"),
+    "PLANCACHE_RECORD": ("a manifest file every `PlanCache` appends each new graph to (docs/prewarm.md)", "not recording"),
+    "PLANCACHE_BACKEND": ("the backend of the `plancache` command, `module:Class` (`plancache.testing:CpuTestBackend` runs on the CPU)", "cuDNN"),
+    "PLANCACHE_ALLOW_SHARED_DIR": ("`1` accepts a cache directory that other users can write", "refused"),
+    "PLANCACHE_REDIS_URL": ("the Redis tier of a fleet (docs/fleet.md)", "no Redis tier"),
+    "PLANCACHE_REDIS_SECRET_FILE": ("file holding the secret that signs Redis entries", "none"),
+    "PLANCACHE_REDIS_SECRET": ("the secret itself (prefer the file)", "none"),
+    "PLANCACHE_REDIS_NAMESPACE": ("key prefix in Redis", "`plancache`"),
+    "PLANCACHE_REDIS_TIMEOUT": ("seconds per Redis round trip", "`0.25`"),
+    "PLANCACHE_REDIS_TTL": ("seconds a published plan lives in Redis", "no expiry"),
+    "PLANCACHE_REDIS_MAX_STALL": ("seconds a process may lose to a failing Redis before switching the tier off", "`2`"),
+    "PLANCACHE_REDIS_LOCK_TTL": ("seconds the fleet lock outlives a holder that died (renewed while its holder builds)", "`60`"),
+    "PLANCACHE_MEMORY_PLANS": ("loaded plans a process keeps in memory, least recently used dropped", "`1024`"),
+}  # fmt: skip
+
+
+class ConfigError(PlanCacheError, ValueError):
+    """A setting (an environment variable, say) has a value plancache cannot use.
+    Fields: ``name``, ``value``."""
+
+
+def format_size(n: float) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover - the loop returns
+
+
+def parse_size(text: str, *, name: str) -> int | None:
+    """Bytes of a size written ``1024``, ``64k``, ``500M``, ``500MB``, ``1.5G``, ``2GiB``...;
+    None for zero (no limit).
+
+    Units are powers of 1024 however they are written (``k``, ``K``, ``KB``, ``KiB``; ``M``,
+    ``G``, ``T`` alike); a number without a unit (or with ``B``) counts bytes. Raises
+    ``ConfigError`` naming ``name`` and the value for anything else: negative numbers,
+    unknown units, empty text.
+    """
+    raw = text
+    match = _SIZE.match(text.strip())
+    if match is None:
+        raise ConfigError(f"{name}={raw!r} is not a size: write bytes with an optional unit (500M, 2G, 1.5GiB, 64k), "
+                          "or 0 for no limit", name=name, value=raw)  # fmt: skip
+    sign, number, unit = match.group(1), float(match.group(2)), (match.group(3) or "").lower()
+    if sign == "-" and number != 0:
+        raise ConfigError(f"{name}={raw!r} is negative: write a size such as 2G, or 0 for no limit", name=name, value=raw)
+    if number == 0:
+        return None
+    return int(number * _UNITS[unit])
+
+
+def max_size_from_env(environ: Mapping[str, str] | None = None) -> int | None:
+    """``PLANCACHE_MAX_SIZE`` in bytes, or None (unset, empty or 0: no limit).
+
+    A value below ``MAX_SIZE_FLOOR`` (1 KiB) is refused: ``PLANCACHE_MAX_SIZE=1`` asks for
+    one byte and would evict every plan. A value below ``MAX_SIZE_WARN`` (1 MiB) is used,
+    with a warning that plans larger than it are evicted as soon as they are stored.
+    """
+    env = os.environ if environ is None else environ
+    text = env.get("PLANCACHE_MAX_SIZE", "")
+    if not text.strip():
+        return None
+    size = parse_size(text, name="PLANCACHE_MAX_SIZE")
+    if size is None:
+        return None
+    if size < MAX_SIZE_FLOOR:
+        raise ConfigError(
+            f"PLANCACHE_MAX_SIZE={text!r} is {size} byte{'s' if size != 1 else ''}, below the smallest limit of 1 KiB "
+            "(a number without a unit counts bytes: write 2G for 2 GiB, or 0 for no limit)",
+            name="PLANCACHE_MAX_SIZE",
+            value=text,
+        )
+    if size < MAX_SIZE_WARN and text not in _warned:
+        _warned.add(text)
+        log.warning("plancache: PLANCACHE_MAX_SIZE=%s keeps at most %s of plans: a plan larger than that is evicted "
+                    "as soon as it is stored, with every older one", text.strip(), format_size(size))  # fmt: skip
+    return size
+
+
+_warned: set[str] = set()

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""plancache end to end on the CPU test backend: what `python scripts/bench_startup.py` runs on
+a machine without an NVIDIA GPU (or run it directly).
+
+The kinds of graph of the GPU benchmark (fused convolutions, matmuls, attention), at small
+sizes, go through ``plancache.PlanCache`` with ``plancache.testing.CpuTestBackend``: real
+``cudnn.pygraph`` graphs, keyed and stored exactly as on a GPU, executed by PyTorch on the
+CPU. Each phase runs in a fresh process:
+
+  miss     empty cache: describe, key, autotune (the CPU backend's simulated candidates), store
+  repeat   the same lookup again in that process: a memory hit (describe and key included)
+  hit      a second fresh process: read the entry, check its checksum, load it
+
+then each plan's output against the template's PyTorch reference, and the store's figures.
+These are CPU-backend times, not cuDNN's: the GPU figures need an NVIDIA GPU.
+``--out FILE`` also writes every figure as JSON. Exit code 0 when every plan was built,
+then loaded from the store, and matched PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import benchlib
+
+TOLERANCE = 2e-2  # bf16
+REPEATS = 200  # repeat lookups timed per graph
+
+SUITE: list[tuple[str, str, dict[str, Any]]] = [
+    ("conv+bias+relu N2 C16 14x14 K32", "conv_bias_act", {"n": 2, "c": 16, "h": 14, "w": 14, "k": 32}),
+    ("conv+bias+relu N1 C8 14x14 K8", "conv_bias_act", {"n": 1, "c": 8, "h": 14, "w": 14, "k": 8}),
+    ("conv N2 C32 7x7 K32", "conv_bias_act", {"n": 2, "c": 32, "h": 7, "w": 7, "k": 32, "bias": False, "act": None}),
+    ("matmul+bias+relu 2x64x128x64", "matmul_bias_act", {"b": 2, "m": 64, "k": 128, "n": 64}),
+    ("matmul 2x128x128x128", "matmul_bias_act", {"b": 2, "m": 128, "k": 128, "n": 128, "bias": False, "act": None}),
+    ("SDPA causal b1 h2 s64 d32", "sdpa", {"b": 1, "h": 2, "s": 64, "d": 32, "causal": True}),
+    ("SDPA b1 h2 s128 d64", "sdpa", {"b": 1, "h": 2, "s": 128, "d": 64, "causal": False}),
+]
+
+
+def _lookups(directory: str, repeat: bool) -> dict[str, Any]:
+    import cudnn  # noqa: F401 - imported by every approach alike: not part of a lookup
+    import torch  # noqa: F401
+
+    from plancache import PlanCache, templates
+    from plancache.testing import CpuTestBackend
+
+    cache = PlanCache(directory, backend=CpuTestBackend())
+    cache.environment  # noqa: B018 - reading the environment is not part of a lookup
+    rows = []
+    for _label, name, params in SUITE:
+        graph = templates.build(name, **params)
+        started = time.perf_counter()
+        plan = cache.get(graph)
+        row: dict[str, Any] = {"ms": (time.perf_counter() - started) * 1e3, "source": plan.source, "key": plan.key}
+        if repeat:
+            times = []
+            for _ in range(REPEATS):
+                started = time.perf_counter()
+                cache.get(graph)
+                times.append(time.perf_counter() - started)
+            row["repeat_us"] = statistics.median(times) * 1e6
+        tensors = templates.allocate(name, device="cpu", **params)
+        plan.execute(tensors)
+        ref = templates.reference(name, tensors, **params)
+        row["rel_error"] = float((tensors[4].float() - ref).norm() / ref.norm().clamp_min(1e-12))
+        rows.append(row)
+    cache.close()
+    return {"rows": rows, "counters": cache.counters}
+
+
+def phase_miss(args: dict[str, Any]) -> dict[str, Any]:
+    return _lookups(args["dir"], repeat=True)
+
+
+def phase_hit(args: dict[str, Any]) -> dict[str, Any]:
+    return _lookups(args["dir"], repeat=False)
+
+
+PHASES = {"miss": phase_miss, "hit": phase_hit}
+
+
+def run(out: str | None = None) -> int:
+    """Both phases in fresh processes, then the table; the exit code (0: all as expected)."""
+    from plancache.config import format_size
+    from plancache.store import Store, maintenance
+
+    directory = str(Path(tempfile.mkdtemp(prefix="plancache-cpu-")) / "cache")
+    print(f"no NVIDIA GPU here: plancache end to end on the CPU test backend, cache {directory}", file=sys.stderr)
+    miss = benchlib.run_phase(__file__, "miss", dir=directory)
+    hit = benchlib.run_phase(__file__, "hit", dir=directory)
+    store = Store(directory, read_only=True)
+    try:
+        stats = store.stats()
+        blobs = {row["key"]: row["blob_size"] for row in maintenance.list_entries(store)}
+    finally:
+        store.close()
+
+    print(f"\nplancache end to end on the CPU test backend: {len(SUITE)} graphs, a miss and {REPEATS} repeat lookups in one "
+          "fresh process, a hit in another")  # fmt: skip
+    print(f"{'graph':34} {'miss ms':>8} {'repeat us':>10} {'fresh-process hit ms':>21} {'blob':>9} {'rel err':>8}")
+    problems = []
+    for i, (label, _name, _params) in enumerate(SUITE):
+        first, again = miss["rows"][i], hit["rows"][i]
+        print(f"{label:34} {first['ms']:8.1f} {first['repeat_us']:10.1f} {again['ms']:21.2f} "
+              f"{format_size(blobs.get(first['key'], 0)):>9} {max(first['rel_error'], again['rel_error']):8.1e}")  # fmt: skip
+        if first["source"] != "built" or again["source"] != "loaded" or first["key"] != again["key"]:
+            problems.append(f"{label}: got {first['source']} then {again['source']} (expected built, then loaded)")
+        if max(first["rel_error"], again["rel_error"]) > TOLERANCE:
+            problems.append(f"{label}: output differs from PyTorch")
+    total_miss = sum(r["ms"] for r in miss["rows"])
+    total_hit = sum(r["ms"] for r in hit["rows"])
+    print(f"{'TOTAL':34} {total_miss:8.1f} {'':10} {total_hit:21.2f}")
+    print(f"\nstore: {stats['entries']} entries, {format_size(stats['blob_bytes'])} of blobs in a "
+          f"{format_size(stats['file_bytes'])} file, {stats['hits']} hits recorded")  # fmt: skip
+    counters = lambda c: ", ".join(f"{k} {v}" for k, v in c.items() if v)  # noqa: E731
+    print(f"first process:  {counters(miss['counters'])}")
+    print(f"second process: {counters(hit['counters'])}")
+    print("\nThese are CPU-backend times. The GPU figures (cuDNN heuristic builds, autotuning, deserialize,")
+    print("execution) need an NVIDIA GPU: on one, `python scripts/bench_startup.py` runs the start-up benchmark.")
+    if out:
+        Path(out).write_text(json.dumps({"suite": [s[0] for s in SUITE], "miss": miss, "hit": hit, "stats": stats}, indent=2))
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def main() -> None:
+    opts = benchlib.parse_or_run_phase(__doc__.splitlines()[0], PHASES)
+    if opts is None:
+        return
+    sys.exit(run(opts.out))
+
+
+if __name__ == "__main__":
+    main()

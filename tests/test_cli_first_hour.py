@@ -1,0 +1,440 @@
+"""The `plancache` command as a user meets it in the first hour, each run as the real
+command in a fresh process: one line per error with a documented exit code, export that
+never replaces a special file, rm that resolves every key first, options before or after
+the command, diffs by path, manifests that run no code unless allowed, read-only commands
+that create nothing, and the README's set-up commands on a machine without a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plancache import PlanCache, templates
+from plancache.store import Store
+from plancache.testing import CpuTestBackend
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKEND = "plancache.testing:CpuTestBackend"
+TEMPLATE_ENTRY = {"template": "matmul_bias_act", "params": {"b": 1, "m": 4, "k": 8, "n": 3}}
+
+
+def plancache(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m plancache ARGS`` with this checkout's package."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "plancache", *args], capture_output=True, text=True, env=full,
+                          cwd=cwd, timeout=300)  # fmt: skip
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    """The result failed with ``code`` and exactly one line on stderr (no traceback)."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("plancache: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def fill(directory: Path, strides: tuple[int, ...] = (1, 2)) -> list[str]:
+    cache = PlanCache(directory, backend=CpuTestBackend())
+    try:
+        return [cache.get(templates.build("conv_bias_act", n=1, c=8, h=6, w=6, k=4, stride=s)).key for s in strides]
+    finally:
+        cache.close()
+
+
+def keys_in(directory: Path) -> list[str]:
+    store = Store(directory)
+    try:
+        return store.keys()
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def filled(tmp_path: Path) -> tuple[Path, list[str]]:
+    directory = tmp_path / "cache"
+    return directory, fill(directory)
+
+
+def write_manifest(path: Path, *entries: Any, **top: Any) -> Path:
+    path.write_text(json.dumps({"version": 1, **top, "entries": list(entries)}, indent=1))
+    return path
+
+
+# ---------------------------------------------------------------------------- 1. PLANCACHE_MAX_SIZE
+
+
+def test_cli_bad_max_size_is_one_line_exit_2_and_creates_nothing(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "m.json", TEMPLATE_ENTRY)
+    cache = tmp_path / "cache"
+    for value in ("banana", "-5", "1"):
+        result = plancache("--dir", str(cache), "prewarm", str(manifest),
+                           env={"PLANCACHE_MAX_SIZE": value, "PLANCACHE_BACKEND": BACKEND})  # fmt: skip
+        line = one_line_error(result, 2)
+        assert f"PLANCACHE_MAX_SIZE={value!r}" in line
+        assert not cache.exists()
+
+
+def test_cli_max_size_zero_keeps_everything_and_stats_shows_the_limit(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    directory, keys = filled
+    manifest = write_manifest(tmp_path / "m.json", TEMPLATE_ENTRY)
+    result = plancache(
+        "--dir", str(directory), "prewarm", str(manifest), env={"PLANCACHE_MAX_SIZE": "0", "PLANCACHE_BACKEND": BACKEND}
+    )
+    assert result.returncode == 0, result.stderr
+    assert set(keys) < set(keys_in(directory)) and len(keys_in(directory)) == 3
+    assert "size limit    none" in plancache("--dir", str(directory), "stats").stdout
+    limited = plancache("--dir", str(directory), "stats", "--json", env={"PLANCACHE_MAX_SIZE": "2GB"})
+    assert json.loads(limited.stdout)["max_size"] == 2 << 30
+
+
+# ---------------------------------------------------------------------------- 2. export never replaces a special file
+
+
+def test_export_refuses_a_symlink_and_a_fifo_and_leaves_them_alone(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    directory, _ = filled
+    real = tmp_path / "real.txt"
+    real.write_text("keep me")
+    link = tmp_path / "link.bundle"
+    link.symlink_to(real)
+    fifo = tmp_path / "fifo.bundle"
+    os.mkfifo(fifo)
+    for target, kind in ((link, "a symbolic link"), (fifo, "a FIFO")):
+        line = one_line_error(plancache("--dir", str(directory), "export", str(target)))
+        assert str(target) in line and kind in line and "not a regular file" in line
+    assert link.is_symlink() and real.read_text() == "keep me"
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "fifo.bundle", "link.bundle", "real.txt"]  # no temp file
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="creating a device node needs root")
+def test_export_as_root_refuses_a_device_node(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    directory, _ = filled
+    node = tmp_path / "full"
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 7))  # what /dev/full is, in a scratch directory
+    line = one_line_error(plancache("--dir", str(directory), "export", str(node)))
+    assert "a character device" in line
+    assert stat.S_ISCHR(node.lstat().st_mode)
+
+
+def test_export_replaces_a_regular_file_through_a_temporary_file(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    directory, keys = filled
+    target = tmp_path / "out" / "plans.bundle"
+    target.parent.mkdir()
+    target.write_text("old")
+    result = plancache("--dir", str(directory), "export", str(target), "--json")
+    assert result.returncode == 0, result.stderr
+    assert sorted(json.loads(result.stdout)["keys"]) == sorted(keys)
+    assert target.read_bytes().startswith(b"PLANCACHE-BUNDLE\n")
+    assert [p.name for p in target.parent.iterdir()] == ["plans.bundle"]
+
+
+def test_export_under_a_file_or_into_an_unwritable_directory_is_one_line(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    directory, _ = filled
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for target in (a_file / "plans.bundle", a_file / "sub" / "plans.bundle"):
+        line = one_line_error(plancache("--dir", str(directory), "export", str(target)))
+        assert "cannot write bundle" in line and "Not a directory" in line
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        target = locked / "plans.bundle"
+    elif _sys_refuses_files():
+        target = Path("/sys/plans.bundle")  # sysfs refuses new files even to root
+    else:
+        pytest.skip("no directory that refuses root's writes")
+    line = one_line_error(plancache("--dir", str(directory), "export", str(target)))
+    assert "cannot write bundle" in line and "Permission denied" in line
+
+
+def _sys_refuses_files() -> bool:
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(dir="/sys")
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return False
+
+
+# ---------------------------------------------------------------------------- 3. one line per error
+
+
+def test_a_backend_spec_that_is_not_a_backend_class_is_one_line(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "m.json", TEMPLATE_ENTRY)
+    for spec, says in [("os:getcwd", "not a backend class"), ("os", "not a backend class spec"),
+                       ("collections:OrderedDict", "not a backend class"), ("plancache.testing:Nope", "no attribute 'Nope'"),
+                       ("no_such_module_zz:X", "cannot be imported")]:  # fmt: skip
+        line = one_line_error(
+            plancache("--dir", str(tmp_path / "c"), "prewarm", str(manifest), env={"PLANCACHE_BACKEND": spec}), 2
+        )
+        assert "PLANCACHE_BACKEND" in line and says in line, line
+    assert not (tmp_path / "c").exists()
+
+
+def test_other_user_errors_are_one_line_and_debug_shows_the_traceback(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    directory, _ = filled
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert "is not a directory" in one_line_error(plancache("--dir", str(a_file), "ls"))
+    assert "not a plancache bundle" in one_line_error(plancache("--dir", str(directory), "import", str(a_file)))
+    debug = plancache("ls", "--dir", str(tmp_path / "missing"), "--debug")
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "CacheDirError" in debug.stderr
+    usage = plancache("--dir", str(directory), "ls", "--no-such-option")
+    assert usage.returncode == 2
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="checks the message of a machine without a GPU")
+def test_the_example_without_a_gpu_says_so_in_one_line(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    example = [sys.executable, str(ROOT / "examples" / "resnet_attention.py")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [*example, "--mode", "warm", "--dir", str(tmp_path / "d")], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "needs an NVIDIA GPU" in result.stderr
+    assert not (tmp_path / "d").exists()
+    usage = subprocess.run([*example, "--mode", "warm"], capture_output=True, text=True, env=env, timeout=120)
+    assert usage.returncode == 2 and "needs --dir" in usage.stderr
+
+
+# ---------------------------------------------------------------------------- 4. rm resolves every key first
+
+
+def test_rm_removes_nothing_when_one_key_is_unknown_or_ambiguous(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    keys = fill(directory, strides=tuple(range(1, 18)))  # 17 keys: two share a first hex digit
+    first = [k[0] for k in keys]
+    shared = next(c for c in first if first.count(c) > 1)
+    good = next(k for k in keys if k[0] != shared)
+    line = one_line_error(plancache("--dir", str(directory), "rm", good[:12], "ffff0000"))
+    assert "nothing removed" in line and "'ffff0000'" in line
+    line = one_line_error(plancache("--dir", str(directory), "rm", good[:12], shared, "0000ffff"))
+    assert f"key prefix {shared!r} is ambiguous" in line and "'0000ffff'" in line
+    assert keys_in(directory) == sorted(keys)
+    result = plancache("--dir", str(directory), "rm", good[:12], good, "--json")
+    assert result.returncode == 0 and json.loads(result.stdout) == {"removed": [good]}
+    assert keys_in(directory) == sorted(k for k in keys if k != good)
+
+
+# ---------------------------------------------------------------------------- 6. options before or after the command
+
+
+def test_dir_json_and_debug_go_before_or_after_the_command(filled: tuple[Path, list[str]]) -> None:
+    directory, keys = filled
+    for args in (["--dir", str(directory), "ls", "--json"], ["ls", "--dir", str(directory), "--json"],
+                 ["--json", "ls", "--dir", str(directory)], ["ls", "--json", "--debug", "--dir", str(directory)],
+                 ["--debug", "--dir", "/nonexistent", "ls", "--dir", str(directory), "--json"]):  # fmt: skip
+        result = plancache(*args)
+        assert result.returncode == 0, (args, result.stderr)
+        assert sorted(r["key"] for r in json.loads(result.stdout)) == sorted(keys), args
+    for command in (["stats"], ["show", keys[0][:8]], ["inspect"], ["verify"], ["diff", keys[0][:8], keys[1][:8]]):
+        result = plancache(*command, "--dir", str(directory), "--json")
+        assert result.returncode == 0, (command, result.stderr)
+        json.loads(result.stdout)
+
+
+def test_every_environment_variable_plancache_reads_is_in_the_readme() -> None:
+    from plancache.config import ENVIRONMENT
+
+    found = set()
+    for path in (ROOT / "plancache").glob("*.py"):
+        found |= set(re.findall(r"\bPLANCACHE_[A-Z_]*[A-Z]\b", path.read_text()))
+    assert found == set(ENVIRONMENT), found ^ set(ENVIRONMENT)
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| variable |") :]
+    for name in found:
+        assert f"| `{name}` |" in table, name
+
+
+# ---------------------------------------------------------------------------- 7. diff by path
+
+
+def test_diff_prints_each_differing_path_with_both_values(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    one, two = fill(directory, strides=(1, 2))
+    result = plancache("--dir", str(directory), "diff", one[:10], two[:10])
+    assert result.returncode == 0, result.stderr
+    assert "graph.nodes[0].params.stride: [1, 1] -> [2, 2]" in result.stdout.splitlines()
+    assert "graph.tensors.u4.dim: [1, 4, 6, 6] -> [1, 4, 3, 3]" in result.stdout.splitlines()
+    rows = json.loads(plancache("diff", one[:10], two[:10], "--dir", str(directory), "--json").stdout)
+    assert {"path": "graph.nodes[0].params.stride", "a": [1, 1], "b": [2, 2]} in rows
+    assert all(set(r) >= {"path", "a", "b"} for r in rows)
+    same = plancache("--dir", str(directory), "diff", one[:10], one)
+    assert same.stdout.strip() == "the keys have identical parts"
+    assert json.loads(plancache("--dir", str(directory), "--json", "diff", one, one).stdout) == []
+
+
+def test_diff_names_paths_only_one_side_has() -> None:
+    from plancache.cli import _difference, _differences
+
+    a = {"graph": {"nodes": [{"params": {"mode": "relu"}}], "flags": {"x": 1}}, "options": {"policy": "topk"}}
+    b = {"graph": {"nodes": [{"params": {"mode": "relu"}}, {"params": {}}], "flags": {}}, "options": {"policy": "topk", "k": 4}}
+    rows = [_difference(*d) for d in _differences(a, b, "")]
+    assert rows == [
+        {"path": "graph.flags.x", "a": 1, "b": None, "absent": "b"},
+        {"path": "graph.nodes[1]", "a": None, "b": {"params": {}}, "absent": "a"},
+        {"path": "options.k", "a": None, "b": 4, "absent": "a"},
+    ]
+
+
+# ---------------------------------------------------------------------------- 8. manifests run no code unless allowed
+
+
+@pytest.fixture
+def code_manifest(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A manifest with a builder entry whose module leaves a marker file when imported."""
+    marker = tmp_path / "imported.marker"
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "marker_builders.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n"
+        "from plancache import templates\n"
+        "def conv(n):\n    return templates.build('conv_bias_act', n=n, c=8, h=6, w=6, k=4)\n"
+    )
+    manifest = write_manifest(tmp_path / "code.json", TEMPLATE_ENTRY, {"builder": "marker_builders:conv", "args": [1]},
+                              pythonpath=["mods"])  # fmt: skip
+    yield manifest, marker
+
+
+def test_dry_run_lists_builder_entries_without_importing_them(code_manifest: tuple[Path, Path], tmp_path: Path) -> None:
+    manifest, marker = code_manifest
+    result = plancache(
+        "--dir", str(tmp_path / "c"), "prewarm", str(manifest), "--dry-run", "--json", env={"PLANCACHE_BACKEND": BACKEND}
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [r["status"] for r in report["entries"]] == ["would_build", "listed"]
+    assert report["entries"][1]["key"] is None and "marker_builders:conv" in report["entries"][1]["label"]
+    assert not marker.exists()
+    text = plancache(
+        "--dir", str(tmp_path / "c"), "prewarm", str(manifest), "--dry-run", "--allow-code", env={"PLANCACHE_BACKEND": BACKEND}
+    )
+    assert "1 builder entries listed without importing them" in text.stdout.splitlines()[-1]
+    assert not marker.exists()
+
+
+def test_builder_entries_and_pythonpath_need_allow_code(code_manifest: tuple[Path, Path], tmp_path: Path) -> None:
+    manifest, marker = code_manifest
+    cache = tmp_path / "c"
+    line = one_line_error(plancache("--dir", str(cache), "prewarm", str(manifest), env={"PLANCACHE_BACKEND": BACKEND}))
+    assert (
+        "runs code" in line
+        and "pythonpath ['mods']" in line
+        and "builder marker_builders:conv" in line
+        and "--allow-code" in line
+    )
+    assert not marker.exists() and not cache.exists()
+    only_path = write_manifest(tmp_path / "path-only.json", TEMPLATE_ENTRY, pythonpath=["mods"])
+    assert "pythonpath" in one_line_error(
+        plancache("--dir", str(cache), "prewarm", str(only_path), env={"PLANCACHE_BACKEND": BACKEND})
+    )
+
+    result = plancache(
+        "--dir", str(cache), "prewarm", str(manifest), "--allow-code", "--json", env={"PLANCACHE_BACKEND": BACKEND}
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["built"] == 2 and marker.exists()
+
+
+def test_manifest_api_without_code_imports_nothing_and_keeps_sys_path(code_manifest: tuple[Path, Path]) -> None:
+    from plancache.manifest import code_references, load_manifest
+
+    manifest, marker = code_manifest
+    before = list(sys.path)
+    entries, errors = load_manifest(manifest, allow_code=False)
+    assert [e.kind for e in entries] == ["template"]
+    assert (
+        len(errors) == 2
+        and "pythonpath" in errors[0].message
+        and "entry 1: builder 'marker_builders:conv' refused" in errors[1].message
+    )
+    listed, none = load_manifest(manifest, listing=True)
+    assert none == [] and [e.kind for e in listed] == ["template", "builder"] and listed[1].listed_only
+    with pytest.raises(Exception, match="listed without importing it"):
+        listed[1].build()
+    assert code_references(manifest) == ["pythonpath ['mods']", "entry 1 (line 16): builder marker_builders:conv"]
+    assert sys.path == before and "marker_builders" not in sys.modules and not marker.exists()
+
+
+# ---------------------------------------------------------------------------- 9. read-only commands create nothing
+
+
+def test_read_only_commands_on_a_missing_directory_create_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    bundle = tmp_path / "out.bundle"
+    for command in (["ls"], ["stats"], ["show", "abcd"], ["diff", "ab", "cd"], ["inspect"], ["export", str(bundle)],
+                    ["verify"], ["rm", "abcd"], ["prune", "--quarantined"]):  # fmt: skip
+        line = one_line_error(plancache("--dir", str(missing), *command))
+        assert f"cache directory {missing} does not exist" in line, command
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "holds no plan store" in one_line_error(plancache("ls", "--dir", str(empty)))
+    assert list(empty.iterdir()) == []
+
+
+def test_numpy_and_tomli_are_declared_and_the_cpu_path_is_pinned() -> None:
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=;\s\[]", d)[0] for d in project["dependencies"]]
+    assert "numpy" in names and "tomli" in names
+    assert any("tomli" in d and "python_version < '3.11'" in d for d in project["dependencies"])
+    pins = dict(line.split("==") for line in (ROOT / "constraints-cpu.txt").read_text().splitlines() if "==" in line)
+    for name in ("torch", "numpy", "nvidia-cudnn-frontend", "sqlite-utils", "filelock", "platformdirs", "click", "jsonschema",
+                 "pytest", "redis"):  # fmt: skip
+        assert name in pins, name
+
+
+# ---------------------------------------------------------------------------- 5. the README's set-up commands
+
+
+@pytest.mark.slow
+def test_the_main_job_without_a_gpu_runs_the_cache_on_the_cpu_and_exits_0(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the main job is the real benchmark (scripts/gpu-check)")
+    out = tmp_path / "figures.json"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_startup.py"), "--out", str(out)], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("graph") and "miss ms" in line and "fresh-process hit ms" in line for line in lines)
+    assert "need an NVIDIA GPU" in result.stdout and "second process: hits 7" in result.stdout
+    figures = json.loads(out.read_text())
+    assert [r["source"] for r in figures["hit"]["rows"]] == ["loaded"] * 7 and figures["stats"]["entries"] == 7
+
+
+def test_redis_tests_skip_with_a_reason_when_redis_server_is_absent(tmp_path: Path) -> None:
+    empty_bin = tmp_path / "bin"  # a PATH without redis-server (python itself runs by its full path)
+    empty_bin.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env.update(PATH=str(empty_bin), PYTHONPATH=str(ROOT))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-o", "addopts=",
+         "tests/test_fleet.py::test_killed_server_leaves_local_operation_working",
+         "tests/test_fleet.py::test_a_plan_built_on_one_machine_is_a_hit_on_another"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 skipped" in result.stdout and "error" not in result.stdout.lower()
+    assert "redis-server is not on PATH" in result.stdout
