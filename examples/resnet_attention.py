@@ -199,8 +199,8 @@ def run_once(mode: str, directory: str | None, bundle: str | None) -> dict[str, 
     imported = None
     plans: Any = None
     if mode == "bundle":
-        from plancache.bundle import import_bundle
         from plancache.store import Store
+        from plancache.workflows.bundle import import_bundle
 
         imported = import_bundle(Store(directory), bundle or "")
     if mode == "eager":

@@ -40,8 +40,11 @@ _LAZY = {
     "Plan": "plan",
     "Store": "store", "default_cache_dir": "store",
 }  # fmt: skip
-_SUBMODULES = {"build", "buckets", "bundle", "cache", "cli", "codec", "errors", "flight", "key", "manifest", "plan",
-               "prewarm", "recording", "remote", "report", "store", "templates", "testing", "tiers"}  # fmt: skip
+_SUBMODULES = {"build": "build", "cache": "cache", "cli": "cli", "config": "config", "errors": "errors", "flight": "flight",
+               "key": "key", "plan": "plan", "recording": "recording", "store": "store", "testing": "testing",
+               "tiers": "tiers", "workflows": "workflows", "remote": "tiers.remote", "bundle": "workflows.bundle",
+               "buckets": "workflows.buckets", "manifest": "workflows.manifest", "prewarm": "workflows.prewarm",
+               "report": "workflows.report", "templates": "workflows.templates"}  # fmt: skip
 
 if TYPE_CHECKING:
     from .build.autotune import TimingPolicy
@@ -58,12 +61,12 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(f".{_SUBMODULES[name]}", __name__)
     raise AttributeError(f"module 'plancache' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
 
 
 __version__ = "0.1.0"

@@ -59,7 +59,7 @@ def _remote_from_env() -> Any:
     """The Redis tier when ``PLANCACHE_REDIS_URL`` is set (redis is imported only then)."""
     if not os.environ.get("PLANCACHE_REDIS_URL", "").strip():
         return None
-    from .remote import RemoteTier
+    from .tiers.remote import RemoteTier
 
     return RemoteTier.from_env()
 

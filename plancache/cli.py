@@ -497,7 +497,7 @@ def _backend_from_env() -> Any:
     if not ref:
         return None
     from .build.backend import Backend
-    from .manifest import resolve_builder
+    from .workflows.manifest import resolve_builder
 
     hint = "set it to module:Class, e.g. plancache.testing:CpuTestBackend, or unset it for cuDNN"
     if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$", ref):
@@ -560,9 +560,9 @@ def prewarm(
     without their keys.
     """
     from .key import BuildOptions
-    from .manifest import code_references
-    from .prewarm import prewarm as run_prewarm
-    from .prewarm import summary_lines
+    from .workflows.manifest import code_references
+    from .workflows.prewarm import prewarm as run_prewarm
+    from .workflows.prewarm import summary_lines
 
     if not dry_run and not allow_code:
         code = code_references(manifest)
@@ -594,7 +594,7 @@ def prewarm(
 def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, ...], as_json: bool) -> None:
     """Write stored plans to one portable bundle FILE, to ship inside a container image
     or to another machine (`plancache import` merges it there)."""
-    from .bundle import export_bundle
+    from .workflows.bundle import export_bundle
 
     store = obj.store()
     try:
@@ -623,7 +623,7 @@ def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None, as_
     """Merge bundle FILE into the cache. The whole bundle is verified first (format,
     checksums, keys, environments, member names): a truncated, tampered, newer-format or
     unsafe bundle is refused and the cache is left unchanged."""
-    from .bundle import import_bundle
+    from .workflows.bundle import import_bundle
 
     store = obj.store(existing=False)
     try:
@@ -650,7 +650,7 @@ def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None, as_j
     """A readable report per stored plan (all, or each KEY prefix): ops, shapes, dtypes,
     chosen engine, the candidates' timings, speed-up over the heuristics' first choice,
     hits and age."""
-    from .report import entry_report, report_lines
+    from .workflows.report import entry_report, report_lines
 
     store = obj.store()
     try:

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a so
 
 import redis
 
-from plancache.remote import RemoteTier
 from plancache.store import Entry, sha256
+from plancache.tiers.remote import RemoteTier
 
 SECRET = b"bench-secret-0123456789abcdef-32"
 

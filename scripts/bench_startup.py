@@ -109,7 +109,7 @@ def phase_primed(args: dict[str, Any]) -> dict[str, Any]:
     (a sleep stands in), then look the plans up."""
     import plancache
     from plancache import templates
-    from plancache.prewarm import prime
+    from plancache.workflows.prewarm import prime
 
     torch, _ = _setup()
     cache = plancache.PlanCache(args["dir"])

@@ -15,14 +15,14 @@ import pytest
 from click.testing import CliRunner
 
 from plancache import BundleError, PlanCache, Store, templates
-from plancache.bundle import BUNDLE_MAGIC, export_bundle, import_bundle, read_bundle
 from plancache.cli import cli
-from plancache.codec import decode_entry, encode_entry
 from plancache.key import environment_id
-from plancache.prewarm import prewarm
-from plancache.report import entry_report, speedup
 from plancache.store import DB_NAME
+from plancache.store.codec import decode_entry, encode_entry
 from plancache.testing import CpuTestBackend
+from plancache.workflows.bundle import BUNDLE_MAGIC, export_bundle, import_bundle, read_bundle
+from plancache.workflows.prewarm import prewarm
+from plancache.workflows.report import entry_report, speedup
 
 MakeCache = Callable[..., PlanCache]
 

@@ -356,7 +356,7 @@ def test_builder_entries_and_pythonpath_need_allow_code(code_manifest: tuple[Pat
 
 
 def test_manifest_api_without_code_imports_nothing_and_keeps_sys_path(code_manifest: tuple[Path, Path]) -> None:
-    from plancache.manifest import code_references, load_manifest
+    from plancache.workflows.manifest import code_references, load_manifest
 
     manifest, marker = code_manifest
     before = list(sys.path)

@@ -14,8 +14,8 @@ from redis_fixtures import LocalRedis
 
 from plancache import PlanCache, Store, templates
 from plancache.key import environment_id
-from plancache.remote import RemoteTier
 from plancache.testing import CpuTestBackend
+from plancache.tiers.remote import RemoteTier
 
 SECRET = b"fleet-secret-0123456789abcdef-32"
 

@@ -222,7 +222,7 @@ def test_bucketed_batch_matches_the_exact_result(cache: plancache.PlanCache) -> 
 _FLEET_NODE = r"""
 import json, sys, torch, plancache
 from plancache import templates
-from plancache.remote import RemoteTier
+from plancache.tiers.remote import RemoteTier
 name, params = sys.argv[1], json.loads(sys.argv[2])
 tier = RemoteTier(sys.argv[4], secret=b"gpu-fleet-secret-0123456789abcdef")
 cache = plancache.PlanCache(sys.argv[3], remote=tier)

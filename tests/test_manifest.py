@@ -17,7 +17,7 @@ from graphs import EXAMPLES, assert_runs_correctly
 from plancache import BuildOptions, InvalidGraphError, ManifestError, PlanCache, templates
 from plancache.build.replay import rebuild_graph
 from plancache.key import describe
-from plancache.manifest import SCHEMA, ManifestEntry, load_manifest, parse_manifest, record_to, write_manifest
+from plancache.workflows.manifest import SCHEMA, ManifestEntry, load_manifest, parse_manifest, record_to, write_manifest
 
 MakeCache = Callable[..., PlanCache]
 

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from plancache import BuildOptions, PlanCache, Store, templates
 from plancache.cli import cli
-from plancache.manifest import load_manifest
-from plancache.prewarm import _Progress, prewarm, warm_start
 from plancache.store import maintenance
+from plancache.workflows.manifest import load_manifest
+from plancache.workflows.prewarm import _Progress, prewarm, warm_start
 
 MakeCache = Callable[..., PlanCache]
 BACKEND = "plancache.testing:CpuTestBackend"
@@ -81,7 +81,7 @@ def test_failing_entries_are_reported_and_the_rest_still_build(tmp_path: Path, m
         GOOD[0],
         {"template": "conv_bias_act", "params": {"n": 1, "c": 8, "h": 6, "w": 6}},  # line 4: k missing
         {
-            "builder": "plancache.templates:build",
+            "builder": "plancache.workflows.templates:build",
             "args": ["matmul_bias_act"],
             "kwargs": {"b": 1, "m": 4, "k": 8, "n": 3, "act": "elu"},
         },
@@ -170,7 +170,7 @@ def test_warm_start_from_a_manifest_loads_plans_before_the_first_step(tmp_path: 
 
 
 def test_warm_start_reports_entries_that_cannot_be_keyed(tmp_path: Path, make_cache: MakeCache) -> None:
-    path = manifest(tmp_path, GOOD[1], {"template": "sdpa", "params": {"b": 1}}, {"builder": "plancache.templates:build"})
+    path = manifest(tmp_path, GOOD[1], {"template": "sdpa", "params": {"b": 1}}, {"builder": "plancache.workflows.templates:build"})
     report = warm_start(make_cache(), path)
     assert report["missing"] and report["loaded"] == []
     assert sorted(e["index"] for e in report["errors"]) == [1, 2]
@@ -254,8 +254,8 @@ def test_cli_help_texts() -> None:
 
 
 def test_primer_loads_healthy_entries_in_the_background_and_changes_nothing(make_cache: MakeCache) -> None:
-    from plancache.prewarm import prime
     from plancache.testing import CpuTestBackend
+    from plancache.workflows.prewarm import prime
 
     builder = make_cache()
     graphs = [templates.build("conv_bias_act", n=n, c=4, h=6, w=6, k=4, dtype="float32") for n in (1, 2)]

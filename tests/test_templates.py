@@ -45,7 +45,7 @@ def test_an_unknown_layout_is_a_clear_error() -> None:
 def test_a_manifest_lists_layouts_like_any_other_parameter(tmp_path: Any) -> None:
     import json
 
-    from plancache.manifest import load_manifest
+    from plancache.workflows.manifest import load_manifest
 
     path = tmp_path / "m.json"
     entry = {"template": "matmul_bias_act", "params": {**SMALL["matmul_bias_act"], "layout": ["nn", "nt", "tn"]}}

@@ -92,10 +92,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from .codec import decode_entry, encode_entry
-from .errors import RemoteError
+from ..errors import RemoteError
+from ..store import Entry
+from ..store.codec import decode_entry, encode_entry
 from .fleet_lock import CallMode, FleetLock
-from .store import Entry
 
 if TYPE_CHECKING:
     import redis

@@ -37,10 +37,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .codec import decode_entry, encode_entry
-from .errors import BundleError, EntryNotFoundError, StoreError
-from .key import KEY_FORMAT, canonical_json, environment_id
-from .store import Entry, Store, maintenance
+from ..errors import BundleError, EntryNotFoundError, StoreError
+from ..key import KEY_FORMAT, canonical_json, environment_id
+from ..store import Entry, Store, maintenance
+from ..store.codec import decode_entry, encode_entry
 
 __all__ = ["BUNDLE_FORMAT", "BUNDLE_MAGIC", "export_bundle", "import_bundle", "read_bundle"]
 
@@ -54,7 +54,7 @@ _ENV_ID = re.compile(r"^[0-9a-f]{16}$")
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .store import Entry
+from ..store import Entry
 
 __all__ = ["entry_report", "report_lines", "speedup"]
 

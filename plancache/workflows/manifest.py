@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ManifestError
+from ..key import HEURISTIC_MODES, POLICIES, BuildOptions
+from ..recording import MANIFEST_VERSION, record_to, recorder_from_env, write_json
 from . import templates
-from .errors import ManifestError
-from .key import HEURISTIC_MODES, POLICIES, BuildOptions
-from .recording import MANIFEST_VERSION, record_to, recorder_from_env, write_json
 
 __all__ = [
     "MANIFEST_VERSION",
@@ -165,7 +165,7 @@ class ManifestEntry:
             args = [json.dumps(a) for a in self.spec["args"]] + [f"{k}={json.dumps(v)}" for k, v in self.spec["kwargs"].items()]
             text = f"{self.spec['builder']}({', '.join(args)})"
         else:
-            from .cache import summarize  # cache imports manifest lazily; no import cycle at load
+            from ..store import summarize
 
             text = summarize(self.spec["graph"])
         text = text.strip()
@@ -176,7 +176,7 @@ class ManifestEntry:
         if self.kind == "template":
             return templates.build(self.spec["template"], **self.spec["params"])
         if self.kind == "graph":
-            from .build.replay import rebuild_graph
+            from ..build.replay import rebuild_graph
 
             return rebuild_graph(self.spec["graph"])
         if self.listed_only:

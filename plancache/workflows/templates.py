@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ManifestError
+from ..errors import ManifestError
 
 __all__ = ["LAYOUTS", "TEMPLATES", "Template", "TensorLayout", "allocate", "build", "reference"]
 
@@ -34,7 +34,7 @@ class TensorLayout:
 
 
 def _cudnn() -> Any:
-    from .build.cudnn_backend import cudnn_module
+    from ..build.cudnn_backend import cudnn_module
 
     return cudnn_module()
 

@@ -11,7 +11,7 @@ import json
 import struct
 from typing import Any
 
-from .store import Entry
+from .entry import Entry
 
 __all__ = ["ENTRY_MAGIC", "decode_entry", "encode_entry"]
 

@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
-from .errors import ManifestError
-from .key import BuildOptions, environment_id
+from ..errors import ManifestError
+from ..key import BuildOptions, environment_id
+from ..store import problem
 from .manifest import ManifestEntry, load_manifest
-from .store import problem
 
 __all__ = ["Primer", "prewarm", "prime", "warm_start"]
 
