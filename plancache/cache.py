@@ -22,21 +22,21 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from .build.autotune import TimingPolicy, autotune
-from .build.backend import Backend, BuiltPlan, EngineChoice
+from .build.autotune import TimingPolicy
+from .build.backend import Backend
+from .builder import plan_builder
 from .config import max_size_from_env
-from .errors import DamagedEntryError, PlanCacheError
+from .errors import PlanCacheError
 from .flight import SingleFlight
-from .key import BuildOptions, CacheKey, TensorSpec, describe, environment_id, make_key
+from .key import BuildOptions, CacheKey, describe, environment_id, make_key
+from .lookup import Lookup
 from .plan import Plan, names_of
 from .recording import recorder_from_env
-from .store import Entry, problem, sha256, summarize
 from .tiers.local import LocalTier
 from .tiers.memory import LRU, max_plans_from_env
 
@@ -118,10 +118,11 @@ class PlanCache:
         self.lock_timeout = lock_timeout
         self.persist_kernel_cache = persist_kernel_cache
         self._environments: dict[int, tuple[dict[str, Any], str]] = {}
+        self.lookup = Lookup(backend=self.backend, timing=self.timing, local=self.local, memory=self.memory, flight=self.flight,
+                             remote=self.remote, counters=self.counters, warn=self._warn_once, environment=self._environment,
+                             persist_kernel_cache=persist_kernel_cache)  # fmt: skip
         self._recorders: list[Callable[[Any, CacheKey], None]] = []
         self._remote_flushed: dict[str, int] = {}
-        self._kernel_cache_restored = False
-        self._kernel_cache_digest: str | None = None
         self._closed = False
         recorder_from_env(self)  # PLANCACHE_RECORD=path: record every graph into a manifest
         if self.local.available and self.local.read_only:
@@ -180,7 +181,7 @@ class PlanCache:
             self.counters["memory_hits"] += 1
             self.local.note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
         else:
-            plan = self._resolve(graph, key, options, device, inputs)
+            plan = self.lookup.resolve(graph, key, options, device, inputs)
         return plan.named(names_of(graph))
 
     def builder(
@@ -199,32 +200,9 @@ class PlanCache:
         which makes repeats cheaper; it must capture everything that changes the graph,
         the device included when that varies.
         """
-
-        def wrap(func: F) -> Callable[..., Plan]:
-            plans: LRU[Any, Plan] = LRU(self.memory.capacity)
-            current_device = self.backend.current_device
-
-            @functools.wraps(func)
-            def wrapper(*args: Any, **kwargs: Any) -> Plan:
-                if key is not None:
-                    signature: Any = key(*args, **kwargs)
-                else:
-                    signature, has_tensor = _signature(args, kwargs)
-                    if not has_tensor:
-                        # No tensor argument tells the device: the plan belongs to the current one.
-                        signature = (*signature, current_device())
-                plan = plans.get(signature)
-                if plan is None:
-                    plan = self.get(func(*args, **kwargs), options=options)
-                    plans.put(signature, plan)
-                else:
-                    self.counters["memory_hits"] += 1
-                return plan
-
-            wrapper.plans = plans  # type: ignore[attr-defined]
-            return wrapper
-
-        return wrap(fn) if fn is not None else wrap
+        if fn is not None:
+            return plan_builder(self, fn, options, key)
+        return lambda func: plan_builder(self, func, options, key)
 
     def preload(self, keys: Iterable[str] | None = None) -> dict[str, Any]:
         """Load stored plans of the current device into memory before the first step, so
@@ -244,7 +222,7 @@ class PlanCache:
             if (digest, device) in self.memory:
                 report["loaded"].append(digest)
                 continue
-            outcome = self._serve_stored(digest, environment, device)
+            outcome = self.lookup.serve_stored(digest, environment, device)
             if isinstance(outcome, Plan):
                 self.memory.put((digest, device), outcome)
                 report["loaded"].append(digest)
@@ -256,7 +234,7 @@ class PlanCache:
                     report["failed"][digest] = "entry belongs to another environment"  # kept for its own machines
                     continue
                 with self.flight.hold(digest, env_id):
-                    self._quarantine_if_unchanged(digest, entry, reason)
+                    self.lookup.quarantine_if_unchanged(digest, entry, reason)
                 report["failed"][digest] = reason
         report["seconds"] = time.perf_counter() - started
         return report
@@ -296,171 +274,6 @@ class PlanCache:
         """Call ``record(graph, key)`` for every graph looked up (used to write manifests)."""
         self._recorders.append(record)
 
-    # ------------------------------------------------------------------ the lookup
-
-    def _resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None) -> Plan:
-        environment, env_id = self._environment(device)
-        plan = self._from_stored_tiers(key, environment, env_id, device)
-        if plan is None:
-            with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])) as turn:
-                plan = self.memory.get((key.digest, device)) or self._repair_or_build(graph, key, options, device, inputs, turn.fleet_built)
-        plan = plan.named(names_of(graph))
-        self.memory.put((key.digest, device), plan)
-        return plan
-
-    def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int, *, remote: bool = True) -> Plan | None:
-        """A sound stored plan from the local store, else from the fleet (then stored
-        locally); None otherwise. Reads only: an unsound entry is just a miss here."""
-        outcome = self._serve_stored(key.digest, environment, device)
-        if isinstance(outcome, Plan):
-            return outcome
-        if not remote or self.remote is None:
-            return None
-        entry = self.remote.get(key.digest, env_id)
-        if entry is None or problem(entry, environment) is not None:
-            return None
-        self.local.put(entry)
-        loaded = self._load(entry, device)
-        return loaded if isinstance(loaded, Plan) else None
-
-    def _repair_or_build(self, graph: Any, key: CacheKey, options: BuildOptions, device: int,
-                         inputs: Mapping[int, Any] | None, fleet_built: bool) -> Plan:  # fmt: skip
-        """Inside the key's single flight: serve what others stored meanwhile, repair an
-        unsound entry, or autotune."""
-        environment, env_id = self._environment(device)
-        outcome = self._serve_stored(key.digest, environment, device)
-        if isinstance(outcome, Plan):
-            return outcome
-        if outcome is not None:
-            entry, reason = outcome
-            self._quarantine_if_unchanged(key.digest, entry, reason)
-            rebuilt = self._rebuild(key, options, entry, device) if entry is not None else None
-            if rebuilt is not None:
-                return rebuilt
-        elif fleet_built or self.remote is not None:
-            plan = self._from_stored_tiers(key, environment, env_id, device)
-            if plan is not None:
-                return plan
-        return self._build(graph, key, options, inputs, device)
-
-    def _serve_stored(self, digest: str, environment: Mapping[str, Any], device: int) -> Plan | tuple[Entry | None, str] | None:
-        """The local entry under ``digest``, judged and loaded: a ``Plan``; ``(entry,
-        reason)`` when it must not be served; None when there is none."""
-        try:
-            entry = self.local.get(digest)
-        except DamagedEntryError as exc:  # one undecodable row
-            return None, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}"
-        if entry is None:
-            return None
-        reason = problem(entry, environment)
-        if reason is not None:
-            return entry, reason
-        loaded = self._load(entry, device)
-        return loaded if isinstance(loaded, Plan) else (entry, loaded)
-
-    def _load(self, entry: Entry, device: int) -> Plan | str:
-        """Deserialize a sound entry onto ``device``: a ``Plan``, or why it failed."""
-        try:
-            tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
-            native = self.backend.load(entry.blob, tensors, device)
-        except Exception as exc:  # the library refusing a blob is a miss, never a crash
-            return f"deserialize failed: {type(exc).__name__}: {str(exc)[:300]}"
-        self.counters["hits"] += 1
-        self.local.note_hit(entry.key)
-        return self._plan(entry.key, native, tensors, entry.workspace_size, _engine_of(entry.engine), "loaded", device)
-
-    def _quarantine_if_unchanged(self, digest: str, entry: Entry | None, reason: str) -> None:
-        """Quarantine the row that was judged (its recorded checksum), inside the key's
-        single flight: a row another process rebuilt meanwhile is left in service."""
-        self.counters["corrupt"] += 1
-        log.warning("plancache: entry %s is unusable (%s); quarantined, rebuilding", digest[:12], reason)
-        self.local.quarantine(digest, entry, reason)
-
-    def _rebuild(self, key: CacheKey, options: BuildOptions, old: Entry, device: int) -> Plan | None:
-        """Rebuild an unsound entry from its engine id and knobs on a graph replayed from
-        its description (the caller's graph stays unplanned, for autotuning if this fails)."""
-        engine = _engine_of(old.engine)
-        if engine is None or self.local.read_only:
-            return None
-        started = time.perf_counter()
-        try:
-            from .build.replay import rebuild_graph
-
-            built = self.backend.rebuild(rebuild_graph(key.parts["graph"]), engine, options)
-        except Exception as exc:
-            log.warning("plancache: rebuilding %s from engine %s failed (%s); autotuning instead", key.digest[:12], engine.name, exc)
-            return None
-        self.counters["rebuilds"] += 1
-        # The unsound entry's autotuning record still says why this engine was chosen.
-        timing = old.timing or {"method": "rebuilt from the stored engine id and knobs"}
-        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0)
-        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
-
-    def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int) -> Plan:
-        self.counters["misses"] += 1
-        started = time.perf_counter()
-        dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
-        if dynamic:
-            self._restore_kernel_cache(key)  # only with persist_kernel_cache
-        cands = self.backend.candidates(graph, options, inputs)
-        try:
-            result = autotune(cands, options, self.timing)
-            built = cands.finish(result.winner)
-        finally:
-            cands.close()
-        self.counters["builds"] += 1
-        if dynamic and self.persist_kernel_cache:
-            self._save_kernel_cache(key)
-        reports = [r.to_dict() for r in result.candidates]
-        self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started, result.autotune_seconds)
-        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "built", device)
-
-    def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
-                 timing: dict[str, Any], build_seconds: float, autotune_seconds: float) -> None:  # fmt: skip
-        now = time.time()
-        entry = Entry(
-            key=key.digest, env_id=environment_id(key.parts["environment"]), label=summarize(key.parts["graph"]),
-            description=key.parts["graph"], environment=key.parts["environment"], options=key.parts["options"],
-            tensors=[t.to_dict() for t in built.tensors], blob=built.blob, blob_sha256=sha256(built.blob),
-            engine=built.engine.to_dict() if built.engine else None, workspace_size=built.workspace_size,
-            policy=policy, candidates=candidates, timing=timing, build_seconds=build_seconds,
-            autotune_seconds=autotune_seconds, backend=self.backend.name, created_at=now, last_used_at=now,
-        )  # fmt: skip
-        if not self.local.put(entry):
-            self.counters["unpersisted"] += 1
-        if self.remote is not None:
-            self.remote.put(entry)  # inside the fleet lock: nodes waiting on it find the plan
-
-    def _plan(self, digest: str, native: Any, tensors: list[TensorSpec], workspace: int, engine: EngineChoice | None,
-              source: str, device: int) -> Plan:  # fmt: skip
-        return Plan(key=digest, backend=self.backend, native=native, tensors=tensors, workspace_size=workspace,
-                    engine=engine, source=source, device=device)  # fmt: skip
-
-    # ------------------------------------------------------------------ kernel cache
-
-    def _restore_kernel_cache(self, key: CacheKey) -> None:
-        """Before this process's first dynamic-shape build: load the stored kernel cache of
-        this environment (never another's: it is stored under the environment id)."""
-        if self._kernel_cache_restored or not self.persist_kernel_cache:
-            return
-        self._kernel_cache_restored = True
-        blob = self.local.kernel_cache(environment_id(key.parts["environment"]))
-        if blob is None:
-            return
-        try:
-            self.backend.restore_kernel_cache(blob)
-        except Exception as exc:  # a refused kernel cache only costs compile time
-            self._warn_once("kernel-cache", "plancache: the stored kernel cache was refused (%s); building without it", exc)
-            return
-        self._kernel_cache_digest = sha256(blob)
-        self.counters["kernel_cache_restores"] += 1
-
-    def _save_kernel_cache(self, key: CacheKey) -> None:
-        """After a dynamic-shape build: store the kernel cache if it changed."""
-        blob = self.backend.kernel_cache_blob()
-        if blob and sha256(blob) != self._kernel_cache_digest and self.local.put_kernel_cache(environment_id(key.parts["environment"]), blob):
-            self._kernel_cache_digest = sha256(blob)
-
     # ------------------------------------------------------------------ bookkeeping
 
     def _warn_once(self, topic: str, message: str, *args: Any) -> None:
@@ -485,16 +298,12 @@ class PlanCache:
 
     def _forget_process_state(self) -> None:
         """In a forked child: the parent's loaded plans, locks and threads are not ours."""
-        self.memory = LRU(self.memory.capacity)
+        self.memory = self.lookup.memory = LRU(self.memory.capacity)
         self.flight.after_fork()
         self.local.after_fork()
         after = getattr(self.remote, "after_fork", None)
         if callable(after):
             after()
-
-
-_tensor_type: Any = None
-_KWARGS = object()
 
 
 def _flush_at_exit(ref: weakref.ref[PlanCache]) -> None:
@@ -508,44 +317,4 @@ def _after_fork(ref: weakref.ref[PlanCache]) -> None:
     if cache is not None:
         cache._forget_process_state()
 
-
-def _engine_of(engine: Mapping[str, Any] | None) -> EngineChoice | None:
-    """The recorded engine and knobs, or None when absent or damaged (then: autotune)."""
-    try:
-        return EngineChoice.from_dict(engine) if engine else None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[tuple[Any, ...], bool]:
-    """What a builder's result depends on: tensors by layout (shape, strides, dtype,
-    device), everything else by value; and whether any argument was a tensor.
-
-    On the hot path of every decorated call, hence the plain loops and no helper calls.
-    """
-    global _tensor_type
-    tensor_type = _tensor_type
-    if tensor_type is None:
-        torch = sys.modules.get("torch")
-        tensor_type = () if torch is None else torch.Tensor
-        if torch is not None:
-            _tensor_type = tensor_type  # resolved once torch is loaded
-    has_tensor = False
-    signature: list[Any] = []
-    for a in args:
-        if isinstance(a, tensor_type):
-            signature.append((a.shape, a.stride(), a.dtype, a.device))
-            has_tensor = True
-        else:
-            signature.append(a)
-    if kwargs:
-        signature.append(_KWARGS)  # f(("n", 1)) and f(n=1) must not look alike
-        for name in sorted(kwargs):
-            value = kwargs[name]
-            if isinstance(value, tensor_type):
-                signature.append((name, (value.shape, value.stride(), value.dtype, value.device)))
-                has_tensor = True
-            else:
-                signature.append((name, value))
-    return tuple(signature), has_tensor
 

@@ -1,0 +1,225 @@
+"""The lookup behind ``PlanCache.get``: stored tiers, then the key's single flight, then
+a repair or a build. Each step reads like the life of a lookup in cache.py's docstring.
+
+Reads take no lock and write nothing: an entry that ``store.entry.problem`` finds unsound
+is only a miss there. Inside the single flight, the same entry is judged again, and only
+that row is quarantined (another process may have rebuilt the key meanwhile); its engine
+and knobs are rebuilt on a graph replayed from its description, so the caller's graph stays
+unplanned for autotuning if the rebuild fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .build.autotune import TimingPolicy, autotune
+from .build.backend import Backend, BuiltPlan, EngineChoice
+from .errors import DamagedEntryError
+from .flight import SingleFlight
+from .key import BuildOptions, CacheKey, TensorSpec, environment_id
+from .plan import Plan, names_of
+from .store import Entry, problem, sha256, summarize
+from .tiers.local import LocalTier
+from .tiers.memory import LRU
+
+__all__ = ["Lookup"]
+
+log = logging.getLogger("plancache")
+
+
+class Lookup:
+    """Finds, repairs or builds the plan of one key on one device for a ``PlanCache``."""
+
+    def __init__(self, *, backend: Backend, timing: TimingPolicy, local: LocalTier, memory: LRU[tuple[str, int], Plan],
+                 flight: SingleFlight, remote: Any, counters: dict[str, int], warn: Callable[..., None],
+                 environment: Callable[[int], tuple[dict[str, Any], str]], persist_kernel_cache: bool) -> None:  # fmt: skip
+        self.backend = backend
+        self.timing = timing
+        self.local = local
+        self.memory = memory
+        self.flight = flight
+        self.remote = remote
+        self.counters = counters
+        self._warn_once = warn
+        self._environment = environment
+        self.persist_kernel_cache = persist_kernel_cache
+        self._kernel_cache_restored = False
+        self._kernel_cache_digest: str | None = None
+
+
+    def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None) -> Plan:
+        environment, env_id = self._environment(device)
+        plan = self._from_stored_tiers(key, environment, env_id, device)
+        if plan is None:
+            with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])) as turn:
+                plan = self.memory.get((key.digest, device)) or self._repair_or_build(graph, key, options, device, inputs, turn.fleet_built)
+        plan = plan.named(names_of(graph))
+        self.memory.put((key.digest, device), plan)
+        return plan
+
+    def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int, *, remote: bool = True) -> Plan | None:
+        """A sound stored plan from the local store, else from the fleet (then stored
+        locally); None otherwise. Reads only: an unsound entry is just a miss here."""
+        outcome = self.serve_stored(key.digest, environment, device)
+        if isinstance(outcome, Plan):
+            return outcome
+        if not remote or self.remote is None:
+            return None
+        entry = self.remote.get(key.digest, env_id)
+        if entry is None or problem(entry, environment) is not None:
+            return None
+        self.local.put(entry)
+        loaded = self._load(entry, device)
+        return loaded if isinstance(loaded, Plan) else None
+
+    def _repair_or_build(self, graph: Any, key: CacheKey, options: BuildOptions, device: int,
+                         inputs: Mapping[int, Any] | None, fleet_built: bool) -> Plan:  # fmt: skip
+        """Inside the key's single flight: serve what others stored meanwhile, repair an
+        unsound entry, or autotune."""
+        environment, env_id = self._environment(device)
+        outcome = self.serve_stored(key.digest, environment, device)
+        if isinstance(outcome, Plan):
+            return outcome
+        if outcome is not None:
+            entry, reason = outcome
+            self.quarantine_if_unchanged(key.digest, entry, reason)
+            rebuilt = self._rebuild(key, options, entry, device) if entry is not None else None
+            if rebuilt is not None:
+                return rebuilt
+        elif fleet_built or self.remote is not None:
+            plan = self._from_stored_tiers(key, environment, env_id, device)
+            if plan is not None:
+                return plan
+        return self._build(graph, key, options, inputs, device)
+
+    def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int) -> Plan | tuple[Entry | None, str] | None:
+        """The local entry under ``digest``, judged and loaded: a ``Plan``; ``(entry,
+        reason)`` when it must not be served; None when there is none."""
+        try:
+            entry = self.local.get(digest)
+        except DamagedEntryError as exc:  # one undecodable row
+            return None, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}"
+        if entry is None:
+            return None
+        reason = problem(entry, environment)
+        if reason is not None:
+            return entry, reason
+        loaded = self._load(entry, device)
+        return loaded if isinstance(loaded, Plan) else (entry, loaded)
+
+    def _load(self, entry: Entry, device: int) -> Plan | str:
+        """Deserialize a sound entry onto ``device``: a ``Plan``, or why it failed."""
+        try:
+            tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
+            native = self.backend.load(entry.blob, tensors, device)
+        except Exception as exc:  # the library refusing a blob is a miss, never a crash
+            return f"deserialize failed: {type(exc).__name__}: {str(exc)[:300]}"
+        self.counters["hits"] += 1
+        self.local.note_hit(entry.key)
+        return self._plan(entry.key, native, tensors, entry.workspace_size, _engine_of(entry.engine), "loaded", device)
+
+    def quarantine_if_unchanged(self, digest: str, entry: Entry | None, reason: str) -> None:
+        """Quarantine the row that was judged (its recorded checksum), inside the key's
+        single flight: a row another process rebuilt meanwhile is left in service."""
+        self.counters["corrupt"] += 1
+        log.warning("plancache: entry %s is unusable (%s); quarantined, rebuilding", digest[:12], reason)
+        self.local.quarantine(digest, entry, reason)
+
+    def _rebuild(self, key: CacheKey, options: BuildOptions, old: Entry, device: int) -> Plan | None:
+        """Rebuild an unsound entry from its engine id and knobs on a graph replayed from
+        its description (the caller's graph stays unplanned, for autotuning if this fails)."""
+        engine = _engine_of(old.engine)
+        if engine is None or self.local.read_only:
+            return None
+        started = time.perf_counter()
+        try:
+            from .build.replay import rebuild_graph
+
+            built = self.backend.rebuild(rebuild_graph(key.parts["graph"]), engine, options)
+        except Exception as exc:
+            log.warning("plancache: rebuilding %s from engine %s failed (%s); autotuning instead", key.digest[:12], engine.name, exc)
+            return None
+        self.counters["rebuilds"] += 1
+        # The unsound entry's autotuning record still says why this engine was chosen.
+        timing = old.timing or {"method": "rebuilt from the stored engine id and knobs"}
+        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0)
+        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
+
+    def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int) -> Plan:
+        self.counters["misses"] += 1
+        started = time.perf_counter()
+        dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
+        if dynamic:
+            self._restore_kernel_cache(key)  # only with persist_kernel_cache
+        cands = self.backend.candidates(graph, options, inputs)
+        try:
+            result = autotune(cands, options, self.timing)
+            built = cands.finish(result.winner)
+        finally:
+            cands.close()
+        self.counters["builds"] += 1
+        if dynamic and self.persist_kernel_cache:
+            self._save_kernel_cache(key)
+        reports = [r.to_dict() for r in result.candidates]
+        self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started, result.autotune_seconds)
+        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "built", device)
+
+    def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
+                 timing: dict[str, Any], build_seconds: float, autotune_seconds: float) -> None:  # fmt: skip
+        now = time.time()
+        entry = Entry(
+            key=key.digest, env_id=environment_id(key.parts["environment"]), label=summarize(key.parts["graph"]),
+            description=key.parts["graph"], environment=key.parts["environment"], options=key.parts["options"],
+            tensors=[t.to_dict() for t in built.tensors], blob=built.blob, blob_sha256=sha256(built.blob),
+            engine=built.engine.to_dict() if built.engine else None, workspace_size=built.workspace_size,
+            policy=policy, candidates=candidates, timing=timing, build_seconds=build_seconds,
+            autotune_seconds=autotune_seconds, backend=self.backend.name, created_at=now, last_used_at=now,
+        )  # fmt: skip
+        if not self.local.put(entry):
+            self.counters["unpersisted"] += 1
+        if self.remote is not None:
+            self.remote.put(entry)  # inside the fleet lock: nodes waiting on it find the plan
+
+    def _plan(self, digest: str, native: Any, tensors: list[TensorSpec], workspace: int, engine: EngineChoice | None,
+              source: str, device: int) -> Plan:  # fmt: skip
+        return Plan(key=digest, backend=self.backend, native=native, tensors=tensors, workspace_size=workspace,
+                    engine=engine, source=source, device=device)  # fmt: skip
+
+    # ------------------------------------------------------------------ kernel cache
+
+    def _restore_kernel_cache(self, key: CacheKey) -> None:
+        """Before this process's first dynamic-shape build: load the stored kernel cache of
+        this environment (never another's: it is stored under the environment id)."""
+        if self._kernel_cache_restored or not self.persist_kernel_cache:
+            return
+        self._kernel_cache_restored = True
+        blob = self.local.kernel_cache(environment_id(key.parts["environment"]))
+        if blob is None:
+            return
+        try:
+            self.backend.restore_kernel_cache(blob)
+        except Exception as exc:  # a refused kernel cache only costs compile time
+            self._warn_once("kernel-cache", "plancache: the stored kernel cache was refused (%s); building without it", exc)
+            return
+        self._kernel_cache_digest = sha256(blob)
+        self.counters["kernel_cache_restores"] += 1
+
+    def _save_kernel_cache(self, key: CacheKey) -> None:
+        """After a dynamic-shape build: store the kernel cache if it changed."""
+        blob = self.backend.kernel_cache_blob()
+        if blob and sha256(blob) != self._kernel_cache_digest and self.local.put_kernel_cache(environment_id(key.parts["environment"]), blob):
+            self._kernel_cache_digest = sha256(blob)
+
+
+
+def _engine_of(engine: Mapping[str, Any] | None) -> EngineChoice | None:
+    """The recorded engine and knobs, or None when absent or damaged (then: autotune)."""
+    try:
+        return EngineChoice.from_dict(engine) if engine else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
