@@ -430,9 +430,9 @@ def test_counters_and_kernel_caches(store: Store, db: Callable[[], sqlite3.Conne
 def test_integrity_problems_reports_checksum_mismatches(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
     entry = make_entry()
     store.put(entry)
-    assert store.integrity_problems() == []
+    assert maintenance.integrity_problems(store) == []
     db().execute("UPDATE plans SET blob = ? WHERE key = ?", (b"plan-bytez", entry.key))
-    assert store.integrity_problems() == [f"checksum mismatch in entry {entry.key}"]
+    assert maintenance.integrity_problems(store) == [f"checksum mismatch in entry {entry.key}"]
 
 
 def test_connection_is_per_thread(store: Store) -> None:

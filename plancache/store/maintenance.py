@@ -22,7 +22,7 @@ from .entry import Entry, problem, sha256
 from .recovery import is_locked, is_undecodable, lenient_text
 from .store import Store
 
-__all__ = ["database", "list_entries", "prune", "schema_version", "verify"]
+__all__ = ["database", "integrity_problems", "list_entries", "prune", "schema_version", "verify"]
 
 _LIST_COLUMNS = ["key", "env_id", "label", "blob_size", "workspace_size", "policy", "backend", "build_seconds",
                  "autotune_seconds", "created_at", "last_used_at", "hit_count"]  # fmt: skip
@@ -230,3 +230,14 @@ def _problems(report: Mapping[str, Any]) -> list[str]:
     lines += [f"kernel cache of {env}: checksum mismatch" for env in report["kernel_caches"]]
     lines += [f"{key}: {reason}" for key, reason in ((report["deserialize"] or {}).get("failed") or {}).items()]
     return lines
+
+
+def integrity_problems(store: Store) -> list[str]:
+    """SQLite's integrity check plus every blob's checksum; empty when healthy."""
+    conn = store.connection()
+    problems = [r[0] for r in conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
+    with lenient_text(conn):  # a damaged text column is a checksum problem, not a crash
+        for row in conn.execute("SELECT key, blob, blob_sha256 FROM plans"):
+            if sha256(bytes(row["blob"])) != row["blob_sha256"]:
+                problems.append(f"checksum mismatch in entry {row['key']}")
+    return problems

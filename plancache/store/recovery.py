@@ -17,7 +17,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .entry import INSERT_SQL, Entry, problem
 
@@ -89,10 +89,12 @@ class Recovery:
     path: Path
     read_only: bool
 
-    def connection(self) -> sqlite3.Connection: ...  # provided by Store
-    def _close_connection(self) -> None: ...  # provided by Store
-    def _migrate(self) -> None: ...  # provided by Store
-    def transaction(self) -> Any: ...  # provided by Store
+    if TYPE_CHECKING:  # provided by Store; declared for type checkers only (no stub may
+        # shadow the real method in Store's method resolution order).
+        def connection(self) -> sqlite3.Connection: ...
+        def _close_connection(self) -> None: ...
+        def _migrate(self) -> None: ...
+        def transaction(self) -> Any: ...
 
     def _damage_at_open(self) -> str | None:
         """Damage that an earlier process left a marker for (``note_damage``), confirmed by

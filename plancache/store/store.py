@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import sqlite3
-import stat
 import threading
 import time
 import urllib.parse
@@ -26,62 +25,19 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreBusyError, StoreError
+from ..errors import DamagedEntryError, StoreBusyError, StoreError
 from .entry import INSERT_SQL, Entry, sha256
-from .recovery import DB_NAME, Recovery, is_damage, is_locked, is_undecodable, lenient_text
+from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text
+from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir, migrations
 
 __all__ = ["BUSY_TIMEOUT_MS", "DB_NAME", "Store", "default_cache_dir", "migrations"]
 
 log = logging.getLogger("plancache")
 
-BUSY_TIMEOUT_MS = 30_000
 _LIST_COLUMNS = (
     "key, env_id, label, blob_size, workspace_size, policy, backend, build_seconds, "
     "autotune_seconds, created_at, last_used_at, hit_count"
 )
-
-
-def default_cache_dir() -> Path:
-    """``$PLANCACHE_DIR`` if set, else the platform's per-user cache directory."""
-    env = os.environ.get("PLANCACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs  # imported here: only needed when no directory is given
-
-    return Path(platformdirs.user_cache_dir("plancache", appauthor=False))
-
-
-def migrations() -> list[tuple[int, str, str]]:
-    """The numbered migrations as ``(number, file name, sql)``, in order."""
-    from importlib import resources  # only when opening a store
-
-    try:
-        folder: Any = resources.files("plancache.migrations")
-        files = [f for f in folder.iterdir() if f.name.endswith(".sql")]
-    except ModuleNotFoundError:  # running from a source tree that is not installed
-        folder = Path(__file__).resolve().parents[2] / "migrations"
-        files = sorted(folder.glob("*.sql"))
-    found = []
-    for f in files:
-        number = int(f.name.split("_", 1)[0])
-        found.append((number, f.name, f.read_text()))
-    found.sort()
-    numbers = [n for n, _, _ in found]
-    if numbers != list(range(1, len(found) + 1)):
-        raise StoreError(f"migrations are not numbered 1..N: {numbers}", path=str(folder))
-    return found
-
-
-def _statements(script: str) -> Iterator[str]:
-    buffer = ""
-    for line in script.splitlines(keepends=True):
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            if buffer.strip():
-                yield buffer.strip()
-            buffer = ""
-    if buffer.strip() and not all(ln.strip().startswith("--") for ln in buffer.strip().splitlines()):
-        raise StoreError(f"incomplete SQL statement in migration: {buffer.strip()[:80]!r}", path=None)
 
 
 def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
@@ -104,20 +60,7 @@ def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
     return len(doomed)
 
 
-def _check_private(directory: Path, allow_shared: bool) -> None:
-    """Refuse a cache directory that other users can write: its blobs carry native code."""
-    mode = directory.stat().st_mode
-    if allow_shared or not (mode & (stat.S_IWGRP | stat.S_IWOTH)):
-        return
-    raise CacheDirError(
-        f"cache directory {directory} is writable by other users (mode {stat.filemode(mode)}); "
-        "plans hold native code, so plancache refuses it. Use a private directory, or set "
-        "PLANCACHE_ALLOW_SHARED_DIR=1 if everyone who can write there is trusted",
-        path=str(directory),
-    )
-
-
-class Store(Recovery):
+class Store(Schema, Recovery):
     """The SQLite database of one cache directory.
 
     ``Store(directory)`` creates the directory (mode 0700) and database (0600) if needed,
@@ -146,89 +89,6 @@ class Store(Recovery):
             raise
 
     # ------------------------------------------------------------------ opening
-
-    def _prepare_directory(self, read_only: bool | None, allow_shared: bool) -> None:
-        directory = self.directory
-        if not directory.exists() and read_only is not True:
-            try:
-                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            except OSError as exc:
-                raise CacheDirError(
-                    f"cannot create cache directory {directory}: {exc.strerror or exc}", path=str(directory)
-                ) from exc
-        if not directory.is_dir():
-            raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
-        _check_private(directory, allow_shared)
-        self._directory_writable = os.access(directory, os.W_OK)
-        writable = self._directory_writable and (not self.path.exists() or os.access(self.path, os.W_OK))
-        if read_only is None:
-            read_only = not writable
-        self.read_only = bool(read_only)
-        if self.read_only and not self.path.exists():
-            raise CacheDirError(f"read-only cache directory {directory} holds no {DB_NAME}", path=str(directory))
-
-    def _open_and_migrate(self) -> None:
-        try:
-            self._migrate_when_free()
-            damage = self._damage_at_open()
-        except sqlite3.DatabaseError as exc:
-            if self.read_only or not is_damage(exc):
-                # Busy, full, I/O error, read-only: nothing says the file is damaged, and
-                # moving a healthy store aside would lose every entry.
-                raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
-            damage = str(exc)
-        if damage is None:
-            return
-        if self.read_only:  # cannot move it aside: damaged pages stay misses
-            log.warning("plancache: read-only store %s is damaged (%s); unreadable entries are misses", self.path, damage)
-            return
-        self.repair(damage)
-
-    def _migrate_when_free(self) -> None:
-        """``_migrate``, retried while other processes hold the database (many processes
-        opening a new store at once all want to create it), up to the busy timeout."""
-        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-        pause = 0.01
-        while True:
-            try:
-                self._migrate()
-                return
-            except (sqlite3.OperationalError, StoreBusyError) as exc:
-                cause = exc.__cause__ if isinstance(exc, StoreBusyError) else exc
-                if not (isinstance(exc, StoreBusyError) or is_locked(cause or exc)) or time.monotonic() > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(pause * 2, 0.25)
-
-    def _migrate(self) -> None:
-        conn = self.connection()
-        found = conn.execute("PRAGMA user_version").fetchone()[0]
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads page 1: garbage fails here
-        steps = migrations()
-        latest = steps[-1][0]
-        if found > latest:
-            raise SchemaTooNewError(
-                f"{self.path} has schema {found}, newer than this plancache supports ({latest}); "
-                "upgrade plancache or point PLANCACHE_DIR elsewhere. The file was not changed",
-                path=str(self.path),
-                found=found,
-                supported=latest,
-            )
-        if found == latest:
-            return
-        if self.read_only:
-            raise StoreError(f"read-only store {self.path} has schema {found}, older than {latest}", path=str(self.path))
-        if found == 0:
-            conn.execute("PRAGMA journal_mode=WAL")
-        with self.transaction() as tx:
-            found = tx.execute("PRAGMA user_version").fetchone()[0]  # another process may have migrated
-            for number, name, sql in steps:
-                if number <= found:
-                    continue
-                for statement in _statements(sql):
-                    tx.execute(statement)
-                tx.execute(f"PRAGMA user_version = {int(number)}")
-                log.debug("plancache: applied migration %s to %s", name, self.path)
 
     def connection(self) -> sqlite3.Connection:
         """This thread's connection, opened on first use and again after a fork."""
@@ -359,16 +219,6 @@ class Store(Recovery):
 
     def keys(self) -> list[str]:
         return [r[0] for r in self.connection().execute("SELECT key FROM plans ORDER BY key")]
-
-    def list_entries(self, env_id: str | None = None) -> list[dict[str, Any]]:
-        """Summaries of every entry (no blob), most recently used first."""
-        sql = f"SELECT {_LIST_COLUMNS} FROM plans"
-        params: tuple[Any, ...] = ()
-        if env_id is not None:
-            sql += " WHERE env_id = ?"
-            params = (env_id,)
-        rows = self.connection().execute(sql + " ORDER BY last_used_at DESC, key", params)
-        return [dict(r) for r in rows]
 
     def record_hits(self, hits: Mapping[str, tuple[int, float]], *, wait: bool = True) -> bool:
         """Add batched hit counts and last-used times: ``{key: (count, last_used)}``.
@@ -509,13 +359,3 @@ class Store(Recovery):
             "quarantined": quarantined,
             "counters": self.counters(),
         }
-
-    def integrity_problems(self) -> list[str]:
-        """SQLite's integrity check plus every blob's checksum; empty when healthy."""
-        conn = self.connection()
-        problems = [r[0] for r in conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
-        with lenient_text(conn):  # a damaged text column is a checksum problem, not a crash
-            for row in conn.execute("SELECT key, blob, blob_sha256 FROM plans"):
-                if sha256(bytes(row["blob"])) != row["blob_sha256"]:
-                    problems.append(f"checksum mismatch in entry {row['key']}")
-        return problems

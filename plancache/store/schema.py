@@ -1,0 +1,181 @@
+"""Opening a plan store: the cache directory (created private, refused when others can
+write it), the database file and its numbered migrations (``migrations/NNNN_*.sql``, each
+applied with its ``PRAGMA user_version`` in one transaction; a newer schema is refused).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CacheDirError, SchemaTooNewError, StoreBusyError, StoreError
+from .recovery import DB_NAME, is_damage, is_locked
+
+__all__ = ["BUSY_TIMEOUT_MS", "Schema", "default_cache_dir", "migrations"]
+
+log = logging.getLogger("plancache")
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def default_cache_dir() -> Path:
+    """``$PLANCACHE_DIR`` if set, else the platform's per-user cache directory."""
+    env = os.environ.get("PLANCACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs  # imported here: only needed when no directory is given
+
+    return Path(platformdirs.user_cache_dir("plancache", appauthor=False))
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """The numbered migrations as ``(number, file name, sql)``, in order."""
+    from importlib import resources  # only when opening a store
+
+    try:
+        folder: Any = resources.files("plancache.migrations")
+        files = [f for f in folder.iterdir() if f.name.endswith(".sql")]
+    except ModuleNotFoundError:  # running from a source tree that is not installed
+        folder = Path(__file__).resolve().parents[2] / "migrations"
+        files = sorted(folder.glob("*.sql"))
+    found = []
+    for f in files:
+        number = int(f.name.split("_", 1)[0])
+        found.append((number, f.name, f.read_text()))
+    found.sort()
+    numbers = [n for n, _, _ in found]
+    if numbers != list(range(1, len(found) + 1)):
+        raise StoreError(f"migrations are not numbered 1..N: {numbers}", path=str(folder))
+    return found
+
+
+def _statements(script: str) -> Iterator[str]:
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                yield buffer.strip()
+            buffer = ""
+    if buffer.strip() and not all(ln.strip().startswith("--") for ln in buffer.strip().splitlines()):
+        raise StoreError(f"incomplete SQL statement in migration: {buffer.strip()[:80]!r}", path=None)
+
+
+def _check_private(directory: Path, allow_shared: bool) -> None:
+    """Refuse a cache directory that other users can write: its blobs carry native code."""
+    mode = directory.stat().st_mode
+    if allow_shared or not (mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        return
+    raise CacheDirError(
+        f"cache directory {directory} is writable by other users (mode {stat.filemode(mode)}); "
+        "plans hold native code, so plancache refuses it. Use a private directory, or set "
+        "PLANCACHE_ALLOW_SHARED_DIR=1 if everyone who can write there is trusted",
+        path=str(directory),
+    )
+
+
+class Schema:
+    """How a ``Store`` opens its directory and database (a base class: the store's own
+    methods provide the connection and the damage handling)."""
+
+    directory: Path
+    path: Path
+    read_only: bool
+    _directory_writable: bool
+
+    if TYPE_CHECKING:  # provided by Store and Recovery; declared for type checkers only, so
+        # that no stub here can shadow the real method in Store's method resolution order.
+        def connection(self) -> sqlite3.Connection: ...
+        def transaction(self) -> Any: ...
+        def _damage_at_open(self) -> str | None: ...
+        def repair(self, reason: str, *, thorough: bool = False) -> dict[str, Any]: ...
+
+    def _prepare_directory(self, read_only: bool | None, allow_shared: bool) -> None:
+        directory = self.directory
+        if not directory.exists() and read_only is not True:
+            try:
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CacheDirError(
+                    f"cannot create cache directory {directory}: {exc.strerror or exc}", path=str(directory)
+                ) from exc
+        if not directory.is_dir():
+            raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
+        _check_private(directory, allow_shared)
+        self._directory_writable = os.access(directory, os.W_OK)
+        writable = self._directory_writable and (not self.path.exists() or os.access(self.path, os.W_OK))
+        if read_only is None:
+            read_only = not writable
+        self.read_only = bool(read_only)
+        if self.read_only and not self.path.exists():
+            raise CacheDirError(f"read-only cache directory {directory} holds no {DB_NAME}", path=str(directory))
+
+    def _open_and_migrate(self) -> None:
+        try:
+            self._migrate_when_free()
+            damage = self._damage_at_open()
+        except sqlite3.DatabaseError as exc:
+            if self.read_only or not is_damage(exc):
+                # Busy, full, I/O error, read-only: nothing says the file is damaged, and
+                # moving a healthy store aside would lose every entry.
+                raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
+            damage = str(exc)
+        if damage is None:
+            return
+        if self.read_only:  # cannot move it aside: damaged pages stay misses
+            log.warning("plancache: read-only store %s is damaged (%s); unreadable entries are misses", self.path, damage)
+            return
+        self.repair(damage)
+
+    def _migrate_when_free(self) -> None:
+        """``_migrate``, retried while other processes hold the database (many processes
+        opening a new store at once all want to create it), up to the busy timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        pause = 0.01
+        while True:
+            try:
+                self._migrate()
+                return
+            except (sqlite3.OperationalError, StoreBusyError) as exc:
+                cause = exc.__cause__ if isinstance(exc, StoreBusyError) else exc
+                if not (isinstance(exc, StoreBusyError) or is_locked(cause or exc)) or time.monotonic() > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
+
+    def _migrate(self) -> None:
+        conn = self.connection()
+        found = conn.execute("PRAGMA user_version").fetchone()[0]
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads page 1: garbage fails here
+        steps = migrations()
+        latest = steps[-1][0]
+        if found > latest:
+            raise SchemaTooNewError(
+                f"{self.path} has schema {found}, newer than this plancache supports ({latest}); "
+                "upgrade plancache or point PLANCACHE_DIR elsewhere. The file was not changed",
+                path=str(self.path),
+                found=found,
+                supported=latest,
+            )
+        if found == latest:
+            return
+        if self.read_only:
+            raise StoreError(f"read-only store {self.path} has schema {found}, older than {latest}", path=str(self.path))
+        if found == 0:
+            conn.execute("PRAGMA journal_mode=WAL")
+        with self.transaction() as tx:
+            found = tx.execute("PRAGMA user_version").fetchone()[0]  # another process may have migrated
+            for number, name, sql in steps:
+                if number <= found:
+                    continue
+                for statement in _statements(sql):
+                    tx.execute(statement)
+                tx.execute(f"PRAGMA user_version = {int(number)}")
+                log.debug("plancache: applied migration %s to %s", name, self.path)
+
