@@ -14,6 +14,7 @@ __all__ = [
     "CacheDirError",
     "DamagedEntryError",
     "EntryNotFoundError",
+    "ExecutionError",
     "InvalidGraphError",
     "LockTimeoutError",
     "ManifestError",
@@ -61,6 +62,11 @@ class InvalidGraphError(PlanCacheError, ValueError):
 class TensorMismatchError(PlanCacheError, ValueError):
     """Tensors passed to ``Plan.execute`` do not match the plan (missing, unknown, or of
     another shape, stride, dtype or device). Nothing was launched."""
+
+
+class ExecutionError(PlanCacheError, RuntimeError):
+    """The library failed to launch a plan whose tensors passed every check (a CUDA error,
+    say). Fields: ``key``, ``device``; the library's own error is the cause."""
 
 
 class BuildError(PlanCacheError, RuntimeError):

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .build.backend import Backend, EngineChoice
-from .errors import TensorMismatchError
+from .errors import ExecutionError, TensorMismatchError
 from .key import TensorSpec
 
 __all__ = ["TORCH_DTYPES", "Plan", "names_of"]
@@ -273,6 +273,13 @@ class Plan:
         """Check ``tensors`` (by uid or name) and launch the plan on the current stream of
         the plan's device, with scratch memory of its own."""
         pack = self.check(tensors)
-        self._backend.execute(self._native, pack, self.workspace_size, self.device)
+        try:
+            self._backend.execute(self._native, pack, self.workspace_size, self.device)
+        except Exception as exc:
+            raise ExecutionError(
+                f"plan {self.key[:12]} failed to launch on {self._backend.device_type}:{self.device}: {type(exc).__name__}: {exc}",
+                key=self.key,
+                device=self.device,
+            ) from exc
 
     __call__ = execute

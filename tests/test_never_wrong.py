@@ -17,7 +17,7 @@ import pytest
 import torch
 from graphs import EXAMPLES, ConvBiasRelu, MatmulBiasRelu
 
-from plancache import PlanCache, PlanCacheError, Store, TensorMismatchError, TensorSpec
+from plancache import ExecutionError, PlanCache, PlanCacheError, Store, TensorMismatchError, TensorSpec
 from plancache.plan import TORCH_DTYPES, Plan
 from plancache.store import sha256
 from plancache.testing import CpuTestBackend
@@ -337,3 +337,16 @@ def test_a_graph_the_backend_planned_cannot_be_planned_again(cache: PlanCache) -
 
 
 
+
+
+def test_a_launch_the_library_refuses_is_one_plancache_error_naming_the_plan(cache: PlanCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = EXAMPLES["conv_bias_relu"]
+    plan = cache.get(spec.graph())
+
+    def fails(*args: Any) -> None:
+        raise RuntimeError("cudaErrorIllegalAddress")
+
+    monkeypatch.setattr(cache.backend, "execute", fails)
+    with pytest.raises(ExecutionError, match=f"plan {plan.key[:12]} failed to launch.*cudaErrorIllegalAddress") as info:
+        plan.execute(spec.tensors(seed=1))
+    assert isinstance(info.value, RuntimeError) and info.value.key == plan.key

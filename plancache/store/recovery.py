@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import StoreBusyError
 from .entry import INSERT_SQL, Entry, problem
 
 __all__ = ["Recovery", "is_damage", "is_locked", "is_undecodable", "lenient_text"]
@@ -165,9 +166,14 @@ class Recovery:
         the same damage, one moves the file and the others find the new store healthy.
         ``thorough`` re-checks with ``integrity_check`` instead of ``quick_check``.
         Returns ``{"moved_aside": path or None, "salvaged": n}``."""
-        from filelock import FileLock  # only on damage
+        from filelock import FileLock, Timeout  # only on damage
 
-        with FileLock(str(self.path.with_name(DB_NAME + ".repair.lock")), mode=0o600, timeout=REPAIR_LOCK_TIMEOUT_S):
+        lock = FileLock(str(self.path.with_name(DB_NAME + ".repair.lock")), mode=0o600)
+        try:
+            lock.acquire(timeout=REPAIR_LOCK_TIMEOUT_S)
+        except Timeout as exc:
+            raise StoreBusyError(f"another process kept repairing {self.path} for {REPAIR_LOCK_TIMEOUT_S:.0f} s", path=str(self.path)) from exc
+        try:
             self._close_connection()
             still = self._quick_check(full=thorough)
             if still is None:  # healthy after all, or another process replaced it meanwhile
@@ -177,6 +183,8 @@ class Recovery:
             self._clear_marker()
             self._migrate()
             salvaged = self._salvage(aside)
+        finally:
+            lock.release()
         if salvaged:
             log.warning("plancache: copied %d intact entries from %s into the new store", salvaged, aside)
         return {"moved_aside": str(aside), "salvaged": salvaged}

@@ -14,6 +14,7 @@ reliable there. Use the Redis tier to share plans between machines.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -21,9 +22,9 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import DamagedEntryError, StoreBusyError, StoreError
 from .entry import INSERT_SQL, Entry, sha256
@@ -31,6 +32,8 @@ from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text
 from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir, migrations
 
 __all__ = ["BUSY_TIMEOUT_MS", "DB_NAME", "Store", "default_cache_dir", "migrations"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("plancache")
 
@@ -58,6 +61,20 @@ def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
         excess -= int(size)
     tx.executemany("DELETE FROM plans WHERE key = ?", doomed)
     return len(doomed)
+
+
+def _reads(method: Callable[..., T]) -> Callable[..., T]:
+    """A read of the store: SQLite's own errors become ``StoreError`` naming the file, so
+    callers catch one plancache error (and the builtin ``OSError`` it subclasses)."""
+
+    @functools.wraps(method)
+    def read(self: Store, *args: Any, **kwargs: Any) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read plan store {self.path}: {exc}", path=str(self.path)) from exc
+
+    return read
 
 
 class Store(Schema, Recovery):
@@ -208,6 +225,7 @@ class Store(Schema, Recovery):
     def delete(self, key: str) -> bool:
         return self._write("DELETE FROM plans WHERE key = ?", (key,)) > 0
 
+    @_reads
     def resolve(self, prefix: str) -> list[str]:
         """Full keys starting with ``prefix`` (at most two, enough to tell ambiguity)."""
         if not prefix or any(c not in "0123456789abcdef" for c in prefix.lower()):
@@ -217,6 +235,7 @@ class Store(Schema, Recovery):
         )
         return [r[0] for r in rows]
 
+    @_reads
     def keys(self) -> list[str]:
         return [r[0] for r in self.connection().execute("SELECT key FROM plans ORDER BY key")]
 
@@ -282,6 +301,7 @@ class Store(Schema, Recovery):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot quarantine {str(values[0])[:12]} in {self.path}: {exc}", path=str(self.path)) from exc
 
+    @_reads
     def quarantined(self) -> list[dict[str, Any]]:
         rows = self.connection().execute(
             "SELECT id, key, reason, quarantined_at, length(blob) AS blob_size FROM quarantine ORDER BY id"
@@ -306,11 +326,13 @@ class Store(Schema, Recovery):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot update counters in {self.path}: {exc}", path=str(self.path)) from exc
 
+    @_reads
     def counters(self) -> dict[str, int]:
         return {r[0]: r[1] for r in self.connection().execute("SELECT name, value FROM counters")}
 
     # ------------------------------------------------------------------ kernel caches
 
+    @_reads
     def get_kernel_cache(self, env_id: str) -> tuple[bytes, int | None] | None:
         row = self.connection().execute(
             "SELECT blob, blob_sha256, revision FROM kernel_caches WHERE env_id = ?", (env_id,)
@@ -327,6 +349,7 @@ class Store(Schema, Recovery):
 
     # ------------------------------------------------------------------ size, age, health
 
+    @_reads
     def total_size(self) -> int:
         """Bytes of plan blobs stored, as the database tracks them (one row, no scan)."""
         row = self.connection().execute("SELECT value FROM totals WHERE name = 'plan_bytes'").fetchone()
@@ -341,6 +364,7 @@ class Store(Schema, Recovery):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot evict from plan store {self.path}: {exc}", path=str(self.path)) from exc
 
+    @_reads
     def stats(self) -> dict[str, Any]:
         conn = self.connection()
         row = conn.execute(
