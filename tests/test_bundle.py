@@ -215,8 +215,9 @@ def test_tampered_entry_with_recomputed_checksums_is_refused_by_its_key(
         offset += member["size"]
     header["payload_size"] = offset
     rewrite(bundle, header, data + rest)
+    # Refused while decoding: the codec asks the one check of a stored entry (entry.problem).
     error = assert_refused(target, bundle, "key does not match")
-    assert error.fields["reason"] == "key mismatch"
+    assert error.fields["reason"] == "malformed"
 
 
 def test_newer_format_is_refused_by_name(tmp_path: Path, make_cache: MakeCache, bundle: Path) -> None:

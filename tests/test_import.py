@@ -27,3 +27,15 @@ def test_every_public_name_resolves() -> None:
     for name in plancache.__all__:
         assert getattr(plancache, name) is not None, name
     assert plancache.key.environment_id is not None  # submodules load on attribute access too
+
+
+def test_every_subpackage_is_shipped() -> None:
+    """A folder of the package missing from pyproject.toml's list would be missing from
+    every non-editable install."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "plancache").rglob("__init__.py")}
+    assert found <= listed, f"not shipped: {sorted(found - listed)}"

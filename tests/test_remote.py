@@ -8,6 +8,7 @@ Nothing here contacts any address but 127.0.0.1.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -28,13 +29,15 @@ from redis_fixtures import LocalRedis, free_port, needs_server  # noqa: E402
 
 from plancache import remote  # noqa: E402  (after the importorskip above)
 from plancache.errors import RemoteError  # noqa: E402
+from plancache.key import KEY_FORMAT, BuildOptions, canonical_json, environment_id  # noqa: E402
 from plancache.store import Entry, Store, sha256  # noqa: E402
 from plancache.store.codec import encode_entry  # noqa: E402
 from plancache.tiers.remote import RemoteTier, sign_value  # noqa: E402
 
 SECRET = b"fleet-secret-0123456789abcdef-32"
 OTHER_SECRET = b"another-secret-0123456789abcdef!"
-ENV_ID = "0123456789abcdef"
+ENVIRONMENT = {"gpu_name": "test GPU", "cudnn_backend_version": "test"}
+ENV_ID = environment_id(ENVIRONMENT)
 LOG = "plancache.remote"
 
 
@@ -72,13 +75,21 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 def make_entry(key: str = "ab" * 32, env_id: str = ENV_ID, size: int = 4096) -> Entry:
+    """A servable entry (its key and environment id re-derive from what it records, as
+    ``store.entry.problem`` requires); ``key`` seeds its description, so distinct seeds give
+    distinct keys. ``env_id`` other than ``ENV_ID`` makes an entry of another environment."""
     blob = (bytes(range(256)) * (size // 256 + 1))[:size]
+    environment = ENVIRONMENT if env_id == ENV_ID else {**ENVIRONMENT, "gpu_name": env_id}
+    description = {"nodes": [{"type": "CONV_FPROP"}], "tensors": {}, "seed": key}
+    options = BuildOptions().to_dict()
+    digest = hashlib.sha256(canonical_json({"format": KEY_FORMAT, "graph": description, "environment": environment,
+                                            "options": options}).encode()).hexdigest()  # fmt: skip
     return Entry(
-        key=key, env_id=env_id, label="CONV_FPROP", description={"nodes": [{"type": "CONV_FPROP"}]},
-        environment={"gpu": "test"}, options={}, tensors=[{"uid": 1}], blob=blob, blob_sha256=sha256(blob),
-        engine={"id": 3}, workspace_size=0, policy="fastest", candidates=[{"index": 0, "ms": 0.1}],
-        timing={"runs": 3}, build_seconds=1.5, autotune_seconds=1.0, backend="cpu-test",
-        created_at=1_700_000_000.0, last_used_at=1_700_000_100.0, hit_count=7,
+        key=digest, env_id=environment_id(environment), label="CONV_FPROP", description=description,
+        environment=environment, options=options, tensors=[], blob=blob, blob_sha256=sha256(blob),
+        engine={"engine_id": 3, "knobs": {}, "name": "e3"}, workspace_size=0, policy="topk",
+        candidates=[{"index": 0, "ms": 0.1}], timing={"runs": 3}, build_seconds=1.5, autotune_seconds=1.0,
+        backend="cpu-test", created_at=1_700_000_000.0, last_used_at=1_700_000_100.0, hit_count=7,
     )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ import os
 import logging
 import re
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -323,9 +324,11 @@ class CudnnBackend:
         self._environments: dict[int, dict[str, Any]] = {}
         self._kernel_caches: dict[int, Any] = {}  # device -> the one shared cudnn kernel cache
         self._gpu: bool | None = None
-        # A forked child (a DataLoader worker, say) must not reuse the parent's handles.
+        # A forked child (a DataLoader worker, say) must not reuse the parent's handles. The
+        # hook holds the backend weakly: registering it must not keep every backend alive.
         if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self.after_fork)
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: (backend := ref()) is not None and backend.after_fork())
 
     def after_fork(self) -> None:
         self.handles.forget()

@@ -11,7 +11,7 @@ import json
 import struct
 from typing import Any
 
-from .entry import Entry
+from .entry import Entry, problem
 
 __all__ = ["ENTRY_MAGIC", "decode_entry", "encode_entry"]
 
@@ -42,6 +42,7 @@ def decode_entry(data: bytes) -> Entry:
         entry = Entry(blob=bytes(data[offset + length :]), **header)
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
         raise ValueError(f"entry header is malformed: {exc}") from exc
-    if not entry.checksum_ok():
-        raise ValueError(f"entry {entry.key[:12]}: blob does not match its checksum (truncated or altered)")
+    reason = problem(entry)  # the one check of a stored entry, for bundles and the fleet alike
+    if reason is not None:
+        raise ValueError(f"entry {entry.key[:12]}: {reason}")
     return entry

@@ -93,7 +93,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import RemoteError
-from ..store import Entry
+from ..store import Entry, problem
 from ..store.codec import decode_entry, encode_entry
 from .fleet_lock import CallMode, FleetLock
 
@@ -380,9 +380,10 @@ class RemoteTier:
 
     def put(self, entry: Entry) -> bool:
         """Publish ``entry`` signed; True once Redis has stored it."""
-        if not entry.checksum_ok():  # never spread a damaged local blob to the fleet
+        reason = problem(entry)
+        if reason is not None:  # never spread a damaged local entry to the fleet
             self._count("errors")
-            self._warn_once("put-checksum", "plancache: not publishing %s: its blob fails its checksum", entry.key[:12])
+            self._warn_once("put-checksum", "plancache: not publishing %s: %s", entry.key[:12], reason)
             return False
         # Usage counts are per node; a receiver starts from zero.
         neutral = dataclasses.replace(entry, hit_count=0, last_used_at=0.0)

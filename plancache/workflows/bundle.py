@@ -39,7 +39,7 @@ from typing import Any
 
 from ..errors import BundleError, EntryNotFoundError, StoreError
 from ..key import KEY_FORMAT, canonical_json, environment_id
-from ..store import Entry, Store, maintenance
+from ..store import Entry, Store, maintenance, problem
 from ..store.codec import decode_entry, encode_entry
 
 __all__ = ["BUNDLE_FORMAT", "BUNDLE_MAGIC", "export_bundle", "import_bundle", "read_bundle"]
@@ -131,8 +131,8 @@ def export_bundle(
         if entry is None:
             skipped[key] = "removed while exporting"
             continue
-        if not entry.checksum_ok():
-            skipped[key] = "blob checksum mismatch (damaged entry)"
+        if (reason := problem(entry)) is not None:
+            skipped[key] = f"{reason} (damaged entry)"
             continue
         if env_id is not None and entry.env_id != env_id:
             skipped[key] = f"belongs to environment {entry.env_id}"
