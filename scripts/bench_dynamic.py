@@ -101,7 +101,7 @@ def _cache_phase(args: dict[str, Any], bucketed: bool) -> dict[str, Any]:
     torch, _ = _setup()
     cache = plancache.PlanCache(args["dir"])
     cache.environment  # noqa: B018 - device properties: not part of a lookup
-    cache.backend.handle()  # nor is creating the cuDNN handle
+    cache.backend.prepare(cache.backend.current_device())  # nor is creating the cuDNN handle
     result: dict[str, Any] = {}
     for label, name, fixed, sizes, var, bucket_list, dim in workloads():
         times, errors, exec_ms = [], [], []

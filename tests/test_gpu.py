@@ -316,7 +316,7 @@ for name, params in [("conv_bias_act", {"n": 2, "c": 32, "h": 14, "w": 14, "k": 
     t = templates.allocate(name, device="cuda", **params)
     plan.execute(t)
 torch.cuda.synchronize()
-print(sorted(p.key for p in cache._memory.values()))
+print(sorted(key for key, _device in cache.memory.keys()))
 """
 
 
