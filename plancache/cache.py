@@ -33,7 +33,7 @@ from .builder import plan_builder
 from .config import max_size_from_env
 from .errors import PlanCacheError
 from .flight import SingleFlight
-from .key import BuildOptions, CacheKey, describe, environment_id, make_key
+from .key import BuildOptions, CacheKey, canonical_json, describe, environment_id, make_key
 from .lookup import Lookup
 from .plan import Plan, names_of
 from .recording import recorder_from_env
@@ -118,6 +118,7 @@ class PlanCache:
         self.lock_timeout = lock_timeout
         self.persist_kernel_cache = persist_kernel_cache
         self._environments: dict[int, tuple[dict[str, Any], str]] = {}
+        self._environment_json: dict[str, str] = {}
         self.lookup = Lookup(backend=self.backend, timing=self.timing, local=self.local, memory=self.memory, flight=self.flight,
                              remote=self.remote, counters=self.counters, warn=self._warn_once, environment=self._environment,
                              persist_kernel_cache=persist_kernel_cache)  # fmt: skip
@@ -153,6 +154,7 @@ class PlanCache:
         if found is None:
             env = self.backend.environment(device)
             found = self._environments[device] = (env, environment_id(env))
+            self._environment_json[found[1]] = canonical_json(env)  # encoded once, hashed by every lookup
         return found
 
     def key(self, graph: Any, options: BuildOptions | None = None, *, device: int | None = None) -> CacheKey:
@@ -173,7 +175,8 @@ class PlanCache:
             raise PlanCacheError(f"the plan cache in {self.directory} is closed", path=str(self.directory))
         options = options or self.options
         device = self.backend.current_device()
-        key = make_key(describe(graph), self._environment(device)[0], options)
+        environment, env_id = self._environment(device)
+        key = make_key(describe(graph), environment, options, environment_json=self._environment_json[env_id])
         for record in self._recorders:
             record(graph, key)
         plan = self.memory.get((key.digest, device))

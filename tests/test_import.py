@@ -32,8 +32,9 @@ def test_every_public_name_resolves() -> None:
 def test_every_subpackage_is_shipped() -> None:
     """A folder of the package missing from pyproject.toml's list would be missing from
     every non-editable install."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).resolve().parents[1]
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])

@@ -500,3 +500,17 @@ def test_explain_shows_which_part_differs() -> None:
 def test_plan_cache_key_matches_the_plan(cache: PlanCache) -> None:
     graph = EXAMPLES["conv_bias_relu"].graph()
     assert cache.get(graph).key == cache.key(graph).digest
+
+
+def test_the_digest_is_the_hash_of_the_canonical_parts() -> None:
+    """make_key assembles the canonical text from its parts' texts: it must equal
+    canonical_json of the parts, whatever environment text a caller passes in."""
+    import hashlib
+
+    from plancache.key import canonical_json
+
+    for spec in EXAMPLES.values():
+        key = make_key(describe(spec.graph()), ENV, BuildOptions(policy="exhaustive"))
+        assert key.digest == hashlib.sha256(canonical_json(key.parts).encode()).hexdigest()
+        again = make_key(describe(spec.graph()), ENV, BuildOptions(policy="exhaustive"), environment_json=canonical_json(ENV))
+        assert again.digest == key.digest

@@ -412,7 +412,10 @@ class _Describer(_Encoder):
         strides: list[int] | None
         if mode == "caller":  # lowered as a tensor of its own (_make_tensor): all of it
             dim = _ints(t.dim, ("tensor", t.name, "dim", None))
-            strides = _ints(t.stride, ("tensor", t.name, "stride", None))
+            # An implicit stride is lowered as the row-major one the pygraph fills in; the
+            # backend may rewrite the tensor's stride while it builds (fp8 attention does,
+            # for K), and the key of the same graph object must not change with it.
+            strides = _ints(t.stride, ("tensor", t.name, "stride", None)) if t.stride_assigned or not dim else row_major(dim)
         elif mode == "attrs":
             dim = _ints(t.dim, ("tensor", t.name, "dim", None)) if t.dim_assigned and t.dim else None
             strides = _ints(t.stride, ("tensor", t.name, "stride", None)) if t.stride_assigned and t.stride else None

@@ -135,14 +135,28 @@ def environment_id(environment: Mapping[str, Any]) -> str:
     return _sha256(dict(environment))[:16]
 
 
-def make_key(description: Mapping[str, Any], environment: Mapping[str, Any], options: BuildOptions) -> CacheKey:
-    """Hash a canonical description, an environment fingerprint and build options."""
+def make_key(
+    description: Mapping[str, Any], environment: Mapping[str, Any], options: BuildOptions, *, environment_json: str | None = None
+) -> CacheKey:
+    """Hash a canonical description, an environment fingerprint and build options.
+
+    The digest is SHA-256 of ``canonical_json(parts)``. It is assembled from the parts'
+    own canonical texts (the top-level names sort as environment, format, graph, options),
+    so a caller that keys many graphs of one environment passes its text once encoded as
+    ``environment_json`` and every lookup encodes only the description."""
     parts = {
         "format": KEY_FORMAT,
         "graph": dict(description),
         "environment": dict(environment),
         "options": options.to_dict(),
     }
-    return CacheKey(digest=_sha256(parts), parts=parts)
+    env_text = environment_json if environment_json is not None else canonical_json(parts["environment"])
+    text = f'{{"environment":{env_text},"format":{KEY_FORMAT},"graph":{canonical_json(parts["graph"])},"options":{_options_json(options)}}}'
+    return CacheKey(digest=hashlib.sha256(text.encode()).hexdigest(), parts=parts)
+
+
+@functools.lru_cache(maxsize=64)
+def _options_json(options: BuildOptions) -> str:
+    return canonical_json(_options_dict(options))
 
 
