@@ -256,7 +256,9 @@ def demo(opts_out: str | None = None) -> None:
     print(f"{'mode':10} {'first output s':>15} {'step ms':>9} {'process s':>10} {'rel err':>9}  counters")
     for r in rows:
         counters = {k: v for k, v in r.get("counters", {}).items() if v}
-        print(f"{r['mode']:10} {r['first_output_s']:15.3f} {r['step_ms']:9.3f} {r['process_s']:10.1f} {r['rel_error']:9.1e}  {counters}")
+        print(
+            f"{r['mode']:10} {r['first_output_s']:15.3f} {r['step_ms']:9.3f} {r['process_s']:10.1f} {r['rel_error']:9.1e}  {counters}"
+        )
     print("eager: the same model in PyTorch (bf16, its own kernels), no plancache")
     bad = [r["mode"] for r in rows if r["rel_error"] > TOLERANCE]
     if bad:
@@ -267,7 +269,9 @@ def demo(opts_out: str | None = None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=MODES, help="one run in this process, printed as JSON (the demo runs each in a fresh one)")
+    parser.add_argument(
+        "--mode", choices=MODES, help="one run in this process, printed as JSON (the demo runs each in a fresh one)"
+    )
     parser.add_argument("--dir", help="the plan cache directory (modes cold, warm, bundle)")
     parser.add_argument("--bundle", help="the bundle to import first (mode bundle)")
     parser.add_argument("--out", help="the demo's rows as JSON (also accepted so scripts/gpu-check can run every demo alike)")

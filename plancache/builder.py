@@ -86,4 +86,3 @@ def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[tuple[
             else:
                 signature.append((name, value))
     return tuple(signature), has_tensor
-

@@ -127,7 +127,9 @@ class PlanCache:
         self._closed = False
         recorder_from_env(self)  # PLANCACHE_RECORD=path: record every graph into a manifest
         if self.local.available and self.local.read_only:
-            self._warn_once("read-only", "plancache: %s is read-only: stored plans are served, new ones stay in memory", self.directory)
+            self._warn_once(
+                "read-only", "plancache: %s is read-only: stored plans are served, new ones stay in memory", self.directory
+            )
         # Flush batched hit counts when the process ends; weakly, so the cache can be freed.
         ref = weakref.ref(self)
         atexit_flush = functools.partial(_flush_at_exit, ref)
@@ -187,9 +189,7 @@ class PlanCache:
             plan = self.lookup.resolve(graph, key, options, device, inputs)
         return plan.named(names_of(graph))
 
-    def builder(
-        self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None
-    ) -> Any:
+    def builder(self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None) -> Any:
         """Decorate a function that builds a ``cudnn.pygraph`` from its arguments.
 
         The decorated function returns a ``Plan``. Calls with arguments of the same
@@ -319,5 +319,3 @@ def _after_fork(ref: weakref.ref[PlanCache]) -> None:
     cache = ref()
     if cache is not None:
         cache._forget_process_state()
-
-

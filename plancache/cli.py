@@ -49,7 +49,9 @@ class _Context:
         if existing:
             directory = self.directory if self.directory is not None else default_cache_dir()
             if not directory.exists():
-                raise CacheDirError(f"cache directory {directory} does not exist (check --dir or PLANCACHE_DIR)", path=str(directory))
+                raise CacheDirError(
+                    f"cache directory {directory} does not exist (check --dir or PLANCACHE_DIR)", path=str(directory)
+                )
             if not directory.is_dir():
                 raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
             if not (directory / DB_NAME).exists():
@@ -654,7 +656,9 @@ def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None, as_j
 
     store = obj.store()
     try:
-        entries = [_entry(store, k) for k in keys] if keys else [store.get(r["key"]) for r in maintenance.list_entries(store, env_id)]
+        entries = (
+            [_entry(store, k) for k in keys] if keys else [store.get(r["key"]) for r in maintenance.list_entries(store, env_id)]
+        )
         data = [entry_report(e) for e in entries if e is not None]
     finally:
         store.close()

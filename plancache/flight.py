@@ -154,7 +154,13 @@ class SingleFlight:
                 fd, waited = _lock_file(path, time.monotonic())  # one try: is another process building it?
             except TimeoutError:
                 self._count("waits")
-                log.info("plancache: waiting up to %.0f s for another process to build %s (%s); lock %s", self.timeout, key[:12], label, path)
+                log.info(
+                    "plancache: waiting up to %.0f s for another process to build %s (%s); lock %s",
+                    self.timeout,
+                    key[:12],
+                    label,
+                    path,
+                )
                 fd, waited = _lock_file(path, started + self.timeout)
                 waited = True
         except TimeoutError as exc:

@@ -49,18 +49,21 @@ class Lookup:
         self._kernel_cache_restored = False
         self._kernel_cache_digest: str | None = None
 
-
     def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None) -> Plan:
         environment, env_id = self._environment(device)
         plan = self._from_stored_tiers(key, environment, env_id, device)
         if plan is None:
             with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])) as turn:
-                plan = self.memory.get((key.digest, device)) or self._repair_or_build(graph, key, options, device, inputs, turn.fleet_built)
+                plan = self.memory.get((key.digest, device)) or self._repair_or_build(
+                    graph, key, options, device, inputs, turn.fleet_built
+                )
         plan = plan.named(names_of(graph))
         self.memory.put((key.digest, device), plan)
         return plan
 
-    def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int, *, remote: bool = True) -> Plan | None:
+    def _from_stored_tiers(
+        self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int, *, remote: bool = True
+    ) -> Plan | None:
         """A sound stored plan from the local store, else from the fleet (then stored
         locally); None otherwise. Reads only: an unsound entry is just a miss here."""
         outcome = self.serve_stored(key.digest, environment, device)
@@ -140,7 +143,9 @@ class Lookup:
 
             built = self.backend.rebuild(rebuild_graph(key.parts["graph"]), engine, options)
         except Exception as exc:
-            log.warning("plancache: rebuilding %s from engine %s failed (%s); autotuning instead", key.digest[:12], engine.name, exc)
+            log.warning(
+                "plancache: rebuilding %s from engine %s failed (%s); autotuning instead", key.digest[:12], engine.name, exc
+            )
             return None
         self.counters["rebuilds"] += 1
         # The unsound entry's autotuning record still says why this engine was chosen.
@@ -210,9 +215,12 @@ class Lookup:
     def _save_kernel_cache(self, key: CacheKey) -> None:
         """After a dynamic-shape build: store the kernel cache if it changed."""
         blob = self.backend.kernel_cache_blob()
-        if blob and sha256(blob) != self._kernel_cache_digest and self.local.put_kernel_cache(environment_id(key.parts["environment"]), blob):
+        if (
+            blob
+            and sha256(blob) != self._kernel_cache_digest
+            and self.local.put_kernel_cache(environment_id(key.parts["environment"]), blob)
+        ):
             self._kernel_cache_digest = sha256(blob)
-
 
 
 def _engine_of(engine: Mapping[str, Any] | None) -> EngineChoice | None:
@@ -221,5 +229,3 @@ def _engine_of(engine: Mapping[str, Any] | None) -> EngineChoice | None:
         return EngineChoice.from_dict(engine) if engine else None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-
-

@@ -66,7 +66,9 @@ def names_of(graph: Any) -> dict[str, int]:
     return {str(name): int(t.uid) for name, t in tensors.items() if not t.is_virtual}
 
 
-def _storage_geometry(dtype: str | None, dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def _storage_geometry(
+    dtype: str | None, dims: tuple[int, ...], strides: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """The shape and strides a torch tensor holding this layout has: the layout itself,
     or for packed 4-bit types the unit-stride axis halved (None: no byte layout spells it)."""
     if dtype not in _PACKED:
@@ -223,7 +225,11 @@ class Plan:
             uid = self._name_to_uid.get(ref) if isinstance(ref, str) else ref
             if uid is None or uid not in self._by_uid:
                 known = ", ".join(sorted(self._name_to_uid)) or "none; pass uids"
-                problems.append(f"{ref!r} is not a tensor of this plan (names: {known})" if isinstance(ref, str) else f"{ref!r} is not a tensor of this plan")
+                problems.append(
+                    f"{ref!r} is not a tensor of this plan (names: {known})"
+                    if isinstance(ref, str)
+                    else f"{ref!r} is not a tensor of this plan"
+                )
                 continue
             if uid in pack:
                 problems.append(f"uid {uid} is given twice (by name and by uid)")
@@ -260,10 +266,15 @@ class Plan:
         if expect.dtypes is None:
             expect.resolve()
         if tensor.dtype not in (expect.dtypes or ()):
-            wanted = " or ".join(f"torch.{n}" for n in expect.dtype_names or ()) or f"none (cuDNN type {spec.dtype} is not a storage type)"
+            wanted = (
+                " or ".join(f"torch.{n}" for n in expect.dtype_names or ())
+                or f"none (cuDNN type {spec.dtype} is not a storage type)"
+            )
             problems.append(f"{where} has dtype {tensor.dtype}, the plan needs {wanted}")
         if pointer % expect.alignment:
-            problems.append(f"{where} starts at an address {pointer % expect.alignment} bytes off the {expect.alignment}-byte alignment the plan was built for")
+            problems.append(
+                f"{where} starts at an address {pointer % expect.alignment} bytes off the {expect.alignment}-byte alignment the plan was built for"
+            )
         device_type = self._backend.device_type
         if device.type != device_type or (device_type == "cuda" and device.index != self.device):
             problems.append(f"{where} is on {device}, the plan runs on {device_type}:{self.device}")

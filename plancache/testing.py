@@ -327,7 +327,7 @@ class CpuTestBackend:
     def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> _Native:
         if not blob.startswith(MAGIC):
             raise ValueError("not a plancache test plan (bad magic)")
-        payload = json.loads(blob[len(MAGIC):])
+        payload = json.loads(blob[len(MAGIC) :])
         self.loads += 1
         device = self.current_device() if device is None else device
         self._check_device(device)
@@ -363,7 +363,9 @@ def _scratch_bytes(tensors: Sequence[TensorSpec]) -> int:
     return total
 
 
-def _stage_outputs(torch: Any, tensors: Sequence[TensorSpec], values: Mapping[str, Any], pack: Mapping[int, Any], workspace: Any) -> None:
+def _stage_outputs(
+    torch: Any, tensors: Sequence[TensorSpec], values: Mapping[str, Any], pack: Mapping[int, Any], workspace: Any
+) -> None:
     """Write each output through the workspace, as kernels stage partial results in theirs:
     a launch that shares its workspace with a concurrent one reads the other's values."""
     offset = 0

@@ -171,7 +171,7 @@ def phase_kernel_cache(args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-PHASES = {name[len("phase_"):]: fn for name, fn in globals().items() if name.startswith("phase_")}
+PHASES = {name[len("phase_") :]: fn for name, fn in globals().items() if name.startswith("phase_")}
 
 
 def main() -> None:

@@ -169,21 +169,25 @@ def _eager(torch: Any, name: str, t: dict[int, Any], params: dict[str, Any]) -> 
     functional = torch.nn.functional
     act = params.get("act", "relu")
     if name == "conv_bias_act":
+
         def run() -> Any:
             y = functional.conv2d(t[1], t[2], padding=params.get("padding", 1))
             if params.get("bias", True):
                 y = y + t[3]
             return torch.relu(y) if act == "relu" else y
     elif name == "matmul_bias_act":
+
         def run() -> Any:
             y = torch.matmul(t[1], t[2])
             if params.get("bias", True):
                 y = y + t[3]
             return torch.relu(y) if act == "relu" else y
     else:
+
         def run() -> Any:
             return functional.scaled_dot_product_attention(t[1], t[2], t[3], is_causal=params["causal"],
                                                            scale=params["d"] ** -0.5)  # fmt: skip
+
     return run
 
 
@@ -226,6 +230,7 @@ def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
     for _ in range(n):
         conv(tensors[1], tensors[2], tensors[3], tensors[4])
     builder_us = (time.perf_counter() - started) / n * 1e6
+
     @cache.builder(key=lambda x, w, b, y: x.shape[0])
     def conv_by_batch(x: Any, w: Any, b: Any, y: Any) -> Any:
         return templates.build(name, **params)
@@ -250,7 +255,10 @@ def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
             "execute_host_us": host_us}  # fmt: skip
 
 
-PHASES = {f.__name__[len("phase_"):]: f for f in (phase_heuristic, phase_exhaustive, phase_cold, phase_warm, phase_raw, phase_primed, phase_exec)}
+PHASES = {
+    f.__name__[len("phase_") :]: f
+    for f in (phase_heuristic, phase_exhaustive, phase_cold, phase_warm, phase_raw, phase_primed, phase_exec)
+}
 
 
 # ---------------------------------------------------------------------- parent
@@ -367,8 +375,10 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"plancache's own share of the {len(r['suite'])} warm hits: {r['warm_own_ms']:.2f} ms (target <= 2 ms), beside"
           f" {r['warm_deserialize_ms']:.1f} ms inside cuDNN's deserialize (medians of {REPEATS} fresh processes)")  # fmt: skip
     primed = totals["primed"]
-    print(f"primed in the background during {STAND_IN_FOR_WEIGHT_LOADING_S:.0f} s of weight loading: lookups {primed * 1e3:.1f} ms;"
-          f" vs heuristic build {totals['heuristic'] / primed:.0f}x faster; vs exhaustive {totals['exhaustive'] / primed:.0f}x")
+    print(
+        f"primed in the background during {STAND_IN_FOR_WEIGHT_LOADING_S:.0f} s of weight loading: lookups {primed * 1e3:.1f} ms;"
+        f" vs heuristic build {totals['heuristic'] / primed:.0f}x faster; vs exhaustive {totals['exhaustive'] / primed:.0f}x"
+    )
     print(f"cold (top-k) wall / exhaustive wall: {totals['cold'] / totals['exhaustive']:.2f}")
     print(f"repeat lookup: builder {r['exec']['builder_repeat_us']:.2f} us, builder(key=) {r['exec']['builder_key_repeat_us']:.2f} us,"
           f" get(graph) {r['exec']['get_repeat_us']:.1f} us;"

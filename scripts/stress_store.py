@@ -58,7 +58,10 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, dict[str, Any]]:
     timed("single flight", lambda: harness.single_flight(
         root / "flight", processes_n=args.flight_processes, keys=args.flight_keys, delay=0.6))  # fmt: skip
     timed("SIGKILL writers", lambda: harness.sigkill_writers(root / "kill", iterations=args.kill_iterations, seed=11))
-    timed("SIGKILL autotuning", lambda: harness.sigkill_builders(root / "builders", iterations=args.builder_kills, keys=6, delay=0.05))
+    timed(
+        "SIGKILL autotuning",
+        lambda: harness.sigkill_builders(root / "builders", iterations=args.builder_kills, keys=6, delay=0.05),
+    )
     timed("readers + writers", lambda: harness.readers_writers(
         root / "rw", readers=args.readers, writers=args.writers, reader_ops=args.reader_ops, writer_ops=args.writer_ops))  # fmt: skip
     timed("damaged files, full disks", lambda: harness.fault_rounds(
@@ -70,7 +73,9 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, dict[str, Any]]:
 def _rows(results: dict[str, dict[str, Any]]) -> list[list[str]]:
     """scenario, processes, operations, faults injected, integrity checks passed, entries lost, violations."""
     flight, kill, builders, rw, faults = (results[k] for k in results)
-    fault_text = ", ".join(f"{faults.get(k, 0)} {k.replace('_', ' ')}" for k in ("flip", "flip_anywhere", "truncate", "garbage", "disk_full"))
+    fault_text = ", ".join(
+        f"{faults.get(k, 0)} {k.replace('_', ' ')}" for k in ("flip", "flip_anywhere", "truncate", "garbage", "disk_full")
+    )
     return [
         ["single flight", str(flight["processes"]), f"{flight['plans']} gets, {flight['builds']} builds of {flight['keys']} keys",
          f"{flight['waits']} waits > 1 s", "-", "0", str(len(flight["violations"]))],

@@ -162,7 +162,9 @@ def single_flight(root: Path, *, processes_n: int, keys: int, delay: float, time
     plans = sum(len(res["results"]) for res in results if res)
     if plans != processes_n * keys:
         violations.append(f"{plans} plans returned, expected {processes_n * keys}")
-    logs = "".join(Path(root / f"rank{r}.json.log").read_text() for r in range(processes_n) if (root / f"rank{r}.json.log").exists())
+    logs = "".join(
+        Path(root / f"rank{r}.json.log").read_text() for r in range(processes_n) if (root / f"rank{r}.json.log").exists()
+    )
     return {
         "processes": processes_n,
         "keys": keys,
@@ -325,7 +327,17 @@ def sigkill_writers(
         journals = [root / f"journal-{it}-{w}" for w in range(writers)]
         with processes() as procs:
             for w in range(writers):
-                start(procs, churn_writer, str(directory), w, writers, f"{seed}-{it}-{w}", str(journals[w]), rng.randrange(1 << 30), blob_max)
+                start(
+                    procs,
+                    churn_writer,
+                    str(directory),
+                    w,
+                    writers,
+                    f"{seed}-{it}-{w}",
+                    str(journals[w]),
+                    rng.randrange(1 << 30),
+                    blob_max,
+                )
             figures["processes"] += writers
             early = rng.random() < 0.25
             if early:  # during interpreter start-up, Store() and the first migration
@@ -428,7 +440,9 @@ def _final_run(directory: Path, ns: list[int], delay: float, root: Path) -> dict
     outs = [root / f"final-{r}.json" for r in range(2)]
     with processes() as procs:
         for rank in range(2):
-            start(procs, flight_worker, str(directory), rank, ns, delay, str(root / "final-builds.log"), str(outs[rank]), start_at)
+            start(
+                procs, flight_worker, str(directory), rank, ns, delay, str(root / "final-builds.log"), str(outs[rank]), start_at
+            )
         codes = join_all(procs, 120)
     results = [_read_json(o) for o in outs]
     violations = [f"final run exit codes {codes}"] if any(c != 0 for c in codes) else []
@@ -593,7 +607,15 @@ def _flip_anywhere(path: Path, rng: random.Random) -> None:
 
 
 def fault_rounds(
-    root: Path, *, flips: int, flips_anywhere: int, truncations: int, garbage: int, disk_full: int, specs_n: int = 8, seed: int = 4
+    root: Path,
+    *,
+    flips: int,
+    flips_anywhere: int,
+    truncations: int,
+    garbage: int,
+    disk_full: int,
+    specs_n: int = 8,
+    seed: int = 4,
 ) -> dict[str, Any]:
     """Damage a store of ``specs_n`` plans (a bit flipped in a blob or anywhere in the file,
     a truncated or garbage file) or fill its disk, then ask for every plan again: each must
@@ -603,7 +625,13 @@ def fault_rounds(
 
     rng = random.Random(seed)
     specs = [ConvBiasRelu(n=n) for n in range(1, specs_n + 1)]
-    kinds = ["flip"] * flips + ["flip_anywhere"] * flips_anywhere + ["truncate"] * truncations + ["garbage"] * garbage + ["disk_full"] * disk_full
+    kinds = (
+        ["flip"] * flips
+        + ["flip_anywhere"] * flips_anywhere
+        + ["truncate"] * truncations
+        + ["garbage"] * garbage
+        + ["disk_full"] * disk_full
+    )
     figures: Counter[str] = Counter()
     violations: list[str] = []
     for i, kind in enumerate(kinds):
@@ -616,7 +644,9 @@ def fault_rounds(
     return {**figures, "rounds": len(kinds), "violations": violations}
 
 
-def _one_fault(kind: str, directory: Path, keys: list[str], specs: list[Any], rng: random.Random, figures: Counter[str]) -> tuple[list[str], int]:
+def _one_fault(
+    kind: str, directory: Path, keys: list[str], specs: list[Any], rng: random.Random, figures: Counter[str]
+) -> tuple[list[str], int]:
     path = directory / DB_NAME
     damaged_key = None
     if kind == "flip":

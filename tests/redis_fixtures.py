@@ -115,5 +115,3 @@ def own_server(tmp_path: Path) -> Iterator[LocalRedis]:
     server = LocalRedis(tmp_path).start()
     yield server
     server.stop()
-
-

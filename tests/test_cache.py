@@ -289,14 +289,12 @@ def test_corrupted_blob_is_quarantined_and_rebuilt_from_its_engine(
     assert_runs_correctly(plan, spec)
     entry = second.store.get(original.key)
     assert entry is not None and entry.checksum_ok() and plancache.store.problem(entry) is None
-    assert json.loads(entry.blob[len(MAGIC):])["engine"] == json.loads(good_blob[len(MAGIC):])["engine"]
+    assert json.loads(entry.blob[len(MAGIC) :])["engine"] == json.loads(good_blob[len(MAGIC) :])["engine"]
     second.close()
     assert make_cache().get(spec.graph()).source == "loaded"
 
 
-def test_backend_refusing_a_blob_is_quarantined_and_rebuilt(
-    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_backend_refusing_a_blob_is_quarantined_and_rebuilt(make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = EXAMPLES["causal_sdpa"]
     [original] = build_and_close(make_cache, spec)
     backend = CpuTestBackend()
@@ -328,9 +326,7 @@ def test_damaged_entry_without_engine_is_autotuned_again(make_cache: MakeCache, 
     assert second.store.get(original.key) is not None
 
 
-def test_failed_rebuild_falls_back_to_autotuning(
-    make_cache: MakeCache, db: Connect, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_rebuild_falls_back_to_autotuning(make_cache: MakeCache, db: Connect, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = EXAMPLES["conv_bias_relu"]
     [original] = build_and_close(make_cache, spec)
     damage_blob(db, original.key)

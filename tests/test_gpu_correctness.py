@@ -29,7 +29,9 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with CUDA"),
 ]
-needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (torch.cuda.device_count() < 2)")
+needs_two_gpus = pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs two CUDA devices (torch.cuda.device_count() < 2)"
+)
 
 import plancache  # noqa: E402
 from plancache import templates  # noqa: E402
@@ -155,7 +157,9 @@ def test_many_threads_on_their_own_streams_share_a_plan_with_a_big_workspace(wor
     b, m, n, k = (workspace_case.params[d] for d in ("b", "m", "n", "k"))
     inputs = [[_bf16((b, m, k), seed=100 * t + j) for j in range(INPUTS_PER_THREAD)] for t in range(THREADS)]
     weights = [_bf16((b, k, n), seed=100 * t + 99) for t in range(THREADS)]
-    outputs = [torch.full((LAUNCHES_PER_THREAD, b, m, n), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(THREADS)]
+    outputs = [
+        torch.full((LAUNCHES_PER_THREAD, b, m, n), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(THREADS)
+    ]
     streams = [torch.cuda.Stream() for _ in range(THREADS)]
     torch.cuda.synchronize()  # the side streams read what the default stream wrote
     barrier = threading.Barrier(THREADS)
@@ -419,7 +423,9 @@ def _spawn(targets: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
                 p.join()
     failed = [r["exception"] for r in results if "exception" in r]
     assert failed == [], "\n".join(failed)
-    assert len(results) == len(procs), f"{len(procs) - len(results)} child(ren) did not report; exit codes {[p.exitcode for p in procs]}"
+    assert len(results) == len(procs), (
+        f"{len(procs) - len(results)} child(ren) did not report; exit codes {[p.exitcode for p in procs]}"
+    )
     assert [p.exitcode for p in procs] == [0] * len(procs)
     return sorted(results, key=lambda r: r["device"])
 

@@ -167,9 +167,7 @@ def test_key_is_the_same_in_a_subprocess_with_another_hash_seed() -> None:
     expected = {name: key_of(spec) for name, spec in EXAMPLES.items()}
     for seed in ("1", "4242"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        result = subprocess.run(
-            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
-        )
+        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False)
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout) == expected
 

@@ -336,10 +336,9 @@ def test_a_graph_the_backend_planned_cannot_be_planned_again(cache: PlanCache) -
         other.close()
 
 
-
-
-
-def test_a_launch_the_library_refuses_is_one_plancache_error_naming_the_plan(cache: PlanCache, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_launch_the_library_refuses_is_one_plancache_error_naming_the_plan(
+    cache: PlanCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = EXAMPLES["conv_bias_relu"]
     plan = cache.get(spec.graph())
 

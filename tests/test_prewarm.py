@@ -170,7 +170,9 @@ def test_warm_start_from_a_manifest_loads_plans_before_the_first_step(tmp_path: 
 
 
 def test_warm_start_reports_entries_that_cannot_be_keyed(tmp_path: Path, make_cache: MakeCache) -> None:
-    path = manifest(tmp_path, GOOD[1], {"template": "sdpa", "params": {"b": 1}}, {"builder": "plancache.workflows.templates:build"})
+    path = manifest(
+        tmp_path, GOOD[1], {"template": "sdpa", "params": {"b": 1}}, {"builder": "plancache.workflows.templates:build"}
+    )
     report = warm_start(make_cache(), path)
     assert report["missing"] and report["loaded"] == []
     assert sorted(e["index"] for e in report["errors"]) == [1, 2]

@@ -28,7 +28,8 @@ def run_quick_start(device: str, cache_factory: str) -> dict[str, Any]:
 
 def test_quick_start_runs_and_matches_pytorch(tmp_path: Path) -> None:
     namespace = run_quick_start(
-        "cpu", f"__import__('plancache').PlanCache({str(tmp_path)!r}, backend=__import__('plancache.testing').testing.CpuTestBackend())"
+        "cpu",
+        f"__import__('plancache').PlanCache({str(tmp_path)!r}, backend=__import__('plancache.testing').testing.CpuTestBackend())",
     )
     x, w, b, y = (namespace[n] for n in ("x", "w", "b", "y"))
     ref = torch.relu(torch.nn.functional.conv2d(x.float(), w.float(), padding=1) + b.float())

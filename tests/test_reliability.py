@@ -485,7 +485,11 @@ def test_sql_text_is_built_only_from_constants() -> None:
     for name in ("store/store.py", "store/schema.py", "store/recovery.py", "store/maintenance.py", "cache.py", "tiers/local.py"):
         tree = ast.parse((source_dir / name).read_text())
         for call in ast.walk(tree):
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in ("execute", "executemany"):
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr in ("execute", "executemany")
+            ):
                 sql = call.args[0]
                 if isinstance(sql, ast.JoinedStr):
                     parts = {ast.unparse(v.value) for v in sql.values if isinstance(v, ast.FormattedValue)}

@@ -112,9 +112,7 @@ def test_created_directory_is_0700_and_database_0600(tmp_path: Path) -> None:
         s.close()
 
 
-def test_garbage_database_is_moved_aside_and_replaced(
-    cache_dir: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_garbage_database_is_moved_aside_and_replaced(cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     cache_dir.mkdir(mode=0o700)
     garbage = b"this is not an SQLite database\n" * 200
     (cache_dir / DB_NAME).write_bytes(garbage)

@@ -158,5 +158,3 @@ def make_key(
 @functools.lru_cache(maxsize=64)
 def _options_json(options: BuildOptions) -> str:
     return canonical_json(_options_dict(options))
-
-

@@ -159,7 +159,11 @@ def _tensor_problem(entry: Entry) -> str | None:
     described = entry.description.get("tensors") or {}
     for spec in entry.tensors:
         graph_tensor = described.get(f"u{spec.get('uid')}")
-        if graph_tensor is None or graph_tensor.get("is_virtual") or bool(graph_tensor.get("is_output")) != bool(spec.get("is_output")):
+        if (
+            graph_tensor is None
+            or graph_tensor.get("is_virtual")
+            or bool(graph_tensor.get("is_output")) != bool(spec.get("is_output"))
+        ):
             return f"tensor table does not match the graph (uid {spec.get('uid')})"
         if graph_tensor.get("is_output"):
             continue
@@ -176,7 +180,4 @@ _INSERT_COLUMNS = (
     "created_at", "last_used_at", "hit_count", "meta_sha256",
 )  # fmt: skip
 #: Insert (or replace) one ``Entry.row()``.
-INSERT_SQL = (
-    f"INSERT OR REPLACE INTO plans ({', '.join(_INSERT_COLUMNS)}) "
-    f"VALUES ({', '.join(':' + c for c in _INSERT_COLUMNS)})"
-)
+INSERT_SQL = f"INSERT OR REPLACE INTO plans ({', '.join(_INSERT_COLUMNS)}) VALUES ({', '.join(':' + c for c in _INSERT_COLUMNS)})"

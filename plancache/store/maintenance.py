@@ -190,7 +190,9 @@ def _fix_rows(store: Store, report: dict[str, Any]) -> dict[str, Any]:
     bad.update(report["foreign"])
     bad.update((report["deserialize"] or {}).get("failed") or {})
     quarantined = [key for key, reason in sorted(bad.items()) if store.quarantine(key, f"verify: {reason}")]
-    quarantined += [f"row {rowid}" for rowid, reason in report["damaged"].items() if store.quarantine_rowid(rowid, f"verify: {reason}")]
+    quarantined += [
+        f"row {rowid}" for rowid, reason in report["damaged"].items() if store.quarantine_rowid(rowid, f"verify: {reason}")
+    ]
     if report["kernel_caches"]:
         _write_many(store, "DELETE FROM kernel_caches WHERE env_id = ?", [(e,) for e in report["kernel_caches"]])
     fixed: dict[str, Any] = {"quarantined": quarantined, "kernel_caches_removed": list(report["kernel_caches"])}

@@ -81,8 +81,6 @@ def _readable_entries(src: sqlite3.Connection) -> list[Entry]:
     return found
 
 
-
-
 class Recovery:
     """What a ``Store`` does about damage (a base class: the store's own methods open,
     migrate and close the file)."""
@@ -172,7 +170,9 @@ class Recovery:
         try:
             lock.acquire(timeout=REPAIR_LOCK_TIMEOUT_S)
         except Timeout as exc:
-            raise StoreBusyError(f"another process kept repairing {self.path} for {REPAIR_LOCK_TIMEOUT_S:.0f} s", path=str(self.path)) from exc
+            raise StoreBusyError(
+                f"another process kept repairing {self.path} for {REPAIR_LOCK_TIMEOUT_S:.0f} s", path=str(self.path)
+            ) from exc
         try:
             self._close_connection()
             still = self._quick_check(full=thorough)
@@ -216,4 +216,3 @@ class Recovery:
             with self.transaction() as tx:
                 tx.executemany(INSERT_SQL, [e.row() for e in entries[start : start + 64]])
         return len(entries)
-

@@ -178,4 +178,3 @@ class Schema:
                     tx.execute(statement)
                 tx.execute(f"PRAGMA user_version = {int(number)}")
                 log.debug("plancache: applied migration %s to %s", name, self.path)
-

@@ -167,7 +167,9 @@ class Store(Schema, Recovery):
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if is_locked(exc):
-                raise StoreBusyError(f"plan store {self.path} stayed locked for {BUSY_TIMEOUT_MS} ms", path=str(self.path)) from exc
+                raise StoreBusyError(
+                    f"plan store {self.path} stayed locked for {BUSY_TIMEOUT_MS} ms", path=str(self.path)
+                ) from exc
             raise StoreError(f"cannot write plan store {self.path}: {exc}", path=str(self.path)) from exc
         try:
             yield conn
@@ -199,10 +201,14 @@ class Store(Schema, Recovery):
             row = self.connection().execute("SELECT * FROM plans WHERE key = ?", (key,)).fetchone()
             return Entry.from_row(row) if row is not None else None
         except (ValueError, KeyError, TypeError) as exc:  # a damaged JSON column
-            raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
+            raise DamagedEntryError(
+                f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key
+            ) from exc
         except sqlite3.DatabaseError as exc:
             if is_undecodable(exc):  # one row's text is damaged, not the file
-                raise DamagedEntryError(f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key) from exc
+                raise DamagedEntryError(
+                    f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key
+                ) from exc
             self.note_damage(exc)
             raise
 
@@ -334,9 +340,11 @@ class Store(Schema, Recovery):
 
     @_reads
     def get_kernel_cache(self, env_id: str) -> tuple[bytes, int | None] | None:
-        row = self.connection().execute(
-            "SELECT blob, blob_sha256, revision FROM kernel_caches WHERE env_id = ?", (env_id,)
-        ).fetchone()
+        row = (
+            self.connection()
+            .execute("SELECT blob, blob_sha256, revision FROM kernel_caches WHERE env_id = ?", (env_id,))
+            .fetchone()
+        )
         if row is None or sha256(bytes(row["blob"])) != row["blob_sha256"]:
             return None
         return bytes(row["blob"]), row["revision"]

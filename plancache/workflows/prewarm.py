@@ -27,7 +27,9 @@ log = logging.getLogger("plancache")
 Entries = str | os.PathLike[str] | Iterable[ManifestEntry]
 
 
-def _entries(source: Entries, *, allow_code: bool = True, listing: bool = False) -> tuple[list[ManifestEntry], list[ManifestError]]:
+def _entries(
+    source: Entries, *, allow_code: bool = True, listing: bool = False
+) -> tuple[list[ManifestEntry], list[ManifestError]]:
     if isinstance(source, (str, os.PathLike)):
         return load_manifest(source, allow_code=allow_code, listing=listing)
     return list(source), []

@@ -283,7 +283,9 @@ def allocate(name: str, device: str = "cuda", seed: int = 0, **params: Any) -> d
         if t.is_output:
             flat = torch.full((size,), float("nan"), dtype=dtype)
         else:
-            flat = (torch.rand(size, generator=generator) * 0.75 + 0.25) * (torch.randint(0, 2, (size,), generator=generator) * 2 - 1)
+            flat = (torch.rand(size, generator=generator) * 0.75 + 0.25) * (
+                torch.randint(0, 2, (size,), generator=generator) * 2 - 1
+            )
             flat = (flat * (0.5 if name != "sdpa" else 1.0)).to(dtype)
         tensors[t.uid] = torch.as_strided(flat.to(device), t.shape, t.stride)
     return tensors
