@@ -518,3 +518,46 @@ def test_an_entry_with_an_altered_output_shape_is_rebuilt(make_cache: Callable[.
     plan = cache.get(templates.build("matmul_bias_act", **params))
     assert (plan.source, cache.counters["corrupt"]) == ("rebuilt", 1)
     assert plan.key == key and next(t for t in plan.tensors if t.is_output).dims == (1, 4, 4)
+
+
+_EVICTING_WRITER = """
+import sys, time
+sys.path.insert(0, sys.argv[3])
+from test_store import make_entry
+from plancache.store import Store
+store = Store(sys.argv[1])
+start_at = float(sys.argv[4])
+while time.time() < start_at:
+    time.sleep(0.001)
+for i in range(10):
+    store.put(make_entry(f"{sys.argv[2]}{i:02x}".ljust(64, "0"), blob=b"n" * 1000, last_used_at=5000.0 + i), max_bytes=15_000)
+store.close()
+"""
+
+
+def test_two_processes_evicting_at_once_evict_only_what_the_cap_requires(cache_dir: Path) -> None:
+    """Each process's eviction reads the total inside its own write transaction, so two
+    writers never both delete for the same excess."""
+    import subprocess
+    import sys
+    import time
+
+    store = Store(cache_dir)
+    for i in range(20):
+        store.put(make_entry(f"{i:02x}".ljust(64, "0"), blob=b"o" * 1000, last_used_at=float(i + 1)))
+    store.close()
+    tests = str(Path(__file__).resolve().parent)
+    start_at = str(time.time() + 1.0)
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _EVICTING_WRITER, str(cache_dir), prefix, tests, start_at])
+        for prefix in ("a", "b")
+    ]
+    assert [w.wait(timeout=60) for w in writers] == [0, 0]
+    store = Store(cache_dir)
+    try:
+        total = store.total_size()
+        assert total == sum(len(store.get(k).blob) for k in store.keys())  # type: ignore[union-attr]
+        assert 14_000 < total <= 15_000, f"{total} bytes left: the cap is 15,000 and every entry 1,000"
+        assert len(store.keys()) == 15
+    finally:
+        store.close()
