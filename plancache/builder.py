@@ -9,21 +9,30 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .key import BuildOptions
 from .plan import Plan
 from .tiers.memory import LRU
 
-if TYPE_CHECKING:
-    from .cache import PlanCache
+
+class _Cache(Protocol):
+    """What the decorator needs of a ``PlanCache`` (named here so that builder.py does not
+    import cache.py, which imports it)."""
+
+    memory: LRU[Any, Plan]
+    backend: Any
+    counters: dict[str, int]
+
+    def get(self, graph: Any, *, options: BuildOptions | None = None) -> Plan: ...
+
 
 __all__ = ["plan_builder"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def plan_builder(cache: PlanCache, func: F, options: BuildOptions | None, key: Callable[..., Any] | None) -> Callable[..., Plan]:
+def plan_builder(cache: _Cache, func: F, options: BuildOptions | None, key: Callable[..., Any] | None) -> Callable[..., Plan]:
     """``func`` (which builds a pygraph) wrapped to return its plan, remembered per signature
     in an LRU as large as the cache's memory tier."""
     plans: LRU[Any, Plan] = LRU(cache.memory.capacity)

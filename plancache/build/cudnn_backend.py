@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import logging
 import re
@@ -313,6 +314,13 @@ class _Handles:
 # ---------------------------------------------------------------------- backend
 
 
+def _forget_in_child(ref: weakref.ref[CudnnBackend]) -> None:
+    backend = ref()
+    if backend is not None:
+        backend.after_fork()
+
+
+
 class CudnnBackend:
     """Builds, times, serializes, loads and executes cuDNN Frontend graphs."""
 
@@ -328,7 +336,7 @@ class CudnnBackend:
         # hook holds the backend weakly: registering it must not keep every backend alive.
         if hasattr(os, "register_at_fork"):
             ref = weakref.ref(self)
-            os.register_at_fork(after_in_child=lambda: (backend := ref()) is not None and backend.after_fork())
+            os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
 
     def after_fork(self) -> None:
         self.handles.forget()
