@@ -335,7 +335,6 @@ class CudnnBackend:
         # A forked child (a DataLoader worker, say) must not reuse the parent's handles. The
         # hook holds the backend weakly: registering it must not keep every backend alive.
         if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
             os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
 
     def after_fork(self) -> None:
