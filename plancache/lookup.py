@@ -61,15 +61,13 @@ class Lookup:
         self.memory.put((key.digest, device), plan)
         return plan
 
-    def _from_stored_tiers(
-        self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int, *, remote: bool = True
-    ) -> Plan | None:
+    def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int) -> Plan | None:
         """A sound stored plan from the local store, else from the fleet (then stored
         locally); None otherwise. Reads only: an unsound entry is just a miss here."""
         outcome = self.serve_stored(key.digest, environment, device)
         if isinstance(outcome, Plan):
             return outcome
-        if not remote or self.remote is None:
+        if self.remote is None:
             return None
         entry = self.remote.get(key.digest, env_id)
         if entry is None or problem(entry, environment) is not None:
