@@ -109,6 +109,27 @@ def _is_planned(graph: Any) -> bool:
         return False
 
 
+def _adopt_uids(graph: Any, tensors: Any = ()) -> None:
+    """Make the uids the frontend gave ``graph``'s tensors the caller's own.
+
+    The frontend numbers every tensor as it is created, and code written for it binds
+    tensors by ``t.get_uid()``. Those uids are part of plancache's key (a plan is stored
+    under the very uids it executes with), so a graph built in another order keys
+    differently and a hit always binds the caller's uids. ``set_uid`` with the same value
+    changes no number; it only records the uid as chosen."""
+    candidates = list(getattr(graph, "tensors", {}).values()) if isinstance(getattr(graph, "tensors", None), dict) else []
+    candidates.extend(t for t in tensors if t is not None)
+    for t in candidates:
+        if getattr(t, "uid_assigned", True) or getattr(t, "is_virtual", False):
+            continue
+        if getattr(t, "pass_by_value", None) is not None and getattr(t, "scalar_type", None) is not None:
+            continue  # a scalar the graph holds itself: lowered by value, its uid binds nothing
+        try:
+            t.set_uid(t.get_uid())
+        except Exception:  # describing the graph reports what is still missing
+            continue
+
+
 def _warn_once(reason: str, message: str) -> None:
     with _lock:
         if reason in _warned:
@@ -118,14 +139,16 @@ def _warn_once(reason: str, message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
-def plan_graph(graph: Any, heur_modes: Any = None, *, fallback_build: bool = True) -> Any:
+def plan_graph(graph: Any, heur_modes: Any = None, *, fallback_build: bool = True, tensors: Any = ()) -> Any:
     """The persistent plan's executable graph for ``graph`` (unplanned): from the
     process-wide cache, autotuned and stored on a miss. A graph plancache cannot key is
     built the frontend's way (``fallback_build``) or returned as it is, with one warning
-    per reason. ``heur_modes``: the frontend's modes (default: A)."""
+    per reason. ``heur_modes``: the frontend's modes (default: A). ``tensors``: those the
+    caller binds by ``get_uid()`` (their frontend-assigned uids are adopted)."""
     from .key import describe
 
     modes = _mode_names(heur_modes if heur_modes is not None else "A")
+    _adopt_uids(graph, tensors)
     try:
         describe(graph)
     except InvalidGraphError as exc:
@@ -151,7 +174,7 @@ def jit(heur_modes: Any = None, **kwargs: Any) -> Callable[[Callable[..., Any]],
         def wrapper(*args: Any, **kw: Any) -> tuple[Any, list[int]]:
             graph, tensors = func(*args, **kw)
             if not _is_planned(graph):
-                graph = plan_graph(graph, modes)
+                graph = plan_graph(graph, modes, tensors=tensors)
             return graph, [t.get_uid() for t in tensors]
 
         wrapper.__wrapped_by_plancache__ = True  # type: ignore[attr-defined]
