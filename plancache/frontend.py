@@ -30,12 +30,14 @@ Importing this module does not import cuDNN; the decorators import it when first
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import sys
 import threading
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -49,6 +51,9 @@ log = logging.getLogger("plancache")
 _lock = threading.Lock()
 _cache: Any = None
 _warned: set[str] = set()
+#: Graphs plancache handed out: planned, or deserialized (which the frontend may report as
+#: having no plans), and never to be planned again by a decorator stacked above.
+_handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
 #: The frontend's originals while installed: (cudnn module, cudnn.graph module or None,
 #: {attribute: original}) - None when not installed.
 _originals: tuple[Any, Any, dict[str, Any]] | None = None
@@ -103,6 +108,11 @@ def _is_planned(graph: Any) -> bool:
     """Whether the caller (or anyone) already planned ``graph``."""
     if getattr(graph, "_planning_done", False):
         return True
+    try:
+        if graph in _handed_out:
+            return True
+    except TypeError:
+        pass
     try:
         return int(graph.get_execution_plan_count()) > 0
     except Exception:  # an unplanned graph may refuse the question
@@ -159,7 +169,10 @@ def plan_graph(graph: Any, heur_modes: Any = None, *, fallback_build: bool = Tru
         return graph
     cache = current()
     options = dataclasses.replace(cache.options, heuristic_modes=modes)
-    return cache.get(graph, options=options).native
+    native = cache.get(graph, options=options).native
+    with contextlib.suppress(TypeError):  # not weakly referenceable: the frontend's own checks apply
+        _handed_out.add(native)
+    return native
 
 
 def jit(heur_modes: Any = None, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

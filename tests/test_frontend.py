@@ -257,6 +257,28 @@ def test_graph_cache_replaces_a_bare_graph_and_leaves_other_results(make_cache: 
     assert cache.counters["builds"] == 1
 
 
+def test_jit_stacked_on_graph_cache_plans_once(make_cache: Callable[..., PlanCache]) -> None:
+    """The frontend's samples stack the two; a graph plancache handed out (planned, or
+    deserialized) is never planned again by the decorator above."""
+    open_cache(make_cache)
+    second_dir_cache = None
+    for attempt in range(2):
+        cache = open_cache(make_cache) if attempt else frontend.current()
+
+        @plancache.jit(heur_modes=cudnn.heur_mode.A)
+        @plancache.graph_cache(key_fn=lambda batch: batch)
+        def build(batch: int) -> tuple[Any, list[Any]]:
+            return matmul_bias_relu(batch=batch)
+
+        g, uids = build(2)
+        assert build(2)[0] is g
+        plan = run(cache, g, uids, matmul_inputs, 1e-4)
+        assert plan.source == ("loaded" if attempt else "built")
+        assert cache.counters["misses"] + cache.counters["hits"] == 1
+        second_dir_cache = cache
+    assert second_dir_cache is not None and second_dir_cache.counters["builds"] == 0
+
+
 # ---------------------------------------------------------------- fallback
 
 
