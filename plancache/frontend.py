@@ -140,16 +140,16 @@ def _adopt_uids(graph: Any, tensors: Any = ()) -> None:
             continue
 
 
-def _warn_once(reason: str, message: str) -> None:
+def _warn_once(reason: str, message: str, stacklevel: int) -> None:
     with _lock:
         if reason in _warned:
             return
         _warned.add(reason)
     log.warning("%s", message)
-    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
 
-def plan_graph(graph: Any, heur_modes: Any = None, *, fallback_build: bool = True, tensors: Any = ()) -> Any:
+def plan_graph(graph: Any, heur_modes: Any = None, *, fallback_build: bool = True, tensors: Any = (), stacklevel: int = 2) -> Any:
     """The persistent plan's executable graph for ``graph`` (unplanned): from the
     process-wide cache, autotuned and stored on a miss. A graph plancache cannot key is
     built the frontend's way (``fallback_build``) or returned as it is, with one warning
@@ -163,7 +163,7 @@ def plan_graph(graph: Any, heur_modes: Any = None, *, fallback_build: bool = Tru
         describe(graph)
     except InvalidGraphError as exc:
         reason = str(getattr(exc, "reason", None) or exc)
-        _warn_once(reason, f"plancache: not persisting this graph ({exc}); the frontend plans it as before")
+        _warn_once(reason, f"plancache: not persisting this graph ({exc}); the frontend plans it as before", stacklevel + 1)
         if fallback_build:
             graph.build(_native_modes(modes))
         return graph
@@ -187,7 +187,7 @@ def jit(heur_modes: Any = None, **kwargs: Any) -> Callable[[Callable[..., Any]],
         def wrapper(*args: Any, **kw: Any) -> tuple[Any, list[int]]:
             graph, tensors = func(*args, **kw)
             if not _is_planned(graph):
-                graph = plan_graph(graph, modes, tensors=tensors)
+                graph = plan_graph(graph, modes, tensors=tensors, stacklevel=3)
             return graph, [t.get_uid() for t in tensors]
 
         wrapper.__wrapped_by_plancache__ = True  # type: ignore[attr-defined]
@@ -200,9 +200,9 @@ def _replace_graph(result: Any) -> Any:
     """``result`` with an unplanned pygraph in it (itself, or the first element of a
     tuple or list) replaced by the persistent plan's graph."""
     if _is_pygraph(result):
-        return result if _is_planned(result) else plan_graph(result, fallback_build=False)
+        return result if _is_planned(result) else plan_graph(result, fallback_build=False, stacklevel=4)
     if isinstance(result, (tuple, list)) and result and _is_pygraph(result[0]) and not _is_planned(result[0]):
-        graph = plan_graph(result[0], fallback_build=False)
+        graph = plan_graph(result[0], fallback_build=False, stacklevel=4)
         rest = list(result[1:])
         if isinstance(result, list):
             return [graph, *rest]

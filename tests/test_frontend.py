@@ -301,6 +301,7 @@ def test_an_unkeyable_graph_falls_back_with_one_warning(make_cache: Callable[...
         g1, uids = with_score_mod()
         g2, _ = with_score_mod()
     assert len([w for w in caught if "plancache" in str(w.message)]) == 1, [str(w.message) for w in caught]
+    assert caught[0].filename == __file__  # the warning points at the caller
     assert built == [[cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK]] * 2  # the frontend's behaviour
     assert len(uids) == 4 and g1 is not g2
     assert cache.counters["builds"] == 0 and cache.counters["misses"] == 0
@@ -313,6 +314,12 @@ def test_an_unkeyable_graph_falls_back_with_one_warning(make_cache: Callable[...
         warnings.simplefilter("always")
         g3, _ = cached()
     assert not caught  # the same reason warns once per process
+    frontend._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fresh = plancache.graph_cache(key_fn=lambda: 2)(lambda: sdpa(score_mod=softcap))
+        fresh()
+    assert len(caught) == 1 and caught[0].filename == __file__
     assert isinstance(g3, cudnn.pygraph) and not getattr(g3, "_planning_done", False)
 
 
