@@ -11,6 +11,7 @@ Importing plancache touches no GPU and imports neither torch nor cuDNN.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -40,9 +41,10 @@ _LAZY = {
     "BuildOptions": "key", "CacheKey": "key", "TensorSpec": "key", "describe": "key", "make_key": "key",
     "Plan": "plan",
     "Store": "store", "default_cache_dir": "store",
+    "jit": "frontend", "graph_cache": "frontend", "install": "frontend", "uninstall": "frontend",
 }  # fmt: skip
 _SUBMODULES = {"build": "build", "cache": "cache", "cli": "cli", "config": "config", "errors": "errors", "flight": "flight",
-               "key": "key", "plan": "plan", "recording": "recording", "store": "store", "testing": "testing",
+               "frontend": "frontend", "key": "key", "plan": "plan", "recording": "recording", "store": "store", "testing": "testing",
                "tiers": "tiers", "workflows": "workflows", "remote": "tiers.remote", "bundle": "workflows.bundle",
                "buckets": "workflows.buckets", "manifest": "workflows.manifest", "prewarm": "workflows.prewarm",
                "report": "workflows.report", "templates": "workflows.templates"}  # fmt: skip
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from .build.autotune import TimingPolicy
     from .build.backend import Backend, BuiltPlan, CandidateSet, EngineChoice
     from .cache import PlanCache
+    from .frontend import graph_cache, install, jit, uninstall
     from .key import BuildOptions, CacheKey, TensorSpec, describe, make_key
     from .plan import Plan
     from .store import Store, default_cache_dir
@@ -71,6 +74,11 @@ def __dir__() -> list[str]:
 
 
 __version__ = "0.1.0"
+
+# PLANCACHE_PATCH_CUDNN=1: existing cuDNN Frontend code (cudnn.jit, cudnn.graph_cache) gets
+# persistent plans without a change. Only then is cuDNN imported here.
+if os.environ.get("PLANCACHE_PATCH_CUDNN", "").strip() == "1":
+    importlib.import_module(".frontend", __name__).install()
 
 __all__ = [
     "Backend",
@@ -102,5 +110,9 @@ __all__ = [
     "__version__",
     "default_cache_dir",
     "describe",
+    "graph_cache",
+    "install",
+    "jit",
     "make_key",
+    "uninstall",
 ]

@@ -49,6 +49,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_REDIS_MAX_STALL": ("seconds a process may lose to a failing Redis before switching the tier off", "`2`"),
     "PLANCACHE_REDIS_LOCK_TTL": ("seconds the fleet lock outlives a holder that died (renewed while its holder builds)", "`60`"),
     "PLANCACHE_MEMORY_PLANS": ("loaded plans a process keeps in memory, least recently used dropped", "`1024`"),
+    "PLANCACHE_PATCH_CUDNN": ("`1`: `import plancache` calls `plancache.install()`, so `cudnn.jit` and `cudnn.graph_cache` persist plans", "not patched"),
 }  # fmt: skip
 
 
