@@ -503,3 +503,16 @@ def test_a_forked_child_holds_none_of_the_parents_handles_or_plans(tmp_path: Pat
         time.sleep(0.05)
     assert os.waitstatus_to_exitcode(status) == 0, "the forked child kept the parent's handles or plans"
     assert check_template(cache.get(templates.build(name, **params)), name, params, seed=1) <= TOLERANCE
+
+
+def test_autotuning_leaves_the_callers_random_stream_alone(tmp_path: Path) -> None:
+    """A miss times candidates on random inputs of its own generator: the numbers the
+    program draws next are the ones it would have drawn without plancache."""
+    torch.manual_seed(1234)
+    expected = torch.rand(8, device="cuda")
+    torch.manual_seed(1234)
+    cache = plancache.PlanCache(tmp_path / "rng", options=plancache.BuildOptions(policy="exhaustive"))
+    plan = cache.get(templates.build("matmul_bias_act", b=2, m=64, k=64, n=64))
+    assert plan.source == "built"
+    assert torch.equal(torch.rand(8, device="cuda"), expected)
+    cache.close()

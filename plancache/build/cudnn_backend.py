@@ -181,13 +181,17 @@ class _Candidates:
             return
         torch = _torch()
         self.pack = {}
+        # A generator of our own: autotuning must not move the caller's random number
+        # stream (a miss would otherwise change every random tensor the program draws next).
+        generator = torch.Generator(device=f"cuda:{torch.cuda.current_device()}")
+        generator.manual_seed(0)
         for spec in self.tensors:
             if spec.uid in self.user_inputs:
                 self.pack[spec.uid] = self.user_inputs[spec.uid]
             elif spec.is_pass_by_value:
                 self.pack[spec.uid] = torch.full(spec.dims or (1,), 0.5, dtype=torch.float32)
             else:
-                self.pack[spec.uid] = _random_tensor(torch, spec)
+                self.pack[spec.uid] = _random_tensor(torch, spec, generator)
         sizes = [self.graph.get_workspace_size_plan_at_index(self.indices[p]) for p in self.built]
         size = max(sizes, default=0)
         self.workspace = torch.empty(size, dtype=torch.uint8, device="cuda") if size > 0 else None
@@ -238,15 +242,17 @@ class _Candidates:
         self.workspace = None
 
 
-def _random_tensor(torch: Any, spec: TensorSpec) -> Any:
-    """A tensor laid out as ``spec`` with values in ±[0.25, 1): never zero, never huge."""
+def _random_tensor(torch: Any, spec: TensorSpec, generator: Any) -> Any:
+    """A tensor laid out as ``spec`` with values in ±[0.25, 1): never zero, never huge,
+    drawn from ``generator``."""
     from ..plan import TORCH_DTYPES
 
     dtype = getattr(torch, (TORCH_DTYPES.get(spec.dtype or "") or ("float32",))[0])
     size = 1 + sum((d - 1) * s for d, s in zip(spec.dims, spec.strides))
     flat = torch.empty(size, dtype=torch.float32, device="cuda")
     if dtype.is_floating_point:
-        flat.uniform_(0.25, 1.0).mul_(torch.randint(0, 2, (size,), device="cuda").mul_(2).sub_(1))
+        signs = torch.randint(0, 2, (size,), device=flat.device, generator=generator).mul_(2).sub_(1)
+        flat.uniform_(0.25, 1.0, generator=generator).mul_(signs)
     else:
         flat.fill_(1)
     return torch.as_strided(flat.to(dtype), tuple(spec.dims), tuple(spec.strides))
