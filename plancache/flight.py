@@ -40,11 +40,10 @@ _POLL_S = (0.005, 0.25)  # first and longest sleep between tries of a held file 
 @dataclass
 class Turn:
     """What a holder learns on entering: ``waited`` (another thread or process of this
-    machine held the key first: look again before building) and ``fleet_built`` (the fleet
-    lock said another machine built it: read the remote tier again)."""
+    machine held the key first). Either way the holder looks again before building: another
+    machine may have published the plan while this one waited for the fleet lock."""
 
     waited: bool = False
-    fleet_built: bool = False
 
 
 class _KeyLocks:
@@ -138,8 +137,7 @@ class SingleFlight:
                 yield turn
                 return
             remaining = max(0.0, self.timeout - (time.monotonic() - started))
-            with self.remote.lock(key, env_id, wait=remaining) as mine:
-                turn.fleet_built = not mine
+            with self.remote.lock(key, env_id, wait=remaining):
                 yield turn
 
     @contextlib.contextmanager

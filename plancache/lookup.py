@@ -53,10 +53,8 @@ class Lookup:
         environment, env_id = self._environment(device)
         plan = self._from_stored_tiers(key, environment, env_id, device)
         if plan is None:
-            with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])) as turn:
-                plan = self.memory.get((key.digest, device)) or self._repair_or_build(
-                    graph, key, options, device, inputs, turn.fleet_built
-                )
+            with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])):
+                plan = self.memory.get((key.digest, device)) or self._repair_or_build(graph, key, options, device, inputs)
         plan = plan.named(names_of(graph))
         self.memory.put((key.digest, device), plan)
         return plan
@@ -67,6 +65,10 @@ class Lookup:
         outcome = self.serve_stored(key.digest, environment, device)
         if isinstance(outcome, Plan):
             return outcome
+        return self._from_remote(key, environment, env_id, device)
+
+    def _from_remote(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int) -> Plan | None:
+        """A sound plan from the fleet, stored locally, then loaded; None without one."""
         if self.remote is None:
             return None
         entry = self.remote.get(key.digest, env_id)
@@ -77,9 +79,9 @@ class Lookup:
         return loaded if isinstance(loaded, Plan) else None
 
     def _repair_or_build(self, graph: Any, key: CacheKey, options: BuildOptions, device: int,
-                         inputs: Mapping[int, Any] | None, fleet_built: bool) -> Plan:  # fmt: skip
-        """Inside the key's single flight: serve what others stored meanwhile, repair an
-        unsound entry, or autotune."""
+                         inputs: Mapping[int, Any] | None) -> Plan:  # fmt: skip
+        """Inside the key's single flight: serve what this machine or the fleet stored
+        meanwhile, repair an unsound entry, or autotune."""
         environment, env_id = self._environment(device)
         outcome = self.serve_stored(key.digest, environment, device)
         if isinstance(outcome, Plan):
@@ -90,8 +92,8 @@ class Lookup:
             rebuilt = self._rebuild(key, options, entry, device) if entry is not None else None
             if rebuilt is not None:
                 return rebuilt
-        elif fleet_built or self.remote is not None:
-            plan = self._from_stored_tiers(key, environment, env_id, device)
+        else:
+            plan = self._from_remote(key, environment, env_id, device)  # the local store was just read
             if plan is not None:
                 return plan
         return self._build(graph, key, options, inputs, device)
