@@ -40,19 +40,21 @@ _LAZY = {
     "PlanCache": "cache",
     "BuildOptions": "key", "CacheKey": "key", "TensorSpec": "key", "describe": "key", "make_key": "key",
     "Plan": "plan",
+    "capture": "capturing", "CapturedStep": "capturing",
     "Store": "store", "default_cache_dir": "store",
     "jit": "frontend", "graph_cache": "frontend", "install": "frontend", "uninstall": "frontend",
 }  # fmt: skip
 _SUBMODULES = {"build": "build", "cache": "cache", "cli": "cli", "config": "config", "errors": "errors", "flight": "flight",
                "frontend": "frontend", "key": "key", "plan": "plan", "recording": "recording", "store": "store", "testing": "testing",
                "tiers": "tiers", "workflows": "workflows", "remote": "tiers.remote", "bundle": "workflows.bundle",
-               "buckets": "workflows.buckets", "manifest": "workflows.manifest", "prewarm": "workflows.prewarm",
+               "buckets": "workflows.buckets", "capturing": "capturing", "priming": "priming", "manifest": "workflows.manifest", "prewarm": "workflows.prewarm",
                "report": "workflows.report", "templates": "workflows.templates"}  # fmt: skip
 
 if TYPE_CHECKING:
     from .build.autotune import TimingPolicy
     from .build.backend import Backend, BuiltPlan, CandidateSet, EngineChoice
     from .cache import PlanCache
+    from .capturing import CapturedStep, capture
     from .frontend import graph_cache, install, jit, uninstall
     from .key import BuildOptions, CacheKey, TensorSpec, describe, make_key
     from .plan import Plan
@@ -89,6 +91,7 @@ __all__ = [
     "CacheDirError",
     "CacheKey",
     "CandidateSet",
+    "CapturedStep",
     "EngineChoice",
     "EntryNotFoundError",
     "ExecutionError",
@@ -108,6 +111,7 @@ __all__ = [
     "TensorSpec",
     "TimingPolicy",
     "__version__",
+    "capture",
     "default_cache_dir",
     "describe",
     "graph_cache",

@@ -30,12 +30,13 @@ from typing import Any, TypeVar
 from .build.autotune import TimingPolicy
 from .build.backend import Backend
 from .builder import plan_builder
-from .config import max_size_from_env
+from .config import auto_prime_from_env, max_size_from_env
 from .errors import PlanCacheError
 from .flight import SingleFlight
 from .key import BuildOptions, CacheKey, canonical_json, describe, environment_id, make_key
 from .lookup import Lookup
 from .plan import Plan, names_of
+from .priming import Primer, app_name
 from .recording import recorder_from_env
 from .tiers.local import LocalTier
 from .tiers.memory import LRU, max_plans_from_env
@@ -46,7 +47,7 @@ log = logging.getLogger("plancache")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "store_errors", "waits",
-             "unpersisted", "kernel_cache_restores")  # fmt: skip
+             "unpersisted", "kernel_cache_restores", "primed")  # fmt: skip
 
 
 def _default_backend() -> Backend:
@@ -82,7 +83,10 @@ class PlanCache:
     ``lock_timeout``: seconds to wait for another thread, process or machine building the
     same plan. ``persist_kernel_cache``: store the shared kernel cache of dynamic-shape
     builds (off: it did not shorten builds on cuDNN 9.19). ``remote``: a ``RemoteTier``
-    (default: from ``PLANCACHE_REDIS_URL``, else none).
+    (default: from ``PLANCACHE_REDIS_URL``, else none). ``auto_prime``: on opening, load the
+    plans this application's latest run used, on a background thread (``PLANCACHE_AUTO_PRIME``,
+    default on; see ``priming``). Which plans a run uses is recorded either way, under
+    ``app`` (``PLANCACHE_APP``, else the entry script).
     """
 
     def __init__(
@@ -98,6 +102,8 @@ class PlanCache:
         lock_timeout: float = 900.0,
         persist_kernel_cache: bool = False,
         remote: Any = None,
+        auto_prime: bool | None = None,
+        app: str | None = None,
     ) -> None:
         self.counters = dict.fromkeys(_COUNTERS, 0)
         self._warned: set[str] = set()
@@ -106,7 +112,9 @@ class PlanCache:
         self.timing = timing or TimingPolicy()
         # PLANCACHE_MAX_SIZE, as ccache reads its limit: 0 is no limit, a bad value a ConfigError.
         self.max_size = (max_size if max_size is not None else max_size_from_env()) or None
-        self.local = LocalTier(directory, read_only=read_only, max_bytes=self.max_size, warn=self._warn_once, count=self._count)
+        auto_prime = auto_prime_from_env() if auto_prime is None else auto_prime
+        self.local = LocalTier(directory, read_only=read_only, max_bytes=self.max_size, warn=self._warn_once, count=self._count,
+                               app=app or app_name())  # fmt: skip
         self.directory = self.local.directory
         self.memory: LRU[tuple[str, int], Plan] = LRU(max_plans if max_plans is not None else max_plans_from_env())
         self.remote = remote if remote is not None else _remote_from_env()
@@ -125,6 +133,7 @@ class PlanCache:
         self._recorders: list[Callable[[Any, CacheKey], None]] = []
         self._remote_flushed: dict[str, int] = {}
         self._closed = False
+        self._used: set[tuple[str, int]] = set()  # (key, device) this run has noted for auto-prime
         recorder_from_env(self)  # PLANCACHE_RECORD=path: record every graph into a manifest
         if self.local.available and self.local.read_only:
             self._warn_once(
@@ -138,8 +147,17 @@ class PlanCache:
         atexit.register(atexit_flush)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=functools.partial(_after_fork, ref))
+        #: The auto-prime thread of this cache (None when off or without a store).
+        self.primer: Primer | None = None
+        if auto_prime and self.local.available:
+            self.primer = Primer(self)
+            self.primer.start()
 
     # ------------------------------------------------------------------ public
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def store(self) -> Any:
@@ -158,6 +176,10 @@ class PlanCache:
             found = self._environments[device] = (env, environment_id(env))
             self._environment_json[found[1]] = canonical_json(env)  # encoded once, hashed by every lookup
         return found
+
+    def environment_of(self, device: int) -> dict[str, Any]:
+        """The environment fingerprint of ``device``."""
+        return dict(self._environment(device)[0])
 
     def key(self, graph: Any, options: BuildOptions | None = None, *, device: int | None = None) -> CacheKey:
         """The key ``graph`` is stored under on ``device`` (default: the current one);
@@ -181,12 +203,16 @@ class PlanCache:
         key = make_key(describe(graph), environment, options, environment_json=self._environment_json[env_id])
         for record in self._recorders:
             record(graph, key)
-        plan = self.memory.get((key.digest, device))
+        slot = (key.digest, device)
+        plan = self.memory.get(slot)
         if plan is not None:
             self.counters["memory_hits"] += 1
             self.local.note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
         else:
             plan = self.lookup.resolve(graph, key, options, device, inputs)
+        if slot not in self._used:  # once per run: what the next start of this application primes
+            self._used.add(slot)
+            self.local.note_use(key.digest, device)
         return plan.named(names_of(graph))
 
     def builder(self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None) -> Any:
@@ -302,6 +328,9 @@ class PlanCache:
     def _forget_process_state(self) -> None:
         """In a forked child: the parent's loaded plans, locks and threads are not ours."""
         self.memory = self.lookup.memory = LRU(self.memory.capacity)
+        self.lookup.loads.after_fork()
+        self.primer = None  # threads do not survive a fork
+        self._used = set()
         self.flight.after_fork()
         self.local.after_fork()
         after = getattr(self.remote, "after_fork", None)

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 
 from .errors import PlanCacheError
 
-__all__ = ["ENVIRONMENT", "MAX_SIZE_FLOOR", "MAX_SIZE_WARN", "ConfigError", "format_size", "max_size_from_env", "parse_size"]
+__all__ = ["ENVIRONMENT", "MAX_SIZE_FLOOR", "MAX_SIZE_WARN", "ConfigError", "auto_prime_from_env", "format_size",
+           "max_size_from_env", "parse_size"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -50,12 +51,26 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_REDIS_LOCK_TTL": ("seconds the fleet lock outlives a holder that died (renewed while its holder builds)", "`60`"),
     "PLANCACHE_MEMORY_PLANS": ("loaded plans a process keeps in memory, least recently used dropped", "`1024`"),
     "PLANCACHE_PATCH_CUDNN": ("`1`: `import plancache` calls `plancache.install()`, so `cudnn.jit` and `cudnn.graph_cache` persist plans", "not patched"),
+    "PLANCACHE_AUTO_PRIME": ("`0`: a cache that opens does not load, in the background, the plans its application used in its latest run", "on"),
+    "PLANCACHE_APP": ("the application name plan use is recorded and primed under", "the entry script's path (plus `#rankN` with `LOCAL_RANK`)"),
 }  # fmt: skip
 
 
 class ConfigError(PlanCacheError, ValueError):
     """A setting (an environment variable, say) has a value plancache cannot use.
     Fields: ``name``, ``value``."""
+
+
+def auto_prime_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """``PLANCACHE_AUTO_PRIME``: on unless 0/false/no/off; anything else is a ConfigError."""
+    raw = (os.environ if environ is None else environ).get("PLANCACHE_AUTO_PRIME", "")
+    value = raw.strip().lower()
+    if value in ("", "1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"PLANCACHE_AUTO_PRIME={raw!r} is not a switch: use 1 (the default) or 0",
+                      name="PLANCACHE_AUTO_PRIME", value=raw)  # fmt: skip
 
 
 def format_size(n: float) -> str:

@@ -20,6 +20,7 @@ from .build.backend import Backend, BuiltPlan, EngineChoice
 from .errors import DamagedEntryError
 from .flight import SingleFlight
 from .key import BuildOptions, CacheKey, TensorSpec, environment_id
+from .loads import Loads
 from .plan import Plan, names_of
 from .store import Entry, problem, sha256, summarize
 from .tiers.local import LocalTier
@@ -48,16 +49,38 @@ class Lookup:
         self.persist_kernel_cache = persist_kernel_cache
         self._kernel_cache_restored = False
         self._kernel_cache_digest: str | None = None
+        self.loads = Loads()
 
     def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None) -> Plan:
-        environment, env_id = self._environment(device)
-        plan = self._from_stored_tiers(key, environment, env_id, device)
-        if plan is None:
-            with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])):
-                plan = self.memory.get((key.digest, device)) or self._repair_or_build(graph, key, options, device, inputs)
-        plan = plan.named(names_of(graph))
-        self.memory.put((key.digest, device), plan)
-        return plan
+        slot = (key.digest, device)
+        with self.loads.claim(slot, self.memory) as plan:
+            if plan is None:  # this thread loads or builds it
+                environment, env_id = self._environment(device)
+                plan = self._from_stored_tiers(key, environment, env_id, device)
+                if plan is None:
+                    with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])):
+                        plan = self.memory.get(slot) or self._repair_or_build(graph, key, options, device, inputs)
+                plan = plan.named(names_of(graph))
+                self.memory.put(slot, plan)
+        return plan.named(names_of(graph))
+
+    def prime(self, digest: str, environment: Mapping[str, Any], device: int) -> str:
+        """Load the stored plan ``digest`` onto ``device`` into memory ahead of its lookup.
+        Returns "primed", "loaded" (in memory already, or being loaded by a lookup, which
+        then has it), or why it was skipped. Gives way to lookups: waits until none is
+        loading or building before it starts, and never writes (an unsound entry is left
+        for its lookup to quarantine and rebuild)."""
+        slot = (digest, device)
+        self.loads.wait_until_idle()
+        with self.loads.try_claim(slot, self.memory) as mine:
+            if not mine:
+                return "loaded"
+            outcome = self.serve_stored(digest, environment, device, count_hit=False)
+            if isinstance(outcome, Plan):
+                self.memory.put(slot, outcome)
+                self.counters["primed"] += 1
+                return "primed"
+            return "not stored" if outcome is None else outcome[1]
 
     def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int) -> Plan | None:
         """A sound stored plan from the local store, else from the fleet (then stored
@@ -98,9 +121,11 @@ class Lookup:
                 return plan
         return self._build(graph, key, options, inputs, device)
 
-    def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int) -> Plan | tuple[Entry | None, str] | None:
+    def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *,
+                     count_hit: bool = True) -> Plan | tuple[Entry | None, str] | None:  # fmt: skip
         """The local entry under ``digest``, judged and loaded: a ``Plan``; ``(entry,
-        reason)`` when it must not be served; None when there is none."""
+        reason)`` when it must not be served; None when there is none. ``count_hit``:
+        whether loading it counts as a hit (priming is not one: the plan may go unused)."""
         try:
             entry = self.local.get(digest)
         except DamagedEntryError as exc:  # one undecodable row
@@ -110,18 +135,19 @@ class Lookup:
         reason = problem(entry, environment)
         if reason is not None:
             return entry, reason
-        loaded = self._load(entry, device)
+        loaded = self._load(entry, device, count_hit=count_hit)
         return loaded if isinstance(loaded, Plan) else (entry, loaded)
 
-    def _load(self, entry: Entry, device: int) -> Plan | str:
+    def _load(self, entry: Entry, device: int, *, count_hit: bool = True) -> Plan | str:
         """Deserialize a sound entry onto ``device``: a ``Plan``, or why it failed."""
         try:
             tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
             native = self.backend.load(entry.blob, tensors, device)
         except Exception as exc:  # the library refusing a blob is a miss, never a crash
             return f"deserialize failed: {type(exc).__name__}: {str(exc)[:300]}"
-        self.counters["hits"] += 1
-        self.local.note_hit(entry.key)
+        if count_hit:
+            self.counters["hits"] += 1
+            self.local.note_hit(entry.key)
         return self._plan(entry.key, native, tensors, entry.workspace_size, _engine_of(entry.engine), "loaded", device)
 
     def quarantine_if_unchanged(self, digest: str, entry: Entry | None, reason: str) -> None:

@@ -19,7 +19,7 @@ No torch import: tensors are checked through ``shape``, ``stride()``, ``dtype``,
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .build.backend import Backend, EngineChoice
@@ -112,8 +112,8 @@ class Plan:
     mutable state; scratch memory comes per launch from the backend.
     """
 
-    __slots__ = ("_backend", "_by_uid", "_name_to_uid", "_native", "device", "engine", "key", "source", "tensors",
-                 "workspace_size")  # fmt: skip
+    __slots__ = ("_backend", "_by_uid", "_launch", "_name_to_uid", "_native", "device", "engine", "key", "source",
+                 "tensors", "workspace_size")  # fmt: skip
 
     def __init__(
         self,
@@ -136,6 +136,7 @@ class Plan:
         self.device = int(device)
         self._backend = backend
         self._native = native
+        self._launch: Callable[[Mapping[int, Any]], None] | None = None  # the backend's, made at the first launch
         self._by_uid = {spec.uid: _Expect(spec) for spec in self.tensors}
         known = {spec.uid for spec in self.tensors}
         self._name_to_uid = {n: u for n, u in (names or {}).items() if u in known}
@@ -179,43 +180,46 @@ class Plan:
                 key=self.key,
                 problems=["not a mapping"],
             )
-        name_to_uid = self._name_to_uid
-        pack: dict[Any, Any] = {(name_to_uid.get(ref, ref) if ref.__class__ is str else ref): t for ref, t in tensors.items()}
-        by_uid = self._by_uid
-        ok = len(pack) == len(tensors) == len(by_uid) and pack.keys() == by_uid.keys()
-        if ok:
+        pack = None
+        if len(tensors) == len(self._by_uid):
             try:
-                ok = self._fast_check(pack)
-            except (AttributeError, TypeError, IndexError, RuntimeError):
-                ok = False
-        if not ok:
+                pack = self._checked(tensors)
+            except (AttributeError, TypeError, IndexError, KeyError, RuntimeError):
+                pack = None  # not a tensor, or not one of ours: the slow path names it
+        if pack is None:
             self._explain_mismatch(tensors)
-        return pack
+        return pack  # type: ignore[return-value]
 
-    def _fast_check(self, pack: Mapping[int, Any]) -> bool:
+    def _checked(self, tensors: Mapping[int | str, Any]) -> dict[int, Any] | None:
+        """The fast path of ``check``, run on every launch: one pass over the tensors, each
+        compared with what its uid expects; None on the first mismatch (the slow path then
+        explains). Must accept exactly what ``_problems_of`` accepts."""
+        by_uid, name_to_uid = self._by_uid, self._name_to_uid
         cuda = self._backend.device_type == "cuda"
         device = self.device
-        for uid, tensor in pack.items():
-            expect = self._by_uid[uid]
+        pack: dict[int, Any] = {}
+        for ref, tensor in tensors.items():
+            uid = name_to_uid.get(ref, ref) if ref.__class__ is str else ref
+            expect = by_uid[uid]
+            pack[uid] = tensor
             if expect.spec.is_pass_by_value:
                 continue
             dtypes = expect.dtypes
             if dtypes is None:
                 expect.resolve()
                 dtypes = expect.dtypes
-            dims = expect.dims
             # Empty dims: a shape the backend left unknown, not checked (as in the slow path).
-            if (dims and tensor.shape != dims) or tensor.dtype not in dtypes:  # type: ignore[operator]
-                return False
+            if tensor.dtype not in dtypes or (expect.dims and tensor.shape != expect.dims):  # type: ignore[operator]
+                return None
             stride = tensor.stride()
             if stride != expect.strides and any(stride[i] != s for i, s in expect.stride_items):
-                return False
+                return None
             if tensor.data_ptr() % expect.alignment:
-                return False
+                return None
             # is_cpu, not "not is_cuda": a meta (or mps, xpu) tensor is no CPU tensor.
-            if not (tensor.is_cuda if cuda else tensor.is_cpu) or (cuda and tensor.get_device() != device):
-                return False
-        return True
+            if not (tensor.is_cuda and tensor.get_device() == device) if cuda else not tensor.is_cpu:
+                return None
+        return pack if len(pack) == len(by_uid) else None  # a uid given twice (by name and by uid)
 
     def _explain_mismatch(self, tensors: Mapping[int | str, Any]) -> None:
         """The slow path: name every problem, then raise."""
@@ -284,8 +288,11 @@ class Plan:
         """Check ``tensors`` (by uid or name) and launch the plan on the current stream of
         the plan's device, with scratch memory of its own."""
         pack = self.check(tensors)
+        launch = self._launch
         try:
-            self._backend.execute(self._native, pack, self.workspace_size, self.device)
+            if launch is None:
+                launch = self._launch = self._backend.launcher(self._native, self.workspace_size, self.device)
+            launch(pack)
         except Exception as exc:
             raise ExecutionError(
                 f"plan {self.key[:12]} failed to launch on {self._backend.device_type}:{self.device}: {type(exc).__name__}: {exc}",

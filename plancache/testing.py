@@ -25,7 +25,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .build.backend import BuiltPlan, EngineChoice
@@ -246,6 +246,9 @@ class CpuTestBackend:
             raise ValueError(f"no device {index}: the test backend has {len(self._environments)}")
         self._local.device = index
 
+    def device_count(self) -> int:
+        return len(self._environments)
+
     def after_fork(self) -> None:
         self._local = threading.local()
 
@@ -333,7 +336,15 @@ class CpuTestBackend:
         self._check_device(device)
         return _Native(payload["description"], [TensorSpec.from_dict(t) for t in payload["tensors"]], payload["engine"], device)
 
+    def launcher(self, native: _Native, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
+        def launch(pack: Mapping[int, Any]) -> None:
+            self.execute(native, pack, workspace_size, device)
+
+        return launch
+
     def execute(self, native: _Native, pack: Mapping[int, Any], workspace_size: int, device: int) -> None:
+        """One launch (what ``launcher``'s function does): refuses another device's plan
+        and misaligned pointers, and stages outputs in a workspace of its own."""
         if native.device != device:
             raise RuntimeError(f"a plan loaded on device {native.device} was launched on device {device}")
         torch = _torch()

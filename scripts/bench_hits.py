@@ -56,6 +56,9 @@ import benchlib  # noqa: E402 - scripts/ is sys.path[0] when run as a script
 # Only the local tier is measured: no Redis tier, no recorder, no size limit from the caller.
 for _name in ("PLANCACHE_REDIS_URL", "PLANCACHE_RECORD", "PLANCACHE_MAX_SIZE", "PLANCACHE_MEMORY_PLANS", "PLANCACHE_DIR"):
     os.environ.pop(_name, None)
+# Lookups are measured, not priming: a primer would turn the store hits timed here into
+# memory hits (children inherit this).
+os.environ["PLANCACHE_AUTO_PRIME"] = "0"
 
 TARGETS = {  # figure -> (limit, unit)
     "lock_worst_ms": (50.0, "ms"),

@@ -77,7 +77,8 @@ def _cache_phase(args: dict[str, Any], policy: str) -> dict[str, Any]:
     from plancache import templates
 
     torch, _ = _setup()
-    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy=policy))
+    # auto_prime=False: these phases time lookups (use is still recorded, for the primed phase)
+    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy=policy), auto_prime=False)
     cache.environment  # noqa: B018 - reading device properties is not part of a lookup
     cache.backend.prepare(cache.backend.current_device())  # nor is creating the cuDNN handle (0.3-0.5 s)
     # Time spent inside cuDNN's deserialize, so that what remains of a hit is plancache's
@@ -118,19 +119,15 @@ def phase_warm(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def phase_primed(args: dict[str, Any]) -> dict[str, Any]:
-    """Warm start as a model would do it: prime the plans in the background, load weights
-    (a sleep stands in), then look the plans up."""
+    """Warm start as a program gets it with no code: auto-prime loads the plans the warm
+    phases used while the program loads its weights (a sleep stands in), then the lookups."""
     import plancache
     from plancache import templates
-    from plancache.workflows.prewarm import prime
 
     torch, _ = _setup()
-    cache = plancache.PlanCache(args["dir"])
-    cache.environment  # noqa: B018
-    cache.backend.prepare(cache.backend.current_device())
-    primer = prime(cache)
+    cache = plancache.PlanCache(args["dir"], auto_prime=True)  # the default; said here for the reader
     time.sleep(STAND_IN_FOR_WEIGHT_LOADING_S)
-    primer.join()
+    primer_done = cache.primer is not None and not cache.primer.is_alive()
     times = []
     for _label, name, params in SUITE:
         graph = templates.build(name, **params)
@@ -139,7 +136,8 @@ def phase_primed(args: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - started)
     cache.close()
-    return {"seconds": times, "counters": cache.counters, "primed": primer.report}
+    report = cache.primer.report if cache.primer is not None else {}
+    return {"seconds": times, "counters": cache.counters, "primed": report, "primer_done_before_lookups": primer_done}
 
 
 def phase_raw(args: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +149,7 @@ def phase_raw(args: dict[str, Any]) -> dict[str, Any]:
     from plancache import templates
 
     torch, handle = _setup()
-    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"))
+    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"), auto_prime=False)
     keys = [cache.key(templates.build(name, **params)).digest for _l, name, params in SUITE]
     with sqlite3.connect(Path(args["dir"]) / "plans.db") as conn:
         blobs = [bytes(conn.execute("SELECT blob FROM plans WHERE key = ?", (k,)).fetchone()[0]) for k in keys]
@@ -197,7 +195,7 @@ def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
     from plancache.build.backend import EngineChoice
 
     torch, _ = _setup()
-    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"))
+    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"), auto_prime=False)
     rows = []
     for _label, name, params in SUITE:
         cached = cache.get(templates.build(name, **params))
@@ -252,7 +250,51 @@ def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
     host_us = (time.perf_counter() - host_started) / 1000 * 1e6
     torch.cuda.synchronize()
     return {"rows": rows, "builder_repeat_us": builder_us, "builder_key_repeat_us": keyed_us, "get_repeat_us": get_us,
-            "execute_host_us": host_us}  # fmt: skip
+            "execute_host_us": host_us, "launch": launch_overhead(torch, cache)}  # fmt: skip
+
+
+#: Launches per timed loop: few enough that the GPU's launch queue (about a thousand
+#: entries) never fills, so the loop times the host's enqueueing even when the kernels are
+#: slower than it. The median of LAUNCH_REPEATS loops is reported.
+LAUNCHES = 200
+LAUNCH_REPEATS = 25
+
+
+def launch_overhead(torch: Any, cache: Any) -> list[dict[str, Any]]:
+    """Host microseconds per launch in a tight loop, per suite graph: ``Plan.execute`` of the
+    stored plan (checks included) beside the frontend's own ``execute`` of the same loaded
+    graph with a workspace allocated once. Each loop starts on an idle GPU and queues no
+    more than the GPU accepts without blocking the host."""
+    import cudnn
+
+    from plancache import templates
+
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    rows = []
+    for label, name, params in SUITE:
+        plan = cache.get(templates.build(name, **params))
+        tensors = templates.allocate(name, device="cuda", **params)
+        workspace = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
+        graph = plan.native
+        plan_us = _host_us(torch, lambda p=plan, t=tensors: p.execute(t))
+        frontend_us = _host_us(torch, lambda g=graph, t=tensors, w=workspace: g.execute(t, w, handle=handle))
+        rows.append({"graph": label, "plan_us": plan_us, "frontend_us": frontend_us, "source": plan.source})
+    return rows
+
+
+def _host_us(torch: Any, launch: Any) -> float:
+    for _ in range(50):
+        launch()
+    torch.cuda.synchronize()
+    loops = []
+    for _ in range(LAUNCH_REPEATS):
+        started = time.perf_counter()
+        for _ in range(LAUNCHES):
+            launch()
+        loops.append((time.perf_counter() - started) / LAUNCHES * 1e6)
+        torch.cuda.synchronize()  # outside the time: the next loop starts on an idle GPU
+    return statistics.median(loops)
 
 
 PHASES = {
@@ -384,6 +426,14 @@ def print_table(r: dict[str, Any]) -> None:
           f" get(graph) {r['exec']['get_repeat_us']:.1f} us;"
           f" execute host overhead {r['exec']['execute_host_us']:.1f} us")  # fmt: skip
     print(f"warm sources: {r['warm']['sources']}  counters: {r['warm']['counters']}")
+    print(f"primed: {r['primed']['primed']}, primer done before the first lookup: {r['primed']['primer_done_before_lookups']}")
+    print(
+        f"\nlaunch host time, tight loop of {LAUNCHES} (median of {LAUNCH_REPEATS}): Plan.execute (checks included) beside"
+        " the frontend's execute of the same loaded plan (target: Plan.execute <= 15 us)"
+    )
+    print(f"{'graph':38} {'plan us':>8} {'frontend us':>12}  plan from")
+    for row in r["exec"]["launch"]:
+        print(f"{row['graph']:38} {row['plan_us']:8.1f} {row['frontend_us']:12.1f}  {row['source']}")
 
 
 if __name__ == "__main__":

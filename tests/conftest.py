@@ -14,7 +14,8 @@ from redis_fixtures import own_server, redis_server  # noqa: F401 - fixtures for
 from plancache import PlanCache, Store
 from plancache.testing import CpuTestBackend
 
-_ENV_VARS = ("PLANCACHE_MAX_SIZE", "PLANCACHE_ALLOW_SHARED_DIR", "PLANCACHE_REDIS_URL", "PLANCACHE_RECORD", "PLANCACHE_BACKEND")
+_ENV_VARS = ("PLANCACHE_MAX_SIZE", "PLANCACHE_ALLOW_SHARED_DIR", "PLANCACHE_REDIS_URL", "PLANCACHE_RECORD", "PLANCACHE_BACKEND",
+             "PLANCACHE_APP")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +26,9 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PLANCACHE_DIR", str(directory))
     for name in _ENV_VARS:
         monkeypatch.delenv(name, raising=False)
+    # Auto-prime is off unless a test turns it on (test_priming.py): a background primer
+    # would turn the store hits that other tests count into memory hits.
+    monkeypatch.setenv("PLANCACHE_AUTO_PRIME", "0")
     return directory
 
 

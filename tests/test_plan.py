@@ -23,7 +23,7 @@ class CountingBackend(CpuTestBackend):
         self.executions = 0
 
     def execute(self, native: Any, pack: Any, workspace_size: int, device: int) -> None:
-        self.executions += 1
+        self.executions += 1  # every launch of a test plan runs this
         super().execute(native, pack, workspace_size, device)
 
 

@@ -255,7 +255,7 @@ def test_cli_help_texts() -> None:
         assert result.exit_code == 0 and len(result.output.splitlines()) > 5
 
 
-def test_primer_loads_healthy_entries_in_the_background_and_changes_nothing(make_cache: MakeCache) -> None:
+def test_primer_loads_healthy_entries_in_the_background_and_writes_nothing(make_cache: MakeCache) -> None:
     from plancache.testing import CpuTestBackend
     from plancache.workflows.prewarm import prime
 
@@ -271,7 +271,10 @@ def test_primer_loads_healthy_entries_in_the_background_and_changes_nothing(make
     primer = prime(cache)
     primer.join(timeout=30)
     assert not primer.is_alive()
-    assert primer.report["primed"] == 1 and primer.report["failed"] == {}
+    assert primer.report["primed"] == 1 and list(primer.report["skipped"]) == [keys[1]]
+    assert "checksum" in primer.report["skipped"][keys[1]]
     assert backend.loads == 1
-    assert cache.counters["hits"] == 0 and cache.counters["corrupt"] == 0, "priming leaves lookups to the caller"
-    assert cache.get(templates.build("conv_bias_act", n=1, c=4, h=6, w=6, k=4, dtype="float32")).source == "loaded"
+    assert cache.counters["hits"] == 0 and cache.counters["corrupt"] == 0, "priming is no hit, and leaves repairs to lookups"
+    assert cache.store.get(keys[1]) is not None, "priming never writes: the damaged entry is its lookup's to quarantine"
+    plan = cache.get(templates.build("conv_bias_act", n=1, c=4, h=6, w=6, k=4, dtype="float32"))
+    assert plan.source == "loaded" and cache.counters["memory_hits"] == 1 and backend.loads == 1, "the primed plan serves it"

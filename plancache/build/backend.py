@@ -7,7 +7,7 @@ cache on a machine without a GPU. No cuDNN, torch or CUDA import here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -93,6 +93,14 @@ class Backend(Protocol):
         """Index of the calling thread's current device."""
         ...
 
+    def use_device(self, index: int) -> None:
+        """Make ``index`` the calling thread's current device."""
+        ...
+
+    def device_count(self) -> int:
+        """How many devices this process can use."""
+        ...
+
     def candidates(
         self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None
     ) -> CandidateSet:
@@ -115,9 +123,11 @@ class Backend(Protocol):
         launch inside a CUDA-graph capture creates nothing."""
         ...
 
-    def execute(self, native: Any, pack: Mapping[int, Any], workspace_size: int, device: int) -> None:
-        """Launch a plan on the current stream of ``device`` with tensors by uid, with a
-        workspace of ``workspace_size`` bytes allocated for this launch alone."""
+    def launcher(self, native: Any, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
+        """The launch of one plan: a function of the tensors by uid (already checked by
+        ``Plan.check``) that runs the plan on the current stream of ``device``, with a
+        workspace of ``workspace_size`` bytes allocated for that launch alone. Made once
+        per plan, so it resolves once what does not change between launches."""
         ...
 
     def after_fork(self) -> None:

@@ -24,7 +24,7 @@ import logging
 import re
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -264,41 +264,57 @@ def _random_tensor(torch: Any, spec: TensorSpec, generator: Any) -> Any:
 class _Handles:
     """cuDNN handles by device, leased to one thread at a time for one launch.
 
-    A lease pops a free handle, or creates one, except inside a CUDA-graph capture, where
-    creating one would invalidate the capture: there it waits for a handle to come back
-    (one exists once any plan of that device was loaded or prepared, and a lease lasts one
-    enqueue). ``ensure`` is called outside captures, when a plan is loaded or prepared."""
+    ``take`` pops a free handle without a lock (``list.pop`` and ``list.append`` are
+    atomic), because it runs on every launch; only when none is free does it lock, and
+    then it creates one, except inside a CUDA-graph capture, where creating one would
+    invalidate the capture: there it waits for a handle to come back (one exists once any
+    plan of that device was loaded or prepared, and a lease lasts one enqueue). ``ensure``
+    is called outside captures, when a plan is loaded or prepared."""
 
     def __init__(self) -> None:
         self._free: dict[int, list[Any]] = {}
         self._count: dict[int, int] = {}
         self._cond = threading.Condition()
+        self._waiting = 0
 
     def ensure(self, device: int) -> None:
         with self._cond:
             if self._count.get(device, 0):
                 return
-        with self.lease(device):
-            pass
+        self.give(device, self.take(device))
+
+    def take(self, device: int) -> Any:
+        try:
+            return self._free[device].pop()
+        except (KeyError, IndexError):
+            return self._take_slow(device)
+
+    def give(self, device: int, handle: Any) -> None:
+        self._free[device].append(handle)
+        if self._waiting:  # read unlocked: a waiter counts itself before it looks at the list
+            with self._cond:
+                self._cond.notify()
 
     @contextlib.contextmanager
     def lease(self, device: int) -> Iterator[Any]:
-        handle = self._take(device)
+        handle = self.take(device)
         try:
             yield handle
         finally:
-            with self._cond:
-                self._free.setdefault(device, []).append(handle)
-                self._cond.notify()
+            self.give(device, handle)
 
-    def _take(self, device: int) -> Any:
+    def _take_slow(self, device: int) -> Any:
         with self._cond:
             free = self._free.setdefault(device, [])
             if free:
                 return free.pop()
             if self._count.get(device, 0) and _torch().cuda.is_current_stream_capturing():
-                if not self._cond.wait_for(lambda: bool(free), timeout=30.0):
-                    raise RuntimeError(f"no cuDNN handle of device {device} came back within 30 s during a CUDA-graph capture")
+                self._waiting += 1
+                try:
+                    if not self._cond.wait_for(lambda: bool(free), timeout=30.0):
+                        raise RuntimeError(f"no cuDNN handle of device {device} came back within 30 s during a CUDA-graph capture")
+                finally:
+                    self._waiting -= 1
                 return free.pop()
             self._count[device] = self._count.get(device, 0) + 1
         try:
@@ -315,6 +331,48 @@ class _Handles:
         self._free = {}
         self._count = {}
         self._cond = threading.Condition()
+        self._waiting = 0
+
+
+# ---------------------------------------------------------------------- launches
+
+
+def _loaded_backend_graph(native: Any) -> Any:
+    """The frontend's compiled graph behind ``native`` when ``native`` was loaded from a
+    blob and runs on the cuDNN backend; None otherwise (a freshly autotuned graph, a
+    plan of one of the frontend's Python engines, or a frontend that lays graphs out
+    differently).
+
+    For such a graph the frontend's own ``execute`` ends in exactly this call, after
+    resolving plan selection, Python engines and auto-bound inputs in Python (about 8 us
+    per launch on an H200 host), none of which a loaded backend plan has. Every condition
+    is checked here, once per plan; anything unexpected keeps the frontend's path."""
+    state = getattr(native, "__dict__", {})
+    lowered = state.get("_lowered_graph")
+    if (
+        lowered is None
+        or not callable(getattr(lowered, "_execute", None))
+        or state.get("_plans", None) != []  # plans of its own: selection must go through the frontend
+        or state.get("_data_bindings", None) != {}  # inputs the frontend fills in
+        or not state.get("_is_built", False)
+    ):
+        return None
+    try:
+        if native.selected_engine is not None:  # a Python engine executes it, not the backend
+            return None
+    except Exception:
+        return None
+    return lowered
+
+
+def _raw_stream_getter(torch: Any) -> Callable[[int], int]:
+    """``device -> current stream`` as the integer cuDNN takes. torch's own compiled code
+    reads it through ``torch._C._cuda_getCurrentRawStream`` (0.1 us); the public
+    ``current_stream(device).cuda_stream`` builds a Stream object first (1.6 us)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if callable(raw):
+        return raw  # type: ignore[no-any-return]
+    return lambda device: torch.cuda.current_stream(device).cuda_stream
 
 
 # ---------------------------------------------------------------------- backend
@@ -396,6 +454,10 @@ class CudnnBackend:
     def use_device(self, index: int) -> None:
         """Make ``index`` this thread's current device (new threads start on device 0)."""
         _torch().cuda.set_device(index)
+
+    def device_count(self) -> int:
+        self._require_gpu()
+        return int(_torch().cuda.device_count())
 
     def environment(self, device: int | None = None) -> dict[str, Any]:
         self._require_gpu()
@@ -482,20 +544,44 @@ class CudnnBackend:
         self._require_gpu()
         self.handles.ensure(device)
 
-    def execute(self, native: Any, pack: Mapping[int, Any], workspace_size: int, device: int) -> None:
+    def launcher(self, native: Any, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
+        """What ``Plan.execute`` calls for each launch, with everything that does not
+        change between launches resolved once."""
         torch = _torch()
-        if torch.cuda.current_device() != device:
-            with torch.cuda.device(device):  # the plan's device, with that device's current stream
-                self._launch(torch, native, pack, workspace_size, device)
-        else:
-            self._launch(torch, native, pack, workspace_size, device)
-
-    def _launch(self, torch: Any, native: Any, pack: Mapping[int, Any], workspace_size: int, device: int) -> None:
-        # Per launch, on the current stream: freed when this call returns, reused by the
-        # caching allocator only in that stream's order.
-        workspace = torch.empty(workspace_size, dtype=torch.uint8, device=device) if workspace_size > 0 else None
-        stream = torch.cuda.current_stream(device).cuda_stream
         cudnn = _cudnn()
-        with self.handles.lease(device) as handle:
-            cudnn.set_stream(handle=handle, stream=stream)
-            native.execute(pack, workspace, handle=handle)
+        current_device = torch.cuda.current_device
+        raw_stream = _raw_stream_getter(torch)
+        set_stream = cudnn.set_stream
+        take, give = self.handles.take, self.handles.give
+        empty, uint8 = torch.empty, torch.uint8
+        size = int(workspace_size)
+        lowered = _loaded_backend_graph(native)
+        run = lowered._execute if lowered is not None else None
+        uids: tuple[int, ...] | None = None  # the frontend's ordered form, for graphs it runs itself
+
+        def launch(pack: Mapping[int, Any]) -> None:
+            nonlocal uids
+            if current_device() != device:
+                with torch.cuda.device(device):  # the plan's device, with that device's current stream
+                    launch(pack)
+                return
+            # Per launch, on the current stream: freed when this call returns, reused by
+            # the caching allocator only in that stream's order; inside a capture it comes
+            # from the capture's pool.
+            workspace = empty(size, dtype=uint8, device=device) if size > 0 else None
+            stream = raw_stream(device)
+            handle = take(device)
+            try:
+                if handle.stream != stream:
+                    set_stream(handle=handle, stream=stream)
+                if run is not None:
+                    ptrs = {uid: tensor.data_ptr() for uid, tensor in pack.items()}
+                    run(ptrs, workspace.data_ptr() if workspace is not None else 0, handle.backend_handle, None, None, None)
+                else:
+                    if uids is None:
+                        uids = tuple(pack)
+                    native.execute(tuple(pack[u] for u in uids), workspace, handle=handle, tensor_uids=uids)
+            finally:
+                give(device, handle)
+
+        return launch

@@ -245,19 +245,29 @@ class Store(Schema, Recovery):
     def keys(self) -> list[str]:
         return [r[0] for r in self.connection().execute("SELECT key FROM plans ORDER BY key")]
 
-    def record_hits(self, hits: Mapping[str, tuple[int, float]], *, wait: bool = True) -> bool:
-        """Add batched hit counts and last-used times: ``{key: (count, last_used)}``.
-
-        ``wait=False``: give up at once (returning False, writing nothing) when another
-        process holds the write lock, instead of waiting up to the busy timeout: hit counts
-        are bookkeeping, never worth a stall."""
-        if not hits:
-            return True
+    @contextlib.contextmanager
+    def bookkeeping(self, *, wait: bool) -> Iterator[sqlite3.Connection]:
+        """A write transaction for bookkeeping (hit counts, which plans an application
+        used). ``wait=False`` raises ``StoreBusyError`` at once when another process holds
+        the write lock, instead of waiting up to the busy timeout: bookkeeping is never
+        worth a stall, and the caller keeps the batch for the next try."""
         conn = self.connection()
         if not wait:
             conn.execute("PRAGMA busy_timeout = 0")
         try:
             with self.transaction() as tx:
+                yield tx
+        finally:
+            if not wait:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+
+    def record_hits(self, hits: Mapping[str, tuple[int, float]], *, wait: bool = True) -> bool:
+        """Add batched hit counts and last-used times: ``{key: (count, last_used)}``.
+        ``wait=False``: False, writing nothing, when the store is busy (see ``bookkeeping``)."""
+        if not hits:
+            return True
+        try:
+            with self.bookkeeping(wait=wait) as tx:
                 tx.executemany(
                     "UPDATE plans SET hit_count = hit_count + ?, last_used_at = max(last_used_at, ?) WHERE key = ?",
                     [(count, used, key) for key, (count, used) in hits.items()],
@@ -269,9 +279,6 @@ class Store(Schema, Recovery):
             return False
         except sqlite3.Error as exc:
             raise StoreError(f"cannot record hits in {self.path}: {exc}", path=str(self.path)) from exc
-        finally:
-            if not wait:
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
     def quarantine(self, key: str, reason: str, *, identity: tuple[str, float] | None = None) -> bool:
         """Move an entry out of service, keeping it (and its blob) for inspection.

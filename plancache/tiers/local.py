@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreError
-from ..store import Entry, Store, default_cache_dir
+from ..store import Entry, Store, default_cache_dir, usage
 
 __all__ = ["HIT_FLUSH_SECONDS", "LocalTier"]
 
@@ -47,8 +47,12 @@ class LocalTier:
         max_bytes: int | None,
         warn: Callable[..., None],
         count: Callable[[str], None],
+        app: str | None = None,
     ) -> None:
         self.directory = Path(directory) if directory is not None else default_cache_dir()
+        #: The application whose plan use is recorded for auto-prime (None: not recorded).
+        self.app = app
+        self._new_run()
         self.max_bytes = max_bytes
         self._warn = warn
         self._count = count
@@ -61,9 +65,15 @@ class LocalTier:
             count("store_errors")
             warn("open", "plancache: cannot open the plan store in %s (%s); plans work but are not stored", self.directory, exc)
         self._hits: dict[str, tuple[int, float]] = {}
+        self._uses: dict[tuple[str, int], int] = {}  # (key, device) -> order of first use, not yet written
         self._hits_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
+
+    def _new_run(self) -> None:
+        self.run_started = time.time()
+        self.run = f"{os.getpid()}-{self.run_started:.6f}"
+        self._use_seq = 0
 
     @property
     def available(self) -> bool:
@@ -100,6 +110,17 @@ class LocalTier:
             return [r[0] for r in rows]
         except (StoreError, sqlite3.Error, OSError) as exc:
             self._warn("read", "plancache: listing %s failed (%s)", self.store.path, exc)
+            return []
+
+    def latest_run(self) -> list[tuple[str, int]]:
+        """``[(key, device)]`` of this application's latest recorded run, in order of
+        first use ([] without an application, a record, or a readable store)."""
+        if self.store is None or not self.app:
+            return []
+        try:
+            return usage.latest_run(self.store, self.app)
+        except (StoreError, sqlite3.Error, OSError) as exc:
+            self._warn("read", "plancache: reading %s failed (%s)", self.store.path, exc)
             return []
 
     # ------------------------------------------------------------------ writes
@@ -160,30 +181,50 @@ class LocalTier:
         with self._hits_lock:
             count, _ = self._hits.get(key, (0, 0.0))
             self._hits[key] = (count + 1, now)
-            if self._flusher is None and self.store is not None and not self.store.read_only:
-                self._flusher = threading.Thread(target=self._flush_loop, name="plancache-hits", daemon=True)
-                self._flusher.start()
+            self._start_flusher()
+
+    def note_use(self, key: str, device: int) -> None:
+        """Record (in memory, written with the hit counts) that this run used ``key`` on
+        ``device``; called once per key and device by the cache."""
+        if not self.app:
+            return
+        with self._hits_lock:
+            self._use_seq += 1
+            self._uses.setdefault((key, device), self._use_seq)
+            self._start_flusher()
+
+    def _start_flusher(self) -> None:
+        if self._flusher is None and self.store is not None and not self.store.read_only:
+            self._flusher = threading.Thread(target=self._flush_loop, name="plancache-hits", daemon=True)
+            self._flusher.start()
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(HIT_FLUSH_SECONDS):
             self.flush(wait=False)
 
     def flush(self, *, wait: bool = False) -> bool:
-        """Write batched hit counts. ``wait=False`` skips (keeping the batch) when another
-        process holds the write lock. Returns whether everything pending was written."""
+        """Write batched hit counts and plan use. ``wait=False`` skips (keeping the batch)
+        when another process holds the write lock. Returns whether everything pending was
+        written."""
         with self._hits_lock:
-            pending, self._hits = self._hits, {}
-        if not pending or self.store is None or self.store.read_only:
+            hits, self._hits = self._hits, {}
+            uses, self._uses = self._uses, {}
+        if (not hits and not uses) or self.store is None or self.store.read_only:
             return True
-        written = False
+        written_hits = written_uses = False
         try:
-            written = self.store.record_hits(pending, wait=wait)
+            written_hits = self.store.record_hits(hits, wait=wait)
+            written_uses = usage.record_usage(self.store, self.app or "", self.run, self.run_started, uses, wait=wait)
         except (StoreError, sqlite3.Error, OSError) as exc:
             self._warn("hits", "plancache: could not record hit counts: %s", exc)
             return False
-        if not written:
-            self._merge_back(pending)
-        return written
+        if not written_hits:
+            self._merge_back(hits)
+        if not written_uses:
+            with self._hits_lock:
+                for slot, seq in uses.items():
+                    self._uses.setdefault(slot, seq)
+        return written_hits and written_uses
 
     def _merge_back(self, pending: Mapping[str, tuple[int, float]]) -> None:
         with self._hits_lock:
@@ -214,6 +255,8 @@ class LocalTier:
         """In a forked child: new locks, no flusher (threads do not survive a fork), and
         none of the parent's pending counts (the parent writes those)."""
         self._hits = {}
+        self._uses = {}
+        self._new_run()  # the child is a run of its own
         self._hits_lock = threading.Lock()
         self._flusher = None
         self._stop = threading.Event()

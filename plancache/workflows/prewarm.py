@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 from ..errors import ManifestError
 from ..key import BuildOptions, environment_id
-from ..store import problem
+from ..priming import Primer
 from .manifest import ManifestEntry, load_manifest
 
 __all__ = ["Primer", "prewarm", "prime", "warm_start"]
@@ -225,51 +224,16 @@ def warm_start(
     return report
 
 
-class Primer(threading.Thread):
-    """Deserializes stored plans into throwaway graphs on a background thread.
-
-    A graph's first deserialize in a process also loads its engine's libraries and kernels
-    (on an H200, 10-100 ms for the first graph of an engine family); the next deserialize
-    of it takes a few ms. Started right after ``PlanCache()`` and before the model loads
-    its weights, the primer pays those loads while the weights load, so the lookups of the
-    first step are fast. It changes nothing in the cache: plans are still loaded, checked
-    and owned by the thread that looks them up. ``report`` (after ``join``): ``primed``,
-    ``failed`` {key: reason}, ``seconds``.
-    """
-
-    def __init__(self, cache: Any, keys: Iterable[str] | None = None) -> None:
-        super().__init__(name="plancache-primer", daemon=True)
-        self.cache = cache
-        self.keys = list(keys) if keys is not None else None
-        self.device = cache.backend.current_device()
-        self.report: dict[str, Any] = {"primed": 0, "failed": {}, "seconds": 0.0}
-
-    def run(self) -> None:
-        started = time.perf_counter()
-        cache, report = self.cache, self.report
-        use_device = getattr(cache.backend, "use_device", None)
-        if use_device is not None:
-            use_device(self.device)  # a new thread starts on device 0
-        keys = self.keys
-        environment = cache.environment
-        if keys is None:
-            keys = cache.local.entries_of(environment_id(environment))
-        for digest in keys:
-            try:
-                entry = cache.local.get(digest)  # what a hit reads
-                if entry is None or problem(entry, environment) is not None:
-                    continue  # the lookup will report it; priming only warms what is healthy
-                cache.backend.load(entry.blob, [], self.device)
-                report["primed"] += 1
-            except Exception as exc:  # priming is an optimization: never an error
-                report["failed"][digest] = f"{type(exc).__name__}: {exc}"
-        report["seconds"] = time.perf_counter() - started
-
-
 def prime(cache: Any, keys: Iterable[str] | None = None) -> Primer:
-    """Start a ``Primer`` for ``keys`` (default: every stored entry of this environment)
-    and return it; ``join()`` it to wait, or just go on: lookups never wait for it."""
-    primer = Primer(cache, keys)
+    """Start loading ``keys`` (default: every stored entry of this environment) into the
+    cache's memory on the current device, on a background thread, and return the
+    ``Primer``; ``join()`` it to wait, or just go on: a lookup of a plan being loaded
+    waits for that load, and the others never wait for the primer. Auto-prime does this
+    by itself for the plans the application's latest run used (``PLANCACHE_AUTO_PRIME``)."""
+    device = cache.backend.current_device()
+    if keys is None:
+        keys = cache.local.entries_of(environment_id(cache.environment_of(device)))
+    primer = Primer(cache, [(digest, device) for digest in keys])
     primer.start()
     return primer
 

@@ -1,0 +1,103 @@
+"""Plans being loaded or built in this process: one thread per key and device does it.
+
+A lookup and the primer (or two lookups on two threads) that want the same plan at once
+must not deserialize it twice: the second waits for the first and takes its plan from
+the memory tier. This is the in-process step before the key's single flight
+(``flight.py``), which also spans processes and machines but is taken only on a miss.
+
+The primer also gives way to lookups through it: it starts a load only while no lookup
+is loading or building, so a lookup it does not serve never waits behind it for more
+than the one load already under way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+__all__ = ["Loads"]
+
+Slot = tuple[str, int]  # (key, device)
+
+
+class _Memory(Protocol):
+    def get(self, key: Slot) -> Any: ...
+
+
+class Loads:
+    """Who is loading which ``(key, device)`` now, and how many lookups are at it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._busy: dict[Slot, threading.Event] = {}
+        self._lookups = 0  # lookups loading or building now
+
+    @contextlib.contextmanager
+    def claim(self, slot: Slot, memory: _Memory) -> Iterator[Any]:
+        """For a lookup: yields the plan when another thread put it in ``memory`` (waiting
+        for one that is loading it), else None, and then this thread loads or builds it
+        while later claims of ``slot`` wait."""
+        plan = self._wait_or_take(slot, memory)
+        if plan is not None:
+            yield plan
+            return
+        try:
+            yield None
+        finally:
+            self._release(slot, lookup=True)
+
+    def _wait_or_take(self, slot: Slot, memory: _Memory) -> Any:
+        """The plan once another thread has put it in ``memory``; None once this thread
+        holds ``slot`` (nobody else loading it, and it is not in memory)."""
+        while True:
+            with self._cond:
+                event = self._busy.get(slot)
+                if event is None:
+                    plan = memory.get(slot)  # finished while this lookup was on its way here
+                    if plan is None:
+                        self._busy[slot] = threading.Event()
+                        self._lookups += 1
+                    return plan
+            event.wait()  # the other thread always sets it, whatever happened to its load
+            plan = memory.get(slot)
+            if plan is not None:
+                return plan
+            # Its load failed: this thread tries, as the lookup it is.
+
+    @contextlib.contextmanager
+    def try_claim(self, slot: Slot, memory: _Memory) -> Iterator[bool]:
+        """For the primer: yields True when this thread now loads ``slot``; False when it
+        is in ``memory`` or another thread is loading it (never waits)."""
+        with self._cond:
+            if slot in self._busy or memory.get(slot) is not None:
+                mine = False
+            else:
+                self._busy[slot] = threading.Event()
+                mine = True
+        if not mine:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._release(slot, lookup=False)
+
+    def wait_until_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no lookup is loading or building; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._lookups == 0, timeout=timeout)
+
+    def _release(self, slot: Slot, *, lookup: bool) -> None:
+        with self._cond:
+            self._busy.pop(slot).set()
+            if lookup:
+                self._lookups -= 1
+            self._cond.notify_all()
+
+    def after_fork(self) -> None:
+        """In a forked child: loads under way belong to the parent's threads."""
+        self._cond = threading.Condition()
+        self._busy = {}
+        self._lookups = 0

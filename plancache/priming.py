@@ -1,0 +1,104 @@
+"""Priming: loading stored plans into memory on a background thread, before they are asked for.
+
+A warm start spends its time in cuDNN's first use of each engine family (loading kernels,
+~85-100 ms each on an H200) and in creating handles; a lookup pays it whether or not the
+plan was built in this process. Paid on a background thread while the program imports
+and loads its weights, it is gone from the first step.
+
+Auto-prime needs no code: each process records, per application, which plans it used
+(``LocalTier.note_use``, written with the hit counts), and a cache that opens starts a
+``Primer`` over the plans the application's latest run used, in the order it used them.
+The application is ``PLANCACHE_APP``, else the entry script (plus the local rank when a
+launcher sets ``LOCAL_RANK``, since each rank uses its own device). ``PLANCACHE_AUTO_PRIME=0``
+turns priming off; use is still recorded, so turning it back on works at the next start.
+
+A primed plan is loaded exactly as a lookup loads it (judged sound, then deserialized on
+its device) and kept in the memory tier, so the lookup is a memory hit. A lookup of a plan
+being primed waits for that load instead of loading it twice; the primer starts a load
+only while no lookup is loading or building, and never writes to the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Primer", "app_name"]
+
+log = logging.getLogger("plancache")
+
+
+def app_name() -> str:
+    """The application whose plan use is recorded: ``PLANCACHE_APP``, else the entry
+    script's absolute path (``python -m pkg.mod``: the module's file), else ``python``
+    for an interactive interpreter; with ``#rank{LOCAL_RANK}`` when a launcher sets it."""
+    name = os.environ.get("PLANCACHE_APP", "").strip()
+    if not name:
+        main = sys.modules.get("__main__")
+        script = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else None)
+        name = str(Path(script).resolve()) if script else "python"
+    rank = os.environ.get("LOCAL_RANK", "").strip()
+    return f"{name}#rank{rank}" if rank else name
+
+
+class Primer(threading.Thread):
+    """Loads stored plans into a cache's memory tier, in order, on a daemon thread.
+
+    ``plans``: ``(key, device)`` pairs. ``report`` (complete after ``join``): ``primed``
+    (loaded by the primer), ``loaded`` (already in memory or loaded by a lookup
+    meanwhile), ``skipped`` {key: why: not stored, unsound, another environment, no such
+    device}, ``seconds``. Priming is an optimization: it never raises and never writes.
+    """
+
+    def __init__(self, cache: Any, plans: Iterable[tuple[str, int]] | None = None) -> None:
+        super().__init__(name="plancache-primer", daemon=True)
+        self.cache = cache
+        self.plans = list(plans) if plans is not None else None  # None: the app's latest run, read on the thread
+        self.report: dict[str, Any] = {"primed": 0, "loaded": 0, "skipped": {}, "seconds": 0.0}
+
+    def run(self) -> None:
+        started = time.perf_counter()
+        try:
+            plans = self.plans if self.plans is not None else self.cache.local.latest_run()
+            self._prime(plans)
+        except Exception as exc:  # never an error for the program: its lookups still work
+            log.warning("plancache: priming stopped: %s: %s", type(exc).__name__, exc)
+        self.report["seconds"] = time.perf_counter() - started
+
+    def _prime(self, plans: list[tuple[str, int]]) -> None:
+        cache, report = self.cache, self.report
+        environments: dict[int, Any] = {}
+        for digest, device in plans:
+            if cache.closed:
+                return
+            if device not in environments:
+                environments[device] = self._environment_of(device)
+            environment = environments[device]
+            if isinstance(environment, str):
+                report["skipped"][digest] = environment
+                continue
+            cache.backend.use_device(device)
+            outcome = cache.lookup.prime(digest, environment, device)
+            if outcome == "primed":
+                report["primed"] += 1
+            elif outcome == "loaded":
+                report["loaded"] += 1
+            else:
+                report["skipped"][digest] = outcome
+
+    def _environment_of(self, device: int) -> dict[str, Any] | str:
+        """The environment of ``device`` in this process, or why its plans are skipped."""
+        backend = self.cache.backend
+        try:
+            if not 0 <= device < backend.device_count():
+                return f"no device {device} here"
+            backend.use_device(device)  # this thread's device: a new thread starts on device 0
+            return dict(self.cache.environment_of(device))
+        except Exception as exc:  # no GPU now, a driver problem: the lookups will say
+            return f"device {device} unusable: {type(exc).__name__}: {exc}"

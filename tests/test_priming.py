@@ -1,0 +1,253 @@
+"""Auto-prime on the CPU test backend: which plans a run used is recorded per application
+and device, the next start of that application loads exactly those in the background, a
+lookup of a plan being primed waits for it instead of loading it twice, and priming never
+holds up a lookup it does not serve."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plancache import PlanCache, templates
+from plancache.config import ConfigError, auto_prime_from_env
+from plancache.priming import app_name
+from plancache.store import usage
+from plancache.testing import CpuTestBackend
+
+MakeCache = Callable[..., PlanCache]
+
+
+def conv(n: int) -> Any:
+    return templates.build("conv_bias_act", n=n, c=4, h=6, w=6, k=4, dtype="float32")
+
+
+class SlowLoads(CpuTestBackend):
+    """Loads of the keys in ``slow`` take ``delay`` seconds (as kernel loading does on a
+    GPU); others are immediate. Counts loads per key."""
+
+    def __init__(self, delay: float = 0.0, slow: set[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.delay = delay
+        self.slow = slow
+        self.loaded: list[str] = []
+        self.lock = threading.Lock()
+
+    def load(self, blob: bytes, tensors: Any, device: int | None = None) -> Any:
+        native = super().load(blob, tensors, device)
+        digest = self._digest_of(blob)
+        if self.slow is None or digest in self.slow:
+            time.sleep(self.delay)
+        with self.lock:
+            self.loaded.append(digest)
+        return native
+
+    keys_by_blob: dict[bytes, str] = {}
+
+    def _digest_of(self, blob: bytes) -> str:
+        return self.keys_by_blob.get(blob, "?")
+
+
+def fill(make_cache: MakeCache, app: str, batches: list[int], device: int = 0, devices: int = 1) -> list[str]:
+    """One run of ``app`` that looks up conv(n) for each n, in order, on ``device``."""
+    backend = CpuTestBackend(devices=devices)
+    backend.use_device(device)
+    cache = make_cache(backend=backend, auto_prime=False, app=app)
+    keys = [cache.get(conv(n)).key for n in batches]
+    cache.close()  # writes what the run used
+    return keys
+
+
+def remember_blobs(cache_dir: Path) -> None:
+    with sqlite3.connect(cache_dir / "plans.db") as conn:
+        SlowLoads.keys_by_blob = {bytes(blob): key for key, blob in conn.execute("SELECT key, blob FROM plans")}
+
+
+def primed(cache: PlanCache) -> dict[str, Any]:
+    assert cache.primer is not None, "auto-prime did not start"
+    cache.primer.join(timeout=30)
+    assert not cache.primer.is_alive()
+    return cache.primer.report
+
+
+# ---------------------------------------------------------------------------- bookkeeping
+
+
+def test_a_run_records_the_plans_it_used_in_order_of_first_use(make_cache: MakeCache, cache_dir: Path) -> None:
+    keys = fill(make_cache, "app", [3, 1, 2, 1, 3])
+    with sqlite3.connect(cache_dir / "plans.db") as conn:
+        rows = conn.execute("SELECT key, device, seq FROM app_plans WHERE app = 'app' ORDER BY seq").fetchall()
+    assert [r[0] for r in rows] == keys[:3] and {r[1] for r in rows} == {0}
+
+
+def test_the_next_start_primes_exactly_the_latest_runs_plans_in_order(make_cache: MakeCache, cache_dir: Path) -> None:
+    fill(make_cache, "app", [1, 2, 3])
+    latest = fill(make_cache, "app", [4, 2])  # the latest run used conv(4), then conv(2)
+    fill(make_cache, "other app", [5])
+    remember_blobs(cache_dir)
+    backend = SlowLoads()
+    cache = make_cache(backend=backend, auto_prime=True, app="app")
+    report = primed(cache)
+    assert backend.loaded == latest, "primes the latest run's plans, in the order it first used them"
+    assert (report["primed"], report["loaded"], report["skipped"]) == (2, 0, {})
+    assert cache.counters["primed"] == 2 and cache.counters["hits"] == 0
+    for n in (4, 2):
+        assert cache.get(conv(n)).source == "loaded"
+    assert cache.counters["memory_hits"] == 2 and len(backend.loaded) == 2, "lookups of primed plans load nothing"
+    cache.get(conv(1))  # not primed: a store hit as usual
+    assert cache.counters["hits"] == 1
+
+
+def test_the_switch_turns_priming_off_and_use_is_still_recorded(make_cache: MakeCache, cache_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    fill(make_cache, "app", [1])
+    monkeypatch.setenv("PLANCACHE_AUTO_PRIME", "0")
+    backend = CpuTestBackend()
+    cache = make_cache(backend=backend, app="app")
+    assert cache.primer is None
+    cache.get(conv(2))
+    cache.close()
+    assert backend.loads == 0
+    monkeypatch.setenv("PLANCACHE_AUTO_PRIME", "1")
+    backend = CpuTestBackend()
+    report = primed(make_cache(backend=backend, app="app"))
+    assert report["primed"] == 1 and backend.loads == 1, "the run with priming off recorded conv(2)"
+
+
+@pytest.mark.parametrize(("value", "on"), [("", True), ("1", True), ("yes", True), ("0", False), ("off", False)])
+def test_auto_prime_switch_values(value: str, on: bool) -> None:
+    assert auto_prime_from_env({"PLANCACHE_AUTO_PRIME": value}) is on
+
+
+def test_a_bad_switch_value_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="PLANCACHE_AUTO_PRIME='maybe' is not a switch"):
+        auto_prime_from_env({"PLANCACHE_AUTO_PRIME": "maybe"})
+
+
+def test_the_application_is_the_entry_script_and_the_local_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import __main__
+
+    script = tmp_path / "train.py"
+    monkeypatch.delenv("PLANCACHE_APP", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(__main__, "__file__", str(script), raising=False)
+    assert app_name() == str(script.resolve())
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert app_name() == f"{script.resolve()}#rank3", "each local rank primes the plans of its own device"
+    monkeypatch.setenv("PLANCACHE_APP", "server")
+    assert app_name() == "server#rank3"
+
+
+def test_plans_are_primed_on_the_device_they_were_used_on(make_cache: MakeCache) -> None:
+    key = fill(make_cache, "app", [1], device=1, devices=2)[0]
+    backend = CpuTestBackend(devices=2)
+    cache = make_cache(backend=backend, auto_prime=True, app="app")
+    assert primed(cache)["primed"] == 1
+    assert (key, 1) in cache.memory and (key, 0) not in cache.memory
+    backend.use_device(1)
+    assert cache.get(conv(1)).device == 1 and cache.counters["memory_hits"] == 1
+
+
+def test_a_device_that_is_gone_is_skipped(make_cache: MakeCache) -> None:
+    key = fill(make_cache, "app", [1], device=1, devices=2)[0]
+    report = primed(make_cache(backend=CpuTestBackend(devices=1), auto_prime=True, app="app"))
+    assert report["primed"] == 0 and report["skipped"] == {key: "no device 1 here"}
+
+
+def test_a_busy_store_keeps_the_record_for_the_next_write(make_cache: MakeCache, cache_dir: Path) -> None:
+    cache = make_cache(auto_prime=False, app="app")
+    key = cache.get(conv(1)).key
+    blocker = sqlite3.connect(cache_dir / "plans.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    assert cache.local.flush(wait=False) is False, "gives way to the other writer at once"
+    blocker.execute("COMMIT")
+    assert cache.local.flush(wait=False) is True
+    assert usage.latest_run(cache.store, "app") == [(key, 0)]
+
+
+def test_runs_older_than_the_retention_are_dropped(cache: PlanCache) -> None:
+    now = time.time()
+    usage.record_usage(cache.store, "app", "old", now - usage.RETENTION_SECONDS - 10, {("k-old", 0): 1}, wait=True)
+    usage.record_usage(cache.store, "app", "new", now, {("k-new", 0): 1}, wait=True)
+    rows = cache.store.connection().execute("SELECT key FROM app_plans").fetchall()
+    assert [r[0] for r in rows] == ["k-new"]
+
+
+def test_a_row_a_later_run_took_over_is_not_taken_back(cache: PlanCache) -> None:
+    """Two runs of one application flush in any order: the later run's record stands."""
+    usage.record_usage(cache.store, "app", "later", 200.0, {("k", 0): 1}, wait=True)
+    usage.record_usage(cache.store, "app", "earlier", 100.0, {("k", 0): 5, ("j", 0): 1}, wait=True)
+    assert usage.latest_run(cache.store, "app") == [("k", 0)]
+
+
+# ---------------------------------------------------------------------------- lookups and the primer
+
+
+def test_a_lookup_of_a_plan_being_primed_waits_for_it_instead_of_loading_it_twice(make_cache: MakeCache,
+                                                                                   cache_dir: Path) -> None:  # fmt: skip
+    keys = fill(make_cache, "app", [1, 2])
+    remember_blobs(cache_dir)
+    backend = SlowLoads(delay=0.4)
+    cache = make_cache(backend=backend, auto_prime=True, app="app")
+    deadline = time.monotonic() + 5
+    while not backend.loaded and not cache.lookup.loads._busy and time.monotonic() < deadline:
+        time.sleep(0.005)  # until the primer has claimed its first plan
+    plan = cache.get(conv(1))
+    primed(cache)
+    assert plan.key == keys[0]
+    assert backend.loaded.count(keys[0]) == 1, "loaded once, by the primer; the lookup waited for it"
+    assert cache.counters["hits"] == 0 and cache.counters["memory_hits"] == 0
+
+
+def test_priming_never_holds_up_a_lookup_it_does_not_serve(make_cache: MakeCache, cache_dir: Path) -> None:
+    primed_keys = fill(make_cache, "app", [1, 2, 3])
+    other = fill(make_cache, "another app", [4])[0]
+    remember_blobs(cache_dir)
+    backend = SlowLoads(delay=0.5, slow=set(primed_keys))
+    cache = make_cache(backend=backend, auto_prime=True, app="app")
+    deadline = time.monotonic() + 5
+    while not cache.lookup.loads._busy and time.monotonic() < deadline:
+        time.sleep(0.005)  # the primer is inside its first (slow) load
+    started = time.perf_counter()
+    plan = cache.get(conv(4))
+    took = time.perf_counter() - started
+    assert plan.key == other and took < 0.25, f"a lookup the primer does not serve took {took:.3f} s"
+    report = primed(cache)
+    assert report["primed"] == 3
+
+
+def test_the_primer_gives_way_while_a_lookup_builds(make_cache: MakeCache, cache_dir: Path) -> None:
+    """A miss holds its claim while it autotunes; the primer starts no load meanwhile."""
+    fill(make_cache, "app", [1, 2])
+    backend = SlowLoads(build_delay=0.1)  # 4 candidates: ~0.4 s of building
+    cache = make_cache(backend=backend, auto_prime=False, app="app")
+    builder = threading.Thread(target=cache.get, args=(conv(7),))
+    builder.start()
+    deadline = time.monotonic() + 5
+    while not cache.lookup.loads._lookups and time.monotonic() < deadline:
+        time.sleep(0.005)
+    from plancache.priming import Primer
+
+    primer = Primer(cache)
+    primer.start()
+    time.sleep(0.15)
+    assert backend.loaded == [], "no load started while the lookup was building"
+    builder.join(timeout=10)
+    primer.join(timeout=10)
+    assert primer.report["primed"] == 2
+
+
+def test_closing_the_cache_stops_the_primer_between_plans(make_cache: MakeCache, cache_dir: Path) -> None:
+    fill(make_cache, "app", [1, 2, 3, 4])
+    remember_blobs(cache_dir)
+    backend = SlowLoads(delay=0.2)
+    cache = make_cache(backend=backend, auto_prime=True, app="app")
+    time.sleep(0.05)
+    cache.close()
+    report = primed(cache)
+    assert report["primed"] <= 1 and len(backend.loaded) <= 1
