@@ -1,0 +1,537 @@
+#!/usr/bin/env python3
+"""Model benchmark: start-up and step time of the example model in PyTorch eager, torch.compile and plancache.
+
+The model of ``examples/resnet_attention.py`` (three fused convolutions and an attention
+block, batch 8, bf16) runs in a fresh process per mode, in this order:
+
+  eager              the model in PyTorch eager (``forward_eager``), no plancache
+  compile-cold       ``torch.compile`` (default mode) of that model, empty inductor and triton caches
+  compile-warm       the same with the caches the cold run filled
+  plancache-nocache  the model through cuDNN graphs with heuristic builds, no cache (``RawPlans``)
+  plancache-cold     through plancache on an empty cache directory: autotunes and stores
+  plancache-warm     the same program on the filled directory, auto-prime off (PLANCACHE_AUTO_PRIME=0)
+  plancache-primed   the same program and directory, auto-prime on (the default)
+
+Every process runs the same program: imports (and opens the cache), loads a checkpoint
+(the model's weights plus a ``--checkpoint-mb`` MiB stand-in for a real model's other
+weights) onto the GPU, computes the first output, then times steps and a CUDA-graph
+replay of one step, and checks both outputs against the float32 PyTorch reference.
+Prints a table; ``--out FILE`` also writes every figure as JSON. Needs an NVIDIA GPU.
+"""
+
+# ruff: noqa: E402 - the start stamp comes before the other imports on purpose
+from __future__ import annotations
+
+import time
+
+T_START = time.perf_counter()  # first thing in a fresh process: before torch is imported
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the working tree's plancache, as scripts/gpu-check runs it
+EXAMPLE_PATH = REPO / "examples" / "resnet_attention.py"
+
+MODES = ["eager", "compile-cold", "compile-warm", "plancache-nocache", "plancache-cold", "plancache-warm", "plancache-primed"]
+# A warm mode measures nothing without the cold run that fills its cache before it.
+PREREQUISITES = {"compile-warm": "compile-cold", "plancache-warm": "plancache-cold", "plancache-primed": "plancache-cold"}
+COLD_MODES = ("compile-cold", "plancache-cold")  # run once: a second run would find the cache filled
+APP = "bench_model"  # PLANCACHE_APP of every plancache mode: the primed run primes from what the earlier runs used
+STAND_IN = "embedding"  # the checkpoint's stand-in for a real model's other weights
+CHILD_TIMEOUT_S = 900
+CAPTURE_WARMUP = 3
+NO_GPU = (
+    "bench_model.py: this times the example model on the GPU and needs an NVIDIA GPU (torch.cuda.is_available() is False); "
+    "without one, `python -m pytest tests/test_example.py` runs the model through plancache on the CPU test backend"
+)
+MEDIAN_KEYS = (
+    "import_s",
+    "weights_s",
+    "first_output_after_weights_s",
+    "first_output_s",
+    "step_ms",
+    "captured_step_ms",
+    "process_s",
+)
+WORST_KEYS = ("rel_error", "captured_rel_error")
+
+
+def load_example() -> ModuleType:
+    """examples/resnet_attention.py by its path: ``examples`` is no package, and a package of
+    that name installed elsewhere would win over a namespace package."""
+    spec = importlib.util.spec_from_file_location("resnet_attention", EXAMPLE_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["resnet_attention"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------- pure helpers (tested on the CPU)
+
+
+def select_modes(text: str | None) -> list[str]:
+    """The modes of ``--modes a,b,c`` in the canonical order, with the cold mode each warm one
+    needs; all modes when ``text`` is None. Raises ValueError naming an unknown mode."""
+    if text is None:
+        return list(MODES)
+    wanted = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = sorted(wanted - set(MODES))
+    if unknown:
+        raise ValueError(f"unknown mode(s) {', '.join(unknown)}; the modes are {', '.join(MODES)}")
+    if not wanted:
+        raise ValueError(f"no mode given; the modes are {', '.join(MODES)}")
+    wanted |= {PREREQUISITES[m] for m in wanted if m in PREREQUISITES}
+    return [m for m in MODES if m in wanted]
+
+
+def runs_of(mode: str, repeats: int) -> int:
+    return 1 if mode in COLD_MODES else max(1, repeats)
+
+
+def mode_dir(mode: str, root: Path) -> Path | None:
+    """The plan cache directory of a plancache mode (shared by cold, warm and primed)."""
+    return root / "plancache" if mode in ("plancache-cold", "plancache-warm", "plancache-primed") else None
+
+
+def child_env(mode: str, root: Path, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of one child: the compile caches under ``root`` for the compile modes
+    (shared by cold and warm), the application name for the plancache modes, auto-prime
+    off for the warm mode only. Settings of the caller that would change a mode are dropped."""
+    env = {
+        k: v
+        for k, v in base.items()
+        if k not in ("PLANCACHE_AUTO_PRIME", "PLANCACHE_APP", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    }
+    if mode.startswith("compile-"):
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(root / "compile" / "inductor")
+        env["TRITON_CACHE_DIR"] = str(root / "compile" / "triton")
+    if mode.startswith("plancache-"):
+        env["PLANCACHE_APP"] = APP
+        if mode == "plancache-warm":
+            env["PLANCACHE_AUTO_PRIME"] = "0"
+    return env
+
+
+def last_json(stdout: str) -> dict[str, Any] | None:
+    """The last line of a child's stdout that is a JSON object (the child prints one after
+    its step timings and a complete one at the end)."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _numbers(runs: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in runs if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+
+
+def aggregate(mode: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One table row from a mode's runs: the median of each timing, the worst relative
+    error, every error and capture failure, and the last run's counters and stats."""
+    row: dict[str, Any] = {"mode": mode, "runs": len(runs)}
+    for key in MEDIAN_KEYS:
+        values = _numbers(runs, key)
+        row[key] = statistics.median(values) if values else None
+    for key in WORST_KEYS:
+        values = _numbers(runs, key)
+        row[key] = max(values) if values else None
+    errors = [r["error"] for r in runs if r.get("error")]
+    row["error"] = "; ".join(errors) or None
+    capture_errors = [r["capture_error"] for r in runs if r.get("capture_error")]
+    row["capture_error"] = capture_errors[0] if capture_errors else None
+    row["weights_match"] = all(r.get("weights_match", True) is not False for r in runs)
+    for key in ("counters", "stats", "dynamo"):
+        found = [r[key] for r in runs if r.get(key) is not None]
+        if found:
+            row[key] = found[-1]
+    return row
+
+
+def problems(rows: list[dict[str, Any]], tolerance: float) -> list[str]:
+    """What makes the bench fail: a mode that failed, an output off the reference by more
+    than ``tolerance`` (or never checked), weights that did not survive the checkpoint."""
+    found = []
+    for r in rows:
+        if r.get("error"):
+            found.append(f"{r['mode']} failed")
+        if r.get("rel_error") is None or r["rel_error"] > tolerance:
+            found.append(f"{r['mode']}: first output off the float32 reference (rel error {r.get('rel_error')})")
+        if r.get("captured_rel_error") is not None and r["captured_rel_error"] > tolerance:
+            found.append(f"{r['mode']}: captured output off the float32 reference (rel error {r['captured_rel_error']})")
+        if r.get("weights_match") is False:
+            found.append(f"{r['mode']}: weights loaded from the checkpoint differ from the example's")
+    return found
+
+
+def _cell(value: Any, width: int, spec: str, scale: float = 1.0) -> str:
+    return f"{'n/a':>{width}}" if value is None else f"{value * scale:{width}{spec}}"
+
+
+NOTES = [
+    "eager: the model in PyTorch eager (bf16, PyTorch's own kernels), no plancache",
+    "compile-cold / compile-warm: torch.compile of the eager model in its default mode (the first call compiles), "
+    "with empty / filled TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR; mode='reduce-overhead' is not used (one compile mode): "
+    "its captured step is the compiled step in a plain CUDA graph",
+    "plancache-nocache: the same cuDNN graphs with heuristic builds and no cache (what a program does without plancache)",
+    "plancache-cold: plancache on an empty cache directory (autotunes, stores); -warm: the same program on the filled "
+    "directory with PLANCACHE_AUTO_PRIME=0; -primed: the same with auto-prime on (the default), which loads the plans "
+    "of the application's last run on a background thread while the program loads its weights",
+    "every process loads the same checkpoint (torch.load, every tensor to the GPU) between its imports and its first step; "
+    "the parent wrote it just before, so it is read from the OS page cache",
+    "first output after weights: from the weights on the GPU to the first output (input, plans or compile, first step); "
+    "from process start: from the child's first statement, before `import torch`",
+    "step: median of {steps} steps after {warmup} untimed ones, each CUDA-synchronized and timed alone (host + GPU); "
+    "captured step: the same for replays of one step captured in a CUDA graph (plancache.capture for the plancache modes, "
+    "torch.cuda.graph for eager and compile)",
+    "process s: the whole fresh process, timed by the parent; each figure is the median of --repeats processes "
+    "(cold modes run once: a second run would be warm)",
+    "rel err: the larger of the first output's and the captured replay's relative error against the float32 PyTorch reference",
+]
+
+
+def format_table(rows: list[dict[str, Any]], header: Mapping[str, Any]) -> str:
+    """The printed table: a header line of the set-up, one row per mode, then the notes."""
+    lines = [
+        f"\nexample model (3 fused convs + attention block, batch {header.get('batch')}, bf16), "
+        f"{header.get('date')}, {header.get('gpu')}, torch {header.get('torch')}, cuDNN {header.get('cudnn')}, "
+        f"cuDNN frontend {header.get('cudnn_frontend')}, checkpoint {header.get('checkpoint_mb')} MiB, "
+        f"repeats {header.get('repeats')}",
+        f"{'mode':18} {'first output after weights ms':>30} {'first output from start s':>26} {'step ms':>9} "
+        f"{'captured step ms':>17} {'process s':>10} {'rel err':>9}",
+    ]
+    for r in rows:
+        if r.get("error") and r.get("first_output_s") is None:
+            lines.append(f"{r['mode']:18} failed: {str(r['error']).splitlines()[0][:200]}")
+            continue
+        lines.append(
+            f"{r['mode']:18} {_cell(r.get('first_output_after_weights_s'), 30, '.1f', 1e3)} "
+            f"{_cell(r.get('first_output_s'), 26, '.3f')} {_cell(r.get('step_ms'), 9, '.3f')} "
+            f"{_cell(r.get('captured_step_ms'), 17, '.3f')} {_cell(r.get('process_s'), 10, '.2f')} "
+            f"{_cell(_worst(r), 9, '.1e')}"
+        )
+    notes = [n.format(steps=header.get("steps"), warmup=header.get("warmup")) for n in NOTES]
+    for r in rows:
+        if r.get("capture_error"):
+            notes.append(f"captured step n/a for {r['mode']}: {str(r['capture_error']).splitlines()[0][:300]}")
+        if r.get("error") and r.get("first_output_s") is not None:
+            notes.append(f"{r['mode']} failed after its step timings: {str(r['error']).splitlines()[0][:300]}")
+    lines += ["notes:"] + [f"  - {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def _worst(row: Mapping[str, Any]) -> float | None:
+    values = [v for v in (row.get("rel_error"), row.get("captured_rel_error")) if v is not None]
+    return max(values) if values else None
+
+
+# ---------------------------------------------------------------------- the child: one fresh process, one mode
+
+
+def rel_error(out: Any, ref: Any) -> float:
+    return float((out.float() - ref).norm() / ref.norm().clamp_min(1e-12))
+
+
+def open_plans(mode: str, directory: str | None, example: ModuleType) -> Any:
+    """The plans object of a plancache mode, created as soon as plancache is imported (which
+    is when a cache with auto-prime starts loading plans); None for eager and compile."""
+    if mode == "plancache-nocache":
+        return example.RawPlans()
+    if mode.startswith("plancache-"):
+        import plancache  # noqa: F401 - imported here, as a program would at its start
+
+        return example.CachedPlans(directory or "")
+    return None
+
+
+def load_checkpoint(torch: Any, path: str, conv_layers: list[str]) -> dict[str, Any]:
+    """What a real program does before its first step: read the checkpoint, then move every
+    tensor to the GPU (conv weights channels_last, as ``weights()`` builds them)."""
+    loaded = torch.load(path, map_location="cpu", mmap=False, weights_only=True)
+    on_gpu = {}
+    for name, tensor in loaded.items():
+        t = tensor.to("cuda")
+        on_gpu[name] = t.to(memory_format=torch.channels_last) if name in conv_layers else t
+    return on_gpu
+
+
+def make_step(mode: str, example: ModuleType, torch: Any, plans: Any, w: dict[str, Any], x: Any) -> tuple[Callable[[], Any], Any]:
+    """The step of a mode and, for the compile modes, the compiled function."""
+    if plans is not None:
+        return (lambda: example.forward(plans, torch, w, x)), None
+    if mode.startswith("compile-"):
+
+        def model(weights: dict[str, Any], inp: Any) -> Any:
+            return example.forward_eager(torch, weights, inp)
+
+        compiled = torch.compile(model)  # the default mode; it compiles on the first call
+        return (lambda: compiled(w, x)), compiled
+    return (lambda: example.forward_eager(torch, w, x)), None
+
+
+def graph_capture(torch: Any, step: Callable[[], Any], warmup: int = CAPTURE_WARMUP) -> Callable[[], Any]:
+    """PyTorch's CUDA graph recipe: warm-up on a side stream, capture one step, and a
+    replay function that returns the captured step's (static) output."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = step()
+
+    def replay() -> Any:
+        graph.replay()
+        return output
+
+    return replay
+
+
+def capture_step(mode: str, torch: Any, step: Callable[[], Any]) -> Callable[[], Any]:
+    if mode.startswith("plancache-"):
+        import plancache
+
+        captured = plancache.capture(step, warmup=CAPTURE_WARMUP)
+        return captured.replay
+    return graph_capture(torch, step)
+
+
+def single_tensor(out: Any) -> Any:
+    """The model's output tensor, also when a replay returns it inside a tuple or list."""
+    while isinstance(out, (tuple, list)) and len(out) == 1:
+        out = out[0]
+    return out
+
+
+def _cache_figures(plans: Any) -> dict[str, Any]:
+    """The cache's counters and stats, whatever this version of plancache offers."""
+    cache = getattr(plans, "cache", None)
+    if cache is None:
+        return {}
+    figures: dict[str, Any] = {"counters": dict(getattr(cache, "counters", {}) or {})}
+    try:
+        figures["stats"] = cache.stats()
+    except Exception as exc:  # figures only: never fail the run for them
+        figures["stats"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return figures
+
+
+def _dynamo_figures() -> dict[str, Any]:
+    """Graph breaks and graphs of the compile modes (a private counter: None if it moved)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return {"graph_breaks": sum(counters["graph_break"].values()), "unique_graphs": counters["stats"]["unique_graphs"]}
+    except Exception:
+        return {"graph_breaks": None, "unique_graphs": None}
+
+
+def emit(result: dict[str, Any]) -> None:
+    print(json.dumps(result, default=str), flush=True)
+
+
+def run_child(mode: str, directory: str | None, checkpoint: str) -> dict[str, Any]:
+    t_start = T_START
+    example = load_example()  # standard library only: torch is imported next
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(NO_GPU)
+    plans = open_plans(mode, directory, example)
+    t_imported = time.perf_counter()
+
+    conv_layers = [layer for layer, name, _ in example.LAYERS if name == "conv_bias_act"]
+    loaded = load_checkpoint(torch, checkpoint, conv_layers)
+    torch.cuda.synchronize()
+    t_weights = time.perf_counter()
+    w = {k: v for k, v in loaded.items() if k != STAND_IN}  # the model gets its own weights only, in every mode
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(example.N, 64, 56, 56, generator=g).to(torch.bfloat16).cuda().to(memory_format=torch.channels_last)
+    step, compiled = make_step(mode, example, torch, plans, w, x)
+    out = single_tensor(step())
+    torch.cuda.synchronize()
+    t_first = time.perf_counter()
+
+    times = example.step_times_ms(torch, step)
+    result: dict[str, Any] = {
+        "mode": mode, "import_s": t_imported - t_start, "weights_s": t_weights - t_imported,
+        "first_output_after_weights_s": t_first - t_weights, "first_output_s": t_first - t_start,
+        "step_ms": statistics.median(times), "step_ms_min": min(times), "steps": len(times),
+        "captured_step_ms": None, "rel_error": None, "captured_rel_error": None, "capture_error": None,
+    }  # fmt: skip
+    emit(result)  # the step timings survive a capture that leaves the GPU unusable
+
+    captured_out = None
+    try:
+        replay = capture_step(mode, torch, step)
+        captured_times = example.step_times_ms(torch, replay)
+        captured_out = single_tensor(replay())
+        torch.cuda.synchronize()
+        result["captured_step_ms"] = statistics.median(captured_times)
+    except Exception as exc:  # one mode's capture failing is a figure, not a failed bench
+        result["capture_error"] = f"{type(exc).__name__}: {exc}"[:2000]
+
+    # Correctness, after every timing: the float32 reference, and the checkpoint's weights
+    # against the example's own (same values, dtype, shape and memory layout).
+    ref = example.forward_pytorch(torch, w, x)
+    result["rel_error"] = rel_error(out, ref)
+    if captured_out is not None:
+        result["captured_rel_error"] = rel_error(captured_out, ref)
+    expected = example.weights(torch, device="cuda")
+    result["weights_match"] = expected.keys() == w.keys() and all(
+        w[k].dtype == t.dtype and w[k].shape == t.shape and w[k].stride() == t.stride() and bool(torch.equal(w[k], t))
+        for k, t in expected.items()
+    )
+    result["checkpoint_tensors"] = len(loaded)
+    if compiled is not None:
+        result["dynamo"] = _dynamo_figures()
+    result.update(_cache_figures(plans))
+    if getattr(plans, "cache", None) is not None:
+        plans.cache.close()
+    return result
+
+
+# ---------------------------------------------------------------------- the parent
+
+
+def write_checkpoint(torch: Any, example: ModuleType, path: Path, megabytes: int) -> Path:
+    """The model's weights (``weights()`` on the CPU) plus a ``megabytes`` MiB bfloat16
+    stand-in for a real model's other weights, saved with torch.save."""
+    state = dict(example.weights(torch, device="cpu"))
+    if megabytes > 0:
+        g = torch.Generator().manual_seed(2)
+        block = (torch.randn(512, 1024, generator=g) * 0.02).to(torch.bfloat16)  # 1 MiB: 512 rows of 1024 bf16
+        state[STAND_IN] = block.repeat(megabytes, 1)
+    torch.save(state, path)
+    return path
+
+
+def run_mode(mode: str, root: Path, checkpoint: Path, index: int) -> dict[str, Any]:
+    """One fresh process of ``mode``; its JSON plus the process's wall time (and an error
+    instead of an exception when it fails, so the other modes still run)."""
+    args = [sys.executable, str(Path(__file__).resolve()), "--mode", mode, "--checkpoint", str(checkpoint)]
+    directory = mode_dir(mode, root)
+    if directory is not None:
+        args += ["--dir", str(directory)]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            args, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=child_env(mode, root, os.environ)
+        )
+    except subprocess.TimeoutExpired:
+        return {"mode": mode, "error": f"timed out after {CHILD_TIMEOUT_S} s", "process_s": time.perf_counter() - started}
+    process_s = time.perf_counter() - started
+    result = last_json(done.stdout) or {"mode": mode}
+    result["process_s"] = process_s
+    result["stderr_tail"] = done.stderr[-2000:]  # warnings and logs of the run, for the JSON only
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        tail = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
+        result["error"] = f"exit code {done.returncode}: {tail[0]}"
+    print(f"  bench_model: {mode:18} run {index + 1} done in {process_s:.1f} s{' (FAILED)' if done.returncode else ''}",
+          file=sys.stderr)  # fmt: skip
+    return result
+
+
+def header_info(torch: Any, example: ModuleType, opts: argparse.Namespace) -> dict[str, Any]:
+    try:
+        import cudnn
+
+        frontend = cudnn.__version__
+    except Exception as exc:
+        frontend = f"unavailable ({type(exc).__name__})"
+    return {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "cudnn": torch.backends.cudnn.version(), "cudnn_frontend": frontend, "batch": example.N,
+            "checkpoint_mb": opts.checkpoint_mb, "repeats": opts.repeats, "steps": example.STEPS,
+            "warmup": example.WARMUP_STEPS, "tolerance": example.TOLERANCE}  # fmt: skip
+
+
+def make_root(keep: str | None) -> Path:
+    if keep is None:
+        return Path(tempfile.mkdtemp(prefix="plancache-bench-model-"))
+    root = Path(keep).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", help="write every row (and each run) as JSON here")
+    parser.add_argument("--modes", help=f"a comma-separated subset of {','.join(MODES)} (run in that order; "
+                        "a warm mode brings its cold mode)")  # fmt: skip
+    parser.add_argument(
+        "--checkpoint-mb", type=int, default=1024, help="MiB of stand-in weights in the checkpoint (default 1024)"
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="fresh processes per mode; cold modes run once (default 1)")
+    parser.add_argument("--keep", metavar="DIR", help="put the checkpoint and caches in DIR (new or empty) and keep them")
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one child run, printed as JSON
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+    try:
+        opts.modes = select_modes(opts.modes)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if opts.checkpoint_mb < 0 or opts.repeats < 1:
+        parser.error("--checkpoint-mb must be >= 0 and --repeats >= 1")
+    if opts.keep and Path(opts.keep).exists() and any(Path(opts.keep).iterdir()):
+        parser.error(f"--keep {opts.keep}: the directory must be new or empty (the cold modes need empty caches)")
+    if opts.mode and not opts.checkpoint:
+        parser.error("--mode needs --checkpoint FILE")
+    return opts
+
+
+def main() -> None:
+    opts = parse_args()
+    if opts.mode:
+        emit(run_child(opts.mode, opts.dir, opts.checkpoint))
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(NO_GPU)
+    example = load_example()
+    root = make_root(opts.keep)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    try:
+        checkpoint = write_checkpoint(torch, example, root / "checkpoint.pt", opts.checkpoint_mb)
+        checkpoint_bytes = checkpoint.stat().st_size
+        for mode in opts.modes:
+            runs[mode] = [run_mode(mode, root, checkpoint, i) for i in range(runs_of(mode, opts.repeats))]
+    finally:
+        if opts.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+    rows = [aggregate(mode, runs[mode]) for mode in opts.modes]
+    header = header_info(torch, example, opts)
+    header["checkpoint_bytes"] = checkpoint_bytes
+    print(format_table(rows, header))
+    if opts.out:
+        Path(opts.out).write_text(json.dumps({"header": header, "rows": rows, "runs": runs}, indent=2, default=str))
+    failed = problems(rows, example.TOLERANCE)
+    if failed:
+        raise SystemExit("bench_model.py: " + "; ".join(failed))
+
+
+if __name__ == "__main__":
+    main()
