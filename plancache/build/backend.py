@@ -93,6 +93,10 @@ class Backend(Protocol):
         """Index of the calling thread's current device."""
         ...
 
+    def device_count(self) -> int:
+        """How many devices this process can use (what ``prewarm --devices all`` shards over)."""
+        ...
+
     def candidates(
         self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None
     ) -> CandidateSet:

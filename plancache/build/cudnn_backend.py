@@ -397,6 +397,10 @@ class CudnnBackend:
         """Make ``index`` this thread's current device (new threads start on device 0)."""
         _torch().cuda.set_device(index)
 
+    def device_count(self) -> int:
+        """Visible CUDA devices (``CUDA_VISIBLE_DEVICES`` applies); 0 without a GPU."""
+        return int(_torch().cuda.device_count())
+
     def environment(self, device: int | None = None) -> dict[str, Any]:
         self._require_gpu()
         device = self.current_device() if device is None else device
