@@ -536,6 +536,33 @@ def _make_cache(obj: _Context) -> Any:
     return PlanCache(obj.directory, backend=backend, max_size=max_size)
 
 
+def _devices_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | list[int] | None:
+    """``--devices``: "all" or indices, checked before anything is created (the indices
+    against the machine's devices once the backend is known)."""
+    if value is None:
+        return None
+    from .workflows.sharding import parse_devices
+
+    try:
+        return parse_devices(value)
+    except ConfigError as exc:
+        raise click.BadParameter(exc.message) from exc
+
+
+def _resolve_devices(backend: Any, spec: str | list[int]) -> list[int]:
+    """The ``--devices`` indices on this machine: an index it lacks is a usage error."""
+    from .errors import NoGpuError
+    from .workflows.sharding import resolve_devices
+
+    count = backend.device_count()
+    if count < 1:
+        raise NoGpuError(f"prewarm --devices needs this machine's GPUs, and the {backend.name} backend sees none")
+    try:
+        return resolve_devices(spec, count)
+    except ConfigError as exc:
+        raise click.BadParameter(exc.message, param_hint="'--devices'") from exc
+
+
 @cli.command()
 @_common
 @click.argument("manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -546,10 +573,20 @@ def _make_cache(obj: _Context) -> Any:
 @click.option("--allow-code", is_flag=True,
               help="Run the manifest's builder entries (they import and call module:function) and apply its "
                    "pythonpath. Only for manifests you trust.")  # fmt: skip
+@click.option("--devices", "devices_spec", metavar="all|LIST", callback=_devices_option,
+              help="Share the entries across these GPUs of this machine, one worker process each: 'all' or "
+                   "indices such as 0,1 (default: the current GPU, in this process).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def prewarm(
-    obj: _Context, manifest: Path, dry_run: bool, policy: str | None, no_progress: bool, allow_code: bool, as_json: bool
+    obj: _Context,
+    manifest: Path,
+    dry_run: bool,
+    policy: str | None,
+    no_progress: bool,
+    allow_code: bool,
+    devices_spec: str | list[int] | None,
+    as_json: bool,
 ) -> None:
     """Build and autotune every graph MANIFEST names (JSON or TOML; see docs/prewarm.md).
 
@@ -560,6 +597,10 @@ def prewarm(
     unless --allow-code; then builder modules import from the current directory and the
     manifest's "pythonpath". --dry-run imports nothing: builder entries are listed
     without their keys.
+
+    --devices shares the entries across several GPUs of one environment (same model,
+    driver and libraries), one worker process per GPU; the keys are those of a one-GPU
+    prewarm.
     """
     from .key import BuildOptions
     from .workflows.manifest import code_references
@@ -576,9 +617,12 @@ def prewarm(
         sys.path.insert(0, os.getcwd())  # as `python -m` would: builder modules next to the user
     cache = _make_cache(obj)
     try:
+        devices = None
+        if devices_spec is not None:
+            devices = _resolve_devices(cache.backend, devices_spec)
         options = BuildOptions(policy=policy) if policy else None
         report = run_prewarm(cache, manifest, dry_run=dry_run, progress=not no_progress, options=options,
-                             allow_code=allow_code)  # fmt: skip
+                             allow_code=allow_code, devices=devices)  # fmt: skip
     finally:
         cache.close()
     _emit(report, as_json, summary_lines)

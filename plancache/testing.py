@@ -32,7 +32,7 @@ from .build.backend import BuiltPlan, EngineChoice
 from .errors import BuildError, InvalidGraphError
 from .key import BuildOptions, TensorSpec, canonical_json, describe, tensor_table
 
-__all__ = ["CpuTestBackend"]
+__all__ = ["CpuTestBackend", "TwoDeviceCpuTestBackend"]
 
 MAGIC = b"PLANCACHE-TEST-PLAN/1\n"
 
@@ -240,14 +240,14 @@ class CpuTestBackend:
     def current_device(self) -> int:
         return int(getattr(self._local, "device", 0))
 
+    def device_count(self) -> int:
+        return len(self._environments)
+
     def use_device(self, index: int) -> None:
         """This thread's current device from now on (like ``torch.cuda.set_device``)."""
         if not 0 <= index < len(self._environments):
             raise ValueError(f"no device {index}: the test backend has {len(self._environments)}")
         self._local.device = index
-
-    def device_count(self) -> int:
-        return len(self._environments)
 
     def after_fork(self) -> None:
         self._local = threading.local()
@@ -360,6 +360,16 @@ class CpuTestBackend:
             _stage_outputs(torch, native.tensors, values, pack, workspace)
         native.executions += 1
         self.launches += 1
+
+
+class TwoDeviceCpuTestBackend(CpuTestBackend):
+    """``CpuTestBackend`` with two identical devices unless told otherwise. A class that
+    needs no arguments can be named (``PLANCACHE_BACKEND=plancache.testing:TwoDeviceCpuTestBackend``)
+    and rebuilt by name in the worker processes of ``prewarm --devices``."""
+
+    def __init__(self, **options: Any) -> None:
+        options.setdefault("devices", 2)
+        super().__init__(**options)
 
 
 def _scratch_bytes(tensors: Sequence[TensorSpec]) -> int:

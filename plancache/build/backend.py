@@ -98,7 +98,7 @@ class Backend(Protocol):
         ...
 
     def device_count(self) -> int:
-        """How many devices this process can use."""
+        """How many devices this process can use (what ``prewarm --devices all`` shards over)."""
         ...
 
     def candidates(

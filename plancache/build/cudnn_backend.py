@@ -456,7 +456,7 @@ class CudnnBackend:
         _torch().cuda.set_device(index)
 
     def device_count(self) -> int:
-        self._require_gpu()
+        """Visible CUDA devices (``CUDA_VISIBLE_DEVICES`` applies); 0 without a GPU."""
         return int(_torch().cuda.device_count())
 
     def environment(self, device: int | None = None) -> dict[str, Any]:

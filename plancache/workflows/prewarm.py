@@ -11,8 +11,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any, TextIO
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TextIO
 
 from ..errors import ManifestError
 from ..key import BuildOptions, environment_id
@@ -95,7 +95,15 @@ def _describe_failure(entry: ManifestEntry, exc: Exception) -> str:
     return f"{entry.where}: {type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
 
 
-def _run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: set[str]) -> dict[str, Any]:
+class KeySet(Protocol):
+    """The keys met so far: a set in one process; with several devices, the parent's claims."""
+
+    def __contains__(self, digest: object) -> bool: ...
+
+    def add(self, digest: str) -> None: ...
+
+
+def _run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: KeySet) -> dict[str, Any]:
     record: dict[str, Any] = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None}
     if entry.listed_only:  # a dry run lists builder entries without importing them: no graph, no key
         record["status"] = "listed"
@@ -121,49 +129,20 @@ def _run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: b
     return record
 
 
-def prewarm(
-    cache: Any,
-    entries: Entries,
-    *,
-    dry_run: bool = False,
-    progress: bool = True,
-    options: BuildOptions | None = None,
-    allow_code: bool = True,
-) -> dict[str, Any]:
-    """Build and autotune every entry of a manifest (a path or ``ManifestEntry`` list).
-
-    Entries already stored are skipped and counted as hits; ``dry_run`` only computes the
-    keys of template and graph entries, and lists builder entries of a manifest file
-    without importing them (status ``listed``, no key) or touching ``sys.path``.
-    ``allow_code=False`` refuses a manifest file's builder entries and ``pythonpath``
-    (failed records). Entries without their own ``options`` use ``options`` (default: the
-    cache's). Returns ``{"total", "built", "hits", "failed", "would_build", "listed",
-    "duplicates", "seconds", "environment", "dry_run", "entries": [{"index", "line",
-    "label", "key", "status", "seconds", "error"?}]}`` where status is built | hit |
-    would_build | listed | duplicate | unpersisted | failed. A manifest's bad entries come
-    back as failed records.
-    """
-    started = time.perf_counter()
-    env_id = environment_id(cache.environment)  # no GPU: one clear error, not one per entry
-    todo, load_errors = _entries(entries, allow_code=allow_code, listing=dry_run)
-    options = options or cache.options
-    records = [_error_record(e) for e in load_errors]
-    seen: set[str] = set()
-    bar = _Progress(len(todo), progress)
+def _attempt(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: KeySet) -> dict[str, Any]:
+    """``_run_one``, timed; an exception becomes a failed record (the caller logs it)."""
+    t0 = time.perf_counter()
     try:
-        for entry in todo:
-            t0 = time.perf_counter()
-            try:
-                record = _run_one(cache, entry, options, dry_run, seen)
-            except Exception as exc:  # one bad entry is reported; the rest still run
-                record = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None, "status": "failed",
-                          "error": _describe_failure(entry, exc)}  # fmt: skip
-                log.warning("plancache: prewarm: %s", record["error"])
-            record["seconds"] = time.perf_counter() - t0
-            records.append(record)
-            bar.update(record["status"], record["seconds"])
-    finally:
-        bar.close()
+        record = _run_one(cache, entry, options, dry_run, seen)
+    except Exception as exc:  # one bad entry is reported; the rest still run
+        record = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None, "status": "failed",
+                  "error": _describe_failure(entry, exc)}  # fmt: skip
+    record["seconds"] = time.perf_counter() - t0
+    return record
+
+
+def _report(records: list[dict[str, Any]], dry_run: bool, env_id: str, started: float) -> dict[str, Any]:
+    """The report of a run from its records (the same with one device or several)."""
     count = {
         s: sum(r["status"] == s for r in records)
         for s in ("built", "hit", "failed", "would_build", "listed", "duplicate", "unpersisted")
@@ -182,6 +161,59 @@ def prewarm(
         "seconds": time.perf_counter() - started,
         "entries": records,
     }
+
+
+def prewarm(
+    cache: Any,
+    entries: Entries,
+    *,
+    dry_run: bool = False,
+    progress: bool = True,
+    options: BuildOptions | None = None,
+    allow_code: bool = True,
+    devices: str | Sequence[int] | None = None,
+    backend_factory: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
+    """Build and autotune every entry of a manifest (a path or ``ManifestEntry`` list).
+
+    Entries already stored are skipped and counted as hits; ``dry_run`` only computes the
+    keys of template and graph entries, and lists builder entries of a manifest file
+    without importing them (status ``listed``, no key) or touching ``sys.path``.
+    ``allow_code=False`` refuses a manifest file's builder entries and ``pythonpath``
+    (failed records). Entries without their own ``options`` use ``options`` (default: the
+    cache's). Returns ``{"total", "built", "hits", "failed", "would_build", "listed",
+    "duplicates", "seconds", "environment", "dry_run", "entries": [{"index", "line",
+    "label", "key", "status", "seconds", "error"?}]}`` where status is built | hit |
+    would_build | listed | duplicate | unpersisted | failed. A manifest's bad entries come
+    back as failed records.
+
+    ``devices`` ("all" or indices): the GPUs of this machine to share the entries across,
+    one worker process each (``plancache.workflows.sharding``); workers build their
+    backend with ``backend_factory`` (default: the cache backend's class). The report then
+    also has ``devices`` and each record its ``device``.
+    """
+    if devices is not None:
+        from .sharding import prewarm_on_devices  # multiprocessing only when asked for
+
+        return prewarm_on_devices(cache, entries, devices, dry_run=dry_run, progress=progress, options=options,
+                                  allow_code=allow_code, backend_factory=backend_factory)  # fmt: skip
+    started = time.perf_counter()
+    env_id = environment_id(cache.environment)  # no GPU: one clear error, not one per entry
+    todo, load_errors = _entries(entries, allow_code=allow_code, listing=dry_run)
+    options = options or cache.options
+    records = [_error_record(e) for e in load_errors]
+    seen: set[str] = set()
+    bar = _Progress(len(todo), progress)
+    try:
+        for entry in todo:
+            record = _attempt(cache, entry, options, dry_run, seen)
+            if record["status"] == "failed":
+                log.warning("plancache: prewarm: %s", record["error"])
+            records.append(record)
+            bar.update(record["status"], record["seconds"])
+    finally:
+        bar.close()
+    return _report(records, dry_run, env_id, started)
 
 
 def warm_start(
