@@ -2,7 +2,7 @@
 
 Keys depend on the GPU model, driver and library versions, never on a device index, so a
 plan built on device 1 is the plan device 0 would have built, provided both devices have
-one environment (checked before anything starts). Entries go to the workers one at a
+one environment (each worker reports its device's; nothing is built until all agree). Entries go to the workers one at a
 time, each worker asking for the next when it is done: build times differ by 100x between
 graphs, so a fixed split would leave devices idle. Workers are spawned, never forked (a
 forked CUDA context is unusable), and each makes its device current before any CUDA work.
@@ -10,7 +10,7 @@ forked CUDA context is unusable), and each makes its device current before any C
 Protocol, over one pipe per worker. Nothing is shared between workers, so a worker that
 dies, even halfway through a message, cannot block the others::
 
-    worker -> parent   ("ready",)          set up; send an entry
+    worker -> parent   ("ready", env)      set up, on a device of environment ``env``
                        ("claim", digest)   may this entry build that key? (answer: a bool)
                        ("record", record)  the entry is done; send the next
                        ("error", text)     could not set up (then it exits)
@@ -172,7 +172,7 @@ def _worker_main(device: int, conn: Any, factory: Callable[[], Any], config: dic
         raise SystemExit(1) from exc
     claims = _Claims(conn)
     try:
-        conn.send(("ready",))
+        conn.send(("ready", backend.environment(device)))
         while (position := conn.recv()) is not None:
             conn.send(("record", _attempt(cache, entries[position], options, False, claims)))
     except (EOFError, BrokenPipeError):
@@ -195,6 +195,7 @@ class _Worker:
     ready: bool = False
     stopped: bool = False  # told there is no more work
     alive: bool = True
+    environment: dict[str, Any] | None = None  # its device's, from its "ready"
     error: str | None = None  # why it could not set up
     reason: str = ""  # how it ended, once it has
 
@@ -222,6 +223,7 @@ class _Shard:
         self.claims: dict[int, str] = {}  # position -> the key it asked about
         self.owners: dict[str, int] = {}  # key -> the position that builds it
         self.workers: list[_Worker] = []
+        self.env_id: str | None = None  # once every worker that started agrees
 
     def run(
         self, factory: Callable[[], Any], config: dict[str, Any], portable: list[ManifestEntry], options: BuildOptions
@@ -278,10 +280,23 @@ class _Shard:
             w.position = None
             self._next(w)
         elif kind == "ready":
-            w.ready = True
-            self._next(w)
+            w.ready, w.environment = True, message[1]
+            self._start_when_all_ready()
         elif kind == "error":
             w.error = message[1]
+
+    def _start_when_all_ready(self) -> None:
+        """Once every live worker is set up: check that their devices share one environment
+        (a ``ConfigError`` otherwise, before anything is built), then give each an entry.
+        Checked in the workers, not here: this process then never touches a GPU."""
+        if self.env_id is not None or not all(w.ready for w in self.workers if w.alive):
+            return
+        ready = [w for w in self.workers if w.alive and w.ready]
+        if not ready:
+            return
+        self.env_id = check_environments({w.device: w.environment or {} for w in ready})
+        for w in ready:
+            self._next(w)
 
     def _next(self, w: _Worker) -> None:
         if self.pending:
@@ -314,6 +329,7 @@ class _Shard:
     def _lost(self, w: _Worker) -> None:
         """``w`` has exited (or closed its pipe): its entry, if it was on one, failed."""
         w.alive = False
+        self._start_when_all_ready()  # the others may have been waiting for this one
         w.process.join(5)
         w.reason = _exit_text(w.process.exitcode) + (f": {w.error}" if w.error else "")
         if w.position is not None:
@@ -384,10 +400,10 @@ def prewarm_on_devices(
     if not hasattr(backend, "use_device") and chosen != [backend.current_device()]:
         raise ConfigError(f"the {backend.name} backend cannot choose a device (it has no use_device)", name="devices",
                           value=chosen)  # fmt: skip
-    env_id = check_environments({d: backend.environment(d) for d in chosen})
     todo, load_errors = _entries(entries, allow_code=allow_code, listing=dry_run)
     options = options or cache.options
     if len(chosen) == 1 or dry_run or not todo:
+        env_id = check_environments({d: backend.environment(d) for d in chosen})
         previous = backend.current_device()
         if hasattr(backend, "use_device"):
             backend.use_device(chosen[0])
@@ -412,6 +428,7 @@ def prewarm_on_devices(
         finally:
             bar.close()
         settle_duplicates(records, shard.claims, todo)
+        env_id = shard.env_id or "unknown: no worker started"
     errors = [{**_error_record(e), "device": None} for e in load_errors]
     report = _report(errors + records, dry_run, env_id, started)
     report["devices"] = chosen
