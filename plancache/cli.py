@@ -533,7 +533,8 @@ def _make_cache(obj: _Context) -> Any:
 
     max_size = max_size_from_env()
     backend = _backend_from_env()
-    return PlanCache(obj.directory, backend=backend, max_size=max_size)
+    # No auto-prime: a command looks plans up once, it does not run a model's steps.
+    return PlanCache(obj.directory, backend=backend, max_size=max_size, auto_prime=False)
 
 
 def _devices_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | list[int] | None:

@@ -84,7 +84,7 @@ def _storage_geometry(
 class _Expect:
     """What one tensor of the plan must look like, resolved once per plan."""
 
-    __slots__ = ("alignment", "dims", "dtype_names", "dtypes", "spec", "stride_items", "strides")
+    __slots__ = ("alignment", "by_value", "dims", "dtype_names", "dtypes", "spec", "stride_items", "strides")
 
     def __init__(self, spec: TensorSpec) -> None:
         self.spec = spec
@@ -94,6 +94,7 @@ class _Expect:
         self.stride_items = tuple((i, s) for i, (d, s) in enumerate(zip(self.dims, self.strides)) if d != 1)
         self.dtype_names = TORCH_DTYPES.get(spec.dtype or "")
         self.alignment = max(1, int(getattr(spec, "alignment", DEFAULT_ALIGNMENT) or 1))
+        self.by_value = bool(spec.is_pass_by_value)  # a host scalar: nothing to check
         self.dtypes: tuple[Any, ...] | None = None  # torch dtype objects, resolved at first check
 
     def resolve(self) -> None:
@@ -202,7 +203,7 @@ class Plan:
             uid = name_to_uid.get(ref, ref) if ref.__class__ is str else ref
             expect = by_uid[uid]
             pack[uid] = tensor
-            if expect.spec.is_pass_by_value:
+            if expect.by_value:
                 continue
             dtypes = expect.dtypes
             if dtypes is None:
@@ -287,7 +288,14 @@ class Plan:
     def execute(self, tensors: Mapping[int | str, Any]) -> None:
         """Check ``tensors`` (by uid or name) and launch the plan on the current stream of
         the plan's device, with scratch memory of its own."""
-        pack = self.check(tensors)
+        pack = None
+        if tensors.__class__ is dict and len(tensors) == len(self._by_uid):  # the common case, without check()'s calls
+            try:
+                pack = self._checked(tensors)
+            except (AttributeError, TypeError, IndexError, KeyError, RuntimeError):
+                pack = None
+        if pack is None:
+            pack = self.check(tensors)  # names every problem, or accepts another kind of mapping
         launch = self._launch
         try:
             if launch is None:

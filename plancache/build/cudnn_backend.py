@@ -74,6 +74,16 @@ def driver_version() -> str:
     return "unknown"
 
 
+def _driver_device_count() -> int | None:
+    """``cuDeviceGetCount`` through the driver library (None when it cannot answer)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int()
+        if libcuda.cuInit(0) == 0 and libcuda.cuDeviceGetCount(ctypes.byref(count)) == 0:
+            return int(count.value)
+    return None
+
+
 def _gpu_available() -> bool:
     """Seam for tests: whether a CUDA device can be used."""
     try:
@@ -456,8 +466,11 @@ class CudnnBackend:
         _torch().cuda.set_device(index)
 
     def device_count(self) -> int:
-        """Visible CUDA devices (``CUDA_VISIBLE_DEVICES`` applies); 0 without a GPU."""
-        return int(_torch().cuda.device_count())
+        """Visible CUDA devices (``CUDA_VISIBLE_DEVICES`` applies); 0 without a GPU. Asked
+        of the driver when it answers, without importing torch: ``prewarm --devices all``
+        counts devices in a process that then only hands out work."""
+        count = _driver_device_count()
+        return count if count is not None else int(_torch().cuda.device_count())
 
     def environment(self, device: int | None = None) -> dict[str, Any]:
         self._require_gpu()

@@ -29,7 +29,7 @@ WHERE excluded.run_started >= app_plans.run_started
 """
 _LATEST = """
 SELECT key, device FROM app_plans
-WHERE app = ?1 AND run = (SELECT run FROM app_plans WHERE app = ?1 ORDER BY run_started DESC, run DESC LIMIT 1)
+WHERE app = :app AND run = (SELECT run FROM app_plans WHERE app = :app ORDER BY run_started DESC, run DESC LIMIT 1)
 ORDER BY seq
 """
 
@@ -59,7 +59,7 @@ def latest_run(store: Any, app: str) -> list[tuple[str, int]]:
     """``[(key, device)]`` the latest recorded run of ``app`` used, in the order it first
     used them; [] when ``app`` has no record."""
     try:
-        rows = store.connection().execute(_LATEST, (app,)).fetchall()
+        rows = store.connection().execute(_LATEST, {"app": app}).fetchall()
     except sqlite3.Error as exc:
         raise StoreError(f"cannot read the plans {app!r} used from {store.path}: {exc}", path=str(store.path)) from exc
     return [(str(r[0]), int(r[1])) for r in rows]

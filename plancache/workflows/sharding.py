@@ -363,7 +363,8 @@ def _worker_config(cache: Any) -> dict[str, Any]:
     read_only = cache.store is not None and cache.store.read_only
     return {"directory": str(cache.directory), "options": cache.options, "timing": cache.timing,
             "read_only": True if read_only else None, "max_size": cache.max_size or 0,
-            "lock_timeout": cache.lock_timeout, "persist_kernel_cache": cache.persist_kernel_cache}  # fmt: skip
+            "lock_timeout": cache.lock_timeout, "persist_kernel_cache": cache.persist_kernel_cache,
+            "auto_prime": False}  # fmt: skip
 
 
 def _portable(entry: ManifestEntry) -> ManifestEntry:
