@@ -158,7 +158,7 @@ def aggregate(mode: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     capture_errors = [r["capture_error"] for r in runs if r.get("capture_error")]
     row["capture_error"] = capture_errors[0] if capture_errors else None
     row["weights_match"] = all(r.get("weights_match", True) is not False for r in runs)
-    for key in ("counters", "stats", "dynamo"):
+    for key in ("counters", "stats", "dynamo", "primer"):
         found = [r[key] for r in runs if r.get(key) is not None]
         if found:
             row[key] = found[-1]
@@ -233,6 +233,11 @@ def format_table(rows: list[dict[str, Any]], header: Mapping[str, Any]) -> str:
             notes.append(f"captured step n/a for {r['mode']}: {str(r['capture_error']).splitlines()[0][:300]}")
         if r.get("error") and r.get("first_output_s") is not None:
             notes.append(f"{r['mode']} failed after its step timings: {str(r['error']).splitlines()[0][:300]}")
+        primer = r.get("primer")
+        if primer and primer.get("primed"):
+            notes.append(f"{r['mode']}: auto-prime loaded {primer['primed']} plans in {primer['seconds']:.3f} s from the cache's "
+                         f"opening; the weights took {primer['weights_s']:.3f} s; primer done when they were loaded: "
+                         f"{primer['done_when_weights_loaded']} (last run)")  # fmt: skip
     lines += ["notes:"] + [f"  - {n}" for n in notes]
     return "\n".join(lines)
 
@@ -364,6 +369,8 @@ def run_child(mode: str, directory: str | None, checkpoint: str) -> dict[str, An
     loaded = load_checkpoint(torch, checkpoint, conv_layers)
     torch.cuda.synchronize()
     t_weights = time.perf_counter()
+    primer = getattr(getattr(plans, "cache", None), "primer", None)
+    primer_done_at_weights = None if primer is None else not primer.is_alive()
     w = {k: v for k, v in loaded.items() if k != STAND_IN}  # the model gets its own weights only, in every mode
 
     g = torch.Generator().manual_seed(1)
@@ -407,6 +414,9 @@ def run_child(mode: str, directory: str | None, checkpoint: str) -> dict[str, An
     if compiled is not None:
         result["dynamo"] = _dynamo_figures()
     result.update(_cache_figures(plans))
+    if primer is not None:  # auto-prime: how long it took, and whether the weights outlasted it
+        result["primer"] = {**primer.report, "done_when_weights_loaded": primer_done_at_weights,
+                            "weights_s": t_weights - t_imported}  # fmt: skip
     if getattr(plans, "cache", None) is not None:
         plans.cache.close()
     return result
