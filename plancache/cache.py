@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -241,32 +240,10 @@ class PlanCache:
         device's environment. Unsound entries are quarantined and reported, never raised.
         Returns ``{"loaded": [...], "missing": [...], "failed": {key: reason}, "seconds": s}``.
         """
-        started = time.perf_counter()
         device = self.backend.current_device()
-        environment, env_id = self._environment(device)
         if keys is None:
-            keys = self.local.entries_of(env_id)
-        report: dict[str, Any] = {"loaded": [], "missing": [], "failed": {}}
-        for digest in keys:
-            if (digest, device) in self.memory:
-                report["loaded"].append(digest)
-                continue
-            outcome = self.lookup.serve_stored(digest, environment, device)
-            if isinstance(outcome, Plan):
-                self.memory.put((digest, device), outcome)
-                report["loaded"].append(digest)
-            elif outcome is None:
-                report["missing"].append(digest)
-            else:
-                entry, reason = outcome
-                if entry is not None and entry.environment != environment:
-                    report["failed"][digest] = "entry belongs to another environment"  # kept for its own machines
-                    continue
-                with self.flight.hold(digest, env_id):
-                    self.lookup.quarantine_if_unchanged(digest, entry, reason)
-                report["failed"][digest] = reason
-        report["seconds"] = time.perf_counter() - started
-        return report
+            keys = self.local.entries_of(self._environment(device)[1])
+        return self.lookup.preload(keys, device)
 
     def stats(self) -> dict[str, Any]:
         """This process's counters, the store's totals, and the remote tier's counters."""

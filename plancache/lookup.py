@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .build.autotune import TimingPolicy, autotune
@@ -120,6 +120,31 @@ class Lookup:
             if plan is not None:
                 return plan
         return self._build(graph, key, options, inputs, device)
+
+    def preload(self, keys: Iterable[str], device: int) -> dict[str, Any]:
+        """``PlanCache.preload``: each key loaded into memory (once, with the primer and
+        lookups, through the load claims), an unsound entry of this environment quarantined
+        inside its flight. ``{"loaded", "missing", "failed": {key: reason}, "seconds"}``."""
+        started = time.perf_counter()
+        environment, env_id = self._environment(device)
+        report: dict[str, Any] = {"loaded": [], "missing": [], "failed": {}}
+        for digest in keys:
+            slot = (digest, device)
+            with self.loads.claim(slot, self.memory) as plan:
+                outcome = plan if plan is not None else self.serve_stored(digest, environment, device)
+                if isinstance(outcome, Plan):
+                    self.memory.put(slot, outcome)
+                    report["loaded"].append(digest)
+                elif outcome is None:
+                    report["missing"].append(digest)
+                elif outcome[0] is not None and outcome[0].environment != environment:
+                    report["failed"][digest] = "entry belongs to another environment"  # kept for its own machines
+                else:
+                    with self.flight.hold(digest, env_id):
+                        self.quarantine_if_unchanged(digest, outcome[0], outcome[1])
+                    report["failed"][digest] = outcome[1]
+        report["seconds"] = time.perf_counter() - started
+        return report
 
     def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *,
                      count_hit: bool = True) -> Plan | tuple[Entry | None, str] | None:  # fmt: skip

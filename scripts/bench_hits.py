@@ -189,18 +189,24 @@ def store_indices(entries: int, timed: int, warmup: int) -> tuple[list[int], lis
 
 
 class _CountingWrites:
-    """Wraps a store's ``record_hits`` (what the hit-count writer calls) to see its attempts."""
+    """Wraps the hit-count writer's ``bookkeeping.record_hits`` to see its attempts
+    (installed on the module the local tier calls it through, for this phase's process)."""
 
     def __init__(self, store: Any) -> None:
-        self.original = store.record_hits
-        self.attempts: list[tuple[int, int, bool]] = []  # (started ns, took ns, written)
-        store.record_hits = self
+        from plancache.store import bookkeeping
 
-    def __call__(self, hits: Any, *, wait: bool = True) -> bool:
+        self.original = bookkeeping.record_hits
+        self.store = store
+        self.attempts: list[tuple[int, int, bool]] = []  # (started ns, took ns, written)
+        bookkeeping.record_hits = self  # type: ignore[assignment]
+
+    def __call__(self, store: Any, hits: Any, *, wait: bool = True) -> bool:
+        if store is not self.store:
+            return self.original(store, hits, wait=wait)
         started = time.perf_counter_ns()
         written = False
         try:
-            written = self.original(hits, wait=wait)
+            written = self.original(store, hits, wait=wait)
             return written
         finally:
             self.attempts.append((started, time.perf_counter_ns() - started, written))

@@ -61,6 +61,7 @@ MEDIAN_KEYS = (
     "import_s",
     "weights_s",
     "first_output_after_weights_s",
+    "input_s",
     "first_output_s",
     "step_ms",
     "captured_step_ms",
@@ -199,8 +200,8 @@ NOTES = [
     "first output after weights: from the weights on the GPU to the first output (input, plans or compile, first step); "
     "from process start: from the child's first statement, before `import torch`",
     "step: median of {steps} steps after {warmup} untimed ones, each CUDA-synchronized and timed alone (host + GPU); "
-    "captured step: the same for replays of one step captured in a CUDA graph (plancache.capture for the plancache modes, "
-    "torch.cuda.graph for eager and compile)",
+    "captured step: the same for replays of one step captured in one CUDA graph by plancache.capture in every mode "
+    "(PyTorch's recipe: warm-up calls on a side stream, then torch.cuda.graph)",
     "process s: the whole fresh process, timed by the parent; each figure is the median of --repeats processes "
     "(cold modes run once: a second run would be warm)",
     "rel err: the larger of the first output's and the captured replay's relative error against the float32 PyTorch reference",
@@ -233,6 +234,8 @@ def format_table(rows: list[dict[str, Any]], header: Mapping[str, Any]) -> str:
             notes.append(f"captured step n/a for {r['mode']}: {str(r['capture_error']).splitlines()[0][:300]}")
         if r.get("error") and r.get("first_output_s") is not None:
             notes.append(f"{r['mode']} failed after its step timings: {str(r['error']).splitlines()[0][:300]}")
+        if r.get("input_s") is not None and r["mode"] in ("eager", "plancache-warm", "plancache-primed"):
+            notes.append(f"{r['mode']}: of its first output after weights, creating the input took {r['input_s'] * 1e3:.1f} ms")
         primer = r.get("primer")
         if primer and primer.get("primed"):
             notes.append(f"{r['mode']}: auto-prime loaded {primer['primed']} plans in {primer['seconds']:.3f} s from the cache's "
@@ -291,34 +294,14 @@ def make_step(mode: str, example: ModuleType, torch: Any, plans: Any, w: dict[st
     return (lambda: example.forward_eager(torch, w, x)), None
 
 
-def graph_capture(torch: Any, step: Callable[[], Any], warmup: int = CAPTURE_WARMUP) -> Callable[[], Any]:
-    """PyTorch's CUDA graph recipe: warm-up on a side stream, capture one step, and a
-    replay function that returns the captured step's (static) output."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
+def capture_step(torch: Any, step: Callable[[], Any]) -> Callable[[], Any]:
+    """One step captured in a CUDA graph, the same way in every mode: ``plancache.capture``
+    is PyTorch's recipe (warm-up calls on a side stream, then ``torch.cuda.graph``) and
+    works for any CUDA work, plans or not. Returns the replay function."""
+    import plancache
+
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        output = step()
-
-    def replay() -> Any:
-        graph.replay()
-        return output
-
-    return replay
-
-
-def capture_step(mode: str, torch: Any, step: Callable[[], Any]) -> Callable[[], Any]:
-    if mode.startswith("plancache-"):
-        import plancache
-
-        captured = plancache.capture(step, warmup=CAPTURE_WARMUP)
-        return captured.replay
-    return graph_capture(torch, step)
+    return plancache.capture(step, warmup=CAPTURE_WARMUP).replay
 
 
 def single_tensor(out: Any) -> Any:
@@ -375,6 +358,8 @@ def run_child(mode: str, directory: str | None, checkpoint: str) -> dict[str, An
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(example.N, 64, 56, 56, generator=g).to(torch.bfloat16).cuda().to(memory_format=torch.channels_last)
+    torch.cuda.synchronize()
+    t_input = time.perf_counter()
     step, compiled = make_step(mode, example, torch, plans, w, x)
     out = single_tensor(step())
     torch.cuda.synchronize()
@@ -384,6 +369,7 @@ def run_child(mode: str, directory: str | None, checkpoint: str) -> dict[str, An
     result: dict[str, Any] = {
         "mode": mode, "import_s": t_imported - t_start, "weights_s": t_weights - t_imported,
         "first_output_after_weights_s": t_first - t_weights, "first_output_s": t_first - t_start,
+        "input_s": t_input - t_weights,
         "step_ms": statistics.median(times), "step_ms_min": min(times), "steps": len(times),
         "captured_step_ms": None, "rel_error": None, "captured_rel_error": None, "capture_error": None,
     }  # fmt: skip
@@ -391,7 +377,7 @@ def run_child(mode: str, directory: str | None, checkpoint: str) -> dict[str, An
 
     captured_out = None
     try:
-        replay = capture_step(mode, torch, step)
+        replay = capture_step(torch, step)
         captured_times = example.step_times_ms(torch, replay)
         captured_out = single_tensor(replay())
         torch.cuda.synchronize()

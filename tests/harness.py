@@ -29,7 +29,7 @@ from typing import Any
 
 from plancache import BuildOptions, PlanCache, Store
 from plancache.key import KEY_FORMAT, canonical_json, environment_id
-from plancache.store import DB_NAME, Entry, maintenance, sha256
+from plancache.store import DB_NAME, Entry, bookkeeping, maintenance, sha256
 from plancache.testing import CpuTestBackend
 
 CTX = multiprocessing.get_context("forkserver")
@@ -207,7 +207,7 @@ def churn_writer(directory: str, writer: int, writers: int, tag: str, journal: s
         elif r < 0.75:
             key = rng.choice(mine)
             note(f"B hit {key}")
-            store.record_hits({key: (1, time.time())})
+            bookkeeping.record_hits(store, {key: (1, time.time())})
             note(f"E hit {key}")
         else:
             key = mine.pop(rng.randrange(len(mine)))
@@ -498,7 +498,7 @@ def rw_writer(directory: str, ops: int, seed: int, out: str, start_at: float, ma
                 store.put(entry)
                 keys.append(entry.key)
             elif r < 0.7:
-                store.record_hits({k: (1, time.time()) for k in rng.sample(keys, min(8, len(keys)))})
+                bookkeeping.record_hits(store, {k: (1, time.time()) for k in rng.sample(keys, min(8, len(keys)))})
             elif r < 0.75:
                 store.quarantine(keys.pop(rng.randrange(len(keys))), "rw test")
             elif r < 0.8:

@@ -16,7 +16,8 @@ from plancache import BuildOptions, PlanCache, Store, templates
 from plancache.cli import cli
 from plancache.store import maintenance
 from plancache.workflows.manifest import load_manifest
-from plancache.workflows.prewarm import _Progress, prewarm, warm_start
+from plancache.workflows.prewarm import prewarm, warm_start
+from plancache.workflows.steps import Progress
 
 MakeCache = Callable[..., PlanCache]
 BACKEND = "plancache.testing:CpuTestBackend"
@@ -135,7 +136,7 @@ def test_progress_line_when_stderr_is_a_terminal() -> None:
             return True
 
     stream = Tty()
-    bar = _Progress(3, True, stream)
+    bar = Progress(3, True, stream)
     bar.update("built", 1.5)
     bar.update("hit", 0.01)
     bar.close()
@@ -143,7 +144,7 @@ def test_progress_line_when_stderr_is_a_terminal() -> None:
     assert "prewarm 1/3" in text and "prewarm 2/3  hits 1  failed 0  last 0.01s  ETA" in text
 
     quiet = io.StringIO()  # not a terminal: nothing
-    bar = _Progress(3, True, quiet)
+    bar = Progress(3, True, quiet)
     bar.update("built", 1.0)
     bar.close()
     assert quiet.getvalue() == ""

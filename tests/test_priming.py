@@ -17,7 +17,7 @@ import pytest
 from plancache import PlanCache, templates
 from plancache.config import ConfigError, auto_prime_from_env
 from plancache.priming import app_name
-from plancache.store import usage
+from plancache.store import bookkeeping
 from plancache.testing import CpuTestBackend
 
 MakeCache = Callable[..., PlanCache]
@@ -167,22 +167,22 @@ def test_a_busy_store_keeps_the_record_for_the_next_write(make_cache: MakeCache,
     assert cache.local.flush(wait=False) is False, "gives way to the other writer at once"
     blocker.execute("COMMIT")
     assert cache.local.flush(wait=False) is True
-    assert usage.latest_run(cache.store, "app") == [(key, 0)]
+    assert bookkeeping.latest_run(cache.store, "app") == [(key, 0)]
 
 
 def test_runs_older_than_the_retention_are_dropped(cache: PlanCache) -> None:
     now = time.time()
-    usage.record_usage(cache.store, "app", "old", now - usage.RETENTION_SECONDS - 10, {("k-old", 0): 1}, wait=True)
-    usage.record_usage(cache.store, "app", "new", now, {("k-new", 0): 1}, wait=True)
+    bookkeeping.record_usage(cache.store, "app", "old", now - bookkeeping.RETENTION_SECONDS - 10, {("k-old", 0): 1}, wait=True)
+    bookkeeping.record_usage(cache.store, "app", "new", now, {("k-new", 0): 1}, wait=True)
     rows = cache.store.connection().execute("SELECT key FROM app_plans").fetchall()
     assert [r[0] for r in rows] == ["k-new"]
 
 
 def test_a_row_a_later_run_took_over_is_not_taken_back(cache: PlanCache) -> None:
     """Two runs of one application flush in any order: the later run's record stands."""
-    usage.record_usage(cache.store, "app", "later", 200.0, {("k", 0): 1}, wait=True)
-    usage.record_usage(cache.store, "app", "earlier", 100.0, {("k", 0): 5, ("j", 0): 1}, wait=True)
-    assert usage.latest_run(cache.store, "app") == [("k", 0)]
+    bookkeeping.record_usage(cache.store, "app", "later", 200.0, {("k", 0): 1}, wait=True)
+    bookkeeping.record_usage(cache.store, "app", "earlier", 100.0, {("k", 0): 5, ("j", 0): 1}, wait=True)
+    assert bookkeeping.latest_run(cache.store, "app") == [("k", 0)]
 
 
 # ---------------------------------------------------------------------------- lookups and the primer

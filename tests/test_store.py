@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from plancache import CacheDirError, SchemaTooNewError, Store, StoreError
-from plancache.store import BUSY_TIMEOUT_MS, DB_NAME, Entry, maintenance, migrations, sha256
+from plancache.store import BUSY_TIMEOUT_MS, DB_NAME, Entry, bookkeeping, maintenance, migrations, sha256
 
 IS_ROOT = os.geteuid() == 0
 
@@ -193,7 +193,7 @@ def test_read_only_store_serves_reads_and_refuses_writes(store: Store) -> None:
         with pytest.raises(StoreError, match="read-only"):
             ro.put(make_entry(hexkey("cd")))
         with pytest.raises(StoreError, match="read-only"):
-            ro.record_hits({make_entry().key: (1, 2000.0)})
+            bookkeeping.record_hits(ro, {make_entry().key: (1, 2000.0)})
     finally:
         ro.close()
     reopened = Store()
@@ -332,14 +332,14 @@ def test_record_hits_adds_counts_in_one_transaction(store: Store) -> None:
     store.put(make_entry(b, last_used_at=1000.0))
     statements: list[str] = []
     store.connection().set_trace_callback(statements.append)
-    store.record_hits({a: (3, 2000.0), b: (1, 1500.0), hexkey("c3"): (5, 9999.0)})  # unknown key: ignored
+    bookkeeping.record_hits(store, {a: (3, 2000.0), b: (1, 1500.0), hexkey("c3"): (5, 9999.0)})  # unknown key: ignored
     store.connection().set_trace_callback(None)
     assert sum(s.startswith("BEGIN") for s in statements) == 1
     assert sum(s.startswith("COMMIT") for s in statements) == 1
     rows = {r["key"]: r for r in maintenance.list_entries(store)}
     assert (rows[a]["hit_count"], rows[a]["last_used_at"]) == (3, 2000.0)
     assert (rows[b]["hit_count"], rows[b]["last_used_at"]) == (1, 1500.0)
-    store.record_hits({a: (2, 1200.0)})  # an older time never moves last_used_at back
+    bookkeeping.record_hits(store, {a: (2, 1200.0)})  # an older time never moves last_used_at back
     entry = store.get(a)
     assert entry is not None and (entry.hit_count, entry.last_used_at) == (5, 2000.0)
     assert store.keys() == [a, b]
@@ -348,7 +348,7 @@ def test_record_hits_adds_counts_in_one_transaction(store: Store) -> None:
 def test_record_no_hits_writes_nothing(store: Store) -> None:
     statements: list[str] = []
     store.connection().set_trace_callback(statements.append)
-    store.record_hits({})
+    bookkeeping.record_hits(store, {})
     store.connection().set_trace_callback(None)
     assert statements == []
 
@@ -381,7 +381,7 @@ def test_evict_to_deletes_least_recently_used_first(store: Store) -> None:
     assert store.evict_to(10_000) == 0
     assert store.evict_to(250) == 2  # only as many as needed, oldest first
     assert store.keys() == [hexkey("0"), hexkey("2")]
-    store.record_hits({hexkey("2"): (1, 5000.0)})  # now 0 is least recently used
+    bookkeeping.record_hits(store, {hexkey("2"): (1, 5000.0)})  # now 0 is least recently used
     assert store.evict_to(100) == 1
     assert store.keys() == [hexkey("2")]
     assert store.evict_to(0) == 1

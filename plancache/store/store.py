@@ -4,7 +4,7 @@ holds is ``entry.Entry``; ``Store.verify`` and ``Store.prune`` run in ``maintena
 Habits: WAL set once at creation; on every connection a busy timeout and
 ``synchronous=NORMAL``; one connection per thread, reopened after ``fork``; writes in short
 ``BEGIN IMMEDIATE`` transactions; a lookup never writes (hit counts are batched by the
-caller and flushed with ``record_hits``). Every blob carries a SHA-256 checked by
+caller and flushed with ``bookkeeping.record_hits``). Every blob carries a SHA-256 checked by
 ``Entry.checksum_ok`` before it reaches cuDNN.
 
 Never put the store on a network filesystem (NFS, Lustre): SQLite's locking is not
@@ -244,41 +244,6 @@ class Store(Schema, Recovery):
     @_reads
     def keys(self) -> list[str]:
         return [r[0] for r in self.connection().execute("SELECT key FROM plans ORDER BY key")]
-
-    @contextlib.contextmanager
-    def bookkeeping(self, *, wait: bool) -> Iterator[sqlite3.Connection]:
-        """A write transaction for bookkeeping (hit counts, which plans an application
-        used). ``wait=False`` raises ``StoreBusyError`` at once when another process holds
-        the write lock, instead of waiting up to the busy timeout: bookkeeping is never
-        worth a stall, and the caller keeps the batch for the next try."""
-        conn = self.connection()
-        if not wait:
-            conn.execute("PRAGMA busy_timeout = 0")
-        try:
-            with self.transaction() as tx:
-                yield tx
-        finally:
-            if not wait:
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-
-    def record_hits(self, hits: Mapping[str, tuple[int, float]], *, wait: bool = True) -> bool:
-        """Add batched hit counts and last-used times: ``{key: (count, last_used)}``.
-        ``wait=False``: False, writing nothing, when the store is busy (see ``bookkeeping``)."""
-        if not hits:
-            return True
-        try:
-            with self.bookkeeping(wait=wait) as tx:
-                tx.executemany(
-                    "UPDATE plans SET hit_count = hit_count + ?, last_used_at = max(last_used_at, ?) WHERE key = ?",
-                    [(count, used, key) for key, (count, used) in hits.items()],
-                )
-            return True
-        except StoreBusyError:
-            if wait:
-                raise
-            return False
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot record hits in {self.path}: {exc}", path=str(self.path)) from exc
 
     def quarantine(self, key: str, reason: str, *, identity: tuple[str, float] | None = None) -> bool:
         """Move an entry out of service, keeping it (and its blob) for inspection.

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreError
-from ..store import Entry, Store, default_cache_dir, usage
+from ..store import Entry, Store, bookkeeping, default_cache_dir
 
 __all__ = ["HIT_FLUSH_SECONDS", "LocalTier"]
 
@@ -118,7 +118,7 @@ class LocalTier:
         if self.store is None or not self.app:
             return []
         try:
-            return usage.latest_run(self.store, self.app)
+            return bookkeeping.latest_run(self.store, self.app)
         except (StoreError, sqlite3.Error, OSError) as exc:
             self._warn("read", "plancache: reading %s failed (%s)", self.store.path, exc)
             return []
@@ -213,8 +213,8 @@ class LocalTier:
             return True
         written_hits = written_uses = False
         try:
-            written_hits = self.store.record_hits(hits, wait=wait)
-            written_uses = usage.record_usage(self.store, self.app or "", self.run, self.run_started, uses, wait=wait)
+            written_hits = bookkeeping.record_hits(self.store, hits, wait=wait)
+            written_uses = bookkeeping.record_usage(self.store, self.app or "", self.run, self.run_started, uses, wait=wait)
         except (StoreError, sqlite3.Error, OSError) as exc:
             self._warn("hits", "plancache: could not record hit counts: %s", exc)
             return False

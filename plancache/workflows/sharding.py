@@ -36,7 +36,7 @@ from ..config import ConfigError
 from ..errors import NoGpuError
 from ..key import BuildOptions, environment_id
 from .manifest import ManifestEntry
-from .prewarm import Entries, _attempt, _entries, _error_record, _Progress, _report, prewarm
+from .steps import Entries, Progress, attempt, build_report, error_record, load_entries, run_here
 
 __all__ = ["check_environments", "parse_devices", "prewarm_on_devices", "resolve_devices", "settle_duplicates"]
 
@@ -174,7 +174,7 @@ def _worker_main(device: int, conn: Any, factory: Callable[[], Any], config: dic
     try:
         conn.send(("ready", backend.environment(device)))
         while (position := conn.recv()) is not None:
-            conn.send(("record", _attempt(cache, entries[position], options, False, claims)))
+            conn.send(("record", attempt(cache, entries[position], options, False, claims)))
     except (EOFError, BrokenPipeError):
         pass  # the parent is gone: nobody to build for
     finally:
@@ -214,7 +214,7 @@ class _Shard:
     """Starts one worker per device, hands out entries as workers ask, answers claims,
     and turns a worker's death into failed records instead of a hang."""
 
-    def __init__(self, todo: list[ManifestEntry], devices: list[int], bar: _Progress) -> None:
+    def __init__(self, todo: list[ManifestEntry], devices: list[int], bar: Progress) -> None:
         self.todo = todo
         self.devices = devices
         self.bar = bar
@@ -401,7 +401,7 @@ def prewarm_on_devices(
     if not hasattr(backend, "use_device") and chosen != [backend.current_device()]:
         raise ConfigError(f"the {backend.name} backend cannot choose a device (it has no use_device)", name="devices",
                           value=chosen)  # fmt: skip
-    todo, load_errors = _entries(entries, allow_code=allow_code, listing=dry_run)
+    todo, load_errors = load_entries(entries, allow_code=allow_code, listing=dry_run)
     options = options or cache.options
     if len(chosen) == 1 or dry_run or not todo:
         env_id = check_environments({d: backend.environment(d) for d in chosen})
@@ -409,7 +409,7 @@ def prewarm_on_devices(
         if hasattr(backend, "use_device"):
             backend.use_device(chosen[0])
         try:
-            records = prewarm(cache, todo, dry_run=dry_run, progress=progress, options=options)["entries"]
+            records = run_here(cache, todo, options, dry_run, progress)
         finally:
             if hasattr(backend, "use_device"):
                 backend.use_device(previous)
@@ -422,7 +422,7 @@ def prewarm_on_devices(
         except Exception as exc:  # a class defined inside a function, say
             raise ConfigError(f"the {backend.name} backend cannot be rebuilt in a worker process ({exc}); pass backend_factory",
                               name="backend_factory", value=repr(factory)) from exc  # fmt: skip
-        bar = _Progress(len(todo), progress)
+        bar = Progress(len(todo), progress)
         shard = _Shard(todo, chosen, bar)
         try:
             records = shard.run(factory, _worker_config(cache), [_portable(e) for e in todo], options)
@@ -430,7 +430,7 @@ def prewarm_on_devices(
             bar.close()
         settle_duplicates(records, shard.claims, todo)
         env_id = shard.env_id or "unknown: no worker started"
-    errors = [{**_error_record(e), "device": None} for e in load_errors]
-    report = _report(errors + records, dry_run, env_id, started)
+    errors = [{**error_record(e), "device": None} for e in load_errors]
+    report = build_report(errors + records, dry_run, env_id, started)
     report["devices"] = chosen
     return report

@@ -1,0 +1,104 @@
+"""Bookkeeping writes: hit counts, and which plans each application used, by run (what
+auto-prime loads at the next start). Both are batched by the local tier and written in
+one short transaction that gives way to a busy store: never worth a stall.
+
+An application is a name (``PLANCACHE_APP``, else the entry script). Each process run that
+looks plans up records, per key and device, the order in which it first used them; the
+next run of the same application primes the keys of the latest run, in that order. Rows
+are read without a lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from ..errors import StoreBusyError, StoreError
+from .schema import BUSY_TIMEOUT_MS
+
+__all__ = ["RETENTION_SECONDS", "latest_run", "record", "record_hits", "record_usage"]
+
+#: Rows of runs older than this (relative to the run being recorded) are dropped: an
+#: application that stopped using a plan a month ago does not need it primed.
+RETENTION_SECONDS = 30 * 86400.0
+
+_UPSERT = """
+INSERT INTO app_plans (app, key, device, run, run_started, seq) VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (app, key, device) DO UPDATE SET
+    run = excluded.run, run_started = excluded.run_started, seq = excluded.seq
+WHERE excluded.run_started >= app_plans.run_started
+"""
+_LATEST = """
+SELECT key, device FROM app_plans
+WHERE app = :app AND run = (SELECT run FROM app_plans WHERE app = :app ORDER BY run_started DESC, run DESC LIMIT 1)
+ORDER BY seq
+"""
+
+
+@contextlib.contextmanager
+def _transaction(store: Any, *, wait: bool) -> Iterator[sqlite3.Connection]:
+    """The store's write transaction; ``wait=False`` gives up at once (``StoreBusyError``)
+    when another process holds the write lock, instead of waiting up to the busy timeout."""
+    conn = store.connection()
+    if not wait:
+        conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        with store.transaction() as tx:
+            yield tx
+    finally:
+        if not wait:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+
+
+def record(store: Any, write: Callable[[sqlite3.Connection], object], *, wait: bool, what: str) -> bool:
+    """Run ``write`` in one bookkeeping transaction. ``wait=False``: False, writing
+    nothing, when the store is busy (the caller keeps its batch for the next try).
+    ``what`` names the bookkeeping in the error of a failed write."""
+    try:
+        with _transaction(store, wait=wait) as tx:
+            write(tx)
+        return True
+    except StoreBusyError:
+        if wait:
+            raise
+        return False
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot record {what} in {store.path}: {exc}", path=str(store.path)) from exc
+
+
+def record_hits(store: Any, hits: Mapping[str, tuple[int, float]], *, wait: bool = True) -> bool:
+    """Add batched hit counts and last-used times: ``{key: (count, last_used)}``; an older
+    time never moves ``last_used_at`` back (see ``record`` for ``wait``)."""
+    if not hits:
+        return True
+    rows = [(count, used, key) for key, (count, used) in hits.items()]
+    sql = "UPDATE plans SET hit_count = hit_count + ?, last_used_at = max(last_used_at, ?) WHERE key = ?"
+    return record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="hits")
+
+
+def record_usage(store: Any, app: str, run: str, run_started: float, uses: Mapping[tuple[str, int], int], *,
+                 wait: bool) -> bool:  # fmt: skip
+    """Record that run ``run`` of ``app`` (started at ``run_started``) used ``uses``:
+    ``{(key, device): order of first use}``. A row a later run already took over is left
+    alone. ``wait=False``: False, writing nothing, when the store is busy."""
+    if not uses:
+        return True
+    rows = [(app, key, device, run, run_started, seq) for (key, device), seq in uses.items()]
+
+    def write(tx: sqlite3.Connection) -> None:
+        tx.executemany(_UPSERT, rows)
+        tx.execute("DELETE FROM app_plans WHERE app = ? AND run_started < ?", (app, run_started - RETENTION_SECONDS))
+
+    return record(store, write, wait=wait, what=f"the plans {app!r} used")
+
+
+def latest_run(store: Any, app: str) -> list[tuple[str, int]]:
+    """``[(key, device)]`` the latest recorded run of ``app`` used, in the order it first
+    used them; [] when ``app`` has no record."""
+    try:
+        rows = store.connection().execute(_LATEST, {"app": app}).fetchall()
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot read the plans {app!r} used from {store.path}: {exc}", path=str(store.path)) from exc
+    return [(str(r[0]), int(r[1])) for r in rows]

@@ -1,0 +1,177 @@
+"""One manifest entry's prewarm step, the progress bar and the report: the pieces that a
+prewarm in one process (``prewarm``) and one across devices (``sharding``) share, so that
+both judge entries, count them and report them alike."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol, TextIO
+
+from ..errors import ManifestError
+from ..key import BuildOptions
+from .manifest import ManifestEntry, load_manifest
+
+__all__ = ["Entries", "KeySet", "Progress", "attempt", "build_report", "describe_failure", "error_record", "load_entries",
+           "run_here"]  # fmt: skip
+
+log = logging.getLogger("plancache")
+
+Entries = str | os.PathLike[str] | Iterable[ManifestEntry]
+
+
+def load_entries(
+    source: Entries, *, allow_code: bool = True, listing: bool = False
+) -> tuple[list[ManifestEntry], list[ManifestError]]:
+    if isinstance(source, (str, os.PathLike)):
+        return load_manifest(source, allow_code=allow_code, listing=listing)
+    return list(source), []
+
+
+def error_record(error: ManifestError) -> dict[str, Any]:
+    return {"index": error.fields.get("entry"), "line": error.fields.get("line"), "label": None, "key": None,
+            "status": "failed", "error": error.message, "seconds": 0.0}  # fmt: skip
+
+
+class Progress:
+    """done/total, hits skipped, failures, time of the last entry and ETA on stderr: tqdm
+    when installed, else one self-rewritten line. Silent when stderr is not a terminal."""
+
+    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = enabled and total > 0 and self.stream.isatty()
+        self.total, self.done, self.hits, self.failed = total, 0, 0, 0
+        self.started = time.perf_counter()
+        self.bar: Any = None
+        if self.enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                return
+            self.bar = tqdm(total=total, file=self.stream, unit="graph", desc="prewarm", dynamic_ncols=True)
+
+    def update(self, status: str, seconds: float) -> None:
+        self.done += 1
+        self.hits += status in ("hit", "stored")
+        self.failed += status == "failed"
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.set_postfix(hits=self.hits, failed=self.failed, last=f"{seconds:.2f}s", refresh=False)
+            self.bar.update(1)
+            return
+        elapsed = time.perf_counter() - self.started
+        eta = elapsed / self.done * (self.total - self.done)
+        self.stream.write(f"\rprewarm {self.done}/{self.total}  hits {self.hits}  failed {self.failed}  "
+                          f"last {seconds:.2f}s  ETA {eta:.0f}s ")  # fmt: skip
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def stored(cache: Any, digest: str) -> bool:
+    """Whether a usable entry is stored under ``digest`` (read without counting a hit)."""
+    try:
+        entry = cache.store.get(digest)
+    except Exception:  # a damaged store: let get() decide (it treats it as a miss)
+        return False
+    return entry is not None and entry.checksum_ok()
+
+
+def describe_failure(entry: ManifestEntry, exc: Exception) -> str:
+    if isinstance(exc, ManifestError):  # already names the file, line and entry
+        return exc.message
+    return f"{entry.where}: {type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
+
+
+class KeySet(Protocol):
+    """The keys met so far: a set in one process; with several devices, the parent's claims."""
+
+    def __contains__(self, digest: object) -> bool: ...
+
+    def add(self, digest: str) -> None: ...
+
+
+def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: KeySet) -> dict[str, Any]:
+    record: dict[str, Any] = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None}
+    if entry.listed_only:  # a dry run lists builder entries without importing them: no graph, no key
+        record["status"] = "listed"
+        return record
+    graph = entry.build()
+    opts = entry.build_options(options)
+    key = cache.key(graph, opts)
+    record["key"] = key.digest
+    if key.digest in seen:
+        record["status"] = "duplicate"
+    elif stored(cache, key.digest):
+        record["status"] = "hit"
+    elif dry_run:
+        record["status"] = "would_build"
+    else:
+        before = dict(cache.counters)
+        cache.get(graph, options=opts)
+        built = cache.counters["builds"] + cache.counters["rebuilds"] - before["builds"] - before["rebuilds"]
+        record["status"] = "built" if built else "hit"  # another process may have built it meanwhile
+        if cache.counters.get("unpersisted", 0) > before.get("unpersisted", 0):
+            record["status"] = "unpersisted"
+    seen.add(key.digest)
+    return record
+
+
+def attempt(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: KeySet) -> dict[str, Any]:
+    """``_run_one``, timed; an exception becomes a failed record (the caller logs it)."""
+    t0 = time.perf_counter()
+    try:
+        record = run_one(cache, entry, options, dry_run, seen)
+    except Exception as exc:  # one bad entry is reported; the rest still run
+        record = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None, "status": "failed",
+                  "error": describe_failure(entry, exc)}  # fmt: skip
+    record["seconds"] = time.perf_counter() - t0
+    return record
+
+
+def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str, started: float) -> dict[str, Any]:
+    """The report of a run from its records (the same with one device or several)."""
+    count = {
+        s: sum(r["status"] == s for r in records)
+        for s in ("built", "hit", "failed", "would_build", "listed", "duplicate", "unpersisted")
+    }
+    return {
+        "total": len(records),
+        "built": count["built"] + count["unpersisted"],
+        "hits": count["hit"],
+        "failed": count["failed"],
+        "would_build": count["would_build"],
+        "listed": count["listed"],
+        "duplicates": count["duplicate"],
+        "unpersisted": count["unpersisted"],
+        "dry_run": dry_run,
+        "environment": env_id,
+        "seconds": time.perf_counter() - started,
+        "entries": records,
+    }
+
+
+def run_here(cache: Any, todo: list[ManifestEntry], options: BuildOptions, dry_run: bool, progress: bool) -> list[dict[str, Any]]:
+    """Every entry of ``todo`` in this process, in order, with a progress bar: the records."""
+    records = []
+    seen: set[str] = set()
+    bar = Progress(len(todo), progress)
+    try:
+        for entry in todo:
+            record = attempt(cache, entry, options, dry_run, seen)
+            if record["status"] == "failed":
+                log.warning("plancache: prewarm: %s", record["error"])
+            records.append(record)
+            bar.update(record["status"], record["seconds"])
+    finally:
+        bar.close()
+    return records
