@@ -12,6 +12,12 @@ The application is ``PLANCACHE_APP``, else the entry script (plus the local rank
 launcher sets ``LOCAL_RANK``, since each rank uses its own device). ``PLANCACHE_AUTO_PRIME=0``
 turns priming off; use is still recorded, so turning it back on works at the next start.
 
+The primer never sets a device up: it waits until the program's own work has created
+the device's CUDA context (``Backend.device_in_use``), so a program that runs on another
+GPU than its last run did never gets a context on the old one (memory there, taken from
+whoever runs on it). It gives up on a device the program has not used within
+``DEVICE_WAIT_S``.
+
 A primed plan is loaded exactly as a lookup loads it (judged sound, then deserialized on
 its device) and kept in the memory tier, so the lookup is a memory hit. A lookup of a plan
 being primed waits for that load instead of loading it twice; the primer starts a load
@@ -29,9 +35,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Primer", "app_name"]
+__all__ = ["DEVICE_WAIT_S", "Primer", "app_name"]
 
 log = logging.getLogger("plancache")
+
+#: How long the primer waits for the program to set up a device its last run used.
+DEVICE_WAIT_S = 300.0
+_POLL_S = 0.01  # how often it looks (one driver call)
 
 
 def app_name() -> str:
@@ -93,12 +103,23 @@ class Primer(threading.Thread):
                 report["skipped"][digest] = outcome
 
     def _environment_of(self, device: int) -> dict[str, Any] | str:
-        """The environment of ``device`` in this process, or why its plans are skipped."""
+        """The environment of ``device`` once the program uses it, or why its plans are
+        skipped."""
         backend = self.cache.backend
         try:
             if not 0 <= device < backend.device_count():
                 return f"no device {device} here"
+            if not self._wait_until_used(device):
+                return f"device {device} was not used by this process within {DEVICE_WAIT_S:.0f} s"
             backend.use_device(device)  # this thread's device: a new thread starts on device 0
             return dict(self.cache.environment_of(device))
         except Exception as exc:  # no GPU now, a driver problem: the lookups will say
             return f"device {device} unusable: {type(exc).__name__}: {exc}"
+
+    def _wait_until_used(self, device: int) -> bool:
+        deadline = time.monotonic() + DEVICE_WAIT_S
+        while not self.cache.backend.device_in_use(device):
+            if self.cache.closed or time.monotonic() > deadline:
+                return False
+            time.sleep(_POLL_S)
+        return True

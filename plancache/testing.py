@@ -206,6 +206,7 @@ class CpuTestBackend:
         build_log: str | os.PathLike[str] | None = None,
         environment: Mapping[str, Any] | None = None,
         devices: int | Sequence[Mapping[str, Any]] = 1,
+        in_use: Sequence[int] | None = None,
     ) -> None:
         if candidates < 1:
             raise ValueError("candidates must be >= 1")
@@ -228,6 +229,9 @@ class CpuTestBackend:
         if not overrides:
             raise ValueError("devices must be at least 1")
         self._environments = [{**base, **extra} for extra in overrides]
+        # Devices this process has done work on (a CUDA context exists there); None: all of
+        # them, as in a process that already set its devices up. Work on a device adds it.
+        self._in_use: set[int] | None = None if in_use is None else set(in_use)
         self._local = threading.local()
         self.loads = 0
         self.launches = 0
@@ -244,10 +248,19 @@ class CpuTestBackend:
         return len(self._environments)
 
     def use_device(self, index: int) -> None:
-        """This thread's current device from now on (like ``torch.cuda.set_device``)."""
+        """This thread's current device from now on (like ``torch.cuda.set_device``, which
+        sets the device up for this process)."""
         if not 0 <= index < len(self._environments):
             raise ValueError(f"no device {index}: the test backend has {len(self._environments)}")
         self._local.device = index
+        self._mark_in_use(index)
+
+    def device_in_use(self, device: int) -> bool:
+        return self._in_use is None or device in self._in_use
+
+    def _mark_in_use(self, device: int) -> None:
+        if self._in_use is not None:
+            self._in_use.add(device)
 
     def after_fork(self) -> None:
         self._local = threading.local()
@@ -256,8 +269,10 @@ class CpuTestBackend:
         self._check_device(device)
 
     def _check_device(self, device: int) -> None:
+        """Refuse a device the backend lacks; work on one sets it up (see ``device_in_use``)."""
         if not 0 <= device < len(self._environments):
             raise ValueError(f"no device {device}: the test backend has {len(self._environments)}")
+        self._mark_in_use(device)
 
     def _describe_with_shapes(self, graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]:
         """Description plus a tensor table whose output shapes come from a reference run."""

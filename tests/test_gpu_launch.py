@@ -178,3 +178,50 @@ def test_a_fresh_process_primes_what_its_last_run_used(tmp_path: Path) -> None:
     assert max(warm["errors"]) < TOLERANCE
     off = run("0", 0.0)
     assert off["primer"] is None and off["counters"]["hits"] == 4
+
+
+TWO_DEVICE_CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    import torch
+    import plancache
+    from plancache import templates
+    from plancache.build.cudnn_backend import _primary_context_active
+    name, params = json.loads(sys.argv[2])
+    if sys.argv[3] == "record":  # the last run: it used device 1
+        torch.cuda.set_device(1)
+        cache = plancache.PlanCache(sys.argv[1], auto_prime=False)
+        cache.get(templates.build(name, **params))
+        cache.close()
+        print(json.dumps({"recorded": True}))
+        sys.exit(0)
+    cache = plancache.PlanCache(sys.argv[1])  # auto-prime on
+    torch.zeros(1, device="cuda:0")  # this run has only used device 0 so far
+    time.sleep(2.0)
+    before = {"device_1_context": _primary_context_active(1), "primer_alive": cache.primer.is_alive(),
+              "primed": cache.counters["primed"]}
+    torch.cuda.set_device(1)
+    torch.zeros(1, device="cuda:1")  # now it uses device 1: the primer may load there
+    cache.primer.join(timeout=60)
+    plan = cache.get(templates.build(name, **params))
+    print(json.dumps({"before": before, "report": cache.primer.report, "counters": cache.counters, "device": plan.device}))
+    """
+)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (torch.cuda.device_count() < 2)")
+def test_the_primer_creates_no_context_on_a_device_the_process_has_not_used(tmp_path: Path) -> None:
+    env = {**os.environ, "PLANCACHE_APP": "gpu-test-devices", "PLANCACHE_AUTO_PRIME": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}  # fmt: skip
+    graph = json.dumps(GRAPHS[2])
+
+    def run(step: str) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-c", TWO_DEVICE_CHILD, str(tmp_path), graph, step], env=env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    run("record")
+    result = run("prime")
+    assert result["before"] == {"device_1_context": False, "primer_alive": True, "primed": 0}, result
+    assert result["report"]["primed"] == 1 and result["counters"]["memory_hits"] == 1 and result["device"] == 1, result

@@ -159,6 +159,31 @@ def test_a_device_that_is_gone_is_skipped(make_cache: MakeCache) -> None:
     assert report["primed"] == 0 and report["skipped"] == {key: "no device 1 here"}
 
 
+def test_the_primer_sets_up_no_device_the_program_has_not_used(make_cache: MakeCache) -> None:
+    """A run on device 1, then a process that has only used device 0 so far: nothing is
+    loaded on device 1 (that would create a context there) until the program uses it."""
+    key = fill(make_cache, "app", [1], device=1, devices=2)[0]
+    backend = CpuTestBackend(devices=2, in_use=[0])
+    cache = make_cache(backend=backend, auto_prime=True, app="app")
+    time.sleep(0.2)
+    assert cache.primer is not None and cache.primer.is_alive(), "waits for the program"
+    assert backend.loads == 0 and not backend.device_in_use(1)
+    backend.use_device(1)  # the program's own first work on device 1
+    report = primed(cache)
+    assert report["primed"] == 1 and (key, 1) in cache.memory
+
+
+def test_a_device_the_program_never_uses_is_given_up(make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    import plancache.priming
+
+    key = fill(make_cache, "app", [1], device=1, devices=2)[0]
+    monkeypatch.setattr(plancache.priming, "DEVICE_WAIT_S", 0.2)
+    backend = CpuTestBackend(devices=2, in_use=[0])
+    report = primed(make_cache(backend=backend, auto_prime=True, app="app"))
+    assert report["primed"] == 0 and "device 1 was not used by this process" in report["skipped"][key]
+    assert backend.loads == 0 and not backend.device_in_use(1)
+
+
 def test_a_busy_store_keeps_the_record_for_the_next_write(make_cache: MakeCache, cache_dir: Path) -> None:
     cache = make_cache(auto_prime=False, app="app")
     key = cache.get(conv(1)).key

@@ -101,6 +101,11 @@ class Backend(Protocol):
         """How many devices this process can use (what ``prewarm --devices all`` shards over)."""
         ...
 
+    def device_in_use(self, device: int) -> bool:
+        """Whether this process has already set ``device`` up (a CUDA context exists), so
+        that loading a plan there creates nothing the program did not create itself."""
+        ...
+
     def candidates(
         self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None
     ) -> CandidateSet:

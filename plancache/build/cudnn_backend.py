@@ -22,6 +22,7 @@ import functools
 import os
 import logging
 import re
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -81,6 +82,22 @@ def _driver_device_count() -> int | None:
         count = ctypes.c_int()
         if libcuda.cuInit(0) == 0 and libcuda.cuDeviceGetCount(ctypes.byref(count)) == 0:
             return int(count.value)
+    return None
+
+
+def _primary_context_active(device: int) -> bool | None:
+    """Whether this process's primary CUDA context of ``device`` (an index as the process
+    sees it, ``CUDA_VISIBLE_DEVICES`` applied) exists, asked of the driver without creating
+    anything; None when the driver cannot answer."""
+    with contextlib.suppress(OSError, AttributeError):
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        handle, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+        if (
+            libcuda.cuInit(0) == 0
+            and libcuda.cuDeviceGet(ctypes.byref(handle), int(device)) == 0
+            and libcuda.cuDevicePrimaryCtxGetState(handle, ctypes.byref(flags), ctypes.byref(active)) == 0
+        ):
+            return bool(active.value)
     return None
 
 
@@ -471,6 +488,15 @@ class CudnnBackend:
         counts devices in a process that then only hands out work."""
         count = _driver_device_count()
         return count if count is not None else int(_torch().cuda.device_count())
+
+    def device_in_use(self, device: int) -> bool:
+        """Asked of the driver (torch and cuDNN run on the primary context); where it cannot
+        answer, whether torch has set CUDA up at all."""
+        active = _primary_context_active(device)
+        if active is not None:
+            return active
+        torch = sys.modules.get("torch")
+        return bool(torch is not None and torch.cuda.is_initialized())
 
     def environment(self, device: int | None = None) -> dict[str, Any]:
         self._require_gpu()
