@@ -84,7 +84,7 @@ class PlanCache:
     builds (off: it did not shorten builds on cuDNN 9.19). ``remote``: a ``RemoteTier``
     (default: from ``PLANCACHE_REDIS_URL``, else none). ``auto_prime``: on opening, load the
     plans this application's latest run used, on a background thread (``PLANCACHE_AUTO_PRIME``,
-    default on; see ``priming``). Which plans a run uses is recorded either way, under
+    default off; see ``priming``). Which plans a run uses is recorded either way, under
     ``app`` (``PLANCACHE_APP``, else the entry script).
     """
 

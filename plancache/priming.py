@@ -6,11 +6,17 @@ plan was built in this process. Paid on a background thread while the program im
 and loads its weights, it is gone from the first step.
 
 Auto-prime needs no code: each process records, per application, which plans it used
-(``LocalTier.note_use``, written with the hit counts), and a cache that opens starts a
-``Primer`` over the plans the application's latest run used, in the order it used them.
-The application is ``PLANCACHE_APP``, else the entry script (plus the local rank when a
-launcher sets ``LOCAL_RANK``, since each rank uses its own device). ``PLANCACHE_AUTO_PRIME=0``
-turns priming off; use is still recorded, so turning it back on works at the next start.
+(``LocalTier.note_use``, written with the hit counts), and with ``PLANCACHE_AUTO_PRIME=1``
+a cache that opens starts a ``Primer`` over the plans the application's latest run used,
+in the order it used them. The application is ``PLANCACHE_APP``, else the entry script
+(plus the local rank when a launcher sets ``LOCAL_RANK``, since each rank uses its own
+device). Use is recorded with priming off too, so turning it on works at the next start.
+
+It is off by default: on an H200 a background deserialize once made the program's own
+copy to the GPU, at the same moment on the legacy default stream, fail with
+``cudaErrorStreamCaptureImplicit`` (docs/priming.md). Turn it on where the program does
+not use the GPU while the primer works (it loads weights from disk first, say), or after
+checking that it does no harm there.
 
 The primer never sets a device up: it waits until the program's own work has created
 the device's CUDA context (``Backend.device_in_use``), so a program that runs on another

@@ -144,6 +144,8 @@ CHILD = textwrap.dedent(
     from plancache import templates
     GRAPHS = json.loads(sys.argv[2])
     cache = plancache.PlanCache(sys.argv[1])  # auto-prime as configured by the environment
+    torch.zeros(1, device="cuda")  # the program sets its device up (the primer waits for that)
+    torch.cuda.synchronize()
     time.sleep(float(sys.argv[3]))  # stands in for loading weights
     errors = []
     for name, params in GRAPHS:
@@ -176,7 +178,7 @@ def test_a_fresh_process_primes_what_its_last_run_used(tmp_path: Path) -> None:
     assert warm["primer"]["primed"] == 4 and warm["primer"]["skipped"] == {}, warm["primer"]
     assert warm["counters"]["memory_hits"] == 4 and warm["counters"]["hits"] == 0 and warm["counters"]["builds"] == 0
     assert max(warm["errors"]) < TOLERANCE
-    off = run("0", 0.0)
+    off = run("", 0.0)  # the default: off
     assert off["primer"] is None and off["counters"]["hits"] == 4
 
 
@@ -200,9 +202,8 @@ TWO_DEVICE_CHILD = textwrap.dedent(
     time.sleep(2.0)
     before = {"device_1_context": _primary_context_active(1), "primer_alive": cache.primer.is_alive(),
               "primed": cache.counters["primed"]}
-    torch.cuda.set_device(1)
-    torch.zeros(1, device="cuda:1")  # now it uses device 1: the primer may load there
-    cache.primer.join(timeout=60)
+    torch.cuda.set_device(1)  # sets device 1 up: the primer may load there now
+    cache.primer.join(timeout=60)  # no CUDA work here meanwhile (docs/priming.md)
     plan = cache.get(templates.build(name, **params))
     print(json.dumps({"before": before, "report": cache.primer.report, "counters": cache.counters, "device": plan.device}))
     """
