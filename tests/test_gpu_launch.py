@@ -202,8 +202,9 @@ TWO_DEVICE_CHILD = textwrap.dedent(
     time.sleep(2.0)
     before = {"device_1_context": _primary_context_active(1), "primer_alive": cache.primer.is_alive(),
               "primed": cache.counters["primed"]}
-    torch.cuda.set_device(1)  # sets device 1 up: the primer may load there now
-    cache.primer.join(timeout=60)  # no CUDA work here meanwhile (docs/priming.md)
+    torch.cuda.set_device(1)
+    torch.zeros(1, device="cuda:1")  # now it uses device 1: the primer may load there
+    cache.primer.join(timeout=60)
     plan = cache.get(templates.build(name, **params))
     print(json.dumps({"before": before, "report": cache.primer.report, "counters": cache.counters, "device": plan.device}))
     """
