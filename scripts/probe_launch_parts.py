@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Host microseconds of the parts of one launch of a loaded plan (GPU), per graph: the whole
+``Plan.execute``, its checks, the backend's launch alone, the compiled graph's execute with
+pointers ready, the frontend's execute, one workspace allocation, the pointer table.
+Loops of 200 launches, median of 25 loops. Prints one JSON line per graph.
+
+    python scripts/probe_launch_parts.py
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SUITE: list[tuple[str, dict[str, Any]]] = [
+    ("conv_bias_act", {"n": 8, "c": 64, "h": 56, "w": 56, "k": 64}),
+    ("conv_bias_act", {"n": 32, "c": 128, "h": 56, "w": 56, "k": 256}),
+    ("matmul_bias_act", {"b": 8, "m": 1024, "k": 1024, "n": 1024, "bias": False, "act": None}),
+    ("sdpa", {"b": 4, "h": 16, "s": 1024, "d": 64, "causal": True}),
+]
+
+
+def host_us(torch: Any, fn: Callable[[], Any], launches: int = 200, loops: int = 25) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(loops):
+        started = time.perf_counter()
+        for _ in range(launches):
+            fn()
+        times.append((time.perf_counter() - started) / launches * 1e6)
+        torch.cuda.synchronize()  # each loop starts on an idle GPU
+    return round(statistics.median(times), 2)
+
+
+def parts(torch: Any, cudnn: Any, plan: Any, tensors: dict[int, Any], handle: Any) -> dict[str, Any]:
+    from plancache.build.cudnn_backend import _loaded_backend_graph
+
+    plan.execute(tensors)  # makes the plan's launch function
+    workspace = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
+    lowered = _loaded_backend_graph(plan.native)
+    pointers = {uid: t.data_ptr() for uid, t in tensors.items()}
+    pack = plan.check(tensors)
+    row: dict[str, Any] = {"workspace": plan.workspace_size, "tensors": len(tensors), "direct": lowered is not None}
+    row["plan_execute"] = host_us(torch, lambda: plan.execute(tensors))
+    row["checks"] = host_us(torch, lambda: plan.check(tensors))
+    row["launch"] = host_us(torch, lambda: plan._launch(pack))
+    if lowered is not None:
+        args = (pointers, workspace.data_ptr(), handle.backend_handle, None, None, None)
+        row["compiled_graph"] = host_us(torch, lambda: lowered._execute(*args))
+    row["frontend_execute"] = host_us(torch, lambda: plan.native.execute(tensors, workspace, handle=handle))
+    row["workspace_alloc"] = host_us(torch, lambda: torch.empty(plan.workspace_size, dtype=torch.uint8, device=0))
+    row["pointer_table"] = host_us(torch, lambda: {uid: t.data_ptr() for uid, t in pack.items()})
+    return row
+
+
+def main() -> None:
+    import cudnn
+    import torch
+
+    import plancache
+    from plancache import templates
+
+    directory = tempfile.mkdtemp()
+    builder = plancache.PlanCache(directory, auto_prime=False)
+    for name, params in SUITE:
+        builder.get(templates.build(name, **params))
+    cache = plancache.PlanCache(directory, auto_prime=False)  # a fresh memory tier: the plans are loaded
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    for name, params in SUITE:
+        plan = cache.get(templates.build(name, **params))
+        tensors = templates.allocate(name, device="cuda", **params)
+        print(json.dumps({"graph": name, **parts(torch, cudnn, plan, tensors, handle)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
