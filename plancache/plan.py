@@ -181,20 +181,25 @@ class Plan:
                 key=self.key,
                 problems=["not a mapping"],
             )
-        pack = None
-        if len(tensors) == len(self._by_uid):
-            try:
-                pack = self._checked(tensors)
-            except (AttributeError, TypeError, IndexError, KeyError, RuntimeError):
-                pack = None  # not a tensor, or not one of ours: the slow path names it
+        pack = self._checked(tensors)
         if pack is None:
             self._explain_mismatch(tensors)
         return pack  # type: ignore[return-value]
 
     def _checked(self, tensors: Mapping[int | str, Any]) -> dict[int, Any] | None:
+        """The pack when every tensor is what the plan expects, else None (the slow path
+        then names each problem)."""
+        if len(tensors) != len(self._by_uid):
+            return None
+        try:
+            return self._matched(tensors)
+        except (AttributeError, TypeError, IndexError, KeyError, RuntimeError):
+            return None  # not a tensor, or not one of ours
+
+    def _matched(self, tensors: Mapping[int | str, Any]) -> dict[int, Any] | None:
         """The fast path of ``check``, run on every launch: one pass over the tensors, each
-        compared with what its uid expects; None on the first mismatch (the slow path then
-        explains). Must accept exactly what ``_problems_of`` accepts."""
+        compared with what its uid expects; None on the first mismatch. Must accept exactly
+        what ``_problems_of`` accepts."""
         by_uid, name_to_uid = self._by_uid, self._name_to_uid
         cuda = self._backend.device_type == "cuda"
         device = self.device
@@ -288,14 +293,11 @@ class Plan:
     def execute(self, tensors: Mapping[int | str, Any]) -> None:
         """Check ``tensors`` (by uid or name) and launch the plan on the current stream of
         the plan's device, with scratch memory of its own."""
-        pack = None
-        if tensors.__class__ is dict and len(tensors) == len(self._by_uid):  # the common case, without check()'s calls
-            try:
-                pack = self._checked(tensors)
-            except (AttributeError, TypeError, IndexError, KeyError, RuntimeError):
-                pack = None
+        # A dict, the common case, skips check()'s Mapping test; anything else, or a
+        # mismatch, goes through check(), which names every problem.
+        pack = self._checked(tensors) if tensors.__class__ is dict else None
         if pack is None:
-            pack = self.check(tensors)  # names every problem, or accepts another kind of mapping
+            pack = self.check(tensors)
         launch = self._launch
         try:
             if launch is None:

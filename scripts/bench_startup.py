@@ -253,18 +253,13 @@ def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
             "execute_host_us": host_us, "launch": launch_overhead(torch, cache)}  # fmt: skip
 
 
-#: Launches per timed loop: few enough that the GPU's launch queue (about a thousand
-#: entries) never fills, so the loop times the host's enqueueing even when the kernels are
-#: slower than it. The median of LAUNCH_REPEATS loops is reported.
-LAUNCHES = 200
-LAUNCH_REPEATS = 25
+LAUNCHES, LAUNCH_REPEATS = 200, 25  # per timed loop, loops (see benchlib.host_us)
 
 
 def launch_overhead(torch: Any, cache: Any) -> list[dict[str, Any]]:
     """Host microseconds per launch in a tight loop, per suite graph: ``Plan.execute`` of the
     stored plan (checks included) beside the frontend's own ``execute`` of the same loaded
-    graph with a workspace allocated once. Each loop starts on an idle GPU and queues no
-    more than the GPU accepts without blocking the host."""
+    graph with a workspace allocated once (``benchlib.host_us``)."""
     import cudnn
 
     from plancache import templates
@@ -277,24 +272,12 @@ def launch_overhead(torch: Any, cache: Any) -> list[dict[str, Any]]:
         tensors = templates.allocate(name, device="cuda", **params)
         workspace = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
         graph = plan.native
-        plan_us = _host_us(torch, lambda p=plan, t=tensors: p.execute(t))
-        frontend_us = _host_us(torch, lambda g=graph, t=tensors, w=workspace: g.execute(t, w, handle=handle))
+        plan_us = benchlib.host_us(torch, lambda p=plan, t=tensors: p.execute(t), LAUNCHES, LAUNCH_REPEATS)
+        frontend_us = benchlib.host_us(
+            torch, lambda g=graph, t=tensors, w=workspace: g.execute(t, w, handle=handle), LAUNCHES, LAUNCH_REPEATS
+        )
         rows.append({"graph": label, "plan_us": plan_us, "frontend_us": frontend_us, "source": plan.source})
     return rows
-
-
-def _host_us(torch: Any, launch: Any) -> float:
-    for _ in range(50):
-        launch()
-    torch.cuda.synchronize()
-    loops = []
-    for _ in range(LAUNCH_REPEATS):
-        started = time.perf_counter()
-        for _ in range(LAUNCHES):
-            launch()
-        loops.append((time.perf_counter() - started) / LAUNCHES * 1e6)
-        torch.cuda.synchronize()  # outside the time: the next loop starts on an idle GPU
-    return statistics.median(loops)
 
 
 PHASES = {

@@ -65,6 +65,24 @@ def gpu_ms(torch: Any, fn: Any, iters: int = 20, repeats: int = 7) -> float:
     return statistics.median(times)
 
 
+def host_us(torch: Any, launch: Any, launches: int = 200, loops: int = 25) -> float:
+    """Host microseconds per call of ``launch`` in a tight loop: the median of ``loops``
+    loops of ``launches`` calls. Each loop starts on an idle GPU and queues few enough
+    launches that the GPU's launch queue (about a thousand entries) never fills, so the
+    loop times the host's enqueueing even when the kernels are slower than it."""
+    for _ in range(50):
+        launch()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(loops):
+        started = time.perf_counter()
+        for _ in range(launches):
+            launch()
+        times.append((time.perf_counter() - started) / launches * 1e6)
+        torch.cuda.synchronize()  # outside the time: the next loop starts on an idle GPU
+    return statistics.median(times)
+
+
 def rel_error(out: Any, ref: Any) -> float:
     return float((out.float() - ref).norm() / ref.norm().clamp_min(1e-12))
 

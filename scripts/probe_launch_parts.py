@@ -10,15 +10,14 @@ Loops of 200 launches, median of 25 loops. Prints one JSON line per graph.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchlib import host_us
 
 SUITE: list[tuple[str, dict[str, Any]]] = [
     ("conv_bias_act", {"n": 8, "c": 64, "h": 56, "w": 56, "k": 64}),
@@ -26,20 +25,6 @@ SUITE: list[tuple[str, dict[str, Any]]] = [
     ("matmul_bias_act", {"b": 8, "m": 1024, "k": 1024, "n": 1024, "bias": False, "act": None}),
     ("sdpa", {"b": 4, "h": 16, "s": 1024, "d": 64, "causal": True}),
 ]
-
-
-def host_us(torch: Any, fn: Callable[[], Any], launches: int = 200, loops: int = 25) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(loops):
-        started = time.perf_counter()
-        for _ in range(launches):
-            fn()
-        times.append((time.perf_counter() - started) / launches * 1e6)
-        torch.cuda.synchronize()  # each loop starts on an idle GPU
-    return round(statistics.median(times), 2)
 
 
 def parts(torch: Any, cudnn: Any, plan: Any, tensors: dict[int, Any], handle: Any) -> dict[str, Any]:
