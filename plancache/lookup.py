@@ -53,6 +53,7 @@ class Lookup:
 
     def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None) -> Plan:
         slot = (key.digest, device)
+        names = names_of(graph)
         with self.loads.claim(slot, self.memory) as plan:
             if plan is None:  # this thread loads or builds it
                 environment, env_id = self._environment(device)
@@ -60,9 +61,9 @@ class Lookup:
                 if plan is None:
                     with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])):
                         plan = self.memory.get(slot) or self._repair_or_build(graph, key, options, device, inputs)
-                plan = plan.named(names_of(graph))
+                plan = plan.named(names)
                 self.memory.put(slot, plan)
-        return plan.named(names_of(graph))
+        return plan.named(names)
 
     def prime(self, digest: str, environment: Mapping[str, Any], device: int) -> str:
         """Load the stored plan ``digest`` onto ``device`` into memory ahead of its lookup.

@@ -75,13 +75,23 @@ def driver_version() -> str:
     return "unknown"
 
 
-def _driver_device_count() -> int | None:
-    """``cuDeviceGetCount`` through the driver library (None when it cannot answer)."""
+@functools.lru_cache(maxsize=1)
+def _initialized_driver() -> Any:
+    """The CUDA driver library after ``cuInit`` (which creates no context), loaded once; None
+    when there is none. The primer asks it every few milliseconds while it waits."""
     with contextlib.suppress(OSError, AttributeError):
         libcuda = ctypes.CDLL("libcuda.so.1")
-        count = ctypes.c_int()
-        if libcuda.cuInit(0) == 0 and libcuda.cuDeviceGetCount(ctypes.byref(count)) == 0:
-            return int(count.value)
+        if libcuda.cuInit(0) == 0:
+            return libcuda
+    return None
+
+
+def _driver_device_count() -> int | None:
+    """``cuDeviceGetCount`` through the driver library (None when it cannot answer)."""
+    libcuda = _initialized_driver()
+    count = ctypes.c_int()
+    if libcuda is not None and libcuda.cuDeviceGetCount(ctypes.byref(count)) == 0:
+        return int(count.value)
     return None
 
 
@@ -89,15 +99,14 @@ def _primary_context_active(device: int) -> bool | None:
     """Whether this process's primary CUDA context of ``device`` (an index as the process
     sees it, ``CUDA_VISIBLE_DEVICES`` applied) exists, asked of the driver without creating
     anything; None when the driver cannot answer."""
-    with contextlib.suppress(OSError, AttributeError):
-        libcuda = ctypes.CDLL("libcuda.so.1")
-        handle, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-        if (
-            libcuda.cuInit(0) == 0
-            and libcuda.cuDeviceGet(ctypes.byref(handle), int(device)) == 0
-            and libcuda.cuDevicePrimaryCtxGetState(handle, ctypes.byref(flags), ctypes.byref(active)) == 0
-        ):
-            return bool(active.value)
+    libcuda = _initialized_driver()
+    handle, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    if (
+        libcuda is not None
+        and libcuda.cuDeviceGet(ctypes.byref(handle), int(device)) == 0
+        and libcuda.cuDevicePrimaryCtxGetState(handle, ctypes.byref(flags), ctypes.byref(active)) == 0
+    ):
+        return bool(active.value)
     return None
 
 
