@@ -35,8 +35,8 @@ from .errors import (
 # The rest loads on first use (PEP 562): ``import plancache`` stays a few milliseconds,
 # and a process pays for the cache's modules only when it uses them.
 _LAZY = {
-    "TimingPolicy": "build.autotune",
-    "Backend": "build.backend", "BuiltPlan": "build.backend", "CandidateSet": "build.backend", "EngineChoice": "build.backend",
+    "TimingPolicy": "engines.autotune",
+    "Backend": "engines.backend", "BuiltPlan": "engines.backend", "CandidateSet": "engines.backend", "EngineChoice": "engines.backend",
     "PlanCache": "cache",
     "BuildOptions": "key", "CacheKey": "key", "TensorSpec": "key", "describe": "key", "make_key": "key",
     "Plan": "plan",
@@ -44,17 +44,17 @@ _LAZY = {
     "Store": "store", "default_cache_dir": "store",
     "jit": "frontend", "graph_cache": "frontend", "install": "frontend", "uninstall": "frontend",
 }  # fmt: skip
-_SUBMODULES = {"build": "build", "cache": "cache", "cli": "cli", "config": "config", "errors": "errors", "flight": "flight",
+_SUBMODULES = {"engines": "engines", "cache": "cache", "cli": "cli", "config": "config", "errors": "errors", "flight": "flight",
                "frontend": "frontend", "key": "key", "plan": "plan", "recording": "recording", "store": "store", "testing": "testing",
                "tiers": "tiers", "workflows": "workflows", "remote": "tiers.remote", "bundle": "workflows.bundle",
                "buckets": "workflows.buckets", "capturing": "capturing", "priming": "priming", "manifest": "workflows.manifest", "prewarm": "workflows.prewarm",
                "report": "workflows.report", "templates": "workflows.templates"}  # fmt: skip
 
 if TYPE_CHECKING:
-    from .build.autotune import TimingPolicy
-    from .build.backend import Backend, BuiltPlan, CandidateSet, EngineChoice
     from .cache import PlanCache
     from .capturing import CapturedStep, capture
+    from .engines.autotune import TimingPolicy
+    from .engines.backend import Backend, BuiltPlan, CandidateSet, EngineChoice
     from .frontend import graph_cache, install, jit, uninstall
     from .key import BuildOptions, CacheKey, TensorSpec, describe, make_key
     from .plan import Plan

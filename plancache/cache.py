@@ -26,10 +26,10 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from .build.autotune import TimingPolicy
-from .build.backend import Backend
 from .builder import plan_builder
 from .config import auto_prime_from_env, max_size_from_env
+from .engines.autotune import TimingPolicy
+from .engines.backend import Backend
 from .errors import PlanCacheError
 from .flight import SingleFlight
 from .key import BuildOptions, CacheKey, canonical_json, describe, environment_id, make_key
@@ -50,7 +50,7 @@ _COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "
 
 
 def _default_backend() -> Backend:
-    from .build.cudnn_backend import CudnnBackend  # the only cuDNN import, and only when used
+    from .engines.cudnn_backend import CudnnBackend  # the only cuDNN import, and only when used
 
     return CudnnBackend()
 

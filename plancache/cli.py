@@ -189,7 +189,7 @@ def cli(ctx: click.Context, directory: Path | None, as_json: bool, debug: bool) 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env(as_json: bool) -> None:
     """The environment fingerprint that keys every plan on this machine."""
-    from .build.cudnn_backend import probe_environment
+    from .engines.cudnn_backend import probe_environment
 
     data = probe_environment()
 
@@ -406,7 +406,7 @@ def _current_backend(why: str) -> Any:
 
     backend = _backend_from_env()
     if backend is None:
-        from .build.cudnn_backend import CudnnBackend
+        from .engines.cudnn_backend import CudnnBackend
 
         backend = CudnnBackend()
     try:
@@ -498,7 +498,7 @@ def _backend_from_env() -> Any:
     ref = os.environ.get("PLANCACHE_BACKEND", "").strip()
     if not ref:
         return None
-    from .build.backend import Backend
+    from .engines.backend import Backend
     from .workflows.manifest import resolve_builder
 
     hint = "set it to module:Class, e.g. plancache.testing:CpuTestBackend, or unset it for cuDNN"

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .build.autotune import TimingPolicy, autotune
-from .build.backend import Backend, BuiltPlan, EngineChoice
+from .engines.autotune import TimingPolicy, autotune
+from .engines.backend import Backend, BuiltPlan, EngineChoice
 from .errors import DamagedEntryError
 from .flight import SingleFlight
 from .key import BuildOptions, CacheKey, TensorSpec, environment_id
@@ -191,7 +191,7 @@ class Lookup:
             return None
         started = time.perf_counter()
         try:
-            from .build.replay import rebuild_graph
+            from .engines.replay import rebuild_graph
 
             built = self.backend.rebuild(rebuild_graph(key.parts["graph"]), engine, options)
         except Exception as exc:

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .build.backend import Backend, EngineChoice
+from .engines.backend import Backend, EngineChoice
 from .errors import ExecutionError, TensorMismatchError
 from .key import TensorSpec
 
@@ -205,7 +205,8 @@ class Plan:
         device = self.device
         pack: dict[int, Any] = {}
         for ref, tensor in tensors.items():
-            uid = name_to_uid.get(ref, ref) if ref.__class__ is str else ref
+            # A name not in the plan's names stays a str, which no uid equals: KeyError below.
+            uid: int = name_to_uid.get(ref, ref) if ref.__class__ is str else ref  # type: ignore[arg-type, assignment]
             expect = by_uid[uid]
             pack[uid] = tensor
             if expect.by_value:

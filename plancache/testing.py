@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .build.backend import BuiltPlan, EngineChoice
+from .engines.backend import BuiltPlan, EngineChoice
 from .errors import BuildError, InvalidGraphError
 from .key import BuildOptions, TensorSpec, canonical_json, describe, tensor_table
 

@@ -192,7 +192,7 @@ def _eager(torch: Any, name: str, t: dict[int, Any], params: dict[str, Any]) -> 
 def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
     import plancache
     from plancache import templates
-    from plancache.build.backend import EngineChoice
+    from plancache.engines.backend import EngineChoice
 
     torch, _ = _setup()
     cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"), auto_prime=False)

@@ -28,7 +28,7 @@ SUITE: list[tuple[str, dict[str, Any]]] = [
 
 
 def parts(torch: Any, cudnn: Any, plan: Any, tensors: dict[int, Any], handle: Any) -> dict[str, Any]:
-    from plancache.build.cudnn_backend import _loaded_backend_graph
+    from plancache.engines.cudnn_backend import _loaded_backend_graph
 
     plan.execute(tensors)  # makes the plan's launch function
     workspace = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from plancache import BuildError, BuildOptions, BuiltPlan, EngineChoice, TimingPolicy
-from plancache.build.autotune import autotune
+from plancache.engines.autotune import autotune
 
 
 class FakeCandidates:

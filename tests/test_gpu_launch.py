@@ -64,7 +64,7 @@ def frontend_output(plan: plancache.Plan, name: str, params: dict[str, Any]) -> 
 
 @pytest.mark.parametrize(("name", "params"), GRAPHS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(GRAPHS)])
 def test_a_loaded_plan_launches_exactly_as_the_frontend_executes_it(tmp_path: Path, name: str, params: dict[str, Any]) -> None:
-    from plancache.build.cudnn_backend import _loaded_backend_graph
+    from plancache.engines.cudnn_backend import _loaded_backend_graph
 
     builder = plancache.PlanCache(tmp_path, auto_prime=False)
     built = builder.get(templates.build(name, **params))
@@ -188,7 +188,7 @@ TWO_DEVICE_CHILD = textwrap.dedent(
     import torch
     import plancache
     from plancache import templates
-    from plancache.build.cudnn_backend import _primary_context_active
+    from plancache.engines.cudnn_backend import _primary_context_active
     name, params = json.loads(sys.argv[2])
     if sys.argv[3] == "record":  # the last run: it used device 1
         torch.cuda.set_device(1)

@@ -15,7 +15,7 @@ import pytest
 from graphs import EXAMPLES, assert_runs_correctly
 
 from plancache import BuildOptions, InvalidGraphError, ManifestError, PlanCache, templates
-from plancache.build.replay import rebuild_graph
+from plancache.engines.replay import rebuild_graph
 from plancache.key import describe
 from plancache.workflows.manifest import SCHEMA, ManifestEntry, load_manifest, parse_manifest, record_to, write_manifest
 

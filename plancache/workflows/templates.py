@@ -34,7 +34,7 @@ class TensorLayout:
 
 
 def _cudnn() -> Any:
-    from ..build.cudnn_backend import cudnn_module
+    from ..engines.cudnn_backend import cudnn_module
 
     return cudnn_module()
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import logging
+import os
 import re
 import sys
 import threading
@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .backend import BuiltPlan, EngineChoice
 from ..errors import BuildError, InvalidGraphError, NoGpuError
 from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_table
+from .backend import BuiltPlan, EngineChoice
 
 __all__ = ["CudnnBackend", "cudnn_module", "probe_environment"]
 
@@ -348,7 +348,9 @@ class _Handles:
                 self._waiting += 1
                 try:
                     if not self._cond.wait_for(lambda: bool(free), timeout=30.0):
-                        raise RuntimeError(f"no cuDNN handle of device {device} came back within 30 s during a CUDA-graph capture")
+                        raise RuntimeError(
+                            f"no cuDNN handle of device {device} came back within 30 s during a CUDA-graph capture"
+                        )
                 finally:
                     self._waiting -= 1
                 return free.pop()
@@ -407,7 +409,7 @@ def _raw_stream_getter(torch: Any) -> Callable[[int], int]:
     ``current_stream(device).cuda_stream`` builds a Stream object first (1.6 us)."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if callable(raw):
-        return raw  # type: ignore[no-any-return]
+        return raw
     return lambda device: torch.cuda.current_stream(device).cuda_stream
 
 
@@ -418,7 +420,6 @@ def _forget_in_child(ref: weakref.ref[CudnnBackend]) -> None:
     backend = ref()
     if backend is not None:
         backend.after_fork()
-
 
 
 class CudnnBackend:

@@ -106,9 +106,7 @@ class Backend(Protocol):
         that loading a plan there creates nothing the program did not create itself."""
         ...
 
-    def candidates(
-        self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None
-    ) -> CandidateSet:
+    def candidates(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None) -> CandidateSet:
         """Validate ``graph`` on the current device and list its candidate plans. Raises
         ``InvalidGraphError`` naming the node when the library rejects the graph. ``inputs``
         (by uid) are used for timing instead of random tensors when given."""

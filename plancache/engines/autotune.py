@@ -15,9 +15,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .backend import CandidateSet
 from ..errors import BuildError
 from ..key import BuildOptions
+from .backend import CandidateSet
 
 __all__ = ["AutotuneResult", "CandidateReport", "TimingPolicy", "autotune"]
 

@@ -76,7 +76,7 @@ def _decode(value: Any, cudnn: Any, tensors: Mapping[str, Any]) -> Any:
     tagged forms of strings, non-finite floats, slices, arrays and mappings."""
     if isinstance(value, dict):
         if len(value) == 1:
-            (form, inner), = value.items()
+            ((form, inner),) = value.items()
             if form == "tensor":
                 return tensors[inner]
             if form == "str":
@@ -90,7 +90,9 @@ def _decode(value: Any, cudnn: Any, tensors: Mapping[str, Any]) -> Any:
             if form == "dict":
                 return {k: _decode(v, cudnn, tensors) for k, v in inner.items()}
             if form == "callable":
-                raise InvalidGraphError("the recorded graph holds a callable, which cannot be replayed", node=None, reason="callable")
+                raise InvalidGraphError(
+                    "the recorded graph holds a callable, which cannot be replayed", node=None, reason="callable"
+                )
         raise InvalidGraphError(f"the recorded description holds an unknown value {value!r}", node=None, reason="malformed")
     if isinstance(value, list):
         return [_decode(v, cudnn, tensors) for v in value]

@@ -1,0 +1,60 @@
+"""The repository's own hygiene: what git, the linters and the packager see.
+
+A package folder that ``.gitignore`` matches is invisible to ``git status``, skipped by
+``git add .``, missing from a fresh clone and never linted (ruff honours ``.gitignore``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE_ROOTS = ("plancache", "tests", "scripts", "migrations", "examples")
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - CI runs 3.11
+    import tomli as tomllib
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
+
+
+def _source_folders() -> list[Path]:
+    folders = {ROOT / root for root in SOURCE_ROOTS if (ROOT / root).is_dir()}
+    for root in SOURCE_ROOTS:
+        for path in (ROOT / root).rglob("*"):
+            if path.is_dir() and "__pycache__" not in path.parts and any(path.glob("*.py")):
+                folders.add(path)
+    return sorted(folders)
+
+
+def test_no_source_folder_is_ignored_by_git() -> None:
+    if shutil.which("git") is None or _git("rev-parse", "--is-inside-work-tree").stdout.strip() != "true":
+        pytest.skip("not a git checkout")
+    probes = [str((folder / "new_module.py").relative_to(ROOT)) for folder in _source_folders()]
+    result = _git("check-ignore", "--no-index", "-v", *probes)
+    assert result.returncode == 1, f"git ignores files in source folders:\n{result.stdout}"
+
+
+def test_every_package_folder_is_a_package_and_is_shipped() -> None:
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for init in (ROOT / "plancache").rglob("*.py"):
+        folder = init.parent
+        if "__pycache__" in folder.parts:
+            continue
+        assert (folder / "__init__.py").is_file(), f"{folder.relative_to(ROOT)} holds modules but no __init__.py"
+        found.add(".".join(folder.relative_to(ROOT).parts))
+    assert found <= declared, f"package folders missing from pyproject.toml: {sorted(found - declared)}"
+
+
+@pytest.mark.parametrize("name", ["build", "dist", "out"])
+def test_no_package_folder_is_named_like_build_output(name: str) -> None:
+    assert not (ROOT / "plancache" / name).exists(), f"plancache/{name}/ reads as generated output to tools"
