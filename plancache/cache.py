@@ -46,7 +46,7 @@ log = logging.getLogger("plancache")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "store_errors", "waits",
-             "unpersisted", "kernel_cache_restores", "primed")  # fmt: skip
+             "unpersisted", "kernel_cache_restores", "primed", "no_majority", "rechecks")  # fmt: skip
 
 
 def _default_backend() -> Backend:

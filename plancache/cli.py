@@ -241,14 +241,22 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
     yield from ("  " + line for line in _table(
         [[str(t["uid"]), t["name"], "out" if t["is_output"] else "in", str(t["dims"]), str(t["strides"]), str(t["dtype"])]
          for t in data["tensors"]], ["UID", "NAME", "IO", "DIMS", "STRIDES", "DTYPE"]))  # fmt: skip
-    timed = [c for c in data["candidates"] if c.get("median_ms") is not None or c.get("first_ms") is not None]
-    if timed:
+    from .engines.autotune import check_summary
+
+    check = data.get("check") or {}
+    yield f"check          {check_summary(check)}"
+    for rejected in check.get("rejected") or []:
+        error = rejected.get("error")
+        yield f"  rejected     #{rejected.get('index')} {rejected.get('engine')}: error {f'{error:.3g}' if error is not None else 'not finite'}"
+    tried = [c for c in data["candidates"] if c.get("status") != "not_built"]
+    if tried:
         yield "candidates:"
         yield from ("  " + line for line in _table(
             [[str(c["index"]), c["engine"].get("name", ""), c["status"],
               f"{c['median_ms']:.4f}" if c.get("median_ms") is not None else "-",
-              f"{c['first_ms']:.4f}" if c.get("first_ms") is not None else "-"] for c in data["candidates"]],
-            ["#", "ENGINE", "STATUS", "MEDIAN_MS", "FIRST_MS"]))  # fmt: skip
+              f"{c['first_ms']:.4f}" if c.get("first_ms") is not None else "-",
+              f"{c['deviation']:.3g}" if c.get("deviation") is not None else "-"] for c in tried],
+            ["#", "ENGINE", "STATUS", "MEDIAN_MS", "FIRST_MS", "ERROR"]))  # fmt: skip
     if "explain" in data:
         yield "key parts:"
         for name, part in data["explain"].items():

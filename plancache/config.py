@@ -15,11 +15,22 @@ import logging
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from .errors import PlanCacheError
 
-__all__ = ["ENVIRONMENT", "MAX_SIZE_FLOOR", "MAX_SIZE_WARN", "ConfigError", "auto_prime_from_env", "format_size",
-           "max_size_from_env", "parse_size"]  # fmt: skip
+__all__ = [
+    "ENVIRONMENT",
+    "MAX_SIZE_FLOOR",
+    "MAX_SIZE_WARN",
+    "ConfigError",
+    "MemoryBudget",
+    "auto_prime_from_env",
+    "format_size",
+    "max_size_from_env",
+    "memory_budget_from_env",
+    "parse_size",
+]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -52,6 +63,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_MEMORY_PLANS": ("loaded plans a process keeps in memory, least recently used dropped", "`1024`"),
     "PLANCACHE_PATCH_CUDNN": ("`1`: `import plancache` calls `plancache.install()`, so `cudnn.jit` and `cudnn.graph_cache` persist plans", "not patched"),
     "PLANCACHE_AUTO_PRIME": ("`1`: a cache that opens loads, on a background thread, the plans its application used in its latest run (see docs/priming.md for the one hazard that keeps it off by default)", "off"),
+    "PLANCACHE_AUTOTUNE_MEMORY": ("device memory autotuning may allocate to launch and compare candidates: a share of free memory or a size; a graph that needs more is not timed (docs/checking.md)", "`25%`"),
     "PLANCACHE_APP": ("the application name plan use is recorded and primed under", "the entry script's path (plus `#rankN` with `LOCAL_RANK`)"),
 }  # fmt: skip
 
@@ -138,3 +150,40 @@ def max_size_from_env(environ: Mapping[str, str] | None = None) -> int | None:
 
 
 _warned: set[str] = set()
+
+
+_SHARE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*%\s*$")
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What autotuning may allocate on the device to launch candidates (inputs, outputs,
+    the copies that comparing them keeps, workspaces): ``share`` of the device's free
+    memory, or ``limit`` bytes. A graph that needs more is not timed (the heuristics'
+    order is taken, and the entry says why): the frontend's own build allocates nothing,
+    so a miss must not run the program out of memory."""
+
+    share: float | None = 0.25
+    limit: int | None = None
+
+    def bytes_of(self, free: int) -> int:
+        return int(free * self.share) if self.share is not None else int(self.limit or 0)
+
+    def describe(self) -> str:
+        return f"{self.share * 100:g}% of free device memory" if self.share is not None else format_size(self.limit or 0)
+
+
+def memory_budget_from_env(environ: Mapping[str, str] | None = None) -> MemoryBudget:
+    """``PLANCACHE_AUTOTUNE_MEMORY``: a share of free device memory (``25%``, the default)
+    or a size (``4G``); ``0`` launches nothing. Anything else is a ``ConfigError``."""
+    raw = (os.environ if environ is None else environ).get("PLANCACHE_AUTOTUNE_MEMORY", "")
+    if not raw.strip():
+        return MemoryBudget()
+    share = _SHARE.match(raw)
+    if share is not None:
+        value = float(share.group(1))
+        if value > 100:
+            raise ConfigError(f"PLANCACHE_AUTOTUNE_MEMORY={raw!r} is more than 100% of free memory", name="PLANCACHE_AUTOTUNE_MEMORY",
+                              value=raw)  # fmt: skip
+        return MemoryBudget(share=value / 100.0)
+    return MemoryBudget(share=None, limit=parse_size(raw, name="PLANCACHE_AUTOTUNE_MEMORY") or 0)

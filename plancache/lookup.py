@@ -15,14 +15,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .engines.autotune import TimingPolicy, autotune
+from .engines.autotune import AutotuneResult, TimingPolicy, autotune
 from .engines.backend import Backend, BuiltPlan, EngineChoice
 from .errors import DamagedEntryError
 from .flight import SingleFlight
 from .key import BuildOptions, CacheKey, TensorSpec, environment_id
 from .loads import Loads
 from .plan import Plan, names_of
-from .store import Entry, problem, sha256, summarize
+from .store import NEVER_CHECKED, Entry, problem, sha256, summarize
 from .tiers.local import LocalTier
 from .tiers.memory import LRU
 
@@ -112,6 +112,9 @@ class Lookup:
             return outcome
         if outcome is not None:
             entry, reason = outcome
+            if reason == NEVER_CHECKED:  # sound, but its engine was never compared with others
+                self.counters["rechecks"] += 1
+                return self._build(graph, key, options, inputs, device)
             self.quarantine_if_unchanged(key.digest, entry, reason)
             rebuilt = self._rebuild(key, options, entry, device) if entry is not None else None
             if rebuilt is not None:
@@ -140,6 +143,8 @@ class Lookup:
                     report["missing"].append(digest)
                 elif outcome[0] is not None and outcome[0].environment != environment:
                     report["failed"][digest] = "entry belongs to another environment"  # kept for its own machines
+                elif outcome[1] == NEVER_CHECKED:
+                    report["failed"][digest] = outcome[1]  # its lookup chooses it again
                 else:
                     with self.flight.hold(digest, env_id):
                         self.quarantine_if_unchanged(digest, outcome[0], outcome[1])
@@ -202,7 +207,7 @@ class Lookup:
         self.counters["rebuilds"] += 1
         # The unsound entry's autotuning record still says why this engine was chosen.
         timing = old.timing or {"method": "rebuilt from the stored engine id and knobs"}
-        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0)
+        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check)
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
 
     def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int) -> Plan:
@@ -211,7 +216,7 @@ class Lookup:
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
         if dynamic:
             self._restore_kernel_cache(key)  # only with persist_kernel_cache
-        cands = self.backend.candidates(graph, options, inputs)
+        cands = self.backend.candidates(graph, options, key.parts["graph"], inputs)
         try:
             result = autotune(cands, options, self.timing)
             built = cands.finish(result.winner)
@@ -220,12 +225,31 @@ class Lookup:
         self.counters["builds"] += 1
         if dynamic and self.persist_kernel_cache:
             self._save_kernel_cache(key)
+        if not result.persist:
+            return self._unpersisted(key, built, result, device)
         reports = [r.to_dict() for r in result.candidates]
-        self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started, result.autotune_seconds)
+        self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started, result.autotune_seconds,
+                      result.check)  # fmt: skip
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "built", device)
 
+    def _unpersisted(self, key: CacheKey, built: BuiltPlan, result: AutotuneResult, device: int) -> Plan:
+        """Candidates without a majority: this process runs what the frontend itself would
+        (its heuristic choice), and nothing is stored or published."""
+        self.counters["no_majority"] += 1
+        check = result.check
+        groups = "; ".join(" = ".join(str(n) for n in group) for group in check.get("groups", []))
+        spread = check.get("spread")
+        log.warning(
+            "plancache: the candidates of %s (%s) disagree and no majority agrees: %s (error %s > tolerance %.3g); "
+            "not persisting it: this process runs the frontend's heuristic choice %s",
+            key.digest[:12], summarize(key.parts["graph"]), groups, f"{spread:.3g}" if spread is not None else "not finite",
+            check.get("tolerance", 0.0), built.engine.name if built.engine else f"#{result.winner}",
+        )  # fmt: skip
+        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "unpersisted", device)
+
     def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
-                 timing: dict[str, Any], build_seconds: float, autotune_seconds: float) -> None:  # fmt: skip
+                 timing: dict[str, Any], build_seconds: float, autotune_seconds: float,
+                 check: dict[str, Any] | None) -> None:  # fmt: skip
         now = time.time()
         entry = Entry(
             key=key.digest, env_id=environment_id(key.parts["environment"]), label=summarize(key.parts["graph"]),
@@ -233,7 +257,7 @@ class Lookup:
             tensors=[t.to_dict() for t in built.tensors], blob=built.blob, blob_sha256=sha256(built.blob),
             engine=built.engine.to_dict() if built.engine else None, workspace_size=built.workspace_size,
             policy=policy, candidates=candidates, timing=timing, build_seconds=build_seconds,
-            autotune_seconds=autotune_seconds, backend=self.backend.name, created_at=now, last_used_at=now,
+            autotune_seconds=autotune_seconds, backend=self.backend.name, created_at=now, last_used_at=now, check=check,
         )  # fmt: skip
         if not self.local.put(entry):
             self.counters["unpersisted"] += 1

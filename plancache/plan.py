@@ -18,44 +18,15 @@ No torch import: tensors are checked through ``shape``, ``stride()``, ``dtype``,
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .engines.backend import Backend, EngineChoice
+from .engines.tensors import TORCH_DTYPES, Expect, tensor_problems
 from .errors import ExecutionError, TensorMismatchError
 from .key import TensorSpec
 
 __all__ = ["TORCH_DTYPES", "Plan", "names_of"]
-
-#: cuDNN data type -> the torch dtypes a tensor of that type may have. Every data type the
-#: frontend defines is listed: one with no entry could be launched unchecked. FP8_E5M3 has
-#: no torch dtype and travels as bytes; 4-bit types are packed two per byte (see _PACKED).
-#: FAST_FLOAT_FOR_FP8 is a compute type: no tensor may hold it, so nothing is accepted.
-TORCH_DTYPES: dict[str, tuple[str, ...]] = {
-    "data_type.HALF": ("float16",),
-    "data_type.BFLOAT16": ("bfloat16",),
-    "data_type.FLOAT": ("float32",),
-    "data_type.DOUBLE": ("float64",),
-    "data_type.INT8": ("int8",),
-    "data_type.UINT8": ("uint8",),
-    "data_type.INT32": ("int32",),
-    "data_type.INT64": ("int64",),
-    "data_type.BOOLEAN": ("bool",),
-    "data_type.FP8_E4M3": ("float8_e4m3fn",),
-    "data_type.FP8_E5M2": ("float8_e5m2",),
-    "data_type.FP8_E8M0": ("float8_e8m0fnu",),
-    "data_type.FP8_E5M3": ("uint8", "int8"),
-    "data_type.FP4_E2M1": ("float4_e2m1fn_x2", "uint8"),
-    "data_type.INT4": ("uint8", "int8"),
-    "data_type.FAST_FLOAT_FOR_FP8": (),
-}
-#: Types stored two elements per byte along their unit-stride axis.
-_PACKED = frozenset({"data_type.FP4_E2M1", "data_type.INT4"})
-#: Bytes every data pointer must be aligned to when a spec does not say: the frontend's
-#: graph API declares its tensors 16-byte aligned to cuDNN, and a plan built under that
-#: promise fails or misbehaves on a pointer 2 bytes off (seen on an H200).
-DEFAULT_ALIGNMENT = 16
 
 
 def names_of(graph: Any) -> dict[str, int]:
@@ -64,44 +35,6 @@ def names_of(graph: Any) -> dict[str, int]:
     if not isinstance(tensors, Mapping):
         return {}
     return {str(name): int(t.uid) for name, t in tensors.items() if not t.is_virtual}
-
-
-def _storage_geometry(
-    dtype: str | None, dims: tuple[int, ...], strides: tuple[int, ...]
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The shape and strides a torch tensor holding this layout has: the layout itself,
-    or for packed 4-bit types the unit-stride axis halved (None: no byte layout spells it)."""
-    if dtype not in _PACKED:
-        return dims, strides
-    for axis, (extent, step) in enumerate(zip(dims, strides)):
-        if step == 1 and extent > 1 and extent % 2 == 0 and all(s % 2 == 0 or s == 1 for i, s in enumerate(strides) if i != axis):
-            packed_dims = tuple(d // 2 if i == axis else d for i, d in enumerate(dims))
-            packed_strides = tuple(s if (i == axis or s == 1) else s // 2 for i, s in enumerate(strides))
-            return packed_dims, packed_strides
-    return None
-
-
-class _Expect:
-    """What one tensor of the plan must look like, resolved once per plan."""
-
-    __slots__ = ("alignment", "by_value", "dims", "dtype_names", "dtypes", "spec", "stride_items", "strides")
-
-    def __init__(self, spec: TensorSpec) -> None:
-        self.spec = spec
-        geometry = _storage_geometry(spec.dtype, tuple(spec.dims), tuple(spec.strides))
-        self.dims, self.strides = geometry if geometry is not None else ((-1,), ())  # (-1,): nothing matches
-        # Strides of size-1 dimensions never affect addressing, so they are not compared.
-        self.stride_items = tuple((i, s) for i, (d, s) in enumerate(zip(self.dims, self.strides)) if d != 1)
-        self.dtype_names = TORCH_DTYPES.get(spec.dtype or "")
-        self.alignment = max(1, int(getattr(spec, "alignment", DEFAULT_ALIGNMENT) or 1))
-        self.by_value = bool(spec.is_pass_by_value)  # a host scalar: nothing to check
-        self.dtypes: tuple[Any, ...] | None = None  # torch dtype objects, resolved at first check
-
-    def resolve(self) -> None:
-        torch = sys.modules.get("torch")
-        names = self.dtype_names if self.dtype_names is not None else ()
-        found = tuple(getattr(torch, n) for n in names if torch is not None and hasattr(torch, n))
-        self.dtypes = found
 
 
 class Plan:
@@ -138,7 +71,7 @@ class Plan:
         self._backend = backend
         self._native = native
         self._launch: Callable[[Mapping[int, Any]], None] | None = None  # the backend's, made at the first launch
-        self._by_uid = {spec.uid: _Expect(spec) for spec in self.tensors}
+        self._by_uid = {spec.uid: Expect(spec) for spec in self.tensors}
         known = {spec.uid for spec in self.tensors}
         self._name_to_uid = {n: u for n, u in (names or {}).items() if u in known}
 
@@ -260,36 +193,7 @@ class Plan:
         return f"{names[0]!r} (uid {uid})" if names else f"uid {uid}"
 
     def _problems_of(self, uid: int, tensor: Any) -> list[str]:
-        expect = self._by_uid[uid]
-        spec = expect.spec
-        if spec.is_pass_by_value:
-            return []
-        where = self._where(uid)
-        try:
-            shape, stride, device, pointer = tuple(tensor.shape), tuple(tensor.stride()), tensor.device, int(tensor.data_ptr())
-        except (AttributeError, TypeError, RuntimeError):
-            return [f"{where} is a {type(tensor).__name__}, not a tensor"]
-        problems = []
-        if expect.dims and shape != expect.dims:
-            problems.append(f"{where} has shape {list(shape)}, the plan needs {list(expect.dims)}")
-        elif any(stride[i] != s for i, s in expect.stride_items):
-            problems.append(f"{where} has strides {list(stride)}, the plan needs {list(expect.strides)}")
-        if expect.dtypes is None:
-            expect.resolve()
-        if tensor.dtype not in (expect.dtypes or ()):
-            wanted = (
-                " or ".join(f"torch.{n}" for n in expect.dtype_names or ())
-                or f"none (cuDNN type {spec.dtype} is not a storage type)"
-            )
-            problems.append(f"{where} has dtype {tensor.dtype}, the plan needs {wanted}")
-        if pointer % expect.alignment:
-            problems.append(
-                f"{where} starts at an address {pointer % expect.alignment} bytes off the {expect.alignment}-byte alignment the plan was built for"
-            )
-        device_type = self._backend.device_type
-        if device.type != device_type or (device_type == "cuda" and device.index != self.device):
-            problems.append(f"{where} is on {device}, the plan runs on {device_type}:{self.device}")
-        return problems
+        return tensor_problems(self._by_uid[uid], tensor, self._where(uid), self._backend.device_type, self.device)
 
     def execute(self, tensors: Mapping[int | str, Any]) -> None:
         """Check ``tensors`` (by uid or name) and launch the plan on the current stream of

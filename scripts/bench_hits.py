@@ -442,7 +442,7 @@ def fill_store(directory: Path, entries: int) -> dict[str, Any]:
             environment=key.parts["environment"], options=key.parts["options"], tensors=[t.to_dict() for t in plan.tensors],
             blob=plan.blob, blob_sha256=sha256(plan.blob), engine=engine.to_dict(), workspace_size=plan.workspace_size,
             policy=reference.policy, candidates=reference.candidates, timing=reference.timing, build_seconds=0.0,
-            autotune_seconds=0.0, backend=backend.name, created_at=now, last_used_at=now,
+            autotune_seconds=0.0, backend=backend.name, created_at=now, last_used_at=now, check=reference.check,
         )  # fmt: skip
 
     same = entry(0)

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 
 import pytest
+import torch
 
 from plancache import BuildError, BuildOptions, BuiltPlan, EngineChoice, TimingPolicy
 from plancache.engines.autotune import autotune
@@ -14,7 +15,10 @@ from plancache.engines.autotune import autotune
 
 class FakeCandidates:
     """``medians[i]``: what candidate i's careful runs measure; ``firsts[i]``: its single
-    first run (defaults to the median); ``failing``: indices whose build fails."""
+    first run (defaults to the median); ``failing``: indices whose build fails;
+    ``results[i]``: the value candidate i computes (default: all the same, 1.0);
+    ``engines[i]``: its engine id (default: 100 + i); ``not_ready``: why nothing may be
+    launched (what ``prepare`` says)."""
 
     def __init__(
         self,
@@ -22,26 +26,46 @@ class FakeCandidates:
         *,
         failing: Sequence[int] = (),
         firsts: Sequence[float] | None = None,
+        results: Sequence[float] | None = None,
+        engines: Sequence[int] | None = None,
+        not_ready: str | None = None,
     ) -> None:
         self.medians = list(medians)
         self.firsts = list(firsts) if firsts is not None else list(medians)
+        self.results = list(results) if results is not None else [1.0] * len(medians)
+        self.engines = list(engines) if engines is not None else [100 + i for i in range(len(medians))]
         self.failing = set(failing)
+        self.not_ready = not_ready
         self.build_calls: list[int] = []
         self.time_calls: list[tuple[int, int]] = []
+        self.output_calls: list[int] = []
+        self.prepared = False
         self.closed = False
 
     def __len__(self) -> int:
         return len(self.medians)
 
     def engine(self, index: int) -> EngineChoice:
-        return EngineChoice(engine_id=100 + index, knobs={"k": index}, name=f"fake{index}")
+        return EngineChoice(engine_id=self.engines[index], knobs={"k": index}, name=f"fake{index}")
 
     def build(self, index: int) -> str | None:
         self.build_calls.append(index)
         return f"engine {index} not supported" if index in self.failing else None
 
+    def prepare(self, budget: object) -> str | None:
+        self.prepared = self.not_ready is None
+        return self.not_ready
+
+    def tolerance(self) -> float:
+        return 0.01
+
+    def outputs(self, index: int) -> dict[int, object]:
+        assert self.prepared and index in self.build_calls and index not in self.failing
+        self.output_calls.append(index)
+        return {1: torch.full((4,), self.results[index])}
+
     def time(self, index: int, runs: int) -> list[float]:
-        assert index in self.build_calls and index not in self.failing, "timed a candidate that was not built"
+        assert self.prepared and index in self.output_calls, "timed a candidate that was not checked"
         self.time_calls.append((index, runs))
         if runs == 1:
             return [self.firsts[index]]
@@ -63,16 +87,19 @@ def statuses(result: object) -> list[str]:
     return [r.status for r in result.candidates]  # type: ignore[attr-defined]
 
 
-def test_heuristic_picks_the_first_buildable_without_timing() -> None:
+def test_heuristic_checks_its_choice_against_one_more_and_times_nothing() -> None:
     cands = FakeCandidates([5.0, 4.0, 3.0, 0.1, 0.1], failing=[0, 1])
     result = autotune(cands, BuildOptions(policy="heuristic"))
     assert result.winner == 2  # not 3, although 3 would be faster: heuristic order rules
-    assert cands.build_calls == [0, 1, 2]
+    assert cands.build_calls == [0, 1, 2, 3]  # 3 only to compare 2 with
+    assert cands.output_calls == [2, 3]
     assert cands.time_calls == []
-    assert statuses(result) == ["failed", "failed", "chosen", "not_built", "not_built"]
+    assert statuses(result) == ["failed", "failed", "chosen", "checked", "not_built"]
     assert result.candidates[0].error == "engine 0 not supported"
-    assert result.timing == {"method": "not timed"}
+    assert result.timing == {"method": "not timed: heuristic policy"}
+    assert result.check["status"] == "agreed" and result.check["agreeing"] == 2
     assert result.policy == "heuristic"
+    assert result.persist
 
 
 def test_topk_builds_and_times_only_k() -> None:
@@ -179,3 +206,72 @@ def test_reports_are_json_serializable() -> None:
     assert reports[2]["status"] == "chosen" and reports[2]["times_ms"]
     assert result.autotune_seconds >= 0
     json.dumps(result.timing)
+
+
+# ------------------------------------------------------------------ checking candidates
+
+
+def test_a_wrong_candidate_that_is_the_fastest_is_rejected_and_never_chosen() -> None:
+    for policy in ("topk", "exhaustive"):
+        cands = FakeCandidates([1.0, 2.0, 0.01, 3.0], results=[1.0, 1.0, 1.5, 1.0])
+        result = autotune(cands, BuildOptions(policy=policy, top_k=4), TimingPolicy(prune_factor=1000.0))
+        assert result.winner == 0
+        assert result.candidates[2].status == "rejected"
+        assert result.candidates[2].deviation == pytest.approx(0.5)
+        assert "disagrees with the 3 candidates that agree" in (result.candidates[2].error or "")
+        assert 2 not in cands.timed()
+        assert result.check["rejected"] == [{"index": 2, "engine": "fake2", "error": pytest.approx(0.5)}]
+        assert result.persist
+
+
+def test_the_heuristic_first_choice_when_wrong_is_outvoted() -> None:
+    cands = FakeCandidates([1.0] * 6, results=[7.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    result = autotune(cands, BuildOptions(policy="heuristic"))
+    assert cands.output_calls == [0, 1, 2]  # 0 and 1 disagree: one more makes a majority
+    assert result.winner == 1
+    assert statuses(result)[:3] == ["rejected", "chosen", "checked"]
+
+
+def test_knob_variants_of_one_wrong_engine_are_no_majority() -> None:
+    # 0 and 1 are one engine with two knob settings, both wrong: they agree with each other.
+    cands = FakeCandidates([1.0] * 5, results=[7.0, 7.0, 1.0, 1.0, 1.0], engines=[0, 0, 1, 2, 3])
+    result = autotune(cands, BuildOptions(policy="heuristic"))
+    assert result.winner == 2
+    assert {r["index"] for r in result.check["rejected"]} == {0, 1}
+
+
+def test_topk_launches_more_than_k_until_a_majority_stands() -> None:
+    cands = FakeCandidates([1.0] * 6, results=[7.0, 7.0, 1.0, 1.0, 1.0, 1.0], engines=[0, 0, 1, 2, 3, 4])
+    result = autotune(cands, BuildOptions(policy="topk", top_k=4), TimingPolicy(prune_factor=1000.0))
+    assert cands.output_calls == [0, 1, 2, 3, 4]  # 2 against 2 after four: one more
+    assert result.winner == 2
+    assert sorted(cands.timed(1)) == [2, 3, 4]
+
+
+def test_no_majority_gives_the_frontend_choice_not_to_be_persisted() -> None:
+    cands = FakeCandidates([2.0, 1.0], results=[1.0, 2.0])
+    result = autotune(cands, BuildOptions(policy="exhaustive"))
+    assert not result.persist
+    assert result.winner == 0  # the first that builds: what the frontend itself runs
+    assert result.check["status"] == "no majority"
+    assert result.check["groups"] == [["fake0"], ["fake1"]]
+    assert result.check["spread"] == pytest.approx(1.0)  # |2 - 1| / 1
+    assert cands.time_calls == []
+
+
+def test_nothing_is_launched_when_the_inputs_cannot_be_made_safe() -> None:
+    cands = FakeCandidates([2.0, 1.0, 0.5], failing=[0], not_ready="plancache does not know the role of tensor uid 7")
+    result = autotune(cands, BuildOptions(policy="exhaustive"))
+    assert result.winner == 1  # the heuristics' order, as the frontend would
+    assert cands.output_calls == [] and cands.time_calls == []
+    assert result.check == {"status": "not run", "why": "plancache does not know the role of tensor uid 7"}
+    assert result.timing["method"] == "not timed: plancache does not know the role of tensor uid 7"
+    assert result.persist
+
+
+def test_non_finite_differences_are_rejected_and_stored_as_json() -> None:
+    cands = FakeCandidates([1.0, 1.0, 1.0], results=[1.0, float("nan"), 1.0])
+    result = autotune(cands, BuildOptions(policy="exhaustive"))
+    assert result.candidates[1].status == "rejected" and result.candidates[1].deviation is None
+    assert "NaN" in (result.candidates[1].error or "")
+    json.dumps(result.check, allow_nan=False)

@@ -41,6 +41,7 @@ def make_entry(key: str = "ab" * 32, *, blob: bytes = b"plan-bytes", last_used_a
         "backend": "cpu-test",
         "created_at": 900.0,
         "last_used_at": last_used_at,
+        "check": {"status": "agreed", "compared": 2, "agreeing": 2, "rejected": []},
     }
     values.update(fields)
     entry = Entry(**values)
@@ -471,7 +472,7 @@ def _schema_one_database(directory: Path) -> Path:
     conn.executescript(sql)
     conn.execute("PRAGMA user_version = 1")
     row = make_entry().row()
-    del row["meta_sha256"]  # schema 1 had no such column
+    del row["meta_sha256"], row["check_json"]  # schema 1 had no such columns
     conn.execute(f"INSERT INTO plans ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
     conn.commit()
     conn.close()
@@ -485,6 +486,7 @@ def test_schema_one_database_is_migrated_and_its_rows_still_served(tmp_path: Pat
     entry = store.get("ab" * 32)
     assert entry is not None and entry.meta_sha256 is None, "old rows keep NULL: nothing to compare"
     assert entry.checksum_ok()
+    assert entry.check is None, "rows stored before candidates were compared are not marked checked"
     store.close()
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..config import MemoryBudget
 from ..key import BuildOptions, TensorSpec
 
 __all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice"]
@@ -46,7 +47,11 @@ class BuiltPlan:
 
 
 class CandidateSet(Protocol):
-    """The candidate plans of one graph, in the heuristics' order (best guess first)."""
+    """The candidate plans of one graph, in the heuristics' order (best guess first).
+
+    Autotuning builds candidates, launches each once on the same inputs to compare their
+    outputs (``outputs``), then times those that agree (``time``). Nothing is launched
+    before ``prepare`` said the inputs are ready."""
 
     def __len__(self) -> int: ...
 
@@ -56,6 +61,22 @@ class CandidateSet(Protocol):
 
     def build(self, index: int) -> str | None:
         """Build candidate ``index``; None on success, else why it failed."""
+        ...
+
+    def prepare(self, budget: MemoryBudget) -> str | None:
+        """Make the inputs every launch uses: the caller's own tensors, else synthetic ones
+        valid for the role each plays (``engines.inputs``), within ``budget``. None when
+        candidates may be launched; else why not (a tensor of unknown role, the budget, a
+        CUDA-graph capture on this thread), and then nothing is allocated or launched."""
+        ...
+
+    def tolerance(self) -> float:
+        """The largest error two right candidates of this graph may show (``engines.consensus``)."""
+        ...
+
+    def outputs(self, index: int) -> Mapping[int, Any]:
+        """Launch built candidate ``index`` once on the prepared inputs (outputs cleared
+        first) and return copies of its outputs, by uid."""
         ...
 
     def time(self, index: int, runs: int) -> list[float]:
@@ -106,10 +127,15 @@ class Backend(Protocol):
         that loading a plan there creates nothing the program did not create itself."""
         ...
 
-    def candidates(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None) -> CandidateSet:
+    def candidates(
+        self, graph: Any, options: BuildOptions, description: Mapping[str, Any], inputs: Mapping[int, Any] | None = None
+    ) -> CandidateSet:
         """Validate ``graph`` on the current device and list its candidate plans. Raises
-        ``InvalidGraphError`` naming the node when the library rejects the graph. ``inputs``
-        (by uid) are used for timing instead of random tensors when given."""
+        ``InvalidGraphError`` naming the node when the library rejects the graph.
+        ``description``: the graph's canonical description (what its key was made of),
+        from which the roles of its tensors are read. ``inputs`` (by uid): the caller's
+        tensors, launched on instead of synthetic ones (checked as ``Plan.execute``
+        checks tensors, and never written)."""
         ...
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:

@@ -29,9 +29,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config import MemoryBudget, format_size
 from ..errors import BuildError, InvalidGraphError, NoGpuError
 from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_table
 from .backend import BuiltPlan, EngineChoice
+from .consensus import tolerance
+from .inputs import materialize, plan_inputs
+from .tensors import checked_inputs
 
 __all__ = ["CudnnBackend", "cudnn_module", "probe_environment"]
 
@@ -39,6 +43,8 @@ log = logging.getLogger("plancache")
 
 _INNER = 3  # launches per careful measurement
 _SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock: enough for the host to queue _INNER launches
+#: Copies of the outputs comparing candidates keeps (one per group of agreeing candidates).
+_OUTPUT_COPIES = 3
 _NODE_IN_MESSAGE = re.compile(r"[Nn]ode '([^']+)'")
 
 
@@ -172,13 +178,20 @@ def _knobs_from_json(knobs: Mapping[str, int]) -> dict[Any, int]:
 
 
 class _Candidates:
-    """Candidates of one cuDNN graph, de-duplicated across heuristic modes."""
+    """Candidates of one cuDNN graph, de-duplicated across heuristic modes.
 
-    def __init__(self, backend: CudnnBackend, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None) -> None:
+    Launches run on a stream of plancache's own (non-blocking), never on the caller's, and
+    never while the calling thread captures a CUDA graph; what they allocate comes from
+    that stream's pool of torch's caching allocator and is synchronized before returning.
+    """
+
+    def __init__(self, backend: CudnnBackend, graph: Any, options: BuildOptions, description: Mapping[str, Any],
+                 inputs: Mapping[int, Any] | None) -> None:  # fmt: skip
         self.backend = backend
         self.graph = graph
         self.options = options
-        self.user_inputs = dict(inputs or {})
+        self.description = description
+        self.given = dict(inputs or {})
         self.indices: list[int] = []  # position -> index in the graph's plan list
         names: set[str] = set()
         for index in range(graph.get_execution_plan_count()):
@@ -187,9 +200,10 @@ class _Candidates:
                 names.add(name)
                 self.indices.append(index)
         self.tensors = tensor_table(graph)
+        self.device = int(_torch().cuda.current_device())
         self.pack: dict[int, Any] | None = None
-        self.workspace: Any = None
-        self.built: set[int] = set()
+        self.stream: Any = None
+        self.spare = 0  # bytes of the budget left for a candidate's workspace
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -209,28 +223,67 @@ class _Candidates:
             self.graph.build_plan_at_index(self.indices[position])
         except (cudnn.cudnnGraphNotSupportedError, RuntimeError, ValueError) as exc:
             return f"{type(exc).__name__}: {str(exc)[:300]}"
-        self.built.add(position)
         return None
 
-    def _prepare_timing(self) -> None:
-        if self.pack is not None:
-            return
+    def tolerance(self) -> float:
+        return tolerance(self.description, [s for s in self.tensors if s.is_output])
+
+    def prepare(self, budget: MemoryBudget) -> str | None:
         torch = _torch()
-        self.pack = {}
+        if torch.cuda.is_current_stream_capturing():
+            return "a CUDA-graph capture is in progress on this thread"
+        given = checked_inputs(self.given, self.tensors, "cuda", self.device)
+        plan = plan_inputs(self.description, self.tensors, given)
+        if isinstance(plan, str):
+            return plan
+        need = plan.device_bytes(output_copies=_OUTPUT_COPIES)
+        free = int(torch.cuda.mem_get_info(self.device)[0])
+        limit = budget.bytes_of(free)
+        if need > limit:
+            return f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} ({budget.describe()}, PLANCACHE_AUTOTUNE_MEMORY)"
+        stream = torch.cuda.Stream(self.device)  # non-blocking: never ordered with the legacy stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))  # the caller's tensors are ready
         # A generator of our own: autotuning must not move the caller's random number
         # stream (a miss would otherwise change every random tensor the program draws next).
-        generator = torch.Generator(device=f"cuda:{torch.cuda.current_device()}")
+        generator = torch.Generator(device=f"cuda:{self.device}")
         generator.manual_seed(0)
-        for spec in self.tensors:
-            if spec.uid in self.user_inputs:
-                self.pack[spec.uid] = self.user_inputs[spec.uid]
-            elif spec.is_pass_by_value:
-                self.pack[spec.uid] = torch.full(spec.dims or (1,), 0.5, dtype=torch.float32)
-            else:
-                self.pack[spec.uid] = _random_tensor(torch, spec, generator)
-        sizes = [self.graph.get_workspace_size_plan_at_index(self.indices[p]) for p in self.built]
-        size = max(sizes, default=0)
-        self.workspace = torch.empty(size, dtype=torch.uint8, device="cuda") if size > 0 else None
+        try:
+            with torch.cuda.stream(stream):
+                pack = materialize(plan, torch, f"cuda:{self.device}", generator)
+            stream.synchronize()
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+            return f"allocating the inputs to launch candidates on failed: {type(exc).__name__}: {str(exc)[:200]}"
+        self.pack, self.stream, self.spare = pack, stream, limit - need
+        self.outputs_of = [s.uid for s in plan.outputs]
+        return None
+
+    def _workspace(self, torch: Any, index: int) -> Any:
+        size = int(self.graph.get_workspace_size_plan_at_index(index))
+        if size > self.spare:
+            raise MemoryError(
+                f"its workspace of {format_size(size)} is over what is left of the timing budget ({format_size(self.spare)})"
+            )
+        return torch.empty(size, dtype=torch.uint8, device=f"cuda:{self.device}") if size > 0 else None
+
+    def outputs(self, position: int) -> dict[int, Any]:
+        torch = _torch()
+        index, pack = self.indices[position], self._ready(torch)
+        with torch.cuda.stream(self.stream), self.backend.handles.lease(self.device) as handle:
+            _cudnn().set_stream(handle=handle, stream=self.stream.cuda_stream)
+            workspace = self._workspace(torch, index)
+            for uid in self.outputs_of:
+                pack[uid].zero_()  # a region no candidate writes compares equal
+            self.graph.execute_plan_at_index(pack, workspace, index, handle)
+            copies = {uid: pack[uid].clone(memory_format=torch.contiguous_format) for uid in self.outputs_of}
+        self.stream.synchronize()
+        return copies
+
+    def _ready(self, torch: Any) -> dict[int, Any]:
+        if self.pack is None:
+            raise RuntimeError("candidates launched before their inputs were prepared")
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("a CUDA-graph capture began on this thread")
+        return self.pack
 
     def time(self, position: int, runs: int) -> list[float]:
         """Milliseconds per launch, ``runs`` times, measured with CUDA events.
@@ -241,15 +294,14 @@ class _Candidates:
         run (the pruning pass) times one launch; careful runs time ``_INNER`` each.
         """
         torch = _torch()
-        self._prepare_timing()
-        with self.backend.handles.lease(torch.cuda.current_device()) as handle:
-            _cudnn().set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-            return self._time(torch, handle, position, runs)
+        pack = self._ready(torch)
+        with torch.cuda.stream(self.stream), self.backend.handles.lease(self.device) as handle:
+            _cudnn().set_stream(handle=handle, stream=self.stream.cuda_stream)
+            return self._time(torch, handle, self.indices[position], pack, runs)
 
-    def _time(self, torch: Any, handle: Any, position: int, runs: int) -> list[float]:
-        index = self.indices[position]
+    def _time(self, torch: Any, handle: Any, index: int, pack: dict[int, Any], runs: int) -> list[float]:
         launch = self.graph.execute_plan_at_index
-        pack, workspace = self.pack, self.workspace
+        workspace = self._workspace(torch, index)
         launch(pack, workspace, index, handle)  # warm-up
         inner = 1 if runs == 1 else _INNER
         sleep = getattr(torch.cuda, "_sleep", None)
@@ -274,24 +326,10 @@ class _Candidates:
         return BuiltPlan(self.graph, blob, tensor_table(self.graph), workspace, self.engine(position))
 
     def close(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()  # nothing of ours is in flight when the caller goes on
         self.pack = None
-        self.workspace = None
-
-
-def _random_tensor(torch: Any, spec: TensorSpec, generator: Any) -> Any:
-    """A tensor laid out as ``spec`` with values in ±[0.25, 1): never zero, never huge,
-    drawn from ``generator``."""
-    from ..plan import TORCH_DTYPES
-
-    dtype = getattr(torch, (TORCH_DTYPES.get(spec.dtype or "") or ("float32",))[0])
-    size = 1 + sum((d - 1) * s for d, s in zip(spec.dims, spec.strides))
-    flat = torch.empty(size, dtype=torch.float32, device="cuda")
-    if dtype.is_floating_point:
-        signs = torch.randint(0, 2, (size,), device=flat.device, generator=generator).mul_(2).sub_(1)
-        flat.uniform_(0.25, 1.0, generator=generator).mul_(signs)
-    else:
-        flat.fill_(1)
-    return torch.as_strided(flat.to(dtype), tuple(spec.dims), tuple(spec.strides))
+        self.stream = None
 
 
 # ---------------------------------------------------------------------- handles
@@ -548,7 +586,8 @@ class CudnnBackend:
         if options.workspace_limit is not None:
             graph.deselect_workspace_greater_than(options.workspace_limit)
 
-    def candidates(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None) -> _Candidates:
+    def candidates(self, graph: Any, options: BuildOptions, description: Mapping[str, Any],
+                   inputs: Mapping[int, Any] | None = None) -> _Candidates:  # fmt: skip
         self._require_gpu()
         cudnn = _cudnn()
         self.handles.ensure(self.current_device())  # plans built here launch from any thread later
@@ -561,7 +600,7 @@ class CudnnBackend:
             graph.check_support()
         except (cudnn.cudnnGraphNotSupportedError, ValueError, RuntimeError) as exc:
             _raise_invalid(exc, "planning", graph)
-        return _Candidates(self, graph, options, inputs)
+        return _Candidates(self, graph, options, description, inputs)
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
         self._require_gpu()

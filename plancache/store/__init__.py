@@ -2,7 +2,18 @@
 whether it may be served (``entry``), recovery from damage (``recovery``) and offline
 maintenance (``maintenance``: verify, prune, listings)."""
 
-from .entry import Entry, problem, sha256, summarize
+from .entry import NEVER_CHECKED, Entry, problem, sha256, summarize
 from .store import BUSY_TIMEOUT_MS, DB_NAME, Store, default_cache_dir, migrations
 
-__all__ = ["BUSY_TIMEOUT_MS", "DB_NAME", "Entry", "Store", "default_cache_dir", "migrations", "problem", "sha256", "summarize"]
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "DB_NAME",
+    "NEVER_CHECKED",
+    "Entry",
+    "Store",
+    "default_cache_dir",
+    "migrations",
+    "problem",
+    "sha256",
+    "summarize",
+]

@@ -15,7 +15,12 @@ from typing import Any
 
 from ..key import KEY_FORMAT, canonical_json, environment_id
 
-__all__ = ["INSERT_SQL", "Entry", "problem", "sha256", "summarize"]
+__all__ = ["INSERT_SQL", "NEVER_CHECKED", "Entry", "problem", "sha256", "summarize"]
+
+#: What ``problem`` says of an entry stored before plancache checked candidates against
+#: each other. It is sound but unchecked: a lookup autotunes (and checks) the graph again
+#: and replaces it, instead of quarantining it or rebuilding its unchecked engine.
+NEVER_CHECKED = "never checked: stored before plancache compared candidates, so it is chosen again"
 
 
 def summarize(description: Mapping[str, Any]) -> str:
@@ -33,8 +38,11 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _meta_digest(tensors_json: str, engine_json: str | None, workspace_size: int) -> str:
-    return sha256(f"{tensors_json}\n{engine_json}\n{int(workspace_size)}".encode())
+def _meta_digest(tensors_json: str, engine_json: str | None, workspace_size: int, check_json: str | None) -> str:
+    text = f"{tensors_json}\n{engine_json}\n{int(workspace_size)}"
+    # The check record joins the checksum when there is one: rows stored before it existed
+    # keep the digest they were written with.
+    return sha256((text if check_json is None else f"{text}\n{check_json}").encode())
 
 
 @dataclass
@@ -62,6 +70,9 @@ class Entry:
     last_used_at: float = 0.0
     hit_count: int = 0
     meta_sha256: str | None = None  # None: written by schema 1, before this checksum existed
+    #: How the choice was checked against the other candidates (``engines.autotune``);
+    #: None: stored before plancache checked candidates, so not to be served.
+    check: dict[str, Any] | None = None
 
     def checksum_ok(self) -> bool:
         return len(self.blob) > 0 and sha256(self.blob) == self.blob_sha256
@@ -71,10 +82,11 @@ class Entry:
         store keeps (so a hit checks it without encoding anything)."""
         return _meta_digest(*self._meta_columns())
 
-    def _meta_columns(self) -> tuple[str, str | None, int]:
+    def _meta_columns(self) -> tuple[str, str | None, int, str | None]:
         # Canonical (sorted) JSON: the same text whatever order a decoder gave the keys.
         engine = canonical_json(self.engine) if self.engine is not None else None
-        return canonical_json(self.tensors), engine, self.workspace_size
+        check = canonical_json(self.check) if self.check is not None else None
+        return canonical_json(self.tensors), engine, self.workspace_size, check
 
     def row(self) -> dict[str, Any]:
         return {
@@ -100,6 +112,7 @@ class Entry:
             "last_used_at": self.last_used_at or self.created_at,
             "hit_count": self.hit_count,
             "meta_sha256": self.meta_sha256 or self.meta_digest(),
+            "check_json": self._meta_columns()[3],
         }
 
     @classmethod
@@ -126,6 +139,7 @@ class Entry:
             last_used_at=float(row["last_used_at"]),
             hit_count=int(row["hit_count"]),
             meta_sha256=row["meta_sha256"] if "meta_sha256" in row.keys() else None,  # noqa: SIM118 - a Row
+            check=json.loads(row["check_json"]) if "check_json" in row.keys() and row["check_json"] else None,  # noqa: SIM118
         )
 
 
@@ -148,8 +162,8 @@ def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str |
     if entry.key != sha256(canonical_json(parts).encode()):
         return "key does not match the recorded graph, environment and options"
     if entry.meta_sha256 is not None and entry.meta_sha256 != entry.meta_digest():
-        return "metadata checksum mismatch (tensor table, engine or workspace size altered)"
-    return _tensor_problem(entry)
+        return "metadata checksum mismatch (tensor table, engine, workspace size or check record altered)"
+    return _tensor_problem(entry) or (NEVER_CHECKED if entry.check is None else None)
 
 
 def _tensor_problem(entry: Entry) -> str | None:
@@ -177,7 +191,7 @@ _INSERT_COLUMNS = (
     "key", "env_id", "label", "graph_json", "environment_json", "options_json", "tensors_json",
     "blob", "blob_sha256", "blob_size", "engine_json", "workspace_size", "policy",
     "candidates_json", "timing_json", "build_seconds", "autotune_seconds", "backend",
-    "created_at", "last_used_at", "hit_count", "meta_sha256",
+    "created_at", "last_used_at", "hit_count", "meta_sha256", "check_json",
 )  # fmt: skip
 #: Insert (or replace) one ``Entry.row()``.
 INSERT_SQL = f"INSERT OR REPLACE INTO plans ({', '.join(_INSERT_COLUMNS)}) VALUES ({', '.join(':' + c for c in _INSERT_COLUMNS)})"

@@ -1,0 +1,283 @@
+"""Inputs that cannot fault: the tensors autotuning launches candidates on.
+
+A candidate is launched on synthetic tensors unless the caller passed its own. Values that
+only feed arithmetic are random; values that steer addressing or control flow (ragged
+offsets, sequence lengths, page tables, MoE token offsets and indices, dropout seeds) get
+values valid by construction for the role the graph gives the tensor. A kernel that reads
+through a bad offset faults with a sticky CUDA error, and the caller's whole CUDA context is
+gone; so a tensor whose role plancache does not know makes ``plan_inputs`` refuse, and then
+nothing is launched (the heuristics' order is taken, recorded as "not timed: <why>").
+
+The roles come from the graph's canonical description (``key.describe``): which node port
+a tensor feeds, and which tensors name it as their ragged offset. Pure: ``plan_inputs``
+imports nothing of torch or cuDNN; ``materialize`` takes the torch module it is given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..key import TensorSpec
+from .tensors import TORCH_DTYPES, storage_geometry
+
+__all__ = ["DTYPE_BYTES", "Fill", "InputPlan", "materialize", "plan_inputs"]
+
+#: Bytes per element of each cuDNN data type (4-bit types: see ``storage_geometry``).
+DTYPE_BYTES = {
+    "data_type.HALF": 2, "data_type.BFLOAT16": 2, "data_type.FLOAT": 4, "data_type.DOUBLE": 8,
+    "data_type.INT8": 1, "data_type.UINT8": 1, "data_type.INT32": 4, "data_type.INT64": 8,
+    "data_type.BOOLEAN": 1, "data_type.FP8_E4M3": 1, "data_type.FP8_E5M2": 1, "data_type.FP8_E8M0": 1,
+    "data_type.FP8_E5M3": 1, "data_type.FP4_E2M1": 1, "data_type.INT4": 1,
+}  # fmt: skip
+_INTEGERS = frozenset({"data_type.INT8", "data_type.UINT8", "data_type.INT32", "data_type.INT64", "data_type.INT4"})
+_ATTENTION = frozenset({"SDPA", "SDPA_BWD", "SDPA_FP8", "SDPA_FP8_BWD", "SDPA_MXFP8", "SDPA_MXFP8_BWD"})
+#: Node ports whose integer or boolean values are arithmetic data, never addresses.
+_DATA_PORTS = {"POINTWISE": ("IN_0", "IN_1", "IN_2"), "MATMUL": ("A", "B"), "CONV_FPROP": ("image", "weight")}
+#: Tokens per expert group the MoE offsets are rounded to: every alignment an engine asks
+#: for (8 or 16 rows) divides it, and 0 is always valid.
+_MOE_ROW_ALIGNMENT = 64
+_CHUNK = 1 << 23  # elements generated at once: bounds the float32 staging to 32 MiB
+
+
+@dataclass(frozen=True)
+class Fill:
+    """How to fill one tensor: ``kind`` is "random" (±[0.25, 1)), "positive" ([0.25, 1)),
+    "bool", "small_int" (1..3) or "values" (``values``, in row-major order of the dims)."""
+
+    spec: TensorSpec
+    kind: str
+    role: str
+    values: tuple[float, ...] = ()
+
+    @property
+    def elements(self) -> int:
+        dims, strides = _layout(self.spec)
+        return 1 + sum((d - 1) * s for d, s in zip(dims, strides)) if dims else 1
+
+
+@dataclass
+class InputPlan:
+    """What a timing run allocates: the fills of the inputs, the outputs it writes."""
+
+    fills: dict[int, Fill]
+    outputs: list[TensorSpec]
+    given: dict[int, Any] = field(default_factory=dict)  # the caller's own tensors, by uid
+
+    def device_bytes(self, output_copies: int = 0) -> int:
+        """Device memory the inputs and outputs take, plus ``output_copies`` copies of the
+        outputs (what comparing candidates keeps)."""
+        inputs = sum(_bytes(f.spec) for uid, f in self.fills.items() if not f.spec.is_pass_by_value and uid not in self.given)
+        outputs = sum(_bytes(s) for s in self.outputs)
+        return inputs + outputs * (1 + output_copies)
+
+
+def _layout(spec: TensorSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    geometry = storage_geometry(spec.dtype, tuple(spec.dims), tuple(spec.strides))
+    return geometry if geometry is not None else (tuple(spec.dims), tuple(spec.strides))
+
+
+def _bytes(spec: TensorSpec) -> int:
+    dims, strides = _layout(spec)
+    elements = 1 + sum((d - 1) * s for d, s in zip(dims, strides)) if dims else 1
+    return elements * DTYPE_BYTES.get(spec.dtype or "", 4)
+
+
+def plan_inputs(
+    description: Mapping[str, Any], specs: Sequence[TensorSpec], given: Mapping[int, Any] | None = None
+) -> InputPlan | str:
+    """The fill of every input of the graph, or why no synthetic input can be safe (then
+    nothing may be launched). ``given``: tensors the caller passed, by uid (not filled)."""
+    given = dict(given or {})
+    tensors = description.get("tensors") or {}
+    by_uid = {spec.uid: spec for spec in specs}
+    outputs = [spec for spec in specs if spec.is_output]
+    for spec in outputs:
+        if not spec.dims or len(spec.strides) != len(spec.dims):
+            return f"output uid {spec.uid} has no known shape"
+    roles = _Roles(description, by_uid)
+    fills: dict[int, Fill] = {}
+    for spec in specs:
+        if spec.is_output:
+            continue
+        if not spec.is_pass_by_value and (not spec.dims or len(spec.strides) != len(spec.dims)):
+            return f"input uid {spec.uid} has no known shape"
+        fill = roles.fill(spec, tensors.get(f"u{spec.uid}") or {})
+        if isinstance(fill, str):
+            if spec.uid in given:
+                continue  # the caller's own values: valid for the role by the caller's word
+            return fill
+        fills[spec.uid] = fill
+    return InputPlan(
+        fills=fills, outputs=outputs, given={u: t for u, t in given.items() if u in by_uid and not by_uid[u].is_output}
+    )
+
+
+class _Roles:
+    """Which role each input plays in the graph, and the values that are valid for it."""
+
+    def __init__(self, description: Mapping[str, Any], by_uid: Mapping[int, TensorSpec]) -> None:
+        self.by_uid = by_uid
+        self.ports: dict[str, list[tuple[Mapping[str, Any], str]]] = {}  # tensor id -> [(node, port)]
+        for node in description.get("nodes") or []:
+            for port, tid in (node.get("inputs") or {}).items():
+                self.ports.setdefault(tid, []).append((node, port))
+        self.ragged_users: dict[str, list[int]] = {}  # offset tensor id -> uids of the tensors it offsets
+        for tid, tensor in (description.get("tensors") or {}).items():
+            ref = tensor.get("ragged_offset")
+            if isinstance(ref, str) and tid.startswith("u"):
+                self.ragged_users.setdefault(ref, []).append(int(tid[1:]))
+        self.multipliers = {
+            tid: int(t.get("ragged_offset_multiplier") or 1) for tid, t in (description.get("tensors") or {}).items()
+        }
+
+    def fill(self, spec: TensorSpec, tensor: Mapping[str, Any]) -> Fill | str:
+        tid = f"u{spec.uid}"
+        if spec.is_pass_by_value:
+            return Fill(spec, "positive" if spec.dtype not in _INTEGERS else "values", "a scalar passed by value", (1.0,))
+        if tid in self.ragged_users:
+            return self._ragged(spec, tid)
+        uses = self.ports.get(tid, [])
+        integer = spec.dtype in _INTEGERS or spec.dtype == "data_type.BOOLEAN"
+        for node, port in uses:
+            role = self._steering(spec, node, port)
+            if role is not None:
+                return role
+        if not integer:
+            count = math.prod(spec.dims)
+            return Fill(spec, "positive" if count == 1 else "random", "data")
+        if uses and all(port in _DATA_PORTS.get(str(node.get("type")), ()) for node, port in uses):
+            return Fill(spec, "bool" if spec.dtype == "data_type.BOOLEAN" else "small_int", "integer data")
+        where = ", ".join(f"{node.get('type')}.{port}" for node, port in uses) or "no node"
+        return f"plancache does not know the role of tensor uid {spec.uid} ({spec.dtype}, input of {where})"
+
+    def _steering(self, spec: TensorSpec, node: Mapping[str, Any], port: str) -> Fill | str | None:
+        """The fill of a tensor that steers ``node`` through ``port``; None when the port
+        carries data."""
+        kind, inputs, params = str(node.get("type")), node.get("inputs") or {}, node.get("params") or {}
+        count = math.prod(spec.dims)
+        if kind in _ATTENTION:
+            if port == "seq_len_q":
+                return self._lengths(spec, self._dim(inputs.get("q"), 2), "query sequence lengths")
+            if port == "seq_len_kv":
+                paged = "paged_attention_k_table" in inputs
+                longest = params.get("paged_attention_max_seq_len_kv") if paged else self._dim(inputs.get("k"), 2)
+                if paged and longest is None:
+                    return "a paged SDPA without paged_attention_max_seq_len_kv: its key lengths are unknown"
+                return self._lengths(spec, longest, "key sequence lengths")
+            if port in ("paged_attention_k_table", "paged_attention_v_table"):
+                pool = self._dim(inputs.get("k" if port.endswith("k_table") else "v"), 0)
+                if pool is None or pool < 1:
+                    return f"page table uid {spec.uid}: the page pool's size is unknown"
+                return Fill(spec, "values", f"page table over {pool} pages", tuple(float(i % pool) for i in range(count)))
+            if port.startswith("dropout_"):
+                return Fill(spec, "values", "dropout seed or offset", tuple(float(7 + i) for i in range(count)))
+            return None
+        if kind in ("MOE_GROUPED_MATMUL", "MOE_GROUPED_MATMUL_BWD"):
+            return self._moe(spec, node, port)
+        return None
+
+    def _moe(self, spec: TensorSpec, node: Mapping[str, Any], port: str) -> Fill | str | None:
+        inputs, params = node.get("inputs") or {}, node.get("params") or {}
+        mode = str(params.get("mode") or "moe_grouped_matmul_mode.NONE")
+        count = math.prod(spec.dims)
+        if port == "first_token_offset":
+            if mode not in ("moe_grouped_matmul_mode.NONE", "moe_grouped_matmul_mode.GATHER"):
+                return f"MoE token offsets in {mode} mode: their valid values are unknown to plancache"
+            rows = self._dim(inputs.get("token_index" if "token_index" in inputs else "token"), -2)
+            if rows is None:
+                return "MoE token offsets: the number of token rows is unknown"
+            # Groups of equal size, each starting on a multiple of the alignment (0 is
+            # always valid): monotone, in range, aligned.
+            step = rows // max(count, 1) // _MOE_ROW_ALIGNMENT * _MOE_ROW_ALIGNMENT
+            return Fill(spec, "values", f"MoE token offsets over {rows} rows", tuple(float(i * step) for i in range(count)))
+        if port == "token_index" and mode == "moe_grouped_matmul_mode.GATHER":
+            tokens = self._dim(inputs.get("token"), -2)
+            if tokens is None or tokens < 1:
+                return "MoE token indices: the number of tokens is unknown"
+            return Fill(spec, "values", f"MoE token indices below {tokens}", tuple(float(i % tokens) for i in range(count)))
+        if port in ("token", "weight", "doutput", "top_k_scores"):
+            return None
+        return f"MoE input {port!r} (uid {spec.uid}): its valid values are unknown to plancache"
+
+    def _ragged(self, spec: TensorSpec, tid: str) -> Fill | str:
+        """Offsets that lay the ragged batches out exactly as the dense layout would:
+        batch ``i`` at ``i`` times the batch stride (with full sequence lengths, the
+        exclusive prefix sums of the lengths times the row size)."""
+        units = set()
+        for uid in self.ragged_users[tid]:
+            user = self.by_uid.get(uid)
+            if user is None or not user.strides:
+                return f"ragged offsets uid {spec.uid}: the tensor they offset is unknown"
+            multiplier = self.multipliers.get(f"u{uid}", 1)
+            stride = user.strides[0]
+            aligned = stride * DTYPE_BYTES.get(user.dtype or "", 4) % max(1, user.alignment) == 0
+            if stride % multiplier or not aligned:
+                return f"ragged offsets uid {spec.uid}: no dense layout of uid {uid} is aligned"
+            units.add(stride // multiplier)
+        if len(units) != 1:
+            return f"ragged offsets uid {spec.uid} are shared by tensors of different batch strides"
+        unit = units.pop()
+        return Fill(spec, "values", "ragged offsets", tuple(float(i * unit) for i in range(math.prod(spec.dims))))
+
+    def _lengths(self, spec: TensorSpec, longest: Any, what: str) -> Fill | str:
+        if not isinstance(longest, int) or longest < 1:
+            return f"{what} uid {spec.uid}: their maximum is unknown"
+        return Fill(spec, "values", f"{what} (all {longest})", (float(longest),) * math.prod(spec.dims))
+
+    def _dim(self, tid: Any, axis: int) -> int | None:
+        spec = self.by_uid.get(int(tid[1:])) if isinstance(tid, str) and tid.startswith("u") else None
+        if spec is None or not spec.dims or not -len(spec.dims) <= axis < len(spec.dims):
+            return None
+        return int(spec.dims[axis])
+
+
+def materialize(plan: InputPlan, torch: Any, device: Any, generator: Any) -> dict[int, Any]:
+    """The tensors of ``plan`` on ``device`` (the caller's own where given), filled with
+    ``generator``'s numbers; pass-by-value scalars on the host. Builds a fresh dict, so a
+    failed allocation leaves nothing half made."""
+    pack: dict[int, Any] = dict(plan.given)
+    for uid, fill in plan.fills.items():
+        if uid not in pack:
+            pack[uid] = _filled(fill, torch, device, generator)
+    for spec in plan.outputs:
+        pack[spec.uid] = _empty(spec, torch, device)
+    return pack
+
+
+def _torch_dtype(torch: Any, spec: TensorSpec) -> Any:
+    names = TORCH_DTYPES.get(spec.dtype or "") or ("float32",)
+    return getattr(torch, names[-1] if spec.dtype in ("data_type.FP4_E2M1", "data_type.INT4") else names[0])
+
+
+def _empty(spec: TensorSpec, torch: Any, device: Any) -> Any:
+    dims, strides = _layout(spec)
+    return torch.empty_strided(dims, strides, dtype=_torch_dtype(torch, spec), device=device)
+
+
+def _filled(fill: Fill, torch: Any, device: Any, generator: Any) -> Any:
+    spec = fill.spec
+    dtype = _torch_dtype(torch, spec)
+    if spec.is_pass_by_value:
+        return torch.full(tuple(spec.dims) or (1,), fill.values[0] if fill.values else 0.5, dtype=dtype)
+    dims, strides = _layout(spec)
+    if fill.kind == "values":
+        dense = torch.tensor(fill.values, dtype=torch.float64).reshape(dims).to(dtype)
+        out = torch.empty_strided(dims, strides, dtype=dtype, device=device)
+        return out.copy_(dense)
+    flat = torch.empty(fill.elements, dtype=dtype, device=device)
+    for start in range(0, fill.elements, _CHUNK):
+        part = flat[start : start + _CHUNK]
+        if fill.kind == "bool":
+            part.copy_(torch.randint(0, 2, part.shape, device=device, generator=generator).bool())
+        elif fill.kind == "small_int":
+            part.copy_(torch.randint(1, 4, part.shape, device=device, generator=generator))
+        else:
+            values = torch.empty(part.shape, dtype=torch.float32, device=device).uniform_(0.25, 1.0, generator=generator)
+            if fill.kind == "random":  # both signs: an epilogue's negative slope or clip must show
+                signs = torch.randint(0, 2, part.shape, device=device, generator=generator, dtype=torch.int8)
+                values.mul_(signs.mul_(2).sub_(1))
+            part.copy_(values)
+    return torch.as_strided(flat, dims, strides)

@@ -1,0 +1,303 @@
+"""``CpuTestBackend``: the backend seam on the CPU, faithful to cuDNN where cache bugs hide."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..engines.backend import BuiltPlan, EngineChoice
+from ..errors import BuildError, InvalidGraphError
+from ..key import BuildOptions, TensorSpec, canonical_json, describe, tensor_table
+from .candidates import CpuCandidates
+from .device import SimulatedCuda
+from .kernels import evaluate, fault, scratch_bytes, stage_outputs
+
+__all__ = ["MAGIC", "CpuTestBackend", "TwoDeviceCpuTestBackend", "summary_of_ops"]
+
+MAGIC = b"PLANCACHE-TEST-PLAN/1\n"
+_WRONG_BY = 1.25  # what a wrong engine's results are off by
+
+
+def summary_of_ops(description: Mapping[str, Any]) -> str:
+    """What a kernel is compiled for, regardless of shapes: the op types in order."""
+    return "+".join(node["type"] for node in description["nodes"])
+
+
+class _Native:
+    """A 'loaded plan' of the test backend: the description it evaluates, on one device."""
+
+    def __init__(self, description: dict[str, Any], tensors: Sequence[TensorSpec], engine: dict[str, Any], device: int,
+                 wrong: bool = False) -> None:  # fmt: skip
+        self.description = description
+        self.tensors = list(tensors)
+        self.engine = engine
+        self.device = device
+        self.wrong = wrong
+        self.executions = 0
+
+
+class _Devices:
+    """The test devices: their environments, each thread's current device, and which ones
+    this process has set up (as a CUDA context exists once work ran there)."""
+
+    def __init__(self, environment: Mapping[str, Any] | None, devices: int | Sequence[Mapping[str, Any]],
+                 in_use: Sequence[int] | None) -> None:  # fmt: skip
+        base = {
+            "gpu_name": "CPU test device", "compute_capability": "0.0", "sm_count": 0, "driver_version": "none",
+            "cuda_version": "none", "cudnn_backend_version": "cpu-test", "cudnn_frontend_version": "cpu-test",
+            **(environment or {}),
+        }  # fmt: skip
+        overrides = [{}] * devices if isinstance(devices, int) else [dict(d) for d in devices]
+        if not overrides:
+            raise ValueError("devices must be at least 1")
+        self.environments = [{**base, **extra} for extra in overrides]
+        # None: all of them, as in a process that already set its devices up.
+        self.in_use: set[int] | None = None if in_use is None else set(in_use)
+        self.local = threading.local()
+
+    def check(self, device: int) -> None:
+        """Refuse a device the backend lacks; work on one sets it up."""
+        if not 0 <= device < len(self.environments):
+            raise ValueError(f"no device {device}: the test backend has {len(self.environments)}")
+        if self.in_use is not None:
+            self.in_use.add(device)
+
+
+class CpuTestBackend:
+    """The backend seam implemented on the CPU with PyTorch (see ``plancache.testing``).
+
+    It behaves like cuDNN exactly where cache bugs hide:
+
+    * a graph is planned once: ``candidates`` and ``rebuild`` freeze the pygraph and refuse
+      one that was already planned, as cuDNN Frontend does;
+    * candidates are launched for real, and ``wrong`` ones compute a wrong result (25% off)
+      while being the fastest, as some cuDNN engines do;
+    * bad steering values fault: a launch that reads through misaligned or out-of-range
+      ragged offsets, sequence lengths, page tables or MoE offsets poisons the backend for
+      the rest of the process (every later call fails), as a sticky CUDA error does;
+    * memory is finite: ``memory`` bytes free, and what autotuning allocates is tracked;
+    * streams and captures are modelled (``cuda``, a ``SimulatedCuda``);
+    * kernels use the workspace as scratch: outputs are staged in it, so two launches that
+      share one workspace give wrong results;
+    * devices differ: ``devices`` environments, one per device, ``use_device(i)`` per thread
+      (like ``torch.cuda.set_device``), and a plan launched on another device than the one
+      it was loaded on raises;
+    * alignment matters: a tensor whose data pointer is not 16-byte aligned is refused.
+
+    ``candidates``: how many candidate plans each graph has. ``unbuildable``: indices whose
+    build fails. ``unlaunchable``: indices whose launches raise. ``engine_ids``: the engine
+    id of each index (default: the index; equal ids stand for knob variants of one engine).
+    ``build_delay``: seconds each candidate build sleeps. ``build_log``: a file that gets one
+    line per finished build. ``environment``: replaces fields of every device's fingerprint;
+    ``devices``: how many devices, or one dict of replaced fields per device. ``in_use``:
+    the devices already set up (default: all).
+    """
+
+    name = "cpu-test"
+    device_type = "cpu"
+
+    def __init__(
+        self,
+        *,
+        candidates: int = 4,
+        unbuildable: Sequence[int] = (),
+        unlaunchable: Sequence[int] = (),
+        wrong: Sequence[int] = (),
+        engine_ids: Sequence[int] = (),
+        memory: int = 64 << 30,
+        build_delay: float = 0.0,
+        build_log: str | os.PathLike[str] | None = None,
+        environment: Mapping[str, Any] | None = None,
+        devices: int | Sequence[Mapping[str, Any]] = 1,
+        in_use: Sequence[int] | None = None,
+    ) -> None:
+        if candidates < 1:
+            raise ValueError("candidates must be >= 1")
+        self.candidate_count = candidates
+        self.unbuildable = frozenset(unbuildable)
+        self.unlaunchable = frozenset(unlaunchable)
+        self.wrong = frozenset(wrong)
+        self.engine_ids = list(engine_ids)
+        self.build_delay = build_delay
+        self.build_log = os.fspath(build_log) if build_log is not None else None
+        self.devices = _Devices(environment, devices, in_use)
+        self.cuda = SimulatedCuda(free_memory=memory)
+        self.loads = 0
+        self.launches = 0
+        # Simulated kernel cache: descriptions of the dynamic-shape graphs "compiled" so far.
+        self.kernels: set[str] = set()
+
+    # ------------------------------------------------------------------ devices
+
+    def environment(self, device: int | None = None) -> dict[str, Any]:
+        return dict(self.devices.environments[self.current_device() if device is None else device])
+
+    def current_device(self) -> int:
+        return int(getattr(self.devices.local, "device", 0))
+
+    def device_count(self) -> int:
+        return len(self.devices.environments)
+
+    def use_device(self, index: int) -> None:
+        """This thread's current device from now on (like ``torch.cuda.set_device``, which
+        sets the device up for this process)."""
+        self.devices.check(index)
+        self.devices.local.device = index
+
+    def device_in_use(self, device: int) -> bool:
+        return self.devices.in_use is None or device in self.devices.in_use
+
+    def after_fork(self) -> None:
+        self.devices.local = threading.local()
+
+    def prepare(self, device: int) -> None:
+        self.cuda.check()
+        self.devices.check(device)
+
+    # ------------------------------------------------------------------ building
+
+    def _describe_with_shapes(self, graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]:
+        """Description plus a tensor table whose output shapes come from a reference run."""
+        import torch
+
+        description = describe(graph)
+        table = tensor_table(graph)
+        values: dict[str, Any] = {}
+        for spec in table:
+            if spec.is_output:
+                continue
+            if not spec.dims:
+                raise InvalidGraphError(f"input tensor {spec.name!r} has no dims", node=None, reason="no dims")
+            values[f"u{spec.uid}"] = torch.zeros(spec.dims) if not spec.is_pass_by_value else 1.0
+        try:
+            evaluate(description, values)
+        except NotImplementedError as exc:
+            raise BuildError(f"the CPU test backend cannot run {exc}", reason="unsupported by test backend") from exc
+        except (RuntimeError, ValueError, KeyError, IndexError) as exc:
+            raise InvalidGraphError(f"the graph is invalid: {exc}", node=None, reason=str(exc)) from exc
+        inferred = []
+        for spec in table:
+            if spec.is_output and not spec.dims:
+                out = values[f"u{spec.uid}"]
+                spec = dataclasses.replace(spec, dims=tuple(out.shape), strides=tuple(out.contiguous().stride()))
+            inferred.append(spec)
+        return description, inferred
+
+    def _plan_once(self, graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]:
+        """Describe and mark ``graph`` planned, refusing one planned before (as cuDNN does)."""
+        self.cuda.check()
+        if getattr(graph, "_planning_done", False):
+            raise InvalidGraphError(
+                "the graph was already planned (create_execution_plans or build ran); pass a fresh pygraph",
+                node=None,
+                reason="already planned",
+            )
+        described = self._describe_with_shapes(graph)
+        freeze = getattr(graph, "_freeze", None)
+        if callable(freeze):
+            freeze()
+        with contextlib.suppress(AttributeError):
+            graph._planning_done = True
+        return described
+
+    def candidates(self, graph: Any, options: BuildOptions, description: Mapping[str, Any] | None = None,
+                   inputs: Mapping[int, Any] | None = None) -> CpuCandidates:  # fmt: skip
+        described, tensors = self._plan_once(graph)
+        if described["flags"].get("dynamic_shape") and options.kernel_cache:
+            self.kernels.add(summary_of_ops(described))
+        return CpuCandidates(self, described, tensors, inputs)
+
+    def kernel_cache_blob(self) -> bytes | None:
+        return json.dumps(sorted(self.kernels)).encode() if self.kernels else None
+
+    def restore_kernel_cache(self, blob: bytes) -> None:
+        self.kernels.update(json.loads(blob))
+
+    def make_plan(self, description: dict[str, Any], tensors: list[TensorSpec], engine: EngineChoice,
+                  wrong: bool = False) -> BuiltPlan:  # fmt: skip
+        payload: dict[str, Any] = {
+            "description": description,
+            "tensors": [t.to_dict() for t in tensors],
+            "engine": engine.to_dict(),
+        }
+        if wrong:
+            payload["wrong"] = True  # a wrong engine stays wrong once stored, as a cuDNN plan would
+        blob = MAGIC + json.dumps(payload, sort_keys=True).encode()
+        if self.build_log is not None:
+            line = hashlib.sha256(canonical_json(description).encode()).hexdigest() + f" {os.getpid()}\n"
+            with open(self.build_log, "a") as f:  # one short append: atomic on POSIX
+                f.write(line)
+        native = _Native(description, tensors, engine.to_dict(), self.current_device(), wrong)
+        return BuiltPlan(native, blob, tensors, scratch_bytes(tensors), engine)
+
+    def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
+        description, tensors = self._plan_once(graph)
+        return self.make_plan(description, tensors, engine, wrong=engine.engine_id in self.wrong)
+
+    # ------------------------------------------------------------------ loading, launching
+
+    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> _Native:
+        self.cuda.check()
+        if not blob.startswith(MAGIC):
+            raise ValueError("not a plancache test plan (bad magic)")
+        payload = json.loads(blob[len(MAGIC) :])
+        self.loads += 1
+        device = self.current_device() if device is None else device
+        self.devices.check(device)
+        return _Native(payload["description"], [TensorSpec.from_dict(t) for t in payload["tensors"]], payload["engine"], device,
+                       bool(payload.get("wrong")))  # fmt: skip
+
+    def launcher(self, native: _Native, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
+        def launch(pack: Mapping[int, Any]) -> None:
+            self.execute(native, pack, workspace_size, device)
+
+        return launch
+
+    def execute(self, native: _Native, pack: Mapping[int, Any], workspace_size: int, device: int) -> None:
+        """One launch (what ``launcher``'s function does): refuses another device's plan
+        and misaligned pointers, and stages outputs in a workspace of its own."""
+        if native.device != device:
+            raise RuntimeError(f"a plan loaded on device {native.device} was launched on device {device}")
+        for uid, tensor in pack.items():
+            pointer = getattr(tensor, "data_ptr", None)
+            if pointer is not None and pointer() % 16:
+                raise RuntimeError(f"misaligned address: tensor uid {uid} is not 16-byte aligned")
+        self.run(native.description, native.tensors, pack, wrong=native.wrong, workspace_size=workspace_size)
+        native.executions += 1
+        self.launches += 1
+
+    def run(self, description: Mapping[str, Any], tensors: Sequence[TensorSpec], pack: Mapping[int, Any], *,
+            wrong: bool = False, workspace_size: int | None = None) -> None:  # fmt: skip
+        """Evaluate the graph on ``pack`` on the current stream, as a kernel would: a bad
+        steering value poisons the device; on a capturing stream the work is recorded, not run."""
+        import torch
+
+        reason = fault(description, tensors, pack)
+        if reason is not None:
+            self.cuda.poison(reason)
+        size = scratch_bytes(tensors) if workspace_size is None else workspace_size
+
+        def work() -> None:
+            workspace = torch.empty(max(size, 0), dtype=torch.uint8)  # scratch of this launch alone
+            values = {f"u{uid}": tensor for uid, tensor in pack.items()}
+            with torch.no_grad():
+                evaluate(description, values)
+                stage_outputs(torch, tensors, values, pack, workspace, _WRONG_BY if wrong else 1.0)
+
+        self.cuda.launch(work)
+
+
+class TwoDeviceCpuTestBackend(CpuTestBackend):
+    """``CpuTestBackend`` with two identical devices unless told otherwise. A class that
+    needs no arguments can be named (``PLANCACHE_BACKEND=plancache.testing:TwoDeviceCpuTestBackend``)
+    and rebuilt by name in the worker processes of ``prewarm --devices``."""
+
+    def __init__(self, **options: Any) -> None:
+        options.setdefault("devices", 2)
+        super().__init__(**options)

@@ -1,0 +1,308 @@
+"""A right result every time: candidates checked against each other, inputs that cannot fault.
+
+Each class of bug is shown by the CPU test backend the way a GPU shows it: an engine that
+computes a wrong result and is the fastest; a launch through bad offsets that poisons the
+device for the rest of the process; a device with little memory; a capture in progress.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import cudnn
+import pytest
+import torch
+
+import plancache
+from plancache import BuildOptions, TensorMismatchError, templates
+from plancache.engines.inputs import materialize, plan_inputs
+from plancache.key import describe, tensor_table
+from plancache.store.codec import decode_entry, encode_entry
+from plancache.testing import CpuTestBackend
+from plancache.testing.kernels import fault
+
+DT = cudnn.data_type
+MATMUL = {"b": 2, "m": 8, "n": 8, "k": 16, "dtype": "float32"}
+
+
+def matmul_graph() -> Any:
+    return templates.build("matmul_bias_act", **MATMUL)
+
+
+def run_and_compare(plan: Any, seed: int = 0) -> float:
+    """The plan's largest error against the float32 reference, on fresh inputs."""
+    pack = templates.allocate("matmul_bias_act", device="cpu", seed=seed, **MATMUL)
+    plan.execute(pack)
+    expected = templates.reference("matmul_bias_act", pack, **MATMUL)
+    out = pack[max(pack)]
+    return float((out.float() - expected).abs().max() / expected.abs().max())
+
+
+def cache(tmp_path: Path, **backend: Any) -> plancache.PlanCache:
+    return plancache.PlanCache(tmp_path, backend=CpuTestBackend(**backend), auto_prime=False)
+
+
+# ------------------------------------------------------------------ wrong engines
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "topk", "exhaustive"])
+def test_a_wrong_fastest_engine_is_never_chosen_stored_or_served(tmp_path: Path, policy: str) -> None:
+    options = BuildOptions(policy=policy, top_k=3)
+    first = cache(tmp_path, candidates=5, wrong=[0])  # the heuristics' first choice, and the fastest
+    plan = first.get(matmul_graph(), options=options)
+    assert run_and_compare(plan) < 1e-5
+    entry = first.store.get(plan.key)
+    assert entry is not None and entry.check is not None
+    assert entry.check["status"] == "agreed"
+    assert [r["engine"] for r in entry.check["rejected"]] == ["test_engine_0"]
+    assert entry.candidates[0]["status"] == "rejected"
+    first.close()
+    again = cache(tmp_path, candidates=5, wrong=[0])  # a fresh process: served from the store
+    plan = again.get(matmul_graph(), options=options)
+    assert plan.source == "loaded" and run_and_compare(plan, seed=1) < 1e-5
+
+
+def test_knob_variants_of_one_wrong_engine_do_not_outvote_the_others(tmp_path: Path) -> None:
+    c = cache(tmp_path, candidates=5, wrong=[0, 1], engine_ids=[0, 0, 1, 2, 3])
+    plan = c.get(matmul_graph(), options=BuildOptions(policy="heuristic"))
+    assert run_and_compare(plan) < 1e-5
+    assert plan.engine is not None and plan.engine.name == "test_engine_2"
+
+
+def test_without_a_majority_nothing_is_persisted_and_one_warning_names_the_engines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = cache(tmp_path, candidates=2, wrong=[1])
+    with caplog.at_level(logging.WARNING, logger="plancache"):
+        plan = c.get(matmul_graph(), options=BuildOptions(policy="exhaustive"))
+        again = c.get(matmul_graph(), options=BuildOptions(policy="exhaustive"))
+    assert (plan.source == "unpersisted" and again is plan) or again.key == plan.key
+    assert plan.engine is not None and plan.engine.name == "test_engine_0"  # the frontend's own choice
+    assert c.store.stats()["entries"] == 0
+    assert c.stats()["process"]["no_majority"] == 1
+    warnings = [r.getMessage() for r in caplog.records if "disagree" in r.getMessage()]
+    assert len(warnings) == 1 and "test_engine_0" in warnings[0] and "test_engine_1" in warnings[0]
+
+
+def test_entries_stored_before_checking_are_chosen_again_not_served(tmp_path: Path) -> None:
+    # A plan stored unchecked, by a wrong engine, as plancache 0.1 could have.
+    old = cache(tmp_path, candidates=4)
+    key = old.get(matmul_graph(), options=BuildOptions(policy="exhaustive")).key
+    old.close()
+    blob = json.loads(sqlite3.connect(tmp_path / "plans.db").execute("SELECT blob FROM plans").fetchone()[0][22:])
+    blob["wrong"] = True
+    raw = b"PLANCACHE-TEST-PLAN/1\n" + json.dumps(blob, sort_keys=True).encode()
+    conn = sqlite3.connect(tmp_path / "plans.db")
+    import hashlib
+
+    conn.execute("UPDATE plans SET blob = ?, blob_sha256 = ?, check_json = NULL, meta_sha256 = NULL",
+                 (raw, hashlib.sha256(raw).hexdigest()))  # fmt: skip
+    conn.commit()
+    conn.close()
+    fresh = cache(tmp_path, candidates=4)
+    plan = fresh.get(matmul_graph(), options=BuildOptions(policy="exhaustive"))
+    assert plan.key == key and plan.source == "built"
+    assert fresh.counters["rechecks"] == 1 and fresh.counters["corrupt"] == 0
+    assert run_and_compare(plan) < 1e-5
+    entry = fresh.store.get(key)
+    assert entry is not None and entry.check is not None and entry.check["status"] == "agreed"
+
+
+def test_the_check_travels_with_bundles_and_unchecked_entries_are_refused(tmp_path: Path) -> None:
+    c = cache(tmp_path, candidates=3, wrong=[2])
+    key = c.get(matmul_graph(), options=BuildOptions(policy="exhaustive")).key
+    entry = c.store.get(key)
+    assert entry is not None
+    decoded = decode_entry(encode_entry(entry))
+    assert decoded.check == entry.check and decoded.check is not None
+    assert decoded.check["rejected"][0]["engine"] == "test_engine_2"
+    entry.check = None
+    entry.meta_sha256 = entry.meta_digest()
+    with pytest.raises(ValueError, match="never checked"):
+        decode_entry(encode_entry(entry))
+
+
+def test_show_lists_the_rejected_engines(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from plancache.cli import cli
+
+    c = cache(tmp_path, candidates=4, wrong=[1])
+    key = c.get(matmul_graph(), options=BuildOptions(policy="exhaustive")).key
+    c.close()
+    result = CliRunner().invoke(cli, ["show", key[:12], "--dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "agreed: 3 of 4 candidates; rejected: test_engine_1" in result.output
+    assert "rejected     #1 test_engine_1: error 0.2" in result.output
+
+
+# ------------------------------------------------------------------ inputs that cannot fault
+
+
+def ragged_sdpa(b: int = 2, h: int = 2, s: int = 8, d: int = 16) -> Any:
+    g = cudnn.pygraph(io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    offsets = [g.tensor(name=f"ro_{n}", dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=DT.INT32) for n in "qko"]
+    layout = {"dim": [b, h, s, d], "stride": [s * h * d, d, h * d, 1], "data_type": DT.FLOAT}
+    q = g.tensor(name="q", ragged_offset=offsets[0], **layout)
+    k = g.tensor(name="k", ragged_offset=offsets[1], **layout)
+    v = g.tensor(name="v", ragged_offset=offsets[1], **layout)
+    sq = g.tensor(name="sq", dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=DT.INT32)
+    skv = g.tensor(name="skv", dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=DT.INT32)
+    o, _ = g.sdpa(q=q, k=k, v=v, attn_scale=0.25, generate_stats=False, use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv,
+                  use_causal_mask=True)  # fmt: skip
+    o.set_output(True).set_dim(layout["dim"]).set_stride(layout["stride"]).set_ragged_offset(offsets[2])
+    for uid, t in enumerate([*offsets, q, k, v, sq, skv, o], start=1):
+        t.set_uid(uid)
+    return g
+
+
+def paged_decode(b: int = 2, h: int = 2, d: int = 16, pool: int = 1, block: int = 4, pages: int = 2) -> Any:
+    g = cudnn.pygraph(io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    q = g.tensor(name="q", dim=[b, h, 1, d], stride=[h * d, d, h * d, 1], data_type=DT.FLOAT)
+    cache_layout = {"dim": [pool, h, block, d], "stride": [h * block * d, block * d, d, 1], "data_type": DT.FLOAT}
+    k, v = g.tensor(name="k", **cache_layout), g.tensor(name="v", **cache_layout)
+    tables = [g.tensor(name=f"pt_{n}", dim=[b, 1, pages, 1], stride=[pages, pages, 1, 1], data_type=DT.INT32) for n in "kv"]
+    sq = g.tensor(name="sq", dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=DT.INT32)
+    skv = g.tensor(name="skv", dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=DT.INT32)
+    o, _ = g.sdpa(q=q, k=k, v=v, attn_scale=0.25, generate_stats=False, use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv,
+                  paged_attention_k_table=tables[0], paged_attention_v_table=tables[1],
+                  paged_attention_max_seq_len_kv=pages * block)  # fmt: skip
+    o.set_output(True).set_dim([b, h, 1, d]).set_stride([h * d, d, h * d, 1])
+    for uid, t in enumerate([q, k, v, *tables, sq, skv, o], start=1):
+        t.set_uid(uid)
+    return g
+
+
+def moe(experts: int = 3, tokens: int = 70, hidden: int = 8, n: int = 4) -> Any:
+    g = cudnn.pygraph(intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    token = g.tensor(name="token", dim=[1, tokens, hidden], stride=[tokens * hidden, hidden, 1], data_type=DT.FLOAT)
+    weight = g.tensor(name="weight", dim=[experts, hidden, n], stride=[hidden * n, 1, hidden], data_type=DT.FLOAT)
+    offsets = g.tensor(name="fto", dim=[experts, 1, 1], stride=[1, 1, 1], data_type=DT.INT32)
+    out = g.moe_grouped_matmul(token, weight, offsets, mode=cudnn.moe_grouped_matmul_mode.NONE, compute_data_type=DT.FLOAT)
+    out.set_output(True).set_data_type(DT.FLOAT).set_dim([1, tokens, n]).set_stride([tokens * n, n, 1])
+    for uid, t in enumerate([token, weight, offsets, out], start=1):
+        t.set_uid(uid)
+    return g
+
+
+@pytest.mark.parametrize("make", [ragged_sdpa, paged_decode, moe], ids=["ragged", "paged", "moe"])
+def test_steering_inputs_are_valid_for_their_role(make: Any) -> None:
+    graph = make()
+    description, specs = describe(graph), tensor_table(graph)
+    plan = plan_inputs(description, specs)
+    assert not isinstance(plan, str), plan
+    assert fault(description, specs, materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))) is None
+
+
+@pytest.mark.parametrize("make", [ragged_sdpa, paged_decode], ids=["ragged", "paged-one-page-pool"])
+def test_integers_filled_with_one_fault_where_role_valid_values_do_not(make: Any) -> None:
+    graph = make()
+    description, specs = describe(graph), tensor_table(graph)
+    plan = plan_inputs(description, specs)
+    assert not isinstance(plan, str), plan
+    pack = materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))
+    assert fault(description, specs, pack) is None
+    # What autotuning filled integers with before: ones. The test device faults on them.
+    ones = {uid: t.fill_(1) if not t.dtype.is_floating_point else t for uid, t in pack.items()}
+    assert fault(description, specs, ones) is not None
+
+
+@pytest.mark.parametrize("make", [ragged_sdpa, paged_decode, moe], ids=["ragged", "paged", "moe"])
+def test_a_miss_on_a_steering_graph_launches_and_compares_without_a_fault(tmp_path: Path, make: Any) -> None:
+    c = cache(tmp_path, candidates=3, wrong=[0])
+    plan = c.get(make(), options=BuildOptions(policy="exhaustive"))
+    backend = c.backend
+    assert backend.cuda.poisoned is None and backend.cuda.errors == []
+    entry = c.store.get(plan.key)
+    assert entry is not None and entry.check is not None and entry.check["status"] == "agreed"
+    assert [r["engine"] for r in entry.check["rejected"]] == ["test_engine_0"]
+
+
+def test_a_launch_through_bad_offsets_poisons_the_test_device_for_good(tmp_path: Path) -> None:
+    c = cache(tmp_path, candidates=2)
+    graph = ragged_sdpa()
+    plan = c.get(graph)
+    description, specs = describe(ragged_sdpa()), tensor_table(ragged_sdpa())
+    built = plan_inputs(description, specs)
+    assert not isinstance(built, str)
+    pack = materialize(built, torch, "cpu", torch.Generator().manual_seed(0))
+    pack[1].fill_(1)  # misaligned ragged offsets of q
+    with pytest.raises(plancache.ExecutionError, match="misaligned address"):
+        plan.execute(pack)
+    with pytest.raises(RuntimeError, match="sticky"):
+        c.get(templates.build("matmul_bias_act", **MATMUL))  # everything after fails, as after a sticky error
+
+
+def test_a_tensor_of_unknown_role_launches_nothing(tmp_path: Path) -> None:
+    g = cudnn.pygraph(io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    q, k, v = (g.tensor(name=n, dim=[1, 1, 4, 8], stride=[32, 32, 8, 1], data_type=DT.FLOAT) for n in "qkv")
+    stray = g.tensor(name="stray", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=DT.INT32)
+    o, _ = g.sdpa(q=q, k=k, v=v, attn_scale=0.5, generate_stats=False, seq_len_kv=stray)
+    o.set_output(True).set_dim([1, 1, 4, 8]).set_stride([32, 32, 8, 1])
+    for uid, t in enumerate([q, k, v, stray, o], start=1):
+        t.set_uid(uid)
+    description = describe(g)
+    description["nodes"][0]["inputs"]["sink_token"] = description["nodes"][0]["inputs"].pop("seq_len_kv")
+    assert isinstance(plan_inputs(description, tensor_table(g)), str)
+    assert "does not know the role of tensor" in str(plan_inputs(description, tensor_table(g)))
+
+
+def test_over_the_memory_budget_nothing_is_allocated_or_launched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = cache(tmp_path, candidates=4, wrong=[0], memory=1 << 10)  # 1 KiB free: 25% of it is 256 bytes
+    plan = c.get(matmul_graph(), options=BuildOptions(policy="exhaustive"))
+    assert c.backend.cuda.peak == 0
+    entry = c.store.get(plan.key)
+    assert entry is not None and entry.check is not None and entry.check["status"] == "not run"
+    assert "over the budget" in entry.check["why"] and "PLANCACHE_AUTOTUNE_MEMORY" in entry.check["why"]
+    assert entry.timing["method"].startswith("not timed: launching candidates needs")
+    monkeypatch.setenv("PLANCACHE_AUTOTUNE_MEMORY", "0")
+    zero = plancache.PlanCache(tmp_path / "zero", backend=CpuTestBackend(), auto_prime=False)
+    plan = zero.get(matmul_graph())
+    assert zero.store.get(plan.key).check["status"] == "not run"  # type: ignore[union-attr]
+
+
+def test_within_the_budget_what_timing_allocated_is_given_back(tmp_path: Path) -> None:
+    c = cache(tmp_path, candidates=3)
+    c.get(matmul_graph(), options=BuildOptions(policy="exhaustive"))
+    assert c.backend.cuda.peak > 0 and c.backend.cuda.allocated == 0
+
+
+def test_inputs_are_checked_like_a_launch_and_never_written(tmp_path: Path) -> None:
+    c = cache(tmp_path, candidates=3)
+    pack = templates.allocate("matmul_bias_act", device="cpu", seed=0, **MATMUL)
+    out_uid = max(pack)
+    pack[out_uid].fill_(42.0)
+    before = {uid: t.clone() for uid, t in pack.items()}
+    c.get(matmul_graph(), options=BuildOptions(policy="exhaustive"), inputs=pack)
+    for uid, tensor in pack.items():
+        assert torch.equal(tensor, before[uid]), f"uid {uid} was written"
+    bad = dict(pack)
+    bad[min(pack)] = torch.zeros(3, 3)
+    with pytest.raises(TensorMismatchError, match=r"inputs\[1\] has shape \[3, 3\]"):
+        cache(tmp_path / "other", candidates=3).get(matmul_graph(), inputs=bad)
+
+
+def test_nothing_is_launched_while_this_thread_captures(tmp_path: Path) -> None:
+    c = cache(tmp_path, candidates=3, wrong=[0])
+    cuda = c.backend.cuda
+    stream = cuda.new_stream(blocking=False)
+    cuda.begin_capture(stream, "thread_local")
+    with cuda.stream(stream):
+        plan = c.get(matmul_graph(), options=BuildOptions(policy="exhaustive"))
+    capture = cuda.end_capture(stream)
+    assert capture.recorded == 0, "autotuning launched into the caller's capture"
+    entry = c.store.get(plan.key)
+    assert entry is not None and entry.check == {"status": "not run", "why": "a CUDA-graph capture is in progress on this thread"}
+
+
+def test_a_candidate_that_fails_to_launch_leaves_the_others_checked(tmp_path: Path) -> None:
+    c = cache(tmp_path, candidates=4, unlaunchable=[0], wrong=[3])
+    plan = c.get(matmul_graph(), options=BuildOptions(policy="exhaustive"))
+    assert run_and_compare(plan) < 1e-5
+    entry = c.store.get(plan.key)
+    assert entry is not None and entry.check is not None
+    assert entry.candidates[0]["status"] == "failed" and entry.candidates[3]["status"] == "rejected"
