@@ -173,7 +173,10 @@ def _ragged_program(cudnn: Any, torch: Any, handle: Any) -> Any:
         worst = 0.0
         for i in range(bucket):
             start, n = int(offsets[i]), int(lengths[i])
-            view = lambda t: t[start : start + n * h * d].view(n, h, d).transpose(0, 1).float()  # noqa: E731
+
+            def view(t: Any, start: int = start, n: int = n) -> Any:
+                return t[start : start + n * h * d].view(n, h, d).transpose(0, 1).float()
+
             want = torch.nn.functional.scaled_dot_product_attention(view(q), view(k), view(v), is_causal=True, scale=d**-0.5)
             worst = max(worst, relative_error(view(out), want))
         return first_call, out, worst
