@@ -18,6 +18,7 @@ from .errors import (
     BuildError,
     BundleError,
     CacheDirError,
+    CaptureInProgressError,
     EntryNotFoundError,
     ExecutionError,
     InvalidGraphError,
@@ -30,6 +31,7 @@ from .errors import (
     StoreBusyError,
     StoreError,
     TensorMismatchError,
+    TransientLoadError,
 )
 
 # The rest loads on first use (PEP 562): ``import plancache`` stays a few milliseconds,
@@ -91,6 +93,7 @@ __all__ = [
     "CacheDirError",
     "CacheKey",
     "CandidateSet",
+    "CaptureInProgressError",
     "CapturedStep",
     "EngineChoice",
     "EntryNotFoundError",
@@ -110,6 +113,7 @@ __all__ = [
     "TensorMismatchError",
     "TensorSpec",
     "TimingPolicy",
+    "TransientLoadError",
     "__version__",
     "capture",
     "default_cache_dir",

@@ -46,7 +46,7 @@ log = logging.getLogger("plancache")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "store_errors", "waits",
-             "unpersisted", "kernel_cache_restores", "primed", "no_majority", "rechecks")  # fmt: skip
+             "unpersisted", "kernel_cache_restores", "primed", "no_majority", "rechecks", "load_failures")  # fmt: skip
 
 
 def _default_backend() -> Backend:
@@ -119,7 +119,11 @@ class PlanCache:
         self.remote = remote if remote is not None else _remote_from_env()
         # The build locks need only a writable directory, not a working store: processes that
         # cannot store plans must still not autotune the same key at once.
-        writable = os.access(self.directory, os.W_OK) and not (self.local.store is not None and self.local.store.read_only)
+        writable = (
+            self.local.refused is None
+            and os.access(self.directory, os.W_OK)
+            and not (self.local.store is not None and self.local.store.read_only)
+        )
         lock_dir = self.directory / "locks" if writable else None
         self.flight = SingleFlight(lock_dir, timeout=lock_timeout, remote=self.remote, warn=self._warn_once, count=self._count)
         self.lock_timeout = lock_timeout
@@ -265,6 +269,8 @@ class PlanCache:
         if self._closed:
             return
         self._closed = True
+        if self.primer is not None:
+            self.primer.stop()  # not inside cuDNN once the cache is closed
         self.local.bump_counters(self._remote_counter_deltas())
         self.local.close()
         if self.remote is not None:
@@ -318,6 +324,8 @@ class PlanCache:
 def _flush_at_exit(ref: weakref.ref[PlanCache]) -> None:
     cache = ref()
     if cache is not None and not cache._closed:
+        if cache.primer is not None:
+            cache.primer.stop(timeout=5.0)  # silent at exit: never inside cuDNN while the interpreter goes down
         cache.local.flush(wait=False)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .engines.guest import known_captures
 from .errors import NoGpuError
 
 __all__ = ["CapturedStep", "capture"]
@@ -63,6 +64,6 @@ def capture(step: Callable[[], Any], *, warmup: int = 3, pool: Any = None) -> Ca
             step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with known_captures.running(), torch.cuda.graph(graph, pool=pool):  # no handle is created meanwhile
         output = step()
     return CapturedStep(graph, output)

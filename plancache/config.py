@@ -62,7 +62,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_REDIS_LOCK_TTL": ("seconds the fleet lock outlives a holder that died (renewed while its holder builds)", "`60`"),
     "PLANCACHE_MEMORY_PLANS": ("loaded plans a process keeps in memory, least recently used dropped", "`1024`"),
     "PLANCACHE_PATCH_CUDNN": ("`1`: `import plancache` calls `plancache.install()`, so `cudnn.jit` and `cudnn.graph_cache` persist plans", "not patched"),
-    "PLANCACHE_AUTO_PRIME": ("`1`: a cache that opens loads, on a background thread, the plans its application used in its latest run (see docs/priming.md for the one hazard that keeps it off by default)", "off"),
+    "PLANCACHE_AUTO_PRIME": ("`0` turns off auto-prime: a cache that opens loads, on a background thread, the plans its application used in its latest run (docs/priming.md)", "on"),
     "PLANCACHE_AUTOTUNE_MEMORY": ("device memory autotuning may allocate to launch and compare candidates: a share of free memory or a size; a graph that needs more is not timed (docs/checking.md)", "`25%`"),
     "PLANCACHE_APP": ("the application name plan use is recorded and primed under", "the entry script's path (plus `#rankN` with `LOCAL_RANK`)"),
 }  # fmt: skip
@@ -74,19 +74,18 @@ class ConfigError(PlanCacheError, ValueError):
 
 
 def auto_prime_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """``PLANCACHE_AUTO_PRIME``: off unless 1/true/yes/on; anything else is a ConfigError.
+    """``PLANCACHE_AUTO_PRIME``: on unless 0/false/no/off; anything else is a ConfigError.
 
-    Off by default: on an H200, a background deserialize once made the program's own copy
-    to the GPU, running at the same time on the legacy default stream, fail with
-    cudaErrorStreamCaptureImplicit (docs/priming.md). A cache must never break the program
-    it serves, so priming beside the program's CUDA work is the user's choice."""
+    On by default: loads run as a guest of the program (``engines.guest``: plancache's own
+    non-blocking stream, relaxed capture mode, never on a capturing thread), and the primer
+    makes no CUDA call before the program's own first one (docs/priming.md)."""
     raw = (os.environ if environ is None else environ).get("PLANCACHE_AUTO_PRIME", "")
     value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
+    if value in ("", "1", "true", "yes", "on"):
         return True
-    if value in ("", "0", "false", "no", "off"):
+    if value in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"PLANCACHE_AUTO_PRIME={raw!r} is not a switch: use 1 to turn auto-prime on, or 0 (the default)",
+    raise ConfigError(f"PLANCACHE_AUTO_PRIME={raw!r} is not a switch: use 0 to turn auto-prime off, or 1 (the default)",
                       name="PLANCACHE_AUTO_PRIME", value=raw)  # fmt: skip
 
 

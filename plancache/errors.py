@@ -124,3 +124,15 @@ class BundleError(PlanCacheError, ValueError):
 
 class RemoteError(PlanCacheError, ConnectionError):
     """The remote (Redis) tier failed or refused an entry."""
+
+
+class CaptureInProgressError(PlanCacheError, RuntimeError):
+    """A plan that is not loaded yet was asked for while the calling thread captures a CUDA
+    graph: loading or building it would break the capture, so nothing was done. Look plans
+    up (or call ``plan.prepare()``) before capturing. Field: ``key``."""
+
+
+class TransientLoadError(PlanCacheError, RuntimeError):
+    """A stored plan could not be loaded for a reason outside its entry (a CUDA-graph
+    capture on another thread, no memory for the warm-up): the entry is kept and loaded
+    again later. Raised by backends; a lookup turns it into an unstored build."""

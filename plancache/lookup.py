@@ -17,7 +17,7 @@ from typing import Any
 
 from .engines.autotune import AutotuneResult, TimingPolicy, autotune
 from .engines.backend import Backend, BuiltPlan, EngineChoice
-from .errors import DamagedEntryError
+from .errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
 from .flight import SingleFlight
 from .key import BuildOptions, CacheKey, TensorSpec, environment_id
 from .loads import Loads
@@ -26,7 +26,11 @@ from .store import NEVER_CHECKED, Entry, problem, sha256, summarize
 from .tiers.local import LocalTier
 from .tiers.memory import LRU
 
-__all__ = ["Lookup"]
+__all__ = ["LOAD_FAILED", "Lookup"]
+
+#: How a sound entry that could not be loaded for a transient reason is reported (it is
+#: never quarantined for it).
+LOAD_FAILED = "not loaded now"
 
 log = logging.getLogger("plancache")
 
@@ -55,12 +59,13 @@ class Lookup:
         slot = (key.digest, device)
         names = names_of(graph)
         with self.loads.claim(slot, self.memory) as plan:
-            if plan is None:  # this thread loads or builds it
+            if plan is None:  # this thread loads or builds it, as a guest of the program
                 environment, env_id = self._environment(device)
-                plan = self._from_stored_tiers(key, environment, env_id, device)
-                if plan is None:
-                    with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])):
-                        plan = self.memory.get(slot) or self._repair_or_build(graph, key, options, device, inputs)
+                with self.backend.guest(device):
+                    plan = self._from_stored_tiers(key, environment, env_id, device)
+                    if plan is None:
+                        with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])):
+                            plan = self.memory.get(slot) or self._repair_or_build(graph, key, options, device, inputs)
                 plan = plan.named(names)
                 self.memory.put(slot, plan)
         return plan.named(names)
@@ -76,7 +81,11 @@ class Lookup:
         with self.loads.try_claim(slot, self.memory) as mine:
             if not mine:
                 return "loaded"
-            outcome = self.serve_stored(digest, environment, device, count_hit=False)
+            try:
+                with self.backend.guest(device):
+                    outcome = self.serve_stored(digest, environment, device, count_hit=False)
+            except CaptureInProgressError:
+                return "this thread is capturing"
             if isinstance(outcome, Plan):
                 self.memory.put(slot, outcome)
                 self.counters["primed"] += 1
@@ -115,6 +124,8 @@ class Lookup:
             if reason == NEVER_CHECKED:  # sound, but its engine was never compared with others
                 self.counters["rechecks"] += 1
                 return self._build(graph, key, options, inputs, device)
+            if reason.startswith(LOAD_FAILED):  # not the entry's fault: it stays
+                return self._build(graph, key, options, inputs, device, persist=False)
             self.quarantine_if_unchanged(key.digest, entry, reason)
             rebuilt = self._rebuild(key, options, entry, device) if entry is not None else None
             if rebuilt is not None:
@@ -134,7 +145,7 @@ class Lookup:
         report: dict[str, Any] = {"loaded": [], "missing": [], "failed": {}}
         for digest in keys:
             slot = (digest, device)
-            with self.loads.claim(slot, self.memory) as plan:
+            with self.loads.claim(slot, self.memory) as plan, self.backend.guest(device):
                 outcome = plan if plan is not None else self.serve_stored(digest, environment, device)
                 if isinstance(outcome, Plan):
                     self.memory.put(slot, outcome)
@@ -143,8 +154,8 @@ class Lookup:
                     report["missing"].append(digest)
                 elif outcome[0] is not None and outcome[0].environment != environment:
                     report["failed"][digest] = "entry belongs to another environment"  # kept for its own machines
-                elif outcome[1] == NEVER_CHECKED:
-                    report["failed"][digest] = outcome[1]  # its lookup chooses it again
+                elif outcome[1] == NEVER_CHECKED or outcome[1].startswith(LOAD_FAILED):
+                    report["failed"][digest] = outcome[1]  # kept: its lookup chooses it again, or loads it later
                 else:
                     with self.flight.hold(digest, env_id):
                         self.quarantine_if_unchanged(digest, outcome[0], outcome[1])
@@ -174,8 +185,15 @@ class Lookup:
         try:
             tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
             native = self.backend.load(entry.blob, tensors, device)
-        except Exception as exc:  # the library refusing a blob is a miss, never a crash
-            return f"deserialize failed: {type(exc).__name__}: {str(exc)[:300]}"
+        except TransientLoadError as exc:
+            # Not the entry's fault (a capture on another thread, an out-of-memory in the
+            # warm-up): it stays, to be loaded again later; counted.
+            self.counters["load_failures"] += 1
+            self._warn_once(f"load-{entry.key}", "plancache: loading %s failed (%s: %s); the entry is kept, and this "
+                            "lookup builds the plan without storing it", entry.key[:12], type(exc).__name__, str(exc)[:200])  # fmt: skip
+            return f"{LOAD_FAILED}: {type(exc).__name__}: {str(exc)[:300]}"
+        except Exception as exc:  # the library refusing the blob: a check of the entry, which failed
+            return f"the backend refused the plan: {type(exc).__name__}: {str(exc)[:300]}"
         if count_hit:
             self.counters["hits"] += 1
             self.local.note_hit(entry.key)
@@ -210,7 +228,8 @@ class Lookup:
         self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check)
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
 
-    def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int) -> Plan:
+    def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int,
+               persist: bool = True) -> Plan:  # fmt: skip
         self.counters["misses"] += 1
         started = time.perf_counter()
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
@@ -227,6 +246,8 @@ class Lookup:
             self._save_kernel_cache(key)
         if not result.persist:
             return self._unpersisted(key, built, result, device)
+        if not persist:  # the stored entry could not be loaded: it stays as it is
+            return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "unpersisted", device)
         reports = [r.to_dict() for r in result.candidates]
         self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started, result.autotune_seconds,
                       result.check)  # fmt: skip

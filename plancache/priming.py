@@ -77,6 +77,7 @@ class Primer(threading.Thread):
         self.cache = cache
         self.plans = list(plans) if plans is not None else None  # None: the app's latest run, read on the thread
         self.report: dict[str, Any] = {"primed": 0, "loaded": 0, "skipped": {}, "seconds": 0.0}
+        self.stopping = threading.Event()  # set by stop(): close() and interpreter exit
 
     def run(self) -> None:
         started = time.perf_counter()
@@ -91,7 +92,7 @@ class Primer(threading.Thread):
         cache, report = self.cache, self.report
         environments: dict[int, Any] = {}
         for digest, device in plans:
-            if cache.closed:
+            if cache.closed or self.stopping.is_set():
                 return
             if device not in environments:
                 environments[device] = self._environment_of(device)
@@ -113,10 +114,12 @@ class Primer(threading.Thread):
         skipped."""
         backend = self.cache.backend
         try:
-            if not 0 <= device < backend.device_count():
-                return f"no device {device} here"
+            # Nothing of CUDA (cuInit included) before the program's own first use: a
+            # program may still fork its CUDA workers, and CUDA in such children is undefined.
             if not self._wait_until_used(device):
                 return f"device {device} was not used by this process within {DEVICE_WAIT_S:.0f} s"
+            if not 0 <= device < backend.device_count():
+                return f"no device {device} here"
             backend.use_device(device)  # this thread's device: a new thread starts on device 0
             return dict(self.cache.environment_of(device))
         except Exception as exc:  # no GPU now, a driver problem: the lookups will say
@@ -125,7 +128,12 @@ class Primer(threading.Thread):
     def _wait_until_used(self, device: int) -> bool:
         deadline = time.monotonic() + DEVICE_WAIT_S
         while not self.cache.backend.device_in_use(device):
-            if self.cache.closed or time.monotonic() > deadline:
+            if self.stopping.wait(_POLL_S) or time.monotonic() > deadline:
                 return False
-            time.sleep(_POLL_S)
         return True
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop after the load under way (if any) and wait for the thread, up to ``timeout``."""
+        self.stopping.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)

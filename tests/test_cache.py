@@ -308,9 +308,32 @@ def test_backend_refusing_a_blob_is_quarantined_and_rebuilt(make_cache: MakeCach
     assert plan.source == "rebuilt"
     assert plan.engine == original.engine
     [quarantined] = second.store.quarantined()
-    assert quarantined["reason"].startswith("deserialize failed: RuntimeError")
+    assert quarantined["reason"].startswith("the backend refused the plan: RuntimeError")
     assert second.counters["corrupt"] == 1 and second.counters["rebuilds"] == 1
     assert_runs_correctly(plan, spec)
+
+
+def test_a_load_that_fails_for_a_transient_reason_keeps_the_entry(make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = EXAMPLES["causal_sdpa"]
+    [built] = build_and_close(make_cache, spec)
+    with make_cache() as first:
+        original = first.store.get(built.key)
+    assert original is not None
+    backend = CpuTestBackend()
+
+    def invalidated(blob: bytes, tensors: Any, device: Any = None) -> Any:
+        raise plancache.TransientLoadError("loading the plan failed for now: cudaErrorStreamCaptureInvalidated")
+
+    monkeypatch.setattr(backend, "load", invalidated)
+    second = make_cache(backend=backend)
+    plan = second.get(spec.graph())
+    assert plan.source == "unpersisted" and second.counters["load_failures"] >= 1  # tried again inside the flight
+    assert second.counters["corrupt"] == 0 and second.store.quarantined() == []
+    assert_runs_correctly(plan, spec)
+    entry = second.store.get(original.key)
+    assert entry is not None and entry.blob_sha256 == original.blob_sha256 and entry.created_at == original.created_at
+    second.close()
+    assert make_cache().get(spec.graph()).source == "loaded", "a later process loads the kept entry"
 
 
 def test_damaged_entry_without_engine_is_autotuned_again(make_cache: MakeCache, db: Connect) -> None:
@@ -595,3 +618,23 @@ def test_kernel_cache_sharing_can_be_turned_off(make_cache: Any) -> None:
     cache = make_cache(backend=backend, options=BuildOptions(kernel_cache=False))
     cache.get(_dynamic_conv(1))
     assert not backend.kernels
+
+
+def test_hit_counts_are_kept_when_writing_them_fails(make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch, db: Connect) -> None:
+    from plancache.store import bookkeeping
+
+    spec = EXAMPLES["conv_bias_relu"]
+    build_and_close(make_cache, spec)
+    cache = make_cache()
+    cache.get(spec.graph())
+    cache.get(spec.graph())
+    real = bookkeeping.record_hits
+
+    def locked(*args: Any, **kwargs: Any) -> bool:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(bookkeeping, "record_hits", locked)
+    assert cache.local.flush(wait=False) is False
+    monkeypatch.setattr(bookkeeping, "record_hits", real)
+    cache.flush()
+    assert db().execute("SELECT sum(hit_count) FROM plans").fetchone()[0] == 2

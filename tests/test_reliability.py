@@ -215,14 +215,24 @@ def test_a_stale_damage_marker_costs_one_check_and_changes_nothing(make_cache: M
     assert all_served(cache) == ["loaded"] * 3
 
 
-def test_a_newer_schema_is_a_clear_error_and_the_file_is_untouched(make_cache: MakeCache, cache_dir: Path, db: Connect) -> None:
+def test_a_newer_schema_never_fails_the_program_and_the_file_is_untouched(
+    make_cache: MakeCache, cache_dir: Path, db: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
     stored(make_cache)
     conn = db()
     conn.execute("PRAGMA user_version = 42")
     conn.close()
     before = {p.name: p.read_bytes() for p in cache_dir.iterdir() if p.is_file()}
+    with caplog.at_level(logging.WARNING, logger="plancache"):
+        cache = PlanCache(backend=CpuTestBackend(), auto_prime=False)  # another venv upgraded the shared store
+        plan = cache.get(SPECS[0].graph())
+        cache.get(SPECS[1].graph())
+    assert plan.source == "built" and cache.store is None and cache.counters["unpersisted"] == 2
+    notes = [r.getMessage() for r in caplog.records if "not storing plans" in r.getMessage()]
+    assert len(notes) == 1 and "newer than this plancache supports" in notes[0] and "upgrade plancache" in notes[0]
+    cache.close()
     with pytest.raises(SchemaTooNewError, match="newer than this plancache supports") as info:
-        PlanCache(backend=CpuTestBackend())
+        plancache.Store(cache_dir)
     assert info.value.found == 42
     result = CliRunner().invoke(cli, ["stats"])
     assert result.exit_code == 1

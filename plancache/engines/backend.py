@@ -8,6 +8,7 @@ cache on a machine without a GPU. No cuDNN, torch or CUDA import here.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -145,6 +146,18 @@ class Backend(Protocol):
 
     def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
         """Deserialize a stored plan onto ``device`` (default: the current one); raises if the library refuses it."""
+        ...
+
+    def capturing(self) -> bool:
+        """Whether the calling thread's current stream is capturing a CUDA graph (asked
+        without setting CUDA up)."""
+        ...
+
+    def guest(self, device: int) -> AbstractContextManager[Any]:
+        """The block in which plancache does CUDA work of its own on ``device`` (loads,
+        builds, timing, handles; ``engines.guest``): raises ``CaptureInProgressError`` when
+        this thread captures; runs in relaxed capture mode on a non-blocking stream of
+        plancache's own; leaves the caller's device and streams as they were."""
         ...
 
     def prepare(self, device: int) -> None:

@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import MemoryBudget, format_size
-from ..errors import BuildError, InvalidGraphError, NoGpuError
+from ..errors import BuildError, InvalidGraphError, NoGpuError, TransientLoadError
 from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_table
 from .backend import BuiltPlan, EngineChoice
 from .consensus import tolerance
+from .guest import known_captures, refuse_while_capturing, relaxed
 from .inputs import materialize, plan_inputs
 from .tensors import checked_inputs
 
@@ -45,6 +46,10 @@ _INNER = 3  # launches per careful measurement
 _SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock: enough for the host to queue _INNER launches
 #: Copies of the outputs comparing candidates keeps (one per group of agreeing candidates).
 _OUTPUT_COPIES = 3
+#: Load failures that say nothing about the blob: captures, memory. Anything else is the
+#: library refusing the plan itself (a version mismatch, a damaged blob).
+#: A sticky CUDA error is the process's, not the entry's: every entry would fail to load.
+_TRANSIENT = re.compile(r"captur|out of memory|ALLOC_FAILED|MemoryAllocation|not permitted|timed out|cuda ?error", re.IGNORECASE)
 _NODE_IN_MESSAGE = re.compile(r"[Nn]ode '([^']+)'")
 
 
@@ -201,6 +206,8 @@ class _Candidates:
                 self.indices.append(index)
         self.tensors = tensor_table(graph)
         self.device = int(_torch().cuda.current_device())
+        self.caller_stream = _torch().cuda.current_stream(self.device)  # made before any guest block
+        self.outputs_of: list[int] = []
         self.pack: dict[int, Any] | None = None
         self.stream: Any = None
         self.spare = 0  # bytes of the budget left for a candidate's workspace
@@ -241,8 +248,8 @@ class _Candidates:
         limit = budget.bytes_of(free)
         if need > limit:
             return f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} ({budget.describe()}, PLANCACHE_AUTOTUNE_MEMORY)"
-        stream = torch.cuda.Stream(self.device)  # non-blocking: never ordered with the legacy stream
-        stream.wait_stream(torch.cuda.current_stream(self.device))  # the caller's tensors are ready
+        stream = self.backend.own_stream(self.device)  # non-blocking: never ordered with the legacy stream
+        stream.wait_stream(self.caller_stream)  # the caller's tensors are ready
         # A generator of our own: autotuning must not move the caller's random number
         # stream (a miss would otherwise change every random tensor the program draws next).
         generator = torch.Generator(device=f"cuda:{self.device}")
@@ -382,20 +389,29 @@ class _Handles:
             free = self._free.setdefault(device, [])
             if free:
                 return free.pop()
-            if self._count.get(device, 0) and _torch().cuda.is_current_stream_capturing():
+            # Creating a handle is a cudaMalloc: inside this thread's capture it would
+            # break the capture, and beside a capture plancache runs it is not done either.
+            here = bool(_torch().cuda.is_current_stream_capturing())
+            if here or known_captures.active:
+                if here and not self._count.get(device, 0):
+                    raise RuntimeError(
+                        f"no cuDNN handle of device {device} exists, and creating one inside a CUDA-graph capture would "
+                        "invalidate it: call plan.prepare() before capturing"
+                    )
                 self._waiting += 1
                 try:
-                    if not self._cond.wait_for(lambda: bool(free), timeout=30.0):
+                    if not self._cond.wait_for(lambda: bool(free) or not (here or known_captures.active), timeout=30.0):
                         raise RuntimeError(
                             f"no cuDNN handle of device {device} came back within 30 s during a CUDA-graph capture"
                         )
                 finally:
                     self._waiting -= 1
-                return free.pop()
+                if free:
+                    return free.pop()
             self._count[device] = self._count.get(device, 0) + 1
         try:
             torch = _torch()
-            with torch.cuda.device(device):
+            with relaxed(), torch.cuda.device(device):
                 return _cudnn().create_handle()
         except BaseException:
             with self._cond:
@@ -471,6 +487,7 @@ class CudnnBackend:
         self._environments: dict[int, dict[str, Any]] = {}
         self._kernel_caches: dict[int, Any] = {}  # device -> the one shared cudnn kernel cache
         self._gpu: bool | None = None
+        self._streams: dict[int, Any] = {}  # device -> plancache's own non-blocking stream
         # A forked child (a DataLoader worker, say) must not reuse the parent's handles. The
         # hook holds the backend weakly: registering it must not keep every backend alive.
         if hasattr(os, "register_at_fork"):
@@ -478,6 +495,7 @@ class CudnnBackend:
 
     def after_fork(self) -> None:
         self.handles.forget()
+        self._streams = {}
         self._kernel_caches = {}
         self._gpu = None
 
@@ -538,13 +556,40 @@ class CudnnBackend:
         return count if count is not None else int(_torch().cuda.device_count())
 
     def device_in_use(self, device: int) -> bool:
-        """Asked of the driver (torch and cuDNN run on the primary context); where it cannot
-        answer, whether torch has set CUDA up at all."""
-        active = _primary_context_active(device)
-        if active is not None:
-            return active
+        """Whether the program has set ``device`` up, making no CUDA call before the
+        program's own first one: False until torch has initialized CUDA (a flag of
+        torch's, read without calling CUDA); then asked of the driver (torch and cuDNN run
+        on the primary context), whose ``cuInit`` is by then a no-op."""
         torch = sys.modules.get("torch")
-        return bool(torch is not None and torch.cuda.is_initialized())
+        if torch is None or not torch.cuda.is_initialized():
+            return False
+        active = _primary_context_active(device)
+        return active if active is not None else True
+
+    def capturing(self) -> bool:
+        """Whether the calling thread's current stream is capturing a CUDA graph."""
+        torch = sys.modules.get("torch")
+        return bool(torch is not None and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+
+    @contextlib.contextmanager
+    def guest(self, device: int) -> Iterator[Any]:
+        """plancache's own CUDA work on ``device`` (``engines.guest``): refused while this
+        thread captures; relaxed capture mode; the device set, then restored; yields the
+        non-blocking stream of plancache's own on that device."""
+        self._require_gpu()
+        torch = _torch()
+        refuse_while_capturing(self.capturing(), "loading or building a plan")
+        torch.cuda.init()  # a no-op once CUDA is set up; the capture mode can only be set after
+        with relaxed(), torch.cuda.device(device):
+            yield self.own_stream(device)
+
+    def own_stream(self, device: int) -> Any:
+        """plancache's own stream on ``device`` (made inside a guest block): non-blocking,
+        from torch's pool, never the caller's."""
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = _torch().cuda.Stream(device=device)
+        return stream
 
     def environment(self, device: int | None = None) -> dict[str, Any]:
         self._require_gpu()
@@ -620,17 +665,27 @@ class CudnnBackend:
     # ------------------------------------------------------------------ loading, launching
 
     def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
+        """Deserialize onto ``device``. The frontend's warm-up captures the plan on the
+        handle's stream, so the handle is pointed at plancache's own stream first: never
+        NULL (the frontend would create a blocking stream) and never the caller's."""
         self._require_gpu()
         torch = _torch()
         device = torch.cuda.current_device() if device is None else device
-        with torch.cuda.device(device), self.handles.lease(device) as handle:
-            graph = _cudnn().pygraph(handle=handle)
-            graph.deserialize(blob)
+        cudnn = _cudnn()
+        with self.guest(device) as stream, self.handles.lease(device) as handle:
+            cudnn.set_stream(handle=handle, stream=stream.cuda_stream)
+            graph = cudnn.pygraph(handle=handle)
+            try:
+                graph.deserialize(blob)
+            except Exception as exc:
+                if _TRANSIENT.search(str(exc)):
+                    raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
+                raise
         return graph
 
     def prepare(self, device: int) -> None:
-        self._require_gpu()
-        self.handles.ensure(device)
+        with self.guest(device):
+            self.handles.ensure(device)
 
     def launcher(self, native: Any, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
         """What ``Plan.execute`` calls for each launch, with everything that does not

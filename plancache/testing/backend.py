@@ -8,19 +8,23 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..engines.backend import BuiltPlan, EngineChoice
-from ..errors import BuildError, InvalidGraphError
+from ..engines.guest import known_captures, refuse_while_capturing
+from ..errors import BuildError, InvalidGraphError, TransientLoadError
 from ..key import BuildOptions, TensorSpec, canonical_json, describe, tensor_table
 from .candidates import CpuCandidates
-from .device import SimulatedCuda
+from .device import CudaError, SimulatedCuda
 from .kernels import evaluate, fault, scratch_bytes, stage_outputs
 
 __all__ = ["MAGIC", "CpuTestBackend", "TwoDeviceCpuTestBackend", "summary_of_ops"]
 
 MAGIC = b"PLANCACHE-TEST-PLAN/1\n"
+_WARMUP_BYTES = 1 << 20  # what the frontend's warm-up allocates
+_HANDLE_BYTES = 4 << 20  # cuDNN's persistent buffer, allocated when a handle is created
 _WRONG_BY = 1.25  # what a wrong engine's results are off by
 
 
@@ -40,6 +44,40 @@ class _Native:
         self.device = device
         self.wrong = wrong
         self.executions = 0
+
+
+@dataclass
+class _Handle:
+    """A cuDNN handle of the test device: the stream it runs on (None: NULL)."""
+
+    stream: int | None = None
+
+
+class _Handles:
+    """A pool of handles per device, as the cuDNN backend keeps one; creating a handle is a
+    ``cudaMalloc`` (refused beside a global capture unless in relaxed mode)."""
+
+    def __init__(self, cuda: SimulatedCuda) -> None:
+        self.cuda = cuda
+        self.free: dict[int, list[_Handle]] = {}
+        self.created = 0
+
+    def take(self, device: int) -> _Handle:
+        free = self.free.setdefault(device, [])
+        if free:
+            return free.pop()
+        if not known_captures.wait_idle(timeout=30.0):  # never created beside a capture plancache runs
+            raise RuntimeError("a capture kept running for 30 s: no cuDNN handle was created")
+        self.cuda.allocate(_HANDLE_BYTES)
+        self.created += 1
+        return _Handle()
+
+    def give(self, device: int, handle: _Handle) -> None:
+        self.free.setdefault(device, []).append(handle)
+
+    def ensure(self, device: int) -> None:
+        if not self.free.get(device):
+            self.give(device, self.take(device))
 
 
 class _Devices:
@@ -128,6 +166,11 @@ class CpuTestBackend:
         self.build_log = os.fspath(build_log) if build_log is not None else None
         self.devices = _Devices(environment, devices, in_use)
         self.cuda = SimulatedCuda(free_memory=memory)
+        self.handles = _Handles(self.cuda)
+        self._streams: dict[int, int] = {}  # device -> plancache's own stream
+        #: Called while a load's warm-up capture is open: tests put the program's work there.
+        self.during_warmup: Callable[[], None] | None = None
+        self.touched: list[tuple[str, str, int]] = []  # (thread, call, device) before the program's first use
         self.loads = 0
         self.launches = 0
         # Simulated kernel cache: descriptions of the dynamic-shape graphs "compiled" so far.
@@ -136,12 +179,22 @@ class CpuTestBackend:
     # ------------------------------------------------------------------ devices
 
     def environment(self, device: int | None = None) -> dict[str, Any]:
-        return dict(self.devices.environments[self.current_device() if device is None else device])
+        device = self.current_device() if device is None else device
+        self._note_touch(device, "environment")
+        return dict(self.devices.environments[device])
+
+    def _note_touch(self, device: int, call: str) -> None:
+        """Record a CUDA call on a device the program has not set up yet (``touched``):
+        plancache must make none before the program's own first use."""
+        if not self.device_in_use(device):
+            self.touched.append((threading.current_thread().name, call, device))
 
     def current_device(self) -> int:
         return int(getattr(self.devices.local, "device", 0))
 
     def device_count(self) -> int:
+        if not self.device_in_use(0):
+            self.touched.append((threading.current_thread().name, "device_count", 0))  # cuInit, on a GPU
         return len(self.devices.environments)
 
     def use_device(self, index: int) -> None:
@@ -157,8 +210,32 @@ class CpuTestBackend:
         self.devices.local = threading.local()
 
     def prepare(self, device: int) -> None:
+        with self.guest(device):
+            self.handles.ensure(device)
+
+    def capturing(self) -> bool:
+        return self.cuda.capturing()
+
+    @contextlib.contextmanager
+    def guest(self, device: int) -> Iterator[int]:
+        """As the cuDNN backend's: refused while this thread captures; relaxed capture
+        mode; ``device`` current for the block, then the caller's again; plancache's own
+        non-blocking stream."""
+        refuse_while_capturing(self.cuda.capturing(), "loading or building a plan")
+        self._note_touch(device, "guest")
         self.cuda.check()
         self.devices.check(device)
+        mode = self.cuda.exchange_mode("relaxed")
+        before = self.current_device()
+        self.devices.local.device = device
+        try:
+            stream = self._streams.get(device)
+            if stream is None:
+                stream = self._streams[device] = self.cuda.new_stream(blocking=False)
+            yield stream
+        finally:
+            self.devices.local.device = before
+            self.cuda.exchange_mode(mode)
 
     # ------------------------------------------------------------------ building
 
@@ -243,15 +320,42 @@ class CpuTestBackend:
     # ------------------------------------------------------------------ loading, launching
 
     def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> _Native:
-        self.cuda.check()
         if not blob.startswith(MAGIC):
             raise ValueError("not a plancache test plan (bad magic)")
         payload = json.loads(blob[len(MAGIC) :])
-        self.loads += 1
         device = self.current_device() if device is None else device
-        self.devices.check(device)
+        try:
+            with self.guest(device) as stream:
+                handle = self.handles.take(device)
+                try:
+                    handle.stream = stream
+                    self.warmup(handle)
+                finally:
+                    self.handles.give(device, handle)
+        except CudaError as exc:  # a capture, memory, a sticky error: nothing about the blob
+            raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
+        self.loads += 1
         return _Native(payload["description"], [TensorSpec.from_dict(t) for t in payload["tensors"]], payload["engine"], device,
                        bool(payload.get("wrong")))  # fmt: skip
+
+    def warmup(self, handle: _Handle) -> None:
+        """What cuDNN Frontend's deserialize ends in: on the handle's stream (a new blocking
+        one when it has none), a relaxed capture, a 1 MiB ``cudaMalloc``, the plan executed
+        into the throwaway graph, the capture ended and destroyed, a ``cudaFree`` (which
+        waits for the whole device), and the handle's stream restored. A failure after the
+        capture began leaves the stream capturing, as the frontend's does."""
+        cuda, original = self.cuda, handle.stream
+        fake = original if original is not None else cuda.new_stream(blocking=True)
+        if cuda.capturing(fake):
+            return  # the frontend skips its warm-up there
+        cuda.begin_capture(fake, "relaxed")
+        cuda.allocate(_WARMUP_BYTES)
+        if self.during_warmup is not None:
+            self.during_warmup()
+        cuda.launch(lambda: None, fake)
+        cuda.end_capture(fake)
+        cuda.release(_WARMUP_BYTES)
+        handle.stream = original
 
     def launcher(self, native: _Native, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
         def launch(pack: Mapping[int, Any]) -> None:

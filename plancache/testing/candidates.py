@@ -100,7 +100,8 @@ class CpuCandidates:
         pack = self._ready()
         for uid in self.outputs_of:
             pack[uid].zero_()  # a region no candidate writes compares equal
-        self.backend.run(self.description, self.tensors, pack, wrong=index in self.backend.wrong)
+        with self.backend.guest(self.device) as stream, self.backend.cuda.stream(stream):
+            self.backend.run(self.description, self.tensors, pack, wrong=index in self.backend.wrong)
         return {uid: pack[uid].clone() for uid in self.outputs_of}
 
     def simulated_ms(self, index: int) -> float:

@@ -153,13 +153,19 @@ class SimulatedCuda:
         refused, and the capture invalidated, unless this thread is in relaxed mode."""
         with self._lock:
             self._check()
-            if self.mode() == "relaxed":
+            mode, me = self.mode(), threading.get_ident()
+            if mode == "relaxed":
                 return
             for stream in self._streams.values():
                 capture = stream.capture
-                if capture is not None and (capture.mode == "global" or capture.thread == threading.get_ident()):
+                if capture is None:
+                    continue
+                # This thread's own capture, unless begun relaxed; another thread's global-mode
+                # capture, unless this thread is in thread-local mode (CUDA's rules).
+                own = capture.thread == me
+                if (own and capture.mode != "relaxed") or (not own and mode == "global" and capture.mode == "global"):
                     capture.invalidated = f"{call} was called during the capture"
-                    raise self._error(f"cudaErrorStreamCaptureUnsupported: {call} during a global-mode capture")
+                    raise self._error(f"cudaErrorStreamCaptureUnsupported: {call} during a capture")
 
     def synchronize_device(self) -> None:
         self.unsafe("cudaDeviceSynchronize")

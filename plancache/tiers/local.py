@@ -57,10 +57,15 @@ class LocalTier:
         self._warn = warn
         self._count = count
         self.store: Store | None = None
+        #: Why the store was refused (a newer schema, a directory others can write); None if not.
+        self.refused: str | None = None
         try:
             self.store = Store(self.directory, read_only=read_only)
-        except (CacheDirError, SchemaTooNewError):
-            raise  # the caller's configuration: a clear error, never a silent fallback
+        except (CacheDirError, SchemaTooNewError) as exc:
+            # A cache problem is never the program's: it runs, unpersisted, told once why.
+            self.refused = str(exc)
+            count("store_errors")
+            warn("open", "plancache: not storing plans: %s", exc)
         except (StoreError, OSError, sqlite3.Error) as exc:
             count("store_errors")
             warn("open", "plancache: cannot open the plan store in %s (%s); plans work but are not stored", self.directory, exc)
@@ -211,13 +216,17 @@ class LocalTier:
             uses, self._uses = self._uses, {}
         if (not hits and not uses) or self.store is None or self.store.read_only:
             return True
+        # A write that fails (a busy or full store) keeps its batch for the next try:
+        # nothing counted is lost.
         written_hits = written_uses = False
         try:
             written_hits = bookkeeping.record_hits(self.store, hits, wait=wait)
+        except (StoreError, sqlite3.Error, OSError) as exc:
+            self._warn("hits", "plancache: could not record hit counts yet: %s", exc)
+        try:
             written_uses = bookkeeping.record_usage(self.store, self.app or "", self.run, self.run_started, uses, wait=wait)
         except (StoreError, sqlite3.Error, OSError) as exc:
-            self._warn("hits", "plancache: could not record hit counts: %s", exc)
-            return False
+            self._warn("hits", "plancache: could not record plan use yet: %s", exc)
         if not written_hits:
             self._merge_back(hits)
         if not written_uses:

@@ -1,0 +1,118 @@
+"""plancache's own CUDA work, done as a guest in a program it did not write.
+
+Loading a plan is not a read: cuDNN Frontend's ``deserialize`` ends in a warm-up that
+captures the plan into a throwaway CUDA graph on its handle's stream (creating a *blocking*
+stream when the handle has none), ``cudaMalloc``s and ``cudaFree``s. On an H200 that broke
+the program's own work three ways: legacy-stream work of another thread failed with
+``cudaErrorStreamCaptureImplicit``; a ``torch.cuda.graph`` capture on another thread was
+invalidated by the ``cudaMalloc``/``cudaFree``; and a handle that carried the program's
+stream captured, and so silently dropped, the program's own work on it. Creating a cuDNN
+handle (a ``cudaMalloc``) during another thread's capture invalidated that capture too.
+
+So every piece of CUDA work plancache does for itself (loading, building and timing
+candidates, creating handles) runs inside ``guest``:
+
+* on a stream of plancache's own, non-blocking, one per device, that no program work is
+  ordered with (the caller's current stream is never used nor changed);
+* with the calling thread in *relaxed* capture mode (``cuThreadExchangeStreamCaptureMode``),
+  restored after, so that nothing it calls is refused by, or invalidates, another
+  thread's global-mode capture;
+* never while the calling thread's own stream is capturing: that is refused with
+  ``CaptureInProgressError`` before anything is called;
+* with the caller's current device as it was, afterwards.
+
+``known_captures`` counts the captures plancache itself runs (``plancache.capture``): no
+handle is created while one is running.
+
+No torch or cuDNN import at module level; the driver library is loaded only when a guest
+block runs, which is always after the program (or this very call) set CUDA up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import CaptureInProgressError
+
+__all__ = ["RELAXED", "KnownCaptures", "exchange_capture_mode", "known_captures", "refuse_while_capturing", "relaxed"]
+
+#: ``CU_STREAM_CAPTURE_MODE_RELAXED``: this thread's unsafe calls (cudaMalloc, cudaFree,
+#: synchronization) are neither refused by nor invalidating other threads' captures.
+RELAXED = 2
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda() -> Any:
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def exchange_capture_mode(mode: int) -> int | None:
+    """Set this thread's stream-capture interaction mode; the previous one, or None when
+    the driver cannot be asked (then nothing changed)."""
+    libcuda = _libcuda()
+    if libcuda is None:
+        return None
+    value = ctypes.c_int(mode)
+    if libcuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(value)) != 0:
+        return None
+    return int(value.value)
+
+
+@contextlib.contextmanager
+def relaxed() -> Iterator[None]:
+    """This thread in relaxed capture mode for the block, then as it was."""
+    previous = exchange_capture_mode(RELAXED)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            exchange_capture_mode(previous)
+
+
+class KnownCaptures:
+    """How many captures plancache runs now (``plancache.capture``), process-wide."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        with self._cond:
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until none runs; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._active == 0, timeout=timeout)
+
+
+known_captures = KnownCaptures()
+
+
+def refuse_while_capturing(capturing: bool, what: str, key: str = "") -> None:
+    """Raise ``CaptureInProgressError`` when the calling thread's stream is capturing."""
+    if capturing:
+        raise CaptureInProgressError(
+            f"{what} while this thread is capturing a CUDA graph would break the capture; nothing was done. "
+            "Look plans up (or call plan.prepare()) before capturing",
+            key=key,
+        )
