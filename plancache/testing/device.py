@@ -168,8 +168,16 @@ class SimulatedCuda:
                     raise self._error(f"cudaErrorStreamCaptureUnsupported: {call} during a capture")
 
     def synchronize_device(self) -> None:
-        self.unsafe("cudaDeviceSynchronize")
+        """A device-wide synchronization (``cudaDeviceSynchronize``, the one in ``cudaFree``):
+        outside relaxed mode it fails while any capture is open, of any thread and mode,
+        and breaks that capture (seen on an H200 beside the frontend's relaxed warm-up)."""
         with self._lock:
+            self._check()
+            if self.mode() != "relaxed":
+                for stream in self._streams.values():
+                    if stream.capture is not None:
+                        stream.capture.invalidated = "a device synchronization during the capture"
+                        raise self._error("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing")
             self.syncs += 1
 
     # ---------------------------------------------------------------- memory and faults
