@@ -184,7 +184,7 @@ class Lookup:
         """Deserialize a sound entry onto ``device``: a ``Plan``, or why it failed."""
         try:
             tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
-            native = self.backend.load(entry.blob, tensors, device, entry.description)
+            native = self.backend.load(entry.blob, tensors, device)
         except TransientLoadError as exc:
             # Not the entry's fault (a capture on another thread, an out-of-memory in the
             # warm-up): it stays, to be loaded again later; counted.

@@ -299,7 +299,7 @@ def test_backend_refusing_a_blob_is_quarantined_and_rebuilt(make_cache: MakeCach
     [original] = build_and_close(make_cache, spec)
     backend = CpuTestBackend()
 
-    def refuse(blob: bytes, tensors: Any, device: Any = None, description: Any = None) -> Any:
+    def refuse(blob: bytes, tensors: Any, device: Any = None) -> Any:
         raise RuntimeError("CUDNN_STATUS_BAD_PARAM: cannot deserialize")
 
     monkeypatch.setattr(backend, "load", refuse)
@@ -321,7 +321,7 @@ def test_a_load_that_fails_for_a_transient_reason_keeps_the_entry(make_cache: Ma
     assert original is not None
     backend = CpuTestBackend()
 
-    def invalidated(blob: bytes, tensors: Any, device: Any = None, description: Any = None) -> Any:
+    def invalidated(blob: bytes, tensors: Any, device: Any = None) -> Any:
         raise plancache.TransientLoadError("loading the plan failed for now: cudaErrorStreamCaptureInvalidated")
 
     monkeypatch.setattr(backend, "load", invalidated)

@@ -38,8 +38,8 @@ class SlowLoads(CpuTestBackend):
         self.loaded: list[str] = []
         self.lock = threading.Lock()
 
-    def load(self, blob: bytes, tensors: Any, device: int | None = None, description: Any = None) -> Any:
-        native = super().load(blob, tensors, device, description)
+    def load(self, blob: bytes, tensors: Any, device: int | None = None) -> Any:
+        native = super().load(blob, tensors, device)
         digest = self._digest_of(blob)
         if self.slow is None or digest in self.slow:
             time.sleep(self.delay)

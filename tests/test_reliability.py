@@ -133,7 +133,7 @@ def test_an_entry_cudnn_refuses_after_an_upgrade_is_rebuilt_without_autotuning(
     keys = stored(make_cache)
     backend = CpuTestBackend()
 
-    def refuse(blob: bytes, tensors: Any, device: Any = None, description: Any = None) -> Any:
+    def refuse(blob: bytes, tensors: Any, device: Any = None) -> Any:
         raise RuntimeError("CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH")
 
     monkeypatch.setattr(backend, "load", refuse)

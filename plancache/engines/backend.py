@@ -144,11 +144,9 @@ class Backend(Protocol):
         autotuning."""
         ...
 
-    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None,
-             description: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
+    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
         """Deserialize a stored plan onto ``device`` (default: the current one) and load its
-        kernels (with ``description``, the graph's, by one launch on inputs valid for their
-        roles); raises ``TransientLoadError`` for a failure that is not the blob's, and
+        kernels; raises ``TransientLoadError`` for a failure that is not the blob's, and
         anything else when the library refuses the blob."""
         ...
 

@@ -29,12 +29,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import MemoryBudget, format_size, memory_budget_from_env
+from ..config import MemoryBudget, format_size
 from ..errors import BuildError, InvalidGraphError, NoGpuError, TransientLoadError
 from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_table
 from .backend import BuiltPlan, EngineChoice
 from .consensus import tolerance
-from .guest import held_capture, known_captures, refuse_while_capturing, relaxed
+from .guest import known_captures, refuse_while_capturing, relaxed
 from .inputs import materialize, plan_inputs
 from .tensors import checked_inputs
 
@@ -664,58 +664,25 @@ class CudnnBackend:
 
     # ------------------------------------------------------------------ loading, launching
 
-    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None,
-             description: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
-        """Deserialize onto ``device``, then load the plan's kernels by running it once.
-
-        The frontend's own warm-up would capture the plan on the handle's stream for the
-        whole of its kernel loading (~100 ms), and while a capture is open the program's
-        device-wide synchronizations fail (seen on an H200). So the handle is pointed at
-        plancache's own stream, a relaxed capture of it is held around ``deserialize`` (a
-        few milliseconds; the frontend skips its warm-up then), and the kernels are loaded
-        by one uncaptured launch on inputs valid for their roles (``engines.inputs``), on
-        that stream. Without a ``description``, or where that is not safe (a tensor of
-        unknown role, the memory budget), the kernels load at the plan's first launch."""
+    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
+        """Deserialize onto ``device``. The frontend's warm-up captures the plan on the
+        handle's stream while it loads the kernels, so the handle is pointed at plancache's
+        own non-blocking stream first: never NULL (the frontend would create a blocking
+        stream) and never the caller's; and the thread is in relaxed mode (``guest``)."""
         self._require_gpu()
         torch = _torch()
         device = torch.cuda.current_device() if device is None else device
         cudnn = _cudnn()
-        with self.guest(device) as stream:
-            with self.handles.lease(device) as handle:
-                cudnn.set_stream(handle=handle, stream=stream.cuda_stream)
-                graph = cudnn.pygraph(handle=handle)
-                try:
-                    with held_capture(stream.cuda_stream):
-                        graph.deserialize(blob)
-                except Exception as exc:
-                    if isinstance(exc, TransientLoadError) or _TRANSIENT.search(str(exc)):
-                        raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
-                    raise
-            if description is not None:
-                self._warm(graph, tensors, description, device, stream)
+        with self.guest(device) as stream, self.handles.lease(device) as handle:
+            cudnn.set_stream(handle=handle, stream=stream.cuda_stream)
+            graph = cudnn.pygraph(handle=handle)
+            try:
+                graph.deserialize(blob)
+            except Exception as exc:
+                if _TRANSIENT.search(str(exc)):
+                    raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
+                raise
         return graph
-
-    def _warm(self, graph: Any, tensors: Sequence[TensorSpec], description: Mapping[str, Any], device: int, stream: Any) -> None:
-        """Launch a loaded plan once on synthetic inputs on plancache's own stream, so that
-        its kernels are loaded now rather than at the program's first launch. Never fails
-        the load: where it cannot be done safely, nothing is launched."""
-        torch = _torch()
-        plan = plan_inputs(description, list(tensors))
-        if isinstance(plan, str):
-            log.debug("plancache: not warming a loaded plan: %s", plan)
-            return
-        workspace = int(graph.get_workspace_size())
-        budget = memory_budget_from_env().bytes_of(int(torch.cuda.mem_get_info(device)[0]))
-        if plan.device_bytes() + workspace > budget:
-            return
-        try:
-            generator = torch.Generator(device=f"cuda:{device}").manual_seed(0)
-            with torch.cuda.stream(stream):
-                pack = materialize(plan, torch, f"cuda:{device}", generator)
-                self.launcher(graph, workspace, device)(pack)
-            stream.synchronize()
-        except Exception as exc:  # the kernels then load at the first launch
-            log.debug("plancache: warming a loaded plan failed: %s", exc)
 
     def prepare(self, device: int) -> None:
         with self.guest(device):

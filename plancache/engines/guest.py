@@ -37,10 +37,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import CaptureInProgressError, TransientLoadError
+from ..errors import CaptureInProgressError
 
-__all__ = ["RELAXED", "KnownCaptures", "exchange_capture_mode", "held_capture", "known_captures", "refuse_while_capturing",
-           "relaxed"]  # fmt: skip
+__all__ = ["RELAXED", "KnownCaptures", "exchange_capture_mode", "known_captures", "refuse_while_capturing", "relaxed"]
 
 #: ``CU_STREAM_CAPTURE_MODE_RELAXED``: this thread's unsafe calls (cudaMalloc, cudaFree,
 #: synchronization) are neither refused by nor invalidating other threads' captures.
@@ -117,28 +116,3 @@ def refuse_while_capturing(capturing: bool, what: str, key: str = "") -> None:
             "Look plans up (or call plan.prepare()) before capturing",
             key=key,
         )
-
-
-@contextlib.contextmanager
-def held_capture(stream: int) -> Iterator[None]:
-    """A relaxed capture of ``stream`` (one of plancache's own), held open for the block and
-    then dropped (an empty graph). cuDNN Frontend's ``deserialize`` skips its warm-up when
-    its handle's stream is capturing: held around it, the frontend's own capture (open for
-    the whole ~100 ms of kernel loading, during which the program's device-wide
-    synchronizations fail) never starts; plancache warms the plan afterwards, uncaptured."""
-    libcuda = _libcuda()
-    if libcuda is None:
-        raise TransientLoadError("the CUDA driver library cannot be loaded")
-    handle = ctypes.c_void_p(stream)
-    rc = libcuda.cuStreamBeginCapture_v2(handle, ctypes.c_int(RELAXED))
-    if rc != 0:
-        raise TransientLoadError(f"beginning a capture of plancache's own stream failed (CUresult {rc})")
-    graph = ctypes.c_void_p()
-    try:
-        yield
-    finally:
-        rc = libcuda.cuStreamEndCapture(handle, ctypes.byref(graph))
-        if graph.value:
-            libcuda.cuGraphDestroy(graph)
-    if rc != 0:
-        raise TransientLoadError(f"ending the capture of plancache's own stream failed (CUresult {rc})")

@@ -14,7 +14,6 @@ from typing import Any
 
 from ..engines.backend import BuiltPlan, EngineChoice
 from ..engines.guest import known_captures, refuse_while_capturing
-from ..engines.inputs import materialize, plan_inputs
 from ..errors import BuildError, InvalidGraphError, TransientLoadError
 from ..key import BuildOptions, TensorSpec, canonical_json, describe, tensor_table
 from .candidates import CpuCandidates
@@ -169,11 +168,8 @@ class CpuTestBackend:
         self.cuda = SimulatedCuda(free_memory=memory)
         self.handles = _Handles(self.cuda)
         self._streams: dict[int, int] = {}  # device -> plancache's own stream
-        #: Called while the frontend's own warm-up capture is open (``warmup``), and while a
-        #: load's deserialize runs (``during_load``): tests put the program's work there.
+        #: Called while a load's warm-up capture is open: tests put the program's work there.
         self.during_warmup: Callable[[], None] | None = None
-        self.during_load: Callable[[], None] | None = None
-        self.warm_launches: list[int] = []  # per warming launch: how many captures were open
         self.touched: list[tuple[str, str, int]] = []  # (thread, call, device) before the program's first use
         self.loads = 0
         self.launches = 0
@@ -323,11 +319,9 @@ class CpuTestBackend:
 
     # ------------------------------------------------------------------ loading, launching
 
-    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None,
-             description: Mapping[str, Any] | None = None) -> _Native:  # fmt: skip
-        """As the cuDNN backend loads: the handle on plancache's own stream, a relaxed
-        capture of it held around the deserialize (so the frontend's warm-up is skipped),
-        then the kernels loaded by one uncaptured launch on role-valid inputs."""
+    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> _Native:
+        """As the cuDNN backend loads: inside ``guest``, with the handle on plancache's own
+        stream, then the frontend's warm-up (``warmup``)."""
         if not blob.startswith(MAGIC):
             raise ValueError("not a plancache test plan (bad magic)")
         payload = json.loads(blob[len(MAGIC) :])
@@ -337,38 +331,14 @@ class CpuTestBackend:
                 handle = self.handles.take(device)
                 try:
                     handle.stream = stream
-                    self.cuda.begin_capture(stream, "relaxed")
-                    try:
-                        self.warmup(handle)  # skipped: its stream is capturing
-                        if self.during_load is not None:
-                            self.during_load()
-                    finally:
-                        self.cuda.end_capture(stream)
+                    self.warmup(handle)
                 finally:
                     self.handles.give(device, handle)
-                if description is not None:
-                    self._warm(description, [TensorSpec.from_dict(t) for t in payload["tensors"]], stream)
         except CudaError as exc:  # a capture, memory, a sticky error: nothing about the blob
             raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
         self.loads += 1
         return _Native(payload["description"], [TensorSpec.from_dict(t) for t in payload["tensors"]], payload["engine"], device,
                        bool(payload.get("wrong")))  # fmt: skip
-
-    def _warm(self, description: Mapping[str, Any], tensors: list[TensorSpec], stream: int) -> None:
-        """Load the kernels by one launch on role-valid inputs, on ``stream``, uncaptured.
-        The test device has no kernels to load: the launch is the addressing check a GPU
-        kernel would fault on (a sticky error), without evaluating the graph."""
-        import torch
-
-        plan = plan_inputs(description, tensors)
-        if isinstance(plan, str):
-            return
-        pack = materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))
-        self.warm_launches.append(len(self.cuda.captures()))  # captures open while the kernels load
-        reason = fault(description, tensors, pack)
-        if reason is not None:
-            self.cuda.poison(reason)
-        self.cuda.launch(lambda: None, stream)
 
     def warmup(self, handle: _Handle) -> None:
         """What cuDNN Frontend's deserialize ends in: on the handle's stream (a new blocking
