@@ -5,6 +5,12 @@
 rules: unset, empty or ``0`` mean no limit, and anything else that is not a usable size is
 a ``ConfigError`` naming the variable and its value. A typo never deletes entries.
 
+``flag_from_env`` reads every on/off variable the same way: ``1``, ``true``, ``yes`` or
+``on`` and ``0``, ``false``, ``no`` or ``off``, in any case and with surrounding
+whitespace; unset or empty means the default; anything else is a ``ConfigError`` naming
+the variable and its value, never a guess (so ``PLANCACHE_ALLOW_SHARED_DIR=no`` keeps the
+safety check on).
+
 ``ENVIRONMENT`` lists every environment variable plancache reads, with its meaning and
 default (the README's table is checked against it).
 """
@@ -18,8 +24,8 @@ from collections.abc import Mapping
 
 from .errors import PlanCacheError
 
-__all__ = ["ENVIRONMENT", "MAX_SIZE_FLOOR", "MAX_SIZE_WARN", "ConfigError", "auto_prime_from_env", "format_size",
-           "max_size_from_env", "parse_size"]  # fmt: skip
+__all__ = ["ENVIRONMENT", "FLAG_OFF", "FLAG_ON", "MAX_SIZE_FLOOR", "MAX_SIZE_WARN", "ConfigError", "auto_prime_from_env",
+           "flag_from_env", "format_size", "max_size_from_env", "parse_size"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -40,7 +46,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_MAX_SIZE": ("bytes of plans kept; least recently used entries are evicted beyond it", "no limit"),
     "PLANCACHE_RECORD": ("a manifest file every `PlanCache` appends each new graph to (docs/prewarm.md)", "not recording"),
     "PLANCACHE_BACKEND": ("the backend of the `plancache` command, `module:Class` (`plancache.testing:CpuTestBackend` runs on the CPU)", "cuDNN"),
-    "PLANCACHE_ALLOW_SHARED_DIR": ("`1` accepts a cache directory that other users can write", "refused"),
+    "PLANCACHE_ALLOW_SHARED_DIR": ("on (`1`) accepts a cache directory that other users can write", "refused"),
     "PLANCACHE_REDIS_URL": ("the Redis tier of a fleet (docs/fleet.md)", "no Redis tier"),
     "PLANCACHE_REDIS_SECRET_FILE": ("file holding the secret that signs Redis entries", "none"),
     "PLANCACHE_REDIS_SECRET": ("the secret itself (prefer the file)", "none"),
@@ -50,8 +56,8 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_REDIS_MAX_STALL": ("seconds a process may lose to a failing Redis before switching the tier off", "`2`"),
     "PLANCACHE_REDIS_LOCK_TTL": ("seconds the fleet lock outlives a holder that died (renewed while its holder builds)", "`60`"),
     "PLANCACHE_MEMORY_PLANS": ("loaded plans a process keeps in memory, least recently used dropped", "`1024`"),
-    "PLANCACHE_PATCH_CUDNN": ("`1`: `import plancache` calls `plancache.install()`, so `cudnn.jit` and `cudnn.graph_cache` persist plans", "not patched"),
-    "PLANCACHE_AUTO_PRIME": ("`1`: a cache that opens loads, on a background thread, the plans its application used in its latest run (see docs/priming.md for the one hazard that keeps it off by default)", "off"),
+    "PLANCACHE_PATCH_CUDNN": ("on (`1`): `import plancache` calls `plancache.install()`, so `cudnn.jit` and `cudnn.graph_cache` persist plans", "not patched"),
+    "PLANCACHE_AUTO_PRIME": ("on (`1`): a cache that opens loads, on a background thread, the plans its application used in its latest run (see docs/priming.md for the one hazard that keeps it off by default)", "off"),
     "PLANCACHE_APP": ("the application name plan use is recorded and primed under", "the entry script's path (plus `#rankN` with `LOCAL_RANK`)"),
 }  # fmt: skip
 
@@ -61,21 +67,37 @@ class ConfigError(PlanCacheError, ValueError):
     Fields: ``name``, ``value``."""
 
 
+#: The values of an on/off variable (``flag_from_env``), compared in lower case without
+#: surrounding whitespace.
+FLAG_ON = ("1", "true", "yes", "on")
+FLAG_OFF = ("0", "false", "no", "off")
+
+
+def flag_from_env(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """The on/off variable ``name``: True for 1/true/yes/on, False for 0/false/no/off (any
+    case, surrounding whitespace ignored), ``default`` when unset or empty. Anything else
+    is a one-line ``ConfigError`` naming the variable and its value: a typo never turns a
+    setting, or a safety check, the other way round."""
+    raw = (os.environ if environ is None else environ).get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in FLAG_ON:
+        return True
+    if value in FLAG_OFF:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a switch: use 1, true, yes or on, or 0, false, no or off "
+                      f"(unset: {'on' if default else 'off'})", name=name, value=raw)  # fmt: skip
+
+
 def auto_prime_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """``PLANCACHE_AUTO_PRIME``: off unless 1/true/yes/on; anything else is a ConfigError.
+    """``PLANCACHE_AUTO_PRIME`` (``flag_from_env``): off unless set on.
 
     Off by default: on an H200, a background deserialize once made the program's own copy
     to the GPU, running at the same time on the legacy default stream, fail with
     cudaErrorStreamCaptureImplicit (docs/priming.md). A cache must never break the program
     it serves, so priming beside the program's CUDA work is the user's choice."""
-    raw = (os.environ if environ is None else environ).get("PLANCACHE_AUTO_PRIME", "")
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"PLANCACHE_AUTO_PRIME={raw!r} is not a switch: use 1 to turn auto-prime on, or 0 (the default)",
-                      name="PLANCACHE_AUTO_PRIME", value=raw)  # fmt: skip
+    return flag_from_env("PLANCACHE_AUTO_PRIME", False, environ)
 
 
 def format_size(n: float) -> str:

@@ -15,7 +15,7 @@ from plancache import PlanCache, Store
 from plancache.testing import CpuTestBackend
 
 _ENV_VARS = ("PLANCACHE_MAX_SIZE", "PLANCACHE_ALLOW_SHARED_DIR", "PLANCACHE_REDIS_URL", "PLANCACHE_RECORD", "PLANCACHE_BACKEND",
-             "PLANCACHE_APP")  # fmt: skip
+             "PLANCACHE_APP", "PLANCACHE_PATCH_CUDNN", "PLANCACHE_MEMORY_PLANS")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
