@@ -38,26 +38,42 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Context:
-    def __init__(self, directory: Path | None, debug: bool, as_json: bool = False) -> None:
+    def __init__(self, directory: Path | None, debug: bool, as_json: bool = False, named_by: str | None = None) -> None:
         self.directory = directory
         self.debug = debug
         self.as_json = as_json
+        #: What named the directory ("--dir", "PLANCACHE_DIR"), None for the default one.
+        self.named_by = named_by
 
-    def store(self, *, existing: bool = True) -> Store:
-        """The store of the chosen directory. ``existing``: it must already hold a plan
-        store; a missing or mistyped directory is an error and nothing is created."""
-        if existing:
-            directory = self.directory if self.directory is not None else default_cache_dir()
-            if not directory.exists():
-                raise CacheDirError(
-                    f"cache directory {directory} does not exist (check --dir or PLANCACHE_DIR)", path=str(directory)
-                )
-            if not directory.is_dir():
-                raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
-            if not (directory / DB_NAME).exists():
-                raise CacheDirError(f"cache directory {directory} holds no plan store ({DB_NAME}): nothing was cached there",
-                                    path=str(directory))  # fmt: skip
+    @property
+    def cache_dir(self) -> Path:
+        return self.directory if self.directory is not None else default_cache_dir()
+
+    def store(self) -> Store:
+        """The store of the chosen directory, created if needed (``import``)."""
         return Store(self.directory)
+
+    def existing_store(self, *, read_only: bool | None = None) -> Store | None:
+        """The store of the chosen directory, or None when nothing was cached there yet (no
+        directory, or one without a plan store): the commands that read a cache read that
+        as an empty cache, and create nothing. A directory named by ``--dir`` or
+        ``PLANCACHE_DIR`` that does not exist gets a note on stderr (a typo?). A path that
+        is not a directory is an error."""
+        directory = self.cache_dir
+        if not directory.exists():
+            if self.named_by is not None:
+                click.echo(f"plancache: note: {self.named_by} names {directory}, which does not exist: nothing is cached "
+                           "there yet", err=True)  # fmt: skip
+            return None
+        if not directory.is_dir():
+            raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
+        if not (directory / DB_NAME).exists():
+            return None
+        return Store(directory, read_only=read_only)
+
+    def nothing_yet(self) -> str:
+        """The line read commands print for a cache without plans."""
+        return f"no plans yet in {self.cache_dir}"
 
 
 def _wants_json(as_json: bool) -> bool:
@@ -90,7 +106,9 @@ def _table(rows: list[list[str]], header: list[str]) -> Iterable[str]:
         yield "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip()
 
 
-def _entry(store: Store, prefix: str) -> Entry:
+def _entry(store: Store | None, prefix: str, obj: _Context) -> Entry:
+    if store is None:  # nothing cached yet: no key can match
+        raise EntryNotFoundError(f"no entry with key {prefix!r}: {obj.nothing_yet()}", key=prefix)
     keys = store.resolve(prefix)
     if not keys:
         raise EntryNotFoundError(f"no entry with key {prefix!r} in {store.path}", key=prefix)
@@ -149,6 +167,7 @@ def _set_dir(ctx: click.Context, _param: click.Parameter, value: Path | None) ->
     obj = ctx.find_object(_Context)
     if value is not None and obj is not None:
         obj.directory = value.expanduser()
+        obj.named_by = "--dir"
 
 
 def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -181,7 +200,11 @@ def cli(ctx: click.Context, directory: Path | None, as_json: bool, debug: bool) 
     Exit codes: 0 success, 1 error, 2 bad usage, 3 verify found problems or prewarm had
     failing entries."""
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="%(message)s", stream=sys.stderr)
-    ctx.obj = _Context(directory.expanduser() if directory is not None else None, debug, as_json)
+    named_by = None
+    if directory is not None:
+        source = ctx.get_parameter_source("directory")
+        named_by = "PLANCACHE_DIR" if source == click.core.ParameterSource.ENVIRONMENT else "--dir"
+    ctx.obj = _Context(directory.expanduser() if directory is not None else None, debug, as_json, named_by)
 
 
 @cli.command()
@@ -206,17 +229,13 @@ def env(as_json: bool) -> None:
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id.")
 @click.pass_obj
 def list_entries(obj: _Context, as_json: bool, env_id: str | None) -> None:
-    """List stored plans, most recently used first."""
-    store = obj.store()
-    try:
-        rows = maintenance.list_entries(store, env_id)
-    finally:
-        store.close()
+    """List stored plans, most recently used first (none yet: an empty list)."""
+    rows = _list_entries(obj, env_id)
     now = time.time()
 
     def text(data: list[dict[str, Any]]) -> Iterable[str]:
         if not data:
-            yield "(no entries)"
+            yield obj.nothing_yet() if env_id is None else f"no plans of environment {env_id} in {obj.cache_dir}"
             return
         yield from _table(
             [[r["key"][:12], r["label"][:48], r["policy"], _size(r["blob_size"]), f"{r['build_seconds']:.2f}s",
@@ -225,6 +244,16 @@ def list_entries(obj: _Context, as_json: bool, env_id: str | None) -> None:
         )  # fmt: skip
 
     _emit(rows, as_json, text)
+
+
+def _list_entries(obj: _Context, env_id: str | None) -> list[dict[str, Any]]:
+    store = obj.existing_store()
+    if store is None:
+        return []
+    try:
+        return maintenance.list_entries(store, env_id)
+    finally:
+        store.close()
 
 
 def _show_text(data: dict[str, Any]) -> Iterable[str]:
@@ -263,11 +292,12 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
 @click.pass_obj
 def show(obj: _Context, key: str, as_json: bool, explain: bool) -> None:
     """Everything stored about one plan (KEY may be a unique prefix)."""
-    store = obj.store()
+    store = obj.existing_store()
     try:
-        entry = _entry(store, key)
+        entry = _entry(store, key, obj)
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     data = {k: v for k, v in vars(entry).items() if k != "blob"}
     data["blob_size"] = len(entry.blob)
     if explain:
@@ -285,11 +315,12 @@ def diff(obj: _Context, key_a: str, key_b: str, as_json: bool) -> None:
     """Every difference between what two keys hash (graph, environment, options): one line
     per differing path with both values, e.g. ``graph.nodes[0].params.stride: [1, 1] -> [2, 2]``.
     With --json: a list of {path, a, b} (``absent``: the side that lacks the path)."""
-    store = obj.store()
+    store = obj.existing_store()
     try:
-        a, b = _entry(store, key_a), _entry(store, key_b)
+        a, b = _entry(store, key_a, obj), _entry(store, key_b, obj)
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     result = [_difference(path, va, vb) for path, va, vb in _differences(_entry_parts(a), _entry_parts(b), "")]
 
     def text(d: list[dict[str, Any]]) -> Iterable[str]:
@@ -340,11 +371,14 @@ def stats(obj: _Context, as_json: bool) -> None:
     from .config import max_size_from_env
 
     max_size = max_size_from_env()  # a bad PLANCACHE_MAX_SIZE is reported here too
-    store = obj.store()
-    try:
-        data = store.stats()
-    finally:
-        store.close()
+    store = obj.existing_store()
+    if store is None:
+        data = _empty_stats(obj.cache_dir)
+    else:
+        try:
+            data = store.stats()
+        finally:
+            store.close()
     data["max_size"] = max_size
 
     remote = _remote_from_env()
@@ -352,7 +386,10 @@ def stats(obj: _Context, as_json: bool) -> None:
         data["remote"] = {k: v for k, v in remote.stats().items() if k in ("url", "namespace", "key_id")}
 
     def text(d: dict[str, Any]) -> Iterable[str]:
-        yield f"path          {d['path']}{' (read-only)' if d['read_only'] else ''}"
+        if store is None:
+            yield obj.nothing_yet()
+        else:
+            yield f"path          {d['path']}{' (read-only)' if d['read_only'] else ''}"
         yield f"entries       {d['entries']} in {d['environments']} environment(s)"
         yield f"blobs         {_size(d['blob_bytes'])} (file {_size(d['file_bytes'])})"
         yield f"hits          {d['hits']}"
@@ -369,6 +406,12 @@ def stats(obj: _Context, as_json: bool) -> None:
     _emit(data, as_json, text)
 
 
+def _empty_stats(directory: Path) -> dict[str, Any]:
+    """``Store.stats()`` of a cache with nothing stored yet (and no file)."""
+    return {"path": str(directory / DB_NAME), "read_only": False, "file_bytes": 0, "entries": 0, "blob_bytes": 0, "hits": 0,
+            "environments": 0, "build_seconds": 0.0, "by_policy": {}, "quarantined": 0, "counters": {}}  # fmt: skip
+
+
 @cli.command()
 @_common
 @click.argument("keys", nargs=-1, required=True)
@@ -377,7 +420,9 @@ def stats(obj: _Context, as_json: bool) -> None:
 def rm(obj: _Context, keys: tuple[str, ...], as_json: bool) -> None:
     """Remove stored plans (each KEY may be a unique prefix). Every KEY is resolved first:
     if one is unknown or ambiguous, nothing is removed."""
-    store = obj.store()
+    store = obj.existing_store()
+    if store is None:
+        raise EntryNotFoundError(f"nothing removed: {obj.nothing_yet()}", key=keys[0])
     try:
         chosen: dict[str, str] = {}
         problems: dict[str, str] = {}
@@ -442,20 +487,36 @@ def verify(obj: _Context, fix: bool, deserialize: bool, as_json: bool) -> None:
     """Check the store: SQLite integrity, every blob's checksum, every entry's key against
     what it records, kernel caches. Exit code 3 when problems were found (also when --fix
     fixed them: run it again to confirm). Nothing is ever deleted: see docs/reliability.md."""
-    load, env_id = None, None
-    if deserialize:
-        from .key import TensorSpec
-
-        backend, env_id = _current_backend("verify --deserialize")
-        load = lambda e: backend.load(e.blob, [TensorSpec.from_dict(t) for t in e.tensors])  # noqa: E731
-    store = obj.store()
+    store = obj.existing_store()
+    if store is None:  # nothing stored yet: nothing to check, and nothing that needs the GPU
+        report = _empty_verify(obj.cache_dir, fix=fix, deserialize=deserialize)
+        _emit(report, as_json, lambda d: [f"{obj.nothing_yet()}: nothing to check", "ok"])
+        return
     try:
+        load, env_id = None, None
+        if deserialize:
+            from .key import TensorSpec
+
+            backend, env_id = _current_backend("verify --deserialize")
+            load = lambda e: backend.load(e.blob, [TensorSpec.from_dict(t) for t in e.tensors])  # noqa: E731
         report = maintenance.verify(store, fix=fix, load=load, env_id=env_id)
     finally:
         store.close()
     _emit(report, as_json, _verify_text)
     if report["problems"]:
         sys.exit(EXIT_PROBLEMS)
+
+
+def _empty_verify(directory: Path, *, fix: bool, deserialize: bool) -> dict[str, Any]:
+    """``maintenance.verify``'s report on a cache with nothing stored yet."""
+    report: dict[str, Any] = {"path": str(directory / DB_NAME), "entries": 0, "integrity": [], "checksum": [], "foreign": {},
+                              "damaged": {}, "unreadable": [], "kernel_caches": [], "deserialize": None, "fixed": {},
+                              "problems": []}  # fmt: skip
+    if deserialize:
+        report["deserialize"] = {"env_id": None, "checked": 0, "skipped": 0, "failed": {}}
+    if fix:
+        report["fixed"] = {"quarantined": [], "kernel_caches_removed": []}
+    return report
 
 
 @cli.command()
@@ -471,15 +532,20 @@ def prune(obj: _Context, other_environments: bool, days: float | None, quarantin
     entries (any combination), in small transactions that running jobs hardly notice."""
     if not (other_environments or days is not None or quarantined):
         raise click.UsageError("say what to prune: --other-environments, --older-than DAYS and/or --quarantined")
-    keep = {_current_backend("prune --other-environments")[1]} if other_environments else None
-    store = obj.store()
-    try:
-        report = maintenance.prune(store, env_ids_keep=keep, older_than_s=days * 86400 if days is not None else None,
-                             quarantined=quarantined, dry_run=dry_run)  # fmt: skip
-    finally:
-        store.close()
+    store = obj.existing_store()
+    if store is None:  # nothing stored yet: nothing to remove, and nothing that needs the GPU
+        report: dict[str, Any] = {"dry_run": dry_run, "removed": [], "bytes": 0, "kernel_caches": [], "quarantined": 0}
+    else:
+        try:
+            keep = {_current_backend("prune --other-environments")[1]} if other_environments else None
+            report = maintenance.prune(store, env_ids_keep=keep, older_than_s=days * 86400 if days is not None else None,
+                                       quarantined=quarantined, dry_run=dry_run)  # fmt: skip
+        finally:
+            store.close()
 
     def text(d: dict[str, Any]) -> Iterable[str]:
+        if store is None:
+            yield f"{obj.nothing_yet()}: nothing to remove"
         verb = "would remove" if d["dry_run"] else "removed"
         for row in d["removed"]:
             yield f"{verb} {row['key'][:12]}  {row['label'][:40]}  ({row['reason']})"
@@ -643,13 +709,16 @@ def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, .
     or to another machine (`plancache import` merges it there)."""
     from .workflows.bundle import export_bundle
 
-    store = obj.store()
+    store = obj.existing_store()
     try:
         report = export_bundle(store, file, env_id=env_id, keys=list(keys) or None)
     finally:
-        store.close()
+        if store is not None:
+            store.close()
 
     def text(d: dict[str, Any]) -> Iterable[str]:
+        if store is None:
+            yield f"{obj.nothing_yet()}: the bundle is empty"
         yield f"exported {d['entries']} plans ({_size(d['bytes'])}) to {d['path']}"
         for env_id, summary in d["environments"].items():
             yield f"  environment {env_id}: {summary}"
@@ -672,7 +741,7 @@ def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None, as_
     unsafe bundle is refused and the cache is left unchanged."""
     from .workflows.bundle import import_bundle
 
-    store = obj.store(existing=False)
+    store = obj.store()
     try:
         report = import_bundle(store, file, replace=replace, env_id=env_id)
     finally:
@@ -699,18 +768,21 @@ def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None, as_j
     hits and age."""
     from .workflows.report import entry_report, report_lines
 
-    store = obj.store()
+    store = obj.existing_store()
     try:
-        entries = (
-            [_entry(store, k) for k in keys] if keys else [store.get(r["key"]) for r in maintenance.list_entries(store, env_id)]
-        )
+        entries: list[Entry | None]
+        if keys or store is None:  # nothing stored yet: no entries, and no KEY can match
+            entries = [_entry(store, k, obj) for k in keys]
+        else:
+            entries = [store.get(r["key"]) for r in maintenance.list_entries(store, env_id)]
         data = [entry_report(e) for e in entries if e is not None]
     finally:
-        store.close()
+        if store is not None:
+            store.close()
 
     def text(d: list[dict[str, Any]]) -> Iterable[str]:
         if not d:
-            yield "(no entries)"
+            yield obj.nothing_yet() if env_id is None else f"no plans of environment {env_id} in {obj.cache_dir}"
         for i, report in enumerate(d):
             if i:
                 yield ""

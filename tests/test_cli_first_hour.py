@@ -1,8 +1,9 @@
 """The `plancache` command as a user meets it in the first hour, each run as the real
 command in a fresh process: one line per error with a documented exit code, export that
 never replaces a special file, rm that resolves every key first, options before or after
-the command, diffs by path, manifests that run no code unless allowed, read-only commands
-that create nothing, and the README's set-up commands on a machine without a GPU."""
+the command, diffs by path, manifests that run no code unless allowed, read commands that
+read a cache not created yet as an empty one (and create nothing), and the README's set-up
+commands on a machine without a GPU."""
 
 from __future__ import annotations
 
@@ -193,7 +194,7 @@ def test_other_user_errors_are_one_line_and_debug_shows_the_traceback(filled: tu
     a_file.write_text("")
     assert "is not a directory" in one_line_error(plancache("--dir", str(a_file), "ls"))
     assert "not a plancache bundle" in one_line_error(plancache("--dir", str(directory), "import", str(a_file)))
-    debug = plancache("ls", "--dir", str(tmp_path / "missing"), "--debug")
+    debug = plancache("ls", "--dir", str(a_file), "--debug")
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "CacheDirError" in debug.stderr
     usage = plancache("--dir", str(directory), "ls", "--no-such-option")
     assert usage.returncode == 2
@@ -375,21 +376,91 @@ def test_manifest_api_without_code_imports_nothing_and_keeps_sys_path(code_manif
     assert sys.path == before and "marker_builders" not in sys.modules and not marker.exists()
 
 
-# ---------------------------------------------------------------------------- 9. read-only commands create nothing
+# ---------------------------------------------------------------------------- 9. a fresh machine: absent is empty
 
 
-def test_read_only_commands_on_a_missing_directory_create_nothing(tmp_path: Path) -> None:
-    missing = tmp_path / "typo"
-    bundle = tmp_path / "out.bundle"
-    for command in (["ls"], ["stats"], ["show", "abcd"], ["diff", "ab", "cd"], ["inspect"], ["export", str(bundle)],
-                    ["verify"], ["rm", "abcd"], ["prune", "--quarantined"]):  # fmt: skip
-        line = one_line_error(plancache("--dir", str(missing), *command))
-        assert f"cache directory {missing} does not exist" in line, command
+READ_COMMANDS = (["ls"], ["stats"], ["inspect"], ["verify"], ["verify", "--fix"], ["prune", "--quarantined"],
+                 ["prune", "--older-than", "30", "--other-environments"])  # fmt: skip
+
+
+def _shape(value: Any, name: str = "") -> Any:
+    """What a script relies on in a JSON result: the keys of objects (not of the maps keyed
+    by data: counters, policies, keys) and the kind of everything else."""
+    if isinstance(value, dict):
+        return "map" if name in _MAPS else {k: _shape(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return "list"
+    return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
+
+
+_MAPS = {"counters", "by_policy", "foreign", "damaged", "environments", "skipped", "failed"}
+
+
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=" ".join)
+def test_read_commands_on_a_fresh_machine_exit_0_and_create_nothing(command: list[str], tmp_path: Path) -> None:
+    missing = tmp_path / "no-cache-yet"
+    result = plancache("--dir", str(missing), *command)
+    assert result.returncode == 0, result.stderr
+    assert f"no plans yet in {missing}" in result.stdout.splitlines()[0]
+    assert result.stderr.strip() == f"plancache: note: --dir names {missing}, which does not exist: nothing is cached there yet"
+    as_json = plancache("--dir", str(missing), *command, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    json.loads(as_json.stdout)  # JSON, nothing else, on stdout
+    assert not missing.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_absent_cache_reads_as_an_empty_one_in_the_same_json_shape(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """The JSON of a cache with nothing yet has the shape of a filled cache's, and equals an
+    existing empty store's (the path aside): a script needs no special case."""
+    directory, _ = filled
+    empty = tmp_path / "empty"
+    Store(empty).close()
+    for command in READ_COMMANDS:
+        env = {"PLANCACHE_BACKEND": BACKEND}  # prune --other-environments asks the backend of a filled cache
+        absent = json.loads(plancache("--dir", str(tmp_path / "absent"), *command, "--json", env=env).stdout)
+        full = json.loads(plancache("--dir", str(directory), *command, "--json", env=env).stdout)
+        blank = json.loads(plancache("--dir", str(empty), *command, "--json", env=env).stdout)
+        if isinstance(absent, list):
+            assert absent == [] == blank and isinstance(full, list) and full, command
+            continue
+        assert _shape(absent) == _shape(full) == _shape(blank), command
+        strip = lambda d: {k: v for k, v in d.items() if k not in ("path", "file_bytes", "seconds")}  # noqa: E731
+        assert strip(absent) == strip(blank), command
+    assert not (tmp_path / "absent").exists()
+
+
+def test_the_default_directory_absent_is_empty_without_a_note(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PLANCACHE_DIR"}
+    env.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-m", "plancache", "ls"], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.startswith("no plans yet in ") and str(tmp_path) in result.stdout
+    named = plancache("ls", env={"PLANCACHE_DIR": str(tmp_path / "typo")})
+    assert named.returncode == 0 and "PLANCACHE_DIR names" in named.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_directory_without_a_plan_store_is_empty_and_stays_untouched(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "holds no plan store" in one_line_error(plancache("ls", "--dir", str(empty)))
+    for command in READ_COMMANDS:
+        result = plancache("--dir", str(empty), *command)
+        assert result.returncode == 0 and result.stderr == "", (command, result.stderr)
+        assert f"no plans yet in {empty}" in result.stdout
     assert list(empty.iterdir()) == []
+
+
+def test_a_key_asked_of_a_fresh_machine_is_not_found(tmp_path: Path) -> None:
+    """A lookup by key fails on an absent cache as on an empty one: one line saying that
+    nothing is cached yet, exit 1, nothing created."""
+    missing = tmp_path / "typo"
+    for command in (["show", "abcd"], ["diff", "ab", "cd"], ["inspect", "abcd"], ["rm", "abcd"],
+                    ["export", str(tmp_path / "x.bundle"), "--key", "abcd"]):  # fmt: skip
+        result = plancache("--dir", str(missing), *command, "--json")
+        assert result.returncode == 1 and result.stdout == "", (command, result.stdout)
+        line = [x for x in result.stderr.splitlines() if x.startswith("plancache: error: ")]
+        assert len(line) == 1 and ("no plans yet" in line[0] or "nothing is stored yet" in line[0]), (command, result.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_numpy_and_tomli_are_declared_and_the_cpu_path_is_pinned() -> None:

@@ -65,11 +65,13 @@ def _env_summary(environment: Mapping[str, Any]) -> str:
     )
 
 
-def _select(store: Store, env_id: str | None, keys: Iterable[str] | None) -> list[str]:
+def _select(store: Store | None, env_id: str | None, keys: Iterable[str] | None) -> list[str]:
     if keys is None:
-        return [row["key"] for row in maintenance.list_entries(store, env_id)]
+        return [row["key"] for row in maintenance.list_entries(store, env_id)] if store is not None else []
     selected = []
     for prefix in keys:
+        if store is None:
+            raise EntryNotFoundError(f"{prefix!r} names no entry: nothing is stored yet", key=prefix)
         found = store.resolve(prefix)
         if len(found) != 1:
             problem = "no entry" if not found else "an ambiguous prefix"
@@ -107,10 +109,11 @@ def _cannot_write(target: Path, exc: OSError) -> BundleError:
 
 
 def export_bundle(
-    store: Store, path: str | os.PathLike[str], *, env_id: str | None = None, keys: Iterable[str] | None = None
+    store: Store | None, path: str | os.PathLike[str], *, env_id: str | None = None, keys: Iterable[str] | None = None
 ) -> dict[str, Any]:
     """Write the entries of ``store`` (those of ``env_id``, or the given ``keys`` or key
-    prefixes; default all) to one bundle file at ``path``, atomically: a temporary file in
+    prefixes; default all; None: a cache with nothing stored yet, an empty bundle) to one
+    bundle file at ``path``, atomically: a temporary file in
     the same directory, renamed over ``path``. ``path`` must be a regular file or not
     exist: a symlink, FIFO, device node or other special file is refused (``BundleError``),
     never replaced. Missing parent directories are created.
@@ -127,6 +130,7 @@ def export_bundle(
     environments: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
     for key in dict.fromkeys(chosen):
+        assert store is not None  # chosen is empty without a store
         entry = store.get(key)
         if entry is None:
             skipped[key] = "removed while exporting"
