@@ -603,6 +603,27 @@ def _make_cache(obj: _Context) -> Any:
     return PlanCache(obj.directory, backend=backend, max_size=max_size, auto_prime=False)
 
 
+def _prewarm_dry_run(obj: _Context, manifest: Path, options: Any, *, progress: bool) -> dict[str, Any]:
+    """``prewarm --dry-run``: the manifest checked without a cache, on any machine. The
+    cuDNN backend is never set up (no GPU, no CUDA); a ``PLANCACHE_BACKEND`` gives keys, and
+    an existing store, opened read-only, the entries already stored. Nothing is written.
+    The settings a real run reads are checked as it would."""
+    from .config import max_size_from_env
+    from .tiers.memory import max_plans_from_env
+    from .workflows.prewarm import dry_run
+
+    max_size_from_env()
+    max_plans_from_env()
+    backend = _backend_from_env()
+    environment = backend.environment(backend.current_device()) if backend is not None else None
+    store = obj.existing_store(read_only=True) if backend is not None else None
+    try:
+        return dry_run(manifest, environment=environment, store=store, options=options, progress=progress)
+    finally:
+        if store is not None:
+            store.close()
+
+
 def _devices_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | list[int] | None:
     """``--devices``: "all" or indices, checked before anything is created (the indices
     against the machine's devices once the backend is known)."""
@@ -633,7 +654,7 @@ def _resolve_devices(backend: Any, spec: str | list[int]) -> list[int]:
 @cli.command()
 @_common
 @click.argument("manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--dry-run", is_flag=True, help="List the keys that would be built; build nothing.")
+@click.option("--dry-run", is_flag=True, help="Check the manifest on any machine (no GPU needed): build nothing, write nothing.")
 @click.option("--policy", type=click.Choice(["topk", "exhaustive", "heuristic"]), default=None,
               help="Build policy of entries without their own options (default: topk, as PlanCache uses).")  # fmt: skip
 @click.option("--no-progress", is_flag=True, help="No progress bar (shown only when stderr is a terminal).")
@@ -642,7 +663,7 @@ def _resolve_devices(backend: Any, spec: str | list[int]) -> list[int]:
                    "pythonpath. Only for manifests you trust.")  # fmt: skip
 @click.option("--devices", "devices_spec", metavar="all|LIST", callback=_devices_option,
               help="Share the entries across these GPUs of this machine, one worker process each: 'all' or "
-                   "indices such as 0,1 (default: the current GPU, in this process).")  # fmt: skip
+                   "indices such as 0,1 (default: the current GPU, in this process). Not used by --dry-run.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def prewarm(
@@ -662,8 +683,14 @@ def prewarm(
 
     Builder entries and "pythonpath" run code: they are refused (nothing is built)
     unless --allow-code; then builder modules import from the current directory and the
-    manifest's "pythonpath". --dry-run imports nothing: builder entries are listed
-    without their keys.
+    manifest's "pythonpath".
+
+    --dry-run checks the manifest on any machine, GPU or not, and writes nothing: every
+    entry's graph is built and described, duplicates and failing entries are reported,
+    builder entries are listed without being imported. Keys depend on the GPU, which a dry
+    run never sets up, so entries are "checked" without a key; with PLANCACHE_BACKEND (the
+    CPU test backend, say) they get that backend's keys, and an existing cache tells which
+    are already stored.
 
     --devices shares the entries across several GPUs of one environment (same model,
     driver and libraries), one worker process per GPU; the keys are those of a one-GPU
@@ -680,16 +707,22 @@ def prewarm(
             shown = "; ".join(code[:3]) + (f"; and {len(code) - 3} more" if len(code) > 3 else "")
             raise ManifestError(f"{manifest} runs code ({shown}): nothing was built. Pass --allow-code if you trust "
                                 "this manifest, or --dry-run to list its entries", path=str(manifest), entry=None, line=None)  # fmt: skip
-    if allow_code and not dry_run and os.getcwd() not in sys.path:
+    options = BuildOptions(policy=policy) if policy else None
+    if dry_run:
+        report = _prewarm_dry_run(obj, manifest, options, progress=not no_progress)
+        _emit(report, as_json, summary_lines)
+        if report["failed"]:
+            sys.exit(EXIT_PROBLEMS)
+        return
+    if allow_code and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: builder modules next to the user
     cache = _make_cache(obj)
     try:
         devices = None
         if devices_spec is not None:
             devices = _resolve_devices(cache.backend, devices_spec)
-        options = BuildOptions(policy=policy) if policy else None
-        report = run_prewarm(cache, manifest, dry_run=dry_run, progress=not no_progress, options=options,
-                             allow_code=allow_code, devices=devices)  # fmt: skip
+        report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code,
+                             devices=devices)  # fmt: skip
     finally:
         cache.close()
     _emit(report, as_json, summary_lines)
