@@ -485,9 +485,13 @@ def test_the_main_job_without_a_gpu_runs_the_cache_on_the_cpu_and_exits_0(tmp_pa
     if torch.cuda.is_available():
         pytest.skip("on a GPU machine the main job is the real benchmark (scripts/gpu-check)")
     out = tmp_path / "figures.json"
+    scratch = tmp_path / "tmp"  # the system temporary directory of the run: nothing may stay there
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)}
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_startup.py"), "--out", str(out)], capture_output=True,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)  # fmt: skip
+                            text=True, env=env, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr
+    assert list(scratch.iterdir()) == [], "the main job left files in the temporary directory"
     lines = result.stdout.splitlines()
     assert any(line.startswith("graph") and "miss ms" in line and "fresh-process hit ms" in line for line in lines)
     assert "need an NVIDIA GPU" in result.stdout and "second process: hits 7" in result.stdout
