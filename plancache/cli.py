@@ -1,10 +1,9 @@
 """The ``plancache`` command. Data goes to stdout (``--json`` for scripts), logs and
 progress to stderr (progress only when stderr is a terminal).
 
-Exit codes: 0 success; 1 an error (one line on stderr; ``--debug`` for the traceback);
-2 bad usage (an unknown option, a bad argument, a bad ``PLANCACHE_BACKEND`` or
-``PLANCACHE_MAX_SIZE``); 3 ``verify`` found problems or ``prewarm`` had failing entries.
-``--dir``, ``--json`` and ``--debug`` go before or after the command name.
+``EXIT_CODES`` is the one table of exit codes (README.md shows it; ``plancache --help``
+prints it); ``_one_line`` maps every error to one of them. ``--dir``, ``--json`` and
+``--debug`` go before or after the command name.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import logging
 import os
 import re
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -27,12 +27,24 @@ from .config import ConfigError, format_size
 from .errors import CacheDirError, EntryNotFoundError, ManifestError, PlanCacheError
 from .store import DB_NAME, Entry, Store, default_cache_dir, maintenance
 
-__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_CODES", "EXIT_ERROR", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_PROBLEMS = 3
+
+#: Every exit code of every command, and what it means (README.md, "Exit codes", is this).
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "success; a command that reads a cache that does not exist yet reads an empty one",
+    EXIT_ERROR: "the command failed: one line on stderr names what (a cache directory, a file, the store, a key, a "
+                "bundle, the GPU); `--debug` shows the traceback",
+    EXIT_USAGE: "bad usage or configuration: an unknown option, a bad argument or option value, or a bad `PLANCACHE_*` "
+                "environment variable (named, with its value)",
+    EXIT_PROBLEMS: "the input has problems: `prewarm` (`--dry-run` too) had failing entries or could not use the "
+                   "manifest at all (unreadable, invalid, or running code without `--allow-code`); `verify` found "
+                   "problems (also when `--fix` fixed them)",
+}  # fmt: skip
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -133,9 +145,11 @@ def _entry_parts(entry: Entry) -> dict[str, Any]:
 
 
 def _one_line(exc: BaseException) -> tuple[str, int]:
-    """The one line and exit code of an error the user can act on."""
+    """The one line and exit code (``EXIT_CODES``) of an error the user can act on."""
     if isinstance(exc, ConfigError):
         return str(exc), EXIT_USAGE
+    if isinstance(exc, ManifestError):  # the manifest as a whole: nothing was built
+        return str(exc), EXIT_PROBLEMS
     if isinstance(exc, PlanCacheError):
         return str(exc), EXIT_ERROR
     if isinstance(exc, OSError):
@@ -146,9 +160,10 @@ def _one_line(exc: BaseException) -> tuple[str, int]:
 
 
 class _Group(click.Group):
-    """The one place that maps errors to one line on stderr and an exit code: plancache's
-    own errors, OSError and ValueError (a bad file, directory or value) give exit code 1,
-    a bad setting (``ConfigError``) 2. ``--debug`` shows the traceback instead."""
+    """The one place that maps errors to one line on stderr and an exit code (``_one_line``):
+    plancache's own errors, OSError and ValueError (a bad file, directory or value) give
+    exit code 1, a bad setting (``ConfigError``) 2, a manifest refused as a whole
+    (``ManifestError``) 3. ``--debug`` shows the traceback instead."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -195,16 +210,22 @@ def _common(func: F) -> F:
 @click.version_option(package_name="plancache")
 @click.pass_context
 def cli(ctx: click.Context, directory: Path | None, as_json: bool, debug: bool) -> None:
-    """plancache: a persistent, autotuning plan cache for cuDNN Frontend graphs.
-
-    Exit codes: 0 success, 1 error, 2 bad usage, 3 verify found problems or prewarm had
-    failing entries."""
+    """plancache: a persistent, autotuning plan cache for cuDNN Frontend graphs."""
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="%(message)s", stream=sys.stderr)
     named_by = None
     if directory is not None:
         source = ctx.get_parameter_source("directory")
         named_by = "PLANCACHE_DIR" if source == click.core.ParameterSource.ENVIRONMENT else "--dir"
     ctx.obj = _Context(directory.expanduser() if directory is not None else None, debug, as_json, named_by)
+
+
+def _exit_code_help() -> str:
+    lines = [textwrap.fill(text.replace("`", ""), width=78, initial_indent=f"{code}  ", subsequent_indent="   ")
+             for code, text in EXIT_CODES.items()]  # fmt: skip
+    return "\n\n\b\nExit codes:\n" + "\n".join(lines)
+
+
+cli.help = (cli.help or "") + _exit_code_help()
 
 
 @cli.command()
@@ -367,7 +388,6 @@ def _difference(path: str, a: Any, b: Any) -> dict[str, Any]:
 def stats(obj: _Context, as_json: bool) -> None:
     """Totals of the store: entries, bytes, hits, quarantined entries, counters (remote
     hits, misses, publishes and refusals among them, as flushed by every process)."""
-    from .cache import _remote_from_env  # configured from PLANCACHE_REDIS_*; touches no network
     from .config import max_size_from_env
 
     max_size = max_size_from_env()  # a bad PLANCACHE_MAX_SIZE is reported here too
@@ -381,7 +401,7 @@ def stats(obj: _Context, as_json: bool) -> None:
             store.close()
     data["max_size"] = max_size
 
-    remote = _remote_from_env()
+    remote = _remote_from_settings()
     if remote is not None:
         data["remote"] = {k: v for k, v in remote.stats().items() if k in ("url", "namespace", "key_id")}
 
@@ -591,16 +611,35 @@ def _backend_from_env() -> Any:
     return backend
 
 
+def _remote_from_settings() -> Any:
+    """The Redis tier ``PLANCACHE_REDIS_*`` configure (None without a URL); reading them
+    touches no network, so what fails here is a setting: a ``ConfigError`` (exit code 2)."""
+    from .cache import _remote_from_env
+    from .errors import RemoteError
+
+    try:
+        return _remote_from_env()
+    except RemoteError as exc:
+        named = re.search(r"PLANCACHE_REDIS_[A-Z_]*[A-Z]", str(exc))
+        name = named.group(0) if named else "PLANCACHE_REDIS_URL"
+        message = str(exc) if named else f"PLANCACHE_REDIS_URL: {exc}"
+        value = None if "SECRET" in name else os.environ.get(name)  # a secret is never kept in an error
+        raise ConfigError(message, name=name, value=value) from exc
+
+
 def _make_cache(obj: _Context) -> Any:
     """A PlanCache on the chosen directory with the ``PLANCACHE_BACKEND`` backend. The
     settings are checked before anything is created."""
     from .cache import PlanCache
     from .config import max_size_from_env
+    from .tiers.memory import max_plans_from_env
 
     max_size = max_size_from_env()
+    max_plans = max_plans_from_env()
+    remote = _remote_from_settings()
     backend = _backend_from_env()
     # No auto-prime: a command looks plans up once, it does not run a model's steps.
-    return PlanCache(obj.directory, backend=backend, max_size=max_size, auto_prime=False)
+    return PlanCache(obj.directory, backend=backend, max_size=max_size, max_plans=max_plans, remote=remote, auto_prime=False)
 
 
 def _prewarm_dry_run(obj: _Context, manifest: Path, options: Any, *, progress: bool) -> dict[str, Any]:
@@ -681,8 +720,8 @@ def prewarm(
     Plans already stored are skipped (counted as hits), so an interrupted run resumes.
     A failing entry is reported and the others still run; the exit code is 3 if any failed.
 
-    Builder entries and "pythonpath" run code: they are refused (nothing is built)
-    unless --allow-code; then builder modules import from the current directory and the
+    Builder entries and "pythonpath" run code: they are refused (nothing is built, exit
+    code 3) unless --allow-code; then builder modules import from the current directory and the
     manifest's "pythonpath".
 
     --dry-run checks the manifest on any machine, GPU or not, and writes nothing: every

@@ -336,7 +336,7 @@ def test_dry_run_lists_builder_entries_without_importing_them(code_manifest: tup
 def test_builder_entries_and_pythonpath_need_allow_code(code_manifest: tuple[Path, Path], tmp_path: Path) -> None:
     manifest, marker = code_manifest
     cache = tmp_path / "c"
-    line = one_line_error(plancache("--dir", str(cache), "prewarm", str(manifest), env={"PLANCACHE_BACKEND": BACKEND}))
+    line = one_line_error(plancache("--dir", str(cache), "prewarm", str(manifest), env={"PLANCACHE_BACKEND": BACKEND}), 3)
     assert (
         "runs code" in line
         and "pythonpath ['mods']" in line
@@ -346,7 +346,7 @@ def test_builder_entries_and_pythonpath_need_allow_code(code_manifest: tuple[Pat
     assert not marker.exists() and not cache.exists()
     only_path = write_manifest(tmp_path / "path-only.json", TEMPLATE_ENTRY, pythonpath=["mods"])
     assert "pythonpath" in one_line_error(
-        plancache("--dir", str(cache), "prewarm", str(only_path), env={"PLANCACHE_BACKEND": BACKEND})
+        plancache("--dir", str(cache), "prewarm", str(only_path), env={"PLANCACHE_BACKEND": BACKEND}), 3
     )
 
     result = plancache(
@@ -513,3 +513,82 @@ def test_redis_tests_skip_with_a_reason_when_redis_server_is_absent(tmp_path: Pa
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 skipped" in result.stdout and "error" not in result.stdout.lower()
     assert "redis-server is not on PATH" in result.stdout
+
+
+# ---------------------------------------------------------------------------- 10. one table of exit codes
+
+SECRET = "s" * 32
+REDIS = "redis://127.0.0.1:1/0"
+
+
+def _exit_cases(tmp: Path, filled_dir: Path) -> list[tuple[str, list[str], dict[str, str], int]]:
+    """(what, arguments, environment, expected exit code): every kind of outcome."""
+    a_file = tmp / "a-file"
+    a_file.write_text("")
+    good = write_manifest(tmp / "good.json", TEMPLATE_ENTRY)
+    failing = write_manifest(tmp / "failing.json", TEMPLATE_ENTRY, {"template": "conv3d_zzz"})
+    broken = tmp / "broken.json"
+    broken.write_text("{ not json")
+    code = write_manifest(tmp / "code.json", {"builder": "mod:fn"})
+    damaged = tmp / "damaged"
+    fill(damaged)
+    import sqlite3
+
+    with sqlite3.connect(damaged / "plans.db") as conn:
+        conn.execute("UPDATE plans SET blob_sha256 = 'x'")
+    conn.close()
+    d, c, b = ["--dir", str(filled_dir)], ["--dir", str(tmp / "new")], {"PLANCACHE_BACKEND": BACKEND}
+    return [
+        ("a listing", [*d, "ls"], {}, 0),
+        ("a listing of a cache not created yet", ["--dir", str(tmp / "absent"), "ls"], {}, 0),
+        ("a prewarm", [*c, "prewarm", str(good)], b, 0),
+        ("a cache path that is a file", ["--dir", str(a_file), "ls"], {}, 1),
+        ("an unknown key", [*d, "show", "ffff0000"], {}, 1),
+        ("a file that is no bundle", [*d, "import", str(a_file)], {}, 1),
+        ("an unknown option", [*d, "ls", "--no-such-option"], {}, 2),
+        ("a bad option value", [*d, "prewarm", str(good), "--policy", "fastest"], b, 2),
+        ("PLANCACHE_MAX_SIZE", [*c, "prewarm", str(good)], {**b, "PLANCACHE_MAX_SIZE": "banana"}, 2),
+        ("PLANCACHE_MEMORY_PLANS", [*c, "prewarm", str(good)], {**b, "PLANCACHE_MEMORY_PLANS": "many"}, 2),
+        ("PLANCACHE_ALLOW_SHARED_DIR", [*d, "ls"], {"PLANCACHE_ALLOW_SHARED_DIR": "perhaps"}, 2),
+        ("PLANCACHE_BACKEND", [*c, "prewarm", str(good)], {"PLANCACHE_BACKEND": "os:getcwd"}, 2),
+        ("PLANCACHE_REDIS_URL without a secret", [*d, "stats"], {"PLANCACHE_REDIS_URL": REDIS}, 2),
+        ("PLANCACHE_REDIS_TIMEOUT", [*d, "stats"],
+         {"PLANCACHE_REDIS_URL": REDIS, "PLANCACHE_REDIS_SECRET": SECRET, "PLANCACHE_REDIS_TIMEOUT": "soon"}, 2),
+        ("PLANCACHE_REDIS_TTL in a prewarm", [*c, "prewarm", str(good)],
+         {**b, "PLANCACHE_REDIS_URL": REDIS, "PLANCACHE_REDIS_SECRET": SECRET, "PLANCACHE_REDIS_TTL": "-1"}, 2),
+        ("a failing entry", [*c, "prewarm", str(failing)], b, 3),
+        ("a failing entry in a dry run", [*c, "prewarm", str(failing), "--dry-run"], {}, 3),
+        ("a manifest that is not JSON", [*c, "prewarm", str(broken)], b, 3),
+        ("a manifest that runs code", [*c, "prewarm", str(code)], b, 3),
+        ("a damaged store", ["--dir", str(damaged), "verify"], {}, 3),
+    ]  # fmt: skip
+
+
+def test_every_outcome_exits_with_its_documented_code(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    from plancache.cli import EXIT_CODES
+
+    directory, _ = filled
+    cases = _exit_cases(tmp_path, directory)
+    failures = []
+    for what, args, env, expected in cases:
+        result = plancache(*args, env=env)
+        errors = [line for line in result.stderr.splitlines() if line.startswith(("plancache: error:", "Error:"))]
+        if result.returncode != expected or (expected in (1, 2) and len(errors) != 1) or "Traceback" in result.stderr:
+            failures.append(f"{what}: exit {result.returncode}, expected {expected}: {result.stderr.strip()[-300:]}")
+    assert not failures, "\n".join(failures)
+    assert {expected for *_, expected in cases} == set(EXIT_CODES), "every documented code has a case"
+
+
+def test_the_exit_codes_are_documented_once_and_shown_by_help() -> None:
+    from plancache.cli import EXIT_CODES
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Exit codes") :]
+    rows = dict(re.findall(r"^\| `(\d)` \| (.+) \|$", section.split("\n## ", 1)[0], re.M))
+    assert {int(k): v for k, v in rows.items()} == EXIT_CODES, (
+        "README's table of exit codes differs from plancache.cli.EXIT_CODES"
+    )
+    assert len(re.findall(r"(?i)exit codes?:", readme)) == 0, "exit codes are listed in one table, not again in prose"
+    help_text = " ".join(plancache("--help").stdout.split())
+    for code, text in EXIT_CODES.items():
+        assert f"{code} {' '.join(text.replace('`', '').split())}" in help_text, code
