@@ -38,7 +38,8 @@ EXIT_PROBLEMS = 3
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success; a command that reads a cache that does not exist yet reads an empty one",
     EXIT_ERROR: "the command failed: one line on stderr names what (a cache directory, a file, the store, a key, a "
-                "bundle, the GPU); `--debug` shows the traceback",
+                "bundle, the GPU), or refused what needs `--force` (replacing a bundle, pruning plans used in the last "
+                "day); `--debug` shows the traceback",
     EXIT_USAGE: "bad usage or configuration: an unknown option, a bad argument or option value, or a bad `PLANCACHE_*` "
                 "environment variable (named, with its value)",
     EXIT_PROBLEMS: "the input has problems: `prewarm` (`--dry-run` too) had failing entries or could not use the "
@@ -539,17 +540,66 @@ def _empty_verify(directory: Path, *, fix: bool, deserialize: bool) -> dict[str,
     return report
 
 
+class _Days(click.ParamType):
+    """A number of days, 0 or more: ``30``, ``0.5`` (12 hours)."""
+
+    name = "days"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:  # ctx: click >= 8.2
+        return "DAYS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            days = float(value)
+        except (TypeError, ValueError):
+            days = float("nan")
+        if not days >= 0 or days == float("inf"):  # also NaN
+            self.fail(f"{value!r} is not a number of days: write 0 or more, such as 30, or 0.5 for 12 hours", param, ctx)
+        return days
+
+
+#: An ``--older-than`` below this many days may remove plans that running jobs still use
+#: (last use is written in batches): it needs ``--force`` when it would.
+RECENT_DAYS = 1.0
+
+
+def _refuse_recent(report: Mapping[str, Any], days: float) -> None:
+    """Refuse, naming what would go, an age prune that removes entries used within the last
+    ``RECENT_DAYS``."""
+    now = time.time()
+    recent = [r for r in report["removed"] if r["reason"].startswith("unused") and now - r["last_used_at"] < RECENT_DAYS * 86400]
+    if not recent:
+        return
+    newest = _age(max(0.0, now - max(r["last_used_at"] for r in recent)))
+    aged = [r for r in report["removed"] if r["reason"].startswith("unused")]
+    raise PlanCacheError(
+        f"refused: --older-than {days:g} would remove {len(aged)} entries ({_size(sum(r['blob_size'] for r in aged))}), "
+        f"{len(recent)} of them used in the last day (the latest {newest} ago), which running jobs may still be using; "
+        "pass --force to remove them, or --dry-run to list them"
+    )
+
+
 @cli.command()
 @_common
 @click.option("--other-environments", is_flag=True, help="Entries of any other GPU, driver, CUDA, cuDNN or frontend version.")
-@click.option("--older-than", "days", type=click.FloatRange(min=0), default=None, help="Entries unused for more than DAYS days.")
+@click.option("--older-than", "days", type=_Days(), default=None,
+              help="Entries unused for more than DAYS days (0.5: 12 hours). Below 1 day, removing entries used in the "
+                   "last day needs --force.")  # fmt: skip
 @click.option("--quarantined", is_flag=True, help="Every quarantined entry.")
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@click.option("--force", is_flag=True, help="With --older-than below 1 day: remove entries used in the last day too.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def prune(obj: _Context, other_environments: bool, days: float | None, quarantined: bool, dry_run: bool, as_json: bool) -> None:
+def prune(obj: _Context, other_environments: bool, days: float | None, quarantined: bool, dry_run: bool, force: bool,
+          as_json: bool) -> None:  # fmt: skip
     """Remove entries of other environments, entries unused for DAYS days, quarantined
-    entries (any combination), in small transactions that running jobs hardly notice."""
+    entries (any combination), in small transactions that running jobs hardly notice.
+
+    An --older-than below 1 day that would remove entries used in the last day (plans a
+    running job may be using: --older-than 0 removes every entry) is refused, saying what
+    it would remove, unless --force."""
     if not (other_environments or days is not None or quarantined):
         raise click.UsageError("say what to prune: --other-environments, --older-than DAYS and/or --quarantined")
     store = obj.existing_store()
@@ -558,8 +608,11 @@ def prune(obj: _Context, other_environments: bool, days: float | None, quarantin
     else:
         try:
             keep = {_current_backend("prune --other-environments")[1]} if other_environments else None
-            report = maintenance.prune(store, env_ids_keep=keep, older_than_s=days * 86400 if days is not None else None,
-                                       quarantined=quarantined, dry_run=dry_run)  # fmt: skip
+            older_than_s = days * 86400 if days is not None else None
+            if days is not None and days < RECENT_DAYS and not (force or dry_run):
+                _refuse_recent(maintenance.prune(store, older_than_s=older_than_s, dry_run=True), days)
+            report = maintenance.prune(store, env_ids_keep=keep, older_than_s=older_than_s, quarantined=quarantined,
+                                       dry_run=dry_run)  # fmt: skip
         finally:
             store.close()
 
@@ -774,16 +827,20 @@ def prewarm(
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id (see `plancache ls`).")
 @click.option("--key", "keys", multiple=True, help="Only this entry (a key or unique prefix); repeatable.")
+@click.option("--force", is_flag=True, help="Replace FILE if it exists (a regular file only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
-def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, ...], as_json: bool) -> None:
+def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, ...], force: bool, as_json: bool) -> None:
     """Write stored plans to one portable bundle FILE, to ship inside a container image
-    or to another machine (`plancache import` merges it there)."""
+    or to another machine (`plancache import` merges it there). An existing FILE is
+    refused unless --force; a symlink, FIFO or device is never replaced."""
     from .workflows.bundle import export_bundle
 
+    if not force and file.is_file() and not file.is_symlink():  # special files: export_bundle names what they are
+        raise PlanCacheError(f"refused: {file} exists; pass --force to replace it", path=str(file))
     store = obj.existing_store()
     try:
-        report = export_bundle(store, file, env_id=env_id, keys=list(keys) or None)
+        report = export_bundle(store, file, env_id=env_id, keys=list(keys) or None, replace=force)
     finally:
         if store is not None:
             store.close()

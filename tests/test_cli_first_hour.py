@@ -133,11 +133,44 @@ def test_export_replaces_a_regular_file_through_a_temporary_file(filled: tuple[P
     target = tmp_path / "out" / "plans.bundle"
     target.parent.mkdir()
     target.write_text("old")
-    result = plancache("--dir", str(directory), "export", str(target), "--json")
+    result = plancache("--dir", str(directory), "export", str(target), "--json", "--force")
     assert result.returncode == 0, result.stderr
     assert sorted(json.loads(result.stdout)["keys"]) == sorted(keys)
     assert target.read_bytes().startswith(b"PLANCACHE-BUNDLE\n")
     assert [p.name for p in target.parent.iterdir()] == ["plans.bundle"]
+
+
+def test_export_refuses_an_existing_bundle_unless_force(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    directory, keys = filled
+    target = tmp_path / "plans.bundle"
+    assert plancache("--dir", str(directory), "export", str(target), "--key", keys[0]).returncode == 0
+    first = target.read_bytes()
+    line = one_line_error(plancache("--dir", str(directory), "export", str(target)))
+    assert line == f"plancache: error: refused: {target} exists; pass --force to replace it"
+    assert target.read_bytes() == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "plans.bundle"]  # no temporary file left
+    result = plancache("--dir", str(directory), "export", str(target), "--force", "--json")
+    assert result.returncode == 0, result.stderr
+    assert sorted(json.loads(result.stdout)["keys"]) == sorted(keys) and target.read_bytes() != first
+
+
+def test_export_without_replace_never_replaces_a_file_that_appears_meanwhile(tmp_path: Path) -> None:
+    from plancache.errors import BundleError
+    from plancache.workflows import bundle
+
+    target = tmp_path / "plans.bundle"
+    target.write_text("someone else's")
+    with pytest.raises(BundleError, match="exists") as info:
+        bundle.export_bundle(None, target, replace=False)
+    assert info.value.reason == "exists" and target.read_text() == "someone else's"
+    finished = tmp_path / ".plans.bundle.tmp"  # the export's temporary file, written while the target appeared
+    finished.write_text("new bundle")
+    with pytest.raises(BundleError, match="exists"):
+        bundle._link_new(str(finished), target)
+    assert target.read_text() == "someone else's"
+    target.unlink()
+    bundle._link_new(str(finished), target)
+    assert target.read_text() == "new bundle" and not finished.exists()
 
 
 def test_export_under_a_file_or_into_an_unwritable_directory_is_one_line(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
@@ -592,3 +625,58 @@ def test_the_exit_codes_are_documented_once_and_shown_by_help() -> None:
     help_text = " ".join(plancache("--help").stdout.split())
     for code, text in EXIT_CODES.items():
         assert f"{code} {' '.join(text.replace('`', '').split())}" in help_text, code
+
+
+# ---------------------------------------------------------------------------- 11. prune --older-than
+
+
+def _age_entries(directory: Path, keys: list[str], days: float) -> None:
+    import sqlite3
+    import time
+
+    with sqlite3.connect(directory / "plans.db") as conn:
+        conn.executemany("UPDATE plans SET last_used_at = ? WHERE key = ?", [(time.time() - days * 86400, k) for k in keys])
+    conn.close()
+
+
+def test_prune_older_than_0_refuses_to_remove_plans_just_used_unless_force(filled: tuple[Path, list[str]]) -> None:
+    directory, keys = filled
+    line = one_line_error(plancache("--dir", str(directory), "prune", "--older-than", "0"))
+    assert "refused: --older-than 0 would remove 2 entries" in line and "2 of them used in the last day" in line
+    assert "--force" in line and "--dry-run" in line
+    assert keys_in(directory) == sorted(keys)
+    _age_entries(directory, keys[:1], days=0.6)  # unused for 14 hours: used within the last day all the same
+    line = one_line_error(plancache("--dir", str(directory), "prune", "--older-than", "0.5", "--quarantined"))
+    assert "refused: --older-than 0.5 would remove 1 entries" in line and "(the latest 14h ago)" in line
+    dry = plancache("--dir", str(directory), "prune", "--older-than", "0", "--dry-run", "--json")
+    assert dry.returncode == 0 and len(json.loads(dry.stdout)["removed"]) == 2 and keys_in(directory) == sorted(keys)
+    forced = plancache("--dir", str(directory), "prune", "--older-than", "0", "--force", "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert sorted(r["key"] for r in json.loads(forced.stdout)["removed"]) == sorted(keys) and keys_in(directory) == []
+
+
+def test_prune_below_a_day_of_entries_unused_for_days_needs_no_force(filled: tuple[Path, list[str]]) -> None:
+    directory, keys = filled
+    _age_entries(directory, keys[:1], days=3)
+    line = one_line_error(plancache("--dir", str(directory), "prune", "--older-than", "0"))
+    assert "would remove 2 entries" in line and "1 of them used in the last day" in line
+    result = plancache("--dir", str(directory), "prune", "--older-than", "0.5", "--json")  # keys[1] was used just now
+    assert result.returncode == 0, result.stderr
+    assert [r["key"] for r in json.loads(result.stdout)["removed"]] == keys[:1] and keys_in(directory) == keys[1:]
+    assert plancache("--dir", str(directory), "prune", "--older-than", "30").returncode == 0
+    assert keys_in(directory) == keys[1:]
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "", "2d"])
+def test_prune_older_than_takes_a_number_of_days(value: str, filled: tuple[Path, list[str]]) -> None:
+    directory, keys = filled
+    result = plancache("--dir", str(directory), "prune", "--older-than", value)
+    assert result.returncode == 2
+    assert f"Invalid value for '--older-than': {value!r} is not a number of days" in result.stderr, result.stderr
+    assert "float" not in result.stderr.lower()
+    assert keys_in(directory) == sorted(keys)
+
+
+def test_prune_help_says_days() -> None:
+    text = plancache("prune", "--help").stdout
+    assert "--older-than DAYS" in text and "FLOAT" not in text and "--force" in text
