@@ -11,7 +11,7 @@ Importing plancache touches no GPU and imports neither torch nor cuDNN.
 from __future__ import annotations
 
 import importlib
-import os
+import logging
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -79,10 +79,24 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 
-# PLANCACHE_PATCH_CUDNN=1: existing cuDNN Frontend code (cudnn.jit, cudnn.graph_cache) gets
-# persistent plans without a change. Only then is cuDNN imported here.
-if os.environ.get("PLANCACHE_PATCH_CUDNN", "").strip() == "1":
-    importlib.import_module(".frontend", __name__).install()
+
+def _patch_cudnn_from_env() -> None:
+    """PLANCACHE_PATCH_CUDNN on (1/true/yes/on): existing cuDNN Frontend code (cudnn.jit,
+    cudnn.graph_cache) gets persistent plans without a change; only then is cuDNN imported
+    here. ``import plancache`` never fails because of the variable: a value that is not a
+    switch is one warning line on stderr, and nothing is patched."""
+    from .config import ConfigError, flag_from_env
+
+    try:
+        patch = flag_from_env("PLANCACHE_PATCH_CUDNN", False)
+    except ConfigError as exc:
+        logging.getLogger("plancache").warning("plancache: %s; cudnn.jit and cudnn.graph_cache are not patched", exc)
+        return
+    if patch:
+        importlib.import_module(".frontend", __name__).install()
+
+
+_patch_cudnn_from_env()
 
 __all__ = [
     "Backend",

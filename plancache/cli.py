@@ -1,10 +1,9 @@
 """The ``plancache`` command. Data goes to stdout (``--json`` for scripts), logs and
 progress to stderr (progress only when stderr is a terminal).
 
-Exit codes: 0 success; 1 an error (one line on stderr; ``--debug`` for the traceback);
-2 bad usage (an unknown option, a bad argument, a bad ``PLANCACHE_BACKEND`` or
-``PLANCACHE_MAX_SIZE``); 3 ``verify`` found problems or ``prewarm`` had failing entries.
-``--dir``, ``--json`` and ``--debug`` go before or after the command name.
+``EXIT_CODES`` is the one table of exit codes (README.md shows it; ``plancache --help``
+prints it); ``_one_line`` maps every error to one of them. ``--dir``, ``--json`` and
+``--debug`` go before or after the command name.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import logging
 import os
 import re
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -27,37 +27,66 @@ from .config import ConfigError, format_size
 from .errors import CacheDirError, EntryNotFoundError, ManifestError, PlanCacheError
 from .store import DB_NAME, Entry, Store, default_cache_dir, maintenance
 
-__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_CODES", "EXIT_ERROR", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_PROBLEMS = 3
 
+#: Every exit code of every command, and what it means (README.md, "Exit codes", is this).
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "success; a command that reads a cache that does not exist yet reads an empty one",
+    EXIT_ERROR: "the command failed: one line on stderr names what (a cache directory, a file, the store, a key, a "
+                "bundle, the GPU), or refused what needs `--force` (replacing a bundle, pruning plans used in the last "
+                "day); `--debug` shows the traceback",
+    EXIT_USAGE: "bad usage or configuration: an unknown option, a bad argument or option value, or a bad `PLANCACHE_*` "
+                "environment variable (named, with its value)",
+    EXIT_PROBLEMS: "the input has problems: `prewarm` (`--dry-run` too) had failing entries or could not use the "
+                   "manifest at all (unreadable, invalid, or running code without `--allow-code`); `verify` found "
+                   "problems (also when `--fix` fixed them)",
+}  # fmt: skip
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Context:
-    def __init__(self, directory: Path | None, debug: bool, as_json: bool = False) -> None:
+    def __init__(self, directory: Path | None, debug: bool, as_json: bool = False, named_by: str | None = None) -> None:
         self.directory = directory
         self.debug = debug
         self.as_json = as_json
+        #: What named the directory ("--dir", "PLANCACHE_DIR"), None for the default one.
+        self.named_by = named_by
 
-    def store(self, *, existing: bool = True) -> Store:
-        """The store of the chosen directory. ``existing``: it must already hold a plan
-        store; a missing or mistyped directory is an error and nothing is created."""
-        if existing:
-            directory = self.directory if self.directory is not None else default_cache_dir()
-            if not directory.exists():
-                raise CacheDirError(
-                    f"cache directory {directory} does not exist (check --dir or PLANCACHE_DIR)", path=str(directory)
-                )
-            if not directory.is_dir():
-                raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
-            if not (directory / DB_NAME).exists():
-                raise CacheDirError(f"cache directory {directory} holds no plan store ({DB_NAME}): nothing was cached there",
-                                    path=str(directory))  # fmt: skip
+    @property
+    def cache_dir(self) -> Path:
+        return self.directory if self.directory is not None else default_cache_dir()
+
+    def store(self) -> Store:
+        """The store of the chosen directory, created if needed (``import``)."""
         return Store(self.directory)
+
+    def existing_store(self, *, read_only: bool | None = None) -> Store | None:
+        """The store of the chosen directory, or None when nothing was cached there yet (no
+        directory, or one without a plan store): the commands that read a cache read that
+        as an empty cache, and create nothing. A directory named by ``--dir`` or
+        ``PLANCACHE_DIR`` that does not exist gets a note on stderr (a typo?). A path that
+        is not a directory is an error."""
+        directory = self.cache_dir
+        if not directory.exists():
+            if self.named_by is not None:
+                click.echo(f"plancache: note: {self.named_by} names {directory}, which does not exist: nothing is cached "
+                           "there yet", err=True)  # fmt: skip
+            return None
+        if not directory.is_dir():
+            raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
+        if not (directory / DB_NAME).exists():
+            return None
+        return Store(directory, read_only=read_only)
+
+    def nothing_yet(self) -> str:
+        """The line read commands print for a cache without plans."""
+        return f"no plans yet in {self.cache_dir}"
 
 
 def _wants_json(as_json: bool) -> bool:
@@ -90,7 +119,9 @@ def _table(rows: list[list[str]], header: list[str]) -> Iterable[str]:
         yield "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip()
 
 
-def _entry(store: Store, prefix: str) -> Entry:
+def _entry(store: Store | None, prefix: str, obj: _Context) -> Entry:
+    if store is None:  # nothing cached yet: no key can match
+        raise EntryNotFoundError(f"no entry with key {prefix!r}: {obj.nothing_yet()}", key=prefix)
     keys = store.resolve(prefix)
     if not keys:
         raise EntryNotFoundError(f"no entry with key {prefix!r} in {store.path}", key=prefix)
@@ -115,9 +146,11 @@ def _entry_parts(entry: Entry) -> dict[str, Any]:
 
 
 def _one_line(exc: BaseException) -> tuple[str, int]:
-    """The one line and exit code of an error the user can act on."""
+    """The one line and exit code (``EXIT_CODES``) of an error the user can act on."""
     if isinstance(exc, ConfigError):
         return str(exc), EXIT_USAGE
+    if isinstance(exc, ManifestError):  # the manifest as a whole: nothing was built
+        return str(exc), EXIT_PROBLEMS
     if isinstance(exc, PlanCacheError):
         return str(exc), EXIT_ERROR
     if isinstance(exc, OSError):
@@ -128,9 +161,10 @@ def _one_line(exc: BaseException) -> tuple[str, int]:
 
 
 class _Group(click.Group):
-    """The one place that maps errors to one line on stderr and an exit code: plancache's
-    own errors, OSError and ValueError (a bad file, directory or value) give exit code 1,
-    a bad setting (``ConfigError``) 2. ``--debug`` shows the traceback instead."""
+    """The one place that maps errors to one line on stderr and an exit code (``_one_line``):
+    plancache's own errors, OSError and ValueError (a bad file, directory or value) give
+    exit code 1, a bad setting (``ConfigError``) 2, a manifest refused as a whole
+    (``ManifestError``) 3. ``--debug`` shows the traceback instead."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -149,6 +183,7 @@ def _set_dir(ctx: click.Context, _param: click.Parameter, value: Path | None) ->
     obj = ctx.find_object(_Context)
     if value is not None and obj is not None:
         obj.directory = value.expanduser()
+        obj.named_by = "--dir"
 
 
 def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -176,12 +211,22 @@ def _common(func: F) -> F:
 @click.version_option(package_name="plancache")
 @click.pass_context
 def cli(ctx: click.Context, directory: Path | None, as_json: bool, debug: bool) -> None:
-    """plancache: a persistent, autotuning plan cache for cuDNN Frontend graphs.
-
-    Exit codes: 0 success, 1 error, 2 bad usage, 3 verify found problems or prewarm had
-    failing entries."""
+    """plancache: a persistent, autotuning plan cache for cuDNN Frontend graphs."""
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="%(message)s", stream=sys.stderr)
-    ctx.obj = _Context(directory.expanduser() if directory is not None else None, debug, as_json)
+    named_by = None
+    if directory is not None:
+        source = ctx.get_parameter_source("directory")
+        named_by = "PLANCACHE_DIR" if source == click.core.ParameterSource.ENVIRONMENT else "--dir"
+    ctx.obj = _Context(directory.expanduser() if directory is not None else None, debug, as_json, named_by)
+
+
+def _exit_code_help() -> str:
+    lines = [textwrap.fill(text.replace("`", ""), width=78, initial_indent=f"{code}  ", subsequent_indent="   ")
+             for code, text in EXIT_CODES.items()]  # fmt: skip
+    return "\n\n\b\nExit codes:\n" + "\n".join(lines)
+
+
+cli.help = (cli.help or "") + _exit_code_help()
 
 
 @cli.command()
@@ -206,17 +251,13 @@ def env(as_json: bool) -> None:
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id.")
 @click.pass_obj
 def list_entries(obj: _Context, as_json: bool, env_id: str | None) -> None:
-    """List stored plans, most recently used first."""
-    store = obj.store()
-    try:
-        rows = maintenance.list_entries(store, env_id)
-    finally:
-        store.close()
+    """List stored plans, most recently used first (none yet: an empty list)."""
+    rows = _list_entries(obj, env_id)
     now = time.time()
 
     def text(data: list[dict[str, Any]]) -> Iterable[str]:
         if not data:
-            yield "(no entries)"
+            yield obj.nothing_yet() if env_id is None else f"no plans of environment {env_id} in {obj.cache_dir}"
             return
         yield from _table(
             [[r["key"][:12], r["label"][:48], r["policy"], _size(r["blob_size"]), f"{r['build_seconds']:.2f}s",
@@ -225,6 +266,16 @@ def list_entries(obj: _Context, as_json: bool, env_id: str | None) -> None:
         )  # fmt: skip
 
     _emit(rows, as_json, text)
+
+
+def _list_entries(obj: _Context, env_id: str | None) -> list[dict[str, Any]]:
+    store = obj.existing_store()
+    if store is None:
+        return []
+    try:
+        return maintenance.list_entries(store, env_id)
+    finally:
+        store.close()
 
 
 def _show_text(data: dict[str, Any]) -> Iterable[str]:
@@ -271,11 +322,12 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
 @click.pass_obj
 def show(obj: _Context, key: str, as_json: bool, explain: bool) -> None:
     """Everything stored about one plan (KEY may be a unique prefix)."""
-    store = obj.store()
+    store = obj.existing_store()
     try:
-        entry = _entry(store, key)
+        entry = _entry(store, key, obj)
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     data = {k: v for k, v in vars(entry).items() if k != "blob"}
     data["blob_size"] = len(entry.blob)
     if explain:
@@ -293,11 +345,12 @@ def diff(obj: _Context, key_a: str, key_b: str, as_json: bool) -> None:
     """Every difference between what two keys hash (graph, environment, options): one line
     per differing path with both values, e.g. ``graph.nodes[0].params.stride: [1, 1] -> [2, 2]``.
     With --json: a list of {path, a, b} (``absent``: the side that lacks the path)."""
-    store = obj.store()
+    store = obj.existing_store()
     try:
-        a, b = _entry(store, key_a), _entry(store, key_b)
+        a, b = _entry(store, key_a, obj), _entry(store, key_b, obj)
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     result = [_difference(path, va, vb) for path, va, vb in _differences(_entry_parts(a), _entry_parts(b), "")]
 
     def text(d: list[dict[str, Any]]) -> Iterable[str]:
@@ -344,23 +397,28 @@ def _difference(path: str, a: Any, b: Any) -> dict[str, Any]:
 def stats(obj: _Context, as_json: bool) -> None:
     """Totals of the store: entries, bytes, hits, quarantined entries, counters (remote
     hits, misses, publishes and refusals among them, as flushed by every process)."""
-    from .cache import _remote_from_env  # configured from PLANCACHE_REDIS_*; touches no network
     from .config import max_size_from_env
 
     max_size = max_size_from_env()  # a bad PLANCACHE_MAX_SIZE is reported here too
-    store = obj.store()
-    try:
-        data = store.stats()
-    finally:
-        store.close()
+    store = obj.existing_store()
+    if store is None:
+        data = _empty_stats(obj.cache_dir)
+    else:
+        try:
+            data = store.stats()
+        finally:
+            store.close()
     data["max_size"] = max_size
 
-    remote = _remote_from_env()
+    remote = _remote_from_settings()
     if remote is not None:
         data["remote"] = {k: v for k, v in remote.stats().items() if k in ("url", "namespace", "key_id")}
 
     def text(d: dict[str, Any]) -> Iterable[str]:
-        yield f"path          {d['path']}{' (read-only)' if d['read_only'] else ''}"
+        if store is None:
+            yield obj.nothing_yet()
+        else:
+            yield f"path          {d['path']}{' (read-only)' if d['read_only'] else ''}"
         yield f"entries       {d['entries']} in {d['environments']} environment(s)"
         yield f"blobs         {_size(d['blob_bytes'])} (file {_size(d['file_bytes'])})"
         yield f"hits          {d['hits']}"
@@ -377,6 +435,12 @@ def stats(obj: _Context, as_json: bool) -> None:
     _emit(data, as_json, text)
 
 
+def _empty_stats(directory: Path) -> dict[str, Any]:
+    """``Store.stats()`` of a cache with nothing stored yet (and no file)."""
+    return {"path": str(directory / DB_NAME), "read_only": False, "file_bytes": 0, "entries": 0, "blob_bytes": 0, "hits": 0,
+            "environments": 0, "build_seconds": 0.0, "by_policy": {}, "quarantined": 0, "counters": {}}  # fmt: skip
+
+
 @cli.command()
 @_common
 @click.argument("keys", nargs=-1, required=True)
@@ -385,7 +449,9 @@ def stats(obj: _Context, as_json: bool) -> None:
 def rm(obj: _Context, keys: tuple[str, ...], as_json: bool) -> None:
     """Remove stored plans (each KEY may be a unique prefix). Every KEY is resolved first:
     if one is unknown or ambiguous, nothing is removed."""
-    store = obj.store()
+    store = obj.existing_store()
+    if store is None:
+        raise EntryNotFoundError(f"nothing removed: {obj.nothing_yet()}", key=keys[0])
     try:
         chosen: dict[str, str] = {}
         problems: dict[str, str] = {}
@@ -450,14 +516,18 @@ def verify(obj: _Context, fix: bool, deserialize: bool, as_json: bool) -> None:
     """Check the store: SQLite integrity, every blob's checksum, every entry's key against
     what it records, kernel caches. Exit code 3 when problems were found (also when --fix
     fixed them: run it again to confirm). Nothing is ever deleted: see docs/reliability.md."""
-    load, env_id = None, None
-    if deserialize:
-        from .key import TensorSpec
-
-        backend, env_id = _current_backend("verify --deserialize")
-        load = lambda e: backend.load(e.blob, [TensorSpec.from_dict(t) for t in e.tensors])  # noqa: E731
-    store = obj.store()
+    store = obj.existing_store()
+    if store is None:  # nothing stored yet: nothing to check, and nothing that needs the GPU
+        report = _empty_verify(obj.cache_dir, fix=fix, deserialize=deserialize)
+        _emit(report, as_json, lambda d: [f"{obj.nothing_yet()}: nothing to check", "ok"])
+        return
     try:
+        load, env_id = None, None
+        if deserialize:
+            from .key import TensorSpec
+
+            backend, env_id = _current_backend("verify --deserialize")
+            load = lambda e: backend.load(e.blob, [TensorSpec.from_dict(t) for t in e.tensors])  # noqa: E731
         report = maintenance.verify(store, fix=fix, load=load, env_id=env_id)
     finally:
         store.close()
@@ -466,28 +536,97 @@ def verify(obj: _Context, fix: bool, deserialize: bool, as_json: bool) -> None:
         sys.exit(EXIT_PROBLEMS)
 
 
+def _empty_verify(directory: Path, *, fix: bool, deserialize: bool) -> dict[str, Any]:
+    """``maintenance.verify``'s report on a cache with nothing stored yet."""
+    report: dict[str, Any] = {"path": str(directory / DB_NAME), "entries": 0, "integrity": [], "checksum": [], "foreign": {},
+                              "damaged": {}, "unreadable": [], "kernel_caches": [], "deserialize": None, "fixed": {},
+                              "problems": []}  # fmt: skip
+    if deserialize:
+        report["deserialize"] = {"env_id": None, "checked": 0, "skipped": 0, "failed": {}}
+    if fix:
+        report["fixed"] = {"quarantined": [], "kernel_caches_removed": []}
+    return report
+
+
+class _Days(click.ParamType):
+    """A number of days, 0 or more: ``30``, ``0.5`` (12 hours)."""
+
+    name = "days"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:  # ctx: click >= 8.2
+        return "DAYS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            days = float(value)
+        except (TypeError, ValueError):
+            days = float("nan")
+        if not days >= 0 or days == float("inf"):  # also NaN
+            self.fail(f"{value!r} is not a number of days: write 0 or more, such as 30, or 0.5 for 12 hours", param, ctx)
+        return days
+
+
+#: An ``--older-than`` below this many days may remove plans that running jobs still use
+#: (last use is written in batches): it needs ``--force`` when it would.
+RECENT_DAYS = 1.0
+
+
+def _refuse_recent(report: Mapping[str, Any], days: float) -> None:
+    """Refuse, naming what would go, an age prune that removes entries used within the last
+    ``RECENT_DAYS``."""
+    now = time.time()
+    recent = [r for r in report["removed"] if r["reason"].startswith("unused") and now - r["last_used_at"] < RECENT_DAYS * 86400]
+    if not recent:
+        return
+    newest = _age(max(0.0, now - max(r["last_used_at"] for r in recent)))
+    aged = [r for r in report["removed"] if r["reason"].startswith("unused")]
+    raise PlanCacheError(
+        f"refused: --older-than {days:g} would remove {len(aged)} entries ({_size(sum(r['blob_size'] for r in aged))}), "
+        f"{len(recent)} of them used in the last day (the latest {newest} ago), which running jobs may still be using; "
+        "pass --force to remove them, or --dry-run to list them"
+    )
+
+
 @cli.command()
 @_common
 @click.option("--other-environments", is_flag=True, help="Entries of any other GPU, driver, CUDA, cuDNN or frontend version.")
-@click.option("--older-than", "days", type=click.FloatRange(min=0), default=None, help="Entries unused for more than DAYS days.")
+@click.option("--older-than", "days", type=_Days(), default=None,
+              help="Entries unused for more than DAYS days (0.5: 12 hours). Below 1 day, removing entries used in the "
+                   "last day needs --force.")  # fmt: skip
 @click.option("--quarantined", is_flag=True, help="Every quarantined entry.")
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@click.option("--force", is_flag=True, help="With --older-than below 1 day: remove entries used in the last day too.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def prune(obj: _Context, other_environments: bool, days: float | None, quarantined: bool, dry_run: bool, as_json: bool) -> None:
+def prune(obj: _Context, other_environments: bool, days: float | None, quarantined: bool, dry_run: bool, force: bool,
+          as_json: bool) -> None:  # fmt: skip
     """Remove entries of other environments, entries unused for DAYS days, quarantined
-    entries (any combination), in small transactions that running jobs hardly notice."""
+    entries (any combination), in small transactions that running jobs hardly notice.
+
+    An --older-than below 1 day that would remove entries used in the last day (plans a
+    running job may be using: --older-than 0 removes every entry) is refused, saying what
+    it would remove, unless --force."""
     if not (other_environments or days is not None or quarantined):
         raise click.UsageError("say what to prune: --other-environments, --older-than DAYS and/or --quarantined")
-    keep = {_current_backend("prune --other-environments")[1]} if other_environments else None
-    store = obj.store()
-    try:
-        report = maintenance.prune(store, env_ids_keep=keep, older_than_s=days * 86400 if days is not None else None,
-                             quarantined=quarantined, dry_run=dry_run)  # fmt: skip
-    finally:
-        store.close()
+    store = obj.existing_store()
+    if store is None:  # nothing stored yet: nothing to remove, and nothing that needs the GPU
+        report: dict[str, Any] = {"dry_run": dry_run, "removed": [], "bytes": 0, "kernel_caches": [], "quarantined": 0}
+    else:
+        try:
+            keep = {_current_backend("prune --other-environments")[1]} if other_environments else None
+            older_than_s = days * 86400 if days is not None else None
+            if days is not None and days < RECENT_DAYS and not (force or dry_run):
+                _refuse_recent(maintenance.prune(store, older_than_s=older_than_s, dry_run=True), days)
+            report = maintenance.prune(store, env_ids_keep=keep, older_than_s=older_than_s, quarantined=quarantined,
+                                       dry_run=dry_run)  # fmt: skip
+        finally:
+            store.close()
 
     def text(d: dict[str, Any]) -> Iterable[str]:
+        if store is None:
+            yield f"{obj.nothing_yet()}: nothing to remove"
         verb = "would remove" if d["dry_run"] else "removed"
         for row in d["removed"]:
             yield f"{verb} {row['key'][:12]}  {row['label'][:40]}  ({row['reason']})"
@@ -533,16 +672,56 @@ def _backend_from_env() -> Any:
     return backend
 
 
+def _remote_from_settings() -> Any:
+    """The Redis tier ``PLANCACHE_REDIS_*`` configure (None without a URL); reading them
+    touches no network, so what fails here is a setting: a ``ConfigError`` (exit code 2)."""
+    from .cache import _remote_from_env
+    from .errors import RemoteError
+
+    try:
+        return _remote_from_env()
+    except RemoteError as exc:
+        named = re.search(r"PLANCACHE_REDIS_[A-Z_]*[A-Z]", str(exc))
+        name = named.group(0) if named else "PLANCACHE_REDIS_URL"
+        message = str(exc) if named else f"PLANCACHE_REDIS_URL: {exc}"
+        value = None if "SECRET" in name else os.environ.get(name)  # a secret is never kept in an error
+        raise ConfigError(message, name=name, value=value) from exc
+
+
 def _make_cache(obj: _Context) -> Any:
     """A PlanCache on the chosen directory with the ``PLANCACHE_BACKEND`` backend. The
     settings are checked before anything is created."""
     from .cache import PlanCache
     from .config import max_size_from_env
+    from .tiers.memory import max_plans_from_env
 
     max_size = max_size_from_env()
+    max_plans = max_plans_from_env()
+    remote = _remote_from_settings()
     backend = _backend_from_env()
     # No auto-prime: a command looks plans up once, it does not run a model's steps.
-    return PlanCache(obj.directory, backend=backend, max_size=max_size, auto_prime=False)
+    return PlanCache(obj.directory, backend=backend, max_size=max_size, max_plans=max_plans, remote=remote, auto_prime=False)
+
+
+def _prewarm_dry_run(obj: _Context, manifest: Path, options: Any, *, progress: bool) -> dict[str, Any]:
+    """``prewarm --dry-run``: the manifest checked without a cache, on any machine. The
+    cuDNN backend is never set up (no GPU, no CUDA); a ``PLANCACHE_BACKEND`` gives keys, and
+    an existing store, opened read-only, the entries already stored. Nothing is written.
+    The settings a real run reads are checked as it would."""
+    from .config import max_size_from_env
+    from .tiers.memory import max_plans_from_env
+    from .workflows.prewarm import dry_run
+
+    max_size_from_env()
+    max_plans_from_env()
+    backend = _backend_from_env()
+    environment = backend.environment(backend.current_device()) if backend is not None else None
+    store = obj.existing_store(read_only=True) if backend is not None else None
+    try:
+        return dry_run(manifest, environment=environment, store=store, options=options, progress=progress)
+    finally:
+        if store is not None:
+            store.close()
 
 
 def _devices_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | list[int] | None:
@@ -575,7 +754,7 @@ def _resolve_devices(backend: Any, spec: str | list[int]) -> list[int]:
 @cli.command()
 @_common
 @click.argument("manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--dry-run", is_flag=True, help="List the keys that would be built; build nothing.")
+@click.option("--dry-run", is_flag=True, help="Check the manifest on any machine (no GPU needed): build nothing, write nothing.")
 @click.option("--policy", type=click.Choice(["topk", "exhaustive", "heuristic"]), default=None,
               help="Build policy of entries without their own options (default: topk, as PlanCache uses).")  # fmt: skip
 @click.option("--no-progress", is_flag=True, help="No progress bar (shown only when stderr is a terminal).")
@@ -584,7 +763,7 @@ def _resolve_devices(backend: Any, spec: str | list[int]) -> list[int]:
                    "pythonpath. Only for manifests you trust.")  # fmt: skip
 @click.option("--devices", "devices_spec", metavar="all|LIST", callback=_devices_option,
               help="Share the entries across these GPUs of this machine, one worker process each: 'all' or "
-                   "indices such as 0,1 (default: the current GPU, in this process).")  # fmt: skip
+                   "indices such as 0,1 (default: the current GPU, in this process). Not used by --dry-run.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def prewarm(
@@ -602,10 +781,16 @@ def prewarm(
     Plans already stored are skipped (counted as hits), so an interrupted run resumes.
     A failing entry is reported and the others still run; the exit code is 3 if any failed.
 
-    Builder entries and "pythonpath" run code: they are refused (nothing is built)
-    unless --allow-code; then builder modules import from the current directory and the
-    manifest's "pythonpath". --dry-run imports nothing: builder entries are listed
-    without their keys.
+    Builder entries and "pythonpath" run code: they are refused (nothing is built, exit
+    code 3) unless --allow-code; then builder modules import from the current directory and the
+    manifest's "pythonpath".
+
+    --dry-run checks the manifest on any machine, GPU or not, and writes nothing: every
+    entry's graph is built and described, duplicates and failing entries are reported,
+    builder entries are listed without being imported. Keys depend on the GPU, which a dry
+    run never sets up, so entries are "checked" without a key; with PLANCACHE_BACKEND (the
+    CPU test backend, say) they get that backend's keys, and an existing cache tells which
+    are already stored.
 
     --devices shares the entries across several GPUs of one environment (same model,
     driver and libraries), one worker process per GPU; the keys are those of a one-GPU
@@ -622,16 +807,22 @@ def prewarm(
             shown = "; ".join(code[:3]) + (f"; and {len(code) - 3} more" if len(code) > 3 else "")
             raise ManifestError(f"{manifest} runs code ({shown}): nothing was built. Pass --allow-code if you trust "
                                 "this manifest, or --dry-run to list its entries", path=str(manifest), entry=None, line=None)  # fmt: skip
-    if allow_code and not dry_run and os.getcwd() not in sys.path:
+    options = BuildOptions(policy=policy) if policy else None
+    if dry_run:
+        report = _prewarm_dry_run(obj, manifest, options, progress=not no_progress)
+        _emit(report, as_json, summary_lines)
+        if report["failed"]:
+            sys.exit(EXIT_PROBLEMS)
+        return
+    if allow_code and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: builder modules next to the user
     cache = _make_cache(obj)
     try:
         devices = None
         if devices_spec is not None:
             devices = _resolve_devices(cache.backend, devices_spec)
-        options = BuildOptions(policy=policy) if policy else None
-        report = run_prewarm(cache, manifest, dry_run=dry_run, progress=not no_progress, options=options,
-                             allow_code=allow_code, devices=devices)  # fmt: skip
+        report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code,
+                             devices=devices)  # fmt: skip
     finally:
         cache.close()
     _emit(report, as_json, summary_lines)
@@ -644,20 +835,27 @@ def prewarm(
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id (see `plancache ls`).")
 @click.option("--key", "keys", multiple=True, help="Only this entry (a key or unique prefix); repeatable.")
+@click.option("--force", is_flag=True, help="Replace FILE if it exists (a regular file only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
-def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, ...], as_json: bool) -> None:
+def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, ...], force: bool, as_json: bool) -> None:
     """Write stored plans to one portable bundle FILE, to ship inside a container image
-    or to another machine (`plancache import` merges it there)."""
+    or to another machine (`plancache import` merges it there). An existing FILE is
+    refused unless --force; a symlink, FIFO or device is never replaced."""
     from .workflows.bundle import export_bundle
 
-    store = obj.store()
+    if not force and file.is_file() and not file.is_symlink():  # special files: export_bundle names what they are
+        raise PlanCacheError(f"refused: {file} exists; pass --force to replace it", path=str(file))
+    store = obj.existing_store()
     try:
-        report = export_bundle(store, file, env_id=env_id, keys=list(keys) or None)
+        report = export_bundle(store, file, env_id=env_id, keys=list(keys) or None, replace=force)
     finally:
-        store.close()
+        if store is not None:
+            store.close()
 
     def text(d: dict[str, Any]) -> Iterable[str]:
+        if store is None:
+            yield f"{obj.nothing_yet()}: the bundle is empty"
         yield f"exported {d['entries']} plans ({_size(d['bytes'])}) to {d['path']}"
         for env_id, summary in d["environments"].items():
             yield f"  environment {env_id}: {summary}"
@@ -680,7 +878,7 @@ def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None, as_
     unsafe bundle is refused and the cache is left unchanged."""
     from .workflows.bundle import import_bundle
 
-    store = obj.store(existing=False)
+    store = obj.store()
     try:
         report = import_bundle(store, file, replace=replace, env_id=env_id)
     finally:
@@ -707,18 +905,21 @@ def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None, as_j
     hits and age."""
     from .workflows.report import entry_report, report_lines
 
-    store = obj.store()
+    store = obj.existing_store()
     try:
-        entries = (
-            [_entry(store, k) for k in keys] if keys else [store.get(r["key"]) for r in maintenance.list_entries(store, env_id)]
-        )
+        entries: list[Entry | None]
+        if keys or store is None:  # nothing stored yet: no entries, and no KEY can match
+            entries = [_entry(store, k, obj) for k in keys]
+        else:
+            entries = [store.get(r["key"]) for r in maintenance.list_entries(store, env_id)]
         data = [entry_report(e) for e in entries if e is not None]
     finally:
-        store.close()
+        if store is not None:
+            store.close()
 
     def text(d: list[dict[str, Any]]) -> Iterable[str]:
         if not d:
-            yield "(no entries)"
+            yield obj.nothing_yet() if env_id is None else f"no plans of environment {env_id} in {obj.cache_dir}"
         for i, report in enumerate(d):
             if i:
                 yield ""

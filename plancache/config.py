@@ -5,6 +5,12 @@
 rules: unset, empty or ``0`` mean no limit, and anything else that is not a usable size is
 a ``ConfigError`` naming the variable and its value. A typo never deletes entries.
 
+``flag_from_env`` reads every on/off variable the same way: ``1``, ``true``, ``yes`` or
+``on`` and ``0``, ``false``, ``no`` or ``off``, in any case and with surrounding
+whitespace; unset or empty means the default; anything else is a ``ConfigError`` naming
+the variable and its value, never a guess (so ``PLANCACHE_ALLOW_SHARED_DIR=no`` keeps the
+safety check on).
+
 ``ENVIRONMENT`` lists every environment variable plancache reads, with its meaning and
 default (the README's table is checked against it).
 """
@@ -19,18 +25,8 @@ from dataclasses import dataclass
 
 from .errors import PlanCacheError
 
-__all__ = [
-    "ENVIRONMENT",
-    "MAX_SIZE_FLOOR",
-    "MAX_SIZE_WARN",
-    "ConfigError",
-    "MemoryBudget",
-    "auto_prime_from_env",
-    "format_size",
-    "max_size_from_env",
-    "memory_budget_from_env",
-    "parse_size",
-]  # fmt: skip
+__all__ = ["ENVIRONMENT", "FLAG_OFF", "FLAG_ON", "MAX_SIZE_FLOOR", "MAX_SIZE_WARN", "ConfigError", "MemoryBudget",
+           "auto_prime_from_env", "flag_from_env", "format_size", "max_size_from_env", "memory_budget_from_env", "parse_size"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -51,7 +47,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_MAX_SIZE": ("bytes of plans kept; least recently used entries are evicted beyond it", "no limit"),
     "PLANCACHE_RECORD": ("a manifest file every `PlanCache` appends each new graph to (docs/prewarm.md)", "not recording"),
     "PLANCACHE_BACKEND": ("the backend of the `plancache` command, `module:Class` (`plancache.testing:CpuTestBackend` runs on the CPU)", "cuDNN"),
-    "PLANCACHE_ALLOW_SHARED_DIR": ("`1` accepts a cache directory that other users can write", "refused"),
+    "PLANCACHE_ALLOW_SHARED_DIR": ("on (`1`) accepts a cache directory that other users can write", "refused"),
     "PLANCACHE_REDIS_URL": ("the Redis tier of a fleet (docs/fleet.md)", "no Redis tier"),
     "PLANCACHE_REDIS_SECRET_FILE": ("file holding the secret that signs Redis entries", "none"),
     "PLANCACHE_REDIS_SECRET": ("the secret itself (prefer the file)", "none"),
@@ -61,8 +57,8 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_REDIS_MAX_STALL": ("seconds a process may lose to a failing Redis before switching the tier off", "`2`"),
     "PLANCACHE_REDIS_LOCK_TTL": ("seconds the fleet lock outlives a holder that died (renewed while its holder builds)", "`60`"),
     "PLANCACHE_MEMORY_PLANS": ("loaded plans a process keeps in memory, least recently used dropped", "`1024`"),
-    "PLANCACHE_PATCH_CUDNN": ("`1`: `import plancache` calls `plancache.install()`, so `cudnn.jit` and `cudnn.graph_cache` persist plans", "not patched"),
-    "PLANCACHE_AUTO_PRIME": ("`0` turns off auto-prime: a cache that opens loads, on a background thread, the plans its application used in its latest run (docs/priming.md)", "on"),
+    "PLANCACHE_PATCH_CUDNN": ("on (`1`): `import plancache` calls `plancache.install()`, so `cudnn.jit` and `cudnn.graph_cache` persist plans", "not patched"),
+    "PLANCACHE_AUTO_PRIME": ("on (`1`): a cache that opens loads, on a background thread, the plans its application used in its latest run (docs/priming.md says why it is off by default)", "off"),
     "PLANCACHE_AUTOTUNE_MEMORY": ("device memory autotuning may allocate to launch and compare candidates: a share of free memory or a size; a graph that needs more is not timed (docs/checking.md)", "`25%`"),
     "PLANCACHE_APP": ("the application name plan use is recorded and primed under", "the entry script's path (plus `#rankN` with `LOCAL_RANK`)"),
 }  # fmt: skip
@@ -73,20 +69,39 @@ class ConfigError(PlanCacheError, ValueError):
     Fields: ``name``, ``value``."""
 
 
-def auto_prime_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """``PLANCACHE_AUTO_PRIME``: on unless 0/false/no/off; anything else is a ConfigError.
+#: The values of an on/off variable (``flag_from_env``), compared in lower case without
+#: surrounding whitespace.
+FLAG_ON = ("1", "true", "yes", "on")
+FLAG_OFF = ("0", "false", "no", "off")
 
-    On by default: loads run as a guest of the program (``engines.guest``: plancache's own
-    non-blocking stream, relaxed capture mode, never on a capturing thread), and the primer
-    makes no CUDA call before the program's own first one (docs/priming.md)."""
-    raw = (os.environ if environ is None else environ).get("PLANCACHE_AUTO_PRIME", "")
+
+def flag_from_env(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """The on/off variable ``name``: True for 1/true/yes/on, False for 0/false/no/off (any
+    case, surrounding whitespace ignored), ``default`` when unset or empty. Anything else
+    is a one-line ``ConfigError`` naming the variable and its value: a typo never turns a
+    setting, or a safety check, the other way round."""
+    raw = (os.environ if environ is None else environ).get(name, "")
     value = raw.strip().lower()
-    if value in ("", "1", "true", "yes", "on"):
+    if not value:
+        return default
+    if value in FLAG_ON:
         return True
-    if value in ("0", "false", "no", "off"):
+    if value in FLAG_OFF:
         return False
-    raise ConfigError(f"PLANCACHE_AUTO_PRIME={raw!r} is not a switch: use 0 to turn auto-prime off, or 1 (the default)",
-                      name="PLANCACHE_AUTO_PRIME", value=raw)  # fmt: skip
+    raise ConfigError(f"{name}={raw!r} is not a switch: use 1, true, yes or on, or 0, false, no or off "
+                      f"(unset: {'on' if default else 'off'})", name=name, value=raw)  # fmt: skip
+
+
+def auto_prime_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """``PLANCACHE_AUTO_PRIME`` (``flag_from_env``): off unless set on.
+
+    Off by default. Loads run as a guest of the program (``engines.guest``: plancache's own
+    non-blocking stream, relaxed capture mode, never on a capturing thread), but the
+    frontend's deserialize keeps a capture open while it loads a plan's kernels, and on an
+    H200 a device-wide synchronization of the program's own on another thread then failed
+    (1 of 40 processes capturing CUDA graphs in a loop while plans were primed;
+    docs/priming.md). A cache must never break the program it serves."""
+    return flag_from_env("PLANCACHE_AUTO_PRIME", False, environ)
 
 
 def format_size(n: float) -> str:

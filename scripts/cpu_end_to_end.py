@@ -99,11 +99,16 @@ PHASES = {"miss": phase_miss, "hit": phase_hit, "primed": phase_primed}
 
 
 def run(out: str | None = None) -> int:
-    """Both phases in fresh processes, then the table; the exit code (0: all as expected)."""
+    """The three phases in fresh processes, then the table; the exit code (0: all as
+    expected). The cache lives in a temporary directory, removed at the end."""
+    with tempfile.TemporaryDirectory(prefix="plancache-cpu-") as root:
+        return _run(str(Path(root) / "cache"), out)
+
+
+def _run(directory: str, out: str | None) -> int:
     from plancache.config import format_size
     from plancache.store import Store, maintenance
 
-    directory = str(Path(tempfile.mkdtemp(prefix="plancache-cpu-")) / "cache")
     print(f"no NVIDIA GPU here: plancache end to end on the CPU test backend, cache {directory}", file=sys.stderr)
     miss = benchlib.run_phase(__file__, "miss", dir=directory)
     hit = benchlib.run_phase(__file__, "hit", dir=directory)

@@ -3,7 +3,9 @@ run real cudnn.pygraph graphs through ``CpuTestBackend``."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,30 @@ from plancache import PlanCache, Store
 from plancache.testing import CpuTestBackend
 
 _ENV_VARS = ("PLANCACHE_MAX_SIZE", "PLANCACHE_ALLOW_SHARED_DIR", "PLANCACHE_REDIS_URL", "PLANCACHE_RECORD", "PLANCACHE_BACKEND",
-             "PLANCACHE_APP")  # fmt: skip
+             "PLANCACHE_APP", "PLANCACHE_PATCH_CUDNN", "PLANCACHE_MEMORY_PLANS")  # fmt: skip
+
+
+@pytest.fixture(scope="session", autouse=True)
+def system_temp_dir_left_clean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """For the whole run, the system temporary directory of the tests and of every process
+    they start (``TMPDIR``) is one fresh directory; at the end it must be empty, so a test,
+    script or benchmark that leaves files behind fails the run. Not counted: what others
+    own and clean up: a child pytest's ``pytest-of-*`` folder (kept by design), this
+    process's multiprocessing folder ``pymp-*`` (removed when it exits), and the temporary
+    files ``etilqs_*`` of SQLite in processes that tests SIGKILL on purpose."""
+    scratch = tmp_path_factory.mktemp("system-tmp")
+    saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(scratch)
+    try:
+        yield scratch
+    finally:
+        tempfile.tempdir = saved_tempdir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+    left = sorted(p.name for p in scratch.iterdir() if not p.name.startswith(("pytest-of-", "pymp-", "etilqs_")))
+    assert not left, f"the tests left files in the system temporary directory: {left}"
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,9 @@
 """The `plancache` command as a user meets it in the first hour, each run as the real
 command in a fresh process: one line per error with a documented exit code, export that
 never replaces a special file, rm that resolves every key first, options before or after
-the command, diffs by path, manifests that run no code unless allowed, read-only commands
-that create nothing, and the README's set-up commands on a machine without a GPU."""
+the command, diffs by path, manifests that run no code unless allowed, read commands that
+read a cache not created yet as an empty one (and create nothing), and the README's set-up
+commands on a machine without a GPU."""
 
 from __future__ import annotations
 
@@ -132,11 +133,44 @@ def test_export_replaces_a_regular_file_through_a_temporary_file(filled: tuple[P
     target = tmp_path / "out" / "plans.bundle"
     target.parent.mkdir()
     target.write_text("old")
-    result = plancache("--dir", str(directory), "export", str(target), "--json")
+    result = plancache("--dir", str(directory), "export", str(target), "--json", "--force")
     assert result.returncode == 0, result.stderr
     assert sorted(json.loads(result.stdout)["keys"]) == sorted(keys)
     assert target.read_bytes().startswith(b"PLANCACHE-BUNDLE\n")
     assert [p.name for p in target.parent.iterdir()] == ["plans.bundle"]
+
+
+def test_export_refuses_an_existing_bundle_unless_force(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    directory, keys = filled
+    target = tmp_path / "plans.bundle"
+    assert plancache("--dir", str(directory), "export", str(target), "--key", keys[0]).returncode == 0
+    first = target.read_bytes()
+    line = one_line_error(plancache("--dir", str(directory), "export", str(target)))
+    assert line == f"plancache: error: refused: {target} exists; pass --force to replace it"
+    assert target.read_bytes() == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "plans.bundle"]  # no temporary file left
+    result = plancache("--dir", str(directory), "export", str(target), "--force", "--json")
+    assert result.returncode == 0, result.stderr
+    assert sorted(json.loads(result.stdout)["keys"]) == sorted(keys) and target.read_bytes() != first
+
+
+def test_export_without_replace_never_replaces_a_file_that_appears_meanwhile(tmp_path: Path) -> None:
+    from plancache.errors import BundleError
+    from plancache.workflows import bundle
+
+    target = tmp_path / "plans.bundle"
+    target.write_text("someone else's")
+    with pytest.raises(BundleError, match="exists") as info:
+        bundle.export_bundle(None, target, replace=False)
+    assert info.value.reason == "exists" and target.read_text() == "someone else's"
+    finished = tmp_path / ".plans.bundle.tmp"  # the export's temporary file, written while the target appeared
+    finished.write_text("new bundle")
+    with pytest.raises(BundleError, match="exists"):
+        bundle._link_new(str(finished), target)
+    assert target.read_text() == "someone else's"
+    target.unlink()
+    bundle._link_new(str(finished), target)
+    assert target.read_text() == "new bundle" and not finished.exists()
 
 
 def test_export_under_a_file_or_into_an_unwritable_directory_is_one_line(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
@@ -193,7 +227,7 @@ def test_other_user_errors_are_one_line_and_debug_shows_the_traceback(filled: tu
     a_file.write_text("")
     assert "is not a directory" in one_line_error(plancache("--dir", str(a_file), "ls"))
     assert "not a plancache bundle" in one_line_error(plancache("--dir", str(directory), "import", str(a_file)))
-    debug = plancache("ls", "--dir", str(tmp_path / "missing"), "--debug")
+    debug = plancache("ls", "--dir", str(a_file), "--debug")
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "CacheDirError" in debug.stderr
     usage = plancache("--dir", str(directory), "ls", "--no-such-option")
     assert usage.returncode == 2
@@ -335,7 +369,7 @@ def test_dry_run_lists_builder_entries_without_importing_them(code_manifest: tup
 def test_builder_entries_and_pythonpath_need_allow_code(code_manifest: tuple[Path, Path], tmp_path: Path) -> None:
     manifest, marker = code_manifest
     cache = tmp_path / "c"
-    line = one_line_error(plancache("--dir", str(cache), "prewarm", str(manifest), env={"PLANCACHE_BACKEND": BACKEND}))
+    line = one_line_error(plancache("--dir", str(cache), "prewarm", str(manifest), env={"PLANCACHE_BACKEND": BACKEND}), 3)
     assert (
         "runs code" in line
         and "pythonpath ['mods']" in line
@@ -345,7 +379,7 @@ def test_builder_entries_and_pythonpath_need_allow_code(code_manifest: tuple[Pat
     assert not marker.exists() and not cache.exists()
     only_path = write_manifest(tmp_path / "path-only.json", TEMPLATE_ENTRY, pythonpath=["mods"])
     assert "pythonpath" in one_line_error(
-        plancache("--dir", str(cache), "prewarm", str(only_path), env={"PLANCACHE_BACKEND": BACKEND})
+        plancache("--dir", str(cache), "prewarm", str(only_path), env={"PLANCACHE_BACKEND": BACKEND}), 3
     )
 
     result = plancache(
@@ -375,21 +409,91 @@ def test_manifest_api_without_code_imports_nothing_and_keeps_sys_path(code_manif
     assert sys.path == before and "marker_builders" not in sys.modules and not marker.exists()
 
 
-# ---------------------------------------------------------------------------- 9. read-only commands create nothing
+# ---------------------------------------------------------------------------- 9. a fresh machine: absent is empty
 
 
-def test_read_only_commands_on_a_missing_directory_create_nothing(tmp_path: Path) -> None:
-    missing = tmp_path / "typo"
-    bundle = tmp_path / "out.bundle"
-    for command in (["ls"], ["stats"], ["show", "abcd"], ["diff", "ab", "cd"], ["inspect"], ["export", str(bundle)],
-                    ["verify"], ["rm", "abcd"], ["prune", "--quarantined"]):  # fmt: skip
-        line = one_line_error(plancache("--dir", str(missing), *command))
-        assert f"cache directory {missing} does not exist" in line, command
+READ_COMMANDS = (["ls"], ["stats"], ["inspect"], ["verify"], ["verify", "--fix"], ["prune", "--quarantined"],
+                 ["prune", "--older-than", "30", "--other-environments"])  # fmt: skip
+
+
+def _shape(value: Any, name: str = "") -> Any:
+    """What a script relies on in a JSON result: the keys of objects (not of the maps keyed
+    by data: counters, policies, keys) and the kind of everything else."""
+    if isinstance(value, dict):
+        return "map" if name in _MAPS else {k: _shape(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return "list"
+    return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
+
+
+_MAPS = {"counters", "by_policy", "foreign", "damaged", "environments", "skipped", "failed"}
+
+
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=" ".join)
+def test_read_commands_on_a_fresh_machine_exit_0_and_create_nothing(command: list[str], tmp_path: Path) -> None:
+    missing = tmp_path / "no-cache-yet"
+    result = plancache("--dir", str(missing), *command)
+    assert result.returncode == 0, result.stderr
+    assert f"no plans yet in {missing}" in result.stdout.splitlines()[0]
+    assert result.stderr.strip() == f"plancache: note: --dir names {missing}, which does not exist: nothing is cached there yet"
+    as_json = plancache("--dir", str(missing), *command, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    json.loads(as_json.stdout)  # JSON, nothing else, on stdout
+    assert not missing.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_absent_cache_reads_as_an_empty_one_in_the_same_json_shape(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """The JSON of a cache with nothing yet has the shape of a filled cache's, and equals an
+    existing empty store's (the path aside): a script needs no special case."""
+    directory, _ = filled
+    empty = tmp_path / "empty"
+    Store(empty).close()
+    for command in READ_COMMANDS:
+        env = {"PLANCACHE_BACKEND": BACKEND}  # prune --other-environments asks the backend of a filled cache
+        absent = json.loads(plancache("--dir", str(tmp_path / "absent"), *command, "--json", env=env).stdout)
+        full = json.loads(plancache("--dir", str(directory), *command, "--json", env=env).stdout)
+        blank = json.loads(plancache("--dir", str(empty), *command, "--json", env=env).stdout)
+        if isinstance(absent, list):
+            assert absent == [] == blank and isinstance(full, list) and full, command
+            continue
+        assert _shape(absent) == _shape(full) == _shape(blank), command
+        strip = lambda d: {k: v for k, v in d.items() if k not in ("path", "file_bytes", "seconds")}  # noqa: E731
+        assert strip(absent) == strip(blank), command
+    assert not (tmp_path / "absent").exists()
+
+
+def test_the_default_directory_absent_is_empty_without_a_note(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PLANCACHE_DIR"}
+    env.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-m", "plancache", "ls"], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.startswith("no plans yet in ") and str(tmp_path) in result.stdout
+    named = plancache("ls", env={"PLANCACHE_DIR": str(tmp_path / "typo")})
+    assert named.returncode == 0 and "PLANCACHE_DIR names" in named.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_directory_without_a_plan_store_is_empty_and_stays_untouched(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "holds no plan store" in one_line_error(plancache("ls", "--dir", str(empty)))
+    for command in READ_COMMANDS:
+        result = plancache("--dir", str(empty), *command)
+        assert result.returncode == 0 and result.stderr == "", (command, result.stderr)
+        assert f"no plans yet in {empty}" in result.stdout
     assert list(empty.iterdir()) == []
+
+
+def test_a_key_asked_of_a_fresh_machine_is_not_found(tmp_path: Path) -> None:
+    """A lookup by key fails on an absent cache as on an empty one: one line saying that
+    nothing is cached yet, exit 1, nothing created."""
+    missing = tmp_path / "typo"
+    for command in (["show", "abcd"], ["diff", "ab", "cd"], ["inspect", "abcd"], ["rm", "abcd"],
+                    ["export", str(tmp_path / "x.bundle"), "--key", "abcd"]):  # fmt: skip
+        result = plancache("--dir", str(missing), *command, "--json")
+        assert result.returncode == 1 and result.stdout == "", (command, result.stdout)
+        line = [x for x in result.stderr.splitlines() if x.startswith("plancache: error: ")]
+        assert len(line) == 1 and ("no plans yet" in line[0] or "nothing is stored yet" in line[0]), (command, result.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_numpy_and_tomli_are_declared_and_the_cpu_path_is_pinned() -> None:
@@ -414,9 +518,13 @@ def test_the_main_job_without_a_gpu_runs_the_cache_on_the_cpu_and_exits_0(tmp_pa
     if torch.cuda.is_available():
         pytest.skip("on a GPU machine the main job is the real benchmark (scripts/gpu-check)")
     out = tmp_path / "figures.json"
+    scratch = tmp_path / "tmp"  # the system temporary directory of the run: nothing may stay there
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)}
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_startup.py"), "--out", str(out)], capture_output=True,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)  # fmt: skip
+                            text=True, env=env, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr
+    assert list(scratch.iterdir()) == [], "the main job left files in the temporary directory"
     lines = result.stdout.splitlines()
     assert any(line.startswith("graph") and "miss ms" in line and "fresh-process hit ms" in line for line in lines)
     assert "need an NVIDIA GPU" in result.stdout and "second process: hits 7" in result.stdout
@@ -438,3 +546,137 @@ def test_redis_tests_skip_with_a_reason_when_redis_server_is_absent(tmp_path: Pa
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 skipped" in result.stdout and "error" not in result.stdout.lower()
     assert "redis-server is not on PATH" in result.stdout
+
+
+# ---------------------------------------------------------------------------- 10. one table of exit codes
+
+SECRET = "s" * 32
+REDIS = "redis://127.0.0.1:1/0"
+
+
+def _exit_cases(tmp: Path, filled_dir: Path) -> list[tuple[str, list[str], dict[str, str], int]]:
+    """(what, arguments, environment, expected exit code): every kind of outcome."""
+    a_file = tmp / "a-file"
+    a_file.write_text("")
+    good = write_manifest(tmp / "good.json", TEMPLATE_ENTRY)
+    failing = write_manifest(tmp / "failing.json", TEMPLATE_ENTRY, {"template": "conv3d_zzz"})
+    broken = tmp / "broken.json"
+    broken.write_text("{ not json")
+    code = write_manifest(tmp / "code.json", {"builder": "mod:fn"})
+    damaged = tmp / "damaged"
+    fill(damaged)
+    import sqlite3
+
+    with sqlite3.connect(damaged / "plans.db") as conn:
+        conn.execute("UPDATE plans SET blob_sha256 = 'x'")
+    conn.close()
+    d, c, b = ["--dir", str(filled_dir)], ["--dir", str(tmp / "new")], {"PLANCACHE_BACKEND": BACKEND}
+    return [
+        ("a listing", [*d, "ls"], {}, 0),
+        ("a listing of a cache not created yet", ["--dir", str(tmp / "absent"), "ls"], {}, 0),
+        ("a prewarm", [*c, "prewarm", str(good)], b, 0),
+        ("a cache path that is a file", ["--dir", str(a_file), "ls"], {}, 1),
+        ("an unknown key", [*d, "show", "ffff0000"], {}, 1),
+        ("a file that is no bundle", [*d, "import", str(a_file)], {}, 1),
+        ("an unknown option", [*d, "ls", "--no-such-option"], {}, 2),
+        ("a bad option value", [*d, "prewarm", str(good), "--policy", "fastest"], b, 2),
+        ("PLANCACHE_MAX_SIZE", [*c, "prewarm", str(good)], {**b, "PLANCACHE_MAX_SIZE": "banana"}, 2),
+        ("PLANCACHE_MEMORY_PLANS", [*c, "prewarm", str(good)], {**b, "PLANCACHE_MEMORY_PLANS": "many"}, 2),
+        ("PLANCACHE_ALLOW_SHARED_DIR", [*d, "ls"], {"PLANCACHE_ALLOW_SHARED_DIR": "perhaps"}, 2),
+        ("PLANCACHE_BACKEND", [*c, "prewarm", str(good)], {"PLANCACHE_BACKEND": "os:getcwd"}, 2),
+        ("PLANCACHE_REDIS_URL without a secret", [*d, "stats"], {"PLANCACHE_REDIS_URL": REDIS}, 2),
+        ("PLANCACHE_REDIS_TIMEOUT", [*d, "stats"],
+         {"PLANCACHE_REDIS_URL": REDIS, "PLANCACHE_REDIS_SECRET": SECRET, "PLANCACHE_REDIS_TIMEOUT": "soon"}, 2),
+        ("PLANCACHE_REDIS_TTL in a prewarm", [*c, "prewarm", str(good)],
+         {**b, "PLANCACHE_REDIS_URL": REDIS, "PLANCACHE_REDIS_SECRET": SECRET, "PLANCACHE_REDIS_TTL": "-1"}, 2),
+        ("a failing entry", [*c, "prewarm", str(failing)], b, 3),
+        ("a failing entry in a dry run", [*c, "prewarm", str(failing), "--dry-run"], {}, 3),
+        ("a manifest that is not JSON", [*c, "prewarm", str(broken)], b, 3),
+        ("a manifest that runs code", [*c, "prewarm", str(code)], b, 3),
+        ("a damaged store", ["--dir", str(damaged), "verify"], {}, 3),
+    ]  # fmt: skip
+
+
+def test_every_outcome_exits_with_its_documented_code(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    from plancache.cli import EXIT_CODES
+
+    directory, _ = filled
+    cases = _exit_cases(tmp_path, directory)
+    failures = []
+    for what, args, env, expected in cases:
+        result = plancache(*args, env=env)
+        errors = [line for line in result.stderr.splitlines() if line.startswith(("plancache: error:", "Error:"))]
+        if result.returncode != expected or (expected in (1, 2) and len(errors) != 1) or "Traceback" in result.stderr:
+            failures.append(f"{what}: exit {result.returncode}, expected {expected}: {result.stderr.strip()[-300:]}")
+    assert not failures, "\n".join(failures)
+    assert {expected for *_, expected in cases} == set(EXIT_CODES), "every documented code has a case"
+
+
+def test_the_exit_codes_are_documented_once_and_shown_by_help() -> None:
+    from plancache.cli import EXIT_CODES
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Exit codes") :]
+    rows = dict(re.findall(r"^\| `(\d)` \| (.+) \|$", section.split("\n## ", 1)[0], re.M))
+    assert {int(k): v for k, v in rows.items()} == EXIT_CODES, (
+        "README's table of exit codes differs from plancache.cli.EXIT_CODES"
+    )
+    assert len(re.findall(r"(?i)exit codes?:", readme)) == 0, "exit codes are listed in one table, not again in prose"
+    help_text = " ".join(plancache("--help").stdout.split())
+    for code, text in EXIT_CODES.items():
+        assert f"{code} {' '.join(text.replace('`', '').split())}" in help_text, code
+
+
+# ---------------------------------------------------------------------------- 11. prune --older-than
+
+
+def _age_entries(directory: Path, keys: list[str], days: float) -> None:
+    import sqlite3
+    import time
+
+    with sqlite3.connect(directory / "plans.db") as conn:
+        conn.executemany("UPDATE plans SET last_used_at = ? WHERE key = ?", [(time.time() - days * 86400, k) for k in keys])
+    conn.close()
+
+
+def test_prune_older_than_0_refuses_to_remove_plans_just_used_unless_force(filled: tuple[Path, list[str]]) -> None:
+    directory, keys = filled
+    line = one_line_error(plancache("--dir", str(directory), "prune", "--older-than", "0"))
+    assert "refused: --older-than 0 would remove 2 entries" in line and "2 of them used in the last day" in line
+    assert "--force" in line and "--dry-run" in line
+    assert keys_in(directory) == sorted(keys)
+    _age_entries(directory, keys[:1], days=0.6)  # unused for 14 hours: used within the last day all the same
+    line = one_line_error(plancache("--dir", str(directory), "prune", "--older-than", "0.5", "--quarantined"))
+    assert "refused: --older-than 0.5 would remove 1 entries" in line and "(the latest 14h ago)" in line
+    dry = plancache("--dir", str(directory), "prune", "--older-than", "0", "--dry-run", "--json")
+    assert dry.returncode == 0 and len(json.loads(dry.stdout)["removed"]) == 2 and keys_in(directory) == sorted(keys)
+    forced = plancache("--dir", str(directory), "prune", "--older-than", "0", "--force", "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert sorted(r["key"] for r in json.loads(forced.stdout)["removed"]) == sorted(keys) and keys_in(directory) == []
+
+
+def test_prune_below_a_day_of_entries_unused_for_days_needs_no_force(filled: tuple[Path, list[str]]) -> None:
+    directory, keys = filled
+    _age_entries(directory, keys[:1], days=3)
+    line = one_line_error(plancache("--dir", str(directory), "prune", "--older-than", "0"))
+    assert "would remove 2 entries" in line and "1 of them used in the last day" in line
+    result = plancache("--dir", str(directory), "prune", "--older-than", "0.5", "--json")  # keys[1] was used just now
+    assert result.returncode == 0, result.stderr
+    assert [r["key"] for r in json.loads(result.stdout)["removed"]] == keys[:1] and keys_in(directory) == keys[1:]
+    assert plancache("--dir", str(directory), "prune", "--older-than", "30").returncode == 0
+    assert keys_in(directory) == keys[1:]
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "", "2d"])
+def test_prune_older_than_takes_a_number_of_days(value: str, filled: tuple[Path, list[str]]) -> None:
+    directory, keys = filled
+    result = plancache("--dir", str(directory), "prune", "--older-than", value)
+    assert result.returncode == 2
+    assert f"Invalid value for '--older-than': {value!r} is not a number of days" in result.stderr, result.stderr
+    assert "float" not in result.stderr.lower()
+    assert keys_in(directory) == sorted(keys)
+
+
+def test_prune_help_says_days() -> None:
+    text = plancache("prune", "--help").stdout
+    assert "--older-than DAYS" in text and "FLOAT" not in text and "--force" in text

@@ -268,14 +268,25 @@ def test_fleet_plan_from_another_machine(tmp_path: Path) -> None:
     assert max(first["error"], second["error"]) <= TOLERANCE
 
 
-def test_readme_quick_start_on_the_gpu(tmp_path: Path) -> None:
-    from test_readme import run_quick_start
+def test_every_readme_snippet_on_the_gpu(tmp_path: Path) -> None:
+    """Every Python snippet of README.md, the gpu-only ones included, as written."""
+    import functools
 
-    namespace = run_quick_start("cuda", f"plancache.PlanCache({str(tmp_path)!r})")
-    torch.cuda.synchronize()
-    x, w, b, y = (namespace[n] for n in ("x", "w", "b", "y"))
-    ref = torch.relu(torch.nn.functional.conv2d(x.float(), w.float(), padding=1) + b.float())
-    assert relative_error(y, ref) <= TOLERANCE
+    from test_readme import quick_start_matches_pytorch, run_readme, snippets
+
+    ran = 0
+    try:
+        for snippet, namespace in run_readme("cuda", functools.partial(plancache.PlanCache, tmp_path), gpu=True):
+            torch.cuda.synchronize()
+            ran += 1
+            if ran == 1:  # the quick start
+                quick_start_matches_pytorch(namespace, TOLERANCE)
+            if "plancache.install()" in snippet.code:  # the frontend's own g.execute: y = conv(x, w)
+                x, w, y = (namespace[n] for n in ("x", "w", "y"))
+                assert relative_error(y, torch.nn.functional.conv2d(x.float(), w.float(), padding=1)) <= TOLERANCE
+    finally:
+        plancache.uninstall()
+    assert ran == len(snippets())
 
 
 def _plancache_cli(*args: str) -> dict[str, Any]:

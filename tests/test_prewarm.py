@@ -228,6 +228,94 @@ def test_cli_prewarm_dry_run_and_policy(tmp_path: Path, cli_env: None, cache_dir
     store.close()
 
 
+# ---------------------------------------------------------------------------- --dry-run on any machine
+
+
+def _tree(directory: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``directory`` with its size and modification time."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*")}
+
+
+@pytest.fixture
+def no_gpu_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if anything sets up the cuDNN backend, asks the CUDA driver, or
+    initializes CUDA through torch."""
+    import torch
+
+    from plancache.engines import cudnn_backend
+
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("a dry run touched the GPU")
+
+    monkeypatch.setattr(cudnn_backend.CudnnBackend, "__init__", refuse)
+    monkeypatch.setattr(cudnn_backend, "_initialized_driver", refuse)
+    monkeypatch.setattr(cudnn_backend, "probe_environment", refuse)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", refuse)
+    monkeypatch.setattr(torch.cuda, "init", refuse)
+
+
+def test_dry_run_checks_a_manifest_without_a_gpu_and_writes_nothing(tmp_path: Path, cache_dir: Path, no_gpu_work: None) -> None:
+    path = manifest(tmp_path, *GOOD, GOOD[1], {"template": "conv3d_zzz"})
+    result = CliRunner().invoke(cli, ["prewarm", str(path), "--dry-run", "--json"])  # the default backend: cuDNN
+    assert result.exit_code == 3, result.output  # the bad entry
+    report = json.loads(result.stdout)
+    assert [r["status"] for r in report["entries"]] == ["failed"] + ["checked"] * 4 + ["duplicate"]
+    assert report["checked"] == 4 and report["duplicates"] == 1 and report["environment"] is None and report["dry_run"]
+    assert all(r["key"] is None for r in report["entries"])
+    assert "conv3d_zzz" in report["entries"][0]["error"]
+    assert not cache_dir.exists()
+
+    good = manifest(tmp_path, *GOOD, name="good.json")
+    result = CliRunner().invoke(cli, ["prewarm", str(good), "--dry-run", "--policy", "exhaustive"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1].startswith("4 entries: 4 checked (keys need this machine's GPU")
+    assert not cache_dir.exists()
+
+
+def test_dry_run_on_this_machine_in_a_fresh_process_needs_no_gpu(tmp_path: Path) -> None:
+    """The command as a user runs it, with the default (cuDNN) backend: on a machine without
+    a GPU (CI) it checks the manifest and exits 0; on any machine it creates nothing."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k != "PLANCACHE_BACKEND"}
+    env["PYTHONPATH"] = str(root)
+    result = subprocess.run([sys.executable, "-m", "plancache", "--dir", str(cache), "prewarm", str(root / "examples" / "manifest.json"),
+                             "--dry-run", "--json"], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["checked"] == report["total"] == 7 and report["failed"] == 0
+    assert not cache.exists()
+
+
+def test_dry_run_with_a_backend_gives_its_keys_and_reads_the_store_without_writing(
+    tmp_path: Path, cli_env: None, cache_dir: Path, make_cache: MakeCache
+) -> None:
+    path = manifest(tmp_path, *GOOD)
+    result = CliRunner().invoke(cli, ["prewarm", str(path), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [r["status"] for r in json.loads(result.stdout)["entries"]] == ["would_build"] * 4
+    assert not cache_dir.exists()
+
+    cache = make_cache()
+    report = prewarm(cache, path, progress=False)
+    cache.close()
+    before = _tree(cache_dir)
+    result = CliRunner().invoke(cli, ["prewarm", str(path), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    dry = json.loads(result.stdout)
+    assert [r["status"] for r in dry["entries"]] == ["hit"] * 4
+    assert [r["key"] for r in dry["entries"]] == [r["key"] for r in report["entries"]]
+    assert dry["environment"] == report["environment"]
+    # A reader of a WAL database may leave SQLite's empty -wal and -shm beside it; the
+    # database itself and everything else stay as they were.
+    sidecar = lambda tree: {k: v for k, v in tree.items() if not k.endswith(("-wal", "-shm"))}  # noqa: E731
+    assert sidecar(_tree(cache_dir)) == sidecar(before)
+
+
 def test_cli_prewarm_exit_code_3_when_an_entry_fails(tmp_path: Path, cli_env: None) -> None:
     path = manifest(tmp_path, GOOD[1], {"template": "conv3d_zzz"})
     result = CliRunner().invoke(cli, ["prewarm", str(path)])

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..config import flag_from_env
 from ..errors import DamagedEntryError, StoreBusyError, StoreError
 from .entry import INSERT_SQL, Entry, sha256
 from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text
@@ -95,7 +96,8 @@ class Store(Schema, Recovery):
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         self.path = self.directory / DB_NAME
         if allow_shared_dir is None:
-            allow_shared_dir = os.environ.get("PLANCACHE_ALLOW_SHARED_DIR", "") not in ("", "0")
+            # A value that means "no" (or a typo, a ConfigError) never turns the check off.
+            allow_shared_dir = flag_from_env("PLANCACHE_ALLOW_SHARED_DIR", False)
         self._local = threading.local()
         self._closed = False
         self._prepare_directory(read_only, allow_shared_dir)

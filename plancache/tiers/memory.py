@@ -13,6 +13,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+from ..config import ConfigError
+
 __all__ = ["DEFAULT_MAX_PLANS", "LRU", "max_plans_from_env"]
 
 #: Plans a process keeps loaded unless told otherwise (``PLANCACHE_MEMORY_PLANS``):
@@ -33,7 +35,8 @@ def max_plans_from_env() -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise ValueError(f"PLANCACHE_MEMORY_PLANS={text!r} is not a positive whole number of plans")
+        raise ConfigError(f"PLANCACHE_MEMORY_PLANS={text!r} is not a positive whole number of plans",
+                          name="PLANCACHE_MEMORY_PLANS", value=text)  # fmt: skip
     return value
 
 

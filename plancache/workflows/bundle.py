@@ -65,11 +65,13 @@ def _env_summary(environment: Mapping[str, Any]) -> str:
     )
 
 
-def _select(store: Store, env_id: str | None, keys: Iterable[str] | None) -> list[str]:
+def _select(store: Store | None, env_id: str | None, keys: Iterable[str] | None) -> list[str]:
     if keys is None:
-        return [row["key"] for row in maintenance.list_entries(store, env_id)]
+        return [row["key"] for row in maintenance.list_entries(store, env_id)] if store is not None else []
     selected = []
     for prefix in keys:
+        if store is None:
+            raise EntryNotFoundError(f"{prefix!r} names no entry: nothing is stored yet", key=prefix)
         found = store.resolve(prefix)
         if len(found) != 1:
             problem = "no entry" if not found else "an ambiguous prefix"
@@ -93,6 +95,26 @@ def _check_target(target: Path) -> None:
                           "plancache only replaces regular files", path=str(target), reason="not a regular file")  # fmt: skip
 
 
+def _exists(target: Path) -> BundleError:
+    return BundleError(f"refused: {target} exists and is not replaced without --force (replace=True)", path=str(target),
+                       reason="exists")  # fmt: skip
+
+
+def _link_new(tmp: str, target: Path) -> None:
+    """Put the finished bundle at ``target`` only if nothing is there: a hard link fails on
+    an existing name, so a file that appeared meanwhile is never replaced."""
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise _exists(target) from None
+    except OSError:  # a filesystem without hard links: check, then rename
+        if os.path.lexists(target):
+            raise _exists(target) from None
+        os.replace(tmp, target)
+        return
+    os.unlink(tmp)
+
+
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
@@ -107,13 +129,21 @@ def _cannot_write(target: Path, exc: OSError) -> BundleError:
 
 
 def export_bundle(
-    store: Store, path: str | os.PathLike[str], *, env_id: str | None = None, keys: Iterable[str] | None = None
+    store: Store | None,
+    path: str | os.PathLike[str],
+    *,
+    env_id: str | None = None,
+    keys: Iterable[str] | None = None,
+    replace: bool = True,
 ) -> dict[str, Any]:
     """Write the entries of ``store`` (those of ``env_id``, or the given ``keys`` or key
-    prefixes; default all) to one bundle file at ``path``, atomically: a temporary file in
+    prefixes; default all; None: a cache with nothing stored yet, an empty bundle) to one
+    bundle file at ``path``, atomically: a temporary file in
     the same directory, renamed over ``path``. ``path`` must be a regular file or not
     exist: a symlink, FIFO, device node or other special file is refused (``BundleError``),
-    never replaced. Missing parent directories are created.
+    never replaced. ``replace=False`` also refuses an existing regular file (``BundleError``,
+    reason ``exists``), even one that appears while exporting. Missing parent directories
+    are created.
 
     Entries whose blob fails its checksum are left out and reported under ``skipped``.
     Returns ``{"path", "entries", "keys", "bytes", "environments", "skipped"}``.
@@ -121,12 +151,15 @@ def export_bundle(
     started = time.perf_counter()
     target = Path(path)
     _check_target(target)  # before any work; again just before the rename
+    if not replace and os.path.lexists(target):
+        raise _exists(target)
     chosen = _select(store, env_id, keys)
     payload = bytearray()
     members: list[dict[str, Any]] = []
     environments: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
     for key in dict.fromkeys(chosen):
+        assert store is not None  # chosen is empty without a store
         entry = store.get(key)
         if entry is None:
             skipped[key] = "removed while exporting"
@@ -160,7 +193,10 @@ def export_bundle(
             f.flush()
             os.fsync(f.fileno())
         _check_target(target)  # once more just before the rename: never replace a special file
-        os.replace(tmp, target)  # a reader sees the old file or the whole new one
+        if replace:
+            os.replace(tmp, target)  # a reader sees the old file or the whole new one
+        else:
+            _link_new(tmp, target)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError):

@@ -14,9 +14,9 @@ from typing import Any
 
 from ..key import BuildOptions, environment_id
 from ..priming import Primer
-from .steps import Entries, build_report, describe_failure, error_record, load_entries, run_here
+from .steps import Entries, build_report, check_one, describe_failure, error_record, load_entries, run_each, run_here, timed
 
-__all__ = ["Primer", "prewarm", "prime", "warm_start"]
+__all__ = ["Primer", "dry_run", "prewarm", "prime", "warm_start"]
 
 log = logging.getLogger("plancache")
 
@@ -60,6 +60,33 @@ def prewarm(
     todo, load_errors = load_entries(entries, allow_code=allow_code, listing=dry_run)
     records = [error_record(e) for e in load_errors] + run_here(cache, todo, options or cache.options, dry_run, progress)
     return build_report(records, dry_run, env_id, started)
+
+
+def dry_run(
+    entries: Entries,
+    *,
+    environment: Mapping[str, Any] | None = None,
+    store: Any = None,
+    options: BuildOptions | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """What ``prewarm`` would do, on any machine: no cache, no backend, no GPU, nothing
+    written (what ``plancache prewarm --dry-run`` runs).
+
+    Reads the manifest (builder entries are listed without importing them, ``sys.path``
+    is left alone), builds and describes every other entry's graph, and finds duplicates
+    and entries that fail. Keys depend on the GPU's environment: given ``environment`` (a
+    backend's fingerprint) each entry gets its key, and ``store`` (an open ``Store``, read
+    only; None: nothing stored) tells ``hit`` from ``would_build``; without it each sound
+    entry is ``checked``, without a key. The report is ``prewarm``'s (``dry_run`` True,
+    ``environment`` None without one)."""
+    started = time.perf_counter()
+    options = options or BuildOptions()
+    todo, load_errors = load_entries(entries, listing=True)
+    seen: set[str] = set()
+    records = [error_record(e) for e in load_errors]
+    records += run_each(todo, lambda e: timed(e, lambda: check_one(e, options, environment, store, seen)), progress)
+    return build_report(records, True, environment_id(environment) if environment is not None else None, started)
 
 
 def warm_start(
@@ -124,9 +151,13 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
         where = f"#{r['index']}" + (f" (line {r['line']})" if r.get("line") else "") if r.get("index") is not None else "-"
         text = r.get("error") if r["status"] == "failed" else r.get("label")
         lines.append(f"{r['status']:12} {key:12} {where:16} {r.get('seconds', 0.0):7.2f}s  {text}")
-    verb = "would build" if report["dry_run"] else "built"
-    count = report["would_build"] if report["dry_run"] else report["built"]
+    if report.get("checked"):  # a dry run without keys: they need the GPU's environment
+        done = f"{report['checked']} checked (keys need this machine's GPU: prewarm builds those not stored yet)"
+    elif report["dry_run"]:
+        done = f"{report['would_build']} would build"
+    else:
+        done = f"{report['built']} built"
     listed = f", {report['listed']} builder entries listed without importing them" if report.get("listed") else ""
-    lines.append(f"{report['total']} entries: {count} {verb}{listed}, {report['hits']} already stored, "
+    lines.append(f"{report['total']} entries: {done}{listed}, {report['hits']} already stored, "
                  f"{report['failed']} failed, {report['duplicates']} duplicates in {report['seconds']:.1f} s")  # fmt: skip
     return lines

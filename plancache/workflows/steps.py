@@ -4,19 +4,20 @@ both judge entries, count them and report them alike."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, TextIO
 
 from ..errors import ManifestError
-from ..key import BuildOptions
+from ..key import BuildOptions, canonical_json, describe, make_key
 from .manifest import ManifestEntry, load_manifest
 
-__all__ = ["Entries", "KeySet", "Progress", "attempt", "build_report", "describe_failure", "error_record", "load_entries",
-           "run_here"]  # fmt: skip
+__all__ = ["Entries", "KeySet", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
+           "load_entries", "run_here", "timed"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -79,8 +80,15 @@ class Progress:
 
 def stored(cache: Any, digest: str) -> bool:
     """Whether a usable entry is stored under ``digest`` (read without counting a hit)."""
+    return stored_in(cache.store, digest)
+
+
+def stored_in(store: Any, digest: str) -> bool:
+    """``stored`` for a ``Store`` (None: nothing stored)."""
+    if store is None:
+        return False
     try:
-        entry = cache.store.get(digest)
+        entry = store.get(digest)
     except Exception:  # a damaged store: let get() decide (it treats it as a miss)
         return False
     return entry is not None and entry.checksum_ok()
@@ -126,11 +134,42 @@ def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bo
     return record
 
 
+def check_one(
+    entry: ManifestEntry, options: BuildOptions, environment: Mapping[str, Any] | None, store: Any, seen: KeySet
+) -> dict[str, Any]:
+    """A dry run's step, without a cache or a backend: build the entry's graph and describe
+    it (a graph that cannot be keyed fails here, as it would in a prewarm). Given an
+    ``environment``, its key and whether ``store`` holds it (``hit`` or ``would_build``);
+    without one (keys depend on the GPU), status ``checked`` and no key. Duplicates are
+    found either way (same graph and options)."""
+    record: dict[str, Any] = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None}
+    if entry.listed_only:
+        record["status"] = "listed"
+        return record
+    opts = entry.build_options(options)
+    description = describe(entry.build())
+    if environment is None:
+        ident = hashlib.sha256(canonical_json({"graph": description, "options": opts.to_dict()}).encode()).hexdigest()
+        status = "checked"
+    else:
+        ident = record["key"] = make_key(description, environment, opts).digest
+        status = "hit" if stored_in(store, ident) else "would_build"
+    record["status"] = "duplicate" if ident in seen else status
+    seen.add(ident)
+    return record
+
+
 def attempt(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: KeySet) -> dict[str, Any]:
-    """``_run_one``, timed; an exception becomes a failed record (the caller logs it)."""
+    """``run_one``, timed; an exception becomes a failed record (the caller logs it)."""
+    return timed(entry, lambda: run_one(cache, entry, options, dry_run, seen))
+
+
+def timed(entry: ManifestEntry, step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``step()``'s record of ``entry`` with its ``seconds``; an exception becomes a failed
+    record (the caller logs it)."""
     t0 = time.perf_counter()
     try:
-        record = run_one(cache, entry, options, dry_run, seen)
+        record = step()
     except Exception as exc:  # one bad entry is reported; the rest still run
         record = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None, "status": "failed",
                   "error": describe_failure(entry, exc)}  # fmt: skip
@@ -138,11 +177,11 @@ def attempt(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bo
     return record
 
 
-def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str, started: float) -> dict[str, Any]:
+def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str | None, started: float) -> dict[str, Any]:
     """The report of a run from its records (the same with one device or several)."""
     count = {
         s: sum(r["status"] == s for r in records)
-        for s in ("built", "hit", "failed", "would_build", "listed", "duplicate", "unpersisted")
+        for s in ("built", "hit", "failed", "would_build", "checked", "listed", "duplicate", "unpersisted")
     }
     return {
         "total": len(records),
@@ -150,6 +189,7 @@ def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str, star
         "hits": count["hit"],
         "failed": count["failed"],
         "would_build": count["would_build"],
+        "checked": count["checked"],
         "listed": count["listed"],
         "duplicates": count["duplicate"],
         "unpersisted": count["unpersisted"],
@@ -162,12 +202,17 @@ def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str, star
 
 def run_here(cache: Any, todo: list[ManifestEntry], options: BuildOptions, dry_run: bool, progress: bool) -> list[dict[str, Any]]:
     """Every entry of ``todo`` in this process, in order, with a progress bar: the records."""
-    records = []
     seen: set[str] = set()
+    return run_each(todo, lambda entry: attempt(cache, entry, options, dry_run, seen), progress)
+
+
+def run_each(todo: list[ManifestEntry], step: Callable[[ManifestEntry], dict[str, Any]], progress: bool) -> list[dict[str, Any]]:
+    """``step(entry)`` for every entry of ``todo``, in order, with a progress bar: the records."""
+    records = []
     bar = Progress(len(todo), progress)
     try:
         for entry in todo:
-            record = attempt(cache, entry, options, dry_run, seen)
+            record = step(entry)
             if record["status"] == "failed":
                 log.warning("plancache: prewarm: %s", record["error"])
             records.append(record)

@@ -1,0 +1,61 @@
+"""The documents themselves: one coherent CHANGELOG, and the GPU run logs of docs/runs/
+that the documents cite (each cited log exists, each kept log is cited and indexed)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_changelog_has_one_unreleased_section_at_the_top() -> None:
+    headings = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert headings and headings[0] == "Unreleased", headings
+    assert sum("unreleased" in h.lower() for h in headings) == 1, f"more than one unreleased section: {headings}"
+
+
+RUNS = ROOT / "docs" / "runs"
+INDEX = RUNS / "README.md"
+CITED = re.compile(r"(?:docs/)?runs/([A-Za-z0-9][\w.-]*\.(?:log|txt|json))")
+
+
+def _documents() -> list[Path]:
+    """The documents that may cite run logs (the index itself is not one of them)."""
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _citations() -> dict[str, set[str]]:
+    """Each cited log's name -> the documents citing it."""
+    found: dict[str, set[str]] = {}
+    for doc in _documents():
+        for name in CITED.findall(doc.read_text()):
+            found.setdefault(name, set()).add(str(doc.relative_to(ROOT)))
+    return found
+
+
+def _index() -> dict[str, set[str]]:
+    """Each log of the index -> the documents its line says cite it."""
+    rows = re.findall(r"^\| \[([^\]]+)\]\(([^)]+)\) \|.*\| ([^|]+) \|$", INDEX.read_text(), re.M)
+    assert rows, "docs/runs/README.md has no index table"
+    index = {}
+    for name, link, cited_by in rows:
+        assert name == link, f"the index links {link} under the name {name}"
+        assert name not in index, f"{name} is indexed twice"
+        index[name] = {d.strip() for d in cited_by.split(",")}
+    return index
+
+
+def test_every_cited_run_log_exists() -> None:
+    missing = {name: docs for name, docs in _citations().items() if not (RUNS / name).is_file()}
+    assert not missing, f"documents cite run logs that docs/runs/ does not have: {missing}"
+
+
+def test_every_kept_run_log_is_cited_and_indexed() -> None:
+    kept = {p.name for p in RUNS.iterdir() if p.name != "README.md"}
+    cited, index = _citations(), _index()
+    uncited = sorted(kept - set(cited))
+    assert not uncited, f"no document cites these logs: cite them or git rm them: {uncited}"
+    assert set(index) == kept, f"docs/runs/README.md must list exactly the kept logs: {sorted(set(index) ^ kept)}"
+    wrong = {name: (index[name], cited[name]) for name in kept if index[name] != cited[name]}
+    assert not wrong, f"the index's 'cited by' differs from the documents (index, documents): {wrong}"
