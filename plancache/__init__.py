@@ -25,6 +25,7 @@ from .errors import (
     ManifestError,
     NoGpuError,
     PlanCacheError,
+    PlanCacheNotice,
     RemoteError,
     SchemaTooNewError,
     StoreBusyError,
@@ -42,10 +43,10 @@ _LAZY = {
     "Plan": "plan",
     "capture": "capturing", "CapturedStep": "capturing",
     "Store": "store", "default_cache_dir": "store",
-    "jit": "frontend", "graph_cache": "frontend", "install": "frontend", "uninstall": "frontend",
+    "jit": "frontend", "graph_cache": "frontend", "install": "frontend", "uninstall": "frontend", "plan_of": "frontend",
 }  # fmt: skip
 _SUBMODULES = {"engines": "engines", "cache": "cache", "cli": "cli", "config": "config", "errors": "errors", "flight": "flight",
-               "frontend": "frontend", "key": "key", "plan": "plan", "recording": "recording", "store": "store", "testing": "testing",
+               "frontend": "frontend", "frontend_adopt": "frontend_adopt", "frontend_pipeline": "frontend_pipeline", "key": "key", "plan": "plan", "recording": "recording", "store": "store", "testing": "testing",
                "tiers": "tiers", "workflows": "workflows", "remote": "tiers.remote", "bundle": "workflows.bundle",
                "buckets": "workflows.buckets", "capturing": "capturing", "priming": "priming", "manifest": "workflows.manifest", "prewarm": "workflows.prewarm",
                "report": "workflows.report", "templates": "workflows.templates"}  # fmt: skip
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from .capturing import CapturedStep, capture
     from .engines.autotune import TimingPolicy
     from .engines.backend import Backend, BuiltPlan, CandidateSet, EngineChoice
-    from .frontend import graph_cache, install, jit, uninstall
+    from .frontend import graph_cache, install, jit, plan_of, uninstall
     from .key import BuildOptions, CacheKey, TensorSpec, describe, make_key
     from .plan import Plan
     from .store import Store, default_cache_dir
@@ -77,10 +78,11 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 
-# PLANCACHE_PATCH_CUDNN=1: existing cuDNN Frontend code (cudnn.jit, cudnn.graph_cache) gets
-# persistent plans without a change. Only then is cuDNN imported here.
+# PLANCACHE_PATCH_CUDNN=1: existing cuDNN Frontend code (the five-step pipeline, build(),
+# execute(), cudnn.jit, cudnn.graph_cache) gets persistent plans without a change. Only then
+# is cuDNN imported here; where it cannot be, a notice says so and nothing is patched.
 if os.environ.get("PLANCACHE_PATCH_CUDNN", "").strip() == "1":
-    importlib.import_module(".frontend", __name__).install()
+    importlib.import_module(".frontend", __name__).install_from_environment()
 
 __all__ = [
     "Backend",
@@ -102,6 +104,7 @@ __all__ = [
     "Plan",
     "PlanCache",
     "PlanCacheError",
+    "PlanCacheNotice",
     "RemoteError",
     "SchemaTooNewError",
     "Store",
@@ -118,5 +121,6 @@ __all__ = [
     "install",
     "jit",
     "make_key",
+    "plan_of",
     "uninstall",
 ]

@@ -20,6 +20,7 @@ __all__ = [
     "ManifestError",
     "NoGpuError",
     "PlanCacheError",
+    "PlanCacheNotice",
     "RemoteError",
     "SchemaTooNewError",
     "StoreBusyError",
@@ -124,3 +125,13 @@ class BundleError(PlanCacheError, ValueError):
 
 class RemoteError(PlanCacheError, ConnectionError):
     """The remote (Redis) tier failed or refused an entry."""
+
+
+class PlanCacheNotice(RuntimeWarning):
+    """Why plancache leaves a graph to cuDNN Frontend's own planning (a graph it cannot
+    key, a frontend version it was not made for, ...): once per reason and process, from
+    ``plancache.frontend``. Never raised: under a filter that turns warnings into errors
+    the notice is logged instead. Silence it with
+    ``warnings.filterwarnings("ignore", category=plancache.PlanCacheNotice)``,
+    ``-W ignore::plancache.PlanCacheNotice``, or in pytest's configuration
+    ``filterwarnings = ["ignore::plancache.PlanCacheNotice"]``."""
