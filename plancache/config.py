@@ -50,7 +50,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_REDIS_MAX_STALL": ("seconds a process may lose to a failing Redis before switching the tier off", "`2`"),
     "PLANCACHE_REDIS_LOCK_TTL": ("seconds the fleet lock outlives a holder that died (renewed while its holder builds)", "`60`"),
     "PLANCACHE_MEMORY_PLANS": ("loaded plans a process keeps in memory, least recently used dropped", "`1024`"),
-    "PLANCACHE_PATCH_CUDNN": ("`1`: `import plancache` calls `plancache.install()`, so `cudnn.jit` and `cudnn.graph_cache` persist plans", "not patched"),
+    "PLANCACHE_PATCH_CUDNN": ("`1`: cuDNN Frontend code persists its plans unchanged (`plancache.install()` runs when the program imports `cudnn`, or `plancache`)", "not patched"),
     "PLANCACHE_AUTO_PRIME": ("`1`: a cache that opens loads, on a background thread, the plans its application used in its latest run (see docs/priming.md for the one hazard that keeps it off by default)", "off"),
     "PLANCACHE_APP": ("the application name plan use is recorded and primed under", "the entry script's path (plus `#rankN` with `LOCAL_RANK`)"),
 }  # fmt: skip
