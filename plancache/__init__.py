@@ -26,6 +26,7 @@ from .errors import (
     ManifestError,
     NoGpuError,
     PlanCacheError,
+    PlanCacheNotice,
     RemoteError,
     SchemaTooNewError,
     StoreBusyError,
@@ -44,10 +45,10 @@ _LAZY = {
     "Plan": "plan",
     "capture": "capturing", "CapturedStep": "capturing",
     "Store": "store", "default_cache_dir": "store",
-    "jit": "frontend", "graph_cache": "frontend", "install": "frontend", "uninstall": "frontend",
+    "jit": "frontend", "graph_cache": "frontend", "install": "frontend", "uninstall": "frontend", "plan_of": "frontend",
 }  # fmt: skip
 _SUBMODULES = {"engines": "engines", "cache": "cache", "cli": "cli", "config": "config", "errors": "errors", "flight": "flight",
-               "frontend": "frontend", "key": "key", "plan": "plan", "recording": "recording", "store": "store", "testing": "testing",
+               "frontend": "frontend", "frontend_adopt": "frontend_adopt", "frontend_pipeline": "frontend_pipeline", "key": "key", "plan": "plan", "recording": "recording", "store": "store", "testing": "testing",
                "tiers": "tiers", "workflows": "workflows", "remote": "tiers.remote", "bundle": "workflows.bundle",
                "buckets": "workflows.buckets", "capturing": "capturing", "priming": "priming", "manifest": "workflows.manifest", "prewarm": "workflows.prewarm",
                "report": "workflows.report", "templates": "workflows.templates"}  # fmt: skip
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from .capturing import CapturedStep, capture
     from .engines.autotune import TimingPolicy
     from .engines.backend import Backend, BuiltPlan, CandidateSet, EngineChoice
-    from .frontend import graph_cache, install, jit, uninstall
+    from .frontend import graph_cache, install, jit, plan_of, uninstall
     from .key import BuildOptions, CacheKey, TensorSpec, describe, make_key
     from .plan import Plan
     from .store import Store, default_cache_dir
@@ -81,19 +82,20 @@ __version__ = "0.1.0"
 
 
 def _patch_cudnn_from_env() -> None:
-    """PLANCACHE_PATCH_CUDNN on (1/true/yes/on): existing cuDNN Frontend code (cudnn.jit,
-    cudnn.graph_cache) gets persistent plans without a change; only then is cuDNN imported
-    here. ``import plancache`` never fails because of the variable: a value that is not a
-    switch is one warning line on stderr, and nothing is patched."""
+    """PLANCACHE_PATCH_CUDNN on (1/true/yes/on): existing cuDNN Frontend code (the five-step
+    pipeline, build(), execute(), cudnn.jit, cudnn.graph_cache) gets persistent plans
+    without a change; only then is cuDNN imported here, and where it cannot be, a notice
+    says so and nothing is patched. ``import plancache`` never fails because of the
+    variable: a value that is not a switch is one warning line, and nothing is patched."""
     from .config import ConfigError, flag_from_env
 
     try:
         patch = flag_from_env("PLANCACHE_PATCH_CUDNN", False)
     except ConfigError as exc:
-        logging.getLogger("plancache").warning("plancache: %s; cudnn.jit and cudnn.graph_cache are not patched", exc)
+        logging.getLogger("plancache").warning("plancache: %s; cuDNN Frontend is not patched", exc)
         return
     if patch:
-        importlib.import_module(".frontend", __name__).install()
+        importlib.import_module(".frontend", __name__).install_from_environment()
 
 
 _patch_cudnn_from_env()
@@ -119,6 +121,7 @@ __all__ = [
     "Plan",
     "PlanCache",
     "PlanCacheError",
+    "PlanCacheNotice",
     "RemoteError",
     "SchemaTooNewError",
     "Store",
@@ -136,5 +139,6 @@ __all__ = [
     "install",
     "jit",
     "make_key",
+    "plan_of",
     "uninstall",
 ]

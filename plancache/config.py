@@ -57,7 +57,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_REDIS_MAX_STALL": ("seconds a process may lose to a failing Redis before switching the tier off", "`2`"),
     "PLANCACHE_REDIS_LOCK_TTL": ("seconds the fleet lock outlives a holder that died (renewed while its holder builds)", "`60`"),
     "PLANCACHE_MEMORY_PLANS": ("loaded plans a process keeps in memory, least recently used dropped", "`1024`"),
-    "PLANCACHE_PATCH_CUDNN": ("on (`1`): `import plancache` calls `plancache.install()`, so `cudnn.jit` and `cudnn.graph_cache` persist plans", "not patched"),
+    "PLANCACHE_PATCH_CUDNN": ("on (`1`): cuDNN Frontend code persists its plans unchanged (`plancache.install()` runs when the program imports `cudnn`, or `plancache`)", "not patched"),
     "PLANCACHE_AUTO_PRIME": ("on (`1`): a cache that opens loads, on a background thread, the plans its application used in its latest run (docs/priming.md says why it is off by default)", "off"),
     "PLANCACHE_AUTOTUNE_MEMORY": ("device memory autotuning may allocate to launch and compare candidates: a share of free memory or a size; a graph that needs more is not timed (docs/checking.md)", "`25%`"),
     "PLANCACHE_APP": ("the application name plan use is recorded and primed under", "the entry script's path (plus `#rankN` with `LOCAL_RANK`)"),

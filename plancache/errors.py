@@ -20,6 +20,7 @@ __all__ = [
     "ManifestError",
     "NoGpuError",
     "PlanCacheError",
+    "PlanCacheNotice",
     "RemoteError",
     "SchemaTooNewError",
     "StoreBusyError",
@@ -136,3 +137,13 @@ class TransientLoadError(PlanCacheError, RuntimeError):
     """A stored plan could not be loaded for a reason outside its entry (a CUDA-graph
     capture on another thread, no memory for the warm-up): the entry is kept and loaded
     again later. Raised by backends; a lookup turns it into an unstored build."""
+
+
+class PlanCacheNotice(RuntimeWarning):
+    """Why plancache leaves a graph to cuDNN Frontend's own planning (a graph it cannot
+    key, a frontend version it was not made for, ...): once per reason and process, from
+    ``plancache.frontend``. Never raised: under a filter that turns warnings into errors
+    the notice is logged instead. Silence it with
+    ``warnings.filterwarnings("ignore", category=plancache.PlanCacheNotice)``,
+    ``-W ignore::plancache.PlanCacheNotice``, or in pytest's configuration
+    ``filterwarnings = ["ignore::plancache.PlanCacheNotice"]``."""

@@ -1,62 +1,64 @@
-"""cuDNN Frontend's own idioms, persisted: ``jit``, ``graph_cache``, ``install``.
+"""cuDNN Frontend code, unchanged, with persistent plans: ``install`` and the decorators.
 
-Code written for the frontend builds a graph inside a function decorated with
-``@cudnn.jit(heur_modes=...)`` or ``@cudnn.graph_cache(key_fn)``. The decorators here take
-the same arguments and return the same things, but the plan comes from a ``PlanCache``:
-the first process autotunes and stores it, later processes deserialize it.
+Frontend code plans a graph in one of a few ways, and ``install()`` (or
+``PLANCACHE_PATCH_CUDNN=1``, with no ``import plancache`` needed: see ``_plancache_startup``)
+serves each from a ``PlanCache``:
 
-    import plancache
-    plancache.install()            # or PLANCACHE_PATCH_CUDNN=1 in the environment
+    g.validate(); g.build_operation_graph()          # the five steps, unchanged
+    g.create_execution_plans([cudnn.heur_mode.A]); g.check_support()
+    g.build_plans()                                   # <- a stored plan, or autotuned and stored
+    g.build([cudnn.heur_mode.A])                      # <- the same in one call
+    g.execute(pack, workspace, handle=handle)         # <- an unbuilt graph builds here, the same way
+    @cudnn.jit(heur_modes=...) / @cudnn.graph_cache(key_fn)   # the decorators
 
-    @cudnn.jit(heur_modes=[cudnn.heur_mode.A])      # unchanged frontend code
-    def conv(x, w):
-        with cudnn.graph(handle) as (g, _):
-            ...
-            return g, [X, W, Y]
-
-    g, uids = conv(x, w)           # a ready graph: g.execute({uid: tensor}, workspace, handle=h)
-
-The graph returned is the plan's own executable graph: the caller's graph, planned, on a
-miss; a freshly deserialized one on a hit. Graphs plancache cannot key exactly (a
-``score_mod`` callable, say) keep the frontend's behaviour, with one warning per reason.
-Graphs the caller already planned are returned unchanged, as the frontend does.
+On a hit the caller's own graph object carries the deserialized plan and runs on its own
+handle; on a miss plancache autotunes among the candidates of the caller's heuristic modes
+on a graph of its own, stores the winner and loads it the same way (``frontend_pipeline``,
+``frontend_adopt``). Code that chooses plans itself (``build_plans(ALL)``,
+``build_plan_at_index``, ``execute_plan_at_index``, ``create_execution_plan``,
+``select_plan``) and graphs already built are left to the frontend. Whatever plancache
+cannot serve (a graph it cannot key, a dynamic-shape graph with its own kernel cache, a
+Python-engine plan, a planning during a CUDA-graph capture, a frontend version it was not
+made for) is planned the frontend's way, with one ``PlanCacheNotice`` per reason and
+process: a notice that never turns into an exception, even under ``-W error``.
 
 The decorators use one process-wide ``PlanCache``: ``PlanCache()`` created at first use,
-or the one given to ``use(cache)``. The cache's default options apply, except the
-heuristic modes, which come from ``heur_modes``.
+or the one given to ``use(cache)``. The cache's options apply, with the caller's heuristic
+modes and workspace limit.
 
-Importing this module does not import cuDNN; the decorators import it when first called.
+Importing this module does not import cuDNN; ``install`` and the decorators import it when
+first called.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import logging
 import sys
 import threading
 import warnings
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from types import FrameType
 from typing import Any
 
-from .errors import InvalidGraphError
+from .errors import PlanCacheNotice
 
-__all__ = ["current", "graph_cache", "install", "installed", "jit", "plan_graph", "uninstall", "use"]
+__all__ = ["current", "graph_cache", "install", "install_from_environment", "installed", "jit", "plan_graph", "plan_of",
+           "uninstall", "use"]  # fmt: skip
 
-log = logging.getLogger("plancache")
+log = logging.getLogger("plancache.frontend")
 
 _lock = threading.Lock()
 _cache: Any = None
 _warned: set[str] = set()
-#: Graphs plancache handed out: planned, or deserialized (which the frontend may report as
-#: having no plans), and never to be planned again by a decorator stacked above.
-_handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
-#: The frontend's originals while installed: (cudnn module, cudnn.graph module or None,
-#: {attribute: original}) - None when not installed.
-_originals: tuple[Any, Any, dict[str, Any]] | None = None
+#: While installed: (cudnn module, cudnn.graph module or None, {attribute: original},
+#: the pipeline's interceptor or None); None when not installed.
+_originals: tuple[Any, Any, dict[str, Any], Any] | None = None
+_planner: Any = None
+
+# Frames of these packages are skipped when a notice names the caller's line.
+_INTERNAL = ("plancache", "cudnn", "_plancache_startup")
 
 
 def use(cache: Any) -> Any:
@@ -79,107 +81,93 @@ def current() -> Any:
         return _cache
 
 
-def _mode_names(heur_modes: Any) -> tuple[str, ...]:
-    """``("A", "B")`` from a heuristic mode, a list of them, or their names."""
-    modes = heur_modes if isinstance(heur_modes, (list, tuple)) else [heur_modes]
-    names = []
-    for mode in modes:
-        name = mode if isinstance(mode, str) else getattr(mode, "name", str(mode))
-        name = name.rsplit(".", 1)[-1]
-        if name not in names:
-            names.append(name)
-    return tuple(names)
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by ``_warn_once`` name the first frame
+    outside plancache and cuDNN Frontend: the caller's own line."""
+    level = 2
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in _INTERNAL:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _warn_once(topic: str, message: str) -> None:
+    """Say once per process and topic why a graph keeps the frontend's behaviour.
+
+    A ``PlanCacheNotice`` warning pointing at the caller's line. Under a filter that turns
+    warnings into errors (``-W error``, pytest's ``filterwarnings = error``) the notice is
+    logged instead: it never makes a program fail that would run without plancache."""
+    with _lock:
+        if topic in _warned:
+            return
+        _warned.add(topic)
+    log.info("%s", message)
+    try:
+        warnings.warn(PlanCacheNotice(message), stacklevel=_caller_stacklevel())
+    except PlanCacheNotice:  # an "error" filter: this call's own notice, raised by warn()
+        log.warning("%s", message)
+
+
+def _pipeline() -> Any:
+    """The module serving the pipeline (imported on first use: it is only needed then)."""
+    from . import frontend_pipeline
+
+    return frontend_pipeline
+
+
+def _planner_of() -> Any:
+    global _planner
+    if _planner is None:
+        _planner = _pipeline().Planner(current, _warn_once)
+    return _planner
+
+
+def plan_of(graph: Any) -> Any:
+    """The ``Plan`` of the cache that ``graph`` carries, or None when the frontend planned
+    it (for inspection: ``plan_of(g).key``, ``.source``)."""
+    return _pipeline().plan_of(graph)
 
 
 def _native_modes(heur_modes: Any) -> list[Any]:
     """The frontend's ``heur_mode`` values for ``g.build``."""
     import cudnn
 
-    return [getattr(cudnn.heur_mode, name) for name in _mode_names(heur_modes)]
-
-
-def _is_pygraph(obj: Any) -> bool:
-    cudnn = sys.modules.get("cudnn")
-    cls = getattr(cudnn, "pygraph", None) if cudnn is not None else None
-    return isinstance(cls, type) and isinstance(obj, cls)
+    return [getattr(cudnn.heur_mode, name) for name in _pipeline()._mode_names(heur_modes)]
 
 
 def _is_planned(graph: Any) -> bool:
-    """Whether the caller (or anyone) already planned ``graph``."""
+    """Whether the caller (or anyone) already planned ``graph`` (what ``cudnn.jit`` asks:
+    a graph with plans is returned as it is)."""
     if getattr(graph, "_planning_done", False):
         return True
-    try:
-        if graph in _handed_out:
-            return True
-    except TypeError:
-        pass
     try:
         return int(graph.get_execution_plan_count()) > 0
     except Exception:  # an unplanned graph may refuse the question
         return False
 
 
-def _adopt_uids(graph: Any, tensors: Any = ()) -> None:
-    """Make the uids the frontend gave ``graph``'s tensors the caller's own.
-
-    The frontend numbers every tensor as it is created, and code written for it binds
-    tensors by ``t.get_uid()``. Those uids are part of plancache's key (a plan is stored
-    under the very uids it executes with), so a graph built in another order keys
-    differently and a hit always binds the caller's uids. ``set_uid`` with the same value
-    changes no number; it only records the uid as chosen."""
-    candidates = list(getattr(graph, "tensors", {}).values()) if isinstance(getattr(graph, "tensors", None), dict) else []
-    candidates.extend(t for t in tensors if t is not None)
-    for t in candidates:
-        if getattr(t, "uid_assigned", True) or getattr(t, "is_virtual", False):
-            continue
-        if getattr(t, "pass_by_value", None) is not None and getattr(t, "scalar_type", None) is not None:
-            continue  # a scalar the graph holds itself: lowered by value, its uid binds nothing
-        try:
-            t.set_uid(t.get_uid())
-        except Exception:  # describing the graph reports what is still missing
-            continue
-
-
-def _warn_once(reason: str, message: str, stacklevel: int) -> None:
-    with _lock:
-        if reason in _warned:
-            return
-        _warned.add(reason)
-    log.warning("%s", message)
-    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
-
-
 def plan_graph(graph: Any, heur_modes: Any = None, *, fallback_build: bool = True, tensors: Any = (), stacklevel: int = 2) -> Any:
-    """The persistent plan's executable graph for ``graph`` (unplanned): from the
-    process-wide cache, autotuned and stored on a miss. A graph plancache cannot key is
-    built the frontend's way (``fallback_build``) or returned as it is, with one warning
-    per reason. ``heur_modes``: the frontend's modes (default: A). ``tensors``: those the
-    caller binds by ``get_uid()`` (their frontend-assigned uids are adopted)."""
-    from .key import describe
-
-    modes = _mode_names(heur_modes if heur_modes is not None else "A")
-    _adopt_uids(graph, tensors)
-    try:
-        describe(graph)
-    except InvalidGraphError as exc:
-        reason = str(getattr(exc, "reason", None) or exc)
-        _warn_once(reason, f"plancache: not persisting this graph ({exc}); the frontend plans it as before", stacklevel + 1)
+    """Plan ``graph`` (unplanned) as ``g.build(heur_modes)`` would, through the process-wide
+    cache, and return it: the same object, carrying the stored plan (autotuned and stored on
+    a miss). What plancache cannot serve is built the frontend's way (``fallback_build``) or
+    returned as it is, with one notice per reason. ``heur_modes``: the frontend's modes or
+    their names (default: A). ``tensors`` and ``stacklevel`` are accepted for compatibility:
+    nothing of the caller's tensors is changed, and notices name the caller's line."""
+    modes = heur_modes if heur_modes is not None else "A"
+    pipeline = _pipeline()
+    with pipeline.inside():  # the frontend calls made below run as the frontend's own
+        if _planner_of().persist(graph, modes):
+            return graph
         if fallback_build:
             graph.build(_native_modes(modes))
-        return graph
-    cache = current()
-    options = dataclasses.replace(cache.options, heuristic_modes=modes)
-    native = cache.get(graph, options=options).native
-    with contextlib.suppress(TypeError):  # not weakly referenceable: the frontend's own checks apply
-        _handed_out.add(native)
-    return native
+    return graph
 
 
 def jit(heur_modes: Any = None, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``cudnn.jit``, persisted: decorate a function returning ``(graph, tensors)``; the
-    decorated function returns ``(ready_graph, [uid, ...])``. ``heur_modes``: a
-    ``cudnn.heur_mode``, a list of them, or their names (default: A). Other keyword
-    arguments are accepted and ignored, as the frontend does."""
+    decorated function returns ``(graph, [uid, ...])``, the graph planned from the cache.
+    ``heur_modes``: a ``cudnn.heur_mode``, a list of them, or their names (default: A).
+    Other keyword arguments are accepted and ignored, as the frontend does."""
     modes = heur_modes if heur_modes is not None else "A"
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -187,7 +175,7 @@ def jit(heur_modes: Any = None, **kwargs: Any) -> Callable[[Callable[..., Any]],
         def wrapper(*args: Any, **kw: Any) -> tuple[Any, list[int]]:
             graph, tensors = func(*args, **kw)
             if not _is_planned(graph):
-                graph = plan_graph(graph, modes, tensors=tensors, stacklevel=3)
+                plan_graph(graph, modes)
             return graph, [t.get_uid() for t in tensors]
 
         wrapper.__wrapped_by_plancache__ = True  # type: ignore[attr-defined]
@@ -196,28 +184,13 @@ def jit(heur_modes: Any = None, **kwargs: Any) -> Callable[[Callable[..., Any]],
     return decorator
 
 
-def _replace_graph(result: Any) -> Any:
-    """``result`` with an unplanned pygraph in it (itself, or the first element of a
-    tuple or list) replaced by the persistent plan's graph."""
-    if _is_pygraph(result):
-        return result if _is_planned(result) else plan_graph(result, fallback_build=False, stacklevel=4)
-    if isinstance(result, (tuple, list)) and result and _is_pygraph(result[0]) and not _is_planned(result[0]):
-        graph = plan_graph(result[0], fallback_build=False, stacklevel=4)
-        rest = list(result[1:])
-        if isinstance(result, list):
-            return [graph, *rest]
-        if hasattr(result, "_fields"):  # a namedtuple
-            return type(result)(graph, *rest)
-        return (graph, *rest)
-    return result
-
-
 def graph_cache(key_fn: Callable[..., Hashable], maxsize: int = 256) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``cudnn.graph_cache``, persisted: an in-process cache keyed by ``key_fn(*args,
-    **kwargs)`` (``maxsize`` entries, least recently used dropped) in front of the
-    function. On a miss the function runs; an unplanned pygraph in its result (the result
-    itself, or its first element) is replaced by the persistent plan's graph. What is
-    stored on disk is decided by plancache's own key, never by ``key_fn``."""
+    """``cudnn.graph_cache``: an in-process cache keyed by ``key_fn(*args, **kwargs)``
+    (``maxsize`` entries, least recently used dropped) in front of the function, returning
+    what the function returned, as the frontend's does. The graphs in it get persistent
+    plans when they are planned (by ``jit`` above it, or by ``build``, ``build_plans`` or
+    ``execute`` once ``install()`` is in force); what is stored is decided by plancache's
+    own key, never by ``key_fn``."""
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
         entries: OrderedDict[Any, Any] = OrderedDict()
@@ -230,7 +203,7 @@ def graph_cache(key_fn: Callable[..., Hashable], maxsize: int = 256) -> Callable
                 if key in entries:
                     entries.move_to_end(key)
                     return entries[key]
-            result = _replace_graph(func(*args, **kwargs))
+            result = func(*args, **kwargs)
             with guard:
                 entries[key] = result
                 entries.move_to_end(key)
@@ -249,13 +222,18 @@ _PATCHED = {"jit": jit, "graph_cache": graph_cache}
 
 
 def install() -> None:
-    """Replace ``cudnn.jit`` and ``cudnn.graph_cache`` (and those of the ``cudnn.graph``
-    module) with plancache's. Idempotent; ``uninstall()`` restores the originals. Code
-    must look the decorators up after this (``cudnn.jit``); a name imported earlier
-    (``from cudnn import jit``) keeps the frontend's."""
+    """Serve cuDNN Frontend's planning from the cache: replace ``cudnn.jit`` and
+    ``cudnn.graph_cache`` (and those of the ``cudnn.graph`` module) with plancache's, and,
+    on a frontend version plancache was made for, wrap ``build_plans``, ``build`` and
+    ``execute`` of ``cudnn.pygraph``. Idempotent; ``uninstall()`` restores the originals.
+    A decorator imported by name earlier (``from cudnn import jit``) keeps the frontend's,
+    but the graphs it builds are still served through ``build``."""
     global _originals
-    import cudnn
+    import cudnn  # outside the lock: importing cudnn may run the start-up hook's install
 
+    from .frontend_adopt import FRONTEND_VERSIONS
+
+    version = str(getattr(cudnn, "__version__", "unknown"))
     with _lock:
         if _originals is not None:
             return
@@ -267,16 +245,40 @@ def install() -> None:
             if module is not None and hasattr(module, name):
                 saved[f"cudnn.graph.{name}"] = getattr(module, name)
                 setattr(module, name, replacement)
-        _originals = (cudnn, module, saved)
+        interceptor = None
+        if version in FRONTEND_VERSIONS:
+            interceptor = _pipeline().Interceptor(_planner_of())
+            try:
+                interceptor.install(cudnn.pygraph)
+            except AttributeError:  # a pygraph laid out otherwise: the decorators only
+                interceptor = None
+        _originals = (cudnn, module, saved, interceptor)
+    if interceptor is None:
+        _warn_once("frontend version", f"plancache: cuDNN Frontend {version} is not a version plancache was made for "
+                   f"({', '.join(FRONTEND_VERSIONS)}); its graphs are planned the frontend's way")  # fmt: skip
+
+
+def install_from_environment() -> bool:
+    """``install()`` for ``PLANCACHE_PATCH_CUDNN=1``: where cuDNN Frontend cannot be
+    imported, a notice instead of an error (the program may not use it). Returns whether
+    the patch is in force."""
+    try:
+        install()
+    except Exception as exc:
+        _warn_once("no cudnn", f"plancache: PLANCACHE_PATCH_CUDNN=1, but cuDNN Frontend cannot be imported "
+                   f"({type(exc).__name__}: {exc}); nothing is patched")  # fmt: skip
+        return False
+    return True
 
 
 def uninstall() -> None:
-    """Restore the frontend's ``cudnn.jit`` and ``cudnn.graph_cache``. Idempotent."""
+    """Restore the frontend's ``cudnn.jit``, ``cudnn.graph_cache`` and pygraph methods.
+    Idempotent."""
     global _originals
     with _lock:
         if _originals is None:
             return
-        cudnn, module, saved = _originals
+        cudnn, module, saved, interceptor = _originals
         for name in _PATCHED:
             original = saved.get(f"cudnn.{name}")
             if original is None:
@@ -285,6 +287,8 @@ def uninstall() -> None:
                 setattr(cudnn, name, original)
             if module is not None and f"cudnn.graph.{name}" in saved:
                 setattr(module, name, saved[f"cudnn.graph.{name}"])
+        if interceptor is not None:
+            interceptor.uninstall()
         _originals = None
 
 

@@ -10,7 +10,7 @@ block, batch 8, bf16) runs in a fresh process per mode, in this order:
   plancache-nocache  the model through cuDNN graphs with heuristic builds, no cache (``RawPlans``)
   plancache-cold     through plancache on an empty cache directory: autotunes and stores
   plancache-warm     the same program on the filled directory, auto-prime off (PLANCACHE_AUTO_PRIME=0)
-  plancache-primed   the same program and directory, auto-prime at its default (on)
+  plancache-primed   the same program and directory, auto-prime on (PLANCACHE_AUTO_PRIME=1)
 
 Every process runs the same program: imports (and opens the cache), loads a checkpoint
 (the model's weights plus a ``--checkpoint-mb`` MiB stand-in for a real model's other
@@ -111,7 +111,7 @@ def mode_dir(mode: str, root: Path) -> Path | None:
 def child_env(mode: str, root: Path, base: Mapping[str, str]) -> dict[str, str]:
     """The environment of one child: the compile caches under ``root`` for the compile modes
     (shared by cold and warm), the application name for the plancache modes, auto-prime
-    at its default (on) for the primed mode only. Settings of the caller that would change a mode are dropped."""
+    on for the primed mode only. Settings of the caller that would change a mode are dropped."""
     env = {
         k: v
         for k, v in base.items()
@@ -122,8 +122,7 @@ def child_env(mode: str, root: Path, base: Mapping[str, str]) -> dict[str, str]:
         env["TRITON_CACHE_DIR"] = str(root / "compile" / "triton")
     if mode.startswith("plancache-"):
         env["PLANCACHE_APP"] = APP
-        if mode != "plancache-primed":  # the primed mode runs with auto-prime at its default: on
-            env["PLANCACHE_AUTO_PRIME"] = "0"
+        env["PLANCACHE_AUTO_PRIME"] = "1" if mode == "plancache-primed" else "0"
     return env
 
 
@@ -193,7 +192,7 @@ NOTES = [
     "its captured step is the compiled step in a plain CUDA graph",
     "plancache-nocache: the same cuDNN graphs with heuristic builds and no cache (what a program does without plancache)",
     "plancache-cold: plancache on an empty cache directory (autotunes, stores); -warm: the same program on the filled "
-    "directory with PLANCACHE_AUTO_PRIME=0; -primed: the same with auto-prime at its default (on), which loads the plans "
+    "directory with PLANCACHE_AUTO_PRIME=0; -primed: the same with PLANCACHE_AUTO_PRIME=1, which loads the plans "
     "of the application's last run on a background thread while the program loads its weights",
     "every process loads the same checkpoint (torch.load, every tensor to the GPU) between its imports and its first step; "
     "the parent wrote it just before, so it is read from the OS page cache",

@@ -1,16 +1,19 @@
-"""plancache.frontend on the CPU test backend: builders written the cuDNN Frontend way
-(``with cudnn.graph(handle) as (g, _): ... return g, [X, W, Y]``, no uids set) decorated
-with ``plancache.jit`` and ``plancache.graph_cache``.
+"""plancache.frontend's decorators and install, on the CPU test backend: builders written the
+cuDNN Frontend way (``with cudnn.graph(handle) as (g, _): ... return g, [X, W, Y]``, no uids
+set) decorated with ``plancache.jit`` and ``plancache.graph_cache``.
 
-On the CPU backend ``plan.native`` is the test backend's plan object, not a pygraph, so
-the graph the decorators return cannot be run with ``g.execute``; the tests run it as the
-cache does, through the ``Plan`` that holds it (its tensor checks, then the backend's
-launch). tests/test_gpu_frontend.py runs the returned graphs with ``g.execute`` on a GPU.
+The frontend's GPU-only steps are stand-ins (tests/frontend_cpu.py); the returned graphs
+run through the frontend's own ``execute``, which launches the cache's plan through the
+lowered graph plancache gave the caller's graph. tests/test_gpu_frontend.py runs the same
+on a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -18,11 +21,13 @@ from typing import Any
 
 import cudnn
 import pytest
+from frontend_cpu import CpuFrontend, cpu_frontend
 from graphs import row_major
 
 import plancache
 import plancache.frontend as frontend
-from plancache import PlanCache
+from plancache import PlanCache, PlanCacheNotice
+from plancache.key import describe, make_key
 from plancache.testing import CpuTestBackend
 
 torch = pytest.importorskip("torch")
@@ -30,31 +35,19 @@ DT = cudnn.data_type
 
 
 @pytest.fixture(autouse=True)
-def fresh_frontend() -> Iterator[None]:
-    """No default cache, no warnings remembered and the frontend unpatched, before and after."""
-    frontend.uninstall()
-    previous = frontend.use(None)
-    frontend._warned.clear()
-    yield
-    frontend.uninstall()
-    frontend.use(previous)
-    frontend._warned.clear()
+def fe() -> Iterator[CpuFrontend]:
+    with cpu_frontend() as stand_ins:
+        yield stand_ins
 
 
-def open_cache(make_cache: Callable[..., PlanCache]) -> PlanCache:
-    cache = make_cache(backend=CpuTestBackend())
+def open_cache(make_cache: Callable[..., PlanCache], **kwargs: Any) -> PlanCache:
+    cache = make_cache(backend=CpuTestBackend(), **kwargs)
     frontend.use(cache)
     return cache
 
 
-def plan_of(cache: PlanCache, native: Any) -> Any:
-    """The Plan of ``cache`` whose executable object is ``native``."""
-    held = cache.memory.keys()
-    for key in held:
-        plan = cache.memory.get(key)
-        if plan is not None and plan.native is native:
-            return plan
-    raise AssertionError("the returned graph is no plan of the cache")
+def lookups(cache: PlanCache) -> int:
+    return cache.counters["memory_hits"] + cache.counters["hits"] + cache.counters["misses"]
 
 
 # ---------------------------------------------------------------- builders, frontend style
@@ -125,12 +118,14 @@ CASES = {
 }
 
 
-def run(cache: PlanCache, graph: Any, uids: list[int], inputs: Callable[[], tuple[list[Any], Any]], tolerance: float) -> Any:
-    """Execute the returned graph with tensors bound by the returned uids; check the output."""
+def run(graph: Any, uids: list[int], inputs: Callable[[], tuple[list[Any], Any]], tolerance: float) -> Any:
+    """Execute the returned graph the frontend's way, tensors bound by the returned uids;
+    check the output; return the cache's plan the graph carries."""
     tensors, expected = inputs()
-    plan = plan_of(cache, graph)
-    plan.execute(dict(zip(uids, tensors)))
+    graph.execute(dict(zip(uids, tensors)), None)
     torch.testing.assert_close(tensors[-1].float(), expected, atol=tolerance, rtol=tolerance)
+    plan = frontend.plan_of(graph)
+    assert plan is not None
     return plan
 
 
@@ -138,20 +133,21 @@ def run(cache: PlanCache, graph: Any, uids: list[int], inputs: Callable[[], tupl
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_jit_runs_correctly_and_a_second_cache_loads_it(make_cache: Callable[..., PlanCache], name: str) -> None:
+def test_jit_runs_correctly_and_a_second_cache_loads_it(make_cache: Callable[..., PlanCache], fe: CpuFrontend, name: str) -> None:
     builder, inputs, tolerance = CASES[name]
     decorated = plancache.jit(heur_modes=[cudnn.heur_mode.A, cudnn.heur_mode.B])(builder)
 
     first = open_cache(make_cache)
     g, uids = decorated()
     assert len(set(uids)) == 4
-    plan = run(first, g, uids, inputs, tolerance)
+    plan = run(g, uids, inputs, tolerance)
     assert plan.source == "built" and first.counters["builds"] == 1
+    assert fe.count("build_plans") == 0  # the frontend built nothing: the cache's plan runs
 
     second = open_cache(make_cache)  # another process's cache, same directory
     g2, uids2 = decorated()
-    assert uids2 == uids
-    plan2 = run(second, g2, uids2, inputs, tolerance)
+    assert uids2 == uids and g2 is not g
+    plan2 = run(g2, uids2, inputs, tolerance)
     assert plan2.source == "loaded"
     assert second.counters["builds"] == 0 and second.counters["hits"] == 1
     assert plan2.key == plan.key
@@ -163,11 +159,32 @@ def test_jit_keys_the_heuristic_modes(make_cache: Callable[..., PlanCache]) -> N
     ab = plancache.jit(heur_modes=[cudnn.heur_mode.A, cudnn.heur_mode.B])(matmul_bias_relu)
     g1, _ = a()
     g2, _ = ab()
-    assert plan_of(cache, g1).key != plan_of(cache, g2).key
+    assert frontend.plan_of(g1).key != frontend.plan_of(g2).key
     assert cache.counters["builds"] == 2
     fresh, _ = matmul_bias_relu()
-    frontend._adopt_uids(fresh)
-    assert cache.key(fresh, dataclasses.replace(cache.options, heuristic_modes=("A",))).digest == plan_of(cache, g1).key
+    options = dataclasses.replace(cache.options, heuristic_modes=("A",))
+    assert make_key(describe(fresh, auto_uids=True), cache.environment_of(0), options).digest == frontend.plan_of(g1).key
+
+
+def test_jit_returns_the_callers_graph_per_call_and_leaves_its_tensors_alone(make_cache: Callable[..., PlanCache]) -> None:
+    """A hit is the caller's own graph object, one per call (never one graph shared by every
+    caller), and the tensors the caller left without uids keep them unset."""
+    cache = open_cache(make_cache)
+    made: list[tuple[Any, list[Any]]] = []
+
+    @plancache.jit(heur_modes=cudnn.heur_mode.A)
+    def build() -> tuple[Any, list[Any]]:
+        made.append(matmul_bias_relu())
+        return made[-1]
+
+    g1, uids1 = build()
+    g2, uids2 = build()
+    assert g1 is made[0][0] and g2 is made[1][0] and g1 is not g2
+    assert g1._lowered_graph is not g2._lowered_graph
+    assert cache.counters["builds"] == 1 and cache.counters["memory_hits"] == 1
+    assert not any(t.uid_assigned for _, tensors in made for t in tensors)
+    run(g1, uids1, matmul_inputs, 1e-4)
+    run(g2, uids2, matmul_inputs, 1e-4)
 
 
 def test_jit_returns_a_graph_the_caller_planned_unchanged(make_cache: Callable[..., PlanCache]) -> None:
@@ -181,7 +198,7 @@ def test_jit_returns_a_graph_the_caller_planned_unchanged(make_cache: Callable[.
 
     g, uids = already_planned()
     assert g is g0 and uids == [t.get_uid() for t in tensors0]
-    assert cache.counters["builds"] == 0 and cache.counters["misses"] == 0
+    assert lookups(cache) == 0
 
 
 def test_jit_default_cache_is_created_lazily(cache_dir: Any) -> None:
@@ -197,14 +214,16 @@ def test_jit_default_cache_is_created_lazily(cache_dir: Any) -> None:
         mp.setattr("plancache.cache.PlanCache", fake_cache)
         g, uids = plancache.jit()(matmul_bias_relu)()
         assert len(made) == 1 and frontend.current() is made[0]
-        run(made[0], g, uids, matmul_inputs, 1e-4)
+        run(g, uids, matmul_inputs, 1e-4)
         made[0].close()
 
 
 # ---------------------------------------------------------------- graph_cache
 
 
-def test_graph_cache_shortcuts_by_the_callers_key_and_stores_by_plancache_key(make_cache: Callable[..., PlanCache]) -> None:
+def test_graph_cache_shortcuts_by_the_callers_key_and_returns_what_the_function_did(
+    make_cache: Callable[..., PlanCache], fe: CpuFrontend
+) -> None:
     cache = open_cache(make_cache)
     calls: list[int] = []
 
@@ -213,57 +232,44 @@ def test_graph_cache_shortcuts_by_the_callers_key_and_stores_by_plancache_key(ma
         calls.append(batch)
         return matmul_bias_relu(batch=batch)
 
-    g, tensors = build(2)
+    g, _ = build(2)
     assert build(2)[0] is g and calls == [2]  # the caller's key: a shortcut only
-    plan = plan_of(cache, g)
-    run(cache, g, [t.get_uid() for t in tensors], matmul_inputs, 1e-4)
-    assert plan.source == "built"
+    assert not g._planning_done and lookups(cache) == 0  # as the frontend's: nothing planned here
     build(3)
     build(4)  # evicts batch 2 from the in-process shortcut (maxsize=2)
-    g_again, _ = build(2)
-    assert calls == [2, 3, 4, 2]
-    assert plan_of(cache, g_again).key == plan.key  # plancache's key found the stored plan
-    assert cache.counters["builds"] == 3
-
-    second = open_cache(make_cache)
-
-    @plancache.graph_cache(key_fn=lambda batch: batch)
-    def build_elsewhere(batch: int) -> tuple[Any, list[Any]]:
-        return matmul_bias_relu(batch=batch)
-
-    g2, tensors2 = build_elsewhere(2)
-    plan2 = run(second, g2, [t.get_uid() for t in tensors2], matmul_inputs, 1e-4)
-    assert plan2.source == "loaded" and second.counters["builds"] == 0
-
-
-def test_graph_cache_replaces_a_bare_graph_and_leaves_other_results(make_cache: Callable[..., PlanCache]) -> None:
-    cache = open_cache(make_cache)
-
-    @plancache.graph_cache(key_fn=lambda: "bare")
-    def bare() -> Any:
-        g, tensors = conv_bias_relu()
-        for t in tensors:
-            t.set_uid(t.get_uid())
-        return g
-
-    g = bare()
-    assert plan_of(cache, g).source == "built"
+    assert build(2)[0] is not g and calls == [2, 3, 4, 2]
 
     @plancache.graph_cache(key_fn=lambda: "other")
     def other() -> dict[str, int]:
         return {"not": 1}
 
     assert other() == {"not": 1}
-    assert cache.counters["builds"] == 1
+
+
+def test_graph_cache_graphs_get_persistent_plans_when_built(make_cache: Callable[..., PlanCache], fe: CpuFrontend) -> None:
+    """The frontend's idiom: a graph_cache'd builder, then ``g.build(...)`` on what it
+    returns; installed, the build is served by the cache, whatever ``key_fn`` says."""
+    for attempt in range(2):
+        open_cache(make_cache)
+        plancache.install()
+
+        @cudnn.graph_cache(key_fn=lambda batch: ("mine", attempt, batch))
+        def build(batch: int) -> tuple[Any, list[Any]]:
+            return matmul_bias_relu(batch=batch)
+
+        g, tensors = build(2)
+        g.build([cudnn.heur_mode.A])
+        plan = run(g, [t.get_uid() for t in tensors], matmul_inputs, 1e-4)
+        assert plan.source == ("loaded" if attempt else "built")
+        plancache.uninstall()
+    assert fe.count("build_plans") == 0
 
 
 def test_jit_stacked_on_graph_cache_plans_once(make_cache: Callable[..., PlanCache]) -> None:
-    """The frontend's samples stack the two; a graph plancache handed out (planned, or
-    deserialized) is never planned again by the decorator above."""
-    open_cache(make_cache)
-    second_dir_cache = None
+    """The frontend's samples stack the two; the graph graph_cache returns again is planned
+    already, so jit returns it as it is."""
     for attempt in range(2):
-        cache = open_cache(make_cache) if attempt else frontend.current()
+        cache = open_cache(make_cache)
 
         @plancache.jit(heur_modes=cudnn.heur_mode.A)
         @plancache.graph_cache(key_fn=lambda batch: batch)
@@ -272,11 +278,10 @@ def test_jit_stacked_on_graph_cache_plans_once(make_cache: Callable[..., PlanCac
 
         g, uids = build(2)
         assert build(2)[0] is g
-        plan = run(cache, g, uids, matmul_inputs, 1e-4)
+        plan = run(g, uids, matmul_inputs, 1e-4)
         assert plan.source == ("loaded" if attempt else "built")
-        assert cache.counters["misses"] + cache.counters["hits"] == 1
-        second_dir_cache = cache
-    assert second_dir_cache is not None and second_dir_cache.counters["builds"] == 0
+        assert lookups(cache) == 1
+    assert cache.counters["builds"] == 0
 
 
 # ---------------------------------------------------------------- fallback
@@ -286,7 +291,11 @@ def softcap(graph: Any, score: Any) -> Any:
     return graph.tanh(score)
 
 
-def test_an_unkeyable_graph_falls_back_with_one_warning(make_cache: Callable[..., PlanCache]) -> None:
+def plancache_notices(caught: list[Any]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, PlanCacheNotice)]
+
+
+def test_an_unkeyable_graph_falls_back_with_one_notice(make_cache: Callable[..., PlanCache]) -> None:
     cache = open_cache(make_cache)
     built: list[Any] = []
 
@@ -300,43 +309,65 @@ def test_an_unkeyable_graph_falls_back_with_one_warning(make_cache: Callable[...
         warnings.simplefilter("always")
         g1, uids = with_score_mod()
         g2, _ = with_score_mod()
-    assert len([w for w in caught if "plancache" in str(w.message)]) == 1, [str(w.message) for w in caught]
-    assert caught[0].filename == __file__  # the warning points at the caller
+    assert len(plancache_notices(caught)) == 1, [str(w.message) for w in caught]
+    assert caught[0].filename == __file__  # the notice points at the caller
     assert built == [[cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK]] * 2  # the frontend's behaviour
     assert len(uids) == 4 and g1 is not g2
-    assert cache.counters["builds"] == 0 and cache.counters["misses"] == 0
+    assert lookups(cache) == 0 and frontend.plan_of(g1) is None
 
-    @plancache.graph_cache(key_fn=lambda: 1)
-    def cached() -> tuple[Any, list[Any]]:
-        return sdpa(score_mod=softcap)
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        g3, _ = cached()
-    assert not caught  # the same reason warns once per process
     frontend._warned.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fresh = plancache.graph_cache(key_fn=lambda: 2)(lambda: sdpa(score_mod=softcap))
-        fresh()
-    assert len(caught) == 1 and caught[0].filename == __file__
-    assert isinstance(g3, cudnn.pygraph) and not getattr(g3, "_planning_done", False)
+        plancache.jit()(lambda: sdpa(score_mod=softcap))()
+    assert len(plancache_notices(caught)) == 1 and caught[0].filename == __file__
+
+
+def test_a_notice_never_becomes_an_error(make_cache: Callable[..., PlanCache], caplog: pytest.LogCaptureFixture) -> None:
+    """Under ``-W error`` (or pytest's ``filterwarnings = error``, which this suite uses) the
+    notice is logged instead of raised: plancache never fails a program that runs without it."""
+    open_cache(make_cache)
+
+    @plancache.jit()
+    def with_score_mod() -> tuple[Any, list[Any]]:
+        g, tensors = sdpa(score_mod=softcap)
+        g.build = lambda modes: None
+        return g, tensors
+
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="plancache"):
+        warnings.simplefilter("error")
+        with_score_mod()
+    assert any("not persisting" in r.getMessage() for r in caplog.records)
+
+
+def test_notices_can_be_filtered_by_category(make_cache: Callable[..., PlanCache]) -> None:
+    open_cache(make_cache)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=PlanCacheNotice)
+        g, _ = sdpa(score_mod=softcap)
+        g.build = lambda modes: None
+        frontend.plan_graph(g)
+    assert caught == []
 
 
 # ---------------------------------------------------------------- install
 
 
-def test_install_and_uninstall_swap_the_frontend_decorators() -> None:
+def test_install_and_uninstall_swap_the_decorators_and_the_pipeline() -> None:
     graph_module = sys.modules["cudnn.graph"]
     originals = (cudnn.jit, cudnn.graph_cache, graph_module.jit, graph_module.graph_cache)
+    methods = {name: cudnn.pygraph.__dict__[name] for name in ("build_plans", "build", "execute", "create_execution_plan")}
     assert not frontend.installed()
     plancache.install()
     plancache.install()  # idempotent
     assert cudnn.jit is frontend.jit and cudnn.graph_cache is frontend.graph_cache
     assert graph_module.jit is frontend.jit and graph_module.graph_cache is frontend.graph_cache
+    for name, original in methods.items():
+        assert cudnn.pygraph.__dict__[name].__plancache_original__ is original
     plancache.uninstall()
     plancache.uninstall()
     assert (cudnn.jit, cudnn.graph_cache, graph_module.jit, graph_module.graph_cache) == originals
+    assert {name: cudnn.pygraph.__dict__[name] for name in methods} == methods
     assert not frontend.installed()
 
 
@@ -349,22 +380,68 @@ def test_installed_decorators_serve_unchanged_frontend_code(make_cache: Callable
         return conv_bias_relu()
 
     g, uids = unchanged()
-    run(cache, g, uids, conv_inputs, 1e-4)
+    run(g, uids, conv_inputs, 1e-4)
     assert cache.counters["builds"] == 1
 
 
-def test_the_environment_variable_installs_at_import(tmp_path: Any) -> None:
-    import os
-    import subprocess
+def test_the_frontends_own_jit_is_served_through_build(make_cache: Callable[..., PlanCache], fe: CpuFrontend) -> None:
+    """A decorator taken before install (``from cudnn import jit``) is the frontend's; the
+    ``g.build(heur_modes)`` it calls is plancache's once installed."""
+    from cudnn.graph import jit as frontends_jit
 
+    cache = open_cache(make_cache)
+    plancache.install()
+    g, uids = frontends_jit(heur_modes=[cudnn.heur_mode.A])(matmul_bias_relu)()
+    run(g, uids, matmul_inputs, 1e-4)
+    assert cache.counters["builds"] == 1 and fe.count("build_plans") == 0
+
+
+def test_another_frontend_version_keeps_the_frontends_behaviour(make_cache: Callable[..., PlanCache], fe: CpuFrontend,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    cache = open_cache(make_cache)
+    monkeypatch.setattr(cudnn, "__version__", "1.31.0")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plancache.install()
+        g, _ = plancache.jit(heur_modes=cudnn.heur_mode.A)(matmul_bias_relu)()
+    notices = plancache_notices(caught)
+    assert len(notices) == 1 and "1.31.0" in notices[0], notices
+    assert not hasattr(cudnn.pygraph.__dict__["build_plans"], "__plancache_original__")  # the pipeline is not patched
+    assert fe.frontend_built(g) and lookups(cache) == 0
+
+
+def _run_python(code: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), **(env or {})}
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_environment_variable_installs_at_import() -> None:
     code = (
         "import sys, plancache\n"
         "assert ('cudnn' in sys.modules) == (sys.argv[1] == '1')\n"
         "if sys.argv[1] == '1':\n"
         "    import cudnn, plancache.frontend as f\n"
         "    assert cudnn.jit is f.jit and sys.modules['cudnn.graph'].graph_cache is f.graph_cache\n"
+        "    assert cudnn.pygraph.build_plans.__plancache_original__ is not None\n"
     )
     for value in ("1", "0"):
-        env = {**os.environ, "PLANCACHE_PATCH_CUDNN": value, "PYTHONPATH": os.getcwd()}
-        result = subprocess.run([sys.executable, "-c", code, value], env=env, capture_output=True, text=True, timeout=60)
+        result = _run_python(code, value, env={"PLANCACHE_PATCH_CUDNN": value})
         assert result.returncode == 0, result.stderr
+
+
+def test_the_environment_variable_without_cudnn_warns_instead_of_failing() -> None:
+    code = (
+        "import sys, warnings\n"
+        "sys.modules['cudnn'] = None  # cuDNN Frontend cannot be imported here\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import plancache\n"
+        "assert not plancache.frontend.installed()\n"
+        "print([str(w.message) for w in caught if w.category is plancache.PlanCacheNotice])\n"
+    )
+    result = _run_python(code, env={"PLANCACHE_PATCH_CUDNN": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "cannot be imported" in result.stdout, result.stdout
+    strict = _run_python("import sys; sys.modules['cudnn'] = None; import plancache", env={"PLANCACHE_PATCH_CUDNN": "1",
+                                                                                         "PYTHONWARNINGS": "error"})  # fmt: skip
+    assert strict.returncode == 0, strict.stderr

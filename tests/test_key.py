@@ -331,6 +331,25 @@ def test_missing_input_uid_is_an_error_naming_the_tensor() -> None:
     assert info.value.reason == "missing uid"
 
 
+def test_auto_uids_key_the_numbered_uids_as_if_set_and_change_nothing() -> None:
+    def graph(set_uids: bool) -> tuple[Any, list[Any]]:
+        g = cudnn.pygraph(io_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+        a = g.tensor(name="A", dim=[1, 4, 8], stride=[32, 8, 1])
+        b = g.tensor(name="B", dim=[1, 8, 2], stride=[16, 2, 1])
+        out = g.matmul(a, b, name="mm")
+        out.set_output(True)
+        if set_uids:
+            for t in (a, b, out):
+                t.set_uid(t.get_uid())
+        return g, [a, b, out]
+
+    plain, tensors = graph(False)
+    with pytest.raises(InvalidGraphError, match="has no uid"):
+        describe(plain)
+    assert describe(plain, auto_uids=True) == describe(graph(True)[0])
+    assert not any(t.uid_assigned for t in tensors)  # keyed as they are: nothing set
+
+
 def test_duplicate_uid_is_refused() -> None:
     g = cudnn.pygraph(io_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
     a = g.tensor(name="A", dim=[1, 4, 8], stride=[32, 8, 1], uid=1)

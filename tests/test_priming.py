@@ -119,7 +119,7 @@ def test_the_switch_turns_priming_off_and_use_is_still_recorded(make_cache: Make
     assert report["primed"] == 1 and backend.loads == 1, "the run with priming off recorded conv(2)"
 
 
-@pytest.mark.parametrize(("value", "on"), [("", True), ("1", True), ("yes", True), ("0", False), ("off", False)])
+@pytest.mark.parametrize(("value", "on"), [("", False), ("1", True), ("yes", True), ("0", False), ("off", False)])
 def test_auto_prime_switch_values(value: str, on: bool) -> None:
     assert auto_prime_from_env({"PLANCACHE_AUTO_PRIME": value}) is on
 

@@ -200,9 +200,10 @@ def _ints(values: Iterable[Any] | None, where: Where) -> list[int]:
 class _Encoder:
     """Names a graph's tensors canonically and encodes attribute values exactly."""
 
-    def __init__(self, tag: str | None, keying: bool) -> None:
+    def __init__(self, tag: str | None, keying: bool, auto_uids: bool = False) -> None:
         self.tag = tag
         self.keying = keying  # tensor_table walks the graph without keying node parameters
+        self.auto_uids = auto_uids  # a uid the frontend numbered (no set_uid) names the tensor too
         self.ids: dict[int, str] = {}  # id(tensor) -> canonical id
         self.order: list[Any] = []  # tensors in order of first appearance
         self.counts = {"v": 0, "c": 0}
@@ -225,7 +226,7 @@ class _Encoder:
             tid = f"v{self.counts['v']}"
             self.counts["v"] += 1
         else:
-            if not t.uid_assigned:
+            if not t.uid_assigned and not self.auto_uids:
                 raise _refuse(
                     f"tensor {t.name!r} has no uid: call set_uid() (or pass uid=) on every input and output tensor, "
                     "since stored plans execute by uid",
@@ -323,13 +324,13 @@ class _Encoder:
 class _Describer(_Encoder):
     """One walk over a pygraph: describes its nodes, tensors, data types and flags."""
 
-    def __init__(self, graph: Any, tag: str | None, *, keying: bool = True) -> None:
+    def __init__(self, graph: Any, tag: str | None, *, keying: bool = True, auto_uids: bool = False) -> None:
         tensors = getattr(graph, "tensors", None)
         if not isinstance(tensors, Mapping) or not hasattr(graph, "nodes"):
             raise _refuse(
                 f"expected a cudnn.pygraph, got {type(graph).__name__}: it has no 'tensors' mapping", reason="not a pygraph"
             )
-        super().__init__(tag, keying)
+        super().__init__(tag, keying, auto_uids)
         self.graph = graph
         self.context = getattr(graph, "context", None) or _NO_CONTEXT
         self.roles: dict[int, tuple[str, Lowering]] = {}  # id(op output) -> (port, how it lowers)
@@ -582,7 +583,7 @@ def _device_property(device_property: Any) -> str:
     raise _refuse(f"graph device_property serializes to a {type(data).__name__}; plancache cannot key it")
 
 
-def describe(graph: Any, tag: str | None = None) -> dict[str, Any]:
+def describe(graph: Any, tag: str | None = None, *, auto_uids: bool = False) -> dict[str, Any]:
     """The canonical description of a ``cudnn.pygraph``: needs no GPU.
 
     Every node's type, compute type, ports, parameters (exactly: floats to the bit,
@@ -599,12 +600,20 @@ def describe(graph: Any, tag: str | None = None) -> dict[str, Any]:
     stead. The tag must change whenever the callable's behaviour does, or a stored plan
     of the old behaviour is served.
 
-    Raises ``InvalidGraphError`` for a caller tensor without a uid, two tensors sharing a
-    uid, an empty graph, a callable without a tag, or a value plancache cannot key exactly.
+    ``auto_uids``: name a caller tensor left without ``set_uid`` by the uid the frontend
+    numbered it with (what ``t.get_uid()`` returns, and what the graph executes with), as
+    if it had been set, instead of refusing it. The description is the one the same graph
+    with those uids set would have, and the graph is not changed. For callers that run the
+    graph through the frontend itself (``plancache.frontend``): a plan stored under numbered
+    uids binds them only in a graph built in the same order.
+
+    Raises ``InvalidGraphError`` for a caller tensor without a uid (unless ``auto_uids``),
+    two tensors sharing a uid, an empty graph, a callable without a tag, or a value
+    plancache cannot key exactly.
     """
     if tag is not None and not isinstance(tag, str):
         raise TypeError(f"tag must be a string, not {type(tag).__name__}")
-    return _Describer(graph, tag).describe()
+    return _Describer(graph, tag, auto_uids=auto_uids).describe()
 
 
 def tensor_table(graph: Any) -> list[TensorSpec]:

@@ -1,0 +1,170 @@
+"""A stored plan, put into the caller's own cuDNN Frontend graph.
+
+A pygraph that ``build_plans()`` built keeps its plan in two places: its lowered backend
+graph (``_lowered_graph``, the compiled C++ graph that executes) and its ranked plan list
+(``_plans``, with the selected entry at ``_plan_index``). Adopting a stored plan gives the
+caller's graph exactly that state, for a list of one plan:
+
+* the stored blob is deserialized into a fresh backend graph made with the caller's graph's
+  own handle (the graph's device and stream, never plancache's pooled handle), one per
+  caller graph, so no two graphs share a backend graph;
+* that backend graph becomes the caller's lowered graph, and the plan list holds one entry
+  naming the stored engine and knobs at the backend's plan index 0 (a deserialized backend
+  graph holds exactly one plan, its selected one);
+* the flags a built graph has are set (validated, operation graph built, planned, built),
+  and the graph is frozen as planning freezes it.
+
+The frontend's own ``execute``, ``get_workspace_size``, ``populate_cuda_graph``,
+``get_execution_plan_count`` and ``get_plan_name_at_index`` then run as they do on any
+built graph, and ``create_execution_plans`` refuses a second planning with its one-shot
+error. ``serialize`` returns the stored blob: the backend re-serializes a deserialized
+graph without the pass-by-value constants its nodes held, so its own output could not be
+loaded again.
+
+This reaches into the frontend's private state, which is why ``FRONTEND_VERSIONS`` lists
+the frontend versions it was checked against; ``plancache.frontend`` keeps the frontend's
+own behaviour on any other. A backend other than cuDNN (the CPU test backend) registers how
+its plans become a lowered graph in ``ADOPTERS``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .engines.backend import EngineChoice
+    from .plan import Plan
+
+__all__ = ["ADOPTERS", "FRONTEND_VERSIONS", "AdoptionError", "StoredPlanGraph", "adopt", "missing_state"]
+
+#: cuDNN Frontend versions whose pygraph internals adoption was written and tested against.
+FRONTEND_VERSIONS: tuple[str, ...] = ("1.32.0",)
+
+#: The pygraph attributes plancache reads or sets. A frontend whose graphs lack one lays
+#: them out differently: nothing is adopted there.
+_STATE = (
+    "_lowered_graph", "_cpp_tensors", "_cpp_bog_done", "_cpp_plans_created", "_backend_mode_spans", "_backend_entries",
+    "_backend_declined", "_plans", "_planning_done", "_plan_index", "_plan_pinned", "_is_validated", "_is_built",
+    "_compiled_plans", "_plan_kernel_entries", "_selected_engine_cache", "_sorted_uids", "_declared_layout_native",
+    "_slot_of_uid", "_ordered_binding_schema", "_ordered_binding_uids", "_handle", "_cpp_graph_kwargs",
+    "_workspace_limit", "_backend_heuristics",
+)  # fmt: skip
+
+
+class AdoptionError(RuntimeError):
+    """A stored plan could not be put into the caller's graph (the graph is unchanged)."""
+
+
+class StoredPlanGraph:
+    """The lowered graph of a caller's graph that adopted a stored plan: the deserialized
+    backend graph, except that ``serialize`` returns the stored blob.
+
+    Everything else is the backend graph's own (looked up once per name, then kept on the
+    instance: the frontend reaches its lowered graph on every ``execute``)."""
+
+    def __init__(self, backend_graph: Any, blob: bytes) -> None:
+        self._backend_graph = backend_graph
+        self._blob = bytes(blob)
+
+    @property
+    def backend_graph(self) -> Any:
+        """The deserialized backend graph itself."""
+        return self._backend_graph
+
+    def serialize(self, as_bytes: bool = False) -> Any:
+        # As the backend answers: a list of byte values by default, bytes when asked.
+        return self._blob if as_bytes else list(self._blob)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_backend_graph", "_blob"):  # not set yet (a copy being made): never recurse
+            raise AttributeError(name)
+        value = getattr(self._backend_graph, name)
+        if callable(value):
+            self.__dict__[name] = value  # a bound method of the backend graph never changes
+        return value
+
+    def __repr__(self) -> str:
+        return repr(self._backend_graph)
+
+
+def _load_cudnn(graph: Any, plan: Plan, blob: bytes) -> Any:
+    """The cuDNN backend's adopter: the blob deserialized by a fresh pygraph that has the
+    caller's graph's handle (the frontend makes its backend graph with that handle, or with
+    its default handle of this thread and device when the graph has none)."""
+    cudnn = sys.modules["cudnn"]
+    kwargs = graph._cpp_graph_kwargs
+    carried = {k: kwargs[k] for k in ("name", "cuda_graph_retention") if k in kwargs}
+    fresh = cudnn.pygraph(handle=graph._handle, **carried)
+    fresh.deserialize(blob)
+    backend_graph = fresh.__dict__.get("_lowered_graph")
+    if backend_graph is None or fresh.__dict__.get("_plans"):
+        raise AdoptionError("the frontend deserialized the plan into something other than one backend graph")
+    return backend_graph
+
+
+#: Backend name -> ``(caller graph, plan, blob) -> backend graph`` holding that plan, which
+#: becomes the caller's lowered graph (inside a ``StoredPlanGraph``).
+ADOPTERS: dict[str, Callable[[Any, Plan, bytes], Any]] = {"cudnn": _load_cudnn}
+
+
+def missing_state(graph: Any) -> list[str]:
+    """The attributes adoption needs that ``graph`` lacks (none on a supported frontend)."""
+    state = getattr(graph, "__dict__", {})
+    return [name for name in _STATE if name not in state]
+
+
+def _plan_config(engine: EngineChoice | None) -> Any:
+    """The plan-list entry of the adopted plan: its engine id and knobs at backend plan
+    index 0. Without a usable engine record: the frontend's delegating entry, which runs
+    whatever plan the backend graph selected (the only one it has)."""
+    from cudnn.engines.base import PlanConfig
+    from cudnn.engines.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_engine
+
+    knob_type = sys.modules["cudnn"].knob_type
+    if engine is None or engine.engine_id is None or not is_backend_engine(int(engine.engine_id)):
+        return PlanConfig(BACKEND_HEURISTIC_ENGINE_ID)
+    if not all(name in knob_type.__members__ for name in engine.knobs):  # knobs of another frontend's backend
+        return PlanConfig(BACKEND_HEURISTIC_ENGINE_ID)
+    knobs = {knob_type.__members__[name]: int(value) for name, value in engine.knobs.items()}
+    return PlanConfig(int(engine.engine_id), knobs, cpp_index=0)
+
+
+def adopt(graph: Any, plan: Plan, blob: bytes, backend_name: str, engine: EngineChoice | None) -> None:
+    """Make ``graph`` (validated, not built) carry ``plan``, whose stored form is ``blob``
+    and whose engine and knobs are ``engine``. Raises ``AdoptionError`` (or the
+    deserializer's error) with ``graph`` unchanged."""
+    missing = missing_state(graph)
+    if missing:
+        raise AdoptionError(f"this frontend's graphs have no {', '.join(missing)}")
+    adopter = ADOPTERS.get(backend_name)
+    if adopter is None:
+        raise AdoptionError(f"plans of the {backend_name!r} backend cannot be put into a cuDNN Frontend graph")
+    lowered = StoredPlanGraph(adopter(graph, plan, blob), blob)  # may raise: nothing of the graph was touched yet
+    config = _plan_config(engine)
+    vars(graph).update(
+        _lowered_graph=lowered,
+        _cpp_tensors={},  # the lowered tensors of the graph's own lowering, which is dropped
+        _cpp_bog_done=True,
+        _cpp_plans_created=True,
+        _backend_mode_spans=[],
+        _backend_entries=[config],
+        _backend_declined=None,
+        _plans=[config],
+        _planning_done=True,
+        _plan_index=0,
+        _plan_pinned=False,
+        _is_validated=True,
+        _is_built=True,
+        _compiled_plans={},
+        _plan_kernel_entries={},
+        _selected_engine_cache=None,
+        # the operand order and layouts are read from the new lowered graph when first needed
+        _sorted_uids=None,
+        _declared_layout_native=None,
+        _slot_of_uid=None,
+        _ordered_binding_schema=None,
+        _ordered_binding_uids=None,
+    )
+    graph._freeze()  # as planning freezes it: a planned graph takes no more nodes

@@ -1,0 +1,394 @@
+"""The frontend's own planning calls, served from the cache: ``build_plans()``, ``build()``
+and the build inside ``execute()``.
+
+``Planner.persist(graph, modes)`` plans one caller graph through a ``PlanCache``: the graph
+is validated by the frontend as before, keyed (tensors the caller left without uids are
+keyed by the uids the frontend numbered them with; nothing of the graph is changed to key
+it), rebuilt from its description into a graph plancache owns, and that graph is looked up
+(a hit loads the stored plan; a miss autotunes among the candidates of the caller's
+heuristic modes and stores the winner). The stored plan is then put into the caller's graph
+(``frontend_adopt``): the object the caller holds is the one that runs, on its own handle.
+The caller's graph never holds a candidate's plan, so no losing candidate stays with it.
+
+Whatever plancache cannot do keeps the frontend's own behaviour, with one notice per reason
+in the process: ``persist`` returns False and the caller runs the frontend's call.
+
+``Interceptor`` wraps those calls on ``cudnn.pygraph``. Only the outermost call of a thread
+is served: the frontend calls its own pipeline (``build`` calls ``build_plans``, ``execute``
+calls ``build``), and plancache's own miss path drives the same methods on the graph it
+autotunes, so a call made while another one is being served runs as the frontend's. Code
+that chooses plans itself is left to the frontend: ``build_plans(ALL)``,
+``build_plan_at_index``, ``execute_plan_at_index``, ``create_execution_plan``,
+``select_plan`` and graphs already built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidGraphError
+from .frontend_adopt import FRONTEND_VERSIONS, adopt, missing_state
+
+if TYPE_CHECKING:
+    from .cache import PlanCache
+    from .engines.backend import EngineChoice
+    from .key import BuildOptions
+    from .plan import Plan
+
+__all__ = ["Interceptor", "Planner", "Refusal", "inside", "plan_of"]
+
+log = logging.getLogger("plancache.frontend")
+
+_local = threading.local()
+#: Caller graphs that carry a plan of the cache, and that plan.
+_adopted: weakref.WeakKeyDictionary[Any, Plan] = weakref.WeakKeyDictionary()
+#: Graphs whose plans the caller chose itself (``create_execution_plan``).
+_self_chosen: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@contextlib.contextmanager
+def inside() -> Iterator[None]:
+    """While plancache serves a call: the frontend calls made meanwhile on this thread run
+    as the frontend's own."""
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
+def outermost() -> bool:
+    return not getattr(_local, "depth", 0)
+
+
+def plan_of(graph: Any) -> Plan | None:
+    """The cache's plan ``graph`` carries (None when the frontend planned it)."""
+    try:
+        return _adopted.get(graph)
+    except TypeError:  # not weakly referenceable: never adopted
+        return None
+
+
+class Refusal(Exception):
+    """Why plancache leaves a graph to the frontend: ``topic`` (one notice per topic and
+    process) and the notice's text."""
+
+    def __init__(self, topic: str, message: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.message = message
+
+
+def _mode_names(heur_modes: Any) -> tuple[str, ...]:
+    """``("A", "B")`` from a heuristic mode, a list of them, or their names."""
+    modes = heur_modes if isinstance(heur_modes, (list, tuple)) else [heur_modes]
+    names: list[str] = []
+    for mode in modes:
+        name = mode if isinstance(mode, str) else getattr(mode, "name", str(mode))
+        name = name.rsplit(".", 1)[-1]
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _default_modes() -> list[Any]:
+    """The modes the frontend plans with when the caller names none."""
+    try:
+        from cudnn.engines.heuristics import default_modes
+
+        return list(default_modes())
+    except ImportError:
+        cudnn = sys.modules["cudnn"]
+        return [cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK]
+
+
+class Planner:
+    """Plans caller graphs through the cache ``cache_of()`` returns; ``notice(topic,
+    message)`` tells the caller once per topic why a graph keeps the frontend's planning."""
+
+    def __init__(self, cache_of: Callable[[], PlanCache], notice: Callable[[str, str], None]) -> None:
+        self.cache_of = cache_of
+        self.notice = notice
+
+    def persist(self, graph: Any, heuristics: Any) -> bool:
+        """Give ``graph`` (not built, not pinned) its plan from the cache; ``heuristics``:
+        the caller's modes (None: the frontend's default). True: ``graph`` carries the plan.
+        False: nothing changed (but, possibly, validation) and the caller runs the
+        frontend's call.
+        Errors of the frontend's own validation propagate, as they would."""
+        try:
+            self._persist(graph, heuristics)
+        except Refusal as refusal:
+            self.notice(refusal.topic, refusal.message)
+            return False
+        return True
+
+    def _persist(self, graph: Any, heuristics: Any) -> None:
+        self._check_graph(graph)
+        try:
+            cache = self.cache_of()
+        except Exception as exc:  # no usable cache directory, say: the frontend's way
+            raise Refusal(f"cache:{type(exc).__name__}", f"plancache: no plan cache to persist graphs in ({exc})") from exc
+        options = self._options(cache, graph, heuristics)
+        # Keyed before validation (the description is the same after it): a graph left to
+        # the frontend is validated by the frontend's own call, once.
+        description = self._describe(graph)
+        if not graph._is_validated:
+            graph.validate()  # the frontend's own validation, its errors the caller's
+        replay = self._replay(description)
+        with self._on_device(cache, graph):
+            try:
+                plan = cache.get(replay, options=options)  # role-valid timing inputs: engines.inputs
+            except Exception as exc:  # autotuning or the store failing keeps the frontend's way
+                log.debug("plancache: lookup failed", exc_info=True)
+                raise Refusal(f"lookup:{type(exc).__name__}", f"plancache: not persisting this graph: {exc}") from exc
+            blob, engine = self._blob(cache, plan)
+            try:
+                adopt(graph, plan, blob, cache.backend.name, engine)
+            except Exception as exc:
+                raise Refusal(
+                    f"adopt:{type(exc).__name__}", f"plancache: the stored plan could not be put into the graph ({exc})"
+                ) from exc
+        _adopted[graph] = plan
+
+    # ------------------------------------------------------------------ the steps
+
+    def _check_graph(self, graph: Any) -> None:
+        """Refuse, before anything runs, what plancache cannot serve on this graph."""
+        cudnn = sys.modules.get("cudnn")
+        version = str(getattr(cudnn, "__version__", "unknown"))
+        if version not in FRONTEND_VERSIONS:
+            raise Refusal("frontend version", f"plancache: cuDNN Frontend {version} is not a version plancache was made for "
+                          f"({', '.join(FRONTEND_VERSIONS)}); graphs are planned the frontend's way")  # fmt: skip
+        missing = missing_state(graph)
+        if missing:
+            raise Refusal("frontend internals", f"plancache: this frontend's graphs have no {', '.join(missing)}; "
+                          "graphs are planned the frontend's way")  # fmt: skip
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise Refusal("capture", "plancache: not persisting a graph planned during a CUDA-graph capture "
+                          "(loading or autotuning a plan would break the capture); the frontend plans it")  # fmt: skip
+        kwargs = graph._cpp_graph_kwargs
+        if kwargs.get("is_dynamic_shape_enabled") and kwargs.get("kernel_cache") is not None:
+            raise Refusal("kernel cache", "plancache: not persisting dynamic-shape graphs built with a kernel cache of "
+                          "their own (their kernels belong to that cache); the frontend plans them")  # fmt: skip
+        if kwargs.get("device_property") is not None:
+            raise Refusal("device property", "plancache: not persisting graphs planned for a device property "
+                          "(without a GPU); the frontend plans them")  # fmt: skip
+        unlowerable = getattr(graph, "_unlowerable_node", None)
+        node = unlowerable() if callable(unlowerable) else None
+        if node is not None:
+            raise Refusal("python engine", f"plancache: not persisting graphs only the frontend's Python engines run "
+                          f"({node.node_type.name}): their plans cannot be loaded into the graph; the frontend plans them")  # fmt: skip
+
+    def _options(self, cache: PlanCache, graph: Any, heuristics: Any) -> BuildOptions:
+        """The cache's options, with the caller's heuristic modes and the tighter of the
+        caller's and the cache's workspace limits: both change which plan is chosen."""
+        from .key import HEURISTIC_MODES
+
+        modes = _mode_names(heuristics if heuristics is not None else _default_modes())
+        unknown = [m for m in modes if m not in HEURISTIC_MODES]
+        if unknown or not modes:
+            raise Refusal(f"mode {unknown}", f"plancache: not persisting graphs planned with heuristic mode(s) {unknown} "
+                          f"(plancache autotunes among {', '.join(HEURISTIC_MODES)}); the frontend plans them")  # fmt: skip
+        limits = [limit for limit in (graph._workspace_limit, cache.options.workspace_limit) if limit is not None]
+        return dataclasses.replace(cache.options, heuristic_modes=modes, workspace_limit=min(limits) if limits else None)
+
+    def _describe(self, graph: Any) -> dict[str, Any]:
+        from .key import describe
+
+        try:
+            return describe(graph, auto_uids=True)
+        except InvalidGraphError as exc:
+            reason = str(getattr(exc, "reason", None) or exc)
+            raise Refusal(
+                f"unkeyable:{reason}", f"plancache: not persisting this graph ({exc}); the frontend plans it as before"
+            ) from exc
+
+    def _replay(self, description: dict[str, Any]) -> Any:
+        """A graph of plancache's own, keyed alike: the cache autotunes it on a miss."""
+        from .engines.replay import rebuild_graph
+
+        try:
+            return rebuild_graph(description)
+        except InvalidGraphError as exc:
+            reason = str(getattr(exc, "reason", None) or exc)
+            raise Refusal(f"replay:{reason}", f"plancache: not persisting this graph: it cannot be rebuilt for "
+                          f"autotuning ({exc}); the frontend plans it as before") from exc  # fmt: skip
+
+    @contextlib.contextmanager
+    def _on_device(self, cache: PlanCache, graph: Any) -> Iterator[None]:
+        """The graph's device current (its handle's; the current one without a handle): the
+        plan is looked up, loaded and run there."""
+        backend = cache.backend
+        try:
+            current = backend.current_device()
+        except Exception as exc:  # no GPU: the frontend raises its own error
+            raise Refusal(f"device:{type(exc).__name__}", f"plancache: not persisting graphs here ({exc})") from exc
+        wanted = _handle_device(graph._handle)
+        if wanted is None or wanted == current:
+            yield
+            return
+        backend.use_device(wanted)
+        try:
+            yield
+        finally:
+            backend.use_device(current)
+
+    def _blob(self, cache: PlanCache, plan: Plan) -> tuple[bytes, EngineChoice | None]:
+        """The stored form of ``plan`` and its engine: the store's entry (checked against its
+        checksum), else, for a plan built by this process that could not be stored, its graph
+        serialized. A Python-engine plan is refused: it deserializes only into an empty
+        graph, never into the caller's."""
+        from .engines.backend import EngineChoice
+        from .store import sha256
+
+        blob, engine = None, plan.engine
+        with contextlib.suppress(Exception):  # an unreadable entry: serialize below
+            entry = cache.local.get(plan.key)
+            if entry is not None and entry.blob and sha256(entry.blob) == entry.blob_sha256:
+                blob = bytes(entry.blob)
+                engine = EngineChoice.from_dict(entry.engine) if entry.engine else None
+        if blob is None and plan.source in ("built", "rebuilt"):
+            with contextlib.suppress(Exception):
+                blob, engine = bytes(plan.native.serialize(as_bytes=True)), plan.engine
+        if blob is None:
+            raise Refusal("no blob", "plancache: the plan of this graph could not be read back; the frontend plans it")
+        if _is_python_plan(blob):
+            raise Refusal("python plan", "plancache: this graph's best plan runs on one of the frontend's Python engines, "
+                          "whose plans cannot be loaded into the graph; the frontend plans it")  # fmt: skip
+        return blob, engine
+
+
+def _is_python_plan(blob: bytes) -> bool:
+    """Whether ``blob`` is the frontend's serialized Python-engine plan (not a backend plan)."""
+    try:
+        from cudnn import _plan_serdes
+    except ImportError:  # a frontend without Python engines
+        return False
+    return bool(_plan_serdes.is_python_plan(blob))
+
+
+def _handle_device(handle: Any) -> int | None:
+    """The device a cuDNN handle was made on (None: no handle, or it cannot say). The
+    ordinal the handle recorded at creation, else its ``device`` (which asks the driver)."""
+    if handle is None:
+        return None
+    ordinal = getattr(handle, "_ordinal", None)
+    if isinstance(ordinal, int):
+        return ordinal
+    with contextlib.suppress(Exception):
+        return int(handle.device.ordinal)
+    return None
+
+
+class Interceptor:
+    """Wraps ``build_plans``, ``build`` and ``execute`` of a pygraph class (and notes
+    ``create_execution_plan``), serving the outermost call of a thread with ``planner``."""
+
+    _NAMES = ("build_plans", "build", "execute", "create_execution_plan")
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+        self.cls: type | None = None
+        self.originals: dict[str, Any] = {}
+
+    def install(self, cls: type) -> None:
+        missing = [name for name in self._NAMES if name not in cls.__dict__]
+        if missing:  # another layout of the class: nothing is wrapped
+            raise AttributeError(f"{cls.__name__} defines no {', '.join(missing)}")
+        originals = {name: cls.__dict__[name] for name in self._NAMES}
+        wrappers = {
+            "build_plans": self._build_plans(originals["build_plans"]),
+            "build": self._build(originals["build"]),
+            "execute": self._execute(originals["execute"]),
+            "create_execution_plan": self._create_execution_plan(originals["create_execution_plan"]),
+        }
+        for name, wrapper in wrappers.items():
+            functools.update_wrapper(wrapper, originals[name])
+            wrapper.__plancache_original__ = originals[name]  # type: ignore[attr-defined]
+            setattr(cls, name, wrapper)
+        self.cls, self.originals = cls, originals
+
+    def uninstall(self) -> None:
+        if self.cls is not None:
+            for name, original in self.originals.items():
+                setattr(self.cls, name, original)
+        self.cls, self.originals = None, {}
+
+    # ------------------------------------------------------------------ the wrappers
+
+    @staticmethod
+    def _chooses_itself(graph: Any) -> bool:
+        """Plans the caller chose (or a graph already built): the frontend's business."""
+        state = graph.__dict__
+        return bool(state.get("_is_built") or state.get("_plan_pinned") or graph in _self_chosen)
+
+    @staticmethod
+    def _heuristics(graph: Any, requested: Any) -> Any:
+        """The modes the frontend plans ``graph`` with: those of its planning when it was
+        planned (``create_execution_plans`` stores them), else ``requested``."""
+        return graph.__dict__.get("_backend_heuristics") if graph.__dict__.get("_planning_done") else requested
+
+    def _build_plans(self, original: Any) -> Callable[..., Any]:
+        def build_plans(graph: Any, *args: Any, ctx: Any = None, **kwargs: Any) -> Any:
+            if not outermost() or not _default_policy(args, kwargs):
+                return original(graph, *args, ctx=ctx, **kwargs)
+            with inside():
+                if plan_of(graph) is not None:
+                    return None  # built already from the cache: the default build keeps its plan
+                if self._chooses_itself(graph) or not self.planner.persist(graph, self._heuristics(graph, None)):
+                    return original(graph, *args, ctx=ctx, **kwargs)
+                return None
+
+        return build_plans
+
+    def _build(self, original: Any) -> Callable[..., Any]:
+        def build(graph: Any, heuristics: Any = None, ctx: Any = None) -> Any:
+            if not outermost():
+                return original(graph, heuristics, ctx)
+            with inside():
+                if plan_of(graph) is not None:
+                    return None
+                if self._chooses_itself(graph) or not self.planner.persist(graph, self._heuristics(graph, heuristics)):
+                    return original(graph, heuristics, ctx)
+                return None
+
+        return build
+
+    def _execute(self, original: Any) -> Callable[..., Any]:
+        def execute(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            # Every launch passes here: a built graph goes straight on.
+            if graph.__dict__.get("_is_built", True) or not outermost():
+                return original(graph, *args, **kwargs)
+            with inside():
+                if not self._chooses_itself(graph):
+                    self.planner.persist(graph, self._heuristics(graph, None))  # else: the frontend's lazy build
+                return original(graph, *args, **kwargs)
+
+        return execute
+
+    def _create_execution_plan(self, original: Any) -> Callable[..., Any]:
+        def create_execution_plan(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            with contextlib.suppress(TypeError):
+                _self_chosen.add(graph)
+            return original(graph, *args, **kwargs)
+
+        return create_execution_plan
+
+
+def _default_policy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``build_plans(*args, **kwargs)`` asks for the heuristics' choice (the
+    default) and nothing else: ``ALL`` builds every plan, for the caller to choose from."""
+    choice = sys.modules["cudnn"].build_plan_policy.HEURISTICS_CHOICE
+    if set(kwargs) - {"policy"}:
+        return False
+    return all(value == choice for value in (*args, *kwargs.values()))

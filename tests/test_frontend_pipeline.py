@@ -1,0 +1,501 @@
+"""The frontend's own planning calls, served from the cache once ``plancache.install()`` is in
+force: the five-step pipeline, ``build()``, ``with cudnn.graph(handle) as (g, _)`` and the
+build inside ``execute()``, on the CPU test backend.
+
+The frontend's GPU-only steps are stand-ins that record their calls (tests/frontend_cpu.py),
+so each test sees what reached the frontend; the graphs run through the frontend's own
+``execute``.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cudnn
+import pytest
+from frontend_cpu import CpuFrontend, cpu_frontend
+from graphs import row_major
+
+import plancache
+import plancache.frontend as frontend
+import plancache.frontend_adopt as frontend_adopt
+from plancache import PlanCache, PlanCacheNotice
+from plancache.engines.backend import EngineChoice
+from plancache.key import describe
+from plancache.testing import CpuTestBackend, TwoDeviceCpuTestBackend
+
+torch = pytest.importorskip("torch")
+DT = cudnn.data_type
+A, B, FALLBACK = cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK
+
+
+@pytest.fixture(autouse=True)
+def fe() -> Iterator[CpuFrontend]:
+    with cpu_frontend() as stand_ins:
+        yield stand_ins
+
+
+@pytest.fixture
+def serve(make_cache: Callable[..., PlanCache]) -> Callable[..., PlanCache]:
+    """Open a cache on $PLANCACHE_DIR (a new process's, on the same directory, each call),
+    make it the frontend's, and install the patch."""
+
+    def open_and_install(backend: Any = None) -> PlanCache:
+        plancache.uninstall()
+        cache = make_cache(backend=backend or CpuTestBackend())
+        frontend.use(cache)
+        plancache.install()
+        return cache
+
+    return open_and_install
+
+
+def lookups(cache: PlanCache) -> int:
+    return cache.counters["memory_hits"] + cache.counters["hits"] + cache.counters["misses"]
+
+
+# ---------------------------------------------------------------- graphs, the frontend's way
+
+
+class Matmul:
+    """A matmul + bias + relu built with ``cudnn.pygraph``, tensors without uids."""
+
+    def __init__(self, batch: int = 2, m: int = 8, k: int = 16, n: int = 4, handle: Any = None, **graph_kwargs: Any) -> None:
+        self.dims = (batch, m, k, n)
+        self.g = cudnn.pygraph(io_data_type=DT.FLOAT, handle=handle, **graph_kwargs)
+        self.a = self.g.tensor(name="A", dim=[batch, m, k], stride=row_major([batch, m, k]))
+        self.b = self.g.tensor(name="B", dim=[batch, k, n], stride=row_major([batch, k, n]))
+        self.bias = self.g.tensor(name="bias", dim=[1, 1, n], stride=[n, n, 1])
+        self.c = self.g.relu(self.g.bias(self.g.matmul(self.a, self.b), self.bias))
+        self.c.set_output(True).set_dim([batch, m, n]).set_stride(row_major([batch, m, n]))
+
+    def run(self, graph: Any = None) -> None:
+        """Execute the graph the frontend's way (tensors keyed by the pygraph's tensors) and
+        check the result against torch."""
+        batch, m, k, n = self.dims
+        gen = torch.Generator().manual_seed(0)
+        a, b, bias = (
+            torch.randn(batch, m, k, generator=gen),
+            torch.randn(batch, k, n, generator=gen),
+            torch.randn(1, 1, n, generator=gen),
+        )
+        c = torch.zeros(batch, m, n)
+        built = self.g._is_built  # an unbuilt graph builds in execute(), and has no size to ask yet
+        workspace = torch.empty(self.g.get_workspace_size(), dtype=torch.uint8) if built else None
+        (graph or self.g).execute({self.a: a, self.b: b, self.bias: bias, self.c: c}, workspace)
+        torch.testing.assert_close(c, torch.relu(a @ b + bias))
+
+
+def five_steps(graph: Any, modes: Any = (A, FALLBACK)) -> None:
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans(list(modes))
+    graph.check_support()
+    graph.build_plans()
+
+
+IDIOMS: dict[str, Callable[[Matmul], None]] = {
+    "five steps": lambda mm: five_steps(mm.g),
+    "build()": lambda mm: mm.g.build([A, FALLBACK]),
+    "execute() builds": lambda mm: None,  # mm.run() below builds lazily
+}
+
+
+@pytest.mark.parametrize("idiom", sorted(IDIOMS))
+def test_each_idiom_is_served_from_the_cache_and_a_second_process_loads_it(
+    serve: Callable[..., PlanCache], fe: CpuFrontend, idiom: str
+) -> None:
+    for attempt in range(2):
+        cache = serve()
+        mm = Matmul()
+        IDIOMS[idiom](mm)
+        mm.run()
+        plan = frontend.plan_of(mm.g)
+        assert plan is not None and plan.source == ("loaded" if attempt else "built")
+        assert lookups(cache) == 1
+        assert (cache.counters["builds"], cache.counters["hits"]) == ((0, 1) if attempt else (1, 0))
+        assert fe.count("build_plans") == 0  # the frontend built no plan: the cache's runs
+        assert not any(t.uid_assigned for t in mm.g._tensor_by_uid.values())  # nothing of the caller's changed
+
+
+def test_a_with_cudnn_graph_block_is_served(serve: Callable[..., PlanCache]) -> None:
+    for attempt in range(2):
+        cache = serve()
+        with cudnn.graph(None, io_data_type=DT.FLOAT) as (g, _):
+            X = g.tensor(name="X", dim=[2, 8, 6, 6], stride=[288, 1, 48, 8])
+            W = g.tensor(name="W", dim=[4, 8, 3, 3], stride=[72, 1, 24, 8])
+            Y = g.relu(g.conv_fprop(X, W, padding=[1, 1], stride=[1, 1], dilation=[1, 1]))
+            Y.set_output(True).set_dim([2, 4, 6, 6]).set_stride([144, 1, 24, 4])
+        g.build([A])
+        x = torch.randn(2, 8, 6, 6).to(memory_format=torch.channels_last)
+        w = torch.randn(4, 8, 3, 3).to(memory_format=torch.channels_last)
+        y = torch.zeros(2, 4, 6, 6).to(memory_format=torch.channels_last)
+        g.execute({X: x, W: w, Y: y}, None)
+        torch.testing.assert_close(y, torch.relu(torch.nn.functional.conv2d(x, w, padding=1)), atol=1e-4, rtol=1e-4)
+        assert frontend.plan_of(g).source == ("loaded" if attempt else "built") and lookups(cache) == 1
+
+
+def test_a_hit_behaves_as_a_built_graph_with_one_plan(serve: Callable[..., PlanCache]) -> None:
+    serve()
+    five_steps(Matmul().g)
+    cache = serve()
+    mm = Matmul()
+    five_steps(mm.g)
+    plan = frontend.plan_of(mm.g)
+    assert plan.source == "loaded"
+    g = mm.g
+    assert g.get_execution_plan_count() == 1 and g._is_built and g._plan_index == 0
+    with pytest.raises(RuntimeError, match="one-shot"):
+        g.create_execution_plans([A])
+    assert g.get_workspace_size() == plan.workspace_size
+    stored = cache.store.get(plan.key).blob
+    assert g.serialize(as_bytes=True) == stored and g.serialize() == list(stored)
+    g.populate_cuda_graph(None, {}, None, "a cuda graph")
+    assert g._lowered_graph.backend_graph.cuda_graphs == ["a cuda graph"]
+    g.build_plans()  # built already: the default build keeps the plan
+    g.build()
+    mm.run()
+    assert lookups(cache) == 1
+    with pytest.raises(RuntimeError, match="frozen"):
+        g.relu(mm.c)
+
+
+def test_every_graph_gets_its_own_backend_graph(serve: Callable[..., PlanCache]) -> None:
+    cache = serve()
+    one, two = Matmul(), Matmul()
+    one.g.build()
+    two.g.build()
+    assert cache.counters["builds"] == 1 and cache.counters["memory_hits"] == 1
+    assert one.g._lowered_graph is not two.g._lowered_graph
+    assert one.g._lowered_graph.backend_graph is not two.g._lowered_graph.backend_graph
+    one.run()
+    two.run()
+
+
+def test_the_plan_list_names_the_stored_engine_and_knobs(
+    serve: Callable[..., PlanCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("plancache.testing._Candidates.engine",
+                        lambda self, index: EngineChoice(engine_id=40 + index, knobs={"TILE_M": 64, "STAGES": 3}, name=f"eng{index}"))  # fmt: skip
+    serve()
+    mm = Matmul()
+    mm.g.build()
+    engine = frontend.plan_of(mm.g).engine
+    engine_id, knobs = mm.g.get_engine_and_knobs_at_index(0)
+    assert engine_id == engine.engine_id and knobs == {cudnn.knob_type.TILE_M: 64, cudnn.knob_type.STAGES: 3}
+    assert mm.g._plans[0].cpp_index == 0 and mm.g.get_plan_name_at_index(0) == engine.name
+    mm.run()
+    config = frontend_adopt._plan_config(EngineChoice(engine_id=None, knobs={}, name="?"))
+    assert config.cpp_index is None and config.engine_id == -1  # unknown engine: the backend's own choice
+
+
+# ---------------------------------------------------------------- only the outermost call
+
+
+class PipelineDrivingBackend(CpuTestBackend):
+    """A backend whose miss path drives the frontend's pipeline on the graph it autotunes
+    (as the cuDNN backend drives validate and planning)."""
+
+    def candidates(self, graph: Any, options: Any, inputs: Any = None) -> Any:
+        found = super().candidates(graph, options, inputs)
+        graph._planning_done = False
+        graph.build_plans()
+        graph.build()
+        graph.execute({}, None)
+        return found
+
+
+def test_only_the_outermost_call_is_served(serve: Callable[..., PlanCache], fe: CpuFrontend) -> None:
+    cache = serve(PipelineDrivingBackend())
+    mm = Matmul()
+    mm.g.build([A])  # the frontend's build calls build_plans: served once
+    assert lookups(cache) == 1 and frontend.plan_of(mm.g) is not None
+    built = [g for name, g in fe.calls if name == "build_plans"]
+    assert len(built) == 2 and all(g is built[0] and g is not mm.g for g in built)  # the cache's own graph, the frontend's way
+    mm.run()
+
+
+def test_threads_are_served_on_their_own(serve: Callable[..., PlanCache]) -> None:
+    cache = serve()
+    graphs = [Matmul(batch=b) for b in (1, 2, 3, 4)]
+    errors: list[BaseException] = []
+
+    def build(mm: Matmul) -> None:
+        try:
+            five_steps(mm.g)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build, args=(mm,)) for mm in graphs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert all(frontend.plan_of(mm.g) is not None for mm in graphs) and cache.counters["builds"] == 4
+    for mm in graphs:
+        mm.run()
+
+
+# ---------------------------------------------------------------- left to the frontend
+
+
+def _all_plans(g: Any) -> None:
+    g.validate()
+    g.create_execution_plans([A])
+    g.build_plans(cudnn.build_plan_policy.ALL)
+
+
+def _pinned(g: Any) -> None:
+    g.validate()
+    g.create_execution_plans([A])
+    g.select_plan(1)
+    g.build_plans()
+
+
+def _explicit_engine(g: Any) -> None:
+    g.validate()
+    g.create_execution_plan(7, {})
+    g.build_plans()
+
+
+def _at_index(g: Any) -> None:
+    g.validate()
+    g.create_execution_plans([A])
+    g.build_plan_at_index(2)
+    g.build_plans()
+    g.build()
+
+
+CHOOSERS = {"build_plans(ALL)": _all_plans, "select_plan": _pinned, "create_execution_plan": _explicit_engine,
+            "build_plan_at_index": _at_index}  # fmt: skip
+
+
+@pytest.mark.parametrize("chooser", sorted(CHOOSERS))
+def test_code_that_chooses_plans_itself_is_left_to_the_frontend(
+    serve: Callable[..., PlanCache], fe: CpuFrontend, chooser: str
+) -> None:
+    cache = serve()
+    mm = Matmul()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        CHOOSERS[chooser](mm.g)
+    assert fe.frontend_built(mm.g) and frontend.plan_of(mm.g) is None
+    assert lookups(cache) == 0 and not caught  # nothing asked, nothing to tell
+
+
+# ---------------------------------------------------------------- the hard cases
+
+
+def softcap(graph: Any, score: Any) -> Any:
+    return graph.tanh(score)
+
+
+def _sdpa_with_score_mod() -> Any:
+    g = cudnn.pygraph(io_data_type=DT.HALF)
+    q, k, v = (g.tensor(name=n, dim=[1, 2, 8, 16], stride=row_major([1, 2, 8, 16])) for n in "qkv")
+    o, _ = g.sdpa(q, k, v, attn_scale=0.25, score_mod=softcap, generate_stats=False)
+    o.set_output(True)
+    return g
+
+
+def _dynamic_with_kernel_cache() -> Any:
+    return Matmul(is_dynamic_shape_enabled=True, kernel_cache=object()).g  # a kernel cache needs a GPU: any object stands in
+
+
+def _with_note_filter() -> Any:
+    g = Matmul().g
+    g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])  # keyed, but not rebuilt for autotuning
+    return g
+
+
+HARD_CASES: dict[str, tuple[Callable[[], Any], str]] = {
+    "unkeyable": (_sdpa_with_score_mod, "callable"),
+    "dynamic shapes with a kernel cache": (_dynamic_with_kernel_cache, "kernel cache"),
+    "not rebuildable": (_with_note_filter, "cannot be rebuilt"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HARD_CASES))
+def test_hard_cases_keep_the_frontends_behaviour_with_one_notice(
+    serve: Callable[..., PlanCache], fe: CpuFrontend, case: str
+) -> None:
+    cache = serve()
+    make, text = HARD_CASES[case]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graphs = [make(), make()]
+        for g in graphs:
+            g.build([A])
+    notices = [str(w.message) for w in caught if w.category is PlanCacheNotice]
+    assert len(notices) == 1 and text in notices[0], notices
+    assert caught[0].filename == __file__
+    assert all(fe.frontend_built(g) for g in graphs) and lookups(cache) == 0
+
+
+def test_a_capture_in_progress_keeps_the_frontends_behaviour(serve: Callable[..., PlanCache], fe: CpuFrontend,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    cache = serve()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    mm = Matmul()
+    with pytest.warns(PlanCacheNotice, match="capture"):
+        five_steps(mm.g)
+    assert fe.frontend_built(mm.g) and lookups(cache) == 0
+
+
+def test_python_engine_graphs_and_plans_keep_the_frontends_behaviour(serve: Callable[..., PlanCache], fe: CpuFrontend,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    cache = serve()
+    with monkeypatch.context() as mp:
+        mp.setattr(cudnn.pygraph, "_unlowerable_node", lambda self: self._nodes[0])
+        mm = Matmul()
+        with pytest.warns(PlanCacheNotice, match="Python engines"):
+            mm.g.build()
+        assert fe.frontend_built(mm.g) and lookups(cache) == 0
+    serdes = pytest.importorskip("cudnn._plan_serdes")
+    monkeypatch.setattr(serdes, "is_python_plan", lambda blob: True)  # the winner runs on a Python engine
+    mm = Matmul()
+    with pytest.warns(PlanCacheNotice, match="Python engines"):
+        mm.g.build()
+    assert fe.frontend_built(mm.g) and frontend.plan_of(mm.g) is None
+
+
+def test_a_heuristic_mode_plancache_does_not_autotune_keeps_the_frontends_behaviour(
+    serve: Callable[..., PlanCache], fe: CpuFrontend
+) -> None:
+    cache = serve()
+    mm = Matmul()
+    with pytest.warns(PlanCacheNotice, match="OPENSOURCE"):
+        five_steps(mm.g, modes=[cudnn.heur_mode.OPENSOURCE])
+    assert fe.frontend_built(mm.g) and lookups(cache) == 0
+
+
+def test_a_rejection_is_the_frontends_own(serve: Callable[..., PlanCache], fe: CpuFrontend) -> None:
+    """A graph the frontend rejects raises the frontend's error from the caller's call; one
+    no plan builds for falls back to the frontend, whose rejection the caller catches."""
+    serve()
+    fe.reject = cudnn.cudnnGraphNotSupportedError("rejected at validation (stand-in)")
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="stand-in"):
+        Matmul().g.build()
+    fe.reject = None
+    cache = serve(CpuTestBackend(unbuildable=range(4)))
+    fe.refuse_build = True
+    caught_it = False
+    with pytest.warns(PlanCacheNotice, match="not persisting"):
+        try:
+            Matmul().g.build()
+        except cudnn.cudnnGraphNotSupportedError:  # what frontend code catches to skip a graph
+            caught_it = True
+    assert caught_it and cache.counters["misses"] == 1
+
+
+# ---------------------------------------------------------------- what goes into the key
+
+
+def test_heuristic_modes_and_the_workspace_limit_are_keyed(serve: Callable[..., PlanCache]) -> None:
+    cache = serve()
+    plans = {}
+    for label, modes, limit in (("A", [A], None), ("A+B", [A, B], None), ("A, 4 KiB", [A], 4096), ("default", None, None)):
+        mm = Matmul()
+        if limit is not None:
+            mm.g.deselect_workspace_greater_than(limit)
+        mm.g.validate()
+        mm.g.build_operation_graph()
+        mm.g.create_execution_plans(modes)
+        mm.g.build_plans()
+        plans[label] = frontend.plan_of(mm.g)
+    assert len({p.key for p in plans.values()}) == 4
+    options = {label: cache.store.get(p.key).options for label, p in plans.items()}
+    assert options["A, 4 KiB"]["workspace_limit"] == 4096 and options["A"]["workspace_limit"] is None
+    assert options["A+B"]["heuristic_modes"] == ["A", "B"] and options["default"]["heuristic_modes"] == ["A", "FALLBACK"]
+    mm = Matmul()
+    mm.g.build(None)  # the frontend's default modes: the same key as naming them
+    assert frontend.plan_of(mm.g).key == plans["default"].key
+
+
+def test_tensors_without_uids_are_keyed_as_they_are(serve: Callable[..., PlanCache]) -> None:
+    serve()
+    mm = Matmul()
+    before = describe(mm.g, auto_uids=True)
+    mm.g.build()
+    assert not any(t.uid_assigned for t in mm.g._tensor_by_uid.values())
+    explicit = Matmul()
+    for t in (explicit.a, explicit.b, explicit.bias, explicit.c):
+        t.set_uid(t.get_uid())
+    assert describe(explicit.g) == before  # the uids the frontend numbered, as if set
+    explicit.g.build()
+    assert frontend.plan_of(explicit.g).key == frontend.plan_of(mm.g).key
+
+
+def test_a_hit_runs_on_the_graphs_own_device(serve: Callable[..., PlanCache]) -> None:
+    backend = TwoDeviceCpuTestBackend()
+    serve(backend)
+    mm = Matmul(handle=cudnn.Handle(None, 1))  # a handle made on device 1
+    mm.g.build()
+    assert frontend.plan_of(mm.g).device == 1 and backend.current_device() == 0
+    backend.use_device(1)  # the plan launches on its device
+    mm.run()
+
+
+def test_the_cudnn_adopter_loads_the_blob_with_the_graphs_own_handle(
+    serve: Callable[..., PlanCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cuDNN backend's adopter, through the frontend's own ``deserialize`` and
+    ``execute``: one backend graph per caller graph, made with that graph's handle, run at
+    its plan index 0 with the caller's pointers in uid order."""
+    import ctypes
+
+    made: list[Any] = []
+
+    class BackendGraph:  # what cudnn._pybind_module.backend_graph makes, minus the GPU
+        def __init__(self, **kwargs: Any) -> None:
+            self.kwargs, self.blobs, self.launches = kwargs, [], []
+            made.append(self)
+
+        def deserialize(self, blob: bytes) -> None:
+            self.blobs.append(bytes(blob))
+
+        def _prepare_variant_pack_template(self) -> None:
+            pass
+
+        def _get_variant_pack_uids_sorted(self) -> list[int]:
+            return order
+
+        def _execute_with_raw_ptrs(self, address: int, count: int, workspace: int, handle: int, index: int) -> None:
+            self.launches.append((list((ctypes.c_void_p * count).from_address(address)), handle, index))
+
+        def get_workspace_size_plan_at_index(self, index: int) -> int:
+            assert index == 0
+            return 4096
+
+    serve()
+    other = Matmul()
+    other.g.build()
+    plan = frontend.plan_of(other.g)
+    monkeypatch.setattr(cudnn._pybind_module, "backend_graph", BackendGraph)
+    handle = cudnn.Handle(0x1234, 0)
+    mm = Matmul(handle=handle)
+    order = sorted(t.uid for t in (mm.a, mm.b, mm.bias, mm.c))
+    mm.g.validate()
+    engine = EngineChoice(engine_id=5, knobs={"TILE_M": 128}, name="eng5")
+    frontend_adopt.adopt(mm.g, plan, b"stored blob", "cudnn", engine)
+    assert len(made) == 1 and made[0].blobs == [b"stored blob"]
+    assert made[0].kwargs == {"name": mm.g._cpp_graph_kwargs["name"], "handle": 0x1234}
+    assert mm.g.get_execution_plan_count() == 1 and mm.g.get_workspace_size() == 4096
+    assert mm.g.get_engine_and_knobs_at_index(0) == (5, {cudnn.knob_type.TILE_M: 128})
+    assert mm.g.serialize(as_bytes=True) == b"stored blob"
+    tensors = {
+        mm.a: torch.zeros(2, 8, 16),
+        mm.b: torch.zeros(2, 16, 4),
+        mm.bias: torch.zeros(1, 1, 4),
+        mm.c: torch.zeros(2, 8, 4),
+    }
+    workspace = torch.empty(4096, dtype=torch.uint8)
+    mm.g.execute(tensors, workspace, handle=handle)
+    pointers, launched_on, index = made[0].launches[0]
+    by_uid = {t.uid: tensor.data_ptr() for t, tensor in tensors.items()}
+    assert pointers == [by_uid[uid] for uid in order] and launched_on == 0x1234 and index == 0
