@@ -178,7 +178,7 @@ def test_every_graph_gets_its_own_backend_graph(serve: Callable[..., PlanCache])
 def test_the_plan_list_names_the_stored_engine_and_knobs(
     serve: Callable[..., PlanCache], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("plancache.testing._Candidates.engine",
+    monkeypatch.setattr("plancache.testing.candidates.CpuCandidates.engine",
                         lambda self, index: EngineChoice(engine_id=40 + index, knobs={"TILE_M": 64, "STAGES": 3}, name=f"eng{index}"))  # fmt: skip
     serve()
     mm = Matmul()
@@ -199,8 +199,8 @@ class PipelineDrivingBackend(CpuTestBackend):
     """A backend whose miss path drives the frontend's pipeline on the graph it autotunes
     (as the cuDNN backend drives validate and planning)."""
 
-    def candidates(self, graph: Any, options: Any, inputs: Any = None) -> Any:
-        found = super().candidates(graph, options, inputs)
+    def candidates(self, graph: Any, options: Any, description: Any = None, inputs: Any = None) -> Any:
+        found = super().candidates(graph, options, description, inputs)
         graph._planning_done = False
         graph.build_plans()
         graph.build()
