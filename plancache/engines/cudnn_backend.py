@@ -35,7 +35,7 @@ from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_tab
 from .backend import BuiltPlan, EngineChoice
 from .consensus import tolerance
 from .guest import known_captures, refuse_while_capturing, relaxed
-from .inputs import materialize, plan_inputs
+from .inputs import materialize, timing_inputs
 from .tensors import checked_inputs
 
 __all__ = ["CudnnBackend", "cudnn_module", "probe_environment"]
@@ -44,8 +44,6 @@ log = logging.getLogger("plancache")
 
 _INNER = 3  # launches per careful measurement
 _SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock: enough for the host to queue _INNER launches
-#: Copies of the outputs comparing candidates keeps (one per group of agreeing candidates).
-_OUTPUT_COPIES = 3
 #: Load failures that say nothing about the blob: captures, memory. Anything else is the
 #: library refusing the plan itself (a version mismatch, a damaged blob).
 #: A sticky CUDA error is the process's, not the entry's: every entry would fail to load.
@@ -240,14 +238,10 @@ class _Candidates:
         if torch.cuda.is_current_stream_capturing():
             return "a CUDA-graph capture is in progress on this thread"
         given = checked_inputs(self.given, self.tensors, "cuda", self.device)
-        plan = plan_inputs(self.description, self.tensors, given)
-        if isinstance(plan, str):
-            return plan
-        need = plan.device_bytes(output_copies=_OUTPUT_COPIES)
-        free = int(torch.cuda.mem_get_info(self.device)[0])
-        limit = budget.bytes_of(free)
-        if need > limit:
-            return f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} ({budget.describe()}, PLANCACHE_AUTOTUNE_MEMORY)"
+        found = timing_inputs(self.description, self.tensors, given, budget, int(torch.cuda.mem_get_info(self.device)[0]))
+        if isinstance(found, str):
+            return found
+        plan, spare = found
         stream = self.backend.own_stream(self.device)  # non-blocking: never ordered with the legacy stream
         stream.wait_stream(self.caller_stream)  # the caller's tensors are ready
         # A generator of our own: autotuning must not move the caller's random number
@@ -260,7 +254,7 @@ class _Candidates:
             stream.synchronize()
         except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
             return f"allocating the inputs to launch candidates on failed: {type(exc).__name__}: {str(exc)[:200]}"
-        self.pack, self.stream, self.spare = pack, stream, limit - need
+        self.pack, self.stream, self.spare = pack, stream, spare
         self.outputs_of = [s.uid for s in plan.outputs]
         return None
 

@@ -23,7 +23,7 @@ from typing import Any
 from ..key import TensorSpec
 from .tensors import TORCH_DTYPES, storage_geometry
 
-__all__ = ["DTYPE_BYTES", "Fill", "InputPlan", "materialize", "plan_inputs"]
+__all__ = ["DTYPE_BYTES", "OUTPUT_COPIES", "Fill", "InputPlan", "materialize", "plan_inputs", "timing_inputs"]
 
 #: Bytes per element of each cuDNN data type (4-bit types: see ``storage_geometry``).
 DTYPE_BYTES = {
@@ -281,3 +281,25 @@ def _filled(fill: Fill, torch: Any, device: Any, generator: Any) -> Any:
                 values.mul_(signs.mul_(2).sub_(1))
             part.copy_(values)
     return torch.as_strided(flat, dims, strides)
+
+
+#: Copies of the outputs that comparing candidates keeps (one per group of agreeing ones).
+OUTPUT_COPIES = 3
+
+
+def timing_inputs(description: Mapping[str, Any], specs: Sequence[TensorSpec], given: Mapping[int, Any],
+                  budget: Any, free: int) -> tuple[InputPlan, int] | str:  # fmt: skip
+    """What launching candidates on the caller's ``given`` tensors (already checked) and
+    synthetic ones needs: ``(plan, bytes left of the budget for a workspace)``, or why
+    nothing may be launched (a tensor of unknown role, ``budget`` (a ``MemoryBudget``) of
+    ``free`` device bytes exceeded)."""
+    from ..config import format_size
+
+    plan = plan_inputs(description, specs, given)
+    if isinstance(plan, str):
+        return plan
+    need, limit = plan.device_bytes(output_copies=OUTPUT_COPIES), budget.bytes_of(free)
+    if need > limit:
+        return (f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} "
+                f"({budget.describe()}, PLANCACHE_AUTOTUNE_MEMORY)")  # fmt: skip
+    return plan, limit - need

@@ -14,10 +14,10 @@ import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..config import MemoryBudget, format_size
+from ..config import MemoryBudget
 from ..engines.backend import BuiltPlan, EngineChoice
 from ..engines.consensus import tolerance
-from ..engines.inputs import materialize, plan_inputs
+from ..engines.inputs import OUTPUT_COPIES, materialize, timing_inputs
 from ..engines.tensors import checked_inputs
 from ..key import TensorSpec, canonical_json
 
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from .backend import CpuTestBackend
 
 __all__ = ["CpuCandidates"]
-
-_OUTPUT_COPIES = 3  # as the cuDNN backend budgets: one copy per group of agreeing candidates
 
 
 class CpuCandidates:
@@ -72,13 +70,11 @@ class CpuCandidates:
         if cuda.capturing():
             return "a CUDA-graph capture is in progress on this thread"
         given = checked_inputs(self.given, self.tensors, "cpu", self.device)
-        plan = plan_inputs(self.description, self.tensors, given)
-        if isinstance(plan, str):
-            return plan
-        need = plan.device_bytes(output_copies=_OUTPUT_COPIES)
-        limit = budget.bytes_of(cuda.free_memory - cuda.allocated)
-        if need > limit:
-            return f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} ({budget.describe()}, PLANCACHE_AUTOTUNE_MEMORY)"
+        found = timing_inputs(self.description, self.tensors, given, budget, cuda.free_memory - cuda.allocated)
+        if isinstance(found, str):
+            return found
+        plan = found[0]
+        need = plan.device_bytes(output_copies=OUTPUT_COPIES)
         cuda.allocate(need)
         self.allocated = need
         generator = torch.Generator().manual_seed(0)
