@@ -19,8 +19,8 @@ from graphs import EXAMPLES, ConvBiasRelu, assert_runs_correctly
 
 import plancache.cache
 from plancache import BuildError, BuildOptions, InvalidGraphError, PlanCache, Store, StoreError
-from plancache.builder import _signature
-from plancache.cache import _COUNTERS
+from plancache.cache.builder import _signature
+from plancache.cache.cache import _COUNTERS
 from plancache.config import max_size_from_env as _max_size_from_env
 from plancache.key import environment_id
 from plancache.store import DB_NAME, maintenance

@@ -60,7 +60,7 @@ def _cudnn() -> Any:
 
 
 def cudnn_module() -> Any:
-    """The ``cudnn`` module, imported on first use (graph templates build pygraphs with it)."""
+    """The ``cudnn`` module, imported on first use (graph templates and replay build pygraphs with it)."""
     return _cudnn()
 
 

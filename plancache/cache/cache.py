@@ -1,17 +1,19 @@
 """PlanCache: key -> memory -> local store -> fleet -> single flight -> build.
 
-The life of a lookup (``get``), top to bottom, each step in the module named after it:
+The life of a lookup (``get``), top to bottom, each step in the module named after it
+(``lookup`` drives the steps below memory):
 
 1. ``key``: describe the graph, add the environment of the caller's current device and the
    build options, hash.
 2. ``tiers.memory``: a loaded plan of this process? Return it under the caller's names.
-3. ``tiers.local`` then the remote tier: a stored entry that ``store.entry.problem`` finds
+3. ``cache.loads``: one thread per key and device goes on; the others wait for its plan.
+4. ``tiers.local`` then the remote tier: a stored entry that ``store.entry.problem`` finds
    sound is loaded onto the device and kept in memory. Nothing is written, nothing waited
    for: an unsound entry is only a miss here.
-4. ``flight``: the key's single flight (thread, then file, then fleet lock). Inside it,
-   look again (someone may have built it meanwhile); an unsound entry is quarantined (that
-   row, not whatever the key holds by then) and rebuilt from its engine and knobs on a
-   replayed graph; otherwise ``build.autotune`` picks a plan, which is stored.
+5. ``cache.flight``: the key's single flight (thread, then file, then fleet lock). Inside
+   it, look again (someone may have built it meanwhile); an unsound entry is quarantined
+   (that row, not whatever the key holds by then) and rebuilt from its engine and knobs on
+   a replayed graph; otherwise ``engines.autotune`` picks a plan, which is stored.
 
 A busy, full, read-only or damaged store turns into misses and unpersisted plans, never
 into a failure: the caller gets a working plan, or a clear error about their own input.
@@ -26,19 +28,19 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from ..config import auto_prime_from_env, max_size_from_env
+from ..engines.autotune import TimingPolicy
+from ..engines.backend import Backend
+from ..errors import PlanCacheError
+from ..key import BuildOptions, CacheKey, canonical_json, describe, environment_id, make_key
+from ..runtime.plan import Plan, names_of
+from ..tiers.local import LocalTier
+from ..tiers.memory import LRU, max_plans_from_env
 from .builder import plan_builder
-from .config import auto_prime_from_env, max_size_from_env
-from .engines.autotune import TimingPolicy
-from .engines.backend import Backend
-from .errors import PlanCacheError
 from .flight import SingleFlight
-from .key import BuildOptions, CacheKey, canonical_json, describe, environment_id, make_key
 from .lookup import Lookup
-from .plan import Plan, names_of
 from .priming import Primer, app_name
 from .recording import recorder_from_env
-from .tiers.local import LocalTier
-from .tiers.memory import LRU, max_plans_from_env
 
 __all__ = ["PlanCache"]
 
@@ -50,7 +52,7 @@ _COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "
 
 
 def _default_backend() -> Backend:
-    from .engines.cudnn_backend import CudnnBackend  # the only cuDNN import, and only when used
+    from ..engines.cudnn_backend import CudnnBackend  # the only cuDNN import, and only when used
 
     return CudnnBackend()
 
@@ -59,7 +61,7 @@ def _remote_from_env() -> Any:
     """The Redis tier when ``PLANCACHE_REDIS_URL`` is set (redis is imported only then)."""
     if not os.environ.get("PLANCACHE_REDIS_URL", "").strip():
         return None
-    from .tiers.remote import RemoteTier
+    from ..tiers.remote import RemoteTier
 
     return RemoteTier.from_env()
 

@@ -1,5 +1,5 @@
 """The lookup behind ``PlanCache.get``: stored tiers, then the key's single flight, then
-a repair or a build. Each step reads like the life of a lookup in cache.py's docstring.
+a repair or a build. Each step reads like the life of a lookup in ``cache``'s docstring.
 
 Reads take no lock and write nothing: an entry that ``store.entry.problem`` finds unsound
 is only a miss there. Inside the single flight, the same entry is judged again, and only
@@ -15,16 +15,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .engines.autotune import AutotuneResult, TimingPolicy, autotune
-from .engines.backend import Backend, BuiltPlan, EngineChoice
-from .errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
+from ..engines.autotune import AutotuneResult, TimingPolicy, autotune
+from ..engines.backend import Backend, BuiltPlan, EngineChoice
+from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
+from ..key import BuildOptions, CacheKey, TensorSpec, environment_id
+from ..runtime.plan import Plan, names_of
+from ..store import NEVER_CHECKED, Entry, problem, sha256, summarize
+from ..tiers.local import LocalTier
+from ..tiers.memory import LRU
 from .flight import SingleFlight
-from .key import BuildOptions, CacheKey, TensorSpec, environment_id
 from .loads import Loads
-from .plan import Plan, names_of
-from .store import NEVER_CHECKED, Entry, problem, sha256, summarize
-from .tiers.local import LocalTier
-from .tiers.memory import LRU
 
 __all__ = ["LOAD_FAILED", "Lookup"]
 
@@ -214,7 +214,7 @@ class Lookup:
             return None
         started = time.perf_counter()
         try:
-            from .engines.replay import rebuild_graph
+            from ..engines.replay import rebuild_graph
 
             built = self.backend.rebuild(rebuild_graph(key.parts["graph"]), engine, options)
         except Exception as exc:
