@@ -497,6 +497,7 @@ def test_sql_text_is_built_only_from_constants() -> None:
         "store/schema.py",
         "store/recovery.py",
         "store/maintenance.py",
+        "store/quarantine.py",
         "cache/cache.py",
         "tiers/local.py",
     )
