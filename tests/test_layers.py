@@ -1,6 +1,7 @@
 """The package's layers, as docs/architecture.md draws them: imports run one way, top to
 bottom, with no cycle; only the cuDNN backend and the frontend integration import cuDNN;
-and the package root holds the public names only.
+the package root holds the public names only; and every class is short enough to read
+in one sitting.
 
 The import graph is read from the source (every ``import`` statement, at module level or
 inside a function), so a lazy import that runs back up is caught as well as an eager one.
@@ -25,6 +26,10 @@ ROOT_FOLDERS = {"cache", "engines", "integrations", "key", "runtime", "store", "
 
 #: Modules that import cuDNN (lazily: none at module level).
 CUDNN_IMPORTERS = ("engines.cudnn_backend", "integrations.")
+
+#: Lines of a class, docstring included: past this, split it along a seam (a base class,
+#: a helper object, a module of functions), as Store, RemoteTier and Lookup were.
+MAX_CLASS_LINES = 250
 
 
 def _modules() -> dict[str, Path]:
@@ -168,3 +173,12 @@ def test_the_package_root_holds_the_public_names_only() -> None:
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert modules == ROOT_MODULES, f"modules at the root beside the public ones: {sorted(modules - ROOT_MODULES)}"
     assert folders == ROOT_FOLDERS, f"folders at the root: {sorted(folders ^ ROOT_FOLDERS)}"
+
+
+def test_every_class_is_short_enough_to_read() -> None:
+    long = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and (lines := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_CLASS_LINES:
+                long.append(f"plancache.{module}.{node.name}: {lines} lines")
+    assert not long, f"classes over {MAX_CLASS_LINES} lines: {long}"

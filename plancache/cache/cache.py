@@ -26,6 +26,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ..config import auto_prime_from_env, max_size_from_env
@@ -119,15 +120,8 @@ class PlanCache:
         self.directory = self.local.directory
         self.memory: LRU[tuple[str, int], Plan] = LRU(max_plans if max_plans is not None else max_plans_from_env())
         self.remote = remote if remote is not None else _remote_from_env()
-        # The build locks need only a writable directory, not a working store: processes that
-        # cannot store plans must still not autotune the same key at once.
-        writable = (
-            self.local.refused is None
-            and os.access(self.directory, os.W_OK)
-            and not (self.local.store is not None and self.local.store.read_only)
-        )
-        lock_dir = self.directory / "locks" if writable else None
-        self.flight = SingleFlight(lock_dir, timeout=lock_timeout, remote=self.remote, warn=self._warn_once, count=self._count)
+        self.flight = SingleFlight(_lock_directory(self.local), timeout=lock_timeout, remote=self.remote, warn=self._warn_once,
+                                   count=self._count)  # fmt: skip
         self.lock_timeout = lock_timeout
         self.persist_kernel_cache = persist_kernel_cache
         self._environments: dict[int, tuple[dict[str, Any], str]] = {}
@@ -144,14 +138,7 @@ class PlanCache:
             self._warn_once(
                 "read-only", "plancache: %s is read-only: stored plans are served, new ones stay in memory", self.directory
             )
-        # Flush batched hit counts when the process ends; weakly, so the cache can be freed.
-        ref = weakref.ref(self)
-        atexit_flush = functools.partial(_flush_at_exit, ref)
-        import atexit
-
-        atexit.register(atexit_flush)
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=functools.partial(_after_fork, ref))
+        _watch_process(self)
         #: The auto-prime thread of this cache (None when off or without a store).
         self.primer: Primer | None = None
         if auto_prime and self.local.available:
@@ -321,6 +308,27 @@ class PlanCache:
         after = getattr(self.remote, "after_fork", None)
         if callable(after):
             after()
+
+
+def _lock_directory(local: LocalTier) -> Path | None:
+    """Where the build locks go: ``locks/`` of a writable cache directory. They need only the
+    directory, not a working store: processes that cannot store plans must still not
+    autotune the same key at once."""
+    writable = (
+        local.refused is None and os.access(local.directory, os.W_OK) and not (local.store is not None and local.store.read_only)
+    )
+    return local.directory / "locks" if writable else None
+
+
+def _watch_process(cache: PlanCache) -> None:
+    """Flush the cache's batched hit counts when the process ends, and let a forked child
+    start clean; weakly, so the cache can be freed."""
+    import atexit
+
+    ref = weakref.ref(cache)
+    atexit.register(functools.partial(_flush_at_exit, ref))
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=functools.partial(_after_fork, ref))
 
 
 def _flush_at_exit(ref: weakref.ref[PlanCache]) -> None:
