@@ -6,7 +6,7 @@ the variable nothing runs but that one comparison.
 
 This module imports neither plancache nor cuDNN. It waits for the program's own
 ``import cudnn`` (a finder on ``sys.meta_path`` that lets the usual finders find the
-module and runs ``plancache.frontend.install_from_environment()`` right after the module
+module and runs ``plancache.integrations.frontend.install_from_environment()`` right after the module
 has executed). So a process that never uses cuDNN pays nothing (no torch or CUDA library
 is loaded at start-up), and packages that site-packages sets up after this line (other
 ``.pth`` files run in name order) are in place before cuDNN is imported.
@@ -31,7 +31,7 @@ _VARIABLE = "PLANCACHE_PATCH_CUDNN"
 def _install() -> None:
     """Patch the frontend now that it is imported; never makes its import fail."""
     try:
-        from plancache.frontend import install_from_environment
+        from plancache.integrations.frontend import install_from_environment
 
         install_from_environment()
     except Exception as exc:  # plancache itself broken: say so, and run the program unpatched

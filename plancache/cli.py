@@ -675,7 +675,7 @@ def _backend_from_env() -> Any:
 def _remote_from_settings() -> Any:
     """The Redis tier ``PLANCACHE_REDIS_*`` configure (None without a URL); reading them
     touches no network, so what fails here is a setting: a ``ConfigError`` (exit code 2)."""
-    from .cache import _remote_from_env
+    from .cache.cache import _remote_from_env
     from .errors import RemoteError
 
     try:
@@ -691,7 +691,7 @@ def _remote_from_settings() -> Any:
 def _make_cache(obj: _Context) -> Any:
     """A PlanCache on the chosen directory with the ``PLANCACHE_BACKEND`` backend. The
     settings are checked before anything is created."""
-    from .cache import PlanCache
+    from .cache.cache import PlanCache
     from .config import max_size_from_env
     from .tiers.memory import max_plans_from_env
 

@@ -142,7 +142,7 @@ class TransientLoadError(PlanCacheError, RuntimeError):
 class PlanCacheNotice(RuntimeWarning):
     """Why plancache leaves a graph to cuDNN Frontend's own planning (a graph it cannot
     key, a frontend version it was not made for, ...): once per reason and process, from
-    ``plancache.frontend``. Never raised: under a filter that turns warnings into errors
+    ``plancache.integrations.frontend``. Never raised: under a filter that turns warnings into errors
     the notice is logged instead. Silence it with
     ``warnings.filterwarnings("ignore", category=plancache.PlanCacheNotice)``,
     ``-W ignore::plancache.PlanCacheNotice``, or in pytest's configuration

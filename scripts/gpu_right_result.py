@@ -206,9 +206,9 @@ def child_ragged(mode: str, out: str) -> dict[str, Any]:
     except Exception as exc:
         report["failure"] = f"{type(exc).__name__}: {str(exc)[:400]}"
     if mode != "frontend":
-        import plancache.frontend
+        import plancache.integrations.frontend
 
-        report["counters"] = dict(plancache.frontend.current().counters)
+        report["counters"] = dict(plancache.integrations.frontend.current().counters)
     torch.save(outputs, out + ".pt")
     Path(out).write_text(json.dumps(report, default=str))
     return report

@@ -1,4 +1,4 @@
-"""cuDNN Frontend's planning calls on a CPU, for the tests of ``plancache.frontend``.
+"""cuDNN Frontend's planning calls on a CPU, for the tests of ``plancache.integrations.frontend``.
 
 The frontend's ``validate`` lowers the graph to its C++ backend and ``create_execution_plans``
 asks that backend's heuristics, which need a GPU. ``CpuFrontend`` replaces just those steps
@@ -26,10 +26,10 @@ import cudnn
 import pytest
 from cudnn.engines.base import PlanConfig
 
-import plancache.frontend as frontend
-import plancache.frontend_adopt as frontend_adopt
-import plancache.frontend_pipeline as frontend_pipeline
-from plancache.plan import TORCH_DTYPES
+import plancache.integrations.frontend as frontend
+import plancache.integrations.frontend_adopt as frontend_adopt
+import plancache.integrations.frontend_pipeline as frontend_pipeline
+from plancache.runtime.plan import TORCH_DTYPES
 
 
 class CpuPlanGraph:

@@ -19,8 +19,8 @@ from graphs import EXAMPLES, ConvBiasRelu, assert_runs_correctly
 
 import plancache.cache
 from plancache import BuildError, BuildOptions, InvalidGraphError, PlanCache, Store, StoreError
-from plancache.builder import _signature
-from plancache.cache import _COUNTERS
+from plancache.cache.builder import _signature
+from plancache.cache.cache import _COUNTERS
 from plancache.config import max_size_from_env as _max_size_from_env
 from plancache.key import environment_id
 from plancache.store import DB_NAME, maintenance
@@ -618,6 +618,50 @@ def test_kernel_cache_sharing_can_be_turned_off(make_cache: Any) -> None:
     cache = make_cache(backend=backend, options=BuildOptions(kernel_cache=False))
     cache.get(_dynamic_conv(1))
     assert not backend.kernels
+
+
+def test_the_cudnn_backend_shares_one_kernel_cache_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cuDNN backend's kernel-cache bookkeeping, without a GPU: a stand-in for the
+    frontend's kernel cache, and the current device set by the test."""
+    import types
+
+    from plancache.engines import cudnn_backend
+
+    class KernelCache:
+        def __init__(self) -> None:
+            self.text = ""
+
+        def serialize(self) -> str:
+            return self.text
+
+        def deserialize(self, text: str) -> None:
+            self.text = text
+
+    device = [0]
+    monkeypatch.setattr(cudnn_backend, "_cudnn", lambda: types.SimpleNamespace(create_kernel_cache=KernelCache))
+    monkeypatch.setattr(cudnn_backend.CudnnBackend, "current_device", lambda self: device[0])
+    backend = cudnn_backend.CudnnBackend()
+
+    def graph(**kwargs: Any) -> Any:
+        return types.SimpleNamespace(_cpp_graph_kwargs={"is_dynamic_shape_enabled": True, **kwargs})
+
+    assert backend.kernel_cache_blob() is None, "none before its first use"
+    assert not backend.attach_kernel_cache(types.SimpleNamespace(_cpp_graph_kwargs={"is_dynamic_shape_enabled": False}))
+    first, second = graph(), graph()
+    assert backend.attach_kernel_cache(first) and backend.attach_kernel_cache(second)
+    assert first._cpp_graph_kwargs["kernel_cache"] is second._cpp_graph_kwargs["kernel_cache"]
+    own = object()
+    assert not backend.attach_kernel_cache(graph(kernel_cache=own)), "a cache the caller attached stays"
+    backend.restore_kernel_cache(b"kernels of device 0")
+    assert backend.kernel_cache_blob() == b"kernels of device 0"
+    device[0] = 1
+    assert backend.kernel_cache_blob() is None, "each device has its own"
+    third = graph()
+    assert backend.attach_kernel_cache(third)
+    assert third._cpp_graph_kwargs["kernel_cache"] is not first._cpp_graph_kwargs["kernel_cache"]
+    backend.after_fork()
+    device[0] = 0
+    assert backend.kernel_cache_blob() is None, "a forked child starts without the parent's"
 
 
 def test_hit_counts_are_kept_when_writing_them_fails(make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch, db: Connect) -> None:

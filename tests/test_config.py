@@ -193,7 +193,7 @@ def _import_with_patch(value: str) -> subprocess.CompletedProcess[str]:
         "import sys, plancache\n"
         "patched = 'cudnn' in sys.modules\n"
         "if patched:\n"
-        "    import cudnn, plancache.frontend as f\n"
+        "    import cudnn, plancache.integrations.frontend as f\n"
         "    assert cudnn.jit is f.jit\n"
         "print('patched' if patched else 'unpatched')\n"
     )

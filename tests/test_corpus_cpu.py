@@ -25,7 +25,7 @@ import pytest
 from frontend_cpu import CpuFrontend, cpu_frontend
 
 import plancache
-import plancache.frontend as frontend
+import plancache.integrations.frontend as frontend
 from plancache import PlanCache, PlanCacheNotice
 from plancache.testing import CpuTestBackend
 

@@ -1,4 +1,4 @@
-"""plancache.frontend's decorators and install, on the CPU test backend: builders written the
+"""plancache.integrations.frontend's decorators and install, on the CPU test backend: builders written the
 cuDNN Frontend way (``with cudnn.graph(handle) as (g, _): ... return g, [X, W, Y]``, no uids
 set) decorated with ``plancache.jit`` and ``plancache.graph_cache``.
 
@@ -25,7 +25,7 @@ from frontend_cpu import CpuFrontend, cpu_frontend
 from graphs import row_major
 
 import plancache
-import plancache.frontend as frontend
+import plancache.integrations.frontend as frontend
 from plancache import PlanCache, PlanCacheNotice
 from plancache.key import describe, make_key
 from plancache.testing import CpuTestBackend
@@ -211,7 +211,7 @@ def test_jit_default_cache_is_created_lazily(cache_dir: Any) -> None:
             made.append(cache)
             return cache
 
-        mp.setattr("plancache.cache.PlanCache", fake_cache)
+        mp.setattr("plancache.cache.cache.PlanCache", fake_cache)
         g, uids = plancache.jit()(matmul_bias_relu)()
         assert len(made) == 1 and frontend.current() is made[0]
         run(g, uids, matmul_inputs, 1e-4)
@@ -420,7 +420,7 @@ def test_the_environment_variable_installs_at_import() -> None:
         "import sys, plancache\n"
         "assert ('cudnn' in sys.modules) == (sys.argv[1] == '1')\n"
         "if sys.argv[1] == '1':\n"
-        "    import cudnn, plancache.frontend as f\n"
+        "    import cudnn, plancache.integrations.frontend as f\n"
         "    assert cudnn.jit is f.jit and sys.modules['cudnn.graph'].graph_cache is f.graph_cache\n"
         "    assert cudnn.pygraph.build_plans.__plancache_original__ is not None\n"
     )
@@ -436,7 +436,7 @@ def test_the_environment_variable_without_cudnn_warns_instead_of_failing() -> No
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
         "    import plancache\n"
-        "assert not plancache.frontend.installed()\n"
+        "assert not plancache.integrations.frontend.installed()\n"
         "print([str(w.message) for w in caught if w.category is plancache.PlanCacheNotice])\n"
     )
     result = _run_python(code, env={"PLANCACHE_PATCH_CUDNN": "1"})

@@ -20,8 +20,8 @@ from frontend_cpu import CpuFrontend, cpu_frontend
 from graphs import row_major
 
 import plancache
-import plancache.frontend as frontend
-import plancache.frontend_adopt as frontend_adopt
+import plancache.integrations.frontend as frontend
+import plancache.integrations.frontend_adopt as frontend_adopt
 from plancache import PlanCache, PlanCacheNotice
 from plancache.engines.backend import EngineChoice
 from plancache.key import describe

@@ -1,4 +1,4 @@
-"""GPU test of plancache.frontend: unchanged cuDNN Frontend code (``@cudnn.jit``,
+"""GPU test of plancache.integrations.frontend: unchanged cuDNN Frontend code (``@cudnn.jit``,
 ``@cudnn.graph_cache``, ``with cudnn.graph(handle) as (g, _)``) for a conv, a matmul
 epilogue, SDPA forward and backward and a layernorm, run in three fresh processes:
 
@@ -201,9 +201,9 @@ def child(mode: str, out_path: str) -> None:
 
     counters = None
     if mode != "frontend":
-        import plancache.frontend
+        import plancache.integrations.frontend
 
-        counters = dict(plancache.frontend.current().counters)
+        counters = dict(plancache.integrations.frontend.current().counters)
     torch.save({k: [t.cpu() for t in v] for k, v in outputs.items()}, out_path)
     print(json.dumps({"mode": mode, "latency": latency, "errors": errors, "counters": counters}))
 

@@ -18,7 +18,7 @@ import torch
 from graphs import EXAMPLES, ConvBiasRelu, MatmulBiasRelu
 
 from plancache import ExecutionError, PlanCache, PlanCacheError, Store, TensorMismatchError, TensorSpec
-from plancache.plan import TORCH_DTYPES, Plan
+from plancache.runtime.plan import TORCH_DTYPES, Plan
 from plancache.store import sha256
 from plancache.testing import CpuTestBackend
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from plancache import PlanCache, templates
+from plancache.cache.priming import app_name
 from plancache.config import ConfigError, auto_prime_from_env
-from plancache.priming import app_name
 from plancache.store import bookkeeping
 from plancache.testing import CpuTestBackend
 
@@ -174,10 +174,10 @@ def test_the_primer_sets_up_no_device_the_program_has_not_used(make_cache: MakeC
 
 
 def test_a_device_the_program_never_uses_is_given_up(make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:
-    import plancache.priming
+    import plancache.cache.priming
 
     key = fill(make_cache, "app", [1], device=1, devices=2)[0]
-    monkeypatch.setattr(plancache.priming, "DEVICE_WAIT_S", 0.2)
+    monkeypatch.setattr(plancache.cache.priming, "DEVICE_WAIT_S", 0.2)
     backend = CpuTestBackend(devices=2, in_use=[0])
     report = primed(make_cache(backend=backend, auto_prime=True, app="app"))
     assert report["primed"] == 0 and "device 1 was not used by this process" in report["skipped"][key]
@@ -256,7 +256,7 @@ def test_the_primer_gives_way_while_a_lookup_builds(make_cache: MakeCache, cache
     deadline = time.monotonic() + 5
     while not cache.lookup.loads._lookups and time.monotonic() < deadline:
         time.sleep(0.005)
-    from plancache.priming import Primer
+    from plancache.cache.priming import Primer
 
     primer = Primer(cache)
     primer.start()

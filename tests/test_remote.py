@@ -27,11 +27,11 @@ redis = pytest.importorskip("redis")
 
 from redis_fixtures import LocalRedis, free_port, needs_server  # noqa: E402
 
-from plancache import remote  # noqa: E402  (after the importorskip above)
-from plancache.errors import RemoteError  # noqa: E402
+from plancache.errors import RemoteError  # noqa: E402  (after the importorskip above)
 from plancache.key import KEY_FORMAT, BuildOptions, canonical_json, environment_id  # noqa: E402
 from plancache.store import Entry, Store, sha256  # noqa: E402
 from plancache.store.codec import encode_entry  # noqa: E402
+from plancache.tiers import breaker, remote  # noqa: E402
 from plancache.tiers.remote import RemoteTier, sign_value  # noqa: E402
 
 SECRET = b"fleet-secret-0123456789abcdef-32"
@@ -70,7 +70,7 @@ def make_tier() -> Iterator[Callable[..., RemoteTier]]:
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The backoff clock, moved by the test: ``fake_clock[0] += 5``."""
     now = [1000.0]
-    monkeypatch.setattr(remote, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(breaker, "_monotonic", lambda: now[0])
     return now
 
 

@@ -28,7 +28,7 @@ APP = """
 import json, sys
 before = sorted(m for m in sys.modules if m.split(".")[0] in ("plancache", "cudnn", "torch"))
 import cudnn  # the program's own import: nothing of plancache's in it
-frontend = sys.modules.get("plancache.frontend")
+frontend = sys.modules.get("plancache.integrations.frontend")
 print(json.dumps({
     "before": before,
     "installed": bool(frontend and frontend.installed()),
@@ -87,7 +87,9 @@ def test_the_wheel_installs_the_hook_into_site_packages(environment: tuple[Path,
     _, purelib = environment
     hook = (purelib / "plancache-startup.pth").read_text()
     assert hook.startswith("import os;") and "PLANCACHE_PATCH_CUDNN" in hook and "_plancache_startup" in hook
-    assert (purelib / "_plancache_startup.py").is_file() and (purelib / "plancache" / "frontend.py").is_file()
+    assert (purelib / "_plancache_startup.py").is_file()
+    for module in ("integrations/frontend.py", "integrations/startup.py", "cache/cache.py", "runtime/plan.py"):
+        assert (purelib / "plancache" / module).is_file(), module
     record = next(purelib.glob("plancache-*.dist-info")) / "RECORD"
     assert "plancache-startup.pth," in record.read_text()  # so an uninstall removes it
 
@@ -116,6 +118,11 @@ def test_without_cudnn_the_hook_stays_quiet_and_import_plancache_warns(environme
     quiet = _run(str(python), "-W", "error", "-c", "import sys; print('cudnn' in sys.modules)", PLANCACHE_PATCH_CUDNN="1")
     assert quiet.stdout.strip() == "False" and quiet.stderr == ""
     warned = _run(
-        str(python), "-W", "error", "-c", "import plancache; print(plancache.frontend.installed())", PLANCACHE_PATCH_CUDNN="1"
+        str(python),
+        "-W",
+        "error",
+        "-c",
+        "import plancache; print(plancache.integrations.frontend.installed())",
+        PLANCACHE_PATCH_CUDNN="1",
     )
     assert warned.stdout.strip() == "False" and "cannot be imported" in warned.stderr, warned.stderr

@@ -1,6 +1,6 @@
 """The narrow seam between the cache and whatever builds and runs plans.
 
-The cache core (``cache.py``, ``autotune.py``, ``plan.py``) only talks to these Protocols.
+The cache core (``cache/``, ``autotune.py``, ``runtime/plan.py``) only talks to these Protocols.
 ``cudnn_backend.CudnnBackend`` is the real one; ``testing.CpuTestBackend`` runs the whole
 cache on a machine without a GPU. No cuDNN, torch or CUDA import here.
 """

@@ -58,7 +58,7 @@ def _cudnn() -> Any:
 
 
 def cudnn_module() -> Any:
-    """The ``cudnn`` module, imported on first use (graph templates build pygraphs with it)."""
+    """The ``cudnn`` module, imported on first use (graph templates and replay build pygraphs with it)."""
     return _cudnn()
 
 
@@ -333,6 +333,28 @@ class _Candidates:
         self.stream = None
 
 
+# ---------------------------------------------------------------------- kernel caches
+
+
+class _KernelCaches:
+    """The one shared cuDNN kernel cache of each device, made on first use."""
+
+    def __init__(self) -> None:
+        self._by_device: dict[int, Any] = {}
+
+    def get(self, device: int) -> Any:
+        """The device's shared kernel cache, or None before its first use."""
+        return self._by_device.get(device)
+
+    def ensure(self, device: int) -> Any:
+        cache = self._by_device.get(device)
+        if cache is None:
+            cache = self._by_device[device] = _cudnn().create_kernel_cache()
+            # attached after the graph was keyed: the key must not see it as the caller's
+            mark_shared_kernel_cache(cache)
+        return cache
+
+
 # ---------------------------------------------------------------------- handles
 
 
@@ -479,7 +501,7 @@ class CudnnBackend:
     def __init__(self) -> None:
         self.handles = _Handles()
         self._environments: dict[int, dict[str, Any]] = {}
-        self._kernel_caches: dict[int, Any] = {}  # device -> the one shared cudnn kernel cache
+        self._kernel_caches = _KernelCaches()
         self._gpu: bool | None = None
         self._streams: dict[int, Any] = {}  # device -> plancache's own non-blocking stream
         # A forked child (a DataLoader worker, say) must not reuse the parent's handles. The
@@ -490,19 +512,10 @@ class CudnnBackend:
     def after_fork(self) -> None:
         self.handles.forget()
         self._streams = {}
-        self._kernel_caches = {}
+        self._kernel_caches = _KernelCaches()
         self._gpu = None
 
     # ------------------------------------------------------------------ kernel cache
-
-    def _kernel_cache(self) -> Any:
-        device = self.current_device()
-        cache = self._kernel_caches.get(device)
-        if cache is None:
-            cache = self._kernel_caches[device] = _cudnn().create_kernel_cache()
-            # attached after the graph was keyed: the key must not see it as the caller's
-            mark_shared_kernel_cache(cache)
-        return cache
 
     def attach_kernel_cache(self, graph: Any) -> bool:
         """Give a dynamic-shape graph the shared kernel cache, unless it brought its own.
@@ -510,12 +523,13 @@ class CudnnBackend:
         kwargs = getattr(graph, "_cpp_graph_kwargs", None)
         if kwargs is None or not kwargs.get("is_dynamic_shape_enabled"):
             return False
+        device = self.current_device()
         if kwargs.get("kernel_cache") is None:
             # The pygraph forwards these keyword arguments to the backend graph when it
             # lowers, which has not happened yet: setting it now equals passing it at
             # construction.
-            kwargs["kernel_cache"] = self._kernel_cache()
-        return kwargs["kernel_cache"] is self._kernel_caches.get(self.current_device())
+            kwargs["kernel_cache"] = self._kernel_caches.ensure(device)
+        return kwargs["kernel_cache"] is self._kernel_caches.get(device)
 
     def kernel_cache_blob(self) -> bytes | None:
         """The shared kernel cache of the current device, serialized; None if unused."""
@@ -524,7 +538,7 @@ class CudnnBackend:
 
     def restore_kernel_cache(self, blob: bytes) -> None:
         """Fill the shared kernel cache from a stored blob (same environment only)."""
-        self._kernel_cache().deserialize(blob.decode())
+        self._kernel_caches.ensure(self.current_device()).deserialize(blob.decode())
 
     # ------------------------------------------------------------------ devices
 

@@ -27,9 +27,9 @@ _BUILDER_OUTPUTS = {"SDPA": {"O", "Stats"}, "SDPA_FP8": {"O", "Stats", "Amax_S",
 
 
 def _cudnn() -> Any:
-    import cudnn  # only when replaying: building pygraphs needs no GPU
+    from .cudnn_backend import cudnn_module  # only when replaying: building pygraphs needs no GPU
 
-    return cudnn
+    return cudnn_module()
 
 
 def _op_table(cudnn: Any, kind: str) -> tuple[str, Mapping[str, Any]] | None:

@@ -162,10 +162,12 @@ def _dtype_slow(value: Any, where: Where) -> str | None:
     if isinstance(value, enum.Enum):
         name = f"{type(value).__name__}.{value.name}"
     elif type(value).__module__ == "torch":
+        # The frontend's own mapping, from the module the caller's graph was made with.
+        library_type = getattr(sys.modules.get("cudnn.datatypes"), "_library_type", None)
         try:
-            from cudnn.datatypes import _library_type  # the caller's graph imported cudnn already
-
-            converted = _library_type(value)
+            if library_type is None:
+                raise LookupError("cuDNN Frontend is not imported")
+            converted = library_type(value)
         except Exception as exc:
             raise _refuse(
                 f"{_text(where)} has data type {value}, which cuDNN has no type for", reason="unsupported dtype"
@@ -604,8 +606,8 @@ def describe(graph: Any, tag: str | None = None, *, auto_uids: bool = False) -> 
     numbered it with (what ``t.get_uid()`` returns, and what the graph executes with), as
     if it had been set, instead of refusing it. The description is the one the same graph
     with those uids set would have, and the graph is not changed. For callers that run the
-    graph through the frontend itself (``plancache.frontend``): a plan stored under numbered
-    uids binds them only in a graph built in the same order.
+    graph through the frontend itself (``integrations.frontend``): a plan stored under
+    numbered uids binds them only in a graph built in the same order.
 
     Raises ``InvalidGraphError`` for a caller tensor without a uid (unless ``auto_uids``),
     two tensors sharing a uid, an empty graph, a callable without a tag, or a value

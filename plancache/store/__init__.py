@@ -1,6 +1,7 @@
 """Storage: the SQLite plan store (``store``), what a row holds and the one check of
-whether it may be served (``entry``), recovery from damage (``recovery``) and offline
-maintenance (``maintenance``: verify, prune, listings)."""
+whether it may be served (``entry``), recovery from damage (``recovery``), entries taken
+out of service (``quarantine``) and offline maintenance (``maintenance``: verify, prune,
+listings)."""
 
 from .entry import NEVER_CHECKED, Entry, problem, sha256, summarize
 from .store import BUSY_TIMEOUT_MS, DB_NAME, Store, default_cache_dir, migrations

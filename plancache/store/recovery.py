@@ -10,19 +10,22 @@ healthy store aside for them would lose every entry.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import StoreBusyError
+from ..errors import StoreBusyError, StoreError
 from .entry import INSERT_SQL, Entry, problem
 
-__all__ = ["Recovery", "is_damage", "is_locked", "is_undecodable", "lenient_text"]
+__all__ = ["Recovery", "is_damage", "is_locked", "is_undecodable", "lenient_text", "reads"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("plancache")
 
@@ -56,6 +59,21 @@ def lenient_text(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         yield conn
     finally:
         conn.text_factory = old
+
+
+def reads(method: Callable[..., T]) -> Callable[..., T]:
+    """A read of the store (a method of ``Store`` or one of its base classes): SQLite's own
+    errors become ``StoreError`` naming the file, so callers catch one plancache error (and
+    the builtin ``OSError`` it subclasses)."""
+
+    @functools.wraps(method)
+    def read(self: Any, *args: Any, **kwargs: Any) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read plan store {self.path}: {exc}", path=str(self.path)) from exc
+
+    return read
 
 
 def _readable_entries(src: sqlite3.Connection) -> list[Entry]:

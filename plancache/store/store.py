@@ -1,5 +1,7 @@
 """The SQLite plan store: open, migrate, get, put, evict. Knows nothing of GPUs. What a row
-holds is ``entry.Entry``; ``Store.verify`` and ``Store.prune`` run in ``maintenance``.
+holds is ``entry.Entry``. Its base classes open the file (``schema.Schema``), handle damage
+(``recovery.Recovery``) and take entries out of service (``quarantine.Quarantine``);
+``verify`` and ``prune`` run in ``maintenance``.
 
 Habits: WAL set once at creation; on every connection a busy timeout and
 ``synchronous=NORMAL``; one connection per thread, reopened after ``fork``; writes in short
@@ -14,27 +16,24 @@ reliable there. Use the Redis tier to share plans between machines.
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import logging
 import os
 import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from ..config import flag_from_env
 from ..errors import DamagedEntryError, StoreBusyError, StoreError
 from .entry import INSERT_SQL, Entry, sha256
-from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text
+from .quarantine import Quarantine
+from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, reads
 from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir, migrations
 
 __all__ = ["BUSY_TIMEOUT_MS", "DB_NAME", "Store", "default_cache_dir", "migrations"]
-
-T = TypeVar("T")
 
 log = logging.getLogger("plancache")
 
@@ -64,21 +63,7 @@ def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
     return len(doomed)
 
 
-def _reads(method: Callable[..., T]) -> Callable[..., T]:
-    """A read of the store: SQLite's own errors become ``StoreError`` naming the file, so
-    callers catch one plancache error (and the builtin ``OSError`` it subclasses)."""
-
-    @functools.wraps(method)
-    def read(self: Store, *args: Any, **kwargs: Any) -> T:
-        try:
-            return method(self, *args, **kwargs)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot read plan store {self.path}: {exc}", path=str(self.path)) from exc
-
-    return read
-
-
-class Store(Schema, Recovery):
+class Store(Schema, Recovery, Quarantine):
     """The SQLite database of one cache directory.
 
     ``Store(directory)`` creates the directory (mode 0700) and database (0600) if needed,
@@ -233,7 +218,7 @@ class Store(Schema, Recovery):
     def delete(self, key: str) -> bool:
         return self._write("DELETE FROM plans WHERE key = ?", (key,)) > 0
 
-    @_reads
+    @reads
     def resolve(self, prefix: str) -> list[str]:
         """Full keys starting with ``prefix`` (at most two, enough to tell ambiguity)."""
         if not prefix or any(c not in "0123456789abcdef" for c in prefix.lower()):
@@ -243,50 +228,9 @@ class Store(Schema, Recovery):
         )
         return [r[0] for r in rows]
 
-    @_reads
+    @reads
     def keys(self) -> list[str]:
         return [r[0] for r in self.connection().execute("SELECT key FROM plans ORDER BY key")]
-
-    def quarantine(self, key: str, reason: str, *, identity: tuple[str, float] | None = None) -> bool:
-        """Move an entry out of service, keeping it (and its blob) for inspection.
-
-        ``identity``: ``(blob_sha256, created_at)`` of the row that was judged; only that
-        row is quarantined, so one that another process has since replaced (rebuilt
-        healthy) stays in service."""
-        if identity is None:
-            return self._quarantine_where("key = ?", (key,), reason)
-        return self._quarantine_where("key = ? AND blob_sha256 = ? AND created_at = ?", (key, *identity), reason)
-
-    def quarantine_rowid(self, rowid: int, reason: str) -> bool:
-        """``quarantine`` for a row whose key itself may be damaged (found by ``verify``)."""
-        return self._quarantine_where("rowid = ?", (rowid,), reason)
-
-    def _quarantine_where(self, where: str, values: tuple[Any, ...], reason: str) -> bool:
-        try:
-            with self.transaction() as tx, lenient_text(tx):
-                row = tx.execute(f"SELECT rowid AS row_id, * FROM plans WHERE {where}", values).fetchone()  # where: a constant
-                if row is None:
-                    return False
-                meta = {k: row[k] for k in row.keys() if k not in ("blob", "row_id")}  # noqa: SIM118 - iterating a Row gives values
-                tx.execute(
-                    "INSERT INTO quarantine (key, reason, quarantined_at, row_json, blob) VALUES (?, ?, ?, ?, ?)",
-                    (row["key"], reason, time.time(), json.dumps(meta), row["blob"]),
-                )
-                tx.execute("DELETE FROM plans WHERE rowid = ?", (row["row_id"],))
-                tx.execute(
-                    "INSERT INTO counters (name, value) VALUES ('quarantined', 1) "
-                    "ON CONFLICT(name) DO UPDATE SET value = value + 1"
-                )
-                return True
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot quarantine {str(values[0])[:12]} in {self.path}: {exc}", path=str(self.path)) from exc
-
-    @_reads
-    def quarantined(self) -> list[dict[str, Any]]:
-        rows = self.connection().execute(
-            "SELECT id, key, reason, quarantined_at, length(blob) AS blob_size FROM quarantine ORDER BY id"
-        )
-        return [dict(r) for r in rows]
 
     def bump(self, name: str, by: int = 1) -> None:
         self.bump_many({name: by})
@@ -306,13 +250,13 @@ class Store(Schema, Recovery):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot update counters in {self.path}: {exc}", path=str(self.path)) from exc
 
-    @_reads
+    @reads
     def counters(self) -> dict[str, int]:
         return {r[0]: r[1] for r in self.connection().execute("SELECT name, value FROM counters")}
 
     # ------------------------------------------------------------------ kernel caches
 
-    @_reads
+    @reads
     def get_kernel_cache(self, env_id: str) -> tuple[bytes, int | None] | None:
         row = (
             self.connection()
@@ -331,7 +275,7 @@ class Store(Schema, Recovery):
 
     # ------------------------------------------------------------------ size, age, health
 
-    @_reads
+    @reads
     def total_size(self) -> int:
         """Bytes of plan blobs stored, as the database tracks them (one row, no scan)."""
         row = self.connection().execute("SELECT value FROM totals WHERE name = 'plan_bytes'").fetchone()
@@ -346,7 +290,7 @@ class Store(Schema, Recovery):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot evict from plan store {self.path}: {exc}", path=str(self.path)) from exc
 
-    @_reads
+    @reads
     def stats(self) -> dict[str, Any]:
         conn = self.connection()
         row = conn.execute(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -14,11 +13,12 @@ from typing import Any
 
 from ..engines.backend import BuiltPlan, EngineChoice
 from ..engines.guest import known_captures, refuse_while_capturing
-from ..errors import BuildError, InvalidGraphError, TransientLoadError
-from ..key import BuildOptions, TensorSpec, canonical_json, describe, tensor_table
+from ..errors import TransientLoadError
+from ..key import BuildOptions, TensorSpec, canonical_json
 from .candidates import CpuCandidates
 from .device import CudaError, SimulatedCuda
 from .kernels import evaluate, fault, scratch_bytes, stage_outputs
+from .planning import plan_once
 
 __all__ = ["MAGIC", "CpuTestBackend", "TwoDeviceCpuTestBackend", "summary_of_ops"]
 
@@ -239,49 +239,9 @@ class CpuTestBackend:
 
     # ------------------------------------------------------------------ building
 
-    def _describe_with_shapes(self, graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]:
-        """Description plus a tensor table whose output shapes come from a reference run."""
-        import torch
-
-        description = describe(graph)
-        table = tensor_table(graph)
-        values: dict[str, Any] = {}
-        for spec in table:
-            if spec.is_output:
-                continue
-            if not spec.dims:
-                raise InvalidGraphError(f"input tensor {spec.name!r} has no dims", node=None, reason="no dims")
-            values[f"u{spec.uid}"] = torch.zeros(spec.dims) if not spec.is_pass_by_value else 1.0
-        try:
-            evaluate(description, values)
-        except NotImplementedError as exc:
-            raise BuildError(f"the CPU test backend cannot run {exc}", reason="unsupported by test backend") from exc
-        except (RuntimeError, ValueError, KeyError, IndexError) as exc:
-            raise InvalidGraphError(f"the graph is invalid: {exc}", node=None, reason=str(exc)) from exc
-        inferred = []
-        for spec in table:
-            if spec.is_output and not spec.dims:
-                out = values[f"u{spec.uid}"]
-                spec = dataclasses.replace(spec, dims=tuple(out.shape), strides=tuple(out.contiguous().stride()))
-            inferred.append(spec)
-        return description, inferred
-
     def _plan_once(self, graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]:
-        """Describe and mark ``graph`` planned, refusing one planned before (as cuDNN does)."""
-        self.cuda.check()
-        if getattr(graph, "_planning_done", False):
-            raise InvalidGraphError(
-                "the graph was already planned (create_execution_plans or build ran); pass a fresh pygraph",
-                node=None,
-                reason="already planned",
-            )
-        described = self._describe_with_shapes(graph)
-        freeze = getattr(graph, "_freeze", None)
-        if callable(freeze):
-            freeze()
-        with contextlib.suppress(AttributeError):
-            graph._planning_done = True
-        return described
+        """``planning.plan_once`` on this backend's simulated device."""
+        return plan_once(graph, self.cuda)
 
     def candidates(self, graph: Any, options: BuildOptions, description: Mapping[str, Any] | None = None,
                    inputs: Mapping[int, Any] | None = None) -> CpuCandidates:  # fmt: skip

@@ -2,7 +2,7 @@
 
 * ``memory.MemoryTier``: loaded, ready ``Plan`` objects of this process, LRU-bounded.
 * ``local.LocalTier``: the SQLite store of this machine.
-* ``plancache.remote.RemoteTier``: the Redis store of a fleet.
+* ``remote.RemoteTier``: the Redis store of a fleet.
 
 The stored tiers speak ``Entry``: ``get(key, env_id) -> Entry | None`` (a miss, or a
 failure they logged and counted) and ``put(entry) -> bool`` (False: not stored, logged).

@@ -57,17 +57,18 @@ Wiring into PlanCache._lookup_or_build (env_id = environment_id(key.parts["envir
 
 Bounded delay
 -------------
-Every call makes at most one attempt, with no client-side retries. An attempt that fails
-costs at most ``timeout`` per round trip: connect + command (+ AUTH with a password, + SELECT
-with a database number other than 0), so 0.5 s with the defaults and no password. After a
-failure the tier is skipped (calls return at once, counted as ``skipped``) for 1, 2, 4 ...
-``backoff_max`` seconds, with ONE warning per outage and an info line when Redis answers
-again. Time spent in failed calls adds up per process; once it reaches ``max_stall`` the
-tier switches itself off for the rest of the process (one more warning). So an unreachable,
-black-holed or hung Redis delays a process by at most ``max_stall`` plus one attempt (2.5 s
-with the defaults and no password) in total, however many lookups it makes. A dead Redis on a live host
-refuses connections in about a millisecond. ``lock(wait=...)`` waits on a healthy Redis are
-the caller's choice and not counted: ``lock(wait=W)`` returns within W plus one attempt.
+Every call (made through ``breaker.Breaker``) makes at most one attempt, with no
+client-side retries. An attempt that fails costs at most ``timeout`` per round trip:
+connect + command (+ AUTH with a password, + SELECT with a database number other than 0),
+so 0.5 s with the defaults and no password. After a failure the tier is skipped (calls
+return at once, counted as ``skipped``) for 1, 2, 4 ... ``backoff_max`` seconds, with ONE
+warning per outage and an info line when Redis answers again. Time spent in failed calls
+adds up per process; once it reaches ``max_stall`` the tier switches itself off for the
+rest of the process (one more warning). So an unreachable, black-holed or hung Redis delays
+a process by at most ``max_stall`` plus one attempt (2.5 s with the defaults and no
+password) in total, however many lookups it makes. A dead Redis on a live host refuses
+connections in about a millisecond. ``lock(wait=...)`` waits on a healthy Redis are the
+caller's choice and not counted: ``lock(wait=W)`` returns within W plus one attempt.
 Releasing a lock is the one call made while backing off (counted like the others, so the
 bound holds; skipped once the tier is switched off); renewals and release retries run on
 the lock's own daemon thread and delay no caller. Hostnames are resolved by the OS
@@ -79,31 +80,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import hashlib
 import hmac
 import inspect
-import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import RemoteError
 from ..store import Entry, problem
 from ..store.codec import decode_entry, encode_entry
-from .fleet_lock import CallMode, FleetLock
+from .breaker import COUNTERS, FAILED, Breaker
+from .fleet_lock import FleetLock
 
 if TYPE_CHECKING:
     import redis
 
 __all__ = ["COUNTERS", "FORMAT", "SIGNATURE_MAGIC", "RemoteTier", "sign_value"]
-
-log = logging.getLogger("plancache.remote")
-T = TypeVar("T")
 
 FORMAT = 1  # in every key: a new value layout gets new keys instead of refusals
 SIGNATURE_MAGIC = b"PLANCACHE-SIGNED/1\n"
@@ -111,26 +107,10 @@ _KEY_ID_SIZE = 8
 _TAG_SIZE = 32  # HMAC-SHA256
 _HEADER_SIZE = len(SIGNATURE_MAGIC) + _KEY_ID_SIZE + _TAG_SIZE
 MIN_SECRET_BYTES = 16  # a short secret can be guessed offline from one signed value
-COUNTERS = ("remote_hits", "remote_misses", "publishes", "refused", "errors", "lock_waits", "skipped")
 
 ENV_URL = "PLANCACHE_REDIS_URL"
 ENV_SECRET = "PLANCACHE_REDIS_SECRET"
 ENV_SECRET_FILE = "PLANCACHE_REDIS_SECRET_FILE"
-
-# What a write that Redis refuses for lack of memory costs, per call, for its one warning.
-_WHEN_FULL = {
-    "put": "the plan is still served from the local store",
-    "lock": "building without the fleet lock (another node may build the same plan)",
-}
-
-_monotonic = time.monotonic  # one name, so tests can drive the backoff clock
-
-
-class _Failed(enum.Enum):
-    FAILED = "failed"
-
-
-_FAILED = _Failed.FAILED
 
 
 class _Refused(ValueError):
@@ -296,21 +276,9 @@ class RemoteTier:
         self.max_stall = float(max_stall)
         self._redis = _import_redis()
         self._client = self._connect(url)
-        # Connection trouble backs the tier off; a server that answers with an error
-        # (full, read-only replica, no permission) is up, so only that call fails.
-        self._outage_errors = (self._redis.ConnectionError, self._redis.TimeoutError, OSError)
-        self._counters = dict.fromkeys(COUNTERS, 0)
-        self._counter_lock = threading.Lock()
-        self._state_lock = threading.Lock()
-        self._failures = 0  # consecutive failed attempts of the current outage
-        self._retry_at = 0.0  # monotonic time before which calls are skipped
-        self._stalled = 0.0  # seconds spent in failed calls, this process
-        self._disabled = False  # max_stall spent
-        self._outage_warned = False
-        self._warned: set[str] = set()
-        self._locks = FleetLock(
-            self._client, self._script_call, lock_ttl=self.lock_ttl, count=self._count, warn_once=self._warn_once
-        )
+        self._breaker = Breaker(self._redis, self.url, backoff_max=self.backoff_max, max_stall=self.max_stall)
+        self._locks = FleetLock(self._client, self._breaker.script_call, lock_ttl=self.lock_ttl, count=self._breaker.count,
+                                warn_once=self._breaker.warn_once)  # fmt: skip
 
     def _connect(self, url: str) -> redis.Redis:
         from redis.backoff import NoBackoff
@@ -357,8 +325,7 @@ class RemoteTier:
     @property
     def available(self) -> bool:
         """Whether the next call would reach out to Redis (not backing off, not switched off)."""
-        with self._state_lock:
-            return not self._disabled and _monotonic() >= self._retry_at
+        return self._breaker.available
 
     def redis_key(self, key: str, env_id: str) -> str:
         return f"{self.namespace}:v{FORMAT}:{env_id}:{key}"
@@ -366,33 +333,33 @@ class RemoteTier:
     def get(self, key: str, env_id: str) -> Entry | None:
         """The verified entry for ``key``, or None (miss, refusal or outage)."""
         name = self.redis_key(key, env_id)
-        value = self._call("get", lambda: self._client.get(name))
-        if value is _FAILED:
+        value = self._breaker.call("get", lambda: self._client.get(name))
+        if value is FAILED:
             return None
         if value is None:
-            self._count("remote_misses")
+            self._breaker.count("remote_misses")
             return None
         raw = value.encode() if isinstance(value, str) else bytes(value)  # str only if misconfigured
         entry = self._open(name, raw, key, env_id)
         if entry is not None:
-            self._count("remote_hits")
+            self._breaker.count("remote_hits")
         return entry
 
     def put(self, entry: Entry) -> bool:
         """Publish ``entry`` signed; True once Redis has stored it."""
         reason = problem(entry)
         if reason is not None:  # never spread a damaged local entry to the fleet
-            self._count("errors")
-            self._warn_once("put-checksum", "plancache: not publishing %s: %s", entry.key[:12], reason)
+            self._breaker.count("errors")
+            self._breaker.warn_once("put-checksum", "plancache: not publishing %s: %s", entry.key[:12], reason)
             return False
         # Usage counts are per node; a receiver starts from zero.
         neutral = dataclasses.replace(entry, hit_count=0, last_used_at=0.0)
         value = sign_value(encode_entry(neutral), self._secret)
         name = self.redis_key(entry.key, entry.env_id)
-        stored = self._call("put", lambda: self._client.set(name, value, ex=self.ttl))
-        if stored is _FAILED or not stored:
+        stored = self._breaker.call("put", lambda: self._client.set(name, value, ex=self.ttl))
+        if stored is FAILED or not stored:
             return False
-        self._count("publishes")
+        self._breaker.count("publishes")
         return True
 
     def lock(self, key: str, env_id: str, wait: float) -> contextlib.AbstractContextManager[bool]:
@@ -405,8 +372,7 @@ class RemoteTier:
         return self._locks.hold(self.redis_key(key, env_id), wait)
 
     def stats(self) -> dict[str, Any]:
-        with self._counter_lock:
-            counters: dict[str, Any] = dict(self._counters)
+        counters: dict[str, Any] = self._breaker.counters()
         counters.update(available=self.available, url=self.url, namespace=self.namespace, key_id=self.key_id)
         return counters
 
@@ -419,16 +385,6 @@ class RemoteTier:
         return f"RemoteTier({self.url!r}, namespace={self.namespace!r})"
 
     # ------------------------------------------------------------------ internals
-
-    def _count(self, name: str, by: int = 1) -> None:
-        with self._counter_lock:
-            self._counters[name] += by
-
-    def _warn_once(self, topic: str, message: str, *args: Any) -> None:
-        with self._counter_lock:
-            first = topic not in self._warned
-            self._warned.add(topic)
-        log.log(logging.WARNING if first else logging.DEBUG, message, *args)
 
     def _open(self, name: str, value: bytes, key: str, env_id: str) -> Entry | None:
         """Verify, then decode; anything doubtful is refused and counted, never raised."""
@@ -445,84 +401,10 @@ class RemoteTier:
         return dataclasses.replace(entry, hit_count=0, last_used_at=time.time())
 
     def _refuse(self, name: str, kind: str, detail: str) -> None:
-        self._count("refused")
-        self._warn_once(
+        self._breaker.count("refused")
+        self._breaker.warn_once(
             f"refused-{kind}",
             "plancache: refused Redis entry %s: %s; building locally instead (see `refused` in stats)",
             name,
             detail,
         )
-
-    def _call(self, what: str, op: Callable[[], T], mode: CallMode = "normal") -> T | Literal[_Failed.FAILED]:
-        """Run one Redis command, or skip it while backing off; never raises. ``mode``: see
-        ``fleet_lock.CallMode`` (releases are made while backing off; the lock's thread
-        calls whatever the state, uncounted against max_stall since no caller waits)."""
-        if mode != "background":
-            with self._state_lock:
-                skip = self._disabled or (mode == "normal" and _monotonic() < self._retry_at)
-            if skip:
-                self._count("skipped")
-                return _FAILED
-        started = time.perf_counter()  # real time even when tests drive _monotonic
-        try:
-            result = op()
-        except self._outage_errors as exc:
-            if mode == "background":  # the caller-facing calls warn about the outage
-                log.debug("plancache: Redis %s did not answer %s (%s: %s)", self.url, what, type(exc).__name__, exc)
-            else:
-                self._outage(what, exc, time.perf_counter() - started)
-            return _FAILED
-        except self._redis.RedisError as exc:
-            self._recovered()
-            self._rejected(what, exc)
-            return _FAILED
-        self._recovered()
-        return result
-
-    def _script_call(self, what: str, op: Callable[[], Any], mode: CallMode) -> int | None:
-        """``_call`` for the lock's scripts, whose replies are integers: None when it failed."""
-        result = self._call(what, op, mode)
-        return None if result is _FAILED else int(result)
-
-    def _rejected(self, what: str, exc: BaseException) -> None:
-        """Redis answered with an error: it is up (no backoff); only this call failed."""
-        self._count("errors")
-        if isinstance(exc, self._redis.exceptions.OutOfMemoryError) and what in _WHEN_FULL:
-            # maxmemory reached, under any policy: allkeys-lru first evicts what it can,
-            # then still refuses a value larger than the memory that frees.
-            self._warn_once(f"full-{what}", "plancache: Redis %s rejected %s: it is full (%s); %s. Logged once, counted in `errors`",
-                            self.url, "a publish" if what == "put" else "the fleet lock", exc, _WHEN_FULL[what])  # fmt: skip
-        else:
-            self._warn_once(f"rejected-{what}", "plancache: Redis %s rejected %s (%s); continuing locally", self.url, what, exc)
-
-    def _outage(self, what: str, exc: BaseException, elapsed: float) -> None:
-        self._count("errors")
-        with self._state_lock:
-            now = _monotonic()
-            self._stalled += elapsed
-            if now >= self._retry_at:  # concurrent failures of one attempt back off once
-                self._failures += 1
-                self._retry_at = now + min(self.backoff_max, 2.0 ** (self._failures - 1))
-            first, self._outage_warned = not self._outage_warned, True
-            give_up = self._stalled >= self.max_stall and not self._disabled
-            self._disabled = self._disabled or give_up
-            delay = self._retry_at - now
-        if first:
-            log.warning(
-                "plancache: Redis tier %s unreachable on %s (%s: %s); working locally, retrying in %.0f s "
-                "(backing off to %.0f s)",
-                self.url, what, type(exc).__name__, exc, delay, self.backoff_max,
-            )  # fmt: skip
-        if give_up:
-            log.warning(
-                "plancache: Redis tier %s cost %.1f s in failed calls (max_stall %.1f s); "
-                "switched off until this process restarts",
-                self.url, self._stalled, self.max_stall,
-            )  # fmt: skip
-
-    def _recovered(self) -> None:
-        if not self._outage_warned:  # the common case: no lock taken
-            return
-        with self._state_lock:
-            failures, self._failures, self._retry_at, self._outage_warned = self._failures, 0, 0.0, False
-        log.info("plancache: Redis tier %s answers again (after %d failed attempts)", self.url, failures)

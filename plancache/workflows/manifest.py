@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cache.recording import MANIFEST_VERSION, record_to, recorder_from_env, write_json
 from ..errors import ManifestError
 from ..key import HEURISTIC_MODES, POLICIES, BuildOptions
-from ..recording import MANIFEST_VERSION, record_to, recorder_from_env, write_json
 from . import templates
 
 __all__ = [

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ..cache.priming import Primer
 from ..key import BuildOptions, environment_id
-from ..priming import Primer
 from .steps import Entries, build_report, check_one, describe_failure, error_record, load_entries, run_each, run_here, timed
 
 __all__ = ["Primer", "dry_run", "prewarm", "prime", "warm_start"]

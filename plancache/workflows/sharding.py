@@ -164,7 +164,7 @@ def _worker_main(device: int, conn: Any, factory: Callable[[], Any], config: dic
     try:
         backend = factory()
         backend.use_device(device)  # torch.cuda.set_device for cuDNN: before the cache does any CUDA work
-        from ..cache import PlanCache
+        from ..cache.cache import PlanCache
 
         cache = PlanCache(backend=backend, **config)
     except Exception as exc:  # reported by the parent with this worker's exit code

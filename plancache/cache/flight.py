@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import LockTimeoutError
+from ..errors import LockTimeoutError
 
 log = logging.getLogger("plancache")
 

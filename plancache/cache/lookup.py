@@ -1,5 +1,5 @@
 """The lookup behind ``PlanCache.get``: stored tiers, then the key's single flight, then
-a repair or a build. Each step reads like the life of a lookup in cache.py's docstring.
+a repair or a build. Each step reads like the life of a lookup in ``cache``'s docstring.
 
 Reads take no lock and write nothing: an entry that ``store.entry.problem`` finds unsound
 is only a miss there. Inside the single flight, the same entry is judged again, and only
@@ -15,16 +15,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .engines.autotune import AutotuneResult, TimingPolicy, autotune
-from .engines.backend import Backend, BuiltPlan, EngineChoice
-from .errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
+from ..engines.autotune import AutotuneResult, TimingPolicy, autotune
+from ..engines.backend import Backend, BuiltPlan, EngineChoice
+from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
+from ..key import BuildOptions, CacheKey, TensorSpec, environment_id
+from ..runtime.plan import Plan, names_of
+from ..store import NEVER_CHECKED, Entry, problem, sha256, summarize
+from ..tiers.local import LocalTier
+from ..tiers.memory import LRU
 from .flight import SingleFlight
-from .key import BuildOptions, CacheKey, TensorSpec, environment_id
+from .kernel_cache import KernelCache
 from .loads import Loads
-from .plan import Plan, names_of
-from .store import NEVER_CHECKED, Entry, problem, sha256, summarize
-from .tiers.local import LocalTier
-from .tiers.memory import LRU
 
 __all__ = ["LOAD_FAILED", "Lookup"]
 
@@ -50,9 +51,7 @@ class Lookup:
         self.counters = counters
         self._warn_once = warn
         self._environment = environment
-        self.persist_kernel_cache = persist_kernel_cache
-        self._kernel_cache_restored = False
-        self._kernel_cache_digest: str | None = None
+        self.kernel_cache = KernelCache(backend, local, counters, warn, persist_kernel_cache)
         self.loads = Loads()
 
     def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None) -> Plan:
@@ -214,7 +213,7 @@ class Lookup:
             return None
         started = time.perf_counter()
         try:
-            from .engines.replay import rebuild_graph
+            from ..engines.replay import rebuild_graph
 
             built = self.backend.rebuild(rebuild_graph(key.parts["graph"]), engine, options)
         except Exception as exc:
@@ -234,7 +233,7 @@ class Lookup:
         started = time.perf_counter()
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
         if dynamic:
-            self._restore_kernel_cache(key)  # only with persist_kernel_cache
+            self.kernel_cache.restore(environment_id(key.parts["environment"]))
         cands = self.backend.candidates(graph, options, key.parts["graph"], inputs)
         try:
             result = autotune(cands, options, self.timing)
@@ -242,8 +241,8 @@ class Lookup:
         finally:
             cands.close()
         self.counters["builds"] += 1
-        if dynamic and self.persist_kernel_cache:
-            self._save_kernel_cache(key)
+        if dynamic:
+            self.kernel_cache.save(environment_id(key.parts["environment"]))
         if not result.persist:
             return self._unpersisted(key, built, result, device)
         if not persist:  # the stored entry could not be loaded: it stays as it is
@@ -271,15 +270,7 @@ class Lookup:
     def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
                  timing: dict[str, Any], build_seconds: float, autotune_seconds: float,
                  check: dict[str, Any] | None) -> None:  # fmt: skip
-        now = time.time()
-        entry = Entry(
-            key=key.digest, env_id=environment_id(key.parts["environment"]), label=summarize(key.parts["graph"]),
-            description=key.parts["graph"], environment=key.parts["environment"], options=key.parts["options"],
-            tensors=[t.to_dict() for t in built.tensors], blob=built.blob, blob_sha256=sha256(built.blob),
-            engine=built.engine.to_dict() if built.engine else None, workspace_size=built.workspace_size,
-            policy=policy, candidates=candidates, timing=timing, build_seconds=build_seconds,
-            autotune_seconds=autotune_seconds, backend=self.backend.name, created_at=now, last_used_at=now, check=check,
-        )  # fmt: skip
+        entry = _entry(key, built, self.backend.name, policy, candidates, timing, build_seconds, autotune_seconds, check)
         if not self.local.put(entry):
             self.counters["unpersisted"] += 1
         if self.remote is not None:
@@ -290,34 +281,19 @@ class Lookup:
         return Plan(key=digest, backend=self.backend, native=native, tensors=tensors, workspace_size=workspace,
                     engine=engine, source=source, device=device)  # fmt: skip
 
-    # ------------------------------------------------------------------ kernel cache
 
-    def _restore_kernel_cache(self, key: CacheKey) -> None:
-        """Before this process's first dynamic-shape build: load the stored kernel cache of
-        this environment (never another's: it is stored under the environment id)."""
-        if self._kernel_cache_restored or not self.persist_kernel_cache:
-            return
-        self._kernel_cache_restored = True
-        blob = self.local.kernel_cache(environment_id(key.parts["environment"]))
-        if blob is None:
-            return
-        try:
-            self.backend.restore_kernel_cache(blob)
-        except Exception as exc:  # a refused kernel cache only costs compile time
-            self._warn_once("kernel-cache", "plancache: the stored kernel cache was refused (%s); building without it", exc)
-            return
-        self._kernel_cache_digest = sha256(blob)
-        self.counters["kernel_cache_restores"] += 1
-
-    def _save_kernel_cache(self, key: CacheKey) -> None:
-        """After a dynamic-shape build: store the kernel cache if it changed."""
-        blob = self.backend.kernel_cache_blob()
-        if (
-            blob
-            and sha256(blob) != self._kernel_cache_digest
-            and self.local.put_kernel_cache(environment_id(key.parts["environment"]), blob)
-        ):
-            self._kernel_cache_digest = sha256(blob)
+def _entry(key: CacheKey, built: BuiltPlan, backend: str, policy: str, candidates: list[dict[str, Any]],
+           timing: dict[str, Any], build_seconds: float, autotune_seconds: float, check: dict[str, Any] | None) -> Entry:  # fmt: skip
+    """The stored form of a plan just built or rebuilt: the plan and everything about how it was made."""
+    now = time.time()
+    return Entry(
+        key=key.digest, env_id=environment_id(key.parts["environment"]), label=summarize(key.parts["graph"]),
+        description=key.parts["graph"], environment=key.parts["environment"], options=key.parts["options"],
+        tensors=[t.to_dict() for t in built.tensors], blob=built.blob, blob_sha256=sha256(built.blob),
+        engine=built.engine.to_dict() if built.engine else None, workspace_size=built.workspace_size,
+        policy=policy, candidates=candidates, timing=timing, build_seconds=build_seconds,
+        autotune_seconds=autotune_seconds, backend=backend, created_at=now, last_used_at=now, check=check,
+    )  # fmt: skip
 
 
 def _engine_of(engine: Mapping[str, Any] | None) -> EngineChoice | None:

@@ -22,7 +22,7 @@ graph without the pass-by-value constants its nodes held, so its own output coul
 loaded again.
 
 This reaches into the frontend's private state, which is why ``FRONTEND_VERSIONS`` lists
-the frontend versions it was checked against; ``plancache.frontend`` keeps the frontend's
+the frontend versions it was checked against; ``frontend`` keeps the frontend's
 own behaviour on any other. A backend other than cuDNN (the CPU test backend) registers how
 its plans become a lowered graph in ``ADOPTERS``.
 """
@@ -34,8 +34,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .engines.backend import EngineChoice
-    from .plan import Plan
+    from ..engines.backend import EngineChoice
+    from ..runtime.plan import Plan
 
 __all__ = ["ADOPTERS", "FRONTEND_VERSIONS", "AdoptionError", "StoredPlanGraph", "adopt", "missing_state"]
 

@@ -1,17 +1,19 @@
 """PlanCache: key -> memory -> local store -> fleet -> single flight -> build.
 
-The life of a lookup (``get``), top to bottom, each step in the module named after it:
+The life of a lookup (``get``), top to bottom, each step in the module named after it
+(``lookup`` drives the steps below memory):
 
 1. ``key``: describe the graph, add the environment of the caller's current device and the
    build options, hash.
 2. ``tiers.memory``: a loaded plan of this process? Return it under the caller's names.
-3. ``tiers.local`` then the remote tier: a stored entry that ``store.entry.problem`` finds
+3. ``cache.loads``: one thread per key and device goes on; the others wait for its plan.
+4. ``tiers.local`` then the remote tier: a stored entry that ``store.entry.problem`` finds
    sound is loaded onto the device and kept in memory. Nothing is written, nothing waited
    for: an unsound entry is only a miss here.
-4. ``flight``: the key's single flight (thread, then file, then fleet lock). Inside it,
-   look again (someone may have built it meanwhile); an unsound entry is quarantined (that
-   row, not whatever the key holds by then) and rebuilt from its engine and knobs on a
-   replayed graph; otherwise ``build.autotune`` picks a plan, which is stored.
+5. ``cache.flight``: the key's single flight (thread, then file, then fleet lock). Inside
+   it, look again (someone may have built it meanwhile); an unsound entry is quarantined
+   (that row, not whatever the key holds by then) and rebuilt from its engine and knobs on
+   a replayed graph; otherwise ``engines.autotune`` picks a plan, which is stored.
 
 A busy, full, read-only or damaged store turns into misses and unpersisted plans, never
 into a failure: the caller gets a working plan, or a clear error about their own input.
@@ -24,21 +26,22 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
+from ..config import auto_prime_from_env, max_size_from_env
+from ..engines.autotune import TimingPolicy
+from ..engines.backend import Backend
+from ..errors import PlanCacheError
+from ..key import BuildOptions, CacheKey, canonical_json, describe, environment_id, make_key
+from ..runtime.plan import Plan, names_of
+from ..tiers.local import LocalTier
+from ..tiers.memory import LRU, max_plans_from_env
 from .builder import plan_builder
-from .config import auto_prime_from_env, max_size_from_env
-from .engines.autotune import TimingPolicy
-from .engines.backend import Backend
-from .errors import PlanCacheError
 from .flight import SingleFlight
-from .key import BuildOptions, CacheKey, canonical_json, describe, environment_id, make_key
 from .lookup import Lookup
-from .plan import Plan, names_of
 from .priming import Primer, app_name
 from .recording import recorder_from_env
-from .tiers.local import LocalTier
-from .tiers.memory import LRU, max_plans_from_env
 
 __all__ = ["PlanCache"]
 
@@ -50,7 +53,7 @@ _COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "
 
 
 def _default_backend() -> Backend:
-    from .engines.cudnn_backend import CudnnBackend  # the only cuDNN import, and only when used
+    from ..engines.cudnn_backend import CudnnBackend  # the only cuDNN import, and only when used
 
     return CudnnBackend()
 
@@ -59,7 +62,7 @@ def _remote_from_env() -> Any:
     """The Redis tier when ``PLANCACHE_REDIS_URL`` is set (redis is imported only then)."""
     if not os.environ.get("PLANCACHE_REDIS_URL", "").strip():
         return None
-    from .tiers.remote import RemoteTier
+    from ..tiers.remote import RemoteTier
 
     return RemoteTier.from_env()
 
@@ -117,15 +120,8 @@ class PlanCache:
         self.directory = self.local.directory
         self.memory: LRU[tuple[str, int], Plan] = LRU(max_plans if max_plans is not None else max_plans_from_env())
         self.remote = remote if remote is not None else _remote_from_env()
-        # The build locks need only a writable directory, not a working store: processes that
-        # cannot store plans must still not autotune the same key at once.
-        writable = (
-            self.local.refused is None
-            and os.access(self.directory, os.W_OK)
-            and not (self.local.store is not None and self.local.store.read_only)
-        )
-        lock_dir = self.directory / "locks" if writable else None
-        self.flight = SingleFlight(lock_dir, timeout=lock_timeout, remote=self.remote, warn=self._warn_once, count=self._count)
+        self.flight = SingleFlight(_lock_directory(self.local), timeout=lock_timeout, remote=self.remote, warn=self._warn_once,
+                                   count=self._count)  # fmt: skip
         self.lock_timeout = lock_timeout
         self.persist_kernel_cache = persist_kernel_cache
         self._environments: dict[int, tuple[dict[str, Any], str]] = {}
@@ -142,14 +138,7 @@ class PlanCache:
             self._warn_once(
                 "read-only", "plancache: %s is read-only: stored plans are served, new ones stay in memory", self.directory
             )
-        # Flush batched hit counts when the process ends; weakly, so the cache can be freed.
-        ref = weakref.ref(self)
-        atexit_flush = functools.partial(_flush_at_exit, ref)
-        import atexit
-
-        atexit.register(atexit_flush)
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=functools.partial(_after_fork, ref))
+        _watch_process(self)
         #: The auto-prime thread of this cache (None when off or without a store).
         self.primer: Primer | None = None
         if auto_prime and self.local.available:
@@ -319,6 +308,27 @@ class PlanCache:
         after = getattr(self.remote, "after_fork", None)
         if callable(after):
             after()
+
+
+def _lock_directory(local: LocalTier) -> Path | None:
+    """Where the build locks go: ``locks/`` of a writable cache directory. They need only the
+    directory, not a working store: processes that cannot store plans must still not
+    autotune the same key at once."""
+    writable = (
+        local.refused is None and os.access(local.directory, os.W_OK) and not (local.store is not None and local.store.read_only)
+    )
+    return local.directory / "locks" if writable else None
+
+
+def _watch_process(cache: PlanCache) -> None:
+    """Flush the cache's batched hit counts when the process ends, and let a forked child
+    start clean; weakly, so the cache can be freed."""
+    import atexit
+
+    ref = weakref.ref(cache)
+    atexit.register(functools.partial(_flush_at_exit, ref))
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=functools.partial(_after_fork, ref))
 
 
 def _flush_at_exit(ref: weakref.ref[PlanCache]) -> None:

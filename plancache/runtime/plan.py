@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .engines.backend import Backend, EngineChoice
-from .engines.tensors import TORCH_DTYPES, Expect, tensor_problems
-from .errors import ExecutionError, TensorMismatchError
-from .key import TensorSpec
+from ..engines.backend import Backend, EngineChoice
+from ..engines.tensors import TORCH_DTYPES, Expect, tensor_problems
+from ..errors import ExecutionError, TensorMismatchError
+from ..key import TensorSpec
 
 __all__ = ["TORCH_DTYPES", "Plan", "names_of"]
 

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from .key import BuildOptions
-from .plan import Plan
-from .tiers.memory import LRU
+from ..key import BuildOptions
+from ..runtime.plan import Plan
+from ..tiers.memory import LRU
 
 
 class _Cache(Protocol):

@@ -42,7 +42,7 @@ from collections.abc import Callable, Hashable
 from types import FrameType
 from typing import Any
 
-from .errors import PlanCacheNotice
+from ..errors import PlanCacheNotice
 
 __all__ = ["current", "graph_cache", "install", "install_from_environment", "installed", "jit", "plan_graph", "plan_of",
            "uninstall", "use"]  # fmt: skip
@@ -75,7 +75,7 @@ def current() -> Any:
     global _cache
     with _lock:
         if _cache is None:
-            from .cache import PlanCache
+            from ..cache.cache import PlanCache
 
             _cache = PlanCache()
         return _cache

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .key import BuildOptions, CacheKey, canonical_json
+from ..key import BuildOptions, CacheKey, canonical_json
 
 __all__ = ["MANIFEST_VERSION", "record_to", "recorder_from_env", "write_json"]
 

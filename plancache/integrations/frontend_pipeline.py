@@ -34,14 +34,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidGraphError
+from ..errors import InvalidGraphError
 from .frontend_adopt import FRONTEND_VERSIONS, adopt, missing_state
 
 if TYPE_CHECKING:
-    from .cache import PlanCache
-    from .engines.backend import EngineChoice
-    from .key import BuildOptions
-    from .plan import Plan
+    from ..cache.cache import PlanCache
+    from ..engines.backend import EngineChoice
+    from ..key import BuildOptions
+    from ..runtime.plan import Plan
 
 __all__ = ["Interceptor", "Planner", "Refusal", "inside", "plan_of"]
 
@@ -192,7 +192,7 @@ class Planner:
     def _options(self, cache: PlanCache, graph: Any, heuristics: Any) -> BuildOptions:
         """The cache's options, with the caller's heuristic modes and the tighter of the
         caller's and the cache's workspace limits: both change which plan is chosen."""
-        from .key import HEURISTIC_MODES
+        from ..key import HEURISTIC_MODES
 
         modes = _mode_names(heuristics if heuristics is not None else _default_modes())
         unknown = [m for m in modes if m not in HEURISTIC_MODES]
@@ -203,7 +203,7 @@ class Planner:
         return dataclasses.replace(cache.options, heuristic_modes=modes, workspace_limit=min(limits) if limits else None)
 
     def _describe(self, graph: Any) -> dict[str, Any]:
-        from .key import describe
+        from ..key import describe
 
         try:
             return describe(graph, auto_uids=True)
@@ -215,7 +215,7 @@ class Planner:
 
     def _replay(self, description: dict[str, Any]) -> Any:
         """A graph of plancache's own, keyed alike: the cache autotunes it on a miss."""
-        from .engines.replay import rebuild_graph
+        from ..engines.replay import rebuild_graph
 
         try:
             return rebuild_graph(description)
@@ -248,8 +248,8 @@ class Planner:
         checksum), else, for a plan built by this process that could not be stored, its graph
         serialized. A Python-engine plan is refused: it deserializes only into an empty
         graph, never into the caller's."""
-        from .engines.backend import EngineChoice
-        from .store import sha256
+        from ..engines.backend import EngineChoice
+        from ..store import sha256
 
         blob, engine = None, plan.engine
         with contextlib.suppress(Exception):  # an unreadable entry: serialize below

@@ -1,0 +1,57 @@
+"""The kernel cache of dynamic-shape builds, kept in the store per environment.
+
+cuDNN shares compiled kernels between the dynamic-shape graphs of a process through one
+kernel cache. With ``persist_kernel_cache``, the stored one of this environment (never
+another's: it is stored under the environment id) is restored before the process's first
+dynamic-shape build, and stored again after a build that changed it, so a later process
+compiles fewer kernels. A kernel cache the backend refuses only costs compile time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..engines.backend import Backend
+from ..store import sha256
+from ..tiers.local import LocalTier
+
+__all__ = ["KernelCache"]
+
+
+class KernelCache:
+    """Restores and saves one environment's kernel cache for a lookup's dynamic builds."""
+
+    def __init__(self, backend: Backend, local: LocalTier, counters: dict[str, int], warn: Callable[..., None],
+                 persist: bool) -> None:  # fmt: skip
+        self.backend = backend
+        self.local = local
+        self.counters = counters
+        self._warn_once = warn
+        self.persist = persist
+        self._restored = False
+        self._digest: str | None = None  # of the blob stored or restored last
+
+    def restore(self, env_id: str) -> None:
+        """Before this process's first dynamic-shape build: load the stored kernel cache of
+        ``env_id``, once."""
+        if self._restored or not self.persist:
+            return
+        self._restored = True
+        blob = self.local.kernel_cache(env_id)
+        if blob is None:
+            return
+        try:
+            self.backend.restore_kernel_cache(blob)
+        except Exception as exc:  # a refused kernel cache only costs compile time
+            self._warn_once("kernel-cache", "plancache: the stored kernel cache was refused (%s); building without it", exc)
+            return
+        self._digest = sha256(blob)
+        self.counters["kernel_cache_restores"] += 1
+
+    def save(self, env_id: str) -> None:
+        """After a dynamic-shape build: store the kernel cache if it changed."""
+        if not self.persist:
+            return
+        blob = self.backend.kernel_cache_blob()
+        if blob and sha256(blob) != self._digest and self.local.put_kernel_cache(env_id, blob):
+            self._digest = sha256(blob)

@@ -1,0 +1,163 @@
+"""The Redis tier's calls, and its counters and warnings.
+
+Each call is one attempt that never raises. A call that gets no answer (refused, timed
+out, reset) starts an outage: calls are skipped for a backoff that doubles up to
+``backoff_max``, and once failed calls have cost ``max_stall`` seconds the tier is off for
+the rest of the process (the bound this makes: "Bounded delay" in ``remote``). A Redis
+that answers with an error (full, read-only replica, no permission) is up: only that call
+fails. Each kind of trouble is one warning, then debug lines.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+from .fleet_lock import CallMode
+
+__all__ = ["COUNTERS", "FAILED", "Breaker"]
+
+log = logging.getLogger("plancache.remote")
+T = TypeVar("T")
+
+COUNTERS = ("remote_hits", "remote_misses", "publishes", "refused", "errors", "lock_waits", "skipped")
+
+# What a write that Redis refuses for lack of memory costs, per call, for its one warning.
+_WHEN_FULL = {
+    "put": "the plan is still served from the local store",
+    "lock": "building without the fleet lock (another node may build the same plan)",
+}
+
+_monotonic = time.monotonic  # one name, so tests can drive the backoff clock
+
+
+class _Failed(enum.Enum):
+    FAILED = "failed"
+
+
+FAILED = _Failed.FAILED
+
+
+class Breaker:
+    """Runs the tier's Redis commands (``call``) and keeps its counters and warnings.
+
+    ``redis``: the redis-py module (its error classes tell an outage from a refusal);
+    ``url``: the tier's URL with the password hidden, for messages.
+    """
+
+    def __init__(self, redis: Any, url: str, *, backoff_max: float, max_stall: float) -> None:
+        self.url = url
+        self.backoff_max = backoff_max
+        self.max_stall = max_stall
+        self._redis = redis
+        # Connection trouble backs the tier off; a server that answers with an error
+        # (full, read-only replica, no permission) is up, so only that call fails.
+        self._outage_errors = (redis.ConnectionError, redis.TimeoutError, OSError)
+        self._counters = dict.fromkeys(COUNTERS, 0)
+        self._counter_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._failures = 0  # consecutive failed attempts of the current outage
+        self._retry_at = 0.0  # monotonic time before which calls are skipped
+        self._stalled = 0.0  # seconds spent in failed calls, this process
+        self._disabled = False  # max_stall spent
+        self._outage_warned = False
+        self._warned: set[str] = set()
+
+    @property
+    def available(self) -> bool:
+        """Whether the next call would reach out to Redis (not backing off, not switched off)."""
+        with self._state_lock:
+            return not self._disabled and _monotonic() >= self._retry_at
+
+    def count(self, name: str, by: int = 1) -> None:
+        with self._counter_lock:
+            self._counters[name] += by
+
+    def counters(self) -> dict[str, int]:
+        with self._counter_lock:
+            return dict(self._counters)
+
+    def warn_once(self, topic: str, message: str, *args: Any) -> None:
+        """A warning the first time per topic, debug lines after."""
+        with self._counter_lock:
+            first = topic not in self._warned
+            self._warned.add(topic)
+        log.log(logging.WARNING if first else logging.DEBUG, message, *args)
+
+    def call(self, what: str, op: Callable[[], T], mode: CallMode = "normal") -> T | Literal[_Failed.FAILED]:
+        """Run one Redis command, or skip it while backing off; never raises. ``mode``: see
+        ``fleet_lock.CallMode`` (releases are made while backing off; the lock's thread
+        calls whatever the state, uncounted against max_stall since no caller waits)."""
+        if mode != "background":
+            with self._state_lock:
+                skip = self._disabled or (mode == "normal" and _monotonic() < self._retry_at)
+            if skip:
+                self.count("skipped")
+                return FAILED
+        started = time.perf_counter()  # real time even when tests drive _monotonic
+        try:
+            result = op()
+        except self._outage_errors as exc:
+            if mode == "background":  # the caller-facing calls warn about the outage
+                log.debug("plancache: Redis %s did not answer %s (%s: %s)", self.url, what, type(exc).__name__, exc)
+            else:
+                self._outage(what, exc, time.perf_counter() - started)
+            return FAILED
+        except self._redis.RedisError as exc:
+            self._recovered()
+            self._rejected(what, exc)
+            return FAILED
+        self._recovered()
+        return result
+
+    def script_call(self, what: str, op: Callable[[], Any], mode: CallMode) -> int | None:
+        """``call`` for the lock's scripts, whose replies are integers: None when it failed."""
+        result = self.call(what, op, mode)
+        return None if result is FAILED else int(result)
+
+    def _rejected(self, what: str, exc: BaseException) -> None:
+        """Redis answered with an error: it is up (no backoff); only this call failed."""
+        self.count("errors")
+        if isinstance(exc, self._redis.exceptions.OutOfMemoryError) and what in _WHEN_FULL:
+            # maxmemory reached, under any policy: allkeys-lru first evicts what it can,
+            # then still refuses a value larger than the memory that frees.
+            self.warn_once(f"full-{what}", "plancache: Redis %s rejected %s: it is full (%s); %s. Logged once, counted in `errors`",
+                           self.url, "a publish" if what == "put" else "the fleet lock", exc, _WHEN_FULL[what])  # fmt: skip
+        else:
+            self.warn_once(f"rejected-{what}", "plancache: Redis %s rejected %s (%s); continuing locally", self.url, what, exc)
+
+    def _outage(self, what: str, exc: BaseException, elapsed: float) -> None:
+        self.count("errors")
+        with self._state_lock:
+            now = _monotonic()
+            self._stalled += elapsed
+            if now >= self._retry_at:  # concurrent failures of one attempt back off once
+                self._failures += 1
+                self._retry_at = now + min(self.backoff_max, 2.0 ** (self._failures - 1))
+            first, self._outage_warned = not self._outage_warned, True
+            give_up = self._stalled >= self.max_stall and not self._disabled
+            self._disabled = self._disabled or give_up
+            delay = self._retry_at - now
+        if first:
+            log.warning(
+                "plancache: Redis tier %s unreachable on %s (%s: %s); working locally, retrying in %.0f s "
+                "(backing off to %.0f s)",
+                self.url, what, type(exc).__name__, exc, delay, self.backoff_max,
+            )  # fmt: skip
+        if give_up:
+            log.warning(
+                "plancache: Redis tier %s cost %.1f s in failed calls (max_stall %.1f s); "
+                "switched off until this process restarts",
+                self.url, self._stalled, self.max_stall,
+            )  # fmt: skip
+
+    def _recovered(self) -> None:
+        if not self._outage_warned:  # the common case: no lock taken
+            return
+        with self._state_lock:
+            failures, self._failures, self._retry_at, self._outage_warned = self._failures, 0, 0.0, False
+        log.info("plancache: Redis tier %s answers again (after %d failed attempts)", self.url, failures)
