@@ -241,7 +241,7 @@ class _Candidates:
         found = timing_inputs(self.description, self.tensors, given, budget, int(torch.cuda.mem_get_info(self.device)[0]))
         if isinstance(found, str):
             return found
-        plan, spare = found
+        plan, _need, spare = found
         stream = self.backend.own_stream(self.device)  # non-blocking: never ordered with the legacy stream
         stream.wait_stream(self.caller_stream)  # the caller's tensors are ready
         # A generator of our own: autotuning must not move the caller's random number

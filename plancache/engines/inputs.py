@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import MemoryBudget, format_size
 from ..key import TensorSpec
 from .tensors import TORCH_DTYPES, storage_geometry
 
@@ -288,13 +289,11 @@ OUTPUT_COPIES = 3
 
 
 def timing_inputs(description: Mapping[str, Any], specs: Sequence[TensorSpec], given: Mapping[int, Any],
-                  budget: Any, free: int) -> tuple[InputPlan, int] | str:  # fmt: skip
+                  budget: MemoryBudget, free: int) -> tuple[InputPlan, int, int] | str:  # fmt: skip
     """What launching candidates on the caller's ``given`` tensors (already checked) and
-    synthetic ones needs: ``(plan, bytes left of the budget for a workspace)``, or why
-    nothing may be launched (a tensor of unknown role, ``budget`` (a ``MemoryBudget``) of
+    synthetic ones needs: ``(plan, bytes it takes, bytes left of the budget for a
+    workspace)``, or why nothing may be launched (a tensor of unknown role, ``budget`` of
     ``free`` device bytes exceeded)."""
-    from ..config import format_size
-
     plan = plan_inputs(description, specs, given)
     if isinstance(plan, str):
         return plan
@@ -302,4 +301,4 @@ def timing_inputs(description: Mapping[str, Any], specs: Sequence[TensorSpec], g
     if need > limit:
         return (f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} "
                 f"({budget.describe()}, PLANCACHE_AUTOTUNE_MEMORY)")  # fmt: skip
-    return plan, limit - need
+    return plan, need, limit - need

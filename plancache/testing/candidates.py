@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import MemoryBudget
 from ..engines.backend import BuiltPlan, EngineChoice
 from ..engines.consensus import tolerance
-from ..engines.inputs import OUTPUT_COPIES, materialize, timing_inputs
+from ..engines.inputs import materialize, timing_inputs
 from ..engines.tensors import checked_inputs
 from ..key import TensorSpec, canonical_json
 
@@ -73,8 +73,7 @@ class CpuCandidates:
         found = timing_inputs(self.description, self.tensors, given, budget, cuda.free_memory - cuda.allocated)
         if isinstance(found, str):
             return found
-        plan = found[0]
-        need = plan.device_bytes(output_copies=OUTPUT_COPIES)
+        plan, need, _spare = found
         cuda.allocate(need)
         self.allocated = need
         generator = torch.Generator().manual_seed(0)
