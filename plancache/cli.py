@@ -297,8 +297,10 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
     check = data.get("check") or {}
     yield f"check          {check_summary(check)}"
     for rejected in check.get("rejected") or []:
-        error = rejected.get("error")
-        yield f"  rejected     #{rejected.get('index')} {rejected.get('engine')}: error {f'{error:.3g}' if error is not None else 'not finite'}"
+        worst = rejected.get("worst")
+        far = f"the worst {worst:.3g} times its bound" if worst is not None else "non-finite or integer values differ"
+        yield (f"  rejected     #{rejected.get('index')} {rejected.get('engine')}: disagrees, {rejected.get('outside')} elements "
+               f"outside their bound ({100 * float(rejected.get('fraction') or 0):.2g}%), {far}")  # fmt: skip
     tried = [c for c in data["candidates"] if c.get("status") != "not_built"]
     if tried:
         yield "candidates:"
@@ -306,8 +308,9 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
             [[str(c["index"]), c["engine"].get("name", ""), c["status"],
               f"{c['median_ms']:.4f}" if c.get("median_ms") is not None else "-",
               f"{c['first_ms']:.4f}" if c.get("first_ms") is not None else "-",
+              str(c["outside"]) if c.get("outside") is not None else "-",
               f"{c['deviation']:.3g}" if c.get("deviation") is not None else "-"] for c in tried],
-            ["#", "ENGINE", "STATUS", "MEDIAN_MS", "FIRST_MS", "ERROR"]))  # fmt: skip
+            ["#", "ENGINE", "STATUS", "MEDIAN_MS", "FIRST_MS", "OUTSIDE", "WORST"]))  # fmt: skip
     if "explain" in data:
         yield "key parts:"
         for name, part in data["explain"].items():

@@ -11,6 +11,7 @@ import torch
 
 from plancache import BuildError, BuildOptions, BuiltPlan, EngineChoice, TimingPolicy
 from plancache.engines.autotune import autotune
+from plancache.engines.bounds import Bound
 
 
 class FakeCandidates:
@@ -56,8 +57,8 @@ class FakeCandidates:
         self.prepared = self.not_ready is None
         return self.not_ready
 
-    def tolerance(self) -> float:
-        return 0.01
+    def bounds(self) -> dict[int, Bound]:
+        return {1: Bound(relative=0.0025, absolute=0.0)}  # 1% of the value, at FAR = 4 bounds
 
     def outputs(self, index: int) -> dict[int, object]:
         assert self.prepared and index in self.build_calls and index not in self.failing
@@ -217,10 +218,14 @@ def test_a_wrong_candidate_that_is_the_fastest_is_rejected_and_never_chosen() ->
         result = autotune(cands, BuildOptions(policy=policy, top_k=4), TimingPolicy(prune_factor=1000.0))
         assert result.winner == 0
         assert result.candidates[2].status == "rejected"
-        assert result.candidates[2].deviation == pytest.approx(0.5)
+        # |1.5 - 1| against a bound of 0.0025 * 1.5, on each of its 4 elements
+        assert result.candidates[2].deviation == pytest.approx(0.5 / (0.0025 * 1.5))
+        assert result.candidates[2].outside == 4 and result.candidates[2].fraction == 1.0
         assert "disagrees with the 3 candidates that agree" in (result.candidates[2].error or "")
         assert 2 not in cands.timed()
-        assert result.check["rejected"] == [{"index": 2, "engine": "fake2", "error": pytest.approx(0.5)}]
+        assert result.check["rejected"] == [
+            {"index": 2, "engine": "fake2", "outside": 4, "fraction": 1.0, "worst": pytest.approx(0.5 / (0.0025 * 1.5))}
+        ]
         assert result.persist
 
 
@@ -255,7 +260,7 @@ def test_no_majority_gives_the_frontend_choice_not_to_be_persisted() -> None:
     assert result.winner == 0  # the first that builds: what the frontend itself runs
     assert result.check["status"] == "no majority"
     assert result.check["groups"] == [["fake0"], ["fake1"]]
-    assert result.check["spread"] == pytest.approx(1.0)  # |2 - 1| / 1
+    assert result.check["spread"] == {"outside": 4, "fraction": 1.0, "worst": pytest.approx(1 / (0.0025 * 2))}  # |2 - 1| / bound
     assert cands.time_calls == []
 
 
@@ -264,7 +269,7 @@ def test_nothing_is_launched_when_the_inputs_cannot_be_made_safe() -> None:
     result = autotune(cands, BuildOptions(policy="exhaustive"))
     assert result.winner == 1  # the heuristics' order, as the frontend would
     assert cands.output_calls == [] and cands.time_calls == []
-    assert result.check == {"status": "not run", "why": "plancache does not know the role of tensor uid 7"}
+    assert result.check == {"status": "not run", "rule": 2, "why": "plancache does not know the role of tensor uid 7"}
     assert result.timing["method"] == "not timed: plancache does not know the role of tensor uid 7"
     assert result.persist
 
@@ -273,5 +278,5 @@ def test_non_finite_differences_are_rejected_and_stored_as_json() -> None:
     cands = FakeCandidates([1.0, 1.0, 1.0], results=[1.0, float("nan"), 1.0])
     result = autotune(cands, BuildOptions(policy="exhaustive"))
     assert result.candidates[1].status == "rejected" and result.candidates[1].deviation is None
-    assert "NaN" in (result.candidates[1].error or "")
+    assert "NaN" in (result.candidates[1].error or "") and result.candidates[1].outside == 4
     json.dumps(result.check, allow_nan=False)

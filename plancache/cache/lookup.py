@@ -260,10 +260,11 @@ class Lookup:
         groups = "; ".join(" = ".join(str(n) for n in group) for group in check.get("groups", []))
         spread = check.get("spread")
         log.warning(
-            "plancache: the candidates of %s (%s) disagree and no majority agrees: %s (error %s > tolerance %.3g); "
-            "not persisting it: this process runs the frontend's heuristic choice %s",
-            key.digest[:12], summarize(key.parts["graph"]), groups, f"{spread:.3g}" if spread is not None else "not finite",
-            check.get("tolerance", 0.0), built.engine.name if built.engine else f"#{result.winner}",
+            "plancache: the candidates of %s (%s) disagree and no majority agrees: %s (worst element %s times its bound, "
+            "over %s); not persisting it: this process runs the frontend's heuristic choice %s",
+            key.digest[:12], summarize(key.parts["graph"]), groups,
+            f"{spread['worst']:.3g}" if spread and spread.get("worst") is not None else "not finite (NaN, infinity or integer)",
+            check.get("far"), built.engine.name if built.engine else f"#{result.winner}",
         )  # fmt: skip
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "unpersisted", device)
 

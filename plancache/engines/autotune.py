@@ -34,7 +34,7 @@ from ..config import MemoryBudget, memory_budget_from_env
 from ..errors import BuildError
 from ..key import BuildOptions
 from .backend import CandidateSet
-from .consensus import Consensus, Group
+from .consensus import FAR, RULE, Agreement, Consensus, Group
 
 __all__ = ["AutotuneResult", "CandidateReport", "TimingPolicy", "autotune"]
 
@@ -67,7 +67,12 @@ class CandidateReport:
     median_ms: float | None = None
     times_ms: list[float] = field(default_factory=list)
     error: str | None = None
-    deviation: float | None = None  # error of its outputs against the majority's
+    #: Against the majority's outputs (``engines.consensus.Agreement``): the largest
+    #: difference of any element in units of its bound (None: infinite), and how many
+    #: elements, and what fraction of them, lie outside their bound.
+    deviation: float | None = None
+    outside: int | None = None
+    fraction: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,12 +100,12 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
     why = cands.prepare(timing.memory)
     if why is not None:
         winner = _first_buildable(cands, reports)
-        check = {"status": "not run", "why": why}
+        check: dict[str, Any] = {"status": "not run", "rule": RULE, "why": why}
         return AutotuneResult(
             winner, reports, options.policy, time.perf_counter() - started, {"method": f"not timed: {why}"}, check
         )
     want = {"heuristic": 2, "topk": max(2, options.top_k), "exhaustive": count}[options.policy]
-    consensus = Consensus(cands.tolerance())
+    consensus = Consensus(cands.bounds())
     launched = _launch_until_majority(cands, reports, consensus, want)
     # Built: launched, or failed only at launch. The frontend's own choice is the first.
     built = [r.index for r in reports if r.status == "checked" or (r.error or "").startswith("launch")]
@@ -184,18 +189,29 @@ def _launch_failed(report: CandidateReport, exc: Exception) -> None:
 def _check_record(consensus: Consensus, majority: Group, reports: list[CandidateReport]) -> dict[str, Any]:
     """Mark the outliers rejected and say how the choice was checked (stored with the entry)."""
     rejected = []
-    for index, error in sorted(consensus.outliers(majority).items()):
+    for index, agreement in sorted(consensus.outliers(majority).items()):
         report = reports[index]
-        report.status, report.deviation = "rejected", _number(error)
-        measured = f"error {error:.3g}" if math.isfinite(error) else "infinities or NaNs where the others have none"
-        report.error = (
-            f"disagrees with the {len(majority.members)} candidates that agree: {measured} > tolerance {consensus.tolerance:.3g}"
+        report.status = "rejected"
+        _note(report, agreement)
+        measured = (
+            f"{agreement.outside} of {agreement.elements} elements outside their bound, the worst {agreement.worst:.3g} times it"
+            if math.isfinite(agreement.worst)
+            else "infinities, NaNs or integers where the others differ"
         )
-        rejected.append({"index": index, "engine": report.engine.get("name", ""), "error": _number(error)})
+        report.error = f"disagrees with the {len(majority.members)} candidates that agree: {measured} (> {FAR:g})"
+        rejected.append({"index": index, "engine": report.engine.get("name", ""), **agreement.to_dict()})
     for index in majority.members:
-        reports[index].deviation = majority.errors.get(index, 0.0)
-    return {"status": "agreed", "compared": consensus.compared, "agreeing": len(majority.members),
-            "tolerance": consensus.tolerance, "metric": "max |a - b| / max |b| over each output", "rejected": rejected}  # fmt: skip
+        _note(reports[index], majority.agreements.get(index, Agreement()))
+    return {"status": "agreed", "rule": RULE, "compared": consensus.compared, "agreeing": len(majority.members),
+            "far": FAR, "metric": _METRIC, "rejected": rejected}  # fmt: skip
+
+
+_METRIC = "every element within FAR times its bound: 1 ulp of the output + the rounding of its inputs' magnitudes"
+
+
+def _note(report: CandidateReport, agreement: Agreement) -> None:
+    recorded = agreement.to_dict()
+    report.deviation, report.outside, report.fraction = recorded["worst"], recorded["outside"], recorded["fraction"]
 
 
 def _no_majority(consensus: Consensus, reports: list[CandidateReport], options: BuildOptions, started: float,
@@ -203,7 +219,7 @@ def _no_majority(consensus: Consensus, reports: list[CandidateReport], options: 
     """One candidate alone, or candidates without a majority: the frontend's choice."""
     if consensus.compared == 1:
         reports[first].status = "chosen"
-        check = {"status": "single", "compared": 1, "agreeing": 1, "tolerance": consensus.tolerance, "rejected": []}
+        check = {"status": "single", "rule": RULE, "compared": 1, "agreeing": 1, "rejected": []}
         return AutotuneResult(first, reports, options.policy, time.perf_counter() - started,
                               {"method": "not timed: one candidate launched"}, check)  # fmt: skip
     groups = [[reports[i].engine.get("name") or f"#{i}" for i in g.members] for g in consensus.groups]
@@ -212,8 +228,8 @@ def _no_majority(consensus: Consensus, reports: list[CandidateReport], options: 
             report.status = "rejected"
             report.error = "no majority of the candidates agreed"
     reports[first].status = "chosen"
-    check = {"status": "no majority", "compared": consensus.compared, "groups": groups, "spread": _number(consensus.spread()),
-             "tolerance": consensus.tolerance, "rejected": []}  # fmt: skip
+    check = {"status": "no majority", "rule": RULE, "compared": consensus.compared, "groups": groups,
+             "spread": consensus.spread().to_dict(), "far": FAR, "rejected": []}  # fmt: skip
     return AutotuneResult(first, reports, options.policy, time.perf_counter() - started,
                           {"method": "not timed: no majority"}, check, persist=False)  # fmt: skip
 
@@ -248,19 +264,22 @@ def _time_majority(cands: CandidateSet, reports: list[CandidateReport], members:
     return min(medians, key=lambda i: (medians[i], i))
 
 
-def _number(value: float) -> float | None:
-    """A measured error as stored: None for infinite (JSON, and the checksums, have no inf)."""
-    return value if math.isfinite(value) else None
-
-
 def check_summary(check: Mapping[str, Any] | None) -> str:
     """One line for people: how a stored choice was checked."""
     if not check:
         return "never checked (stored before plancache checked candidates)"
     status = check.get("status")
+    if check.get("rule") != RULE:
+        return f"{status} under an older rule (each output's largest difference): chosen again when looked up"
     if status == "agreed":
-        rejected = ", ".join(str(r.get("engine")) for r in check.get("rejected") or []) or "none"
-        return f"agreed: {check.get('agreeing')} of {check.get('compared')} candidates; rejected: {rejected}"
+        rejected = ", ".join(_rejection(r) for r in check.get("rejected") or []) or "none"
+        return f"agreed: {check.get('agreeing')} of {check.get('compared')} candidates, element by element; rejected: {rejected}"
     if status == "not run":
         return f"not checked: {check.get('why')}"
     return str(status)
+
+
+def _rejection(record: Mapping[str, Any]) -> str:
+    worst = record.get("worst")
+    far = "non-finite" if worst is None else f"worst {worst:.3g}x its bound"
+    return f"{record.get('engine')} ({record.get('outside')} elements outside, {100 * float(record.get('fraction') or 0):.2g}%, {far})"

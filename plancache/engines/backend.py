@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..config import MemoryBudget
 from ..key import BuildOptions, TensorSpec
+from .bounds import Bound
 
 __all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice"]
 
@@ -71,8 +72,9 @@ class CandidateSet(Protocol):
         CUDA-graph capture on this thread), and then nothing is allocated or launched."""
         ...
 
-    def tolerance(self) -> float:
-        """The largest error two right candidates of this graph may show (``engines.consensus``)."""
+    def bounds(self) -> Mapping[int, Bound]:
+        """How far each element of each output of two right candidates may differ, by
+        output uid (``engines.bounds``), for the inputs ``prepare`` made."""
         ...
 
     def outputs(self, index: int) -> Mapping[int, Any]:

@@ -1,136 +1,133 @@
-"""Checking candidates against each other: the tolerance, the error, the consensus.
+"""Checking candidates against each other, element by element.
 
 cuDNN offers engines that compute wrong results (on cuDNN 9.19, matmul engines that ignore
-an epilogue's negative slope or clip, with relative errors of 0.10 to 7.5), and a
-persistent cache would serve such a choice to every later process. So every candidate
-that autotuning launches runs on the same inputs, and its outputs are compared with the
-others': a candidate outside the majority is rejected and never chosen.
+an epilogue's negative slope or clip), and a persistent cache would serve such a choice to
+every later process. So every candidate that autotuning launches runs on the same inputs,
+and its outputs are compared with the others': a candidate outside the majority is
+rejected and never chosen.
 
-**Error.** For each output, ``max |a - b| / max |b|`` (the largest difference, relative to
-the output's largest magnitude; the absolute difference when ``b`` is all zeros), and the
-largest over the outputs. Non-finite values must sit at the same places with the same
-values, or the error is infinite. Integer and boolean outputs must be equal.
+**Comparing two candidates.** Every element of every output is held against its own bound
+(``engines.bounds``: one ulp of the output's type relative to the element, plus the
+rounding accumulated over the reduction, scaled by the magnitudes that went into the
+element). What is recorded of a comparison (``Agreement``) is how many elements lie
+outside their bound, what fraction of the output that is, and the worst ratio of an
+element's difference to its bound. Two right engines differ by rounding: every element
+within about one bound. A candidate with any element more than ``FAR`` times its bound
+away from the other's disagrees with it: that much is not rounding.
 
-**Tolerance.** Two right engines differ by how they round and accumulate, so the
-tolerance is summed from the graph's data types and the size of its reductions:
+Why element by element: an engine that ignores a relu's ``lower_clip=-1`` moves each
+negative output by at most 1 while a bf16 matmul's outputs reach 150. Against the largest
+output that is an error of 0.007, inside any tolerance a bf16 output allows, yet half the
+outputs are wrong, those near zero by 100%. Against each element's own bound, those
+elements are hundreds of bounds away.
 
-* ``4 ulp`` of each place the result is rounded to a narrow type: every output's type, each
-  virtual tensor whose type (or the intermediate type) is narrower than float32, and one
-  more of the io type per attention node (engines keep the softmax probabilities in it);
-* ``4 * sqrt(K) ulp`` of the compute type, for the longest reduction ``K`` (a matmul's
-  inner dimension, a convolution's C*R*S, attention's head size or key length, a norm's
-  normalized size), since independent rounding errors of a sum of ``K`` terms grow as
-  ``sqrt(K)``.
+Non-finite values must sit at the same places with the same values, or the comparison
+fails everywhere. Integer and boolean outputs must be equal.
 
-``ulp`` is the spacing of the type's numbers at 1: 2^-7 for bfloat16, 2^-10 for float16,
-2^-23 for float32, 2^-3 and 2^-2 for the fp8 types. For a bfloat16 matmul with a float32
-epilogue the tolerance is 0.031; for float16 0.0039: far below the errors of the wrong
-engines, and four times the one ulp by which right engines differ after the final rounding.
-
-**Consensus.** Candidates join groups: one whose outputs are within the tolerance of the
-group's first member joins it, else it starts a group. A majority group has more than half
-of the candidates compared, and at least two of them.
+**Consensus.** Candidates join groups: one that agrees with the group's first member
+joins it, else it starts a group. A majority group has more than half of the candidates
+compared, and at least two of them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..key import TensorSpec
+from ..store import CHECK_RULE
+from .bounds import Bound
 
-__all__ = ["ULP", "Consensus", "Group", "max_error", "tolerance"]
+__all__ = ["FAR", "RULE", "Agreement", "Consensus", "Group", "compare"]
 
-#: Spacing of each data type's numbers at 1 (its machine epsilon).
-ULP = {
-    "data_type.DOUBLE": 2.0**-52, "data_type.FLOAT": 2.0**-23, "data_type.HALF": 2.0**-10,
-    "data_type.BFLOAT16": 2.0**-7, "data_type.FP8_E4M3": 2.0**-3, "data_type.FP8_E5M2": 2.0**-2,
-    "data_type.FP8_E5M3": 2.0**-3, "data_type.FP8_E8M0": 1.0, "data_type.FP4_E2M1": 0.5,
-}  # fmt: skip
-_FLOAT32 = ULP["data_type.FLOAT"]
+#: How many times its bound an element may be off before the candidate disagrees.
+FAR = 4.0
+#: The version of this rule, recorded with each check; the store serves only entries
+#: checked under it (``store.entry.CHECK_RULE``) and has older ones chosen again.
+RULE = CHECK_RULE
 _CHUNK = 1 << 24  # elements compared at once
-_ATTENTION = frozenset({"SDPA", "SDPA_BWD", "SDPA_FP8", "SDPA_FP8_BWD", "SDPA_MXFP8", "SDPA_MXFP8_BWD"})
 
 
-def _dims(description: Mapping[str, Any], tid: Any) -> list[int]:
-    tensor = (description.get("tensors") or {}).get(tid) if isinstance(tid, str) else None
-    dims = tensor.get("dim") if isinstance(tensor, Mapping) else None
-    return [int(d) for d in dims] if isinstance(dims, list) else []
+@dataclass(frozen=True)
+class Agreement:
+    """How one candidate's outputs compare with another's, over every output."""
+
+    outside: int = 0  # elements outside their bound
+    elements: int = 0
+    worst: float = 0.0  # largest |a - b| / bound of any element; inf: non-finite or integer mismatch
+
+    @property
+    def agrees(self) -> bool:
+        return self.worst <= FAR
+
+    @property
+    def fraction(self) -> float:
+        return self.outside / self.elements if self.elements else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored (JSON has no infinity: None stands for it)."""
+        return {"outside": self.outside, "fraction": self.fraction, "worst": self.worst if math.isfinite(self.worst) else None}
+
+    def __add__(self, other: Agreement) -> Agreement:
+        return Agreement(self.outside + other.outside, self.elements + other.elements, max(self.worst, other.worst))
 
 
-def _reduction(description: Mapping[str, Any], node: Mapping[str, Any]) -> int:
-    """The longest sum ``node`` computes one output element from (1 when unknown)."""
-    kind, ports = str(node.get("type")), node.get("inputs") or {}
-
-    def dim(port: str, axis: int) -> int:
-        dims = _dims(description, ports.get(port))
-        return dims[axis] if dims and -len(dims) <= axis < len(dims) else 1
-
-    if kind == "MATMUL":
-        return dim("A", -1)
-    if kind in ("MOE_GROUPED_MATMUL", "MOE_GROUPED_MATMUL_BWD"):
-        return max(dim("token", -1), dim("token", -2))
-    if kind == "CONV_FPROP":
-        return math.prod(_dims(description, ports.get("weight"))[1:] or [1])
-    if kind in ("CONV_DGRAD", "CONV_WGRAD"):
-        grad = _dims(description, ports.get("loss") or ports.get("DY") or ports.get("dy"))
-        return max(
-            math.prod(grad[2:] or [1]) * (grad[0] if grad else 1), math.prod(_dims(description, ports.get("filter"))[1:] or [1])
-        )
-    if kind in _ATTENTION:
-        return max(dim("q", -1), dim("k", 2), dim("q", 2))
-    if "NORM" in kind:
-        return math.prod(_dims(description, ports.get("input") or ports.get("x"))[1:] or [1])
-    if kind == "REDUCTION":
-        return math.prod(_dims(description, ports.get("input") or ports.get("IN_0")) or [1])
-    return 1
+_MISMATCH = Agreement(outside=1, elements=1, worst=math.inf)
 
 
-def tolerance(description: Mapping[str, Any], outputs: Sequence[TensorSpec]) -> float:
-    """The largest error (``max_error``) two right candidates of this graph may show."""
-    context = description.get("context") or {}
-    io = context.get("io_data_type")
-    intermediate = context.get("intermediate_data_type")
-    compute = context.get("compute_data_type") or "data_type.FLOAT"
-    rounding = sum(ULP.get(spec.dtype or "", 0.0) for spec in outputs)
-    for tensor in (description.get("tensors") or {}).values():
-        if isinstance(tensor, Mapping) and tensor.get("is_virtual"):
-            step = ULP.get(tensor.get("dtype") or intermediate or "", 0.0)
-            rounding += step if step > _FLOAT32 else 0.0
-    longest, computes = 1, [ULP.get(compute, _FLOAT32)]
-    for node in description.get("nodes") or []:
-        longest = max(longest, _reduction(description, node))
-        computes.append(ULP.get(node.get("compute_data_type") or "", 0.0))
-        if str(node.get("type")) in _ATTENTION:
-            rounding += ULP.get(io or "", 0.0)
-    return 4.0 * rounding + 4.0 * math.sqrt(longest) * max(computes)
-
-
-def max_error(a: Mapping[int, Any], b: Mapping[int, Any]) -> float:
-    """The largest error of any output of ``a`` against the same output of ``b`` (contiguous
-    tensors on one device), compared in chunks so that the temporaries stay small."""
-    worst = 0.0
+def compare(a: Mapping[int, Any], b: Mapping[int, Any], bounds: Mapping[int, Bound]) -> Agreement:
+    """Every output of ``a`` against the same output of ``b`` (contiguous tensors on one
+    device), element by element, in chunks so that the temporaries stay small."""
+    total = Agreement()
     for uid, expected in b.items():
         got = a[uid].reshape(-1)
         expected = expected.reshape(-1)
         if not (expected.dtype.is_floating_point or expected.dtype.is_complex):
-            if not bool((got == expected).all()):
-                return math.inf
+            total += Agreement(elements=expected.numel()) if bool((got == expected).all()) else _MISMATCH
             continue
-        diff, scale = 0.0, 0.0
-        for start in range(0, expected.numel(), _CHUNK):
-            x, y = got[start : start + _CHUNK], expected[start : start + _CHUNK]
-            x, y = (x.double(), y.double()) if y.element_size() > 4 else (x.float(), y.float())
-            finite = y.isfinite()
-            if not bool((x.isfinite() == finite).all()) or not bool((x[~finite].nan_to_num() == y[~finite].nan_to_num()).all()):
-                return math.inf
-            if bool(finite.any()):
-                diff = max(diff, float((x[finite] - y[finite]).abs().max()))
-                scale = max(scale, float(y[finite].abs().max()))
-        worst = max(worst, diff / scale if scale > 0 else diff)
-    return worst
+        total += _compare_floats(got, expected, bounds[uid])
+    return total
+
+
+def _compare_floats(got: Any, expected: Any, bound: Bound) -> Agreement:
+    wide = expected.element_size() > 4
+    magnitude = None if bound.coarse else bound.magnitude.reshape(-1) if bound.magnitude.dim() else bound.magnitude
+    scale = _largest(expected, wide) if bound.coarse else 0.0
+    outside, worst = 0, 0.0
+    for start in range(0, expected.numel(), _CHUNK):
+        x, y = got[start : start + _CHUNK], expected[start : start + _CHUNK]
+        x, y = (x.double(), y.double()) if wide else (x.float(), y.float())
+        finite = y.isfinite()
+        if not bool((x.isfinite() == finite).all()) or not bool((x[~finite].nan_to_num() == y[~finite].nan_to_num()).all()):
+            return Agreement(outside=expected.numel(), elements=expected.numel(), worst=math.inf)
+        x, y = x[finite], y[finite]
+        if not x.numel():
+            continue
+        if magnitude is None:
+            m: Any = scale
+        elif magnitude.dim():
+            m = magnitude[start : start + _CHUNK][finite].to(x.dtype)
+        else:
+            m = float(magnitude)
+        limit = bound.relative * x.abs().maximum(y.abs()) + bound.absolute * m
+        diff = (x - y).abs()
+        ratio = diff / limit  # 0/0 is NaN (equal, nothing allowed): counted as 0 below
+        ratio = ratio.nan_to_num(nan=0.0, posinf=math.inf)
+        outside += int((ratio > 1.0).sum())
+        worst = max(worst, float(ratio.max()))
+    return Agreement(outside=outside, elements=expected.numel(), worst=worst)
+
+
+def _largest(values: Any, wide: bool) -> float:
+    largest = 0.0
+    for start in range(0, values.numel(), _CHUNK):
+        part = values[start : start + _CHUNK]
+        part = part.double() if wide else part.float()
+        part = part[part.isfinite()]
+        if part.numel():
+            largest = max(largest, float(part.abs().max()))
+    return largest
 
 
 @dataclass
@@ -139,25 +136,25 @@ class Group:
 
     outputs: Mapping[int, Any]
     members: list[int] = field(default_factory=list)
-    errors: dict[int, float] = field(default_factory=dict)  # member -> error against members[0]
+    agreements: dict[int, Agreement] = field(default_factory=dict)  # member -> against members[0]
 
 
 @dataclass
 class Consensus:
-    """The groups of the candidates compared so far."""
+    """The groups of the candidates compared so far, under the outputs' bounds."""
 
-    tolerance: float
+    bounds: Mapping[int, Bound]
     groups: list[Group] = field(default_factory=list)
 
     def add(self, index: int, outputs: Mapping[int, Any]) -> None:
         """Place candidate ``index`` (its ``outputs``) in the first group it agrees with."""
         for group in self.groups:
-            error = max_error(outputs, group.outputs)
-            if error <= self.tolerance:
+            agreement = compare(outputs, group.outputs, self.bounds)
+            if agreement.agrees:
                 group.members.append(index)
-                group.errors[index] = error
+                group.agreements[index] = agreement
                 return
-        self.groups.append(Group(outputs=outputs, members=[index], errors={index: 0.0}))
+        self.groups.append(Group(outputs=outputs, members=[index], agreements={index: Agreement()}))
 
     @property
     def compared(self) -> int:
@@ -170,16 +167,16 @@ class Consensus:
                 return group
         return None
 
-    def outliers(self, majority: Group) -> dict[int, float]:
-        """Each candidate outside ``majority``, with the error of its group's outputs
-        against the majority's."""
-        found: dict[int, float] = {}
+    def outliers(self, majority: Group) -> dict[int, Agreement]:
+        """Each candidate outside ``majority``, with how its group's outputs compare with
+        the majority's."""
+        found: dict[int, Agreement] = {}
         for group in self.groups:
             if group is not majority:
-                error = max_error(group.outputs, majority.outputs)
-                found.update(dict.fromkeys(group.members, error))
+                found.update(dict.fromkeys(group.members, compare(group.outputs, majority.outputs, self.bounds)))
         return found
 
-    def spread(self) -> float:
-        """The largest error between the first group and any other (0.0 with one group)."""
-        return max((max_error(g.outputs, self.groups[0].outputs) for g in self.groups[1:]), default=0.0)
+    def spread(self) -> Agreement:
+        """The widest disagreement between the first group and any other."""
+        others = [compare(g.outputs, self.groups[0].outputs, self.bounds) for g in self.groups[1:]]
+        return max(others, key=lambda a: a.worst, default=Agreement())

@@ -33,7 +33,7 @@ from ..config import MemoryBudget, format_size
 from ..errors import BuildError, InvalidGraphError, NoGpuError, TransientLoadError
 from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_table
 from .backend import BuiltPlan, EngineChoice
-from .consensus import tolerance
+from .bounds import Bound, bounds
 from .guest import known_captures, refuse_while_capturing, relaxed
 from .inputs import materialize, timing_inputs
 from .tensors import checked_inputs
@@ -230,8 +230,12 @@ class _Candidates:
             return f"{type(exc).__name__}: {str(exc)[:300]}"
         return None
 
-    def tolerance(self) -> float:
-        return tolerance(self.description, [s for s in self.tensors if s.is_output])
+    def bounds(self) -> Mapping[int, Bound]:
+        torch = _torch()
+        with torch.cuda.stream(self.stream):
+            found = bounds(self.description, self.tensors, self._ready(torch))
+        self.stream.synchronize()
+        return found
 
     def prepare(self, budget: MemoryBudget) -> str | None:
         torch = _torch()

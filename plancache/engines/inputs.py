@@ -67,12 +67,14 @@ class InputPlan:
     outputs: list[TensorSpec]
     given: dict[int, Any] = field(default_factory=dict)  # the caller's own tensors, by uid
 
-    def device_bytes(self, output_copies: int = 0) -> int:
+    def device_bytes(self, output_copies: int = 0, float32_copies: int = 0) -> int:
         """Device memory the inputs and outputs take, plus ``output_copies`` copies of the
-        outputs (what comparing candidates keeps)."""
+        outputs (what comparing candidates keeps) and ``float32_copies`` float32 tensors of
+        each output's size (the magnitudes its bound is computed from)."""
         inputs = sum(_bytes(f.spec) for uid, f in self.fills.items() if not f.spec.is_pass_by_value and uid not in self.given)
         outputs = sum(_bytes(s) for s in self.outputs)
-        return inputs + outputs * (1 + output_copies)
+        elements = sum(_bytes(s) // DTYPE_BYTES.get(s.dtype or "", 4) for s in self.outputs)
+        return inputs + outputs * (1 + output_copies) + 4 * elements * float32_copies
 
 
 def _layout(spec: TensorSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -286,6 +288,9 @@ def _filled(fill: Fill, torch: Any, device: Any, generator: Any) -> Any:
 
 #: Copies of the outputs that comparing candidates keeps (one per group of agreeing ones).
 OUTPUT_COPIES = 3
+#: float32 tensors of an output's size that its bound takes: the magnitudes of the node
+#: that computes it and of the one before (an epilogue's input), and the flat copy compared.
+MAGNITUDE_COPIES = 3
 
 
 def timing_inputs(description: Mapping[str, Any], specs: Sequence[TensorSpec], given: Mapping[int, Any],
@@ -297,7 +302,7 @@ def timing_inputs(description: Mapping[str, Any], specs: Sequence[TensorSpec], g
     plan = plan_inputs(description, specs, given)
     if isinstance(plan, str):
         return plan
-    need, limit = plan.device_bytes(output_copies=OUTPUT_COPIES), budget.bytes_of(free)
+    need, limit = plan.device_bytes(OUTPUT_COPIES, MAGNITUDE_COPIES), budget.bytes_of(free)
     if need > limit:
         return (f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} "
                 f"({budget.describe()}, PLANCACHE_AUTOTUNE_MEMORY)")  # fmt: skip

@@ -3,11 +3,12 @@ whether it may be served (``entry``), recovery from damage (``recovery``), entri
 out of service (``quarantine``) and offline maintenance (``maintenance``: verify, prune,
 listings)."""
 
-from .entry import NEVER_CHECKED, Entry, problem, sha256, summarize
+from .entry import CHECK_RULE, NEVER_CHECKED, Entry, problem, sha256, summarize
 from .store import BUSY_TIMEOUT_MS, DB_NAME, Store, default_cache_dir, migrations
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
+    "CHECK_RULE",
     "DB_NAME",
     "NEVER_CHECKED",
     "Entry",

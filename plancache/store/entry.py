@@ -15,12 +15,19 @@ from typing import Any
 
 from ..key import KEY_FORMAT, canonical_json, environment_id
 
-__all__ = ["INSERT_SQL", "NEVER_CHECKED", "Entry", "problem", "sha256", "summarize"]
+__all__ = ["CHECK_RULE", "INSERT_SQL", "NEVER_CHECKED", "Entry", "problem", "sha256", "summarize"]
+
+#: The rule by which a stored choice must have been checked against the other candidates
+#: to be served (``engines.consensus``, which records it with each check): 1 compared each
+#: output's largest difference with its largest value, and could not see an engine wrong
+#: on part of the output; 2 compares every element with its own bound.
+CHECK_RULE = 2
 
 #: What ``problem`` says of an entry stored before plancache checked candidates against
-#: each other. It is sound but unchecked: a lookup autotunes (and checks) the graph again
-#: and replaces it, instead of quarantining it or rebuilding its unchecked engine.
-NEVER_CHECKED = "never checked: stored before plancache compared candidates, so it is chosen again"
+#: each other element by element (never checked, or checked under rule 1). It is sound
+#: but not known to be right: a lookup autotunes (and checks) the graph again and replaces
+#: it, instead of quarantining it or rebuilding its engine.
+NEVER_CHECKED = "not checked element by element: stored before plancache compared every output element, so it is chosen again"
 
 
 def summarize(description: Mapping[str, Any]) -> str:
@@ -163,7 +170,8 @@ def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str |
         return "key does not match the recorded graph, environment and options"
     if entry.meta_sha256 is not None and entry.meta_sha256 != entry.meta_digest():
         return "metadata checksum mismatch (tensor table, engine, workspace size or check record altered)"
-    return _tensor_problem(entry) or (NEVER_CHECKED if entry.check is None else None)
+    checked = entry.check is not None and entry.check.get("rule") == CHECK_RULE
+    return _tensor_problem(entry) or (None if checked else NEVER_CHECKED)
 
 
 def _tensor_problem(entry: Entry) -> str | None:

@@ -17,7 +17,7 @@ from ..errors import TransientLoadError
 from ..key import BuildOptions, TensorSpec, canonical_json
 from .candidates import CpuCandidates
 from .device import CudaError, SimulatedCuda
-from .kernels import evaluate, fault, scratch_bytes, stage_outputs
+from .kernels import Behaviour, evaluate, fault, scratch_bytes, stage_outputs
 from .planning import plan_once
 
 __all__ = ["MAGIC", "CpuTestBackend", "TwoDeviceCpuTestBackend", "summary_of_ops"]
@@ -26,6 +26,7 @@ MAGIC = b"PLANCACHE-TEST-PLAN/1\n"
 _WARMUP_BYTES = 1 << 20  # what the frontend's warm-up allocates
 _HANDLE_BYTES = 4 << 20  # cuDNN's persistent buffer, allocated when a handle is created
 _WRONG_BY = 1.25  # what a wrong engine's results are off by
+_RIGHT = Behaviour()
 
 
 def summary_of_ops(description: Mapping[str, Any]) -> str:
@@ -37,12 +38,12 @@ class _Native:
     """A 'loaded plan' of the test backend: the description it evaluates, on one device."""
 
     def __init__(self, description: dict[str, Any], tensors: Sequence[TensorSpec], engine: dict[str, Any], device: int,
-                 wrong: bool = False) -> None:  # fmt: skip
+                 behaviour: Behaviour = _RIGHT) -> None:  # fmt: skip
         self.description = description
         self.tensors = list(tensors)
         self.engine = engine
         self.device = device
-        self.wrong = wrong
+        self.behaviour = behaviour
         self.executions = 0
 
 
@@ -115,7 +116,10 @@ class CpuTestBackend:
     * a graph is planned once: ``candidates`` and ``rebuild`` freeze the pygraph and refuse
       one that was already planned, as cuDNN Frontend does;
     * candidates are launched for real, and ``wrong`` ones compute a wrong result (25% off)
-      while being the fastest, as some cuDNN engines do;
+      while being the fastest, as some cuDNN engines do; ``wrong_band`` ones are wrong only
+      on a band of values (0 where the right result lies inside ``(low, high)``), as an
+      engine that ignores a clip is, and are the fastest too; right candidates of odd
+      index round every third element one ulp the other way, as right engines differ;
     * bad steering values fault: a launch that reads through misaligned or out-of-range
       ragged offsets, sequence lengths, page tables or MoE offsets poisons the backend for
       the rest of the process (every later call fails), as a sticky CUDA error does;
@@ -147,6 +151,7 @@ class CpuTestBackend:
         unbuildable: Sequence[int] = (),
         unlaunchable: Sequence[int] = (),
         wrong: Sequence[int] = (),
+        wrong_band: Mapping[int, tuple[float, float]] | None = None,
         engine_ids: Sequence[int] = (),
         memory: int = 64 << 30,
         build_delay: float = 0.0,
@@ -160,7 +165,8 @@ class CpuTestBackend:
         self.candidate_count = candidates
         self.unbuildable = frozenset(unbuildable)
         self.unlaunchable = frozenset(unlaunchable)
-        self.wrong = frozenset(wrong)
+        self.wrong = frozenset(wrong) | frozenset(wrong_band or {})
+        self.wrong_band = dict(wrong_band or {})
         self.engine_ids = list(engine_ids)
         self.build_delay = build_delay
         self.build_log = os.fspath(build_log) if build_log is not None else None
@@ -256,26 +262,37 @@ class CpuTestBackend:
     def restore_kernel_cache(self, blob: bytes) -> None:
         self.kernels.update(json.loads(blob))
 
+    def behaviour(self, engine: int | None) -> Behaviour:
+        """How candidate ``engine`` (an index; a rebuild passes its engine id, which equals
+        the index unless ``engine_ids`` says otherwise) computes: right, wrong everywhere,
+        or wrong on a band of values; right ones of odd index round some elements the
+        other way."""
+        if engine in self.wrong_band:
+            return Behaviour(band=self.wrong_band[engine])
+        if engine in self.wrong:
+            return Behaviour(scale=_WRONG_BY)
+        return Behaviour(nudges=engine is not None and engine % 2 == 1)
+
     def make_plan(self, description: dict[str, Any], tensors: list[TensorSpec], engine: EngineChoice,
-                  wrong: bool = False) -> BuiltPlan:  # fmt: skip
+                  behaviour: Behaviour = _RIGHT) -> BuiltPlan:  # fmt: skip
         payload: dict[str, Any] = {
             "description": description,
             "tensors": [t.to_dict() for t in tensors],
             "engine": engine.to_dict(),
         }
-        if wrong:
-            payload["wrong"] = True  # a wrong engine stays wrong once stored, as a cuDNN plan would
+        if behaviour != _RIGHT:
+            payload["behaviour"] = behaviour.to_dict()  # a stored engine computes as it did, as a cuDNN plan would
         blob = MAGIC + json.dumps(payload, sort_keys=True).encode()
         if self.build_log is not None:
             line = hashlib.sha256(canonical_json(description).encode()).hexdigest() + f" {os.getpid()}\n"
             with open(self.build_log, "a") as f:  # one short append: atomic on POSIX
                 f.write(line)
-        native = _Native(description, tensors, engine.to_dict(), self.current_device(), wrong)
+        native = _Native(description, tensors, engine.to_dict(), self.current_device(), behaviour)
         return BuiltPlan(native, blob, tensors, scratch_bytes(tensors), engine)
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
         description, tensors = self._plan_once(graph)
-        return self.make_plan(description, tensors, engine, wrong=engine.engine_id in self.wrong)
+        return self.make_plan(description, tensors, engine, self.behaviour(engine.engine_id))
 
     # ------------------------------------------------------------------ loading, launching
 
@@ -297,8 +314,9 @@ class CpuTestBackend:
         except CudaError as exc:  # a capture, memory, a sticky error: nothing about the blob
             raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
         self.loads += 1
+        behaviour = Behaviour(scale=_WRONG_BY) if payload.get("wrong") else Behaviour.from_dict(payload.get("behaviour"))
         return _Native(payload["description"], [TensorSpec.from_dict(t) for t in payload["tensors"]], payload["engine"], device,
-                       bool(payload.get("wrong")))  # fmt: skip
+                       behaviour)  # fmt: skip
 
     def warmup(self, handle: _Handle) -> None:
         """What cuDNN Frontend's deserialize ends in: on the handle's stream (a new blocking
@@ -334,12 +352,12 @@ class CpuTestBackend:
             pointer = getattr(tensor, "data_ptr", None)
             if pointer is not None and pointer() % 16:
                 raise RuntimeError(f"misaligned address: tensor uid {uid} is not 16-byte aligned")
-        self.run(native.description, native.tensors, pack, wrong=native.wrong, workspace_size=workspace_size)
+        self.run(native.description, native.tensors, pack, behaviour=native.behaviour, workspace_size=workspace_size)
         native.executions += 1
         self.launches += 1
 
     def run(self, description: Mapping[str, Any], tensors: Sequence[TensorSpec], pack: Mapping[int, Any], *,
-            wrong: bool = False, workspace_size: int | None = None) -> None:  # fmt: skip
+            behaviour: Behaviour = _RIGHT, workspace_size: int | None = None) -> None:  # fmt: skip
         """Evaluate the graph on ``pack`` on the current stream, as a kernel would: a bad
         steering value poisons the device; on a capturing stream the work is recorded, not run."""
         import torch
@@ -354,7 +372,7 @@ class CpuTestBackend:
             values = {f"u{uid}": tensor for uid, tensor in pack.items()}
             with torch.no_grad():
                 evaluate(description, values)
-                stage_outputs(torch, tensors, values, pack, workspace, _WRONG_BY if wrong else 1.0)
+                stage_outputs(torch, tensors, values, pack, workspace, behaviour)
 
         self.cuda.launch(work)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import MemoryBudget
 from ..engines.backend import BuiltPlan, EngineChoice
-from ..engines.consensus import tolerance
+from ..engines.bounds import Bound, bounds
 from ..engines.inputs import materialize, timing_inputs
 from ..engines.tensors import checked_inputs
 from ..key import TensorSpec, canonical_json
@@ -59,8 +59,8 @@ class CpuCandidates:
         self.built.add(index)
         return None
 
-    def tolerance(self) -> float:
-        return tolerance(self.description, [s for s in self.tensors if s.is_output])
+    def bounds(self) -> Mapping[int, Bound]:
+        return bounds(self.description, self.tensors, self._ready())
 
     def prepare(self, budget: MemoryBudget) -> str | None:
         import torch
@@ -96,7 +96,7 @@ class CpuCandidates:
         for uid in self.outputs_of:
             pack[uid].zero_()  # a region no candidate writes compares equal
         with self.backend.guest(self.device) as stream, self.backend.cuda.stream(stream):
-            self.backend.run(self.description, self.tensors, pack, wrong=index in self.backend.wrong)
+            self.backend.run(self.description, self.tensors, pack, behaviour=self.backend.behaviour(index))
         return {uid: pack[uid].clone() for uid in self.outputs_of}
 
     def simulated_ms(self, index: int) -> float:
@@ -115,7 +115,7 @@ class CpuCandidates:
         return [self.simulated_ms(index) * (1 + 0.001 * (r % 3)) for r in range(runs)]
 
     def finish(self, index: int) -> BuiltPlan:
-        return self.backend.make_plan(self.description, self.tensors, self.engine(index), wrong=index in self.backend.wrong)
+        return self.backend.make_plan(self.description, self.tensors, self.engine(index), self.backend.behaviour(index))
 
     def close(self) -> None:
         self.built.clear()

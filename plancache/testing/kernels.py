@@ -18,12 +18,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..engines.inputs import DTYPE_BYTES
 from ..key import TensorSpec
 
-__all__ = ["evaluate", "fault", "scratch_bytes", "stage_outputs"]
+__all__ = ["Behaviour", "evaluate", "fault", "scratch_bytes", "stage_outputs"]
 
 _ATTENTION = ("SDPA", "SDPA_BWD")
 
@@ -205,23 +206,71 @@ def scratch_bytes(tensors: Sequence[TensorSpec]) -> int:
     return sum(4 * math.prod(int(d) for d in spec.dims) for spec in tensors if spec.is_output)
 
 
+@dataclass(frozen=True)
+class Behaviour:
+    """How one engine's results differ from the float32 reference, as cuDNN engines' do.
+
+    Right engines differ by rounding: one that ``nudges`` rounds every third element one
+    ulp of the output's type the other way. Wrong ones come in two kinds seen on GPUs: off
+    everywhere (``scale``), or wrong only on a band of values (``band``: 0 is written
+    wherever the right result lies strictly inside ``(low, high)``, as an engine that
+    ignores a clip moves only the outputs the clip would have changed)."""
+
+    scale: float = 1.0
+    band: tuple[float, float] | None = None
+    nudges: bool = False
+
+    @property
+    def wrong(self) -> bool:
+        return self.scale != 1.0 or self.band is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "band": list(self.band) if self.band else None, "nudges": self.nudges}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Behaviour:
+        data = data or {}
+        band = data.get("band")
+        return cls(float(data.get("scale", 1.0)), (float(band[0]), float(band[1])) if band else None, bool(data.get("nudges")))
+
+    def apply(self, torch: Any, result: Any) -> Any:
+        """The engine's float32 result from the reference's."""
+        if self.scale != 1.0:
+            result = result * self.scale
+        if self.band is not None:
+            low, high = self.band
+            result = torch.where((result > low) & (result < high), torch.zeros_like(result), result)
+        return result
+
+    def round_other_way(self, torch: Any, out: Any) -> None:
+        """One ulp of ``out``'s type on every third element, in place."""
+        widths = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+        if not self.nudges or out.dtype not in widths:
+            return
+        bits = out.view(widths[out.dtype])
+        every_third = (torch.arange(out.numel()).reshape(out.shape) % 3) == 0
+        bits[every_third & (out != 0) & out.isfinite()] += 1  # away from zero, in either sign
+
+
 def stage_outputs(torch: Any, tensors: Sequence[TensorSpec], values: Mapping[str, Any], pack: Mapping[int, Any],
-                  workspace: Any, scale: float = 1.0) -> None:  # fmt: skip
+                  workspace: Any, behaviour: Behaviour) -> None:  # fmt: skip
     """Write each output through the workspace, as kernels stage partial results in theirs:
     a launch that shares its workspace with a concurrent one reads the other's values.
-    ``scale``: what a wrong engine multiplies its results by."""
+    ``behaviour``: how this engine's results differ from the reference's."""
     import time
 
     offset = 0
     for spec in tensors:
         if not spec.is_output:
             continue
-        result = values[f"u{spec.uid}"].float().reshape(-1) * scale
+        result = behaviour.apply(torch, values[f"u{spec.uid}"].float()).reshape(-1)
         size = 4 * result.numel()
         if workspace.numel() < offset + size:
             raise RuntimeError(f"workspace of {workspace.numel()} bytes is too small for this plan")
         scratch = workspace[offset : offset + size].view(torch.float32)
         scratch.copy_(result)
         time.sleep(0)  # let a concurrent launch run here, as concurrent kernels would
-        pack[spec.uid].copy_(scratch.view(values[f"u{spec.uid}"].shape))
+        out = pack[spec.uid]
+        out.copy_(scratch.view(values[f"u{spec.uid}"].shape))
+        behaviour.round_other_way(torch, out)
         offset += size
