@@ -833,6 +833,46 @@ def prewarm(
         sys.exit(EXIT_PROBLEMS)
 
 
+@cli.command()
+@_common
+@click.argument("keys", nargs=-1)
+@click.option("--no-progress", is_flag=True, help="No progress bar (shown only when stderr is a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+def tune(obj: _Context, keys: tuple[str, ...], no_progress: bool, as_json: bool) -> None:
+    """Finish the autotuning that a miss's time budget cut short (PLANCACHE_AUTOTUNE_BUDGET).
+
+    Every entry of this GPU's environment whose miss stopped at the budget (or only KEYS,
+    keys or unique prefixes, whatever their record says) has its graph replayed from its
+    description and autotuned again on this GPU with no budget; the choice replaces the
+    entry, and later lookups run it. Needs the GPU the entries were built for. The exit
+    code is 3 if an entry could not be tuned.
+    """
+    from .workflows.tune import tune as run_tune
+
+    cache = _make_cache(obj)
+    try:
+        digests = [_entry(cache.store, key, obj).key for key in keys] if keys else None
+        report = run_tune(cache, digests, progress=not no_progress)
+    finally:
+        cache.close()
+    _emit(report, as_json, _tune_text)
+    if report["failed"]:
+        sys.exit(EXIT_PROBLEMS)
+
+
+def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
+    for row in report["rows"]:
+        before, after = row["before"], row.get("after") or {}
+        if row["status"] == "tuned":
+            yield (f"{row['key'][:12]}  tuned {before.get('tuned')} -> {after.get('tuned')} of {after.get('candidates')} "
+                   f"candidates: {before.get('engine')} -> {after.get('engine')} ({row['seconds']:.2f}s)")  # fmt: skip
+        else:
+            yield f"{row['key'][:12]}  failed: {row.get('error')}"
+    why = report.get("why")
+    yield why if why else f"{report['tuned']} tuned, {report['failed']} failed" if report["rows"] else "nothing to tune"
+
+
 @cli.command(name="export")
 @_common
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from .errors import PlanCacheError
 
 __all__ = ["ENVIRONMENT", "FLAG_OFF", "FLAG_ON", "MAX_SIZE_FLOOR", "MAX_SIZE_WARN", "ConfigError", "MemoryBudget",
-           "auto_prime_from_env", "flag_from_env", "format_size", "max_size_from_env", "memory_budget_from_env", "parse_size"]  # fmt: skip
+           "auto_prime_from_env", "autotune_budget_from_env", "flag_from_env", "format_size", "max_size_from_env", "memory_budget_from_env", "parse_size"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -60,6 +60,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_PATCH_CUDNN": ("on (`1`): cuDNN Frontend code persists its plans unchanged (`plancache.install()` runs when the program imports `cudnn`, or `plancache`)", "not patched"),
     "PLANCACHE_AUTO_PRIME": ("on (`1`): a cache that opens loads, on a background thread, the plans its application used in its latest run (docs/priming.md says why it is off by default)", "off"),
     "PLANCACHE_AUTOTUNE_MEMORY": ("device memory autotuning may allocate to launch and compare candidates: a share of free memory or a size; a graph that needs more is not timed (docs/checking.md)", "`25%`"),
+    "PLANCACHE_AUTOTUNE_BUDGET": ("a miss's time, as a multiple of the frontend's own build of the graph (its heuristics and first plan); beyond it tuning stops and `plancache tune` finishes it; the candidates the check needs are launched anyway; `off` for no limit (docs/checking.md)", "`1.5`"),
     "PLANCACHE_APP": ("the application name plan use is recorded and primed under", "the entry script's path (plus `#rankN` with `LOCAL_RANK`)"),
 }  # fmt: skip
 
@@ -201,3 +202,32 @@ def memory_budget_from_env(environ: Mapping[str, str] | None = None) -> MemoryBu
                               value=raw)  # fmt: skip
         return MemoryBudget(share=value / 100.0)
     return MemoryBudget(share=None, limit=parse_size(raw, name="PLANCACHE_AUTOTUNE_MEMORY") or 0)
+
+
+#: PLANCACHE_AUTOTUNE_BUDGET's default: on an H200 a cold first call took 1.0-1.4x the
+#: frontend's own build when tuning stopped there (docs/checking.md).
+AUTOTUNE_BUDGET = 1.5
+
+
+def autotune_budget_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """``PLANCACHE_AUTOTUNE_BUDGET``: a number of at least 1 (the frontend's own build is 1),
+    ``1.5`` when unset or empty; ``off`` (or ``inf``) for no limit. Anything else is a
+    ``ConfigError`` naming the variable."""
+    raw = (os.environ if environ is None else environ).get("PLANCACHE_AUTOTUNE_BUDGET", "")
+    text = raw.strip().lower()
+    if not text:
+        return AUTOTUNE_BUDGET
+    if text in ("off", "inf", "infinity", "none"):
+        return float("inf")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 1.0:  # NaN too
+        raise ConfigError(
+            f"PLANCACHE_AUTOTUNE_BUDGET={raw!r} is not a budget: give a multiple of the frontend's own build of at least 1 "
+            "(1.5 is the default), or off for no limit",
+            name="PLANCACHE_AUTOTUNE_BUDGET",
+            value=raw,
+        )
+    return value

@@ -54,6 +54,10 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # Auto-prime is off unless a test turns it on (test_priming.py): a background primer
     # would turn the store hits that other tests count into memory hits.
     monkeypatch.setenv("PLANCACHE_AUTO_PRIME", "0")
+    # No miss budget unless a test sets one (test_miss_budget.py): the CPU test backend's
+    # candidates take milliseconds of real work, and a wall-clock budget would make which
+    # of them a test sees depend on the machine's load.
+    monkeypatch.setenv("PLANCACHE_AUTOTUNE_BUDGET", "off")
     return directory
 
 

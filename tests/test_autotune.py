@@ -4,6 +4,7 @@ the test."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 
 import pytest
@@ -19,7 +20,8 @@ class FakeCandidates:
     first run (defaults to the median); ``failing``: indices whose build fails;
     ``results[i]``: the value candidate i computes (default: all the same, 1.0);
     ``engines[i]``: its engine id (default: 100 + i); ``not_ready``: why nothing may be
-    launched (what ``prepare`` says)."""
+    launched (what ``prepare`` says); ``compiling``: indices that compile at run time;
+    ``build_seconds[i]``: how far building candidate i moves ``clock`` (nothing else does)."""
 
     def __init__(
         self,
@@ -30,6 +32,8 @@ class FakeCandidates:
         results: Sequence[float] | None = None,
         engines: Sequence[int] | None = None,
         not_ready: str | None = None,
+        compiling: Sequence[int] = (),
+        build_seconds: Sequence[float] | None = None,
     ) -> None:
         self.medians = list(medians)
         self.firsts = list(firsts) if firsts is not None else list(medians)
@@ -37,6 +41,9 @@ class FakeCandidates:
         self.engines = list(engines) if engines is not None else [100 + i for i in range(len(medians))]
         self.failing = set(failing)
         self.not_ready = not_ready
+        self.compiling = set(compiling)
+        self.build_seconds = list(build_seconds) if build_seconds is not None else [0.0] * len(medians)
+        self.now = 0.0  # a clock that only builds move
         self.build_calls: list[int] = []
         self.time_calls: list[tuple[int, int]] = []
         self.output_calls: list[int] = []
@@ -49,13 +56,20 @@ class FakeCandidates:
     def engine(self, index: int) -> EngineChoice:
         return EngineChoice(engine_id=self.engines[index], knobs={"k": index}, name=f"fake{index}")
 
+    def clock(self) -> float:
+        return self.now
+
     def build(self, index: int) -> str | None:
         self.build_calls.append(index)
+        self.now += self.build_seconds[index]
         return f"engine {index} not supported" if index in self.failing else None
 
     def prepare(self, budget: object) -> str | None:
         self.prepared = self.not_ready is None
         return self.not_ready
+
+    def compiles(self, index: int) -> bool:
+        return index in self.compiling
 
     def bounds(self) -> dict[int, Bound]:
         return {1: Bound(relative=0.0025, absolute=0.0)}  # 1% of the value, at FAR = 4 bounds
@@ -97,7 +111,7 @@ def test_heuristic_checks_its_choice_against_one_more_and_times_nothing() -> Non
     assert cands.time_calls == []
     assert statuses(result) == ["failed", "failed", "chosen", "checked", "not_built"]
     assert result.candidates[0].error == "engine 0 not supported"
-    assert result.timing == {"method": "not timed: heuristic policy"}
+    assert result.timing["method"] == "not timed: heuristic policy" and result.timing["tuned"] == 2
     assert result.check["status"] == "agreed" and result.check["agreeing"] == 2
     assert result.policy == "heuristic"
     assert result.persist
@@ -238,17 +252,27 @@ def test_the_heuristic_first_choice_when_wrong_is_outvoted() -> None:
 
 
 def test_knob_variants_of_one_wrong_engine_are_no_majority() -> None:
-    # 0 and 1 are one engine with two knob settings, both wrong: they agree with each other.
+    # 0 and 1 are one engine with two knob settings, both wrong: they agree with each other,
+    # two against one, and are still no majority, since they are one engine.
+    cands = FakeCandidates([1.0] * 3, results=[7.0, 7.0, 1.0], engines=[0, 0, 1])
+    result = autotune(cands, BuildOptions(policy="heuristic"))
+    assert cands.output_calls == [0, 2, 1]  # another engine is asked before a knob variant
+    assert result.check["status"] == "no majority" and not result.persist
+
+
+def test_a_wrong_first_choice_is_outvoted_by_other_engines_before_its_variants_are_asked() -> None:
     cands = FakeCandidates([1.0] * 5, results=[7.0, 7.0, 1.0, 1.0, 1.0], engines=[0, 0, 1, 2, 3])
     result = autotune(cands, BuildOptions(policy="heuristic"))
-    assert result.winner == 2
-    assert {r["index"] for r in result.check["rejected"]} == {0, 1}
+    assert result.winner == 2 and cands.output_calls == [0, 2, 3]
+    assert {r["index"] for r in result.check["rejected"]} == {0}
 
 
 def test_topk_launches_more_than_k_until_a_majority_stands() -> None:
     cands = FakeCandidates([1.0] * 6, results=[7.0, 7.0, 1.0, 1.0, 1.0, 1.0], engines=[0, 0, 1, 2, 3, 4])
     result = autotune(cands, BuildOptions(policy="topk", top_k=4), TimingPolicy(prune_factor=1000.0))
-    assert cands.output_calls == [0, 1, 2, 3, 4]  # 2 against 2 after four: one more
+    # other engines before knob variants for the check, then the heuristics' order up to
+    # four; 2 against 2 after four: one more
+    assert cands.output_calls == [0, 2, 3, 1, 4]
     assert result.winner == 2
     assert sorted(cands.timed(1)) == [2, 3, 4]
 
@@ -280,3 +304,60 @@ def test_non_finite_differences_are_rejected_and_stored_as_json() -> None:
     assert result.candidates[1].status == "rejected" and result.candidates[1].deviation is None
     assert "NaN" in (result.candidates[1].error or "") and result.candidates[1].outside == 4
     json.dumps(result.check, allow_nan=False)
+
+
+# ------------------------------------------------------------------ the miss budget
+
+
+def test_tuning_stops_at_the_budget_and_says_how_far_it_got() -> None:
+    # The first candidate (the frontend's own cost) takes 1 s; each other 0.3 s; a budget
+    # of 1.5 leaves 0.5 s: the check's second candidate, one more for tuning, then stop.
+    cands = FakeCandidates([3.0, 2.0, 1.0, 0.5, 0.1], build_seconds=[1.0, 0.3, 0.3, 0.3, 0.3])
+    result = autotune(cands, BuildOptions(policy="topk", top_k=4), TimingPolicy(budget=1.5, prune_factor=100.0), started=0.0,
+                      clock=cands.clock)  # fmt: skip
+    assert cands.build_calls == [0, 1, 2]
+    assert result.timing["tuned"] == 3 and result.timing["candidates"] == 5 and result.timing["stopped"] == "budget"
+    assert result.timing["reference_seconds"] == 1.0
+    assert result.winner == 2 and result.persist
+
+
+def test_the_check_launches_what_it_needs_past_the_budget() -> None:
+    # The first two disagree: a third decides, however little budget is left.
+    cands = FakeCandidates([1.0, 1.0, 1.0], results=[2.0, 1.0, 1.0], build_seconds=[1.0, 5.0, 5.0])
+    result = autotune(cands, BuildOptions(policy="topk"), TimingPolicy(budget=1.0), started=0.0, clock=cands.clock)
+    assert cands.build_calls == [0, 1, 2]
+    assert result.check["status"] == "agreed" and result.winner in (1, 2) and result.persist
+    assert result.candidates[0].status == "rejected"
+
+
+def test_the_check_asks_another_engine_that_compiles_nothing_first() -> None:
+    cands = FakeCandidates([1.0] * 4, engines=[7, 7, 8, 9], compiling=[2])
+    result = autotune(cands, BuildOptions(policy="heuristic"), TimingPolicy(budget=1.5), started=0.0, clock=cands.clock)
+    assert cands.build_calls == [0, 3]  # not 1 (the same engine), not 2 (runtime compiled)
+    assert result.check["status"] == "agreed" and result.winner == 0
+
+
+def test_a_graph_of_one_engine_is_checked_by_two_of_its_variants_not_all() -> None:
+    cands = FakeCandidates([1.0] * 30, engines=[5] * 30)
+    result = autotune(cands, BuildOptions(policy="heuristic"), TimingPolicy(budget=1.5), started=0.0, clock=cands.clock)
+    assert cands.build_calls == [0, 1]
+    assert result.check["status"] == "agreed" and result.check["compared"] == 2
+
+
+def test_without_a_budget_every_candidate_the_policy_wants_is_tuned() -> None:
+    cands = FakeCandidates([3.0, 2.0, 1.0, 0.5, 0.1], build_seconds=[1.0, 0.3, 0.3, 0.3, 0.3])
+    result = autotune(cands, BuildOptions(policy="exhaustive"), TimingPolicy(budget=math.inf, prune_factor=100.0), started=0.0,
+                      clock=cands.clock)  # fmt: skip
+    assert cands.build_calls == [0, 1, 2, 3, 4] and result.winner == 4
+    assert "stopped" not in result.timing and result.timing["tuned"] == 5
+
+
+def test_the_budget_is_read_from_the_environment() -> None:
+    from plancache.config import ConfigError, autotune_budget_from_env
+
+    assert autotune_budget_from_env({}) == 1.5
+    assert autotune_budget_from_env({"PLANCACHE_AUTOTUNE_BUDGET": " 2 "}) == 2.0
+    assert autotune_budget_from_env({"PLANCACHE_AUTOTUNE_BUDGET": "off"}) == math.inf
+    for bad in ("0.5", "nan", "abc", "-1"):
+        with pytest.raises(ConfigError, match="PLANCACHE_AUTOTUNE_BUDGET"):
+            autotune_budget_from_env({"PLANCACHE_AUTOTUNE_BUDGET": bad})

@@ -207,6 +207,19 @@ class PlanCache:
             self.local.note_use(key.digest, device)
         return plan.named(names_of(graph))
 
+    def tune(self, graph: Any, *, options: BuildOptions | None = None) -> Plan:
+        """Autotune ``graph`` again with no time budget and store the choice in place of its
+        entry (``plancache tune`` calls it for entries whose miss stopped at the budget,
+        ``PLANCACHE_AUTOTUNE_BUDGET``). Later lookups of other processes get the new plan.
+        Raises as ``get`` does."""
+        if self._closed:
+            raise PlanCacheError(f"the plan cache in {self.directory} is closed", path=str(self.directory))
+        options = options or self.options
+        device = self.backend.current_device()
+        environment, env_id = self._environment(device)
+        key = make_key(describe(graph), environment, options, environment_json=self._environment_json[env_id])
+        return self.lookup.retune(graph, key, options, device).named(names_of(graph))
+
     def builder(self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None) -> Any:
         """Decorate a function that builds a ``cudnn.pygraph`` from its arguments.
 

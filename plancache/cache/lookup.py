@@ -10,7 +10,9 @@ unplanned for autotuning if the rebuild fails.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -227,8 +229,17 @@ class Lookup:
         self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check)
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
 
+    def retune(self, graph: Any, key: CacheKey, options: BuildOptions, device: int) -> Plan:
+        """Autotune ``graph`` again without a budget, inside the key's single flight; the
+        choice replaces the stored entry and this process's plan in memory."""
+        _, env_id = self._environment(device)
+        with self.backend.guest(device), self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])):
+            plan = self._build(graph, key, options, None, device, budget=math.inf)
+        self.memory.put((key.digest, device), plan)
+        return plan
+
     def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int,
-               persist: bool = True) -> Plan:  # fmt: skip
+               persist: bool = True, budget: float | None = None) -> Plan:  # fmt: skip
         self.counters["misses"] += 1
         started = time.perf_counter()
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
@@ -236,7 +247,8 @@ class Lookup:
             self.kernel_cache.restore(environment_id(key.parts["environment"]))
         cands = self.backend.candidates(graph, options, key.parts["graph"], inputs)
         try:
-            result = autotune(cands, options, self.timing)
+            timing = self.timing if budget is None else dataclasses.replace(self.timing, budget=budget)
+            result = autotune(cands, options, timing, started=started)
             built = cands.finish(result.winner)
         finally:
             cands.close()

@@ -1,23 +1,34 @@
-"""Which candidate to keep: checked against the others, then timed. No GPU library here.
+"""Which candidate to keep: checked against the others, then timed, within a budget. No GPU
+library here.
 
-A miss builds candidates in the heuristics' order through the ``CandidateSet`` seam and
-launches each once on the same inputs (``prepare``: the caller's tensors, else synthetic
-ones valid for each tensor's role). Their outputs are compared (``engines.consensus``):
-a candidate outside the majority is rejected, with the error measured, and never chosen.
-A majority needs at least two candidates of two different engines (knob variants of one
-engine tend to share its mistakes) and more than half of those compared; candidates are
-added in order until one forms, or none are left.
+A miss builds candidates through the ``CandidateSet`` seam and launches each once on the
+same inputs (``prepare``: the caller's tensors, else synthetic ones valid for each tensor's
+role). Their outputs are compared element by element (``engines.consensus``): a candidate
+outside the majority is rejected, with how far it is measured, and never chosen.
 
-Then, per policy: ``heuristic`` keeps the first candidate of the majority (it launches two
-or more, times none); ``topk`` and ``exhaustive`` time the majority (``topk`` launches at
-least ``top_k`` candidates, ``exhaustive`` all) and keep the fastest: one timed run each
-drops the hopeless (on an H200 the slowest were 1,400x slower than the best), the rest get
-the median of several runs; ties go to the lower index.
+**The budget.** A miss costs what the frontend's own build costs plus what choosing and
+checking add. The first candidate the heuristics offer is built and launched first: the
+time from the miss's start to then is what the frontend alone would have spent (its
+heuristics and its first plan), the *reference*. Everything after must end within
+``budget`` times the reference (``PLANCACHE_AUTOTUNE_BUDGET``, default 1.5), except the
+check: a majority needs two engines (knob variants of one engine tend to share its
+mistakes; one engine is enough when the graph has no other) and more than half of those
+compared, and candidates are launched until one stands, past the budget if need be, up
+to ``CHECK_LIMIT`` of them. Correctness before speed. For the check, candidates of another
+engine that need no runtime compilation come first: they build in milliseconds, where a
+runtime-compiled one takes hundreds (the frontend says which in each plan's behavior notes).
 
-Where no majority forms among two or more, the result is the frontend's own choice (the
-first candidate that builds), marked not to be persisted. Where nothing may be launched
-(a tensor of unknown role, the memory budget, a capture), it is the same choice, persisted
-and recorded as not checked, with the reason: exactly what the frontend alone would run.
+Then, per policy: ``heuristic`` keeps the first candidate of the majority and times none;
+``topk`` and ``exhaustive`` launch more candidates (``top_k`` in all, or every one) and time
+the majority (one run each drops the hopeless: on an H200 the slowest were 1,400x slower
+than the best; the rest get the median of several runs; ties go to the lower index), as
+long as the budget lasts. Where it ran out, the record says how far tuning got
+(``tuned``/``candidates``, ``stopped``), and ``plancache tune`` finishes it offline.
+
+Where no majority forms, the result is the frontend's own choice (the first candidate that
+builds), marked not to be persisted. Where nothing may be launched (a tensor of unknown
+role, the memory budget, a capture), it is the same choice, persisted and recorded as not
+checked, with the reason: exactly what the frontend alone would run.
 """
 
 from __future__ import annotations
@@ -26,17 +37,20 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
-from ..config import MemoryBudget, memory_budget_from_env
+from ..config import MemoryBudget, autotune_budget_from_env, memory_budget_from_env
 from ..errors import BuildError
 from ..key import BuildOptions
 from .backend import CandidateSet
 from .consensus import FAR, RULE, Agreement, Consensus, Group
 
-__all__ = ["AutotuneResult", "CandidateReport", "TimingPolicy", "autotune"]
+__all__ = ["CHECK_LIMIT", "AutotuneResult", "CandidateReport", "TimingPolicy", "autotune"]
+
+#: Candidates the check may launch in all while it looks for a majority, the budget spent or not.
+CHECK_LIMIT = 6
 
 log = logging.getLogger("plancache")
 
@@ -49,9 +63,13 @@ class TimingPolicy:
     runs: int = 7  # timed runs per surviving candidate (after one warm-up)
     prune_factor: float = 3.0  # drop candidates slower than this many times the best first run
     memory: MemoryBudget = field(default_factory=memory_budget_from_env)  # PLANCACHE_AUTOTUNE_MEMORY
+    #: A miss's time as a multiple of the frontend's own build (PLANCACHE_AUTOTUNE_BUDGET);
+    #: ``math.inf``: no limit (what ``plancache tune`` uses).
+    budget: float = field(default_factory=autotune_budget_from_env)
 
     def to_dict(self) -> dict[str, Any]:
         return {"runs": self.runs, "prune_factor": self.prune_factor, "memory": self.memory.describe(),
+                "budget": self.budget if math.isfinite(self.budget) else None,
                 "method": "CUDA events around each run after 1 warm-up; median"}  # fmt: skip
 
 
@@ -89,10 +107,13 @@ class AutotuneResult:
     persist: bool = True  # False: no majority, the frontend's choice for this process only
 
 
-def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | None = None) -> AutotuneResult:
-    """Pick a checked candidate under ``options.policy``; raises ``BuildError`` when none builds."""
+def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | None = None, started: float | None = None,
+             clock: Callable[[], float] = time.perf_counter) -> AutotuneResult:  # fmt: skip
+    """Pick a checked candidate under ``options.policy`` within ``timing.budget``; raises
+    ``BuildError`` when none builds. ``started``: when the miss began (by ``clock``; the
+    frontend's planning before this call is part of the reference), now when not given."""
     timing = timing or TimingPolicy()
-    started = time.perf_counter()
+    started = clock() if started is None else started
     count = len(cands)
     if count == 0:
         raise BuildError("cuDNN offered no candidate plan for this graph", reason="no candidates")
@@ -101,33 +122,37 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
     if why is not None:
         winner = _first_buildable(cands, reports)
         check: dict[str, Any] = {"status": "not run", "rule": RULE, "why": why}
-        return AutotuneResult(
-            winner, reports, options.policy, time.perf_counter() - started, {"method": f"not timed: {why}"}, check
-        )
-    want = {"heuristic": 2, "topk": max(2, options.top_k), "exhaustive": count}[options.policy]
-    consensus = Consensus(cands.bounds())
-    launched = _launch_until_majority(cands, reports, consensus, want)
-    # Built: launched, or failed only at launch. The frontend's own choice is the first.
-    built = [r.index for r in reports if r.status == "checked" or (r.error or "").startswith("launch")]
-    if not built:
-        _none_built(reports, count)
-    if not launched:
+        return AutotuneResult(winner, reports, options.policy, clock() - started, {"method": f"not timed: {why}"}, check)
+    tuning = _Tuning(cands, reports, timing, started, clock)
+    majority = tuning.check()
+    if not tuning.launched:
+        if not any(r.status == "checked" or (r.error or "").startswith("launch") for r in reports):
+            _none_built(reports, count)
         raise BuildError("every candidate that built failed to run", reason="all failed")
-    majority = _majority(consensus, launched, reports)
     if majority is None:
-        return _no_majority(consensus, reports, options, started, launched[0] if len(launched) == 1 else built[0])
-    check = _check_record(consensus, majority, reports)
+        built = [r.index for r in reports if r.status == "checked" or (r.error or "").startswith("launch")]
+        first = tuning.launched[0] if len(tuning.launched) == 1 else built[0]
+        return _no_majority(tuning.consensus, reports, options, clock() - started, first, tuning.progress())
     if options.policy == "heuristic":
+        check = _check_record(tuning.consensus, majority, reports)
         winner = min(majority.members)
         reports[winner].status = "chosen"
-        return AutotuneResult(winner, reports, options.policy, time.perf_counter() - started,
-                              {"method": "not timed: heuristic policy"}, check)  # fmt: skip
-    winner = _time_majority(cands, reports, sorted(majority.members), timing)
+        return AutotuneResult(winner, reports, options.policy, clock() - started,
+                              {"method": "not timed: heuristic policy", **tuning.progress()}, check)  # fmt: skip
+    want = max(2, options.top_k) if options.policy == "topk" else count
+    widened = tuning.widen(want) or tuning.check()  # the candidates added may have split the majority
+    if widened is None:
+        built = [r.index for r in reports if r.status == "checked" or (r.error or "").startswith("launch")]
+        return _no_majority(tuning.consensus, reports, options, clock() - started, built[0], tuning.progress())
+    majority = widened
+    check = _check_record(tuning.consensus, majority, reports)
+    members = sorted(majority.members)[:want]
+    winner = tuning.time(members) if members else min(majority.members)
     reports[winner].status = "chosen"
-    elapsed = time.perf_counter() - started
-    log.debug("plancache: autotuned %d/%d candidates (%d rejected) in %.3f s; chose #%d (%.4f ms)", len(launched), count,
+    elapsed = clock() - started
+    log.debug("plancache: autotuned %d/%d candidates (%d rejected) in %.3f s; chose #%d (%.4f ms)", len(tuning.launched), count,
               len(check["rejected"]), elapsed, winner, reports[winner].median_ms or 0.0)  # fmt: skip
-    return AutotuneResult(winner, reports, options.policy, elapsed, timing.to_dict(), check)
+    return AutotuneResult(winner, reports, options.policy, elapsed, {**timing.to_dict(), **tuning.progress()}, check)
 
 
 def _first_buildable(cands: CandidateSet, reports: list[CandidateReport]) -> int:
@@ -145,39 +170,133 @@ def _none_built(reports: list[CandidateReport], count: int) -> NoReturn:
     raise BuildError(f"none of the {count} candidate plans could be built: {reasons}", reason="all failed")
 
 
-def _launch_until_majority(cands: CandidateSet, reports: list[CandidateReport], consensus: Consensus, want: int) -> list[int]:
-    """Build and launch candidates in order until ``want`` were compared and a majority
-    stands, or none are left; returns the candidates launched."""
-    launched: list[int] = []
-    for report in reports:
-        if len(launched) >= want and _majority(consensus, launched, reports) is not None:
-            break
-        error = cands.build(report.index)
+class _Tuning:
+    """One miss's candidates being launched, compared and timed against its deadline."""
+
+    def __init__(self, cands: CandidateSet, reports: list[CandidateReport], timing: TimingPolicy, started: float,
+                 clock: Callable[[], float]) -> None:  # fmt: skip
+        self.cands, self.reports, self.timing, self.clock = cands, reports, timing, clock
+        self.started = started
+        self.deadline = math.inf  # set once the first candidate ran: budget x the reference
+        self.reference: float | None = None
+        self.consensus = Consensus(cands.bounds())
+        self.launched: list[int] = []
+        self.stopped: str | None = None
+        self.engines = {r.engine.get("engine_id", r.index) for r in reports}
+
+    def _launch(self, report: CandidateReport) -> bool:
+        """Build and launch one candidate; whether it joined the comparison."""
+        error = self.cands.build(report.index)
         if error is not None:
             report.status, report.error = "failed", error
-            continue
+            return False
         try:
-            outputs = cands.outputs(report.index)
+            outputs = self.cands.outputs(report.index)
         except Exception as exc:  # one candidate that cannot launch is dropped, not the miss
             _launch_failed(report, exc)
-            continue
-        consensus.add(report.index, outputs)
+            return False
+        self.consensus.add(report.index, outputs)
         report.status = "checked"
-        launched.append(report.index)
-    return launched
+        self.launched.append(report.index)
+        if self.reference is None:  # the frontend's own cost: its heuristics and its first plan
+            self.reference = self.clock() - self.started
+            self.deadline = self.started + self.timing.budget * self.reference
+        return True
 
+    def _untried(self) -> list[CandidateReport]:
+        return [r for r in self.reports if r.status == "not_built"]
 
-def _majority(consensus: Consensus, launched: list[int], reports: list[CandidateReport]) -> Group | None:
-    """The majority group, when it holds two engines, or when every candidate launched agreed
-    and there is no other candidate left to ask (knob variants of one engine only)."""
-    group = consensus.majority()
-    if group is None:
-        return None
-    engines = {reports[i].engine.get("engine_id", i) for i in group.members}
-    if len(engines) >= 2:
-        return group
-    untried = any(r.status == "not_built" for r in reports)
-    return group if not untried and len(consensus.groups) == 1 else None
+    def majority(self) -> Group | None:
+        """The majority group, when it holds two engines, or one engine when the graph has no
+        other, or every candidate agreed and none is left to ask."""
+        group = self.consensus.majority()
+        if group is None:
+            return None
+        engines = {self.reports[i].engine.get("engine_id", i) for i in group.members}
+        if len(engines) >= 2 or len(self.engines) == 1:
+            return group
+        return group if not self._untried() and len(self.consensus.groups) == 1 else None
+
+    def _check_order(self) -> list[CandidateReport]:
+        """Untried candidates in the order the check asks them: first the heuristics' own
+        choice, then other engines before knob variants of engines already launched, and
+        among each, those built without runtime compilation first (milliseconds, not
+        hundreds of them); the heuristics' order within."""
+        seen = {self.reports[i].engine.get("engine_id", i) for i in self.launched}
+        untried = self._untried()
+        if not self.launched:
+            return untried
+        return sorted(untried, key=lambda r: (r.engine.get("engine_id", r.index) in seen, self.cands.compiles(r.index), r.index))
+
+    def check(self) -> Group | None:
+        """Launch candidates until a majority stands: past the budget if need be (the check
+        comes first), up to ``CHECK_LIMIT`` launched, or none left."""
+        tries = 0  # after the first launch: builds that fail count too, or a long run of them would
+        while len(self.launched) < CHECK_LIMIT and tries < 2 * CHECK_LIMIT:
+            if len(self.launched) >= 2 and self.majority() is not None:
+                break
+            order = self._check_order()
+            if not order:
+                break
+            tries += bool(self.launched)
+            self._launch(order[0])
+        return self.majority() if len(self.launched) >= 2 or not self._untried() else None
+
+    def widen(self, want: int) -> Group | None:
+        """Launch more candidates, in the heuristics' order, until ``want`` were compared or
+        the budget is spent; the majority then."""
+        for report in self._untried():
+            if len(self.launched) >= want:
+                break
+            if self.clock() >= self.deadline:
+                self.stopped = "budget"
+                break
+            self._launch(report)
+        return self.majority()
+
+    def time(self, members: list[int]) -> int:
+        """The fastest of ``members``: one run each (a launch: cheap next to a build), then
+        the median of careful runs, fastest first, as long as the budget lasts (the fastest
+        one always)."""
+        reports, timing = self.reports, self.timing
+        firsts: dict[int, float] = {}
+        for index in members:
+            try:
+                firsts[index] = reports[index].first_ms = self.cands.time(index, 1)[0]
+            except Exception as exc:
+                _launch_failed(reports[index], exc)
+        if not firsts:
+            raise BuildError("every candidate that agreed failed to run again", reason="all failed")
+        best = min(firsts.values())  # not ``first_ms or inf``: a run timed at 0.0 ms is the best
+        medians: dict[int, float] = {}
+        for index, first in sorted(firsts.items(), key=lambda item: (item[1], item[0])):
+            report = reports[index]
+            if first > timing.prune_factor * best:
+                report.status = "pruned"
+                continue
+            if medians and self.clock() >= self.deadline:
+                self.stopped = "budget"
+                continue
+            try:
+                report.times_ms = self.cands.time(index, timing.runs)
+            except Exception as exc:
+                _launch_failed(report, exc)
+                continue
+            report.status = "timed"
+            medians[index] = report.median_ms = statistics.median(report.times_ms)
+        if not medians:
+            raise BuildError("every candidate that agreed failed to run again", reason="all failed")
+        return min(medians, key=lambda i: (medians[i], i))
+
+    def progress(self) -> dict[str, Any]:
+        """How far tuning got, stored with the entry: ``plancache tune`` finishes what a
+        budget stopped."""
+        found: dict[str, Any] = {"tuned": len(self.launched), "candidates": len(self.reports)}
+        if self.reference is not None:
+            found["reference_seconds"] = round(self.reference, 6)
+        if self.stopped is not None:
+            found["stopped"] = self.stopped
+        return found
 
 
 def _launch_failed(report: CandidateReport, exc: Exception) -> None:
@@ -214,14 +333,14 @@ def _note(report: CandidateReport, agreement: Agreement) -> None:
     report.deviation, report.outside, report.fraction = recorded["worst"], recorded["outside"], recorded["fraction"]
 
 
-def _no_majority(consensus: Consensus, reports: list[CandidateReport], options: BuildOptions, started: float,
-                 first: int) -> AutotuneResult:  # fmt: skip
+def _no_majority(consensus: Consensus, reports: list[CandidateReport], options: BuildOptions, elapsed: float,
+                 first: int, progress: dict[str, Any]) -> AutotuneResult:  # fmt: skip
     """One candidate alone, or candidates without a majority: the frontend's choice."""
     if consensus.compared == 1:
         reports[first].status = "chosen"
         check = {"status": "single", "rule": RULE, "compared": 1, "agreeing": 1, "rejected": []}
-        return AutotuneResult(first, reports, options.policy, time.perf_counter() - started,
-                              {"method": "not timed: one candidate launched"}, check)  # fmt: skip
+        return AutotuneResult(first, reports, options.policy, elapsed, {"method": "not timed: one candidate launched", **progress},
+                              check)  # fmt: skip
     groups = [[reports[i].engine.get("name") or f"#{i}" for i in g.members] for g in consensus.groups]
     for report in reports:
         if report.status == "checked":
@@ -230,38 +349,8 @@ def _no_majority(consensus: Consensus, reports: list[CandidateReport], options: 
     reports[first].status = "chosen"
     check = {"status": "no majority", "rule": RULE, "compared": consensus.compared, "groups": groups,
              "spread": consensus.spread().to_dict(), "far": FAR, "rejected": []}  # fmt: skip
-    return AutotuneResult(first, reports, options.policy, time.perf_counter() - started,
-                          {"method": "not timed: no majority"}, check, persist=False)  # fmt: skip
-
-
-def _time_majority(cands: CandidateSet, reports: list[CandidateReport], members: list[int], timing: TimingPolicy) -> int:
-    """Time the agreeing candidates; the fastest median wins (ties to the lower index)."""
-    firsts: dict[int, float] = {}
-    for index in members:
-        try:
-            firsts[index] = reports[index].first_ms = cands.time(index, 1)[0]
-        except Exception as exc:
-            _launch_failed(reports[index], exc)
-    if not firsts:
-        raise BuildError("every candidate that agreed failed to run again", reason="all failed")
-    # Not ``first_ms or inf``: a run timed at 0.0 ms is the best, not missing.
-    best = min(firsts.values())
-    medians: dict[int, float] = {}
-    for index, first in firsts.items():
-        report = reports[index]
-        if first > timing.prune_factor * best:
-            report.status = "pruned"
-            continue
-        try:
-            report.times_ms = cands.time(index, timing.runs)
-        except Exception as exc:
-            _launch_failed(report, exc)
-            continue
-        report.status = "timed"
-        medians[index] = report.median_ms = statistics.median(report.times_ms)
-    if not medians:
-        raise BuildError("every candidate that agreed failed to run again", reason="all failed")
-    return min(medians, key=lambda i: (medians[i], i))
+    return AutotuneResult(first, reports, options.policy, elapsed, {"method": "not timed: no majority", **progress}, check,
+                          persist=False)  # fmt: skip
 
 
 def check_summary(check: Mapping[str, Any] | None) -> str:

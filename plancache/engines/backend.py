@@ -65,6 +65,12 @@ class CandidateSet(Protocol):
         """Build candidate ``index``; None on success, else why it failed."""
         ...
 
+    def compiles(self, index: int) -> bool:
+        """Whether building candidate ``index`` compiles kernels at run time (hundreds of
+        milliseconds, where others take a few): the library's own word, asked without
+        building it."""
+        ...
+
     def prepare(self, budget: MemoryBudget) -> str | None:
         """Make the inputs every launch uses: the caller's own tensors, else synthetic ones
         valid for the role each plays (``engines.inputs``), within ``budget``. None when

@@ -209,6 +209,7 @@ class _Candidates:
         self.pack: dict[int, Any] | None = None
         self.stream: Any = None
         self.spare = 0  # bytes of the budget left for a candidate's workspace
+        self._compiles: dict[int, bool] = {}
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -221,6 +222,16 @@ class _Candidates:
         except Exception:
             return EngineChoice(engine_id=None, knobs={}, name=name)
         return EngineChoice(engine_id=int(engine_id), knobs=_knobs_to_json(knobs or {}), name=name)
+
+    def compiles(self, position: int) -> bool:
+        found = self._compiles.get(position)
+        if found is None:
+            try:
+                notes = self.graph.get_behavior_notes_for_plan_at_index(self.indices[position])
+            except Exception:  # a plan of the frontend's own Python engines, say: no backend notes
+                notes = []
+            found = self._compiles[position] = _cudnn().behavior_note.RUNTIME_COMPILATION in list(notes or [])
+        return found
 
     def build(self, position: int) -> str | None:
         cudnn = _cudnn()

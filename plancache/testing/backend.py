@@ -135,7 +135,9 @@ class CpuTestBackend:
     ``candidates``: how many candidate plans each graph has. ``unbuildable``: indices whose
     build fails. ``unlaunchable``: indices whose launches raise. ``engine_ids``: the engine
     id of each index (default: the index; equal ids stand for knob variants of one engine).
-    ``build_delay``: seconds each candidate build sleeps. ``build_log``: a file that gets one
+    ``build_delay``: seconds each candidate build sleeps; ``runtime_compiled`` ones (say so in
+    ``compiles``) sleep ``compile_factor`` times longer, as runtime compilation takes hundreds
+    of milliseconds where other builds take a few. ``build_log``: a file that gets one
     line per finished build. ``environment``: replaces fields of every device's fingerprint;
     ``devices``: how many devices, or one dict of replaced fields per device. ``in_use``:
     the devices already set up (default: all).
@@ -153,6 +155,8 @@ class CpuTestBackend:
         wrong: Sequence[int] = (),
         wrong_band: Mapping[int, tuple[float, float]] | None = None,
         engine_ids: Sequence[int] = (),
+        runtime_compiled: Sequence[int] = (),
+        compile_factor: float = 50.0,
         memory: int = 64 << 30,
         build_delay: float = 0.0,
         build_log: str | os.PathLike[str] | None = None,
@@ -168,6 +172,8 @@ class CpuTestBackend:
         self.wrong = frozenset(wrong) | frozenset(wrong_band or {})
         self.wrong_band = dict(wrong_band or {})
         self.engine_ids = list(engine_ids)
+        self.runtime_compiled = frozenset(runtime_compiled)
+        self.compile_factor = compile_factor
         self.build_delay = build_delay
         self.build_log = os.fspath(build_log) if build_log is not None else None
         self.devices = _Devices(environment, devices, in_use)

@@ -48,14 +48,18 @@ class CpuCandidates:
         engine_id = self.backend.engine_ids[index] if index < len(self.backend.engine_ids) else index
         return EngineChoice(engine_id=engine_id, knobs={"tile": 64 << (index % 3)}, name=f"test_engine_{index}")
 
+    def compiles(self, index: int) -> bool:
+        return index in self.backend.runtime_compiled
+
     def build(self, index: int) -> str | None:
         self.backend.cuda.check()
         if index in self.backend.unbuildable:
             return "not supported by the test device"
-        if self.backend.build_delay:
+        delay = self.backend.build_delay * (self.backend.compile_factor if self.compiles(index) else 1)
+        if delay:
             import time
 
-            time.sleep(self.backend.build_delay)
+            time.sleep(delay)
         self.built.add(index)
         return None
 

@@ -48,14 +48,13 @@ def _pointwise(torch: Any, mode: str, a: Any, b: Any, params: Mapping[str, Any])
     if mode in unary:
         return unary[mode](a)
     if mode in ("relu", "leaky_relu"):
+        # cuDNN's RELU_FWD: at or below the lower clip (0 by default), the clip plus the
+        # slope times the distance below it; above, the input, capped at the upper clip.
         slope = float(params.get("negative_slope") or (0.01 if mode == "leaky_relu" else 0.0))
-        out = torch.where(a >= 0, a, a * slope)
-        lower, upper = params.get("lower_clip"), params.get("upper_clip")
-        if lower is not None:
-            out = torch.where(a >= float(lower), out, torch.full_like(a, float(lower)) if slope == 0 else out)
-        if upper is not None:
-            out = out.clamp(max=float(upper))
-        return out
+        lower = float(params.get("lower_clip") or 0.0)
+        out = torch.where(a <= lower, lower + slope * (a - lower), a)
+        upper = params.get("upper_clip")
+        return out if upper is None else torch.where(a <= lower, out, out.clamp(max=float(upper)))
     raise NotImplementedError(f"pointwise mode {mode!r}")
 
 

@@ -41,8 +41,9 @@ class Progress:
     """done/total, hits skipped, failures, time of the last entry and ETA on stderr: tqdm
     when installed, else one self-rewritten line. Silent when stderr is not a terminal."""
 
-    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None) -> None:
+    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, desc: str = "prewarm") -> None:
         self.stream = stream or sys.stderr
+        self.desc = desc
         self.enabled = enabled and total > 0 and self.stream.isatty()
         self.total, self.done, self.hits, self.failed = total, 0, 0, 0
         self.started = time.perf_counter()
@@ -52,7 +53,7 @@ class Progress:
                 from tqdm import tqdm
             except ImportError:
                 return
-            self.bar = tqdm(total=total, file=self.stream, unit="graph", desc="prewarm", dynamic_ncols=True)
+            self.bar = tqdm(total=total, file=self.stream, unit="graph", desc=desc, dynamic_ncols=True)
 
     def update(self, status: str, seconds: float) -> None:
         self.done += 1
@@ -66,7 +67,7 @@ class Progress:
             return
         elapsed = time.perf_counter() - self.started
         eta = elapsed / self.done * (self.total - self.done)
-        self.stream.write(f"\rprewarm {self.done}/{self.total}  hits {self.hits}  failed {self.failed}  "
+        self.stream.write(f"\r{self.desc} {self.done}/{self.total}  hits {self.hits}  failed {self.failed}  "
                           f"last {seconds:.2f}s  ETA {eta:.0f}s ")  # fmt: skip
         self.stream.flush()
 

@@ -1,0 +1,245 @@
+"""cuDNN's C API and the CUDA driver calls a launch needs, through ctypes: the one module
+that owns the C libraries.
+
+Why not the frontend's binding: it holds the GIL through every call (a plan's finalize
+takes 22-85 ms on an H200, and a program's main thread stalled up to 64 ms per plan) and
+its ``deserialize`` ends in a warm-up capture that breaks the device-wide synchronizations
+of other threads. A foreign call through ``ctypes.CDLL`` releases the GIL for its
+duration, and loading a plan here is only host work and cuDNN's finalize: no capture, no
+allocation, no synchronization.
+
+The library is the one the process already loaded (found in ``/proc/self/maps``, after
+asking the frontend to load it if nothing had yet): two copies of cuDNN in one process
+would not share handles or plans. Every function is declared once (``argtypes``,
+``restype``), every status is checked and turned into ``NativeError`` naming the call,
+the status and cuDNN's own last message.
+
+Enumeration values are cuDNN 9's (``cudnn_graph.h``); they are ABI-stable across 9.x.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...errors import PlanCacheError
+
+__all__ = ["Library", "NativeError", "library"]
+
+# cudnnBackendDescriptorType_t
+EXECUTION_PLAN = 5
+VARIANT_PACK = 16
+# cudnnBackendAttributeName_t
+PLAN_HANDLE = 400
+PLAN_WORKSPACE_SIZE = 402
+PLAN_JSON = 405
+PACK_UIDS = 1000
+PACK_POINTERS = 1001
+PACK_WORKSPACE = 1003
+# cudnnBackendAttributeType_t
+TYPE_HANDLE = 0
+TYPE_INT64 = 3
+TYPE_VOID_PTR = 6
+TYPE_CHAR = 24
+
+_c_void_p_p = ctypes.POINTER(ctypes.c_void_p)
+_c_int64_p = ctypes.POINTER(ctypes.c_int64)
+
+
+class NativeError(PlanCacheError, RuntimeError):
+    """A call into cuDNN's C API or the CUDA driver failed: ``call`` names it, ``status``
+    is its status code."""
+
+    def __init__(self, message: str, *, call: str, status: int) -> None:
+        super().__init__(message)
+        self.call = call
+        self.status = status
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_native_error, (str(self), self.call, self.status))
+
+
+def _rebuild_native_error(message: str, call: str, status: int) -> NativeError:
+    return NativeError(message, call=call, status=status)
+
+
+def loaded_path(names: Sequence[str], maps: str = "/proc/self/maps") -> str | None:
+    """The path of the first of ``names`` (``libcudnn_graph.so``) this process has mapped."""
+    try:
+        with open(maps) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for name in names:
+        for line in lines:
+            path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+            if os.path.basename(path).startswith(name):
+                return path
+    return None
+
+
+class Library:
+    """cuDNN's backend API and the few driver calls launches need, declared once."""
+
+    def __init__(self, cudnn: Any, cuda: Any) -> None:
+        self._cudnn = cudnn
+        self._cuda = cuda
+        c = cudnn
+        self._declare(c.cudnnGetVersion, [], ctypes.c_size_t)
+        self._declare(c.cudnnGetErrorString, [ctypes.c_int], ctypes.c_char_p)
+        self._declare(c.cudnnGetLastErrorString, [ctypes.c_char_p, ctypes.c_size_t], None)
+        self._declare(c.cudnnCreate, [_c_void_p_p], ctypes.c_int)
+        self._declare(c.cudnnSetStream, [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int)
+        self._declare(c.cudnnBackendCreateDescriptor, [ctypes.c_int, _c_void_p_p], ctypes.c_int)
+        self._declare(c.cudnnBackendDestroyDescriptor, [ctypes.c_void_p], ctypes.c_int)
+        self._declare(c.cudnnBackendFinalize, [ctypes.c_void_p], ctypes.c_int)
+        self._declare(c.cudnnBackendSetAttribute,
+                      [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p], ctypes.c_int)  # fmt: skip
+        self._declare(c.cudnnBackendGetAttribute,
+                      [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, _c_int64_p, ctypes.c_void_p],
+                      ctypes.c_int)  # fmt: skip
+        self._declare(c.cudnnBackendExecute, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int)
+        self._declare(
+            cuda.cuMemcpyHtoDAsync_v2, [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int
+        )
+        self._declare(cuda.cuMemsetD8Async, [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int)
+        self._declare(cuda.cuStreamIsCapturing, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int)
+        # The hot calls, bound once: an attribute lookup on a CDLL costs a dict probe.
+        self._execute = c.cudnnBackendExecute
+        self._set_stream = c.cudnnSetStream
+
+    @staticmethod
+    def _declare(function: Any, argtypes: list[Any], restype: Any) -> None:
+        function.argtypes = argtypes
+        function.restype = restype
+
+    # ------------------------------------------------------------------ errors
+
+    def _check(self, status: int, call: str) -> None:
+        if status != 0:
+            raise self._error(status, call)
+
+    def _error(self, status: int, call: str) -> NativeError:
+        name = (self._cudnn.cudnnGetErrorString(status) or b"").decode(errors="replace")
+        detail = ctypes.create_string_buffer(1024)
+        self._cudnn.cudnnGetLastErrorString(detail, len(detail))
+        said = detail.value.decode(errors="replace").strip()
+        return NativeError(f"{call} failed: {name} ({status}){': ' + said if said else ''}", call=call, status=status)
+
+    def _check_driver(self, status: int, call: str) -> None:
+        if status != 0:
+            raise NativeError(f"{call} failed: CUDA driver error {status}", call=call, status=status)
+
+    # ------------------------------------------------------------------ handles
+
+    def version(self) -> int:
+        return int(self._cudnn.cudnnGetVersion())
+
+    def create_handle(self) -> int:
+        """A new cuDNN handle on the calling thread's current device (a ``cudaMalloc``:
+        call it in relaxed capture mode, outside any capture)."""
+        handle = ctypes.c_void_p()
+        self._check(self._cudnn.cudnnCreate(ctypes.byref(handle)), "cudnnCreate")
+        return int(handle.value or 0)
+
+    def set_stream(self, handle: int, stream: int) -> None:
+        status = self._set_stream(handle, stream)
+        if status:
+            raise self._error(status, "cudnnSetStream")
+
+    # ------------------------------------------------------------------ descriptors
+
+    def create(self, kind: int) -> int:
+        descriptor = ctypes.c_void_p()
+        self._check(self._cudnn.cudnnBackendCreateDescriptor(kind, ctypes.byref(descriptor)), "cudnnBackendCreateDescriptor")
+        return int(descriptor.value or 0)
+
+    def destroy(self, descriptor: int) -> None:
+        self._check(self._cudnn.cudnnBackendDestroyDescriptor(descriptor), "cudnnBackendDestroyDescriptor")
+
+    def set(self, descriptor: int, name: int, kind: int, count: int, values: Any, what: str) -> None:
+        status = self._cudnn.cudnnBackendSetAttribute(descriptor, name, kind, count, values)
+        self._check(status, f"cudnnBackendSetAttribute({what})")
+
+    def finalize(self, descriptor: int, what: str) -> None:
+        self._check(self._cudnn.cudnnBackendFinalize(descriptor), f"cudnnBackendFinalize({what})")
+
+    def load_plan(self, handle: int, representation: str) -> int:
+        """An execution plan finalized from its JSON representation (what the frontend
+        serializes as ``cudnn_backend_data``); the caller owns it (``destroy``). The GIL is
+        released through the finalize, the long part."""
+        plan = self.create(EXECUTION_PLAN)
+        try:
+            raw = ctypes.c_void_p(handle)
+            self.set(plan, PLAN_HANDLE, TYPE_HANDLE, 1, ctypes.byref(raw), "EXECUTION_PLAN_HANDLE")
+            text = representation.encode()
+            buffer = ctypes.create_string_buffer(text, len(text))
+            self.set(plan, PLAN_JSON, TYPE_CHAR, len(text), buffer, "EXECUTION_PLAN_JSON_REPRESENTATION")
+            self.finalize(plan, "EXECUTION_PLAN")
+        except BaseException:
+            self.destroy(plan)
+            raise
+        return plan
+
+    def plan_workspace(self, plan: int) -> int:
+        size, count = ctypes.c_int64(), ctypes.c_int64()
+        status = self._cudnn.cudnnBackendGetAttribute(plan, PLAN_WORKSPACE_SIZE, TYPE_INT64, 1, ctypes.byref(count),
+                                                      ctypes.byref(size))  # fmt: skip
+        self._check(status, "cudnnBackendGetAttribute(EXECUTION_PLAN_WORKSPACE_SIZE)")
+        return int(size.value)
+
+    def variant_pack(self, uids: Any, pointers: Any, count: int, workspace: int) -> int:
+        """A finalized variant pack (``uids``: a ctypes int64 array, ``pointers``: a ctypes
+        void* array, ``count`` of each); the caller owns it."""
+        pack = self.create(VARIANT_PACK)
+        try:
+            self.set(pack, PACK_UIDS, TYPE_INT64, count, uids, "VARIANT_PACK_UNIQUE_IDS")
+            self.set(pack, PACK_POINTERS, TYPE_VOID_PTR, count, pointers, "VARIANT_PACK_DATA_POINTERS")
+            raw = ctypes.c_void_p(workspace or None)
+            self.set(pack, PACK_WORKSPACE, TYPE_VOID_PTR, 1, ctypes.byref(raw), "VARIANT_PACK_WORKSPACE")
+            self.finalize(pack, "VARIANT_PACK")
+        except BaseException:
+            self.destroy(pack)
+            raise
+        return pack
+
+    def execute(self, handle: int, plan: int, pack: int) -> None:
+        status = self._execute(handle, plan, pack)
+        if status:
+            raise self._error(status, "cudnnBackendExecute")
+
+    # ------------------------------------------------------------------ driver
+
+    def copy_to_device(self, destination: int, source: Any, size: int, stream: int) -> None:
+        self._check_driver(self._cuda.cuMemcpyHtoDAsync_v2(destination, source, size, stream), "cuMemcpyHtoDAsync")
+
+    def zero(self, destination: int, size: int, stream: int) -> None:
+        self._check_driver(self._cuda.cuMemsetD8Async(destination, 0, size, stream), "cuMemsetD8Async")
+
+    def capturing(self, stream: int) -> bool:
+        status = ctypes.c_int()
+        self._check_driver(self._cuda.cuStreamIsCapturing(stream, ctypes.byref(status)), "cuStreamIsCapturing")
+        return status.value != 0
+
+
+_lock = threading.Lock()
+_loaded: list[Library] = []
+_NAMES = ("libcudnn_graph.so", "libcudnn.so")
+
+
+def library(load_cudnn: Callable[[], None] | None = None) -> Library:
+    """The process's cuDNN, declared once. ``load_cudnn`` makes the frontend load cuDNN when
+    nothing has yet. Raises ``OSError`` when there is no cuDNN or CUDA driver to use."""
+    with _lock:
+        if not _loaded:
+            path = loaded_path(_NAMES)
+            if path is None and load_cudnn is not None:
+                load_cudnn()  # the frontend loads cuDNN on first use
+                path = loaded_path(_NAMES)
+            if path is None:
+                raise OSError("cuDNN is not loaded in this process (no libcudnn_graph.so or libcudnn.so in /proc/self/maps)")
+            _loaded.append(Library(ctypes.CDLL(path), ctypes.CDLL("libcuda.so.1")))
+        return _loaded[0]

@@ -1,0 +1,131 @@
+"""A plan loaded and launched through cuDNN's C API.
+
+``NativePlan.load`` finalizes the backend plan from its JSON representation (host work
+and cuDNN's finalize, the GIL released; nothing captured, allocated or synchronized: the
+kernels load at the first launch). ``launch`` does per launch what the frontend's execute
+does (``record``: the workspace modifications, the variant pack, the backend execute), with
+the variant pack of each set of pointers made once and kept, a few per plan.
+
+Lifetimes: a plan owns its backend descriptor, its variant packs and the host buffers
+the backend reads (by-value scalars, the floats copied into the workspace). A CUDA graph
+captured from a launch keeps pointing at all of them, and cuDNN releases a
+runtime-compiled plan's code with the plan, so a plan launched on a capturing stream is
+kept for the rest of the process (``_CAPTURED``); any other is destroyed, exactly once,
+when its last reference goes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from .library import Library
+from .record import Layout, PlanRecord
+
+__all__ = ["PACKS_PER_PLAN", "NativePlan"]
+
+#: Variant packs kept per plan (one per set of pointers a program launches with; a
+#: training step or a server's fixed buffers repeat a few).
+PACKS_PER_PLAN = 8
+
+#: Plans launched while their stream was capturing: a CUDA graph may replay them at any
+#: time, so they live as long as the process.
+_CAPTURED: set[NativePlan] = set()
+
+
+class _Owned:
+    """What a plan's finalizer destroys: the plan descriptor and its variant packs."""
+
+    def __init__(self, library: Library, plan: int) -> None:
+        self.library = library
+        self.plan = plan
+        self.packs: OrderedDict[tuple[int, ...], int] = OrderedDict()
+
+    def destroy(self) -> None:
+        for pack in self.packs.values():
+            self.library.destroy(pack)
+        self.packs.clear()
+        self.library.destroy(self.plan)
+
+
+class NativePlan:
+    """A frontend plan blob loaded through cuDNN's C API, launched by uid."""
+
+    def __init__(self, library: Library, record: PlanRecord, handle: int, device: int) -> None:
+        self.library = library
+        self.record = record
+        self.device = device
+        self.layout = Layout.of(record)
+        self.user_uids = self.layout.user_uids
+        plan = library.load_plan(handle, record.representation)
+        self._owned = _Owned(library, plan)
+        finalizer = weakref.finalize(self, self._owned.destroy)
+        finalizer.atexit = False  # at exit CUDA may be gone: the process frees everything
+        self.plan = plan
+        #: Bytes of workspace a launch needs: the frontend's part, then the backend's.
+        self.workspace_size = record.fe_workspace_size + library.plan_workspace(plan)
+        self._by_value = [ctypes.create_string_buffer(v.data, len(v.data)) for v in record.by_value.values()]
+        self._fixed = [ctypes.addressof(b) for b in self._by_value]
+        self._copies = [
+            (change.offset, (ctypes.c_float * len(change.values))(*change.values))
+            for change in record.workspace.values()
+            if change.operation == 0
+        ]
+        self._zeros = [(change.offset, change.zero_bytes) for change in record.workspace.values() if change.operation == 1]
+        backend = self.layout.backend
+        self._uids = (ctypes.c_int64 * len(backend))(*(self.layout.uids[slot] for slot in backend))
+        self._count = len(backend)
+        self._lock = threading.Lock()
+        self._pinned = False
+
+    def __repr__(self) -> str:
+        return f"<NativePlan device {self.device} uids {list(self.user_uids)} workspace {self.workspace_size}>"
+
+    def _pack(self, user: Sequence[int], workspace: int) -> int:
+        """The variant pack of these pointers (made once, the least recently used of more
+        than ``PACKS_PER_PLAN`` destroyed); call with ``_lock`` held."""
+        key = (*user, workspace)
+        packs = self._owned.packs
+        pack = packs.get(key)
+        if pack is not None:
+            packs.move_to_end(key)
+            return pack
+        pointers = self.layout.pointers(user, workspace, self._fixed)
+        array = (ctypes.c_void_p * self._count)(*(pointers[slot] or None for slot in self.layout.backend))
+        engine_workspace = workspace + self.record.fe_workspace_size if workspace else 0  # the backend's part
+        pack = packs[key] = self.library.variant_pack(self._uids, array, self._count, engine_workspace)
+        if len(packs) > PACKS_PER_PLAN:
+            _, oldest = packs.popitem(last=False)
+            self.library.destroy(oldest)
+        return pack
+
+    def launch(self, user: Sequence[int], workspace: int, handle: int, stream: int) -> None:
+        """Run the plan on ``stream`` with ``handle`` (already set to that stream):
+        ``user`` the caller's data pointers in ``user_uids`` order, ``workspace`` a device
+        buffer of at least ``workspace_size`` bytes (0 when none is needed)."""
+        library = self.library
+        if not self._pinned and library.capturing(stream):
+            self._pinned = True
+            _CAPTURED.add(self)
+        for offset, floats in self._copies:
+            library.copy_to_device(workspace + offset, floats, ctypes.sizeof(floats), stream)
+        for offset, size in self._zeros:
+            library.zero(workspace + offset, size, stream)
+        with self._lock:  # a pack in use must not be destroyed by another thread's eviction
+            pack = self._pack(user, workspace)
+            library.execute(handle, self.plan, pack)
+
+    def forget_packs(self) -> None:
+        """Destroy the cached variant packs (their pointers will not be launched again)."""
+        with self._lock:
+            for pack in self._owned.packs.values():
+                self.library.destroy(pack)
+            self._owned.packs.clear()
+
+
+def captured_plans() -> int:
+    """How many plans are kept for CUDA graphs that may replay them."""
+    return len(_CAPTURED)

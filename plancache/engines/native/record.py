@@ -1,0 +1,241 @@
+"""What a serialized cuDNN Frontend plan holds, and how a launch lays out its variant pack.
+
+A frontend plan blob (UBJSON, ``engines.native.ubjson``) carries the backend plan's JSON
+representation (``cudnn_backend_data``) and what the frontend adds around the backend at
+every launch:
+
+* ``variant_pack_uids``: the tensors the backend plan reads and writes;
+* ``pass_by_values``: scalars the graph holds, passed to the backend as host pointers;
+* ``workspace_modifications``: per uid, an operation (0: copy these floats to the
+  workspace, 1: zero this many bytes of it, anything else: only point the uid there), an
+  offset into the frontend's part of the workspace, and the floats;
+* ``variant_pack_replacements``: a uid pointed at another's pointer plus an offset;
+* ``fe_workspace_size``: the frontend's part of the workspace, in front of the backend's;
+* ``aligned_operands``: per uid, the alignment its pointer must have.
+
+``Layout`` turns these into the order of the pack's slots exactly as the frontend's
+``prepare_variant_pack_template`` does (cuDNN Frontend 1.32): the variant-pack uids and
+the replacement sources, sorted; then the by-value uids and the workspace uids not among
+them. A launch fills the caller's slots, the workspace slots, the replacements, and
+hands the backend every slot but a replacement source that the plan does not read.
+
+``refusal`` is the gate: a blob with a format version, a field or a value this code was
+not tested on is left to the frontend's own path.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .ubjson import UbjsonError, decode
+
+__all__ = ["BY_VALUE_TYPES", "TESTED_VERSIONS", "ByValue", "Layout", "PlanRecord", "WorkspaceChange", "parse", "refusal"]
+
+#: Plan formats (``json_version``) the native path was tested on, against real blobs
+#: recorded on a GPU (tests/data/plans).
+TESTED_VERSIONS = frozenset({"2.0"})
+#: Top-level fields a load reads.
+_READ = frozenset({"json_version", "cudnn_backend_data", "variant_pack_uids", "pass_by_values", "workspace_modifications",
+                   "variant_pack_replacements", "fe_workspace_size", "aligned_operands", "tensors_to_dump"})  # fmt: skip
+#: Fields that describe the graph or the plan for people and tools; a load does not need them.
+_DESCRIPTIVE = frozenset({"behavior_notes", "gid", "context", "nodes", "tensors", "cudnn_backend_version",
+                          "cudnn_frontend_version", "name"})  # fmt: skip
+#: The frontend's by-value types, by its variant index: (name, struct format, bytes).
+BY_VALUE_TYPES = {0: ("int64", "<q"), 1: ("int32", "<i"), 2: ("half", "<e"), 3: ("float", "<f"), 4: ("double", "<d"),
+                  5: ("bfloat16", None)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ByValue:
+    """A scalar the frontend passes by value: its type and its bytes, little-endian."""
+
+    kind: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class WorkspaceChange:
+    """What the frontend does to its part of the workspace before each launch."""
+
+    operation: int  # 0: copy ``values`` there; 1: zero ``int(values[0])`` bytes; other: none
+    offset: int
+    values: tuple[float, ...]
+
+    @property
+    def zero_bytes(self) -> int:
+        return int(self.values[0]) if self.operation == 1 and self.values else 0
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """Everything a native load and launch needs of a frontend plan blob."""
+
+    version: str
+    representation: str
+    variant_pack_uids: tuple[int, ...]
+    by_value: Mapping[int, ByValue]
+    workspace: Mapping[int, WorkspaceChange]
+    replacements: Mapping[int, tuple[int, int]]  # source uid -> (destination uid, byte offset)
+    fe_workspace_size: int
+    aligned: Mapping[int, int]  # uid -> alignment of its pointer, in bytes
+    fields: frozenset[str]
+    dumps: int  # tensors the frontend would dump at each launch (a debugging aid)
+
+
+class RecordError(ValueError):
+    """The blob is not a frontend plan this code can read."""
+
+
+def _float_bits(value: Any) -> float:
+    """A float as the frontend writes it: an 8-digit hex string of its bits, or a number."""
+    if isinstance(value, str):
+        return float(struct.unpack("<f", struct.pack("<I", int(value, 16)))[0])
+    return float(value)
+
+
+def _by_value(raw: Any) -> ByValue:
+    if not isinstance(raw, Mapping) or "index" not in raw or "value" not in raw:
+        raise RecordError(f"a pass-by-value entry must be {{index, value}}, not {raw!r}")
+    index, value = int(raw["index"]), raw["value"]
+    if index not in BY_VALUE_TYPES:
+        raise RecordError(f"pass-by-value type index {index} is not one the native path knows")
+    kind, fmt = BY_VALUE_TYPES[index]
+    if kind == "bfloat16":  # the upper half of the float32's bits (exact: it came from a bfloat16)
+        return ByValue(kind, struct.pack("<I", struct.unpack("<I", struct.pack("<f", _float_bits(value)))[0])[2:])
+    if kind in ("half", "float"):
+        return ByValue(kind, struct.pack(fmt or "", _float_bits(value)))
+    return ByValue(kind, struct.pack(fmt or "", float(value) if kind == "double" else int(value)))
+
+
+def _uid_pairs(raw: Any) -> list[tuple[Any, Any]]:
+    """A JSON map with integer keys: an object keyed by their decimal strings, or (as
+    nlohmann writes a map whose keys are not strings) an array of ``[key, value]`` pairs."""
+    if isinstance(raw, Mapping):
+        return list(raw.items())
+    if isinstance(raw, list) and all(isinstance(p, list) and len(p) == 2 for p in raw):
+        return [(p[0], p[1]) for p in raw]
+    raise RecordError(f"expected a map by uid, not {type(raw).__name__}")
+
+
+def parse(blob: bytes) -> PlanRecord:
+    """The record of a frontend plan blob; raises ``RecordError`` for anything else."""
+    try:
+        keys: list[str] = []
+        top = decode(blob, keep=_READ, keys=keys)
+    except (UbjsonError, UnicodeDecodeError) as exc:
+        raise RecordError(f"not a frontend plan: {exc}") from exc
+    if not isinstance(top, Mapping) or not isinstance(top.get("cudnn_backend_data"), str):
+        raise RecordError("not a frontend plan: no cudnn_backend_data")
+    try:
+        workspace = {}
+        for uid, change in _uid_pairs(top.get("workspace_modifications") or {}):
+            operation, offset, values = change
+            workspace[int(uid)] = WorkspaceChange(int(operation), int(offset), tuple(_float_bits(v) for v in values or []))
+        replacements = {}
+        for source, target in _uid_pairs(top.get("variant_pack_replacements") or []):
+            destination, offset = target
+            replacements[int(source)] = (int(destination), int(offset))
+        return PlanRecord(
+            version=str(top.get("json_version", "")),
+            representation=top["cudnn_backend_data"],
+            variant_pack_uids=tuple(sorted(int(u) for u in top.get("variant_pack_uids") or [])),
+            by_value={int(uid): _by_value(raw) for uid, raw in _uid_pairs(top.get("pass_by_values") or {})},
+            workspace=workspace,
+            replacements=replacements,
+            fe_workspace_size=int(top.get("fe_workspace_size") or 0),
+            aligned={int(uid): int(pair[0]) for uid, pair in _uid_pairs(top.get("aligned_operands") or {})},
+            fields=frozenset(keys),
+            dumps=len(top.get("tensors_to_dump") or []),
+        )
+    except (TypeError, ValueError, KeyError, IndexError, struct.error) as exc:
+        raise RecordError(f"a frontend plan this code cannot read: {type(exc).__name__}: {exc}") from exc
+
+
+def refusal(record: PlanRecord) -> str | None:
+    """Why the native path must not load ``record`` (the frontend's own path does), or None."""
+    if record.version not in TESTED_VERSIONS:
+        return f"plan format {record.version or 'unversioned'} is not one the native path was tested on ({', '.join(sorted(TESTED_VERSIONS))})"
+    unknown = record.fields - _READ - _DESCRIPTIVE
+    if unknown:
+        return f"the plan has fields the native path does not know: {', '.join(sorted(unknown))}"
+    if record.dumps:
+        return "the plan dumps tensors at each launch (a frontend debugging aid the native path does not do)"
+    return None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The slots of one plan's variant pack, in the frontend's order."""
+
+    uids: tuple[int, ...]  # every slot's uid
+    user: tuple[int, ...]  # the slots the caller's tensors fill, in uid order
+    fixed: Mapping[int, int]  # slot -> index into ``by_value`` buffers (host pointers)
+    workspace: tuple[tuple[int, int], ...]  # (slot, byte offset into the workspace)
+    replacements: tuple[tuple[int, int, int], ...]  # (destination slot, source slot, byte offset)
+    aligned: tuple[tuple[int, int], ...]  # (slot, alignment) checked after replacements
+    backend: tuple[int, ...]  # the slots handed to cuDNN, in order
+
+    @property
+    def user_uids(self) -> tuple[int, ...]:
+        return tuple(self.uids[slot] for slot in self.user)
+
+    @classmethod
+    def of(cls, record: PlanRecord) -> Layout:
+        uids = sorted(set(record.variant_pack_uids) | set(record.replacements))
+        slot = {uid: i for i, uid in enumerate(uids)}
+        fixed: dict[int, int] = {}
+        for index, uid in enumerate(record.by_value):
+            if uid not in slot:
+                slot[uid] = len(uids)
+                uids.append(uid)
+            fixed[slot[uid]] = index
+        for uid in record.workspace:
+            if uid not in slot:
+                slot[uid] = len(uids)
+                uids.append(uid)
+        destinations = {target for target, _ in record.replacements.values()}
+        user = tuple(
+            i for i, uid in enumerate(uids) if i not in fixed and uid not in record.workspace and uid not in destinations
+        )
+        aligned = tuple(
+            (i, record.aligned[uid])
+            for i, uid in enumerate(uids)
+            if record.aligned.get(uid, 0) > 1 and i not in fixed and uid not in record.workspace
+        )
+        replacements = tuple(
+            (slot[target], slot[source], offset)
+            for source, (target, offset) in record.replacements.items()
+            if source in slot and target in slot
+        )
+        reads = set(record.variant_pack_uids)
+        backend = tuple(i for i, uid in enumerate(uids) if uid not in record.replacements or uid in reads)
+        return cls(
+            uids=tuple(uids),
+            user=user,
+            fixed=fixed,
+            workspace=tuple((slot[uid], change.offset) for uid, change in record.workspace.items()),
+            replacements=replacements,
+            aligned=aligned,
+            backend=backend,
+        )
+
+    def pointers(self, user: Sequence[int], workspace: int, fixed: Sequence[int]) -> list[int]:
+        """Every slot's pointer: ``user`` for the caller's slots (in ``user`` order),
+        ``fixed`` the host pointers of the by-value buffers, ``workspace`` the workspace.
+        Raises ``ValueError`` for a pointer whose alignment the plan requires but lacks."""
+        pointers = [0] * len(self.uids)
+        for slot, pointer in zip(self.user, user):
+            pointers[slot] = pointer
+        for slot, index in self.fixed.items():
+            pointers[slot] = fixed[index]
+        for slot, offset in self.workspace:
+            pointers[slot] = workspace + offset
+        for destination, source, offset in self.replacements:
+            pointers[destination] = pointers[source] + offset
+        for slot, alignment in self.aligned:
+            if pointers[slot] % alignment:
+                raise ValueError(f"uid {self.uids[slot]}: pointer {pointers[slot]:#x} is not {alignment}-byte aligned")
+        return pointers

@@ -1,0 +1,80 @@
+"""``plancache tune``: finish the autotuning that a miss's time budget cut short.
+
+A miss tunes only as long as ``PLANCACHE_AUTOTUNE_BUDGET`` allows (docs/checking.md); its
+entry then records how far it got (``timing``: ``tuned`` of ``candidates``, ``stopped``).
+Offline, on the same GPU, each such entry's graph is replayed from its description and
+autotuned again without a budget; the choice replaces the entry, and later lookups, in
+other processes or on other machines through a bundle or the fleet, run the better plan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..engines.replay import rebuild_graph
+from ..key import BuildOptions, environment_id
+from .steps import Progress
+
+__all__ = ["cut_short", "tune"]
+
+
+def cut_short(entry: Any) -> bool:
+    """Whether ``entry``'s autotuning stopped at the miss budget."""
+    return (entry.timing or {}).get("stopped") == "budget"
+
+
+def _options(recorded: dict[str, Any]) -> BuildOptions:
+    """The build options an entry was keyed with (as ``key.options_dict`` wrote them)."""
+    fields: dict[str, Any] = {n: recorded[n] for n in ("policy", "top_k", "workspace_limit", "kernel_cache") if n in recorded}
+    if fields.get("top_k") is None:
+        fields.pop("top_k", None)
+    if "heuristic_modes" in recorded:
+        fields["heuristic_modes"] = tuple(recorded["heuristic_modes"])
+    return BuildOptions(**fields)
+
+
+def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = False) -> dict[str, Any]:
+    """Autotune again, without a budget, the entries of this environment whose miss stopped
+    at the budget (or ``keys``, full digests, whatever their record says). Returns
+    ``{"rows": [...], "tuned": n, "failed": n}``; each row names the key, the candidates
+    tuned before and after, the plan chosen before and after, and the seconds spent."""
+    store = cache.store
+    if store is None:
+        return {"rows": [], "tuned": 0, "failed": 0, "why": "no store: plans are not persisted here"}
+    wanted = list(keys) if keys is not None else None
+    env_id = environment_id(cache.environment)
+    todo = []
+    for digest in wanted if wanted is not None else store.keys():
+        entry = store.get(digest)
+        if entry is not None and entry.env_id == env_id and (wanted is not None or cut_short(entry)):
+            todo.append(entry)
+    bar = Progress(len(todo), progress, desc="tune")
+    rows = []
+    for entry in todo:
+        started = time.perf_counter()
+        row: dict[str, Any] = {"key": entry.key, "before": _summary(entry)}
+        try:
+            cache.tune(rebuild_graph(entry.description), options=_options(entry.options))
+            after = store.get(entry.key)
+            row["after"] = _summary(after) if after is not None else None
+            row["status"] = "tuned"
+        except Exception as exc:  # one graph that cannot be tuned here does not stop the others
+            row["status"], row["error"] = "failed", f"{type(exc).__name__}: {exc}"
+        row["seconds"] = round(time.perf_counter() - started, 3)
+        bar.update(row["status"], row["seconds"])
+        rows.append(row)
+    bar.close()
+    return {
+        "rows": rows,
+        "tuned": sum(r["status"] == "tuned" for r in rows),
+        "failed": sum(r["status"] == "failed" for r in rows),
+    }
+
+
+def _summary(entry: Any) -> dict[str, Any]:
+    timing = entry.timing or {}
+    engine = entry.engine or {}
+    return {"engine": engine.get("name"), "tuned": timing.get("tuned"), "candidates": timing.get("candidates"),
+            "stopped": timing.get("stopped")}  # fmt: skip

@@ -1,0 +1,182 @@
+"""What a miss costs: a graph's first call with plancache on an empty cache, against the
+frontend's own build, and from the store in a fresh process. Needs a GPU.
+
+    python3 scripts/bench_miss.py [--rounds 2] [--graphs conv_bias_relu,sdpa_causal] [--out miss.json]
+
+Every figure is measured in a fresh process (the first use of an engine family loads its
+kernels, which a warm process would hide), rounds alternating between the modes:
+
+* ``frontend``: ``graph.build([A, FALLBACK])`` (validate, operation graph, heuristics,
+  support check, the first plan that builds), then one ``execute``;
+* ``cold``: ``PlanCache.get`` on an empty cache with the default options (autotuning and
+  the element-wise check, the store written), then one ``execute``;
+* ``warm``: ``PlanCache.get`` from that store in a fresh process, then one ``execute``.
+
+Each figure is the first call: from the graph built in Python to its first output
+synchronized. For ``cold``, the phases of the miss are shown too: planning (heuristics),
+candidates built (how many, and how many need runtime compilation), launched and compared,
+timed, and the rest (inputs, serialization, the store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
+
+GRAPHS = ("conv_bias_relu", "conv_bias_relu_large", "matmul_bias_relu", "matmul_clip", "sdpa_causal", "sdpa_backward", "layernorm",
+          "batchnorm_backward")  # fmt: skip
+
+
+def builders() -> dict[str, Any]:
+    import gpu_native
+
+    from plancache import templates
+
+    found = dict(gpu_native.CASES)
+    found["conv_bias_relu_large"] = lambda: templates.build("conv_bias_act", n=32, c=128, h=56, w=56, k=256)
+    return found
+
+
+def child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
+    import cudnn
+    import torch
+
+    from plancache.engines.inputs import materialize, plan_inputs
+    from plancache.key import describe, tensor_table
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the CUDA context, as any program has one before its first graph
+    graph = builders()[name]()
+    description, specs = describe(graph), tensor_table(graph)
+    inputs = plan_inputs(description, specs, {})
+    assert not isinstance(inputs, str), inputs
+    pack = materialize(inputs, torch, "cuda", torch.Generator(device="cuda").manual_seed(0))
+    torch.cuda.synchronize()
+    row: dict[str, Any] = {"mode": mode, "graph": name}
+    phases: dict[str, float] = defaultdict(float)
+    if mode == "frontend":
+        handle = cudnn.create_handle()
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+        started = time.perf_counter()
+        graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        workspace = torch.empty(max(graph.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
+        graph.execute(pack, workspace, handle=handle)
+        torch.cuda.synchronize()
+        row["first_call_s"] = time.perf_counter() - started
+        return row
+    import plancache
+    from plancache.engines import cudnn_backend
+
+    _instrument(cudnn_backend, phases)
+    cache = plancache.PlanCache(cache_dir, auto_prime=False)
+    started = time.perf_counter()
+    plan = cache.get(graph)
+    plan.execute(pack)
+    torch.cuda.synchronize()
+    row["first_call_s"] = time.perf_counter() - started
+    row["source"] = plan.source
+    row["phases_s"] = dict(phases)
+    entry = cache.store.get(plan.key) if cache.store is not None else None
+    if entry is not None and mode == "cold":
+        row["check"] = entry.check
+        row["candidates"] = len(entry.candidates)
+        row["statuses"] = dict(sorted(_count(c["status"] for c in entry.candidates).items()))
+        row["timing"] = (entry.timing or {}).get("method")
+    cache.close()
+    return row
+
+
+def _count(items: Any) -> dict[str, int]:
+    found: dict[str, int] = defaultdict(int)
+    for item in items:
+        found[item] += 1
+    return found
+
+
+def _instrument(module: Any, phases: dict[str, float]) -> None:
+    """Time the phases of a miss by wrapping the cuDNN backend's candidate calls."""
+
+    def timed(owner: Any, method: str, phase: str) -> None:
+        original = getattr(owner, method)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                phases[phase] += time.perf_counter() - started
+                phases[phase + "_calls"] += 1
+
+        setattr(owner, method, wrapper)
+
+    timed(module.CudnnBackend, "candidates", "planning")
+    for method, phase in (("build", "build"), ("prepare", "inputs"), ("outputs", "launch_compare"), ("bounds", "bounds"),
+                          ("time", "timing"), ("finish", "serialize")):  # fmt: skip
+        timed(module._Candidates, method, phase)
+
+
+def run_child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", mode, name, cache_dir], capture_output=True, text=True, timeout=600
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"mode": mode, "graph": name, "failure": (done.stderr or done.stdout)[-800:]}
+    return json.loads(lines[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--graphs", default=",".join(GRAPHS))
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(child(*args.child), default=str))
+        return 0
+    rows: list[dict[str, Any]] = []
+    for name in [g for g in args.graphs.split(",") if g]:
+        for _ in range(args.rounds):
+            with tempfile.TemporaryDirectory() as cache_dir:
+                rows.append(run_child("frontend", name, cache_dir))
+                rows.append(run_child("cold", name, cache_dir))
+                rows.append(run_child("warm", name, cache_dir))
+    print(f"{'graph':22} {'frontend s':>10} {'cold s':>8} {'ratio':>6} {'warm s':>8}  cold: phases (s) and candidates")
+    worst = 0.0
+    for name in dict.fromkeys(r["graph"] for r in rows):
+        mine = [r for r in rows if r["graph"] == name]
+        failed = [r for r in mine if "failure" in r]
+        if failed:
+            print(f"{name:22} FAILED {failed[0]['mode']}: {failed[0]['failure'][-300:]}")
+            continue
+
+        def median(mode: str, mine: list[dict[str, Any]] = mine) -> float:
+            return statistics.median(r["first_call_s"] for r in mine if r["mode"] == mode)
+
+        fe, cold, warm = median("frontend"), median("cold"), median("warm")
+        worst = max(worst, cold / fe)
+        last = [r for r in mine if r["mode"] == "cold"][-1]
+        phases = ", ".join(f"{k} {v:.3f}" for k, v in last.get("phases_s", {}).items() if not k.endswith("_calls"))
+        calls = {k[:-6]: int(v) for k, v in last.get("phases_s", {}).items() if k.endswith("_calls")}
+        print(f"{name:22} {fe:10.3f} {cold:8.3f} {cold / fe:6.2f} {warm:8.3f}  {phases}; calls {calls}; {last.get('statuses')}")
+    print(f"bench_miss: worst cold/frontend ratio {worst:.2f}")
+    if args.out is not None:
+        args.out.write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
