@@ -435,7 +435,7 @@ def fill_store(directory: Path, entries: int) -> dict[str, Any]:
         graph = variant(i).graph()
         description = describe(graph)
         key = make_key(description, environment, options)
-        plan = backend.make_plan(description, tensor_table(graph), engine)
+        plan = backend.make_plan(description, tensor_table(graph), engine, backend.behaviour(engine.engine_id))
         now = time.time()
         return Entry(
             key=key.digest, env_id=environment_id(environment), label=summarize(description), description=key.parts["graph"],

@@ -67,7 +67,7 @@ def entry_of_size(size: int) -> Entry:
         key="ab" * 32, env_id="0123456789abcdef", label="CONV_FPROP", description={"nodes": [{"type": "CONV_FPROP"}]},
         environment={"gpu": "bench"}, options={}, tensors=[{"uid": 1}], blob=blob, blob_sha256=sha256(blob),
         engine={"id": 3}, workspace_size=0, policy="fastest", candidates=[], timing={}, build_seconds=1.0,
-        autotune_seconds=1.0, backend="bench", check={"status": "agreed", "compared": 2, "agreeing": 2, "rejected": []},
+        autotune_seconds=1.0, backend="bench", check={"status": "agreed", "rule": 2, "compared": 2, "agreeing": 2, "rejected": []},
     )  # fmt: skip
 
 

@@ -107,7 +107,7 @@ def entry_for(tag: str, blob_max: int) -> Entry:
                  environment=HARNESS_ENV, options=options, tensors=[], blob=blob, blob_sha256=sha256(blob),
                  engine={"engine_id": 1, "knobs": {}, "name": "harness"}, workspace_size=0, policy="heuristic",
                  candidates=[], timing={}, build_seconds=0.0, autotune_seconds=0.0, backend="harness",
-                 created_at=now, last_used_at=now, check={"status": "single", "compared": 1, "agreeing": 1})  # fmt: skip
+                 created_at=now, last_used_at=now, check={"status": "single", "rule": 2, "compared": 1, "agreeing": 1})  # fmt: skip
 
 
 def expected_blob(key: str, blob_max: int) -> bytes:

@@ -1,8 +1,8 @@
 """GPU tests of the launch path, whole-step capture and auto-prime on real cuDNN plans.
 
-* A loaded plan launches straight through the frontend's compiled graph; its outputs must
-  equal, bit for bit, those of the frontend's own ``execute`` of the same graph, for every
-  template, and a plan this process autotuned (which keeps the frontend's path) too.
+* A stored plan loads and launches through cuDNN's C API (``engines.native``); its outputs
+  must equal, bit for bit, those of the frontend's own ``execute`` of the same engine, for
+  every template, and a plan this process autotuned (which keeps the frontend's path) too.
 * The example model's step captured with ``plancache.capture`` gives the eager step's
   output, and again after new inputs are copied in.
 * A fresh process of an application primes the plans its previous run used while it
@@ -63,23 +63,24 @@ def frontend_output(plan: plancache.Plan, name: str, params: dict[str, Any]) -> 
 
 
 @pytest.mark.parametrize(("name", "params"), GRAPHS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(GRAPHS)])
-def test_a_loaded_plan_launches_exactly_as_the_frontend_executes_it(tmp_path: Path, name: str, params: dict[str, Any]) -> None:
-    from plancache.engines.cudnn_backend import _loaded_backend_graph
+def test_a_loaded_plan_launches_through_cudnns_api_exactly_as_the_frontend_executes_it(tmp_path: Path, name: str,
+                                                                                      params: dict[str, Any]) -> None:  # fmt: skip
+    from plancache.engines.native import NativePlan
 
     builder = plancache.PlanCache(tmp_path, auto_prime=False)
     built = builder.get(templates.build(name, **params))
-    assert _loaded_backend_graph(built.native) is None, "an autotuned graph keeps the frontend's own execute"
+    assert not isinstance(built.native, NativePlan), "a plan autotuned here keeps the frontend's graph"
     cache = plancache.PlanCache(tmp_path, auto_prime=False)
     plan = cache.get(templates.build(name, **params))
-    assert plan.source == "loaded"
-    assert _loaded_backend_graph(plan.native) is not None, "a loaded backend plan takes the direct launch"
+    assert plan.source == "loaded" and isinstance(plan.native, NativePlan), "a stored plan loads through cuDNN's C API"
+    assert cache.stats()["process"]["native_fallbacks"] == 0
+    expected = frontend_output(built, name, params)  # the frontend's own execute of the same engine
     for which in (plan, built):
         tensors = templates.allocate(name, device="cuda", **params)
         tensors[4].fill_(float("nan"))
         for _ in range(3):  # repeated launches, each with a workspace of its own
             which.execute(tensors)
         torch.cuda.synchronize()
-        expected = frontend_output(which, name, params)
         assert torch.equal(tensors[4], expected), f"{which.source} plan: outputs differ from the frontend's execute"
         assert relative_error(tensors[4], templates.reference(name, tensors, **params)) < TOLERANCE
     builder.close()

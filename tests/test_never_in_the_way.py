@@ -40,7 +40,10 @@ def stored(tmp_path: Path) -> None:
 
 
 def loading_cache(tmp_path: Path, **options: Any) -> PlanCache:
+    """A cache whose loads take the frontend's path (the fallback of blobs the native path
+    was not tested on), with its warm-up capture, unless ``native=True``."""
     stored(tmp_path)
+    options.setdefault("native", False)
     return PlanCache(tmp_path, backend=CpuTestBackend(**options), auto_prime=False)
 
 
@@ -227,8 +230,7 @@ def test_close_stops_and_joins_the_primer(tmp_path: Path) -> None:
     with PlanCache(tmp_path, backend=CpuTestBackend(), auto_prime=False, app="app") as cache:
         for spec in SPECS:
             cache.get(spec.graph())
-    backend = CpuTestBackend()
-    backend.during_warmup = lambda: time.sleep(0.2)  # slow loads
+    backend = CpuTestBackend(load_delay=0.2)  # slow loads
     cache = PlanCache(tmp_path, backend=backend, app="app", auto_prime=True)
     time.sleep(0.1)
     cache.close()
@@ -245,7 +247,7 @@ def test_the_primer_is_silent_at_interpreter_exit(tmp_path: Path) -> None:
     code = (
         "import time, plancache\n"
         "from plancache.testing import CpuTestBackend\n"
-        "b = CpuTestBackend(); b.during_warmup = lambda: time.sleep(0.3)\n"
+        "b = CpuTestBackend(load_delay=0.3)\n"
         f"c = plancache.PlanCache({str(tmp_path)!r}, backend=b, app='app', auto_prime=True)\n"
         "time.sleep(0.1)\n"
         "print('exiting', flush=True)\n"

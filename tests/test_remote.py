@@ -90,7 +90,7 @@ def make_entry(key: str = "ab" * 32, env_id: str = ENV_ID, size: int = 4096) -> 
         engine={"engine_id": 3, "knobs": {}, "name": "e3"}, workspace_size=0, policy="topk",
         candidates=[{"index": 0, "ms": 0.1}], timing={"runs": 3}, build_seconds=1.5, autotune_seconds=1.0,
         backend="cpu-test", created_at=1_700_000_000.0, last_used_at=1_700_000_100.0, hit_count=7,
-        check={"status": "agreed", "compared": 2, "agreeing": 2, "rejected": []},
+        check={"status": "agreed", "rule": 2, "compared": 2, "agreeing": 2, "rejected": []},
     )  # fmt: skip
 
 

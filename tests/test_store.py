@@ -41,7 +41,7 @@ def make_entry(key: str = "ab" * 32, *, blob: bytes = b"plan-bytes", last_used_a
         "backend": "cpu-test",
         "created_at": 900.0,
         "last_used_at": last_used_at,
-        "check": {"status": "agreed", "compared": 2, "agreeing": 2, "rejected": []},
+        "check": {"status": "agreed", "rule": 2, "compared": 2, "agreeing": 2, "rejected": []},
     }
     values.update(fields)
     entry = Entry(**values)

@@ -253,8 +253,10 @@ class PlanCache:
 
     def stats(self) -> dict[str, Any]:
         """This process's counters, the store's totals, and the remote tier's counters."""
-        data: dict[str, Any] = {"process": {**self.counters, "memory_plans": len(self.memory),
-                                            "memory_evicted": self.memory.evicted}, "store": self.local.stats()}  # fmt: skip
+        fallbacks = dict(getattr(self.backend, "native_fallbacks", None) or {})
+        data: dict[str, Any] = {"process": {**self.counters, "memory_plans": len(self.memory), "memory_evicted": self.memory.evicted,
+                                            "native_fallbacks": sum(fallbacks.values()), "native_fallback_reasons": fallbacks},
+                                "store": self.local.stats()}  # fmt: skip
         if self.remote is not None:
             data["remote"] = self.remote.stats()
         return data

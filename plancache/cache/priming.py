@@ -32,6 +32,7 @@ only while no lookup is loading or building, and never writes to the store.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sys
@@ -41,13 +42,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEVICE_WAIT_S", "Primer", "app_name"]
+__all__ = ["DEVICE_WAIT_S", "THREADS", "Primer", "app_name"]
 
 log = logging.getLogger("plancache")
 
 #: How long the primer waits for the program to set up a device its last run used.
 DEVICE_WAIT_S = 300.0
 _POLL_S = 0.01  # how often it looks (one driver call)
+#: Threads the primer loads on. A native load is mostly cuDNN's finalize, which holds no GIL
+#: and runs on the host: two threads halve the time of a program's plans when it has several;
+#: more compete with the program's own start-up for the CPU.
+THREADS = 2
 
 
 def app_name() -> str:
@@ -78,6 +83,8 @@ class Primer(threading.Thread):
         self.plans = list(plans) if plans is not None else None  # None: the app's latest run, read on the thread
         self.report: dict[str, Any] = {"primed": 0, "loaded": 0, "skipped": {}, "seconds": 0.0}
         self.stopping = threading.Event()  # set by stop(): close() and interpreter exit
+        self._lock = threading.Lock()
+        self._environments: dict[int, dict[str, Any] | str] = {}
 
     def run(self) -> None:
         started = time.perf_counter()
@@ -89,25 +96,45 @@ class Primer(threading.Thread):
         self.report["seconds"] = time.perf_counter() - started
 
     def _prime(self, plans: list[tuple[str, int]]) -> None:
+        """Load ``plans`` in order on ``THREADS`` threads (this one among them): a load
+        through cuDNN's C API holds no GIL, so loads on two threads overlap."""
+        todo = collections.deque(plans)
+        helpers = [threading.Thread(target=self._work, args=(todo,), name=f"plancache-primer-{i}", daemon=True)
+                   for i in range(1, min(THREADS, len(plans)))]  # fmt: skip
+        for helper in helpers:
+            helper.start()
+        self._work(todo)
+        for helper in helpers:
+            helper.join()
+
+    def _work(self, todo: collections.deque[tuple[str, int]]) -> None:
         cache, report = self.cache, self.report
-        environments: dict[int, Any] = {}
-        for digest, device in plans:
-            if cache.closed or self.stopping.is_set():
+        while not (cache.closed or self.stopping.is_set()):
+            try:
+                digest, device = todo.popleft()
+            except IndexError:
                 return
-            if device not in environments:
-                environments[device] = self._environment_of(device)
-            environment = environments[device]
+            environment = self._environment(device)
             if isinstance(environment, str):
-                report["skipped"][digest] = environment
+                with self._lock:
+                    report["skipped"][digest] = environment
                 continue
             cache.backend.use_device(device)
             outcome = cache.lookup.prime(digest, environment, device)
-            if outcome == "primed":
-                report["primed"] += 1
-            elif outcome == "loaded":
-                report["loaded"] += 1
-            else:
-                report["skipped"][digest] = outcome
+            with self._lock:
+                if outcome in ("primed", "loaded"):
+                    report[outcome] += 1
+                else:
+                    report["skipped"][digest] = outcome
+
+    def _environment(self, device: int) -> dict[str, Any] | str:
+        with self._lock:
+            known = self._environments.get(device)
+        if known is None:
+            known = self._environment_of(device)  # may wait for the program: not under the lock
+            with self._lock:
+                known = self._environments.setdefault(device, known)
+        return known
 
     def _environment_of(self, device: int) -> dict[str, Any] | str:
         """The environment of ``device`` once the program uses it, or why its plans are

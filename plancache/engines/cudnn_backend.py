@@ -3,11 +3,15 @@
 Both imports happen inside functions, so importing plancache stays cheap and works
 without a GPU.
 
-Handles: cuDNN forbids two threads using one handle at once, and creating a handle inside
-a CUDA-graph capture invalidates the capture. So handles live in a pool per device: a
-launch leases one for the few microseconds it takes to enqueue, pointed at the caller's
-current stream; loading a plan puts one in the pool, so a thread that first launches a
-plan inside a capture leases an existing handle instead of creating one.
+Loading: a stored plan loads through cuDNN's own C API (``engines.native``): no GIL held
+through the finalize, nothing captured, allocated or synchronized. A blob that path was
+not tested on (a format version, a field) loads through the frontend's ``deserialize``
+instead, as a guest (``_load_through_frontend``), and is counted in ``native_fallbacks``.
+Plans built here by autotuning run through the frontend's path.
+
+Handles (``engines.handles``): a pool per device, made through the C API and wrapped as
+the frontend's own ``Handle``; a launch leases one for the few microseconds it takes to
+enqueue, pointed at the caller's current stream.
 
 Workspaces: allocated per launch from torch's caching allocator on the launching stream,
 as PyTorch does for its own cuDNN calls: stream-ordered reuse, never one buffer shared by
@@ -16,6 +20,7 @@ two streams, and inside a capture they come from the capture's private pool.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import functools
@@ -34,8 +39,10 @@ from ..errors import BuildError, InvalidGraphError, NoGpuError, TransientLoadErr
 from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_table
 from .backend import BuiltPlan, EngineChoice
 from .bounds import Bound, bounds
-from .guest import known_captures, refuse_while_capturing, relaxed
+from .guest import refuse_while_capturing, relaxed
+from .handles import Handles
 from .inputs import materialize, timing_inputs
+from .native import NativePlan, RecordError, library, parse, refusal
 from .tensors import checked_inputs
 
 __all__ = ["CudnnBackend", "cudnn_module", "probe_environment"]
@@ -370,93 +377,6 @@ class _KernelCaches:
         return cache
 
 
-# ---------------------------------------------------------------------- handles
-
-
-class _Handles:
-    """cuDNN handles by device, leased to one thread at a time for one launch.
-
-    ``take`` pops a free handle without a lock (``list.pop`` and ``list.append`` are
-    atomic), because it runs on every launch; only when none is free does it lock, and
-    then it creates one, except inside a CUDA-graph capture, where creating one would
-    invalidate the capture: there it waits for a handle to come back (one exists once any
-    plan of that device was loaded or prepared, and a lease lasts one enqueue). ``ensure``
-    is called outside captures, when a plan is loaded or prepared."""
-
-    def __init__(self) -> None:
-        self._free: dict[int, list[Any]] = {}
-        self._count: dict[int, int] = {}
-        self._cond = threading.Condition()
-        self._waiting = 0
-
-    def ensure(self, device: int) -> None:
-        with self._cond:
-            if self._count.get(device, 0):
-                return
-        self.give(device, self.take(device))
-
-    def take(self, device: int) -> Any:
-        try:
-            return self._free[device].pop()
-        except (KeyError, IndexError):
-            return self._take_slow(device)
-
-    def give(self, device: int, handle: Any) -> None:
-        self._free[device].append(handle)
-        if self._waiting:  # read unlocked: a waiter counts itself before it looks at the list
-            with self._cond:
-                self._cond.notify()
-
-    @contextlib.contextmanager
-    def lease(self, device: int) -> Iterator[Any]:
-        handle = self.take(device)
-        try:
-            yield handle
-        finally:
-            self.give(device, handle)
-
-    def _take_slow(self, device: int) -> Any:
-        with self._cond:
-            free = self._free.setdefault(device, [])
-            if free:
-                return free.pop()
-            # Creating a handle is a cudaMalloc: inside this thread's capture it would
-            # break the capture, and beside a capture plancache runs it is not done either.
-            here = bool(_torch().cuda.is_current_stream_capturing())
-            if here or known_captures.active:
-                if here and not self._count.get(device, 0):
-                    raise RuntimeError(
-                        f"no cuDNN handle of device {device} exists, and creating one inside a CUDA-graph capture would "
-                        "invalidate it: call plan.prepare() before capturing"
-                    )
-                self._waiting += 1
-                try:
-                    if not self._cond.wait_for(lambda: bool(free) or not (here or known_captures.active), timeout=30.0):
-                        raise RuntimeError(
-                            f"no cuDNN handle of device {device} came back within 30 s during a CUDA-graph capture"
-                        )
-                finally:
-                    self._waiting -= 1
-                if free:
-                    return free.pop()
-            self._count[device] = self._count.get(device, 0) + 1
-        try:
-            torch = _torch()
-            with relaxed(), torch.cuda.device(device):
-                return _cudnn().create_handle()
-        except BaseException:
-            with self._cond:
-                self._count[device] -= 1
-            raise
-
-    def forget(self) -> None:
-        """In a forked child: the parent's handles belong to the parent's CUDA context."""
-        self._free = {}
-        self._count = {}
-        self._cond = threading.Condition()
-        self._waiting = 0
-
-
 # ---------------------------------------------------------------------- launches
 
 
@@ -514,7 +434,11 @@ class CudnnBackend:
     device_type = "cuda"
 
     def __init__(self) -> None:
-        self.handles = _Handles()
+        self.handles = Handles(self._create_handle, self.capturing)
+        #: Plans loaded through the frontend's path instead of the native one, by reason
+        #: (``PlanCache.stats`` shows them as ``native_fallbacks``).
+        self.native_fallbacks: collections.Counter[str] = collections.Counter()
+        self._frontend_loads = threading.Lock()
         self._environments: dict[int, dict[str, Any]] = {}
         self._kernel_caches = _KernelCaches()
         self._gpu: bool | None = None
@@ -523,6 +447,18 @@ class CudnnBackend:
         # hook holds the backend weakly: registering it must not keep every backend alive.
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
+
+    def _create_handle(self, device: int) -> Any:
+        """A cuDNN handle on ``device``, made through the C API (the GIL released while
+        cuDNN sets itself up, which takes hundreds of milliseconds the first time) and
+        wrapped as the frontend's own ``Handle`` so that its paths take it too."""
+        torch = _torch()
+        with torch.cuda.device(device):
+            raw = self._library().create_handle()
+        return _cudnn().Handle(raw, device, 0)
+
+    def _library(self) -> Any:
+        return library(load_cudnn=lambda: _cudnn().backend_version())
 
     def after_fork(self) -> None:
         self.handles.forget()
@@ -688,13 +624,36 @@ class CudnnBackend:
     # ------------------------------------------------------------------ loading, launching
 
     def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
-        """Deserialize onto ``device``. The frontend's warm-up captures the plan on the
-        handle's stream while it loads the kernels, so the handle is pointed at plancache's
-        own non-blocking stream first: never NULL (the frontend would create a blocking
-        stream) and never the caller's; and the thread is in relaxed mode (``guest``)."""
+        """Load a stored plan onto ``device``: through cuDNN's C API (``engines.native``:
+        no GIL held through the finalize, nothing captured, allocated or synchronized; the
+        kernels load at the first launch), or, for a blob the native path was not tested
+        on, through the frontend's ``deserialize`` (counted in ``native_fallbacks``)."""
         self._require_gpu()
         torch = _torch()
         device = torch.cuda.current_device() if device is None else device
+        try:
+            record = parse(blob)
+            why = refusal(record) or _missing_uids(record.variant_pack_uids, record.by_value, record.workspace,
+                                                   record.replacements, tensors)  # fmt: skip
+        except RecordError as exc:
+            why = str(exc)
+        if why is None:
+            with self.guest(device), self.handles.lease(device) as handle:
+                try:
+                    return NativePlan(self._library(), record, handle.backend_handle, device)
+                except Exception as exc:
+                    if _TRANSIENT.search(str(exc)):
+                        raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
+                    raise
+        self.native_fallbacks[why.split(":")[0]] += 1
+        with self._frontend_loads:  # two warm-ups on one stream would capture each other's work
+            return self._load_through_frontend(blob, device)
+
+    def _load_through_frontend(self, blob: bytes, device: int) -> Any:
+        """The frontend's ``deserialize``, whose warm-up captures the plan on the handle's
+        stream while it loads the kernels: the handle is pointed at plancache's own
+        non-blocking stream first (never NULL, where the frontend would create a blocking
+        stream, and never the caller's), and the thread is in relaxed mode (``guest``)."""
         cudnn = _cudnn()
         with self.guest(device) as stream, self.handles.lease(device) as handle:
             cudnn.set_stream(handle=handle, stream=stream.cuda_stream)
@@ -714,6 +673,43 @@ class CudnnBackend:
     def launcher(self, native: Any, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
         """What ``Plan.execute`` calls for each launch, with everything that does not
         change between launches resolved once."""
+        if isinstance(native, NativePlan):
+            return self._native_launcher(native, workspace_size, device)
+        return self._frontend_launcher(native, workspace_size, device)
+
+    def _native_launcher(self, native: NativePlan, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
+        torch = _torch()
+        current_device = torch.cuda.current_device
+        raw_stream = _raw_stream_getter(torch)
+        set_stream = self._library().set_stream
+        take, give = self.handles.take, self.handles.give
+        empty, uint8 = torch.empty, torch.uint8
+        size = max(int(workspace_size), native.workspace_size)
+        uids = native.user_uids
+        run = native.launch
+
+        def launch(pack: Mapping[int, Any]) -> None:
+            if current_device() != device:
+                with torch.cuda.device(device):  # the plan's device, with that device's current stream
+                    launch(pack)
+                return
+            # Per launch, on the current stream, from torch's caching allocator (inside a
+            # capture, from the capture's pool): never shared by two streams.
+            workspace = empty(size, dtype=uint8, device=device) if size > 0 else None
+            stream = raw_stream(device)
+            handle = take(device)
+            try:
+                if handle.stream != stream:
+                    set_stream(handle.backend_handle, stream)
+                    handle.stream = stream  # the frontend's Handle remembers it, as cudnn.set_stream does
+                run([pack[u].data_ptr() for u in uids], workspace.data_ptr() if workspace is not None else 0,
+                    handle.backend_handle, stream)  # fmt: skip
+            finally:
+                give(device, handle)
+
+        return launch
+
+    def _frontend_launcher(self, native: Any, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
         torch = _torch()
         cudnn = _cudnn()
         current_device = torch.cuda.current_device
@@ -732,9 +728,6 @@ class CudnnBackend:
                 with torch.cuda.device(device):  # the plan's device, with that device's current stream
                     launch(pack)
                 return
-            # Per launch, on the current stream: freed when this call returns, reused by
-            # the caching allocator only in that stream's order; inside a capture it comes
-            # from the capture's pool.
             workspace = empty(size, dtype=uint8, device=device) if size > 0 else None
             stream = raw_stream(device)
             handle = take(device)
@@ -752,3 +745,13 @@ class CudnnBackend:
                 give(device, handle)
 
         return launch
+
+
+def _missing_uids(variant_pack_uids: Sequence[int], by_value: Mapping[int, Any], workspace: Mapping[int, Any],
+                  replacements: Mapping[int, Any], tensors: Sequence[TensorSpec]) -> str | None:  # fmt: skip
+    """Why a native launch could not fill the plan's variant pack from the caller's tensors
+    (a uid it reads that is neither the caller's, nor the frontend's own), or None."""
+    known = {spec.uid for spec in tensors} | set(by_value) | set(workspace)
+    known |= {target for target, _ in replacements.values()}
+    missing = sorted(set(variant_pack_uids) - known)
+    return f"the plan reads uids the tensor table lacks: {missing}" if missing else None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -135,7 +137,10 @@ class CpuTestBackend:
     ``candidates``: how many candidate plans each graph has. ``unbuildable``: indices whose
     build fails. ``unlaunchable``: indices whose launches raise. ``engine_ids``: the engine
     id of each index (default: the index; equal ids stand for knob variants of one engine).
-    ``build_delay``: seconds each candidate build sleeps; ``runtime_compiled`` ones (say so in
+    ``native``: loads take the native path (cuDNN's C API: no capture), as the cuDNN backend's
+    do; False, or a plan stored with ``"fallback"``, takes the frontend's (its warm-up
+    capture). ``load_delay``: seconds a native load's finalize takes. ``build_delay``:
+    seconds each candidate build sleeps; ``runtime_compiled`` ones (say so in
     ``compiles``) sleep ``compile_factor`` times longer, as runtime compilation takes hundreds
     of milliseconds where other builds take a few. ``build_log``: a file that gets one
     line per finished build. ``environment``: replaces fields of every device's fingerprint;
@@ -163,6 +168,8 @@ class CpuTestBackend:
         environment: Mapping[str, Any] | None = None,
         devices: int | Sequence[Mapping[str, Any]] = 1,
         in_use: Sequence[int] | None = None,
+        native: bool = True,
+        load_delay: float = 0.0,
     ) -> None:
         if candidates < 1:
             raise ValueError("candidates must be >= 1")
@@ -180,8 +187,15 @@ class CpuTestBackend:
         self.cuda = SimulatedCuda(free_memory=memory)
         self.handles = _Handles(self.cuda)
         self._streams: dict[int, int] = {}  # device -> plancache's own stream
-        #: Called while a load's warm-up capture is open: tests put the program's work there.
+        #: Called while a load's warm-up capture is open (the frontend's path): tests put the
+        #: program's work there.
         self.during_warmup: Callable[[], None] | None = None
+        #: Called while a native load finalizes (no capture open): the program's work.
+        self.during_load: Callable[[], None] | None = None
+        self.native = native
+        self.load_delay = load_delay
+        self.native_fallbacks: collections.Counter[str] = collections.Counter()
+        self._frontend_loads = threading.Lock()  # two warm-ups on one stream would capture each other
         self.touched: list[tuple[str, str, int]] = []  # (thread, call, device) before the program's first use
         self.loads = 0
         self.launches = 0
@@ -303,20 +317,34 @@ class CpuTestBackend:
     # ------------------------------------------------------------------ loading, launching
 
     def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> _Native:
-        """As the cuDNN backend loads: inside ``guest``, with the handle on plancache's own
-        stream, then the frontend's warm-up (``warmup``)."""
+        """As the cuDNN backend loads: through the native path (host work only: no capture,
+        nothing allocated, ``during_load`` runs meanwhile, ``load_delay`` seconds of
+        finalize), or, with ``native=False`` or for a plan stored with ``"fallback"``,
+        through the frontend's path: inside ``guest``, the handle on plancache's own
+        stream, then the frontend's warm-up capture (``warmup``), one such load at a time."""
         if not blob.startswith(MAGIC):
             raise ValueError("not a plancache test plan (bad magic)")
         payload = json.loads(blob[len(MAGIC) :])
         device = self.current_device() if device is None else device
+        missing = sorted({t["uid"] for t in payload["tensors"]} - {spec.uid for spec in tensors})
+        why = payload.get("fallback") or (f"the plan reads uids the tensor table lacks: {missing}" if missing else None)
         try:
-            with self.guest(device) as stream:
-                handle = self.handles.take(device)
-                try:
-                    handle.stream = stream
-                    self.warmup(handle)
-                finally:
-                    self.handles.give(device, handle)
+            if self.native and why is None:
+                with self.guest(device):
+                    self.cuda.check()
+                    if self.during_load is not None:
+                        self.during_load()
+                    if self.load_delay:
+                        time.sleep(self.load_delay)
+            else:
+                self.native_fallbacks[(why or "native path off").split(":")[0]] += 1
+                with self._frontend_loads, self.guest(device) as stream:
+                    handle = self.handles.take(device)
+                    try:
+                        handle.stream = stream
+                        self.warmup(handle)
+                    finally:
+                        self.handles.give(device, handle)
         except CudaError as exc:  # a capture, memory, a sticky error: nothing about the blob
             raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
         self.loads += 1

@@ -1,0 +1,312 @@
+"""The native load and launch path (``plancache.engines.native``) without a GPU.
+
+The blob parser and the variant-pack layout are checked against real plans recorded on an
+H200 (``tests/data/plans``, written by ``scripts/gpu_native.py --record``), and against
+blobs written here the way the frontend writes them. ``NativePlan`` runs against a fake C
+library that records every call: what a load may call (no capture, no synchronization,
+no allocation), what a launch does before the backend executes, and when descriptors are
+destroyed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plancache.engines.native import record as records
+from plancache.engines.native.plan import NativePlan, captured_plans
+from plancache.engines.native.record import Layout, RecordError, parse, refusal
+from plancache.engines.native.ubjson import UbjsonError, decode
+
+PLANS = Path(__file__).parent / "data" / "plans"
+RECORDED = sorted(PLANS.glob("*.ubj"))
+
+
+# ------------------------------------------------------------------ UBJSON as nlohmann::json writes it
+
+
+def ubjson(value: Any) -> bytes:
+    """UBJSON the way nlohmann::json's to_ubjson writes it: the smallest integer type,
+    doubles, length-prefixed strings, unsized containers."""
+    if value is None:
+        return b"Z"
+    if value is True or value is False:
+        return b"T" if value else b"F"
+    if isinstance(value, int):
+        for marker, fmt, low, high in ((b"i", ">b", -128, 127), (b"U", ">B", 0, 255), (b"I", ">h", -(2**15), 2**15 - 1),
+                                       (b"l", ">i", -(2**31), 2**31 - 1)):  # fmt: skip
+            if low <= value <= high:
+                return marker + struct.pack(fmt, value)
+        return b"L" + struct.pack(">q", value)
+    if isinstance(value, float):
+        return b"D" + struct.pack(">d", value)
+    if isinstance(value, str):
+        data = value.encode()
+        return b"S" + ubjson(len(data)) + data
+    if isinstance(value, list):
+        return b"[" + b"".join(ubjson(v) for v in value) + b"]"
+    body = b"".join(ubjson(len(k.encode()))[0:] + k.encode() + ubjson(v) for k, v in value.items())
+    return b"{" + body + b"}"
+
+
+def hexfloat(value: float) -> str:
+    """A float as the frontend writes one: its bits, 8 upper-case hex digits."""
+    return f"{struct.unpack('<I', struct.pack('<f', value))[0]:08X}"
+
+
+def frontend_blob(**changes: Any) -> bytes:
+    plan = {
+        "json_version": "2.0",
+        "cudnn_backend_data": '{"engineId": 7}',
+        "variant_pack_uids": [5, 1, 3, 9],
+        "behavior_notes": [[]],
+        "pass_by_values": {"9": {"index": 3, "value": hexfloat(0.125)}, "10": {"index": 5, "value": hexfloat(1.5)},
+                           "11": {"index": 0, "value": 7}},  # fmt: skip
+        "workspace_modifications": {"12": [1, 0, [hexfloat(256.0)]], "13": [0, 256, [hexfloat(1.0), hexfloat(-2.0)]]},
+        "aligned_operands": {"1": [16, 2], "3": [16, 2]},
+        "variant_pack_replacements": [[3, [14, 64]]],
+        "fe_workspace_size": 1024,
+        "tensors_to_dump": [],
+        "nodes": [{"type": "MATMUL", "params": {"padding": 0.0}}],
+        "tensors": [{"uid": 1}, {"uid": 3}, {"uid": 5}],
+        "gid": 3,
+        "context": {"name": ""},
+    }
+    plan.update(changes)
+    return ubjson(plan)
+
+
+def test_the_decoder_reads_every_marker_and_optimized_containers() -> None:
+    value = {"a": [1, -200, 40000, 2**40, 1.5, "x", None, True, False], "b": {"c": []}}
+    assert decode(ubjson(value)) == value
+    # typed, counted containers (the specification's optimized form)
+    assert decode(b"[$i#U\x03\x01\x02\x03") == [1, 2, 3]
+    assert decode(b"[#U\x02Si\x01xU\x05") == ["x", 5]
+    assert decode(b"{#U\x01U\x01kSU\x01v") == {"k": "v"}
+    assert decode(b"HU\x1418446744073709551615") == 18446744073709551615
+    assert decode(b"C" + b"z") == "z"
+    assert decode(b"NNU\x07") == 7  # no-ops before a value
+
+
+def test_the_decoder_builds_only_what_it_is_asked_for_and_lists_every_key() -> None:
+    keys: list[str] = []
+    found = decode(ubjson({"keep": 1, "big": {"deep": [1, 2, {"x": "y" * 1000}]}, "also": "z"}), keep={"keep", "also"}, keys=keys)
+    assert found == {"keep": 1, "also": "z"} and keys == ["keep", "big", "also"]
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [(b"[U\x01", "ends early"), (b"SU\x05ab", "ends early"), (b"Q", "unknown UBJSON marker"), (ubjson(1) + b"x", "after"),
+     (b"S" + b"Sab", "length must be an integer"), (b"[$i", "ends early"), (b"[$iU", "needs a count")],
+)  # fmt: skip
+def test_the_decoder_refuses_what_is_not_ubjson(data: bytes, why: str) -> None:
+    with pytest.raises(UbjsonError, match=why):
+        decode(data)
+
+
+# ------------------------------------------------------------------ the record of a plan
+
+
+def test_a_frontend_blob_is_read_field_by_field() -> None:
+    record = parse(frontend_blob())
+    assert refusal(record) is None
+    assert record.version == "2.0" and record.representation == '{"engineId": 7}'
+    assert record.variant_pack_uids == (1, 3, 5, 9)
+    assert record.by_value[9].kind == "float" and struct.unpack("<f", record.by_value[9].data) == (0.125,)
+    assert record.by_value[10].kind == "bfloat16" and record.by_value[10].data == struct.pack("<f", 1.5)[2:]
+    assert record.by_value[11].data == struct.pack("<q", 7)
+    assert record.workspace[12].operation == 1 and record.workspace[12].zero_bytes == 256
+    assert record.workspace[13].values == (1.0, -2.0) and record.workspace[13].offset == 256
+    assert record.replacements == {3: (14, 64)} and record.fe_workspace_size == 1024 and record.aligned == {1: 16, 3: 16}
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [({"json_version": "3.0"}, "plan format 3.0"), ({"json_version": None}, "plan format"),
+     ({"launch_hooks": [1]}, "fields the native path does not know: launch_hooks"),
+     ({"tensors_to_dump": [[1, "b"]]}, "dumps tensors")],
+)  # fmt: skip
+def test_the_gate_leaves_untested_blobs_to_the_frontend(changes: dict[str, Any], why: str) -> None:
+    found = refusal(parse(frontend_blob(**changes)))
+    assert found is not None and why in found
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [b"", b"PLANCACHE-TEST-PLAN/1\n{}", ubjson([1, 2]), ubjson({"json_version": "2.0"}),
+     frontend_blob(pass_by_values={"9": {"index": 9, "value": 1}}), frontend_blob(workspace_modifications={"1": [0]})],
+)  # fmt: skip
+def test_blobs_that_are_not_frontend_plans_are_refused_with_a_reason(blob: bytes) -> None:
+    with pytest.raises(RecordError):
+        parse(blob)
+
+
+def test_the_layout_is_the_frontends_variant_pack_template() -> None:
+    # prepare_variant_pack_template: variant-pack uids and replacement sources sorted, then
+    # by-value uids, then workspace uids; the caller fills what is neither.
+    layout = Layout.of(parse(frontend_blob(variant_pack_uids=[5, 1, 9, 14])))
+    assert layout.uids == (1, 3, 5, 9, 14, 10, 11, 12, 13)
+    assert layout.user_uids == (1, 3, 5)  # 9 is by value, 14 the replacement's destination
+    pointers = layout.pointers([0x1000, 0x2000, 0x3000], 0x10000, [0xA0, 0xB0, 0xC0])
+    assert dict(zip(layout.uids, pointers)) == {1: 0x1000, 3: 0x2000, 5: 0x3000, 9: 0xA0, 10: 0xB0, 11: 0xC0, 12: 0x10000,
+                                                13: 0x10000 + 256, 14: 0x2000 + 64}  # fmt: skip
+    # 3 is a replacement source the plan does not read itself: not handed to cuDNN
+    assert 3 not in [layout.uids[slot] for slot in layout.backend]
+    with pytest.raises(ValueError, match="uid 1: .* 16-byte aligned"):
+        layout.pointers([0x1008, 0x2000, 0x3000], 0x10000, [0xA0, 0xB0, 0xC0])
+
+
+# ------------------------------------------------------------------ real plans recorded on a GPU
+
+
+def test_plans_recorded_on_a_gpu_are_here() -> None:
+    kinds = {path.stem for path in RECORDED}
+    assert {"conv_bias_relu", "matmul_bias_relu", "sdpa_forward_stats", "sdpa_backward", "sdpa_ragged", "sdpa_paged",
+            "layernorm"} <= kinds, f"record them again: python3 scripts/gpu_native.py --record tests/data/plans ({sorted(kinds)})"  # fmt: skip
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
+def test_a_recorded_plan_parses_passes_the_gate_and_lays_out_as_on_the_gpu(path: Path) -> None:
+    facts = json.loads(path.with_suffix(".json").read_text())
+    record = parse(path.read_bytes())
+    assert refusal(record) is None
+    layout = Layout.of(record)
+    assert list(layout.user_uids) == facts["user_uids"]
+    tables = {t["uid"] for t in facts["tensors"]}
+    assert set(layout.user_uids) <= tables, "every uid a launch fills is one of the caller's tensors"
+    assert record.fe_workspace_size <= facts["workspace_size"] <= facts["native_workspace_size"] + record.fe_workspace_size
+
+
+# ------------------------------------------------------------------ NativePlan against a fake library
+
+
+class FakeLibrary:
+    """The calls ``engines.native.library.Library`` offers, recorded; nothing else exists,
+    so a load that captured, synchronized or allocated would fail with AttributeError."""
+
+    def __init__(self, capturing: bool = False) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.live: set[int] = set()
+        self.destroyed: list[int] = []
+        self.next = 100
+        self.is_capturing = capturing
+
+    def _new(self) -> int:
+        self.next += 1
+        self.live.add(self.next)
+        return self.next
+
+    def load_plan(self, handle: int, representation: str) -> int:
+        plan = self._new()
+        self.calls.append(("load_plan", handle, representation))
+        return plan
+
+    def plan_workspace(self, plan: int) -> int:
+        return 4096
+
+    def variant_pack(self, uids: Any, pointers: Any, count: int, workspace: int) -> int:
+        pack = self._new()
+        self.calls.append(("variant_pack", list(uids), [p or 0 for p in pointers], workspace))
+        return pack
+
+    def destroy(self, descriptor: int) -> None:
+        assert descriptor in self.live, f"descriptor {descriptor} destroyed twice, or never made"
+        self.live.remove(descriptor)
+        self.destroyed.append(descriptor)
+
+    def execute(self, handle: int, plan: int, pack: int) -> None:
+        assert plan in self.live and pack in self.live, "launched a destroyed descriptor"
+        self.calls.append(("execute", handle, plan, pack))
+
+    def copy_to_device(self, destination: int, source: Any, size: int, stream: int) -> None:
+        self.calls.append(("copy", destination, list(source), size, stream))
+
+    def zero(self, destination: int, size: int, stream: int) -> None:
+        self.calls.append(("zero", destination, size, stream))
+
+    def capturing(self, stream: int) -> bool:
+        return self.is_capturing
+
+
+def native_plan(library: FakeLibrary, **changes: Any) -> NativePlan:
+    return NativePlan(library, parse(frontend_blob(**changes)), handle=7, device=0)  # type: ignore[arg-type]
+
+
+def test_a_load_finalizes_the_plan_and_nothing_else() -> None:
+    library = FakeLibrary()
+    plan = native_plan(library)
+    assert library.calls == [("load_plan", 7, '{"engineId": 7}')]
+    assert plan.workspace_size == 1024 + 4096  # the frontend's part in front of cuDNN's
+    assert plan.user_uids == (1, 3, 5)
+
+
+def test_a_launch_does_the_frontends_work_then_executes_with_the_engines_workspace() -> None:
+    library = FakeLibrary()
+    plan = native_plan(library)
+    library.calls.clear()
+    plan.launch([0x1000, 0x2000, 0x3000], 0x100000, handle=7, stream=55)
+    kinds = [c[0] for c in library.calls]
+    assert kinds == ["copy", "zero", "variant_pack", "execute"]
+    copy, zero, pack, _ = library.calls
+    assert copy[1] == 0x100000 + 256 and copy[2] == [1.0, -2.0] and copy[3] == 8 and copy[4] == 55
+    assert zero[1:] == (0x100000, 256, 55)
+    assert pack[3] == 0x100000 + 1024, "cuDNN's workspace starts after the frontend's part"
+    by_uid = dict(zip(pack[1], pack[2]))
+    assert by_uid[1] == 0x1000 and by_uid[5] == 0x3000 and by_uid[12] == 0x100000 and by_uid[13] == 0x100000 + 256
+    assert struct.unpack("<f", ctypes.string_at(by_uid[9], 4)) == (0.125,), "by-value scalars are host pointers"
+
+
+def test_variant_packs_are_made_once_per_set_of_pointers_and_the_oldest_destroyed() -> None:
+    from plancache.engines.native.plan import PACKS_PER_PLAN
+
+    library = FakeLibrary()
+    plan = native_plan(library)
+    for _ in range(3):
+        plan.launch([0x1000, 0x2000, 0x3000], 0x100000, handle=7, stream=1)
+    assert sum(c[0] == "variant_pack" for c in library.calls) == 1
+    for i in range(PACKS_PER_PLAN + 2):
+        plan.launch([0x1000 + 0x100 * i, 0x2000, 0x3000], 0x200000, handle=7, stream=1)
+    assert len(library.destroyed) >= 2 and len(set(library.destroyed)) == len(library.destroyed)
+
+
+def test_a_plan_is_destroyed_exactly_once_when_its_last_reference_goes() -> None:
+    library = FakeLibrary()
+    plan = native_plan(library)
+    plan.launch([0x1000, 0x2000, 0x3000], 0x100000, handle=7, stream=1)
+    del plan
+    gc.collect()
+    assert library.live == set() and len(library.destroyed) == 2  # the plan and its one pack
+
+
+def test_a_plan_a_captured_graph_may_replay_lives_as_long_as_the_process() -> None:
+    library = FakeLibrary(capturing=True)
+    plan = native_plan(library)
+    before = captured_plans()
+    plan.launch([0x1000, 0x2000, 0x3000], 0x100000, handle=7, stream=1)
+    assert captured_plans() == before + 1
+    del plan
+    gc.collect()
+    assert library.destroyed == [], "a CUDA graph captured from it still points at its kernels and buffers"
+
+
+def test_a_plan_whose_variant_pack_needs_a_uid_the_tensors_lack_is_left_to_the_frontend() -> None:
+    from plancache.engines.cudnn_backend import _missing_uids
+    from plancache.key import TensorSpec
+
+    record = parse(frontend_blob())
+    tensors = [TensorSpec(uid=u, name=str(u), dims=(1,), strides=(1,), dtype="data_type.FLOAT", is_output=False) for u in (1, 3)]
+    why = _missing_uids(record.variant_pack_uids, record.by_value, record.workspace, record.replacements, tensors)
+    assert why is not None and "[5]" in why
+    tensors.append(TensorSpec(uid=5, name="5", dims=(1,), strides=(1,), dtype="data_type.FLOAT", is_output=True))
+    assert _missing_uids(record.variant_pack_uids, record.by_value, record.workspace, record.replacements, tensors) is None
+
+
+def test_the_gate_knows_every_field_it_reads() -> None:
+    # every field parse() reads is one refusal() accepts, and the descriptive ones are skipped
+    assert records.TESTED_VERSIONS == {"2.0"}
