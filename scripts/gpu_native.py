@@ -132,7 +132,7 @@ def norm(kind: str) -> Callable[[], Any]:
         x_stride = [c * hw * hw, 1, hw * c, c] if kind == "instancenorm" else [c, 1, c, c]
         x = g.tensor(name="X", dim=x_dims, stride=x_stride, data_type=DT.BFLOAT16)
         scale = g.tensor(name="scale", dim=[1, c, 1, 1], stride=[c, 1, c, c], data_type=DT.FLOAT)
-        bias = g.tensor(name="bias", dim=[1, c, 1, 1], stride=[c, 1, c, c], data_type=DT.FLOAT)
+        bias = None if kind == "rmsnorm" else g.tensor(name="bias", dim=[1, c, 1, 1], stride=[c, 1, c, c], data_type=DT.FLOAT)
         eps = g.tensor(name="eps", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=DT.FLOAT, is_pass_by_value=True)
         phase = cudnn.norm_forward_phase.TRAINING
         if kind == "rmsnorm":
@@ -188,7 +188,7 @@ CASES: dict[str, Callable[[], Any]] = {
 
 
 def _bits(tensor: Any) -> bytes:
-    return tensor.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()
+    return tensor.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
 
 
 def _host_us(launch: Callable[[], None], runs: int = 200) -> float:

@@ -66,8 +66,11 @@ def frontend_blob(**changes: Any) -> bytes:
         "cudnn_backend_data": '{"engineId": 7}',
         "variant_pack_uids": [5, 1, 3, 9],
         "behavior_notes": [[]],
-        "pass_by_values": {"9": {"index": 3, "value": hexfloat(0.125)}, "10": {"index": 5, "value": hexfloat(1.5)},
-                           "11": {"index": 0, "value": 7}},  # fmt: skip
+        "pass_by_values": {
+            "9": {"index": 3, "value": hexfloat(0.125)},
+            "10": {"index": 5, "value": hexfloat(1.5)},
+            "11": {"index": 0, "value": 7},
+        },
         "workspace_modifications": {"12": [1, 0, [hexfloat(256.0)]], "13": [0, 256, [hexfloat(1.0), hexfloat(-2.0)]]},
         "aligned_operands": {"1": [16, 2], "3": [16, 2]},
         "variant_pack_replacements": [[3, [14, 64]]],
@@ -129,8 +132,7 @@ def test_a_frontend_blob_is_read_field_by_field() -> None:
 @pytest.mark.parametrize(
     ("changes", "why"),
     [({"json_version": "3.0"}, "plan format 3.0"), ({"json_version": None}, "plan format"),
-     ({"launch_hooks": [1]}, "fields the native path does not know: launch_hooks"),
-     ({"tensors_to_dump": [[1, "b"]]}, "dumps tensors")],
+     ({"launch_hooks": [1]}, "fields the native path does not know: launch_hooks")],
 )  # fmt: skip
 def test_the_gate_leaves_untested_blobs_to_the_frontend(changes: dict[str, Any], why: str) -> None:
     found = refusal(parse(frontend_blob(**changes)))
@@ -158,7 +160,7 @@ def test_the_layout_is_the_frontends_variant_pack_template() -> None:
                                                 13: 0x10000 + 256, 14: 0x2000 + 64}  # fmt: skip
     # 3 is a replacement source the plan does not read itself: not handed to cuDNN
     assert 3 not in [layout.uids[slot] for slot in layout.backend]
-    with pytest.raises(ValueError, match="uid 1: .* 16-byte aligned"):
+    with pytest.raises(ValueError, match=r"uid 1: .* 16-byte aligned"):
         layout.pointers([0x1008, 0x2000, 0x3000], 0x10000, [0xA0, 0xB0, 0xC0])
 
 
@@ -307,6 +309,13 @@ def test_a_plan_whose_variant_pack_needs_a_uid_the_tensors_lack_is_left_to_the_f
     assert _missing_uids(record.variant_pack_uids, record.by_value, record.workspace, record.replacements, tensors) is None
 
 
-def test_the_gate_knows_every_field_it_reads() -> None:
-    # every field parse() reads is one refusal() accepts, and the descriptive ones are skipped
-    assert records.TESTED_VERSIONS == {"2.0"}
+def test_tensor_dumps_are_left_to_the_frontend_only_when_its_logging_writes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The frontend dumps a plan's tensors_to_dump at each launch only at CUDNN_FRONTEND_LOG_INFO 1..9.
+    record = parse(frontend_blob(tensors_to_dump=[[1, "b"]]))
+    monkeypatch.delenv("CUDNN_FRONTEND_LOG_INFO", raising=False)
+    assert refusal(record) is None
+    monkeypatch.setenv("CUDNN_FRONTEND_LOG_INFO", "1")
+    assert "tensor dumps are on" in (refusal(record) or "")
+    monkeypatch.setenv("CUDNN_FRONTEND_LOG_INFO", "12")
+    assert refusal(record) is None
+    assert {"2.0"} == records.TESTED_VERSIONS

@@ -25,6 +25,8 @@ not tested on is left to the frontend's own path.
 
 from __future__ import annotations
 
+import os
+import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -154,6 +156,13 @@ def parse(blob: bytes) -> PlanRecord:
         raise RecordError(f"a frontend plan this code cannot read: {type(exc).__name__}: {exc}") from exc
 
 
+def _log_level() -> int:
+    """``CUDNN_FRONTEND_LOG_INFO`` as the frontend reads it (``atoi``: leading digits, else
+    0); at 1 to 9 its launches dump the plan's ``tensors_to_dump``."""
+    found = re.match(r"\s*([+-]?\d+)", os.environ.get("CUDNN_FRONTEND_LOG_INFO", ""))
+    return int(found.group(1)) if found else 0
+
+
 def refusal(record: PlanRecord) -> str | None:
     """Why the native path must not load ``record`` (the frontend's own path does), or None."""
     if record.version not in TESTED_VERSIONS:
@@ -161,8 +170,8 @@ def refusal(record: PlanRecord) -> str | None:
     unknown = record.fields - _READ - _DESCRIPTIVE
     if unknown:
         return f"the plan has fields the native path does not know: {', '.join(sorted(unknown))}"
-    if record.dumps:
-        return "the plan dumps tensors at each launch (a frontend debugging aid the native path does not do)"
+    if record.dumps and 1 <= _log_level() < 10:
+        return "the frontend's tensor dumps are on (CUDNN_FRONTEND_LOG_INFO), which only its own path writes"
     return None
 
 
