@@ -190,7 +190,8 @@ def test_counters_and_stats(make_cache: MakeCache) -> None:
     first.get(spec.graph())
     first.get(spec.graph())
     stats = first.stats()
-    assert set(stats["process"]) == {*_COUNTERS, "memory_plans", "memory_evicted"}
+    assert set(stats["process"]) == {*_COUNTERS, "memory_plans", "memory_evicted", "native_fallbacks", "native_fallback_reasons"}
+    assert stats["process"].pop("native_fallback_reasons") == {}
     assert stats["process"]["misses"] == 1 and stats["process"]["memory_hits"] == 1
     assert stats["process"]["memory_plans"] == 1
     assert all(v == 0 for k, v in stats["process"].items() if k not in ("misses", "builds", "memory_hits", "memory_plans"))
