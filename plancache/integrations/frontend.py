@@ -265,7 +265,7 @@ def install_from_environment() -> bool:
     try:
         install()
     except Exception as exc:
-        _warn_once("no cudnn", f"plancache: PLANCACHE_PATCH_CUDNN=1, but cuDNN Frontend cannot be imported "
+        _warn_once("no cudnn", f"plancache: PLANCACHE_PATCH_CUDNN is on, but cuDNN Frontend cannot be imported "
                    f"({type(exc).__name__}: {exc}); nothing is patched")  # fmt: skip
         return False
     return True
