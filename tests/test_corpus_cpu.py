@@ -38,7 +38,7 @@ PROGRAMS = sorted(p.stem for p in CORPUS.glob("[a-z]*.py"))
 #: Notices a program may give here: the CPU backend lacks the kernel (a GPU has it), or the
 #: graph is one plancache leaves to the frontend by design.
 CPU_ONLY = "the CPU test backend cannot run"
-EXPECTED_NOTICE = {"conv_dynamic_kernel_cache": "kernel cache"}
+EXPECTED_NOTICE: dict[str, str] = {}
 #: The CPU backend's attention knows no paging: it takes the caches for K and V and refuses.
 CPU_REFUSES = {"sdpa_paged_with_graph": "the graph is invalid"}
 #: Programs whose numbers the CPU backend computes (the others' kernels or masks it lacks).

@@ -34,6 +34,7 @@ from ..errors import BuildError, InvalidGraphError, NoGpuError, TransientLoadErr
 from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_table
 from .backend import BuiltPlan, EngineChoice
 from .consensus import tolerance
+from .filters import outside_filters
 from .guest import known_captures, refuse_while_capturing, relaxed
 from .inputs import materialize, timing_inputs
 from .tensors import checked_inputs
@@ -224,11 +225,13 @@ class _Candidates:
 
     def build(self, position: int) -> str | None:
         cudnn = _cudnn()
+        index = self.indices[position]
         try:
-            self.graph.build_plan_at_index(self.indices[position])
+            self.graph.build_plan_at_index(index)
+            plan, workspace = self.graph.get_plan_name_at_index(index), int(self.graph.get_workspace_size_plan_at_index(index))
         except (cudnn.cudnnGraphNotSupportedError, RuntimeError, ValueError) as exc:
             return f"{type(exc).__name__}: {str(exc)[:300]}"
-        return None
+        return outside_filters(plan, workspace, self.description, self.options)  # the program's workspace limit and filters
 
     def tolerance(self) -> float:
         return tolerance(self.description, [s for s in self.tensors if s.is_output])

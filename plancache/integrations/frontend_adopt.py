@@ -6,8 +6,8 @@ graph (``_lowered_graph``, the compiled C++ graph that executes) and its ranked 
 caller's graph exactly that state, for a list of one plan:
 
 * the stored blob is deserialized into a fresh backend graph made with the caller's graph's
-  own handle (the graph's device and stream, never plancache's pooled handle), one per
-  caller graph, so no two graphs share a backend graph;
+  own handle (the graph's device and stream, never plancache's pooled handle) and its
+  kernel cache, one per caller graph, so no two graphs share a backend graph;
 * that backend graph becomes the caller's lowered graph, and the plan list holds one entry
   naming the stored engine and knobs at the backend's plan index 0 (a deserialized backend
   graph holds exactly one plan, its selected one);
@@ -95,7 +95,9 @@ def _load_cudnn(graph: Any, plan: Plan, blob: bytes) -> Any:
     its default handle of this thread and device when the graph has none)."""
     cudnn = sys.modules["cudnn"]
     kwargs = graph._cpp_graph_kwargs
-    carried = {k: kwargs[k] for k in ("name", "cuda_graph_retention") if k in kwargs}
+    # As the frontend's own deserialize forwards them: the kernel cache is the one the
+    # program shares across its dynamic-shape builds.
+    carried = {k: kwargs[k] for k in ("name", "kernel_cache", "cuda_graph_retention") if k in kwargs}
     fresh = cudnn.pygraph(handle=graph._handle, **carried)
     fresh.deserialize(blob)
     backend_graph = fresh.__dict__.get("_lowered_graph")

@@ -4,9 +4,12 @@ and the build inside ``execute()``.
 ``Planner.persist(graph, modes)`` plans one caller graph through a ``PlanCache``: the graph
 is validated by the frontend as before, keyed (tensors the caller left without uids are
 keyed by the uids the frontend numbered them with; nothing of the graph is changed to key
-it), rebuilt from its description into a graph plancache owns, and that graph is looked up
+it), rebuilt from its description into a graph plancache owns (with the caller's engine and
+note filters, and the caller's own kernel cache: a dynamic-shape graph's autotuning
+compiles into the cache the program shares across its builds), and that graph is looked up
 (a hit loads the stored plan; a miss autotunes among the candidates of the caller's
-heuristic modes and stores the winner). The stored plan is then put into the caller's graph
+heuristic modes, within its workspace limit and filters (``engines.filters``), and stores
+the winner). The stored plan is then put into the caller's graph
 (``frontend_adopt``): the object the caller holds is the one that runs, on its own handle.
 The caller's graph never holds a candidate's plan, so no losing candidate stays with it.
 
@@ -143,7 +146,7 @@ class Planner:
         description = self._describe(graph)
         if not graph._is_validated:
             graph.validate()  # the frontend's own validation, its errors the caller's
-        replay = self._replay(description)
+        replay = self._replay(description, graph)
         with self._on_device(cache, graph):
             try:
                 plan = cache.get(replay, options=options)  # role-valid timing inputs: engines.inputs
@@ -177,9 +180,6 @@ class Planner:
             raise Refusal("capture", "plancache: not persisting a graph planned during a CUDA-graph capture "
                           "(loading or autotuning a plan would break the capture); the frontend plans it")  # fmt: skip
         kwargs = graph._cpp_graph_kwargs
-        if kwargs.get("is_dynamic_shape_enabled") and kwargs.get("kernel_cache") is not None:
-            raise Refusal("kernel cache", "plancache: not persisting dynamic-shape graphs built with a kernel cache of "
-                          "their own (their kernels belong to that cache); the frontend plans them")  # fmt: skip
         if kwargs.get("device_property") is not None:
             raise Refusal("device property", "plancache: not persisting graphs planned for a device property "
                           "(without a GPU); the frontend plans them")  # fmt: skip
@@ -213,12 +213,14 @@ class Planner:
                 f"unkeyable:{reason}", f"plancache: not persisting this graph ({exc}); the frontend plans it as before"
             ) from exc
 
-    def _replay(self, description: dict[str, Any]) -> Any:
-        """A graph of plancache's own, keyed alike: the cache autotunes it on a miss."""
+    def _replay(self, description: dict[str, Any], graph: Any) -> Any:
+        """A graph of plancache's own, keyed alike: the cache autotunes it on a miss. It
+        builds against the caller's kernel cache, if any: the frontend shares one kernel
+        cache across a program's dynamic-shape builds, and so does plancache."""
         from ..engines.replay import rebuild_graph
 
         try:
-            return rebuild_graph(description)
+            return rebuild_graph(description, kernel_cache=graph._cpp_graph_kwargs.get("kernel_cache"))
         except InvalidGraphError as exc:
             reason = str(getattr(exc, "reason", None) or exc)
             raise Refusal(f"replay:{reason}", f"plancache: not persisting this graph: it cannot be rebuilt for "

@@ -131,6 +131,9 @@ class CpuTestBackend:
     ``candidates``: how many candidate plans each graph has. ``unbuildable``: indices whose
     build fails. ``unlaunchable``: indices whose launches raise. ``engine_ids``: the engine
     id of each index (default: the index; equal ids stand for knob variants of one engine).
+    ``extra_workspace``: bytes of workspace a candidate index needs beyond the scratch every
+    test plan stages its outputs in (a program's ``deselect_workspace_greater_than`` limit
+    excludes it, as on a GPU).
     ``build_delay``: seconds each candidate build sleeps. ``build_log``: a file that gets one
     line per finished build. ``environment``: replaces fields of every device's fingerprint;
     ``devices``: how many devices, or one dict of replaced fields per device. ``in_use``:
@@ -148,6 +151,7 @@ class CpuTestBackend:
         unlaunchable: Sequence[int] = (),
         wrong: Sequence[int] = (),
         engine_ids: Sequence[int] = (),
+        extra_workspace: Mapping[int, int] | None = None,
         memory: int = 64 << 30,
         build_delay: float = 0.0,
         build_log: str | os.PathLike[str] | None = None,
@@ -162,6 +166,7 @@ class CpuTestBackend:
         self.unlaunchable = frozenset(unlaunchable)
         self.wrong = frozenset(wrong)
         self.engine_ids = list(engine_ids)
+        self.extra_workspace = dict(extra_workspace or {})
         self.build_delay = build_delay
         self.build_log = os.fspath(build_log) if build_log is not None else None
         self.devices = _Devices(environment, devices, in_use)
@@ -248,7 +253,7 @@ class CpuTestBackend:
         described, tensors = self._plan_once(graph)
         if described["flags"].get("dynamic_shape") and options.kernel_cache:
             self.kernels.add(summary_of_ops(described))
-        return CpuCandidates(self, described, tensors, inputs)
+        return CpuCandidates(self, described, tensors, inputs, options)
 
     def kernel_cache_blob(self) -> bytes | None:
         return json.dumps(sorted(self.kernels)).encode() if self.kernels else None
@@ -256,8 +261,14 @@ class CpuTestBackend:
     def restore_kernel_cache(self, blob: bytes) -> None:
         self.kernels.update(json.loads(blob))
 
+    def workspace_of(self, index: int | None, tensors: Sequence[TensorSpec]) -> int:
+        """Workspace bytes of candidate ``index``: the output scratch, plus its extra."""
+        return scratch_bytes(tensors) + (self.extra_workspace.get(index, 0) if index is not None else 0)
+
     def make_plan(self, description: dict[str, Any], tensors: list[TensorSpec], engine: EngineChoice,
-                  wrong: bool = False) -> BuiltPlan:  # fmt: skip
+                  wrong: bool = False, index: int | None = None) -> BuiltPlan:  # fmt: skip
+        """The plan of candidate ``index`` (by default the one whose engine id it has)."""
+        index = engine.engine_id if index is None else index
         payload: dict[str, Any] = {
             "description": description,
             "tensors": [t.to_dict() for t in tensors],
@@ -265,13 +276,14 @@ class CpuTestBackend:
         }
         if wrong:
             payload["wrong"] = True  # a wrong engine stays wrong once stored, as a cuDNN plan would
+
         blob = MAGIC + json.dumps(payload, sort_keys=True).encode()
         if self.build_log is not None:
             line = hashlib.sha256(canonical_json(description).encode()).hexdigest() + f" {os.getpid()}\n"
             with open(self.build_log, "a") as f:  # one short append: atomic on POSIX
                 f.write(line)
         native = _Native(description, tensors, engine.to_dict(), self.current_device(), wrong)
-        return BuiltPlan(native, blob, tensors, scratch_bytes(tensors), engine)
+        return BuiltPlan(native, blob, tensors, self.workspace_of(index, tensors), engine)
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
         description, tensors = self._plan_once(graph)
@@ -285,6 +297,7 @@ class CpuTestBackend:
         if not blob.startswith(MAGIC):
             raise ValueError("not a plancache test plan (bad magic)")
         payload = json.loads(blob[len(MAGIC) :])
+
         device = self.current_device() if device is None else device
         try:
             with self.guest(device) as stream:

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 from ..config import MemoryBudget
 from ..engines.backend import BuiltPlan, EngineChoice
 from ..engines.consensus import tolerance
+from ..engines.filters import outside_filters
 from ..engines.inputs import materialize, timing_inputs
 from ..engines.tensors import checked_inputs
-from ..key import TensorSpec, canonical_json
+from ..key import BuildOptions, TensorSpec, canonical_json
 
 if TYPE_CHECKING:
     from .backend import CpuTestBackend
@@ -29,8 +30,9 @@ __all__ = ["CpuCandidates"]
 
 class CpuCandidates:
     def __init__(self, backend: CpuTestBackend, description: dict[str, Any], tensors: list[TensorSpec],
-                 given: Mapping[int, Any] | None) -> None:  # fmt: skip
+                 given: Mapping[int, Any] | None, options: BuildOptions) -> None:  # fmt: skip
         self.backend = backend
+        self.options = options
         self.description = description
         self.tensors = tensors
         self.given = dict(given or {})
@@ -56,6 +58,10 @@ class CpuCandidates:
             import time
 
             time.sleep(self.backend.build_delay)
+        outside = outside_filters(self.engine(index).name, self.backend.workspace_of(index, self.tensors), self.description,
+                                  self.options)  # fmt: skip
+        if outside is not None:
+            return outside
         self.built.add(index)
         return None
 
@@ -115,7 +121,8 @@ class CpuCandidates:
         return [self.simulated_ms(index) * (1 + 0.001 * (r % 3)) for r in range(runs)]
 
     def finish(self, index: int) -> BuiltPlan:
-        return self.backend.make_plan(self.description, self.tensors, self.engine(index), wrong=index in self.backend.wrong)
+        return self.backend.make_plan(self.description, self.tensors, self.engine(index), wrong=index in self.backend.wrong,
+                                      index=index)  # fmt: skip
 
     def close(self) -> None:
         self.built.clear()
