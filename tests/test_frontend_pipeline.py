@@ -192,6 +192,59 @@ def test_the_plan_list_names_the_stored_engine_and_knobs(
     assert config.cpp_index is None and config.engine_id == -1  # unknown engine: the backend's own choice
 
 
+# ---------------------------------------------------------------- one load per graph
+
+
+def test_a_hit_is_checked_and_deserialized_once_into_the_graph(serve: Callable[..., PlanCache],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    cold = CpuTestBackend()
+    serve(cold)
+    Matmul().g.build()
+    assert cold.loads == 1, "a miss loads its plan back once, into the graph, before storing it"
+    warm = CpuTestBackend()
+    cache = serve(warm)  # a new process on the same store
+    reads: list[str] = []
+    read = cache.local.get
+    monkeypatch.setattr(cache.local, "get", lambda key, *a: reads.append(key) or read(key, *a))
+    mm = Matmul()
+    mm.g.build()
+    plan = frontend.plan_of(mm.g)
+    assert plan.source == "loaded" and cache.counters["hits"] == 1
+    assert warm.loads == 1 and len(reads) == 1, "the entry is read, checked and deserialized once"
+    assert mm.g._lowered_graph.backend_graph.native is plan.native, "the lookup's own load runs in the graph"
+    again = Matmul()
+    again.g.build()  # a memory hit: this graph gets a deserialized plan of its own
+    assert warm.loads == 2 and again.g._lowered_graph.backend_graph.native is not plan.native
+    mm.run()
+    again.run()
+
+
+# ---------------------------------------------------------------- what is stored loads back
+
+
+def test_a_plan_that_cannot_be_loaded_back_is_never_stored(serve: Callable[..., PlanCache], fe: CpuFrontend) -> None:
+    cache = serve(CpuTestBackend(unloadable=range(4)))  # no candidate's blob loads
+    mm = Matmul()
+    with pytest.warns(PlanCacheNotice, match="is not stored .it could not be loaded back from its blob"):
+        mm.g.build()
+    assert fe.frontend_built(mm.g) and frontend.plan_of(mm.g) is None and cache.store.keys() == []
+    stats = cache.stats()
+    assert stats["process"]["unloadable"] == 1
+    (refused,) = stats["unloadable_plans"].values()
+    assert refused["graph"].startswith("MATMUL") and "unloadable= candidate" in refused["why"]
+
+
+def test_a_python_engine_plan_is_never_stored_by_the_drop_in(serve: Callable[..., PlanCache], fe: CpuFrontend,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    serdes = pytest.importorskip("cudnn._plan_serdes")
+    cache = serve()
+    monkeypatch.setattr(serdes, "is_python_plan", lambda blob: True)  # every winner runs on a Python engine
+    mm = Matmul()
+    with pytest.warns(PlanCacheNotice, match="Python engines"):
+        mm.g.build()
+    assert fe.frontend_built(mm.g) and cache.store.keys() == [] and cache.counters["unloadable"] == 1
+
+
 # ---------------------------------------------------------------- the program's filters hold
 
 
@@ -534,13 +587,17 @@ def test_a_hit_runs_on_the_graphs_own_device(serve: Callable[..., PlanCache]) ->
     mm.run()
 
 
-def test_the_cudnn_adopter_loads_the_blob_with_the_graphs_own_handle(
+def test_the_cudnn_load_deserializes_the_blob_once_with_the_graphs_own_handle_and_kernel_cache(
     serve: Callable[..., PlanCache], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The cuDNN backend's adopter, through the frontend's own ``deserialize`` and
-    ``execute``: one backend graph per caller graph, made with that graph's handle, run at
-    its plan index 0 with the caller's pointers in uid order."""
+    """The cuDNN backend's load for a caller graph and its adoption, through the frontend's
+    own ``deserialize`` and ``execute``: one backend graph per caller graph, made with that
+    graph's handle and kernel cache, deserialized once, run at its plan index 0 with the
+    caller's pointers in uid order."""
     import ctypes
+    import types
+
+    from plancache.runtime.plan import Plan
 
     made: list[Any] = []
 
@@ -568,16 +625,20 @@ def test_the_cudnn_adopter_loads_the_blob_with_the_graphs_own_handle(
     serve()
     other = Matmul()
     other.g.build()
-    plan = frontend.plan_of(other.g)
+    stored = frontend.plan_of(other.g)
     monkeypatch.setattr(cudnn._pybind_module, "backend_graph", BackendGraph)
-    handle = cudnn.Handle(0x1234, 0)
-    mm = Matmul(handle=handle)
+    handle, kernel_cache = cudnn.Handle(0x1234, 0), object()
+    mm = Matmul(handle=handle, is_dynamic_shape_enabled=True, kernel_cache=kernel_cache)
     order = sorted(t.uid for t in (mm.a, mm.b, mm.bias, mm.c))
     mm.g.validate()
-    engine = EngineChoice(engine_id=5, knobs={"TILE_M": 128}, name="eng5")
-    frontend_adopt.adopt(mm.g, plan, b"stored blob", "cudnn", engine)
-    assert len(made) == 1 and made[0].blobs == [b"stored blob"]
-    assert made[0].kwargs == {"name": mm.g._cpp_graph_kwargs["name"], "handle": 0x1234}
+    load = frontend_adopt.GraphLoad(mm.g, types.SimpleNamespace(name="cudnn"))
+    native = load(b"stored blob", stored.tensors, 0)
+    plan = Plan(key=stored.key, backend=CpuTestBackend(), native=native, tensors=stored.tensors, workspace_size=4096,
+                engine=EngineChoice(engine_id=5, knobs={"TILE_M": 128}, name="eng5"), source="loaded", device=0)  # fmt: skip
+    frontend_adopt.adopt(load, plan, native, b"stored blob")
+    assert len(made) == 1 and made[0].blobs == [b"stored blob"]  # deserialized once, for this graph
+    assert made[0].kwargs == {"name": mm.g._cpp_graph_kwargs["name"], "handle": 0x1234, "kernel_cache": kernel_cache}
+    assert mm.g._lowered_graph.backend_graph is made[0] is native._lowered_graph
     assert mm.g.get_execution_plan_count() == 1 and mm.g.get_workspace_size() == 4096
     assert mm.g.get_engine_and_knobs_at_index(0) == (5, {cudnn.knob_type.TILE_M: 128})
     assert mm.g.serialize(as_bytes=True) == b"stored blob"

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..engines.autotune import AutotuneResult, TimingPolicy, autotune
@@ -27,11 +28,19 @@ from .flight import SingleFlight
 from .kernel_cache import KernelCache
 from .loads import Loads
 
-__all__ = ["LOAD_FAILED", "Lookup"]
+__all__ = ["LOAD_FAILED", "Load", "Lookup"]
 
 #: How a sound entry that could not be loaded for a transient reason is reported (it is
 #: never quarantined for it).
 LOAD_FAILED = "not loaded now"
+
+#: How one lookup loads a stored plan: ``(blob, tensors, device) -> native``, as
+#: ``Backend.load`` does (``PlanCache.get(load=...)``: the frontend drop-in deserializes
+#: straight into the caller's graph). A plan it cannot load back is not stored.
+Load = Callable[[bytes, Sequence[TensorSpec], int], Any]
+
+#: Plans not stored because they could not be loaded back, kept for ``stats`` (the latest).
+_UNLOADABLE_KEPT = 64
 
 log = logging.getLogger("plancache")
 
@@ -53,18 +62,21 @@ class Lookup:
         self._environment = environment
         self.kernel_cache = KernelCache(backend, local, counters, warn, persist_kernel_cache)
         self.loads = Loads()
+        #: Plans built but not stored because they could not be loaded back: key -> (graph, why).
+        self.unloadable: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
-    def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None) -> Plan:
+    def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None,
+                load: Load | None = None) -> Plan:  # fmt: skip
         slot = (key.digest, device)
         names = names_of(graph)
         with self.loads.claim(slot, self.memory) as plan:
             if plan is None:  # this thread loads or builds it, as a guest of the program
                 environment, env_id = self._environment(device)
                 with self.backend.guest(device):
-                    plan = self._from_stored_tiers(key, environment, env_id, device)
+                    plan = self._from_stored_tiers(key, environment, env_id, device, load)
                     if plan is None:
                         with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])):
-                            plan = self.memory.get(slot) or self._repair_or_build(graph, key, options, device, inputs)
+                            plan = self.memory.get(slot) or self._repair_or_build(graph, key, options, device, inputs, load)
                 plan = plan.named(names)
                 self.memory.put(slot, plan)
         return plan.named(names)
@@ -91,15 +103,17 @@ class Lookup:
                 return "primed"
             return "not stored" if outcome is None else outcome[1]
 
-    def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int) -> Plan | None:
+    def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int,
+                           load: Load | None) -> Plan | None:  # fmt: skip
         """A sound stored plan from the local store, else from the fleet (then stored
         locally); None otherwise. Reads only: an unsound entry is just a miss here."""
-        outcome = self.serve_stored(key.digest, environment, device)
+        outcome = self.serve_stored(key.digest, environment, device, load=load)
         if isinstance(outcome, Plan):
             return outcome
-        return self._from_remote(key, environment, env_id, device)
+        return self._from_remote(key, environment, env_id, device, load)
 
-    def _from_remote(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int) -> Plan | None:
+    def _from_remote(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int,
+                     load: Load | None) -> Plan | None:  # fmt: skip
         """A sound plan from the fleet, stored locally, then loaded; None without one."""
         if self.remote is None:
             return None
@@ -107,33 +121,33 @@ class Lookup:
         if entry is None or problem(entry, environment) is not None:
             return None
         self.local.put(entry)
-        loaded = self._load(entry, device)
+        loaded = self._load(entry, device, load=load)
         return loaded if isinstance(loaded, Plan) else None
 
     def _repair_or_build(self, graph: Any, key: CacheKey, options: BuildOptions, device: int,
-                         inputs: Mapping[int, Any] | None) -> Plan:  # fmt: skip
+                         inputs: Mapping[int, Any] | None, load: Load | None) -> Plan:  # fmt: skip
         """Inside the key's single flight: serve what this machine or the fleet stored
         meanwhile, repair an unsound entry, or autotune."""
         environment, env_id = self._environment(device)
-        outcome = self.serve_stored(key.digest, environment, device)
+        outcome = self.serve_stored(key.digest, environment, device, load=load)
         if isinstance(outcome, Plan):
             return outcome
         if outcome is not None:
             entry, reason = outcome
             if reason == NEVER_CHECKED:  # sound, but its engine was never compared with others
                 self.counters["rechecks"] += 1
-                return self._build(graph, key, options, inputs, device)
+                return self._build(graph, key, options, inputs, device, load=load)
             if reason.startswith(LOAD_FAILED):  # not the entry's fault: it stays
-                return self._build(graph, key, options, inputs, device, persist=False)
+                return self._build(graph, key, options, inputs, device, persist=False, load=load)
             self.quarantine_if_unchanged(key.digest, entry, reason)
-            rebuilt = self._rebuild(key, options, entry, device) if entry is not None else None
+            rebuilt = self._rebuild(key, options, entry, device, load) if entry is not None else None
             if rebuilt is not None:
                 return rebuilt
         else:
-            plan = self._from_remote(key, environment, env_id, device)  # the local store was just read
+            plan = self._from_remote(key, environment, env_id, device, load)  # the local store was just read
             if plan is not None:
                 return plan
-        return self._build(graph, key, options, inputs, device)
+        return self._build(graph, key, options, inputs, device, load=load)
 
     def preload(self, keys: Iterable[str], device: int) -> dict[str, Any]:
         """``PlanCache.preload``: each key loaded into memory (once, with the primer and
@@ -162,11 +176,12 @@ class Lookup:
         report["seconds"] = time.perf_counter() - started
         return report
 
-    def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *,
-                     count_hit: bool = True) -> Plan | tuple[Entry | None, str] | None:  # fmt: skip
-        """The local entry under ``digest``, judged and loaded: a ``Plan``; ``(entry,
-        reason)`` when it must not be served; None when there is none. ``count_hit``:
-        whether loading it counts as a hit (priming is not one: the plan may go unused)."""
+    def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *, count_hit: bool = True,
+                     load: Load | None = None) -> Plan | tuple[Entry | None, str] | None:  # fmt: skip
+        """The local entry under ``digest``, judged and loaded (by ``load``, else the
+        backend): a ``Plan``; ``(entry, reason)`` when it must not be served; None when there
+        is none. ``count_hit``: whether loading it counts as a hit (priming is not one: the
+        plan may go unused)."""
         try:
             entry = self.local.get(digest)
         except DamagedEntryError as exc:  # one undecodable row
@@ -176,14 +191,15 @@ class Lookup:
         reason = problem(entry, environment)
         if reason is not None:
             return entry, reason
-        loaded = self._load(entry, device, count_hit=count_hit)
+        loaded = self._load(entry, device, count_hit=count_hit, load=load)
         return loaded if isinstance(loaded, Plan) else (entry, loaded)
 
-    def _load(self, entry: Entry, device: int, *, count_hit: bool = True) -> Plan | str:
-        """Deserialize a sound entry onto ``device``: a ``Plan``, or why it failed."""
+    def _load(self, entry: Entry, device: int, *, count_hit: bool = True, load: Load | None = None) -> Plan | str:
+        """Deserialize a sound entry onto ``device`` (with ``load``, else the backend's): a
+        ``Plan``, or why it failed."""
         try:
             tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
-            native = self.backend.load(entry.blob, tensors, device)
+            native = (load or self.backend.load)(entry.blob, tensors, device)
         except TransientLoadError as exc:
             # Not the entry's fault (a capture on another thread, an out-of-memory in the
             # warm-up): it stays, to be loaded again later; counted.
@@ -205,7 +221,7 @@ class Lookup:
         log.warning("plancache: entry %s is unusable (%s); quarantined, rebuilding", digest[:12], reason)
         self.local.quarantine(digest, entry, reason)
 
-    def _rebuild(self, key: CacheKey, options: BuildOptions, old: Entry, device: int) -> Plan | None:
+    def _rebuild(self, key: CacheKey, options: BuildOptions, old: Entry, device: int, load: Load | None) -> Plan | None:
         """Rebuild an unsound entry from its engine id and knobs on a graph replayed from
         its description (the caller's graph stays unplanned, for autotuning if this fails)."""
         engine = _engine_of(old.engine)
@@ -224,11 +240,12 @@ class Lookup:
         self.counters["rebuilds"] += 1
         # The unsound entry's autotuning record still says why this engine was chosen.
         timing = old.timing or {"method": "rebuilt from the stored engine id and knobs"}
-        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check)
+        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check,
+                      device=device, load=load)  # fmt: skip
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
 
     def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int,
-               persist: bool = True) -> Plan:  # fmt: skip
+               persist: bool = True, load: Load | None = None) -> Plan:  # fmt: skip
         self.counters["misses"] += 1
         started = time.perf_counter()
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
@@ -249,7 +266,7 @@ class Lookup:
             return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "unpersisted", device)
         reports = [r.to_dict() for r in result.candidates]
         self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started, result.autotune_seconds,
-                      result.check)  # fmt: skip
+                      result.check, device=device, load=load)  # fmt: skip
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "built", device)
 
     def _unpersisted(self, key: CacheKey, built: BuiltPlan, result: AutotuneResult, device: int) -> Plan:
@@ -269,12 +286,36 @@ class Lookup:
 
     def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
                  timing: dict[str, Any], build_seconds: float, autotune_seconds: float,
-                 check: dict[str, Any] | None) -> None:  # fmt: skip
+                 check: dict[str, Any] | None, *, device: int, load: Load | None) -> None:  # fmt: skip
+        why = self._cannot_load_back(built, device, load)
+        if why is not None:  # never stored: a later lookup would find a plan it cannot load
+            self.counters["unloadable"] += 1
+            label = summarize(key.parts["graph"])
+            self.unloadable[key.digest] = (label, why)
+            while len(self.unloadable) > _UNLOADABLE_KEPT:
+                self.unloadable.popitem(last=False)
+            self._warn_once(f"unloadable-{key.digest}", "plancache: not storing the plan of %s (%s): %s", key.digest[:12],
+                            label, why)  # fmt: skip
+            return
         entry = _entry(key, built, self.backend.name, policy, candidates, timing, build_seconds, autotune_seconds, check)
         if not self.local.put(entry):
             self.counters["unpersisted"] += 1
         if self.remote is not None:
             self.remote.put(entry)  # inside the fleet lock: nodes waiting on it find the plan
+
+    def _cannot_load_back(self, built: BuiltPlan, device: int, load: Load | None) -> str | None:
+        """Why the plan just built cannot be loaded back from its blob the way lookups of it
+        load it (None: it loads): by ``load`` when the lookup brought one, else as the
+        backend says."""
+        if load is None:
+            cause = self.backend.load_back(built.blob, built.tensors, device)
+        else:
+            try:
+                load(built.blob, built.tensors, device)
+                cause = None
+            except Exception as exc:
+                cause = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return None if cause is None else f"it could not be loaded back from its blob ({cause})"
 
     def _plan(self, digest: str, native: Any, tensors: list[TensorSpec], workspace: int, engine: EngineChoice | None,
               source: str, device: int) -> Plan:  # fmt: skip

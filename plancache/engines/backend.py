@@ -150,6 +150,12 @@ class Backend(Protocol):
         anything else when the library refuses the blob."""
         ...
 
+    def load_back(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
+        """Load a plan just built back from ``blob`` on ``device``, as a later lookup would,
+        and return why that failed, in a few words (None: it loads). Asked before a plan is
+        stored: no stored plan is one a later lookup cannot load."""
+        ...
+
     def capturing(self) -> bool:
         """Whether the calling thread's current stream is capturing a CUDA graph (asked
         without setting CUDA up)."""

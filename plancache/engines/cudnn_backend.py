@@ -39,7 +39,7 @@ from .guest import known_captures, refuse_while_capturing, relaxed
 from .inputs import materialize, timing_inputs
 from .tensors import checked_inputs
 
-__all__ = ["CudnnBackend", "cudnn_module", "probe_environment"]
+__all__ = ["CudnnBackend", "cudnn_module", "probe_environment", "transient_load_failure"]
 
 log = logging.getLogger("plancache")
 
@@ -50,6 +50,12 @@ _SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock: enough for the host to queue _I
 #: A sticky CUDA error is the process's, not the entry's: every entry would fail to load.
 _TRANSIENT = re.compile(r"captur|out of memory|ALLOC_FAILED|MemoryAllocation|not permitted|timed out|cuda ?error", re.IGNORECASE)
 _NODE_IN_MESSAGE = re.compile(r"[Nn]ode '([^']+)'")
+
+
+def transient_load_failure(exc: BaseException) -> bool:
+    """Whether a failed deserialization says nothing about the blob (a capture, memory, a
+    sticky CUDA error): the entry is kept, and loaded again later."""
+    return bool(_TRANSIENT.search(str(exc)))
 
 
 def _cudnn() -> Any:
@@ -690,10 +696,19 @@ class CudnnBackend:
             try:
                 graph.deserialize(blob)
             except Exception as exc:
-                if _TRANSIENT.search(str(exc)):
+                if transient_load_failure(exc):
                     raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
                 raise
         return graph
+
+    def load_back(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
+        """Load the plan back from its blob as a later lookup will, and say why that failed
+        (the loaded graph is dropped)."""
+        try:
+            self.load(blob, tensors, device)
+        except Exception as exc:  # the library refusing the blob it just wrote, or failing for now (TransientLoadError)
+            return f"{type(exc).__name__}: {str(exc)[:300]}"
+        return None
 
     def prepare(self, device: int) -> None:
         with self.guest(device):

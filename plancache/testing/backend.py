@@ -133,7 +133,8 @@ class CpuTestBackend:
     id of each index (default: the index; equal ids stand for knob variants of one engine).
     ``extra_workspace``: bytes of workspace a candidate index needs beyond the scratch every
     test plan stages its outputs in (a program's ``deselect_workspace_greater_than`` limit
-    excludes it, as on a GPU).
+    excludes it, as on a GPU). ``unloadable``: indices whose plans cannot be loaded back
+    from their blob (as a cuDNN plan the library cannot deserialize).
     ``build_delay``: seconds each candidate build sleeps. ``build_log``: a file that gets one
     line per finished build. ``environment``: replaces fields of every device's fingerprint;
     ``devices``: how many devices, or one dict of replaced fields per device. ``in_use``:
@@ -152,6 +153,7 @@ class CpuTestBackend:
         wrong: Sequence[int] = (),
         engine_ids: Sequence[int] = (),
         extra_workspace: Mapping[int, int] | None = None,
+        unloadable: Sequence[int] = (),
         memory: int = 64 << 30,
         build_delay: float = 0.0,
         build_log: str | os.PathLike[str] | None = None,
@@ -167,6 +169,7 @@ class CpuTestBackend:
         self.wrong = frozenset(wrong)
         self.engine_ids = list(engine_ids)
         self.extra_workspace = dict(extra_workspace or {})
+        self.unloadable = frozenset(unloadable)
         self.build_delay = build_delay
         self.build_log = os.fspath(build_log) if build_log is not None else None
         self.devices = _Devices(environment, devices, in_use)
@@ -276,7 +279,8 @@ class CpuTestBackend:
         }
         if wrong:
             payload["wrong"] = True  # a wrong engine stays wrong once stored, as a cuDNN plan would
-
+        if index in self.unloadable:
+            payload["unloadable"] = True
         blob = MAGIC + json.dumps(payload, sort_keys=True).encode()
         if self.build_log is not None:
             line = hashlib.sha256(canonical_json(description).encode()).hexdigest() + f" {os.getpid()}\n"
@@ -297,7 +301,8 @@ class CpuTestBackend:
         if not blob.startswith(MAGIC):
             raise ValueError("not a plancache test plan (bad magic)")
         payload = json.loads(blob[len(MAGIC) :])
-
+        if payload.get("unloadable"):
+            raise ValueError("the test plan of an unloadable= candidate")
         device = self.current_device() if device is None else device
         try:
             with self.guest(device) as stream:
@@ -312,6 +317,14 @@ class CpuTestBackend:
         self.loads += 1
         return _Native(payload["description"], [TensorSpec.from_dict(t) for t in payload["tensors"]], payload["engine"], device,
                        bool(payload.get("wrong")))  # fmt: skip
+
+    def load_back(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
+        """As the cuDNN backend's, without the warm-up: why ``load`` would refuse the blob."""
+        if not blob.startswith(MAGIC):
+            return "not a plancache test plan (bad magic)"
+        if json.loads(blob[len(MAGIC) :]).get("unloadable"):
+            return "ValueError: the test plan of an unloadable= candidate"
+        return None
 
     def warmup(self, handle: _Handle) -> None:
         """What cuDNN Frontend's deserialize ends in: on the handle's stream (a new blocking
