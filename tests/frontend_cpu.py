@@ -66,6 +66,13 @@ class CpuPlanGraph:
         self.plan.execute(pack)
         self.launches += 1
 
+    def _execute_ordered(self, schema: Any, buffers: Any, uids: Any, bindings: Any, workspace: Any, *rest: Any) -> None:
+        """The ordered form (``execute(buffers, ..., tensor_uids=...)``): run at once, as the
+        compiled graph does when it binds every buffer itself (nothing left to finish)."""
+        pack = {**dict(bindings), **dict(zip(uids, buffers))}
+        self.plan.execute({uid: pack[uid] for uid in self.order})
+        self.launches += 1
+
     def get_workspace_size_plan_at_index(self, index: int, *args: Any) -> int:
         assert index == 0
         return self.plan.workspace_size
