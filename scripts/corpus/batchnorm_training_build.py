@@ -36,7 +36,7 @@ def body(report):
             name="BN", input=X, scale=Scale, bias=Bias, in_running_mean=InMean, in_running_var=InVar, epsilon=Eps,
             momentum=Momentum,
         )  # fmt: skip
-        Y.set_output(True).set_data_type(cudnn.data_type.HALF)
+        Y.set_output(True).set_data_type(cudnn.data_type.HALF).set_dim(list(y.shape)).set_stride(list(y.stride()))
         for stat in (SavedMean, SavedInvVar, NextMean, NextVar):
             stat.set_output(True).set_data_type(cudnn.data_type.FLOAT)
         graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])

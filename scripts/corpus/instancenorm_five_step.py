@@ -27,7 +27,7 @@ def body(report):
                            is_pass_by_value=True)  # fmt: skip
         Y, Mean, InvVar = graph.instancenorm(name="IN", norm_forward_phase=cudnn.norm_forward_phase.TRAINING, input=X,
                                              scale=Scale, bias=Bias, epsilon=Eps)  # fmt: skip
-        Y.set_output(True).set_data_type(cudnn.data_type.HALF)
+        Y.set_output(True).set_data_type(cudnn.data_type.HALF).set_dim(list(y.shape)).set_stride(list(y.stride()))
         Mean.set_output(True).set_data_type(cudnn.data_type.FLOAT)
         InvVar.set_output(True).set_data_type(cudnn.data_type.FLOAT)
 
