@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from ..config import auto_prime_from_env, max_size_from_env
 from ..engines.autotune import TimingPolicy
-from ..engines.backend import Backend
+from ..engines.backend import Backend, Load
 from ..errors import PlanCacheError
 from ..key import BuildOptions, CacheKey, canonical_json, describe, environment_id, make_key
 from ..runtime.plan import Plan, names_of
@@ -39,7 +39,7 @@ from ..tiers.local import LocalTier
 from ..tiers.memory import LRU, max_plans_from_env
 from .builder import plan_builder
 from .flight import SingleFlight
-from .lookup import Load, Lookup
+from .lookup import Lookup
 from .priming import Primer, app_name
 from .recording import recorder_from_env
 
@@ -249,8 +249,7 @@ class PlanCache:
         could not be loaded back (key -> graph and why)."""
         data: dict[str, Any] = {"process": {**self.counters, "memory_plans": len(self.memory),
                                             "memory_evicted": self.memory.evicted}, "store": self.local.stats()}  # fmt: skip
-        refused = list(self.lookup.unloadable.items())  # one copy: lookups on other threads may add to it
-        data["unloadable_plans"] = {key: {"graph": label, "why": why} for key, (label, why) in refused}
+        data["unloadable_plans"] = self.lookup.unloadable.report()
         if self.remote is not None:
             data["remote"] = self.remote.stats()
         return data

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..engines.autotune import AutotuneResult, TimingPolicy, autotune
-from ..engines.backend import Backend, BuiltPlan, EngineChoice
+from ..engines.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
 from ..key import BuildOptions, CacheKey, TensorSpec, environment_id
 from ..runtime.plan import Plan, names_of
@@ -27,20 +26,13 @@ from ..tiers.memory import LRU
 from .flight import SingleFlight
 from .kernel_cache import KernelCache
 from .loads import Loads
+from .unloadable import Unloadable
 
-__all__ = ["LOAD_FAILED", "Load", "Lookup"]
+__all__ = ["LOAD_FAILED", "Lookup"]
 
 #: How a sound entry that could not be loaded for a transient reason is reported (it is
 #: never quarantined for it).
 LOAD_FAILED = "not loaded now"
-
-#: How one lookup loads a stored plan: ``(blob, tensors, device) -> native``, as
-#: ``Backend.load`` does (``PlanCache.get(load=...)``: the frontend drop-in deserializes
-#: straight into the caller's graph). A plan it cannot load back is not stored.
-Load = Callable[[bytes, Sequence[TensorSpec], int], Any]
-
-#: Plans not stored because they could not be loaded back, kept for ``stats`` (the latest).
-_UNLOADABLE_KEPT = 64
 
 log = logging.getLogger("plancache")
 
@@ -62,8 +54,7 @@ class Lookup:
         self._environment = environment
         self.kernel_cache = KernelCache(backend, local, counters, warn, persist_kernel_cache)
         self.loads = Loads()
-        #: Plans built but not stored because they could not be loaded back: key -> (graph, why).
-        self.unloadable: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self.unloadable = Unloadable(backend, counters, warn)  # plans never stored: they could not be loaded back
 
     def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None,
                 load: Load | None = None) -> Plan:  # fmt: skip
@@ -178,10 +169,9 @@ class Lookup:
 
     def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *, count_hit: bool = True,
                      load: Load | None = None) -> Plan | tuple[Entry | None, str] | None:  # fmt: skip
-        """The local entry under ``digest``, judged and loaded (by ``load``, else the
-        backend): a ``Plan``; ``(entry, reason)`` when it must not be served; None when there
-        is none. ``count_hit``: whether loading it counts as a hit (priming is not one: the
-        plan may go unused)."""
+        """The local entry under ``digest``, judged and loaded (by ``load``, else the backend):
+        a ``Plan``; ``(entry, reason)`` when it must not be served; None when there is none.
+        ``count_hit``: whether loading it counts as a hit (priming is not one: it may go unused)."""
         try:
             entry = self.local.get(digest)
         except DamagedEntryError as exc:  # one undecodable row
@@ -195,8 +185,7 @@ class Lookup:
         return loaded if isinstance(loaded, Plan) else (entry, loaded)
 
     def _load(self, entry: Entry, device: int, *, count_hit: bool = True, load: Load | None = None) -> Plan | str:
-        """Deserialize a sound entry onto ``device`` (with ``load``, else the backend's): a
-        ``Plan``, or why it failed."""
+        """Deserialize a sound entry onto ``device`` (by ``load``, else the backend): a ``Plan``, or why it failed."""
         try:
             tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
             native = (load or self.backend.load)(entry.blob, tensors, device)
@@ -240,8 +229,7 @@ class Lookup:
         self.counters["rebuilds"] += 1
         # The unsound entry's autotuning record still says why this engine was chosen.
         timing = old.timing or {"method": "rebuilt from the stored engine id and knobs"}
-        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check,
-                      device=device, load=load)  # fmt: skip
+        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check, device, load)
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
 
     def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int,
@@ -266,7 +254,7 @@ class Lookup:
             return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "unpersisted", device)
         reports = [r.to_dict() for r in result.candidates]
         self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started, result.autotune_seconds,
-                      result.check, device=device, load=load)  # fmt: skip
+                      result.check, device, load)  # fmt: skip
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "built", device)
 
     def _unpersisted(self, key: CacheKey, built: BuiltPlan, result: AutotuneResult, device: int) -> Plan:
@@ -286,36 +274,14 @@ class Lookup:
 
     def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
                  timing: dict[str, Any], build_seconds: float, autotune_seconds: float,
-                 check: dict[str, Any] | None, *, device: int, load: Load | None) -> None:  # fmt: skip
-        why = self._cannot_load_back(built, device, load)
-        if why is not None:  # never stored: a later lookup would find a plan it cannot load
-            self.counters["unloadable"] += 1
-            label = summarize(key.parts["graph"])
-            self.unloadable[key.digest] = (label, why)
-            while len(self.unloadable) > _UNLOADABLE_KEPT:
-                self.unloadable.popitem(last=False)
-            self._warn_once(f"unloadable-{key.digest}", "plancache: not storing the plan of %s (%s): %s", key.digest[:12],
-                            label, why)  # fmt: skip
+                 check: dict[str, Any] | None, device: int, load: Load | None) -> None:  # fmt: skip
+        if not self.unloadable.loads_back(key, built, device, load):  # a later lookup could not load it: never stored
             return
         entry = _entry(key, built, self.backend.name, policy, candidates, timing, build_seconds, autotune_seconds, check)
         if not self.local.put(entry):
             self.counters["unpersisted"] += 1
         if self.remote is not None:
             self.remote.put(entry)  # inside the fleet lock: nodes waiting on it find the plan
-
-    def _cannot_load_back(self, built: BuiltPlan, device: int, load: Load | None) -> str | None:
-        """Why the plan just built cannot be loaded back from its blob the way lookups of it
-        load it (None: it loads): by ``load`` when the lookup brought one, else as the
-        backend says."""
-        if load is None:
-            cause = self.backend.load_back(built.blob, built.tensors, device)
-        else:
-            try:
-                load(built.blob, built.tensors, device)
-                cause = None
-            except Exception as exc:
-                cause = f"{type(exc).__name__}: {str(exc)[:300]}"
-        return None if cause is None else f"it could not be loaded back from its blob ({cause})"
 
     def _plan(self, digest: str, native: Any, tensors: list[TensorSpec], workspace: int, engine: EngineChoice | None,
               source: str, device: int) -> Plan:  # fmt: skip

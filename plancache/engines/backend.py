@@ -15,7 +15,21 @@ from typing import Any, Protocol, runtime_checkable
 from ..config import MemoryBudget
 from ..key import BuildOptions, TensorSpec
 
-__all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice"]
+__all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice", "Load", "load_failure"]
+
+#: How a stored plan is loaded: ``(blob, tensors, device) -> native``, as ``Backend.load``
+#: does (or the frontend drop-in, straight into the caller's graph: ``PlanCache.get(load=...)``).
+Load = Callable[[bytes, Sequence[TensorSpec], int], Any]
+
+
+def load_failure(load: Load, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
+    """Why loading ``blob`` with ``load`` failed, in a few words; None when it loaded (what
+    it loaded is dropped). How a plan just built is loaded back before it is stored."""
+    try:
+        load(blob, tensors, device)
+    except Exception as exc:  # the library refusing the blob it just wrote, or failing for now
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+    return None
 
 
 @dataclass(frozen=True)

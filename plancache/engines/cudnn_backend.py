@@ -32,7 +32,7 @@ from typing import Any
 from ..config import MemoryBudget, format_size
 from ..errors import BuildError, InvalidGraphError, NoGpuError, TransientLoadError
 from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_table
-from .backend import BuiltPlan, EngineChoice
+from .backend import BuiltPlan, EngineChoice, load_failure
 from .consensus import tolerance
 from .filters import outside_filters
 from .guest import known_captures, refuse_while_capturing, relaxed
@@ -702,13 +702,8 @@ class CudnnBackend:
         return graph
 
     def load_back(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
-        """Load the plan back from its blob as a later lookup will, and say why that failed
-        (the loaded graph is dropped)."""
-        try:
-            self.load(blob, tensors, device)
-        except Exception as exc:  # the library refusing the blob it just wrote, or failing for now (TransientLoadError)
-            return f"{type(exc).__name__}: {str(exc)[:300]}"
-        return None
+        """Load the plan back as a later lookup will (the loaded graph is dropped): why that failed."""
+        return load_failure(self.load, blob, tensors, device)
 
     def prepare(self, device: int) -> None:
         with self.guest(device):

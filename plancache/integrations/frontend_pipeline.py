@@ -277,10 +277,11 @@ class Planner:
             entry = cache.local.get(plan.key)
             if entry is not None and entry.blob and sha256(entry.blob) == entry.blob_sha256:
                 return bytes(entry.blob)
-        refused = cache.lookup.unloadable.get(plan.key)
-        if refused is not None:  # built here, and not stored: it cannot be loaded back
-            raise Refusal(f"unloadable:{refused[1][:60]}",
-                          f"plancache: the plan of this graph is not stored ({refused[1]}); the frontend plans it")  # fmt: skip
+        why = cache.lookup.unloadable.why(plan.key)
+        if why is not None:  # built here, and not stored: it cannot be loaded back
+            raise Refusal(
+                f"unloadable:{why[:60]}", f"plancache: the plan of this graph is not stored ({why}); the frontend plans it"
+            )
         if plan.source in ("built", "rebuilt"):
             with contextlib.suppress(Exception):
                 return bytes(plan.native.serialize(as_bytes=True))

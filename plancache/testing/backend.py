@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import threading
@@ -14,15 +13,16 @@ from typing import Any
 from ..engines.backend import BuiltPlan, EngineChoice
 from ..engines.guest import known_captures, refuse_while_capturing
 from ..errors import TransientLoadError
-from ..key import BuildOptions, TensorSpec, canonical_json
-from .candidates import CpuCandidates
+from ..key import BuildOptions, TensorSpec
+from . import plans
+from .candidates import CpuCandidates, candidate_workspace
 from .device import CudaError, SimulatedCuda
 from .kernels import evaluate, fault, scratch_bytes, stage_outputs
 from .planning import plan_once
+from .plans import MAGIC
 
 __all__ = ["MAGIC", "CpuTestBackend", "TwoDeviceCpuTestBackend", "summary_of_ops"]
 
-MAGIC = b"PLANCACHE-TEST-PLAN/1\n"
 _WARMUP_BYTES = 1 << 20  # what the frontend's warm-up allocates
 _HANDLE_BYTES = 4 << 20  # cuDNN's persistent buffer, allocated when a handle is created
 _WRONG_BY = 1.25  # what a wrong engine's results are off by
@@ -131,10 +131,8 @@ class CpuTestBackend:
     ``candidates``: how many candidate plans each graph has. ``unbuildable``: indices whose
     build fails. ``unlaunchable``: indices whose launches raise. ``engine_ids``: the engine
     id of each index (default: the index; equal ids stand for knob variants of one engine).
-    ``extra_workspace``: bytes of workspace a candidate index needs beyond the scratch every
-    test plan stages its outputs in (a program's ``deselect_workspace_greater_than`` limit
-    excludes it, as on a GPU). ``unloadable``: indices whose plans cannot be loaded back
-    from their blob (as a cuDNN plan the library cannot deserialize).
+    ``extra_workspace``: workspace bytes of an index beyond its output scratch (a program's
+    workspace limit excludes it). ``unloadable``: indices whose plans cannot be loaded back.
     ``build_delay``: seconds each candidate build sleeps. ``build_log``: a file that gets one
     line per finished build. ``environment``: replaces fields of every device's fingerprint;
     ``devices``: how many devices, or one dict of replaced fields per device. ``in_use``:
@@ -264,45 +262,25 @@ class CpuTestBackend:
     def restore_kernel_cache(self, blob: bytes) -> None:
         self.kernels.update(json.loads(blob))
 
-    def workspace_of(self, index: int | None, tensors: Sequence[TensorSpec]) -> int:
-        """Workspace bytes of candidate ``index``: the output scratch, plus its extra."""
-        return scratch_bytes(tensors) + (self.extra_workspace.get(index, 0) if index is not None else 0)
-
     def make_plan(self, description: dict[str, Any], tensors: list[TensorSpec], engine: EngineChoice,
-                  wrong: bool = False, index: int | None = None) -> BuiltPlan:  # fmt: skip
-        """The plan of candidate ``index`` (by default the one whose engine id it has)."""
+                  index: int | None = None) -> BuiltPlan:  # fmt: skip
+        """The plan of candidate ``index`` (default: the one of ``engine``'s id)."""
         index = engine.engine_id if index is None else index
-        payload: dict[str, Any] = {
-            "description": description,
-            "tensors": [t.to_dict() for t in tensors],
-            "engine": engine.to_dict(),
-        }
-        if wrong:
-            payload["wrong"] = True  # a wrong engine stays wrong once stored, as a cuDNN plan would
-        if index in self.unloadable:
-            payload["unloadable"] = True
-        blob = MAGIC + json.dumps(payload, sort_keys=True).encode()
-        if self.build_log is not None:
-            line = hashlib.sha256(canonical_json(description).encode()).hexdigest() + f" {os.getpid()}\n"
-            with open(self.build_log, "a") as f:  # one short append: atomic on POSIX
-                f.write(line)
-        native = _Native(description, tensors, engine.to_dict(), self.current_device(), wrong)
-        return BuiltPlan(native, blob, tensors, self.workspace_of(index, tensors), engine)
+        blob = plans.encode(description, tensors, engine, wrong=index in self.wrong, unloadable=index in self.unloadable)
+        plans.note_build(self.build_log, description)
+        native = _Native(description, tensors, engine.to_dict(), self.current_device(), index in self.wrong)
+        return BuiltPlan(native, blob, tensors, candidate_workspace(self, index, tensors), engine)
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
         description, tensors = self._plan_once(graph)
-        return self.make_plan(description, tensors, engine, wrong=engine.engine_id in self.wrong)
+        return self.make_plan(description, tensors, engine)
 
     # ------------------------------------------------------------------ loading, launching
 
     def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> _Native:
         """As the cuDNN backend loads: inside ``guest``, with the handle on plancache's own
         stream, then the frontend's warm-up (``warmup``)."""
-        if not blob.startswith(MAGIC):
-            raise ValueError("not a plancache test plan (bad magic)")
-        payload = json.loads(blob[len(MAGIC) :])
-        if payload.get("unloadable"):
-            raise ValueError("the test plan of an unloadable= candidate")
+        payload = plans.decode(blob)
         device = self.current_device() if device is None else device
         try:
             with self.guest(device) as stream:
@@ -320,11 +298,7 @@ class CpuTestBackend:
 
     def load_back(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
         """As the cuDNN backend's, without the warm-up: why ``load`` would refuse the blob."""
-        if not blob.startswith(MAGIC):
-            return "not a plancache test plan (bad magic)"
-        if json.loads(blob[len(MAGIC) :]).get("unloadable"):
-            return "ValueError: the test plan of an unloadable= candidate"
-        return None
+        return plans.refusal(blob)
 
     def warmup(self, handle: _Handle) -> None:
         """What cuDNN Frontend's deserialize ends in: on the handle's stream (a new blocking
