@@ -172,3 +172,18 @@ def test_without_cudnn_the_hook_stays_quiet_and_import_plancache_warns(environme
     warned = _run(python, "-W", "error", "-c", "import plancache.integrations.frontend as f; print(f.installed())",
                   PLANCACHE_PATCH_CUDNN="1")  # fmt: skip
     assert warned.stdout.strip() == "False" and "cannot be imported" in warned.stderr, warned.stderr
+
+
+def test_plancache_env_names_a_missing_or_broken_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the hook in site-packages (an install from before editable installs carried
+    it) the line says so and how to get it; a hook whose module is gone is broken."""
+    import importlib.util
+
+    import plancache.integrations.startup as startup
+
+    monkeypatch.setattr(startup, "_site_directories", lambda: [str(tmp_path)])
+    assert startup.startup_hook_status().startswith("not installed: no plancache-startup.pth in this interpreter's")
+    (tmp_path / "plancache-startup.pth").write_text("")
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "_plancache_startup" else found(name, *a))
+    assert startup.startup_hook_status().startswith(f"broken: plancache-startup.pth is in {tmp_path}")
