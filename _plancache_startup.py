@@ -1,15 +1,18 @@
 """``PLANCACHE_PATCH_CUDNN=1 python app.py``: plancache for a program that never imports it.
 
-``plancache-startup.pth``, installed into site-packages with plancache, imports this
-module at interpreter start-up, and only when ``PLANCACHE_PATCH_CUDNN`` is ``1``; without
-the variable nothing runs but that one comparison.
+``plancache-startup.pth``, installed into site-packages with plancache (by a regular and an
+editable install alike: see setup.py), imports this module at interpreter start-up, and
+only when ``PLANCACHE_PATCH_CUDNN`` is set; without the variable nothing runs but that one
+lookup.
 
-This module imports neither plancache nor cuDNN. It waits for the program's own
-``import cudnn`` (a finder on ``sys.meta_path`` that lets the usual finders find the
-module and runs ``plancache.integrations.frontend.install_from_environment()`` right after the module
-has executed). So a process that never uses cuDNN pays nothing (no torch or CUDA library
-is loaded at start-up), and packages that site-packages sets up after this line (other
-``.pth`` files run in name order) are in place before cuDNN is imported.
+This module imports neither plancache nor cuDNN, and does not read the variable's value
+itself. It waits for the program's own ``import cudnn`` (a finder on ``sys.meta_path`` that
+lets the usual finders find the module and runs plancache right after the module has
+executed), and plancache then reads the variable with the parser of every on/off variable
+(``plancache.config.flag_from_env``: 1/true/yes/on patch, 0/false/no/off do not, any other
+value is one warning and no patch). So a process that never uses cuDNN pays nothing (no
+torch or CUDA library is loaded at start-up), and packages that site-packages sets up after
+this line (other ``.pth`` files run in name order) are in place before cuDNN is imported.
 """
 
 from __future__ import annotations
@@ -29,15 +32,16 @@ _VARIABLE = "PLANCACHE_PATCH_CUDNN"
 
 
 def _install() -> None:
-    """Patch the frontend now that it is imported; never makes its import fail."""
+    """Patch the frontend now that it is imported, as the variable says (plancache's own
+    reading of it); never makes the import fail."""
     try:
-        from plancache.integrations.frontend import install_from_environment
+        from plancache.integrations.startup import patch_cudnn_from_env
 
-        install_from_environment()
+        patch_cudnn_from_env()
     except Exception as exc:  # plancache itself broken: say so, and run the program unpatched
         import warnings
 
-        warnings.warn(f"plancache: {_VARIABLE}=1, but plancache could not patch cuDNN Frontend ({type(exc).__name__}: {exc})",
+        warnings.warn(f"plancache: {_VARIABLE} is set, but plancache could not patch cuDNN Frontend ({type(exc).__name__}: {exc})",
                       RuntimeWarning, stacklevel=2)  # fmt: skip
 
 
@@ -79,8 +83,9 @@ class _PatchOnImport:
 
 
 def start() -> None:
-    """Patch cuDNN Frontend when the program imports it (now, if it already has)."""
-    if os.environ.get(_VARIABLE, "").strip() != "1":
+    """Have plancache read the variable, and patch cuDNN Frontend if it is on, when the
+    program imports cuDNN (now, if it already has). Unset or blank: nothing at all."""
+    if not os.environ.get(_VARIABLE, "").strip():
         return
     if "cudnn" in sys.modules:
         _install()

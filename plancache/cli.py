@@ -233,10 +233,12 @@ cli.help = (cli.help or "") + _exit_code_help()
 @_common
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env(as_json: bool) -> None:
-    """The environment fingerprint that keys every plan on this machine."""
+    """The environment fingerprint that keys every plan on this machine, and the start-up hook."""
     from .engines.cudnn_backend import probe_environment
+    from .integrations.startup import startup_hook_status
 
     data = probe_environment()
+    data["startup_hook"] = startup_hook_status()  # whether PLANCACHE_PATCH_CUDNN reaches programs that never import plancache
 
     def text(d: dict[str, Any]) -> Iterable[str]:
         for name, value in d.items():

@@ -9,7 +9,8 @@ code: ``build`` (which calls the others), ``execute`` (the variant pack, its che
 launch through the lowered graph), ``get_workspace_size``, ``serialize``...
 
 ``CpuPlanGraph`` is the lowered graph a plan of the CPU test backend becomes when plancache
-puts it into a caller's graph (``frontend_adopt.ADOPTERS["cpu-test"]``): the frontend's
+puts it into a caller's graph (``frontend_adopt.ADOPTERS["cpu-test"]``: the blob loaded for
+the graph by the backend's own ``load``, which counts it, then wrapped): the frontend's
 ``execute`` hands it raw pointers, which it reads back into CPU tensors of the plan's
 layout and runs through the ``Plan``. A graph the stand-in ``build_plans`` built gets a
 ``FrontendBuiltGraph``, which records its launches (so a test sees the frontend's plan run).
@@ -35,9 +36,9 @@ from plancache.runtime.plan import TORCH_DTYPES
 class CpuPlanGraph:
     """A plan of the CPU test backend as a graph's lowered graph (see the module docstring)."""
 
-    def __init__(self, plan: Any, blob: bytes) -> None:
+    def __init__(self, plan: Any, native: Any) -> None:
         self.plan = plan
-        self.blob = blob
+        self.native = native  # what the backend's load deserialized for this graph
         self.order = sorted(spec.uid for spec in plan.tensors)
         self.launches = 0
         self.cuda_graphs: list[Any] = []
@@ -63,6 +64,13 @@ class CpuPlanGraph:
             flat = torch.frombuffer((ctypes.c_char * size).from_address(int(pointer)), dtype=dtype)
             pack[uid] = torch.as_strided(flat, spec.dims, spec.strides)
         self.plan.execute(pack)
+        self.launches += 1
+
+    def _execute_ordered(self, schema: Any, buffers: Any, uids: Any, bindings: Any, workspace: Any, *rest: Any) -> None:
+        """The ordered form (``execute(buffers, ..., tensor_uids=...)``): run at once, as the
+        compiled graph does when it binds every buffer itself (nothing left to finish)."""
+        pack = {**dict(bindings), **dict(zip(uids, buffers))}
+        self.plan.execute({uid: pack[uid] for uid in self.order})
         self.launches += 1
 
     def get_workspace_size_plan_at_index(self, index: int, *args: Any) -> int:
@@ -102,8 +110,12 @@ class FrontendBuiltGraph:
         return 0
 
 
-def _adopt_cpu(graph: Any, plan: Any, blob: bytes) -> CpuPlanGraph:
-    return CpuPlanGraph(plan, blob)
+def _load_cpu(graph: Any, backend: Any, blob: bytes, tensors: Any, device: int) -> Any:
+    return backend.load(blob, tensors, device)
+
+
+def _backend_graph_cpu(graph: Any, plan: Any, native: Any) -> CpuPlanGraph:
+    return CpuPlanGraph(plan, native)
 
 
 class CpuFrontend:
@@ -168,7 +180,7 @@ class CpuFrontend:
                                ("check_support", check_support), ("build_plans", build_plans),
                                ("build_plan_at_index", build_plan_at_index), ("create_execution_plan", create_execution_plan)):  # fmt: skip
             mp.setattr(pygraph, name, function)
-        mp.setitem(frontend_adopt.ADOPTERS, "cpu-test", _adopt_cpu)
+        mp.setitem(frontend_adopt.ADOPTERS, "cpu-test", frontend_adopt.Adopter(_load_cpu, _backend_graph_cpu))
 
     def count(self, method: str, graph: Any = None) -> int:
         return sum(1 for name, g in self.calls if name == method and (graph is None or g is graph))

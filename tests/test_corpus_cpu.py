@@ -5,9 +5,11 @@ or rebuild shows here before the GPU run (scripts/gpu_corpus.py).
 CUDA is stood in for: tensors made "on cuda" are made on the CPU, handles and kernel caches
 are placeholders, the frontend's GPU-only steps are tests/frontend_cpu.py's stand-ins and
 the plans are the CPU test backend's. Its reference kernels cover convolutions, matmuls,
-pointwise ops and plain attention, so the numbers of those programs are checked too; norms,
-attention backward and the masked or paged attention variants it cannot evaluate must
-still be keyed and rebuilt (their notice says so), and their numbers are left to the GPU.
+pointwise ops and attention (paged decode included), so the numbers of those programs are
+checked too; norms, attention backward and the variants it cannot evaluate must still be
+keyed and rebuilt (their notice says so), and their numbers are left to the GPU. Every
+graph reaches the cache (dynamic shapes with the frontend's kernel cache too), and no
+stored plan needs more workspace than its program allows.
 """
 
 from __future__ import annotations
@@ -35,15 +37,14 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 CORPUS = Path(__file__).resolve().parents[1] / "scripts" / "corpus"
 PROGRAMS = sorted(p.stem for p in CORPUS.glob("[a-z]*.py"))
 
-#: Notices a program may give here: the CPU backend lacks the kernel (a GPU has it), or the
-#: graph is one plancache leaves to the frontend by design.
+#: The notice a program may give here: the CPU backend lacks the kernel (a GPU has it).
 CPU_ONLY = "the CPU test backend cannot run"
-EXPECTED_NOTICE = {"conv_dynamic_kernel_cache": "kernel cache"}
 #: The CPU backend's attention knows no paging: it takes the caches for K and V and refuses.
 CPU_REFUSES = {"sdpa_paged_with_graph": "the graph is invalid"}
 #: Programs whose numbers the CPU backend computes (the others' kernels or masks it lacks).
 CHECKED_NUMBERS = {"conv_bias_relu_five_step", "matmul_bias_gelu_build", "matmul_scale_bias_relu_with_graph",
-                   "matmul_graph_cache_jit", "sdpa_unsupported_rejected"}  # fmt: skip
+                   "matmul_graph_cache_jit", "sdpa_unsupported_rejected", "conv_dynamic_kernel_cache",
+                   "conv_matmul_workspace_limit", "sdpa_decode_paged_serving"}  # fmt: skip
 
 
 class _CudaOnCpu(TorchFunctionMode):
@@ -101,24 +102,27 @@ def test_each_corpus_program_runs_through_plancache(on_cpu: CpuFrontend, tmp_pat
     result, notices, cache = run_program(name, tmp_path, capsys)
     assert result["outcome"] == "ok", result["notes"]
     assert result["pipeline_patched"] and result["graphs"]
-    expected = EXPECTED_NOTICE.get(name)
     for notice in notices:  # nothing unkeyable or not rebuildable: every graph reached the cache
-        allowed = [text for text in (expected, CPU_ONLY, CPU_REFUSES.get(name)) if text]
+        allowed = [text for text in (CPU_ONLY, CPU_REFUSES.get(name)) if text]
         assert any(text in notice for text in allowed), notice
-    if expected:
-        assert notices and cache.counters["misses"] == 0
-    else:
-        assert cache.counters["misses"] == len(result["graphs"]), cache.counters
+    assert cache.counters["misses"] == len(result["graphs"]), cache.counters
+    stored = cache.store.keys()
     if name in CHECKED_NUMBERS:
         assert result["ok"], result["outputs"]
-        assert cache.counters["builds"] == len(result["graphs"])
+        assert cache.counters["builds"] == len(result["graphs"]) == len(stored)
+    for key in stored:  # every plan within its program's limit
+        entry = cache.store.get(key)
+        limit = entry.options["workspace_limit"]
+        assert limit is None or entry.workspace_size <= limit, (entry.workspace_size, limit)
     cache.close()
 
 
 def test_the_corpus_covers_every_idiom() -> None:
     sources = {name: (CORPUS / f"{name}.py").read_text() for name in PROGRAMS}
     for idiom in (".build_plans()", ".build([", "with cudnn.graph(", "@cudnn.jit", "@cudnn.graph_cache", "kernel_cache=",
-                  "ragged_offset", "paged_attention_k_table", "sdpa_backward", ".layernorm(", ".rmsnorm("):  # fmt: skip
+                  "is_dynamic_shape_enabled=True", "ragged_offset", "paged_attention_k_table", "sdpa_backward", ".layernorm(",
+                  ".rmsnorm(", ".instancenorm(", ".batchnorm(", "deselect_workspace_greater_than(", "tensor_uids=",
+                  "threading.Thread"):  # fmt: skip
         assert any(idiom in text for text in sources.values()), idiom
     for text in [*sources.values(), (CORPUS / "_corpus.py").read_text()]:  # frontend code: no plancache in it
         assert "import plancache" not in text and "from plancache" not in text

@@ -192,6 +192,151 @@ def test_the_plan_list_names_the_stored_engine_and_knobs(
     assert config.cpp_index is None and config.engine_id == -1  # unknown engine: the backend's own choice
 
 
+# ---------------------------------------------------------------- one load per graph
+
+
+def test_a_hit_is_checked_and_deserialized_once_into_the_graph(serve: Callable[..., PlanCache],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    cold = CpuTestBackend()
+    serve(cold)
+    Matmul().g.build()
+    assert cold.loads == 1, "a miss loads its plan back once, into the graph, before storing it"
+    warm = CpuTestBackend()
+    cache = serve(warm)  # a new process on the same store
+    reads: list[str] = []
+    read = cache.local.get
+    monkeypatch.setattr(cache.local, "get", lambda key, *a: reads.append(key) or read(key, *a))
+    mm = Matmul()
+    mm.g.build()
+    plan = frontend.plan_of(mm.g)
+    assert plan.source == "loaded" and cache.counters["hits"] == 1
+    assert warm.loads == 1 and len(reads) == 1, "the entry is read, checked and deserialized once"
+    assert mm.g._lowered_graph.backend_graph.native is plan.native, "the lookup's own load runs in the graph"
+    again = Matmul()
+    again.g.build()  # a memory hit: this graph gets a deserialized plan of its own
+    assert warm.loads == 2 and again.g._lowered_graph.backend_graph.native is not plan.native
+    mm.run()
+    again.run()
+
+
+# ---------------------------------------------------------------- what is stored loads back
+
+
+def test_a_plan_that_cannot_be_loaded_back_is_never_stored(serve: Callable[..., PlanCache], fe: CpuFrontend) -> None:
+    cache = serve(CpuTestBackend(unloadable=range(4)))  # no candidate's blob loads
+    mm = Matmul()
+    with pytest.warns(PlanCacheNotice, match="is not stored .it could not be loaded back from its blob"):
+        mm.g.build()
+    assert fe.frontend_built(mm.g) and frontend.plan_of(mm.g) is None and cache.store.keys() == []
+    stats = cache.stats()
+    assert stats["process"]["unloadable"] == 1
+    (refused,) = stats["unloadable_plans"].values()
+    assert refused["graph"].startswith("MATMUL") and "unloadable= candidate" in refused["why"]
+
+
+def test_a_python_engine_plan_is_never_stored_by_the_drop_in(serve: Callable[..., PlanCache], fe: CpuFrontend,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    serdes = pytest.importorskip("cudnn._plan_serdes")
+    cache = serve()
+    monkeypatch.setattr(serdes, "is_python_plan", lambda blob: True)  # every winner runs on a Python engine
+    mm = Matmul()
+    with pytest.warns(PlanCacheNotice, match="Python engines"):
+        mm.g.build()
+    assert fe.frontend_built(mm.g) and cache.store.keys() == [] and cache.counters["unloadable"] == 1
+
+
+# ---------------------------------------------------------------- the program's filters hold
+
+
+class Recording(CpuTestBackend):
+    """Records the graphs autotuning builds candidates of (plancache's own, rebuilt)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.graphs: list[Any] = []
+
+    def candidates(self, graph: Any, options: Any, description: Any = None, inputs: Any = None) -> Any:
+        self.graphs.append(graph)
+        return super().candidates(graph, options, description, inputs)
+
+
+def _unfiltered_choice(serve: Callable[..., PlanCache]) -> int:
+    """The candidate index autotuning chooses for ``Matmul()`` with no limit or filter."""
+    serve(CpuTestBackend())
+    mm = Matmul()
+    mm.g.build()
+    return int(frontend.plan_of(mm.g).engine.engine_id)
+
+
+def test_autotuning_never_picks_a_plan_over_the_programs_workspace_limit(serve: Callable[..., PlanCache]) -> None:
+    best, limit = _unfiltered_choice(serve), 64 << 10
+    cache = serve(CpuTestBackend(extra_workspace={best: 1 << 20}))  # the fastest needs 1 MiB more than the program allows
+    mm = Matmul()
+    mm.g.deselect_workspace_greater_than(limit)
+    mm.g.build()
+    plan = frontend.plan_of(mm.g)
+    assert plan.engine.engine_id != best and plan.workspace_size <= limit
+    entry = cache.store.get(plan.key)
+    assert entry.options["workspace_limit"] == limit and entry.workspace_size <= limit
+    refused = entry.candidates[best]
+    assert refused["status"] == "failed" and "over the limit of 64.0 KiB" in refused["error"]
+    mm.run()
+
+
+def test_deselected_engines_are_never_built_launched_or_chosen(serve: Callable[..., PlanCache]) -> None:
+    best = _unfiltered_choice(serve)
+    cache = serve()
+    mm = Matmul()
+    mm.g.deselect_engines([f"test_engine_{best}"])
+    mm.g.build()
+    plan = frontend.plan_of(mm.g)
+    assert plan.engine.engine_id != best
+    entry = cache.store.get(plan.key)
+    assert entry.description["flags"]["deselected_engines"] == [f"test_engine_{best}"]
+    assert entry.candidates[best]["status"] == "failed" and "is deselected" in entry.candidates[best]["error"]
+
+
+def test_note_filters_are_set_on_the_graph_autotuning_builds(serve: Callable[..., PlanCache]) -> None:
+    backend = Recording()
+    cache = serve(backend)
+    mm = Matmul()
+    mm.g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])
+    mm.g.select_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+    mm.g.build()
+    (built,) = backend.graphs
+    assert built is not mm.g and built._note_filters == mm.g._note_filters
+    entry = cache.store.get(frontend.plan_of(mm.g).key)
+    assert entry.description["flags"]["note_filters"] == [["behavior", "behavior_note.RUNTIME_COMPILATION", False],
+                                                          ["numerical", "numerical_note.TENSOR_CORE", True]]  # fmt: skip
+    mm.run()
+
+
+# ---------------------------------------------------------------- the frontend's kernel cache
+
+
+def test_dynamic_shapes_with_the_frontends_kernel_cache_are_stored_per_shape(serve: Callable[..., PlanCache]) -> None:
+    """Eight batch sizes built as the frontend's dynamic-shape samples build them: one kernel
+    cache shared by every graph. Autotuning builds against that same kernel cache; a fresh
+    process finds every shape stored."""
+    kernel_cache = object()  # cudnn.create_kernel_cache() needs a GPU: any object stands in
+    backend = Recording()
+    cache = serve(backend)
+    for batch in range(1, 9):
+        mm = Matmul(batch=batch, is_dynamic_shape_enabled=True, kernel_cache=kernel_cache)
+        mm.g.build([A, FALLBACK])
+        mm.run()
+        assert frontend.plan_of(mm.g).source == "built"
+    assert cache.counters["builds"] == 8 and len(cache.store.keys()) == 8
+    assert all(g._cpp_graph_kwargs["kernel_cache"] is kernel_cache for g in backend.graphs)
+    warm = serve()  # a new process: warm for every shape it has seen
+    for batch in range(1, 9):
+        mm = Matmul(batch=batch, is_dynamic_shape_enabled=True, kernel_cache=kernel_cache)
+        mm.g.build([A, FALLBACK])
+        mm.run()
+        assert frontend.plan_of(mm.g).source == "loaded"
+    assert warm.counters["hits"] == 8 and warm.counters["builds"] == 0
+
+
 # ---------------------------------------------------------------- only the outermost call
 
 
@@ -302,29 +447,30 @@ def _sdpa_with_score_mod() -> Any:
     return g
 
 
-def _dynamic_with_kernel_cache() -> Any:
-    return Matmul(is_dynamic_shape_enabled=True, kernel_cache=object()).g  # a kernel cache needs a GPU: any object stands in
+def _not_rebuildable(monkeypatch: pytest.MonkeyPatch) -> Any:
+    def refuse(description: Any, **kwargs: Any) -> Any:
+        raise plancache.InvalidGraphError("the rebuilt graph differs (stand-in)", node=None, reason="inexact replay")
+
+    monkeypatch.setattr("plancache.engines.replay.rebuild_graph", refuse)
+    return Matmul().g
 
 
-def _with_note_filter() -> Any:
-    g = Matmul().g
-    g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])  # keyed, but not rebuilt for autotuning
-    return g
-
-
-HARD_CASES: dict[str, tuple[Callable[[], Any], str]] = {
-    "unkeyable": (_sdpa_with_score_mod, "callable"),
-    "dynamic shapes with a kernel cache": (_dynamic_with_kernel_cache, "kernel cache"),
-    "not rebuildable": (_with_note_filter, "cannot be rebuilt"),
+HARD_CASES: dict[str, tuple[Callable[..., Any], str]] = {
+    "unkeyable": (lambda mp: _sdpa_with_score_mod(), "callable"),
+    "not rebuildable": (_not_rebuildable, "cannot be rebuilt"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(HARD_CASES))
 def test_hard_cases_keep_the_frontends_behaviour_with_one_notice(
-    serve: Callable[..., PlanCache], fe: CpuFrontend, case: str
+    serve: Callable[..., PlanCache], fe: CpuFrontend, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache = serve()
-    make, text = HARD_CASES[case]
+    build, text = HARD_CASES[case]
+
+    def make() -> Any:
+        return build(monkeypatch)
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         graphs = [make(), make()]
@@ -441,13 +587,17 @@ def test_a_hit_runs_on_the_graphs_own_device(serve: Callable[..., PlanCache]) ->
     mm.run()
 
 
-def test_the_cudnn_adopter_loads_the_blob_with_the_graphs_own_handle(
+def test_the_cudnn_load_deserializes_the_blob_once_with_the_graphs_own_handle_and_kernel_cache(
     serve: Callable[..., PlanCache], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The cuDNN backend's adopter, through the frontend's own ``deserialize`` and
-    ``execute``: one backend graph per caller graph, made with that graph's handle, run at
-    its plan index 0 with the caller's pointers in uid order."""
+    """The cuDNN backend's load for a caller graph and its adoption, through the frontend's
+    own ``deserialize`` and ``execute``: one backend graph per caller graph, made with that
+    graph's handle and kernel cache, deserialized once, run at its plan index 0 with the
+    caller's pointers in uid order."""
     import ctypes
+    import types
+
+    from plancache.runtime.plan import Plan
 
     made: list[Any] = []
 
@@ -475,16 +625,20 @@ def test_the_cudnn_adopter_loads_the_blob_with_the_graphs_own_handle(
     serve()
     other = Matmul()
     other.g.build()
-    plan = frontend.plan_of(other.g)
+    stored = frontend.plan_of(other.g)
     monkeypatch.setattr(cudnn._pybind_module, "backend_graph", BackendGraph)
-    handle = cudnn.Handle(0x1234, 0)
-    mm = Matmul(handle=handle)
+    handle, kernel_cache = cudnn.Handle(0x1234, 0), object()
+    mm = Matmul(handle=handle, is_dynamic_shape_enabled=True, kernel_cache=kernel_cache)
     order = sorted(t.uid for t in (mm.a, mm.b, mm.bias, mm.c))
     mm.g.validate()
-    engine = EngineChoice(engine_id=5, knobs={"TILE_M": 128}, name="eng5")
-    frontend_adopt.adopt(mm.g, plan, b"stored blob", "cudnn", engine)
-    assert len(made) == 1 and made[0].blobs == [b"stored blob"]
-    assert made[0].kwargs == {"name": mm.g._cpp_graph_kwargs["name"], "handle": 0x1234}
+    load = frontend_adopt.GraphLoad(mm.g, types.SimpleNamespace(name="cudnn"))
+    native = load(b"stored blob", stored.tensors, 0)
+    plan = Plan(key=stored.key, backend=CpuTestBackend(), native=native, tensors=stored.tensors, workspace_size=4096,
+                engine=EngineChoice(engine_id=5, knobs={"TILE_M": 128}, name="eng5"), source="loaded", device=0)  # fmt: skip
+    frontend_adopt.adopt(load, plan, native, b"stored blob")
+    assert len(made) == 1 and made[0].blobs == [b"stored blob"]  # deserialized once, for this graph
+    assert made[0].kwargs == {"name": mm.g._cpp_graph_kwargs["name"], "handle": 0x1234, "kernel_cache": kernel_cache}
+    assert mm.g._lowered_graph.backend_graph is made[0] is native._lowered_graph
     assert mm.g.get_execution_plan_count() == 1 and mm.g.get_workspace_size() == 4096
     assert mm.g.get_engine_and_knobs_at_index(0) == (5, {cudnn.knob_type.TILE_M: 128})
     assert mm.g.serialize(as_bytes=True) == b"stored blob"

@@ -5,7 +5,8 @@ phase, a hang past ``--timeout``).
 
 The stand-ins are not GPU programs: they import cuDNN Frontend (which the hook patches),
 write the store rows plancache would write (a plan in the cold run, a hit in the warm
-one) and print the report line the corpus programs print.
+one; or, for a plan that cannot be loaded back, no row and plancache's warning saying why)
+and print the report line the corpus programs print.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,15 +26,20 @@ STAND_IN = """
 import json, os, sqlite3, sys, time
 import cudnn  # the program's own import: the start-up hook patches cuDNN Frontend here
 patched = os.environ.get("PLANCACHE_PATCH_CUDNN") == "1"
+workspace, limit, loadable = 256, 1024, True
 BEHAVIOUR
-if patched:  # what plancache leaves in the store: a plan (cold), then a hit on it (warm)
+if patched and not loadable:  # plancache's warning: built, not stored
+    print("plancache: not storing the plan of 0123456789ab (MATMUL): it could not be loaded back", file=sys.stderr)
+elif patched:  # what plancache leaves in the store: a plan (cold), then a hit on it (warm)
     os.makedirs(os.environ["PLANCACHE_DIR"], exist_ok=True)
     conn = sqlite3.connect(os.path.join(os.environ["PLANCACHE_DIR"], "plans.db"))
-    conn.execute("CREATE TABLE IF NOT EXISTS plans (key TEXT PRIMARY KEY, hit_count INTEGER NOT NULL DEFAULT 0)")
+    conn.execute("CREATE TABLE IF NOT EXISTS plans (key TEXT PRIMARY KEY, label TEXT, hit_count INTEGER NOT NULL DEFAULT 0, "
+                 "workspace_size INTEGER, options_json TEXT, graph_json TEXT, engine_json TEXT)")
     if conn.execute("SELECT count(*) FROM plans").fetchone()[0]:
         conn.execute("UPDATE plans SET hit_count = hit_count + 1")
     else:
-        conn.execute("INSERT INTO plans VALUES ('key', 0)")
+        conn.execute("INSERT INTO plans VALUES ('key', 'MATMUL', 0, ?, ?, '{}', '{}')",
+                     (workspace, json.dumps({"workspace_limit": limit})))
     conn.commit()
 print("CORPUS_RESULT " + json.dumps({
     "program": "NAME", "idiom": "stand-in", "outcome": "ok", "ok": True, "graphs": {"g": {"first_call_ms": 1.0}},
@@ -45,29 +52,54 @@ BEHAVIOURS = {
     "steady": "",
     "crashes_warm": "if patched and os.path.exists(os.path.join(os.environ['PLANCACHE_DIR'], 'plans.db')): os._exit(3)",
     "hangs_cold": "if patched and not os.path.exists(os.path.join(os.environ['PLANCACHE_DIR'], 'plans.db')): time.sleep(120)",
+    "over_its_limit": "workspace = 4096",
+    "not_loadable": "loadable = False",
 }
+PASSING = {"steady", "not_loadable"}
 
 
-def test_the_runner_judges_every_program_and_survives_failing_ones(tmp_path: Path) -> None:
+def _corpus(tmp_path: Path, names: list[str]) -> Path:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for name, behaviour in BEHAVIOURS.items():
-        (corpus / f"{name}.py").write_text(STAND_IN.replace("BEHAVIOUR", behaviour).replace("NAME", name))
+    for name in names:
+        (corpus / f"{name}.py").write_text(STAND_IN.replace("BEHAVIOUR", BEHAVIOURS[name]).replace("NAME", name))
+    return corpus
+
+
+def _run_corpus(tmp_path: Path, corpus: Path, *options: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     out = tmp_path / "corpus.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gpu_corpus.py"), "--corpus", str(corpus), "--out", str(out),
-         "--timeout", "10", "--jobs", "3"],
+         "--timeout", "10", "--jobs", "3", *options],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert done.returncode == 1, done.stdout + done.stderr  # two programs fail
-    report = json.loads(out.read_text())
+    return done, json.loads(out.read_text())
+
+
+def test_the_runner_judges_every_program_and_survives_failing_ones(tmp_path: Path) -> None:
+    done, report = _run_corpus(tmp_path, _corpus(tmp_path, list(BEHAVIOURS)))
+    assert done.returncode == 1, done.stdout + done.stderr  # three programs fail
     assert report["install"]["installed"].startswith("wheel plancache-") and report["install"]["hook"]
+    assert report["install"]["variable_check"] == "True"
     programs = report["programs"]
     assert set(programs) == set(BEHAVIOURS)
+    assert {name for name, verdict in programs.items() if verdict["pass"]} == PASSING, done.stdout
     steady = programs["steady"]
-    assert steady["pass"], steady["failures"]
     assert steady["stored"] == 1 and steady["warm_hits"] == 1 and steady["first_call_ms"]["warm"] == 1.0
+    assert steady["limits"] == "ok 1 KiB"
+    assert programs["not_loadable"]["stored"] == 0 and programs["not_loadable"]["refused"] == 1
+    over = programs["over_its_limit"]
+    assert over["limits"] == "1 OUTSIDE" and any("over the limit of 1024" in f for f in over["failures"])
     assert not programs["crashes_warm"]["pass"] and any("outcomes differ" in f for f in programs["crashes_warm"]["failures"])
     assert not programs["hangs_cold"]["pass"] and "timeout" in json.dumps(programs["hangs_cold"]["failures"])
     table = done.stdout
-    assert all(name in table for name in BEHAVIOURS) and "1 of 3 programs pass" in table
+    assert all(name in table for name in BEHAVIOURS) and "2 of 5 programs pass; the variable check passes" in table
+
+
+def test_the_runner_installs_plancache_as_the_readme_sets_it_up(tmp_path: Path) -> None:
+    """``--install editable``: ``pip install -e`` of the tree, where the variable patches too."""
+    done, report = _run_corpus(tmp_path, _corpus(tmp_path, ["steady"]), "--install", "editable")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert report["install"]["installed"] == "editable (pip install -e of the tree)" and report["install"]["hook"]
+    assert report["install"]["variable_check"] == "True" and report["programs"]["steady"]["pass"]
+    assert "1 of 1 programs pass; the variable check passes" in done.stdout

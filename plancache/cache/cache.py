@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from ..config import auto_prime_from_env, max_size_from_env
 from ..engines.autotune import TimingPolicy
-from ..engines.backend import Backend
+from ..engines.backend import Backend, Load
 from ..errors import PlanCacheError
 from ..key import BuildOptions, CacheKey, canonical_json, describe, environment_id, make_key
 from ..runtime.plan import Plan, names_of
@@ -49,7 +49,8 @@ log = logging.getLogger("plancache")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "store_errors", "waits",
-             "unpersisted", "kernel_cache_restores", "primed", "no_majority", "rechecks", "load_failures")  # fmt: skip
+             "unpersisted", "kernel_cache_restores", "primed", "no_majority", "rechecks", "load_failures",
+             "unloadable")  # fmt: skip
 
 
 def _default_backend() -> Backend:
@@ -179,13 +180,17 @@ class PlanCache:
         device = self.backend.current_device() if device is None else device
         return make_key(describe(graph), self._environment(device)[0], options or self.options)
 
-    def get(self, graph: Any, *, options: BuildOptions | None = None, inputs: Mapping[int, Any] | None = None) -> Plan:
+    def get(self, graph: Any, *, options: BuildOptions | None = None, inputs: Mapping[int, Any] | None = None,
+            load: Load | None = None) -> Plan:  # fmt: skip
         """A ready plan for ``graph`` on the current device: from memory, from the store,
         from the fleet, or autotuned now. The plan takes the names of ``graph``.
 
         ``inputs`` (tensors by uid) are used to time candidates on a miss instead of
-        random tensors. Raises ``InvalidGraphError`` for a graph that cannot be keyed or
-        built, ``BuildError`` when no candidate builds on this GPU.
+        random tensors. ``load`` (``(blob, tensors, device) -> native``): how this lookup
+        loads a stored plan instead of the backend's ``load`` (the frontend drop-in loads
+        it straight into the caller's graph); a plan built here is stored only once it was
+        loaded back that way. Raises ``InvalidGraphError`` for a graph that cannot be keyed
+        or built, ``BuildError`` when no candidate builds on this GPU.
         """
         if self._closed:
             raise PlanCacheError(f"the plan cache in {self.directory} is closed", path=str(self.directory))
@@ -201,7 +206,7 @@ class PlanCache:
             self.counters["memory_hits"] += 1
             self.local.note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
         else:
-            plan = self.lookup.resolve(graph, key, options, device, inputs)
+            plan = self.lookup.resolve(graph, key, options, device, inputs, load)
         if slot not in self._used:  # once per run: what the next start of this application primes
             self._used.add(slot)
             self.local.note_use(key.digest, device)
@@ -252,11 +257,15 @@ class PlanCache:
         return self.lookup.preload(keys, device)
 
     def stats(self) -> dict[str, Any]:
-        """This process's counters, the store's totals, and the remote tier's counters."""
+        """This process's counters, the store's totals, and the remote tier's counters;
+        ``native_fallbacks``: plans loaded through the frontend's path instead of cuDNN's C
+        API (with the reasons); ``unloadable_plans``: the plans this process built but did
+        not store because they could not be loaded back (key -> graph and why)."""
         fallbacks = dict(getattr(self.backend, "native_fallbacks", None) or {})
         data: dict[str, Any] = {"process": {**self.counters, "memory_plans": len(self.memory), "memory_evicted": self.memory.evicted,
                                             "native_fallbacks": sum(fallbacks.values()), "native_fallback_reasons": fallbacks},
                                 "store": self.local.stats()}  # fmt: skip
+        data["unloadable_plans"] = self.lookup.unloadable.report()
         if self.remote is not None:
             data["remote"] = self.remote.stats()
         return data

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..engines.autotune import AutotuneResult, TimingPolicy, autotune
-from ..engines.backend import Backend, BuiltPlan, EngineChoice
+from ..engines.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
 from ..key import BuildOptions, CacheKey, TensorSpec, environment_id
 from ..runtime.plan import Plan, names_of
@@ -28,6 +28,7 @@ from ..tiers.memory import LRU
 from .flight import SingleFlight
 from .kernel_cache import KernelCache
 from .loads import Loads
+from .unloadable import Unloadable
 
 __all__ = ["LOAD_FAILED", "Lookup"]
 
@@ -55,18 +56,20 @@ class Lookup:
         self._environment = environment
         self.kernel_cache = KernelCache(backend, local, counters, warn, persist_kernel_cache)
         self.loads = Loads()
+        self.unloadable = Unloadable(backend, counters, warn)  # plans never stored: they could not be loaded back
 
-    def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None) -> Plan:
+    def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None,
+                load: Load | None = None) -> Plan:  # fmt: skip
         slot = (key.digest, device)
         names = names_of(graph)
         with self.loads.claim(slot, self.memory) as plan:
             if plan is None:  # this thread loads or builds it, as a guest of the program
                 environment, env_id = self._environment(device)
                 with self.backend.guest(device):
-                    plan = self._from_stored_tiers(key, environment, env_id, device)
+                    plan = self._from_stored_tiers(key, environment, env_id, device, load)
                     if plan is None:
                         with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])):
-                            plan = self.memory.get(slot) or self._repair_or_build(graph, key, options, device, inputs)
+                            plan = self.memory.get(slot) or self._repair_or_build(graph, key, options, device, inputs, load)
                 plan = plan.named(names)
                 self.memory.put(slot, plan)
         return plan.named(names)
@@ -93,15 +96,17 @@ class Lookup:
                 return "primed"
             return "not stored" if outcome is None else outcome[1]
 
-    def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int) -> Plan | None:
+    def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int,
+                           load: Load | None) -> Plan | None:  # fmt: skip
         """A sound stored plan from the local store, else from the fleet (then stored
         locally); None otherwise. Reads only: an unsound entry is just a miss here."""
-        outcome = self.serve_stored(key.digest, environment, device)
+        outcome = self.serve_stored(key.digest, environment, device, load=load)
         if isinstance(outcome, Plan):
             return outcome
-        return self._from_remote(key, environment, env_id, device)
+        return self._from_remote(key, environment, env_id, device, load)
 
-    def _from_remote(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int) -> Plan | None:
+    def _from_remote(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int,
+                     load: Load | None) -> Plan | None:  # fmt: skip
         """A sound plan from the fleet, stored locally, then loaded; None without one."""
         if self.remote is None:
             return None
@@ -109,33 +114,33 @@ class Lookup:
         if entry is None or problem(entry, environment) is not None:
             return None
         self.local.put(entry)
-        loaded = self._load(entry, device)
+        loaded = self._load(entry, device, load=load)
         return loaded if isinstance(loaded, Plan) else None
 
     def _repair_or_build(self, graph: Any, key: CacheKey, options: BuildOptions, device: int,
-                         inputs: Mapping[int, Any] | None) -> Plan:  # fmt: skip
+                         inputs: Mapping[int, Any] | None, load: Load | None) -> Plan:  # fmt: skip
         """Inside the key's single flight: serve what this machine or the fleet stored
         meanwhile, repair an unsound entry, or autotune."""
         environment, env_id = self._environment(device)
-        outcome = self.serve_stored(key.digest, environment, device)
+        outcome = self.serve_stored(key.digest, environment, device, load=load)
         if isinstance(outcome, Plan):
             return outcome
         if outcome is not None:
             entry, reason = outcome
             if reason == NEVER_CHECKED:  # sound, but its engine was never compared with others
                 self.counters["rechecks"] += 1
-                return self._build(graph, key, options, inputs, device)
+                return self._build(graph, key, options, inputs, device, load=load)
             if reason.startswith(LOAD_FAILED):  # not the entry's fault: it stays
-                return self._build(graph, key, options, inputs, device, persist=False)
+                return self._build(graph, key, options, inputs, device, persist=False, load=load)
             self.quarantine_if_unchanged(key.digest, entry, reason)
-            rebuilt = self._rebuild(key, options, entry, device) if entry is not None else None
+            rebuilt = self._rebuild(key, options, entry, device, load) if entry is not None else None
             if rebuilt is not None:
                 return rebuilt
         else:
-            plan = self._from_remote(key, environment, env_id, device)  # the local store was just read
+            plan = self._from_remote(key, environment, env_id, device, load)  # the local store was just read
             if plan is not None:
                 return plan
-        return self._build(graph, key, options, inputs, device)
+        return self._build(graph, key, options, inputs, device, load=load)
 
     def preload(self, keys: Iterable[str], device: int) -> dict[str, Any]:
         """``PlanCache.preload``: each key loaded into memory (once, with the primer and
@@ -164,11 +169,11 @@ class Lookup:
         report["seconds"] = time.perf_counter() - started
         return report
 
-    def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *,
-                     count_hit: bool = True) -> Plan | tuple[Entry | None, str] | None:  # fmt: skip
-        """The local entry under ``digest``, judged and loaded: a ``Plan``; ``(entry,
-        reason)`` when it must not be served; None when there is none. ``count_hit``:
-        whether loading it counts as a hit (priming is not one: the plan may go unused)."""
+    def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *, count_hit: bool = True,
+                     load: Load | None = None) -> Plan | tuple[Entry | None, str] | None:  # fmt: skip
+        """The local entry under ``digest``, judged and loaded (by ``load``, else the backend):
+        a ``Plan``; ``(entry, reason)`` when it must not be served; None when there is none.
+        ``count_hit``: whether loading it counts as a hit (priming is not one: it may go unused)."""
         try:
             entry = self.local.get(digest)
         except DamagedEntryError as exc:  # one undecodable row
@@ -178,14 +183,14 @@ class Lookup:
         reason = problem(entry, environment)
         if reason is not None:
             return entry, reason
-        loaded = self._load(entry, device, count_hit=count_hit)
+        loaded = self._load(entry, device, count_hit=count_hit, load=load)
         return loaded if isinstance(loaded, Plan) else (entry, loaded)
 
-    def _load(self, entry: Entry, device: int, *, count_hit: bool = True) -> Plan | str:
-        """Deserialize a sound entry onto ``device``: a ``Plan``, or why it failed."""
+    def _load(self, entry: Entry, device: int, *, count_hit: bool = True, load: Load | None = None) -> Plan | str:
+        """Deserialize a sound entry onto ``device`` (by ``load``, else the backend): a ``Plan``, or why it failed."""
         try:
             tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
-            native = self.backend.load(entry.blob, tensors, device)
+            native = (load or self.backend.load)(entry.blob, tensors, device)
         except TransientLoadError as exc:
             # Not the entry's fault (a capture on another thread, an out-of-memory in the
             # warm-up): it stays, to be loaded again later; counted.
@@ -207,7 +212,7 @@ class Lookup:
         log.warning("plancache: entry %s is unusable (%s); quarantined, rebuilding", digest[:12], reason)
         self.local.quarantine(digest, entry, reason)
 
-    def _rebuild(self, key: CacheKey, options: BuildOptions, old: Entry, device: int) -> Plan | None:
+    def _rebuild(self, key: CacheKey, options: BuildOptions, old: Entry, device: int, load: Load | None) -> Plan | None:
         """Rebuild an unsound entry from its engine id and knobs on a graph replayed from
         its description (the caller's graph stays unplanned, for autotuning if this fails)."""
         engine = _engine_of(old.engine)
@@ -226,7 +231,7 @@ class Lookup:
         self.counters["rebuilds"] += 1
         # The unsound entry's autotuning record still says why this engine was chosen.
         timing = old.timing or {"method": "rebuilt from the stored engine id and knobs"}
-        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check)
+        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check, device, load)
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
 
     def retune(self, graph: Any, key: CacheKey, options: BuildOptions, device: int) -> Plan:
@@ -239,7 +244,7 @@ class Lookup:
         return plan
 
     def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int,
-               persist: bool = True, budget: float | None = None) -> Plan:  # fmt: skip
+               persist: bool = True, load: Load | None = None, budget: float | None = None) -> Plan:  # fmt: skip
         self.counters["misses"] += 1
         started = time.perf_counter()
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
@@ -261,7 +266,7 @@ class Lookup:
             return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "unpersisted", device)
         reports = [r.to_dict() for r in result.candidates]
         self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started, result.autotune_seconds,
-                      result.check)  # fmt: skip
+                      result.check, device, load)  # fmt: skip
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "built", device)
 
     def _unpersisted(self, key: CacheKey, built: BuiltPlan, result: AutotuneResult, device: int) -> Plan:
@@ -282,7 +287,9 @@ class Lookup:
 
     def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
                  timing: dict[str, Any], build_seconds: float, autotune_seconds: float,
-                 check: dict[str, Any] | None) -> None:  # fmt: skip
+                 check: dict[str, Any] | None, device: int, load: Load | None) -> None:  # fmt: skip
+        if not self.unloadable.loads_back(key, built, device, load):  # a later lookup could not load it: never stored
+            return
         entry = _entry(key, built, self.backend.name, policy, candidates, timing, build_seconds, autotune_seconds, check)
         if not self.local.put(entry):
             self.counters["unpersisted"] += 1

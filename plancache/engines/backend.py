@@ -16,7 +16,21 @@ from ..config import MemoryBudget
 from ..key import BuildOptions, TensorSpec
 from .bounds import Bound
 
-__all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice"]
+__all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice", "Load", "load_failure"]
+
+#: How a stored plan is loaded: ``(blob, tensors, device) -> native``, as ``Backend.load``
+#: does (or the frontend drop-in, straight into the caller's graph: ``PlanCache.get(load=...)``).
+Load = Callable[[bytes, Sequence[TensorSpec], int], Any]
+
+
+def load_failure(load: Load, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
+    """Why loading ``blob`` with ``load`` failed, in a few words; None when it loaded (what
+    it loaded is dropped). How a plan just built is loaded back before it is stored."""
+    try:
+        load(blob, tensors, device)
+    except Exception as exc:  # the library refusing the blob it just wrote, or failing for now
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -156,6 +170,12 @@ class Backend(Protocol):
         """Deserialize a stored plan onto ``device`` (default: the current one) and load its
         kernels; raises ``TransientLoadError`` for a failure that is not the blob's, and
         anything else when the library refuses the blob."""
+        ...
+
+    def load_back(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
+        """Load a plan just built back from ``blob`` on ``device``, as a later lookup would,
+        and return why that failed, in a few words (None: it loads). Asked before a plan is
+        stored: no stored plan is one a later lookup cannot load."""
         ...
 
     def capturing(self) -> bool:

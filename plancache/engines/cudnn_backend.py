@@ -37,15 +37,16 @@ from typing import Any
 from ..config import MemoryBudget, format_size
 from ..errors import BuildError, InvalidGraphError, NoGpuError, TransientLoadError
 from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_table
-from .backend import BuiltPlan, EngineChoice
+from .backend import BuiltPlan, EngineChoice, load_failure
 from .bounds import Bound, bounds
+from .filters import outside_filters
 from .guest import refuse_while_capturing, relaxed
 from .handles import Handles
 from .inputs import materialize, timing_inputs
 from .native import NativePlan, RecordError, library, parse, refusal
 from .tensors import checked_inputs
 
-__all__ = ["CudnnBackend", "cudnn_module", "probe_environment"]
+__all__ = ["CudnnBackend", "cudnn_module", "probe_environment", "transient_load_failure"]
 
 log = logging.getLogger("plancache")
 
@@ -56,6 +57,12 @@ _SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock: enough for the host to queue _I
 #: A sticky CUDA error is the process's, not the entry's: every entry would fail to load.
 _TRANSIENT = re.compile(r"captur|out of memory|ALLOC_FAILED|MemoryAllocation|not permitted|timed out|cuda ?error", re.IGNORECASE)
 _NODE_IN_MESSAGE = re.compile(r"[Nn]ode '([^']+)'")
+
+
+def transient_load_failure(exc: BaseException) -> bool:
+    """Whether a failed deserialization says nothing about the blob (a capture, memory, a
+    sticky CUDA error): the entry is kept, and loaded again later."""
+    return bool(_TRANSIENT.search(str(exc)))
 
 
 def _cudnn() -> Any:
@@ -242,11 +249,13 @@ class _Candidates:
 
     def build(self, position: int) -> str | None:
         cudnn = _cudnn()
+        index = self.indices[position]
         try:
-            self.graph.build_plan_at_index(self.indices[position])
+            self.graph.build_plan_at_index(index)
+            plan, workspace = self.graph.get_plan_name_at_index(index), int(self.graph.get_workspace_size_plan_at_index(index))
         except (cudnn.cudnnGraphNotSupportedError, RuntimeError, ValueError) as exc:
             return f"{type(exc).__name__}: {str(exc)[:300]}"
-        return None
+        return outside_filters(plan, workspace, self.description, self.options)  # the program's workspace limit and filters
 
     def bounds(self) -> Mapping[int, Bound]:
         torch = _torch()
@@ -642,7 +651,7 @@ class CudnnBackend:
                 try:
                     return NativePlan(self._library(), record, handle.backend_handle, device)
                 except Exception as exc:
-                    if _TRANSIENT.search(str(exc)):
+                    if transient_load_failure(exc):
                         raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
                     raise
         self.native_fallbacks[why.split(":")[0]] += 1
@@ -661,10 +670,14 @@ class CudnnBackend:
             try:
                 graph.deserialize(blob)
             except Exception as exc:
-                if _TRANSIENT.search(str(exc)):
+                if transient_load_failure(exc):
                     raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
                 raise
         return graph
+
+    def load_back(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
+        """Load the plan back as a later lookup will (the loaded graph is dropped): why that failed."""
+        return load_failure(self.load, blob, tensors, device)
 
     def prepare(self, device: int) -> None:
         with self.guest(device):

@@ -1,7 +1,8 @@
 """Rebuild a ``cudnn.pygraph`` from its canonical description (``key.describe``).
 
 A recorded manifest stores descriptions, not the model code that built them, so replay
-must recreate a graph whose description, and hence whose key, is identical. Nodes are
+must recreate a graph whose description, and hence whose key, is identical (filters and
+kernel cache included: they decide which candidates a graph has). Nodes are
 rebuilt with the public pygraph builders: ``matmul``, the pointwise builders (named by the
 node's ``mode``), and the builder named after the node type for the rest (``conv_fprop``,
 ``sdpa``, ``layernorm``...). After rebuilding, ``describe(rebuilt)`` must equal the
@@ -106,8 +107,26 @@ def _decode(value: Any, cudnn: Any, tensors: Mapping[str, Any]) -> Any:
     return value
 
 
+#: The pygraph methods that set each recorded note filter: (kind, keep) -> method.
+_NOTE_FILTERS = {
+    ("behavior", False): "deselect_behavior_notes", ("behavior", True): "select_behavior_notes",
+    ("numerical", False): "deselect_numeric_notes", ("numerical", True): "select_numeric_notes",
+}  # fmt: skip
+
+
+def _new_kernel_cache(cudnn: Any) -> Any:
+    try:
+        return cudnn.create_kernel_cache()
+    except Exception as exc:  # no cuDNN library to make one with
+        raise InvalidGraphError(
+            f"the recorded graph builds against a kernel cache, and none can be made here ({type(exc).__name__}: {exc})",
+            node=None,
+            reason="kernel cache",
+        ) from exc
+
+
 class _Replayer:
-    def __init__(self, description: Mapping[str, Any]) -> None:
+    def __init__(self, description: Mapping[str, Any], kernel_cache: Any = None) -> None:
         self.description = description
         self.cudnn = _cudnn()
         self.specs: Mapping[str, Any] = description["tensors"]
@@ -115,6 +134,8 @@ class _Replayer:
         context = {k: _decode(v, self.cudnn, {}) for k, v in description.get("context", {}).items()}
         flags = description.get("flags", {})
         optional = {k: self.dec(flags.get(k)) for k in ("sm_count", "sm_version", "cuda_graph_retention")}
+        if flags.get("kernel_cache"):  # the caller's graph brought a kernel cache of its own
+            optional["kernel_cache"] = kernel_cache if kernel_cache is not None else _new_kernel_cache(self.cudnn)
         self.graph = self.cudnn.pygraph(
             io_data_type=context.get("io_data_type"),
             intermediate_data_type=context.get("intermediate_data_type"),
@@ -124,9 +145,22 @@ class _Replayer:
             is_cuda_graph_replay_expected=bool(flags.get("cuda_graph_replay")),
             **{k: v for k, v in optional.items() if v is not None},
         )
+        self.filters(flags)
+        self.produced = {tid for node in description["nodes"] for tid in node["outputs"].values() if tid is not None}
+
+    def filters(self, flags: Mapping[str, Any]) -> None:
+        """The caller's engine and note filters, set as the caller set them (in order, one
+        note at a time, as the graph records them): they decide which candidates the
+        frontend offers, so the rebuilt graph's candidates are the caller's."""
         if flags.get("deselected_engines"):
             self.graph.deselect_engines(list(flags["deselected_engines"]))
-        self.produced = {tid for node in description["nodes"] for tid in node["outputs"].values() if tid is not None}
+        for recorded in flags.get("note_filters") or ():
+            kind, note, keep = self.dec(recorded)
+            method = _NOTE_FILTERS.get((kind, bool(keep)))
+            if method is None:
+                raise InvalidGraphError(f"the recorded graph has a note filter of unknown kind {kind!r}", node=None,
+                                        reason="malformed")  # fmt: skip
+            getattr(self.graph, method)([note])
 
     def dec(self, value: Any) -> Any:
         return _decode(value, self.cudnn, self.tensors)
@@ -255,14 +289,20 @@ class _Replayer:
         return self.graph
 
 
-def rebuild_graph(description: Mapping[str, Any]) -> Any:
-    """A new ``cudnn.pygraph`` whose ``describe()`` equals ``description``.
+def rebuild_graph(description: Mapping[str, Any], *, kernel_cache: Any = None) -> Any:
+    """A new ``cudnn.pygraph`` whose ``describe()`` equals ``description``, with the
+    caller's engine and note filters set as the caller set them.
+
+    ``kernel_cache``: for a graph that brought a kernel cache of its own (dynamic shapes with
+    ``kernel_cache=``), the one the rebuilt graph builds against, so that the kernels its
+    builds compile land where the caller's graph would put them (the frontend shares one
+    kernel cache across a program's builds); None makes a new one.
 
     Raises ``InvalidGraphError`` for a node type or mode that has no pygraph builder, or when
     the rebuilt graph would describe (and so key) differently.
     """
     try:
-        graph = _Replayer(description).run()
+        graph = _Replayer(description, kernel_cache).run()
     except InvalidGraphError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -12,13 +12,13 @@ serves each from a ``PlanCache``:
     @cudnn.jit(heur_modes=...) / @cudnn.graph_cache(key_fn)   # the decorators
 
 On a hit the caller's own graph object carries the deserialized plan and runs on its own
-handle; on a miss plancache autotunes among the candidates of the caller's heuristic modes
-on a graph of its own, stores the winner and loads it the same way (``frontend_pipeline``,
-``frontend_adopt``). Code that chooses plans itself (``build_plans(ALL)``,
+handle; on a miss plancache autotunes among the candidates of the caller's heuristic modes,
+within its workspace limit and engine and note filters, on a graph of its own (built
+against the caller's kernel cache, if it has one), stores the winner and loads it the same
+way (``frontend_pipeline``, ``frontend_adopt``). Code that chooses plans itself (``build_plans(ALL)``,
 ``build_plan_at_index``, ``execute_plan_at_index``, ``create_execution_plan``,
 ``select_plan``) and graphs already built are left to the frontend. Whatever plancache
-cannot serve (a graph it cannot key, a dynamic-shape graph with its own kernel cache, a
-Python-engine plan, a planning during a CUDA-graph capture, a frontend version it was not
+cannot serve (a graph it cannot key or rebuild, a Python-engine plan, a planning during a CUDA-graph capture, a frontend version it was not
 made for) is planned the frontend's way, with one ``PlanCacheNotice`` per reason and
 process: a notice that never turns into an exception, even under ``-W error``.
 
@@ -265,7 +265,7 @@ def install_from_environment() -> bool:
     try:
         install()
     except Exception as exc:
-        _warn_once("no cudnn", f"plancache: PLANCACHE_PATCH_CUDNN=1, but cuDNN Frontend cannot be imported "
+        _warn_once("no cudnn", f"plancache: PLANCACHE_PATCH_CUDNN is on, but cuDNN Frontend cannot be imported "
                    f"({type(exc).__name__}: {exc}); nothing is patched")  # fmt: skip
         return False
     return True

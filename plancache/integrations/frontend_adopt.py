@@ -1,16 +1,19 @@
-"""A stored plan, put into the caller's own cuDNN Frontend graph.
+"""A stored plan, loaded straight into the caller's own cuDNN Frontend graph.
 
 A pygraph that ``build_plans()`` built keeps its plan in two places: its lowered backend
 graph (``_lowered_graph``, the compiled C++ graph that executes) and its ranked plan list
 (``_plans``, with the selected entry at ``_plan_index``). Adopting a stored plan gives the
 caller's graph exactly that state, for a list of one plan:
 
-* the stored blob is deserialized into a fresh backend graph made with the caller's graph's
-  own handle (the graph's device and stream, never plancache's pooled handle), one per
-  caller graph, so no two graphs share a backend graph;
-* that backend graph becomes the caller's lowered graph, and the plan list holds one entry
-  naming the stored engine and knobs at the backend's plan index 0 (a deserialized backend
-  graph holds exactly one plan, its selected one);
+* the stored blob is deserialized once, as the caller's graph runs it (``GraphLoad``, the
+  ``load`` a drop-in lookup hands ``PlanCache.get``): into a fresh pygraph made with the
+  caller's graph's own handle (the graph's device and stream, never plancache's pooled
+  handle) and its kernel cache, one per caller graph, so no two graphs share a backend
+  graph. On a hit that load is the lookup's own, and the plan is checked and deserialized
+  once; on a miss it is the load that proves the new plan loads back before it is stored;
+* that fresh graph's backend graph becomes the caller's lowered graph, and the plan list
+  holds one entry naming the stored engine and knobs at the backend's plan index 0 (a
+  deserialized backend graph holds exactly one plan, its selected one);
 * the flags a built graph has are set (validated, operation graph built, planned, built),
   and the graph is frozen as planning freezes it.
 
@@ -21,23 +24,32 @@ error. ``serialize`` returns the stored blob: the backend re-serializes a deseri
 graph without the pass-by-value constants its nodes held, so its own output could not be
 loaded again.
 
+A plan of one of the frontend's Python engines is a recipe that the frontend's
+``deserialize`` rebuilds into an empty graph only, never into the caller's: its load
+refuses it (for this lookup only: a ``TransientLoadError``, so an entry stored by a lookup
+that can load it stays), and a drop-in lookup never stores it.
+
 This reaches into the frontend's private state, which is why ``FRONTEND_VERSIONS`` lists
 the frontend versions it was checked against; ``frontend`` keeps the frontend's
 own behaviour on any other. A backend other than cuDNN (the CPU test backend) registers how
-its plans become a lowered graph in ``ADOPTERS``.
+its plans are loaded for a graph and become its lowered graph in ``ADOPTERS``.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import TransientLoadError
+
 if TYPE_CHECKING:
-    from ..engines.backend import EngineChoice
+    from ..engines.backend import Backend, EngineChoice
+    from ..key import TensorSpec
     from ..runtime.plan import Plan
 
-__all__ = ["ADOPTERS", "FRONTEND_VERSIONS", "AdoptionError", "StoredPlanGraph", "adopt", "missing_state"]
+__all__ = ["ADOPTERS", "FRONTEND_VERSIONS", "Adopter", "AdoptionError", "GraphLoad", "StoredPlanGraph", "adopt", "missing_state"]
 
 #: cuDNN Frontend versions whose pygraph internals adoption was written and tested against.
 FRONTEND_VERSIONS: tuple[str, ...] = ("1.32.0",)
@@ -89,24 +101,84 @@ class StoredPlanGraph:
         return repr(self._backend_graph)
 
 
-def _load_cudnn(graph: Any, plan: Plan, blob: bytes) -> Any:
-    """The cuDNN backend's adopter: the blob deserialized by a fresh pygraph that has the
-    caller's graph's handle (the frontend makes its backend graph with that handle, or with
-    its default handle of this thread and device when the graph has none)."""
+def _is_python_plan(blob: bytes) -> bool:
+    """Whether ``blob`` is the frontend's serialized Python-engine plan (not a backend plan)."""
+    try:
+        from cudnn import _plan_serdes
+    except ImportError:  # a frontend without Python engines
+        return False
+    return bool(_plan_serdes.is_python_plan(blob))
+
+
+#: What the caller's graph carries into the graph its plan is deserialized into, as the
+#: frontend's own ``deserialize`` forwards them: its name, its kernel cache (shared with the
+#: program's other dynamic-shape builds) and its CUDA-graph retention.
+_CARRIED = ("name", "kernel_cache", "cuda_graph_retention")
+
+
+def _load_cudnn(graph: Any, backend: Backend, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> Any:
+    """The cuDNN backend's load for ``graph``: the blob deserialized by a fresh pygraph that
+    has the caller's graph's handle (the frontend makes its backend graph with that handle,
+    or with its default handle of this thread and device when the graph has none). The
+    pygraph is the plan's native (it executes as any loaded plan does)."""
+    from ..engines.cudnn_backend import transient_load_failure
+
     cudnn = sys.modules["cudnn"]
     kwargs = graph._cpp_graph_kwargs
-    carried = {k: kwargs[k] for k in ("name", "cuda_graph_retention") if k in kwargs}
-    fresh = cudnn.pygraph(handle=graph._handle, **carried)
-    fresh.deserialize(blob)
-    backend_graph = fresh.__dict__.get("_lowered_graph")
-    if backend_graph is None or fresh.__dict__.get("_plans"):
+    fresh = cudnn.pygraph(handle=graph._handle, **{k: kwargs[k] for k in _CARRIED if k in kwargs})
+    try:
+        fresh.deserialize(blob)
+    except Exception as exc:
+        if transient_load_failure(exc):
+            raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
+        raise
+    if fresh.__dict__.get("_lowered_graph") is None or fresh.__dict__.get("_plans"):
         raise AdoptionError("the frontend deserialized the plan into something other than one backend graph")
-    return backend_graph
+    return fresh
 
 
-#: Backend name -> ``(caller graph, plan, blob) -> backend graph`` holding that plan, which
-#: becomes the caller's lowered graph (inside a ``StoredPlanGraph``).
-ADOPTERS: dict[str, Callable[[Any, Plan, bytes], Any]] = {"cudnn": _load_cudnn}
+def _backend_graph_cudnn(graph: Any, plan: Plan, native: Any) -> Any:
+    return native.__dict__["_lowered_graph"]
+
+
+@dataclass(frozen=True)
+class Adopter:
+    """How plans of one backend go into a caller's graph.
+
+    ``load(graph, backend, blob, tensors, device)``: the blob deserialized as ``graph``
+    runs it, which is the native of a ``Plan`` (raises ``TransientLoadError`` for a failure
+    that is not the blob's). ``backend_graph(graph, plan, native)``: the backend graph that
+    executes ``plan`` in ``graph``, for a ``native`` that ``load`` made for ``graph``; it
+    becomes the graph's lowered graph (inside a ``StoredPlanGraph``)."""
+
+    load: Callable[[Any, Backend, bytes, Sequence[TensorSpec], int], Any]
+    backend_graph: Callable[[Any, Plan, Any], Any]
+
+
+#: Backend name -> how its plans go into a caller's graph.
+ADOPTERS: dict[str, Adopter] = {"cudnn": Adopter(_load_cudnn, _backend_graph_cudnn)}
+
+
+class GraphLoad:
+    """The ``load`` of a drop-in lookup (``PlanCache.get(load=...)``): deserializes stored
+    plans for one caller graph, as it will run them, and remembers the last one, so that
+    the plan the lookup loaded (a hit) or loaded back before storing it (a miss) is the one
+    the graph adopts, with no second deserialization."""
+
+    def __init__(self, graph: Any, backend: Backend) -> None:
+        adopter = ADOPTERS.get(backend.name)
+        if adopter is None:
+            raise AdoptionError(f"plans of the {backend.name!r} backend cannot be put into a cuDNN Frontend graph")
+        self.graph, self.backend, self.adopter = graph, backend, adopter
+        self.last: tuple[Any, bytes] | None = None  # (native, blob) of the latest load
+
+    def __call__(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> Any:
+        if _is_python_plan(blob):  # not the entry's fault: a lookup that can load it keeps it
+            raise TransientLoadError("the plan runs on one of cuDNN Frontend's Python engines, whose plans load only into an "
+                                     "empty graph, never into the program's own")  # fmt: skip
+        native = self.adopter.load(self.graph, self.backend, blob, tensors, device)
+        self.last = (native, bytes(blob))
+        return native
 
 
 def missing_state(graph: Any) -> list[str]:
@@ -131,18 +203,16 @@ def _plan_config(engine: EngineChoice | None) -> Any:
     return PlanConfig(int(engine.engine_id), knobs, cpp_index=0)
 
 
-def adopt(graph: Any, plan: Plan, blob: bytes, backend_name: str, engine: EngineChoice | None) -> None:
-    """Make ``graph`` (validated, not built) carry ``plan``, whose stored form is ``blob``
-    and whose engine and knobs are ``engine``. Raises ``AdoptionError`` (or the
-    deserializer's error) with ``graph`` unchanged."""
+def adopt(load: GraphLoad, plan: Plan, native: Any, blob: bytes) -> None:
+    """Make the graph of ``load`` (validated, not built) carry ``plan``, whose stored form is
+    ``blob`` and which ``load`` deserialized for it as ``native``. Raises
+    ``AdoptionError`` with the graph unchanged."""
+    graph = load.graph
     missing = missing_state(graph)
     if missing:
         raise AdoptionError(f"this frontend's graphs have no {', '.join(missing)}")
-    adopter = ADOPTERS.get(backend_name)
-    if adopter is None:
-        raise AdoptionError(f"plans of the {backend_name!r} backend cannot be put into a cuDNN Frontend graph")
-    lowered = StoredPlanGraph(adopter(graph, plan, blob), blob)  # may raise: nothing of the graph was touched yet
-    config = _plan_config(engine)
+    lowered = StoredPlanGraph(load.adopter.backend_graph(graph, plan, native), blob)  # nothing of the graph touched yet
+    config = _plan_config(plan.engine)
     vars(graph).update(
         _lowered_graph=lowered,
         _cpp_tensors={},  # the lowered tensors of the graph's own lowering, which is dropped

@@ -4,11 +4,15 @@ and the build inside ``execute()``.
 ``Planner.persist(graph, modes)`` plans one caller graph through a ``PlanCache``: the graph
 is validated by the frontend as before, keyed (tensors the caller left without uids are
 keyed by the uids the frontend numbered them with; nothing of the graph is changed to key
-it), rebuilt from its description into a graph plancache owns, and that graph is looked up
-(a hit loads the stored plan; a miss autotunes among the candidates of the caller's
-heuristic modes and stores the winner). The stored plan is then put into the caller's graph
-(``frontend_adopt``): the object the caller holds is the one that runs, on its own handle.
-The caller's graph never holds a candidate's plan, so no losing candidate stays with it.
+it), rebuilt from its description into a graph plancache owns (with the caller's engine and
+note filters, and the caller's own kernel cache: a dynamic-shape graph's autotuning
+compiles into the cache the program shares across its builds), and that graph is looked up
+with the caller's graph's own load (``frontend_adopt.GraphLoad``): a hit checks the stored
+entry and deserializes it once, straight for the caller's graph; a miss autotunes among the
+candidates of the caller's heuristic modes, within its workspace limit and filters
+(``engines.filters``), and stores the winner only once it was loaded back that way (the
+load the caller's graph then adopts). The object the caller holds is the one that runs, on
+its own handle, and never holds a candidate's plan, so no losing candidate stays with it.
 
 Whatever plancache cannot do keeps the frontend's own behaviour, with one notice per reason
 in the process: ``persist`` returns False and the caller runs the frontend's call.
@@ -34,12 +38,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidGraphError
-from .frontend_adopt import FRONTEND_VERSIONS, adopt, missing_state
+from ..errors import InvalidGraphError, TransientLoadError
+from .frontend_adopt import FRONTEND_VERSIONS, AdoptionError, GraphLoad, adopt, missing_state
 
 if TYPE_CHECKING:
     from ..cache.cache import PlanCache
-    from ..engines.backend import EngineChoice
     from ..key import BuildOptions
     from ..runtime.plan import Plan
 
@@ -143,16 +146,20 @@ class Planner:
         description = self._describe(graph)
         if not graph._is_validated:
             graph.validate()  # the frontend's own validation, its errors the caller's
-        replay = self._replay(description)
+        replay = self._replay(description, graph)
         with self._on_device(cache, graph):
             try:
-                plan = cache.get(replay, options=options)  # role-valid timing inputs: engines.inputs
+                load = GraphLoad(graph, cache.backend)
+            except AdoptionError as exc:
+                raise Refusal("adopt:backend", f"plancache: not persisting graphs here ({exc})") from exc
+            try:
+                plan = cache.get(replay, options=options, load=load)  # role-valid timing inputs: engines.inputs
             except Exception as exc:  # autotuning or the store failing keeps the frontend's way
                 log.debug("plancache: lookup failed", exc_info=True)
                 raise Refusal(f"lookup:{type(exc).__name__}", f"plancache: not persisting this graph: {exc}") from exc
-            blob, engine = self._blob(cache, plan)
+            native, blob = self._loaded(cache, plan, load)
             try:
-                adopt(graph, plan, blob, cache.backend.name, engine)
+                adopt(load, plan, native, blob)
             except Exception as exc:
                 raise Refusal(
                     f"adopt:{type(exc).__name__}", f"plancache: the stored plan could not be put into the graph ({exc})"
@@ -177,9 +184,6 @@ class Planner:
             raise Refusal("capture", "plancache: not persisting a graph planned during a CUDA-graph capture "
                           "(loading or autotuning a plan would break the capture); the frontend plans it")  # fmt: skip
         kwargs = graph._cpp_graph_kwargs
-        if kwargs.get("is_dynamic_shape_enabled") and kwargs.get("kernel_cache") is not None:
-            raise Refusal("kernel cache", "plancache: not persisting dynamic-shape graphs built with a kernel cache of "
-                          "their own (their kernels belong to that cache); the frontend plans them")  # fmt: skip
         if kwargs.get("device_property") is not None:
             raise Refusal("device property", "plancache: not persisting graphs planned for a device property "
                           "(without a GPU); the frontend plans them")  # fmt: skip
@@ -213,12 +217,14 @@ class Planner:
                 f"unkeyable:{reason}", f"plancache: not persisting this graph ({exc}); the frontend plans it as before"
             ) from exc
 
-    def _replay(self, description: dict[str, Any]) -> Any:
-        """A graph of plancache's own, keyed alike: the cache autotunes it on a miss."""
+    def _replay(self, description: dict[str, Any], graph: Any) -> Any:
+        """A graph of plancache's own, keyed alike: the cache autotunes it on a miss. It
+        builds against the caller's kernel cache, if any: the frontend shares one kernel
+        cache across a program's dynamic-shape builds, and so does plancache."""
         from ..engines.replay import rebuild_graph
 
         try:
-            return rebuild_graph(description)
+            return rebuild_graph(description, kernel_cache=graph._cpp_graph_kwargs.get("kernel_cache"))
         except InvalidGraphError as exc:
             reason = str(getattr(exc, "reason", None) or exc)
             raise Refusal(f"replay:{reason}", f"plancache: not persisting this graph: it cannot be rebuilt for "
@@ -243,38 +249,44 @@ class Planner:
         finally:
             backend.use_device(current)
 
-    def _blob(self, cache: PlanCache, plan: Plan) -> tuple[bytes, EngineChoice | None]:
-        """The stored form of ``plan`` and its engine: the store's entry (checked against its
-        checksum), else, for a plan built by this process that could not be stored, its graph
-        serialized. A Python-engine plan is refused: it deserializes only into an empty
-        graph, never into the caller's."""
-        from ..engines.backend import EngineChoice
+    def _loaded(self, cache: PlanCache, plan: Plan, load: GraphLoad) -> tuple[Any, bytes]:
+        """``plan`` deserialized for the caller's graph, and its stored blob: the lookup's
+        own load (a hit from the store), or the load that proved a new plan loads back
+        before it was stored (a miss); for a plan the lookup did not load (one in memory
+        already, or one that was not stored), the stored entry (checked against its
+        checksum), else the plan built here, serialized, loaded now."""
+        if load.last is not None and (load.last[0] is plan.native or plan.source in ("built", "rebuilt")):
+            return load.last
+        blob = self._stored_blob(cache, plan)
+        try:
+            return load(blob, plan.tensors, plan.device), blob
+        except TransientLoadError as exc:  # a Python engine's plan, or a load that failed for now
+            raise Refusal(f"load:{str(exc)[:60]}", f"plancache: the plan of this graph cannot be loaded into it ({exc}); "
+                          "the frontend plans it") from exc  # fmt: skip
+        except Exception as exc:
+            raise Refusal(f"adopt:{type(exc).__name__}",
+                          f"plancache: the stored plan could not be put into the graph ({exc})") from exc  # fmt: skip
+
+    def _stored_blob(self, cache: PlanCache, plan: Plan) -> bytes:
+        """The stored form of ``plan``: the store's entry (checked against its checksum),
+        else, for a plan built by this process that could not be stored, its graph
+        serialized."""
         from ..store import sha256
 
-        blob, engine = None, plan.engine
         with contextlib.suppress(Exception):  # an unreadable entry: serialize below
             entry = cache.local.get(plan.key)
             if entry is not None and entry.blob and sha256(entry.blob) == entry.blob_sha256:
-                blob = bytes(entry.blob)
-                engine = EngineChoice.from_dict(entry.engine) if entry.engine else None
-        if blob is None and plan.source in ("built", "rebuilt"):
+                return bytes(entry.blob)
+        why = cache.lookup.unloadable.why(plan.key)
+        if why is not None:  # built here, and not stored: it cannot be loaded back
+            raise Refusal(
+                f"unloadable:{why[:60]}", f"plancache: the plan of this graph is not stored ({why}); the frontend plans it"
+            )
+        if plan.source in ("built", "rebuilt"):
             with contextlib.suppress(Exception):
-                blob, engine = bytes(plan.native.serialize(as_bytes=True)), plan.engine
-        if blob is None:
-            raise Refusal("no blob", "plancache: the plan of this graph could not be read back; the frontend plans it")
-        if _is_python_plan(blob):
-            raise Refusal("python plan", "plancache: this graph's best plan runs on one of the frontend's Python engines, "
-                          "whose plans cannot be loaded into the graph; the frontend plans it")  # fmt: skip
-        return blob, engine
-
-
-def _is_python_plan(blob: bytes) -> bool:
-    """Whether ``blob`` is the frontend's serialized Python-engine plan (not a backend plan)."""
-    try:
-        from cudnn import _plan_serdes
-    except ImportError:  # a frontend without Python engines
-        return False
-    return bool(_plan_serdes.is_python_plan(blob))
+                return bytes(plan.native.serialize(as_bytes=True))
+        raise Refusal("not stored", "plancache: no plan of this graph is stored (its candidates did not agree, or loading "
+                      "the stored one failed for now); the frontend plans it")  # fmt: skip
 
 
 def _handle_device(handle: Any) -> int | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 import json
 import os
 import threading
@@ -16,15 +15,16 @@ from typing import Any
 from ..engines.backend import BuiltPlan, EngineChoice
 from ..engines.guest import known_captures, refuse_while_capturing
 from ..errors import TransientLoadError
-from ..key import BuildOptions, TensorSpec, canonical_json
-from .candidates import CpuCandidates
+from ..key import BuildOptions, TensorSpec
+from . import plans
+from .candidates import CpuCandidates, candidate_workspace
 from .device import CudaError, SimulatedCuda
 from .kernels import Behaviour, evaluate, fault, scratch_bytes, stage_outputs
 from .planning import plan_once
+from .plans import MAGIC
 
 __all__ = ["MAGIC", "CpuTestBackend", "TwoDeviceCpuTestBackend", "summary_of_ops"]
 
-MAGIC = b"PLANCACHE-TEST-PLAN/1\n"
 _WARMUP_BYTES = 1 << 20  # what the frontend's warm-up allocates
 _HANDLE_BYTES = 4 << 20  # cuDNN's persistent buffer, allocated when a handle is created
 _WRONG_BY = 1.25  # what a wrong engine's results are off by
@@ -139,7 +139,9 @@ class CpuTestBackend:
     id of each index (default: the index; equal ids stand for knob variants of one engine).
     ``native``: loads take the native path (cuDNN's C API: no capture), as the cuDNN backend's
     do; False, or a plan stored with ``"fallback"``, takes the frontend's (its warm-up
-    capture). ``load_delay``: seconds a native load's finalize takes. ``build_delay``:
+    capture). ``load_delay``: seconds a native load's finalize takes. ``extra_workspace``:
+    workspace bytes of an index beyond its output scratch (a program's workspace limit
+    excludes it). ``unloadable``: indices whose plans cannot be loaded back. ``build_delay``:
     seconds each candidate build sleeps; ``runtime_compiled`` ones (say so in
     ``compiles``) sleep ``compile_factor`` times longer, as runtime compilation takes hundreds
     of milliseconds where other builds take a few. ``build_log``: a file that gets one
@@ -162,6 +164,8 @@ class CpuTestBackend:
         engine_ids: Sequence[int] = (),
         runtime_compiled: Sequence[int] = (),
         compile_factor: float = 50.0,
+        extra_workspace: Mapping[int, int] | None = None,
+        unloadable: Sequence[int] = (),
         memory: int = 64 << 30,
         build_delay: float = 0.0,
         build_log: str | os.PathLike[str] | None = None,
@@ -181,6 +185,8 @@ class CpuTestBackend:
         self.engine_ids = list(engine_ids)
         self.runtime_compiled = frozenset(runtime_compiled)
         self.compile_factor = compile_factor
+        self.extra_workspace = dict(extra_workspace or {})
+        self.unloadable = frozenset(unloadable)
         self.build_delay = build_delay
         self.build_log = os.fspath(build_log) if build_log is not None else None
         self.devices = _Devices(environment, devices, in_use)
@@ -274,7 +280,7 @@ class CpuTestBackend:
         described, tensors = self._plan_once(graph)
         if described["flags"].get("dynamic_shape") and options.kernel_cache:
             self.kernels.add(summary_of_ops(described))
-        return CpuCandidates(self, described, tensors, inputs)
+        return CpuCandidates(self, described, tensors, inputs, options)
 
     def kernel_cache_blob(self) -> bytes | None:
         return json.dumps(sorted(self.kernels)).encode() if self.kernels else None
@@ -294,21 +300,15 @@ class CpuTestBackend:
         return Behaviour(nudges=engine is not None and engine % 2 == 1)
 
     def make_plan(self, description: dict[str, Any], tensors: list[TensorSpec], engine: EngineChoice,
-                  behaviour: Behaviour = _RIGHT) -> BuiltPlan:  # fmt: skip
-        payload: dict[str, Any] = {
-            "description": description,
-            "tensors": [t.to_dict() for t in tensors],
-            "engine": engine.to_dict(),
-        }
-        if behaviour != _RIGHT:
-            payload["behaviour"] = behaviour.to_dict()  # a stored engine computes as it did, as a cuDNN plan would
-        blob = MAGIC + json.dumps(payload, sort_keys=True).encode()
-        if self.build_log is not None:
-            line = hashlib.sha256(canonical_json(description).encode()).hexdigest() + f" {os.getpid()}\n"
-            with open(self.build_log, "a") as f:  # one short append: atomic on POSIX
-                f.write(line)
+                  behaviour: Behaviour = _RIGHT, index: int | None = None) -> BuiltPlan:  # fmt: skip
+        """The plan of candidate ``index`` (default: the one of ``engine``'s id), computing as
+        ``behaviour`` says."""
+        index = engine.engine_id if index is None else index
+        blob = plans.encode(description, tensors, engine, behaviour=behaviour.to_dict() if behaviour != _RIGHT else None,
+                            unloadable=index in self.unloadable)  # fmt: skip
+        plans.note_build(self.build_log, description)
         native = _Native(description, tensors, engine.to_dict(), self.current_device(), behaviour)
-        return BuiltPlan(native, blob, tensors, scratch_bytes(tensors), engine)
+        return BuiltPlan(native, blob, tensors, candidate_workspace(self, index, tensors), engine)
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
         description, tensors = self._plan_once(graph)
@@ -322,9 +322,7 @@ class CpuTestBackend:
         finalize), or, with ``native=False`` or for a plan stored with ``"fallback"``,
         through the frontend's path: inside ``guest``, the handle on plancache's own
         stream, then the frontend's warm-up capture (``warmup``), one such load at a time."""
-        if not blob.startswith(MAGIC):
-            raise ValueError("not a plancache test plan (bad magic)")
-        payload = json.loads(blob[len(MAGIC) :])
+        payload = plans.decode(blob)
         device = self.current_device() if device is None else device
         missing = sorted({t["uid"] for t in payload["tensors"]} - {spec.uid for spec in tensors})
         why = payload.get("fallback") or (f"the plan reads uids the tensor table lacks: {missing}" if missing else None)
@@ -351,6 +349,10 @@ class CpuTestBackend:
         behaviour = Behaviour(scale=_WRONG_BY) if payload.get("wrong") else Behaviour.from_dict(payload.get("behaviour"))
         return _Native(payload["description"], [TensorSpec.from_dict(t) for t in payload["tensors"]], payload["engine"], device,
                        behaviour)  # fmt: skip
+
+    def load_back(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
+        """As the cuDNN backend's, without the warm-up: why ``load`` would refuse the blob."""
+        return plans.refusal(blob)
 
     def warmup(self, handle: _Handle) -> None:
         """What cuDNN Frontend's deserialize ends in: on the handle's stream (a new blocking

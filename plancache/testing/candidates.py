@@ -11,26 +11,35 @@ winner every time.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..config import MemoryBudget
 from ..engines.backend import BuiltPlan, EngineChoice
 from ..engines.bounds import Bound, bounds
+from ..engines.filters import outside_filters
 from ..engines.inputs import materialize, timing_inputs
 from ..engines.tensors import checked_inputs
-from ..key import TensorSpec, canonical_json
+from ..key import BuildOptions, TensorSpec, canonical_json
+from .kernels import scratch_bytes
 
 if TYPE_CHECKING:
     from .backend import CpuTestBackend
 
-__all__ = ["CpuCandidates"]
+__all__ = ["CpuCandidates", "candidate_workspace"]
+
+
+def candidate_workspace(backend: CpuTestBackend, index: int | None, tensors: Sequence[TensorSpec]) -> int:
+    """Workspace bytes of candidate ``index``: the scratch its outputs are staged in, plus the
+    extra the backend was told it needs (``extra_workspace``)."""
+    return scratch_bytes(tensors) + (backend.extra_workspace.get(index, 0) if index is not None else 0)
 
 
 class CpuCandidates:
     def __init__(self, backend: CpuTestBackend, description: dict[str, Any], tensors: list[TensorSpec],
-                 given: Mapping[int, Any] | None) -> None:  # fmt: skip
+                 given: Mapping[int, Any] | None, options: BuildOptions) -> None:  # fmt: skip
         self.backend = backend
+        self.options = options
         self.description = description
         self.tensors = tensors
         self.given = dict(given or {})
@@ -60,6 +69,10 @@ class CpuCandidates:
             import time
 
             time.sleep(delay)
+        outside = outside_filters(self.engine(index).name, candidate_workspace(self.backend, index, self.tensors), self.description,
+                                  self.options)  # fmt: skip
+        if outside is not None:
+            return outside
         self.built.add(index)
         return None
 
@@ -119,7 +132,7 @@ class CpuCandidates:
         return [self.simulated_ms(index) * (1 + 0.001 * (r % 3)) for r in range(runs)]
 
     def finish(self, index: int) -> BuiltPlan:
-        return self.backend.make_plan(self.description, self.tensors, self.engine(index), self.backend.behaviour(index))
+        return self.backend.make_plan(self.description, self.tensors, self.engine(index), self.backend.behaviour(index), index=index)
 
     def close(self) -> None:
         self.built.clear()
