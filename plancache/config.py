@@ -58,7 +58,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PLANCACHE_REDIS_LOCK_TTL": ("seconds the fleet lock outlives a holder that died (renewed while its holder builds)", "`60`"),
     "PLANCACHE_MEMORY_PLANS": ("loaded plans a process keeps in memory, least recently used dropped", "`1024`"),
     "PLANCACHE_PATCH_CUDNN": ("on (`1`): cuDNN Frontend code persists its plans unchanged (`plancache.install()` runs when the program imports `cudnn`, or `plancache`)", "not patched"),
-    "PLANCACHE_AUTO_PRIME": ("on (`1`): a cache that opens loads, on a background thread, the plans its application used in its latest run (docs/priming.md says why it is off by default)", "off"),
+    "PLANCACHE_AUTO_PRIME": ("a cache that opens loads, on background threads, the plans its application used in its latest run; `0` turns it off (docs/priming.md)", "on"),
     "PLANCACHE_AUTOTUNE_MEMORY": ("device memory autotuning may allocate to launch and compare candidates: a share of free memory or a size; a graph that needs more is not timed (docs/checking.md)", "`25%`"),
     "PLANCACHE_AUTOTUNE_BUDGET": ("a miss's time, as a multiple of the frontend's own build of the graph (its heuristics and first plan); beyond it tuning stops and `plancache tune` finishes it; the candidates the check needs are launched anyway; `off` for no limit (docs/checking.md)", "`1.5`"),
     "PLANCACHE_APP": ("the application name plan use is recorded and primed under", "the entry script's path (plus `#rankN` with `LOCAL_RANK`)"),
@@ -94,15 +94,14 @@ def flag_from_env(name: str, default: bool, environ: Mapping[str, str] | None = 
 
 
 def auto_prime_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """``PLANCACHE_AUTO_PRIME`` (``flag_from_env``): off unless set on.
+    """``PLANCACHE_AUTO_PRIME`` (``flag_from_env``): on unless set off.
 
-    Off by default. Loads run as a guest of the program (``engines.guest``: plancache's own
-    non-blocking stream, relaxed capture mode, never on a capturing thread), but the
-    frontend's deserialize keeps a capture open while it loads a plan's kernels, and on an
-    H200 a device-wide synchronization of the program's own on another thread then failed
-    (1 of 40 processes capturing CUDA graphs in a loop while plans were primed;
-    docs/priming.md). A cache must never break the program it serves."""
-    return flag_from_env("PLANCACHE_AUTO_PRIME", False, environ)
+    On by default: plans load through cuDNN's C API (``engines.native``), which holds no GIL
+    and captures, allocates and synchronizes nothing, so priming beside the program's own
+    work (weights copied, kernels, CUDA-graph captures, lookups on other threads) breaks
+    none of it (docs/priming.md has the runs). Plans that fall back to the frontend's path
+    load as guests one at a time."""
+    return flag_from_env("PLANCACHE_AUTO_PRIME", True, environ)
 
 
 def format_size(n: float) -> str:

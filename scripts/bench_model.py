@@ -122,7 +122,8 @@ def child_env(mode: str, root: Path, base: Mapping[str, str]) -> dict[str, str]:
         env["TRITON_CACHE_DIR"] = str(root / "compile" / "triton")
     if mode.startswith("plancache-"):
         env["PLANCACHE_APP"] = APP
-        env["PLANCACHE_AUTO_PRIME"] = "1" if mode == "plancache-primed" else "0"
+        if mode != "plancache-primed":  # primed: auto-prime at its default (on)
+            env["PLANCACHE_AUTO_PRIME"] = "0"
     return env
 
 

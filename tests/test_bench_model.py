@@ -82,10 +82,11 @@ def test_each_child_environment(tmp_path: Path) -> None:
     assert env["compile-cold"]["TRITON_CACHE_DIR"] == env["compile-warm"]["TRITON_CACHE_DIR"]
     assert Path(env["compile-cold"]["TRITON_CACHE_DIR"]).is_relative_to(tmp_path)
     assert "TRITON_CACHE_DIR" not in env["eager"] and "TORCHINDUCTOR_CACHE_DIR" not in env["plancache-warm"]
-    # every plancache mode records under one application name; only the primed one has auto-prime on
+    # every plancache mode records under one application name; only the primed one has
+    # auto-prime at its default (on), the others turn it off
     for mode in ("plancache-nocache", "plancache-cold", "plancache-warm", "plancache-primed"):
         assert env[mode]["PLANCACHE_APP"] == "bench_model"
-        assert env[mode]["PLANCACHE_AUTO_PRIME"] == ("1" if mode == "plancache-primed" else "0")
+        assert env[mode].get("PLANCACHE_AUTO_PRIME") == (None if mode == "plancache-primed" else "0")
     for mode in ("eager", "compile-warm"):
         assert "PLANCACHE_AUTO_PRIME" not in env[mode]
     assert "PLANCACHE_APP" not in env["eager"]
