@@ -72,12 +72,13 @@ def reference_epilogue(torch: Any, method: str, attrs: dict[str, float], x: Any)
     f = torch.nn.functional
     if method in ("relu", "leaky_relu"):
         # cuDNN's RELU_FWD, as the engines that agree compute it (H200, cuDNN 9.19): the
-        # larger of the input and the slope's line through the lower clip, capped at the
-        # upper clip. With a slope below 1 that is the line below the clip and the input
-        # above; with a slope of 3, three times a positive input.
+        # larger of the input capped at the upper clip and the slope's line through the
+        # lower clip. With a slope below 1: the line below the lower clip, the input between
+        # the clips, the upper clip above it until the line passes it; with a slope of 3,
+        # three times a positive input.
         slope = attrs.get("negative_slope", 0.0)
         lower, upper = attrs.get("lower_clip", 0.0), attrs.get("upper_clip", math.inf)
-        return torch.maximum(x, lower + slope * (x - lower)).clamp(max=upper)
+        return torch.maximum(x.clamp(max=upper), lower + slope * (x - lower))
     if method == "swish":
         return x * torch.sigmoid(attrs.get("swish_beta", 1.0) * x)
     return {"gelu": f.gelu, "gelu_approx_tanh": lambda v: f.gelu(v, approximate="tanh"), "tanh": torch.tanh,
@@ -227,12 +228,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("sweep.json"))
+    parser.add_argument("--epilogues", default="", help="comma-separated epilogue names (default: all)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
         worker(json.loads(args.worker), args.out)
         return 0
-    items = graphs()
+    items = [g for g in graphs() if not args.epilogues or g[3] in args.epilogues.split(",")]
     shards = [items[i :: args.workers] for i in range(args.workers)]
     parts = [args.out.with_suffix(f".part{i}.json") for i in range(len(shards))]
     jobs = [

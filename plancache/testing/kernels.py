@@ -49,13 +49,13 @@ def _pointwise(torch: Any, mode: str, a: Any, b: Any, params: Mapping[str, Any])
         return unary[mode](a)
     if mode in ("relu", "leaky_relu"):
         # cuDNN's RELU_FWD as its engines compute it (H200, cuDNN 9.19): the larger of the
-        # input and the slope's line through the lower clip (0 by default), capped at the
-        # upper clip.
+        # input capped at the upper clip and the slope's line through the lower clip (0 by
+        # default).
         slope = float(params.get("negative_slope") or (0.01 if mode == "leaky_relu" else 0.0))
         lower = float(params.get("lower_clip") or 0.0)
-        out = torch.maximum(a, lower + slope * (a - lower))
         upper = params.get("upper_clip")
-        return out if upper is None else out.clamp(max=float(upper))
+        capped = a if upper is None else a.clamp(max=float(upper))
+        return torch.maximum(capped, lower + slope * (a - lower))
     raise NotImplementedError(f"pointwise mode {mode!r}")
 
 
