@@ -132,7 +132,9 @@ class CpuCandidates:
         return [self.simulated_ms(index) * (1 + 0.001 * (r % 3)) for r in range(runs)]
 
     def finish(self, index: int) -> BuiltPlan:
-        return self.backend.make_plan(self.description, self.tensors, self.engine(index), self.backend.behaviour(index), index=index)
+        return self.backend.make_plan(
+            self.description, self.tensors, self.engine(index), self.backend.behaviour(index), index=index
+        )
 
     def close(self) -> None:
         self.built.clear()

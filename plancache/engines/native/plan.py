@@ -118,13 +118,6 @@ class NativePlan:
             pack = self._pack(user, workspace)
             library.execute(handle, self.plan, pack)
 
-    def forget_packs(self) -> None:
-        """Destroy the cached variant packs (their pointers will not be launched again)."""
-        with self._lock:
-            for pack in self._owned.packs.values():
-                self.library.destroy(pack)
-            self._owned.packs.clear()
-
 
 def captured_plans() -> int:
     """How many plans are kept for CUDA graphs that may replay them."""
