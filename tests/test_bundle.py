@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from plancache import BundleError, PlanCache, Store, templates
+from plancache import BundleError, PlanCache, Store
 from plancache.cli import cli
 from plancache.key import environment_id
 from plancache.store import DB_NAME
 from plancache.store.codec import decode_entry, encode_entry
 from plancache.testing import CpuTestBackend
+from plancache.workflows import templates
 from plancache.workflows.bundle import BUNDLE_MAGIC, export_bundle, import_bundle, read_bundle
 from plancache.workflows.prewarm import prewarm
 from plancache.workflows.report import entry_report, speedup

@@ -541,7 +541,7 @@ def test_signature_keeps_positional_and_keyword_arguments_apart_with_marker() ->
 
 
 def test_a_hit_executes_by_the_callers_tensor_names(make_cache: Any, tmp_path: Path) -> None:
-    from plancache import templates
+    from plancache.workflows import templates
 
     params = {"b": 1, "m": 4, "n": 4, "k": 4, "dtype": "float32"}
     first = make_cache()
@@ -562,7 +562,7 @@ def test_a_hit_executes_by_the_callers_tensor_names(make_cache: Any, tmp_path: P
 
 
 def test_builder_with_an_explicit_key(make_cache: Any) -> None:
-    from plancache import templates
+    from plancache.workflows import templates
 
     cache = make_cache()
     calls = []
@@ -578,7 +578,7 @@ def test_builder_with_an_explicit_key(make_cache: Any) -> None:
 
 
 def _dynamic_conv(n: int) -> Any:
-    from plancache import templates
+    from plancache.workflows import templates
 
     return templates.build("conv_bias_act", n=n, c=4, h=6, w=6, k=4, dtype="float32", dynamic=True)
 

@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from plancache import PlanCache, templates
+from plancache import PlanCache
 from plancache.store import Store
 from plancache.testing import CpuTestBackend
+from plancache.workflows import templates
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKEND = "plancache.testing:CpuTestBackend"
@@ -341,7 +342,7 @@ def code_manifest(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "marker_builders.py").write_text(
         f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n"
-        "from plancache import templates\n"
+        "from plancache.workflows import templates\n"
         "def conv(n):\n    return templates.build('conv_bias_act', n=n, c=8, h=6, w=6, k=4)\n"
     )
     manifest = write_manifest(tmp_path / "code.json", TEMPLATE_ENTRY, {"builder": "marker_builders:conv", "args": [1]},

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from plancache import PlanCache, templates
+from plancache import PlanCache
 from plancache.config import ConfigError, flag_from_env, max_size_from_env, parse_size
+from plancache.workflows import templates
 
 MakeCache = Callable[..., PlanCache]
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10

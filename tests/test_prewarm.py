@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from plancache import BuildOptions, PlanCache, Store, templates
+from plancache import BuildOptions, PlanCache, Store
 from plancache.cli import cli
 from plancache.store import maintenance
+from plancache.workflows import templates
 from plancache.workflows.manifest import load_manifest
 from plancache.workflows.prewarm import prewarm, warm_start
 from plancache.workflows.steps import Progress

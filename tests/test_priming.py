@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from plancache import PlanCache, templates
+from plancache import PlanCache
 from plancache.cache.priming import app_name
 from plancache.config import ConfigError, auto_prime_from_env
 from plancache.store import bookkeeping
 from plancache.testing import CpuTestBackend
+from plancache.workflows import templates
 
 MakeCache = Callable[..., PlanCache]
 

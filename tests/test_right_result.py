@@ -18,12 +18,13 @@ import pytest
 import torch
 
 import plancache
-from plancache import BuildOptions, TensorMismatchError, templates
+from plancache import BuildOptions, TensorMismatchError
 from plancache.engines.inputs import materialize, plan_inputs
 from plancache.key import describe, tensor_table
 from plancache.store.codec import decode_entry, encode_entry
 from plancache.testing import CpuTestBackend
 from plancache.testing.kernels import fault
+from plancache.workflows import templates
 
 DT = cudnn.data_type
 MATMUL = {"b": 2, "m": 8, "n": 8, "k": 16, "dtype": "float32"}

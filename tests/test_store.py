@@ -505,7 +505,7 @@ def test_metadata_checksum_catches_an_altered_tensor_table(store: Store) -> None
 
 
 def test_an_entry_with_an_altered_output_shape_is_rebuilt(make_cache: Callable[..., Any], cache_dir: Path) -> None:
-    from plancache import templates
+    from plancache.workflows import templates
 
     params = {"b": 1, "m": 4, "n": 4, "k": 4, "dtype": "float32"}
     key = make_cache().get(templates.build("matmul_bias_act", **params)).key

@@ -31,17 +31,11 @@ from ..errors import DamagedEntryError, StoreBusyError, StoreError
 from .entry import INSERT_SQL, Entry, sha256
 from .quarantine import Quarantine
 from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, reads
-from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir, migrations
+from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir
 
-__all__ = ["BUSY_TIMEOUT_MS", "DB_NAME", "Store", "default_cache_dir", "migrations"]
+__all__ = ["Store"]
 
 log = logging.getLogger("plancache")
-
-_LIST_COLUMNS = (
-    "key, env_id, label, blob_size, workspace_size, policy, backend, build_seconds, "
-    "autotune_seconds, created_at, last_used_at, hit_count"
-)
-
 
 def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
     """Inside a write transaction: delete least-recently-used plans (never ``keep``) until
@@ -129,14 +123,10 @@ class Store(Schema, Recovery, Quarantine):
         return conn
 
     def close(self) -> None:
-        """Close this thread's connection; later calls raise ``StoreError`` (``reopen``
-        undoes that). Other threads' connections close when their threads end."""
+        """Close this thread's connection; later calls raise ``StoreError``. Other threads'
+        connections close when their threads end."""
         self._close_connection()
         self._closed = True
-
-    def reopen(self) -> None:
-        """Allow connections again after ``close`` (recovery closes to move files)."""
-        self._closed = False
 
     def _close_connection(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -10,9 +10,10 @@ winner every time.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from ..config import MemoryBudget
 from ..engines.backend import BuiltPlan, EngineChoice
@@ -20,15 +21,33 @@ from ..engines.consensus import tolerance
 from ..engines.inputs import materialize, timing_inputs
 from ..engines.tensors import checked_inputs
 from ..key import TensorSpec, canonical_json
-
-if TYPE_CHECKING:
-    from .backend import CpuTestBackend
+from .device import SimulatedCuda
 
 __all__ = ["CpuCandidates"]
 
 
+class _Backend(Protocol):
+    """What candidates use of the backend that makes them: ``backend.CpuTestBackend``, which
+    imports this module, so it is described here rather than imported."""
+
+    candidate_count: int
+    engine_ids: list[int]
+    unbuildable: frozenset[int]
+    unlaunchable: frozenset[int]
+    wrong: frozenset[int]
+    build_delay: float
+    cuda: SimulatedCuda
+
+    def current_device(self) -> int: ...
+    def guest(self, device: int) -> contextlib.AbstractContextManager[int]: ...
+    def run(self, description: Mapping[str, Any], tensors: Sequence[TensorSpec], pack: Mapping[int, Any], *,
+            wrong: bool = False, workspace_size: int | None = None) -> None: ...  # fmt: skip
+    def make_plan(self, description: dict[str, Any], tensors: list[TensorSpec], engine: EngineChoice,
+                  wrong: bool = False) -> BuiltPlan: ...  # fmt: skip
+
+
 class CpuCandidates:
-    def __init__(self, backend: CpuTestBackend, description: dict[str, Any], tensors: list[TensorSpec],
+    def __init__(self, backend: _Backend, description: dict[str, Any], tensors: list[TensorSpec],
                  given: Mapping[int, Any] | None) -> None:  # fmt: skip
         self.backend = backend
         self.description = description

@@ -93,13 +93,13 @@ from urllib.parse import urlsplit, urlunsplit
 from ..errors import RemoteError
 from ..store import Entry, problem
 from ..store.codec import decode_entry, encode_entry
-from .breaker import COUNTERS, FAILED, Breaker
+from .breaker import FAILED, Breaker
 from .fleet_lock import FleetLock
 
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["COUNTERS", "FORMAT", "SIGNATURE_MAGIC", "RemoteTier", "sign_value"]
+__all__ = ["FORMAT", "SIGNATURE_MAGIC", "RemoteTier", "sign_value"]
 
 FORMAT = 1  # in every key: a new value layout gets new keys instead of refusals
 SIGNATURE_MAGIC = b"PLANCACHE-SIGNED/1\n"

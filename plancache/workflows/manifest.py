@@ -10,7 +10,7 @@ A manifest is a JSON (or TOML) document::
        {"builder": "mymodel.graphs:attention", "args": [8], "kwargs": {"heads": 16}, "expand": {"seq": [512, 1024]}},
        {"graph": {...canonical description, as written by the recorder...}}]}
 
-Entry kinds: ``template`` (a built-in template of ``plancache.templates``; a list-valued
+Entry kinds: ``template`` (a built-in template of ``plancache.workflows.templates``; a list-valued
 param expands into one graph per value, several lists into their cartesian product, and
 ``shapes`` lists parameter sets merged over ``params``); ``builder`` (``module:function``
 called with ``args``/``kwargs``, returning a ``cudnn.pygraph``; ``expand`` maps keyword
@@ -44,20 +44,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cache.recording import MANIFEST_VERSION, record_to, recorder_from_env, write_json
+from ..cache.recording import MANIFEST_VERSION, write_json
 from ..errors import ManifestError
 from ..key import HEURISTIC_MODES, POLICIES, BuildOptions
 from . import templates
 
 __all__ = [
-    "MANIFEST_VERSION",
     "SCHEMA",
     "ManifestEntry",
     "code_references",
     "load_manifest",
     "parse_manifest",
-    "record_to",
-    "recorder_from_env",
     "resolve_builder",
     "write_manifest",
 ]

@@ -16,7 +16,7 @@ from ..cache.priming import Primer
 from ..key import BuildOptions, environment_id
 from .steps import Entries, build_report, check_one, describe_failure, error_record, load_entries, run_each, run_here, timed
 
-__all__ = ["Primer", "dry_run", "prewarm", "prime", "warm_start"]
+__all__ = ["dry_run", "prewarm", "prime", "warm_start"]
 
 log = logging.getLogger("plancache")
 
