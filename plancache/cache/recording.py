@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..config import RECORD
 from ..key import BuildOptions, CacheKey, canonical_json
 
 __all__ = ["MANIFEST_VERSION", "record_to", "recorder_from_env", "write_json"]
@@ -94,6 +95,6 @@ def record_to(path: str | os.PathLike[str]) -> Callable[[Any, CacheKey], None]:
 
 def recorder_from_env(cache: Any) -> None:
     """Record into ``$PLANCACHE_RECORD`` when it is set (``PlanCache`` calls this)."""
-    target = os.environ.get("PLANCACHE_RECORD", "").strip()
-    if target:
+    target = RECORD.from_env()
+    if target is not None:
         cache.add_recorder(record_to(target))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from ..config import ConfigError, flag_from_env
+from ..config import PATCH_CUDNN, ConfigError
 
 __all__ = ["patch_cudnn_from_env"]
 
@@ -22,7 +22,7 @@ def patch_cudnn_from_env() -> None:
     says so and nothing is patched. ``import plancache`` never fails because of the
     variable: a value that is not a switch is one warning line, and nothing is patched."""
     try:
-        patch = flag_from_env("PLANCACHE_PATCH_CUDNN", False)
+        patch = PATCH_CUDNN.from_env()
     except ConfigError as exc:
         logging.getLogger("plancache").warning("plancache: %s; cuDNN Frontend is not patched", exc)
         return

@@ -5,7 +5,7 @@ listings)."""
 
 from .entry import NEVER_CHECKED, Entry, problem, sha256, summarize
 from .recovery import DB_NAME
-from .schema import BUSY_TIMEOUT_MS, default_cache_dir, migrations
+from .schema import BUSY_TIMEOUT_MS, check_private, default_cache_dir, migrations
 from .store import Store
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "NEVER_CHECKED",
     "Entry",
     "Store",
+    "check_private",
     "default_cache_dir",
     "migrations",
     "problem",

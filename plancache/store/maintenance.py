@@ -143,13 +143,15 @@ def verify(
 def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], object] | None, env_id: str | None) -> None:
     """Fill the row-level parts of a verify report, one row at a time by rowid, so a
     row whose key itself is damaged is still found (and can be quarantined)."""
-    conn = store.connection()
     checked: dict[str, Any] = {"env_id": env_id, "checked": 0, "skipped": 0, "failed": {}}
+    if load is not None:
+        report["deserialize"] = checked
     try:
+        conn = store.connection()  # a file that is no database fails even this
         rowids = [r[0] for r in conn.execute("SELECT rowid FROM plans ORDER BY rowid")]
     except sqlite3.DatabaseError as exc:
         report["unreadable"].append(f"listing entries failed: {exc}")
-        rowids = []
+        return
     for rowid in rowids:
         entry = _verify_read(store, rowid, report)
         if entry is None:
@@ -161,12 +163,13 @@ def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], o
             report["foreign"][entry.key] = found
         elif load is not None:
             _check_load(entry, load, env_id, checked)
-    if load is not None:
-        report["deserialize"] = checked
-    with lenient_text(conn):
-        for row in conn.execute("SELECT env_id, blob, blob_sha256 FROM kernel_caches"):
-            if sha256(bytes(row["blob"])) != row["blob_sha256"]:
-                report["kernel_caches"].append(row["env_id"])
+    try:
+        with lenient_text(conn):
+            for row in conn.execute("SELECT env_id, blob, blob_sha256 FROM kernel_caches"):
+                if sha256(bytes(row["blob"])) != row["blob_sha256"]:
+                    report["kernel_caches"].append(row["env_id"])
+    except sqlite3.DatabaseError as exc:
+        report["unreadable"].append(f"listing kernel caches failed: {exc}")
 
 
 def _verify_read(store: Store, rowid: int, report: dict[str, Any]) -> Entry | None:

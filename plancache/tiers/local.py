@@ -15,9 +15,9 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
+from ..config import CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreError
 from ..store import Entry, Store, bookkeeping, default_cache_dir
 
@@ -49,7 +49,7 @@ class LocalTier:
         count: Callable[[str], None],
         app: str | None = None,
     ) -> None:
-        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        self.directory = CACHE_DIR.of(directory, "directory") or default_cache_dir()
         #: The application whose plan use is recorded for auto-prime (None: not recorded).
         self.app = app
         self._new_run()

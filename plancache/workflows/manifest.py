@@ -55,6 +55,7 @@ __all__ = [
     "code_references",
     "load_manifest",
     "parse_manifest",
+    "refuse_unusable",
     "resolve_builder",
     "write_manifest",
 ]
@@ -431,7 +432,8 @@ def _read_text(path: str | os.PathLike[str]) -> str | ManifestError:
     try:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        return ManifestError(f"{os.fspath(path)}: cannot read the manifest: {exc}", path=os.fspath(path), entry=None, line=None)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return ManifestError(f"{os.fspath(path)}: cannot read the manifest: {why}", path=os.fspath(path), entry=None, line=None)
 
 
 def _format(path: str | os.PathLike[str]) -> str:
@@ -454,17 +456,43 @@ def load_manifest(
     return parse_manifest(text, path, fmt=_format(path), allow_code=allow_code, listing=listing)
 
 
+def _whole_document(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[int | None]]:
+    """The document at ``path`` and the line of each entry, or the ``ManifestError`` that
+    makes it unusable as a whole."""
+    text = _read_text(path)
+    if isinstance(text, ManifestError):
+        raise text
+    read = _read_document(text, os.fspath(path), _format(path))
+    if isinstance(read, ManifestError):
+        raise read
+    return read
+
+
+def refuse_unusable(path: str | os.PathLike[str], *, allow_code: bool) -> None:
+    """Raise the ``ManifestError`` that makes the manifest at ``path`` unusable as a whole,
+    so that nothing is built: it cannot be read, it is no manifest (not valid JSON or TOML,
+    not an object with ``version`` and ``entries``, a newer format), or it runs code
+    (``code_references``) while ``allow_code`` is False. Imports nothing."""
+    document, lines = _whole_document(path)
+    code = [] if allow_code else _code_in(document, lines)
+    if code:
+        shown = "; ".join(code[:3]) + (f"; and {len(code) - 3} more" if len(code) > 3 else "")
+        raise ManifestError(f"{os.fspath(path)} runs code ({shown}): nothing was built. Pass --allow-code (allow_code=True) if "
+                            "you trust this manifest, or --dry-run to list its entries", path=os.fspath(path), entry=None,
+                            line=None)  # fmt: skip
+
+
 def code_references(path: str | os.PathLike[str]) -> list[str]:
     """What in the manifest at ``path`` would run code or change ``sys.path``: its
     ``pythonpath`` and each builder entry, as short descriptions (``entry 3 (line 7):
     builder mymodel.graphs:attn``). Imports nothing; an unreadable manifest gives []."""
-    text = _read_text(path)
-    if isinstance(text, ManifestError):
+    try:
+        return _code_in(*_whole_document(path))
+    except ManifestError:
         return []
-    read = _read_document(text, os.fspath(path), _format(path))
-    if isinstance(read, ManifestError):
-        return []
-    document, lines = read
+
+
+def _code_in(document: Mapping[str, Any], lines: list[int | None]) -> list[str]:
     found = [f"pythonpath {document['pythonpath']}"] if document.get("pythonpath") else []
     for index, raw in enumerate(document["entries"]):
         if isinstance(raw, dict) and "builder" in raw:
