@@ -988,6 +988,103 @@ def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None) -> N
     _emit(data, text)
 
 
+# ---------------------------------------------------------------------- sql
+
+#: Views ``plancache sql`` adds for scripts, so that they need not decode the JSON columns
+#: of ``plans``. They are TEMP views of the command's own read-only connection: the store
+#: is never changed, and an older plancache reads it as before.
+SQL_VIEWS: dict[str, str] = {
+    "entries": "SELECT key, env_id, label, json_extract(environment_json, '$.gpu_name') AS gpu, "
+               "json_extract(engine_json, '$.name') AS engine, policy, backend, blob_size, workspace_size, "
+               "build_seconds, autotune_seconds, hit_count, datetime(created_at, 'unixepoch') AS created, "
+               "datetime(last_used_at, 'unixepoch') AS last_used FROM plans",
+    "quarantined": "SELECT id, key, reason, datetime(quarantined_at, 'unixepoch') AS quarantined, length(blob) AS blob_size "
+                   "FROM quarantine",
+}  # fmt: skip
+
+
+def _empty_schema() -> sqlite3.Connection:
+    """The tables of a store with nothing in it, in memory: a cache that does not exist yet
+    is queried as an empty one."""
+    from .store import migrations
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    for _number, _name, script in migrations():
+        conn.executescript(script)
+    return conn
+
+
+def _cell(value: Any, *, as_json: bool) -> Any:
+    """A value of a row as printed: a blob by its size (or base64 in JSON, as sqlite-utils
+    writes it)."""
+    if isinstance(value, bytes):
+        if as_json:
+            import base64
+
+            return {"$base64": True, "encoded": base64.b64encode(value).decode()}
+        return f"<{len(value)} bytes>"
+    return value
+
+
+@cli.command()
+@_common
+@click.argument("query", required=False)
+@click.option("-p", "--param", "params", nargs=2, multiple=True, metavar="NAME VALUE",
+              help="A value for :NAME in QUERY (repeatable).")  # fmt: skip
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV, with a header row.")
+@click.pass_obj
+def sql(obj: _Context, query: str | None, params: tuple[tuple[str, str], ...], as_csv: bool) -> None:
+    """Run a read-only SQL QUERY on the store and print its rows (a table, --json or --csv);
+    without QUERY, list the tables and views with their columns and rows.
+
+    Besides the store's tables (plans, quarantine, counters, kernel_caches, app_plans) two
+    views read well from scripts: entries (one row per plan: key, env_id, label, gpu,
+    engine, policy, backend, blob_size, workspace_size, build_seconds, autotune_seconds,
+    hit_count, created, last_used) and quarantined. The store is opened read-only: a query
+    that would change it fails. For example:
+
+        plancache sql "SELECT label, engine, hit_count FROM entries ORDER BY hit_count DESC LIMIT 5"
+    """
+    import sqlite_utils  # the one user of sqlite-utils: off the library's import path and the other commands'
+
+    store = obj.existing_store(read_only=True)
+    db = sqlite_utils.Database(store.connection() if store is not None else _empty_schema())
+    try:
+        for name, select in SQL_VIEWS.items():
+            db.execute(f"CREATE TEMP VIEW {name} AS {select}")
+        if query is None:
+            names = [*(n for n in db.table_names() if not n.startswith("sqlite_")), *SQL_VIEWS]
+            data: list[dict[str, Any]] = [{"name": name, "kind": "view" if name in SQL_VIEWS else "table",
+                                           "columns": [d[0] for d in db.execute(f"SELECT * FROM [{name}] LIMIT 0").description],
+                                           "rows": db[name].count} for name in names]  # fmt: skip
+        else:
+            try:
+                data = [{k: _cell(v, as_json=obj.as_json) for k, v in row.items()} for row in db.query(query, dict(params))]
+            except sqlite3.Error as exc:
+                raise PlanCacheError(f"the query failed: {exc}") from exc
+    finally:
+        db.close()
+        if store is not None:
+            store.close()
+    if as_csv and not obj.as_json:
+        _print_csv(data)
+    elif query is None:
+        _emit(data, lambda d: (f"{t['kind']:5} {t['name']:14} {t['rows']:>7} rows  {', '.join(t['columns'])}" for t in d))
+    else:
+        _emit(data, lambda d: _table([[str(v) for v in r.values()] for r in d], list(d[0])) if d else ["(no rows)"])
+
+
+def _print_csv(rows: list[dict[str, Any]]) -> None:
+    import csv
+
+    if not rows:
+        return
+    writer = csv.DictWriter(click.get_text_stream("stdout"), fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: v if not isinstance(v, list) else ", ".join(v) for k, v in row.items()})
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``plancache`` console script."""
     cli.main(args=argv, prog_name="plancache")

@@ -857,3 +857,38 @@ def test_a_directory_other_users_can_write_is_one_line_naming_the_setting(tmp_pa
     allowed = plancache("--dir", str(shared), "ls", env={"PLANCACHE_ALLOW_SHARED_DIR": "1"})
     assert allowed.returncode == 0 and allowed.stdout.startswith("no plans yet")
     assert list(shared.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------- 17. plancache sql
+
+
+def test_sql_answers_a_script_from_the_views_and_never_writes(filled: tuple[Path, list[str]]) -> None:
+    directory, keys = filled
+    d = ["--dir", str(directory)]
+    rows = json.loads(
+        plancache(*d, "sql", "SELECT key, label, engine, gpu, hit_count FROM entries ORDER BY key", "--json").stdout
+    )
+    assert [r["key"] for r in rows] == sorted(keys)
+    assert all(r["engine"].startswith("test_engine_") and r["gpu"] and r["hit_count"] == 0 for r in rows)
+    one = json.loads(plancache(*d, "sql", "SELECT key FROM plans WHERE key = :k", "-p", "k", keys[0], "--json").stdout)
+    assert one == [{"key": keys[0]}]
+    csv_text = plancache(*d, "sql", "SELECT key, blob FROM plans ORDER BY key", "--csv").stdout.splitlines()
+    assert csv_text[0] == "key,blob" and re.fullmatch(r"[0-9a-f]{64},<\d+ bytes>", csv_text[1])
+    blob = json.loads(plancache(*d, "sql", "SELECT blob FROM plans LIMIT 1", "--json").stdout)[0]["blob"]
+    assert blob["$base64"] is True and blob["encoded"]
+    listing = {t["name"]: t for t in json.loads(plancache(*d, "sql", "--json").stdout)}
+    assert (
+        listing["entries"]["kind"] == "view" and listing["entries"]["rows"] == 2 and "last_used" in listing["entries"]["columns"]
+    )
+    assert listing["plans"]["kind"] == "table" and "sqlite_sequence" not in listing
+    before = (directory / "plans.db").read_bytes()
+    for statement in ("DELETE FROM plans", "CREATE VIEW v AS SELECT 1", "SELEC 1"):
+        assert one_line_error(plancache(*d, "sql", statement)).startswith("plancache: error: the query failed: ")
+    assert keys_in(directory) == sorted(keys) and (directory / "plans.db").read_bytes() == before
+
+
+def test_sql_reads_a_cache_not_created_yet_as_an_empty_one(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    result = plancache("--dir", str(missing), "sql", "SELECT count(*) AS n FROM entries", "--json")
+    assert result.returncode == 0 and json.loads(result.stdout) == [{"n": 0}]
+    assert not missing.exists()
