@@ -393,8 +393,8 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
     check = data.get("check") or {}
     yield f"check          {check_summary(check)}"
     for rejected in check.get("rejected") or []:
-        error = rejected.get("error")
-        yield f"  rejected     #{rejected.get('index')} {rejected.get('engine')}: error {f'{error:.3g}' if error is not None else 'not finite'}"
+        error = rejected.get("error")  # how far its outputs were from the majority's
+        yield f"  rejected     #{rejected.get('index')} {rejected.get('engine')}: deviation {f'{error:.3g}' if error is not None else 'not finite'}"
     tried = [c for c in data["candidates"] if c.get("status") != "not_built"]
     if tried:
         yield "candidates:"
@@ -403,7 +403,7 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
               f"{c['median_ms']:.4f}" if c.get("median_ms") is not None else "-",
               f"{c['first_ms']:.4f}" if c.get("first_ms") is not None else "-",
               f"{c['deviation']:.3g}" if c.get("deviation") is not None else "-"] for c in tried],
-            ["#", "ENGINE", "STATUS", "MEDIAN_MS", "FIRST_MS", "ERROR"]))  # fmt: skip
+            ["#", "ENGINE", "STATUS", "MEDIAN_MS", "FIRST_MS", "DEVIATION"]))  # fmt: skip
     if "explain" in data:
         yield "key parts:"
         for name, part in data["explain"].items():

@@ -4,8 +4,11 @@ fresh processes, and judges and prints every row, whatever one program does (a c
 phase, a hang past ``--timeout``).
 
 The stand-ins are not GPU programs: they import cuDNN Frontend (which the hook patches),
-write the store rows plancache would write (a plan in the cold run, a hit in the warm
-one) and print the report line the corpus programs print.
+look one graph up through the installed plancache on its CPU test backend, so that the
+store holds plancache's own rows (the plan the cold run stores, the hit the warm run
+records when it exits), and print the report line the corpus programs print. The runner
+reads those rows as it reads a GPU run's: a change to what plancache stores, or to when it
+writes a hit, fails this test as it would fail the corpus.
 """
 
 from __future__ import annotations
@@ -21,19 +24,18 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 STAND_IN = """
-import json, os, sqlite3, sys, time
+import json, os, sys, time
 import cudnn  # the program's own import: the start-up hook patches cuDNN Frontend here
 patched = os.environ.get("PLANCACHE_PATCH_CUDNN") == "1"
 BEHAVIOUR
-if patched:  # what plancache leaves in the store: a plan (cold), then a hit on it (warm)
-    os.makedirs(os.environ["PLANCACHE_DIR"], exist_ok=True)
-    conn = sqlite3.connect(os.path.join(os.environ["PLANCACHE_DIR"], "plans.db"))
-    conn.execute("CREATE TABLE IF NOT EXISTS plans (key TEXT PRIMARY KEY, hit_count INTEGER NOT NULL DEFAULT 0)")
-    if conn.execute("SELECT count(*) FROM plans").fetchone()[0]:
-        conn.execute("UPDATE plans SET hit_count = hit_count + 1")
-    else:
-        conn.execute("INSERT INTO plans VALUES ('key', 0)")
-    conn.commit()
+if patched:  # one lookup through plancache: the cold run stores the plan, the warm run hits it
+    from plancache import PlanCache
+    from plancache.testing import CpuTestBackend
+    from plancache.workflows import templates
+
+    cache = PlanCache(backend=CpuTestBackend(), auto_prime=False)  # PLANCACHE_DIR: the runner's, per program
+    cache.get(templates.build("matmul_bias_act", b=1, m=4, k=8, n=3))
+    cache.close()  # writes the warm run's hit
 print("CORPUS_RESULT " + json.dumps({
     "program": "NAME", "idiom": "stand-in", "outcome": "ok", "ok": True, "graphs": {"g": {"first_call_ms": 1.0}},
     "first_call_ms_total": 1.0, "outputs": {}, "notes": [], "plancache_loaded": "plancache" in sys.modules,
@@ -48,7 +50,7 @@ BEHAVIOURS = {
 }
 
 
-def test_the_runner_judges_every_program_and_survives_failing_ones(tmp_path: Path) -> None:
+def test_the_runner_judges_every_program_and_survives_failing_ones(tmp_path: Path, plancache_wheel: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for name, behaviour in BEHAVIOURS.items():
@@ -56,7 +58,7 @@ def test_the_runner_judges_every_program_and_survives_failing_ones(tmp_path: Pat
     out = tmp_path / "corpus.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gpu_corpus.py"), "--corpus", str(corpus), "--out", str(out),
-         "--timeout", "10", "--jobs", "3"],
+         "--timeout", "10", "--jobs", "3", "--wheel", str(plancache_wheel)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr  # two programs fail

@@ -138,7 +138,9 @@ def test_show_lists_the_rejected_engines(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["show", key[:12], "--dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "agreed: 3 of 4 candidates; rejected: test_engine_1" in result.output
-    assert "rejected     #1 test_engine_1: error 0.2" in result.output
+    assert "rejected     #1 test_engine_1: deviation 0.2" in result.output
+    header = next(line for line in result.output.splitlines() if "MEDIAN_MS" in line)
+    assert header.split()[-1] == "DEVIATION" and "ERROR" not in result.output  # "ERROR 0" read as an error
 
 
 # ------------------------------------------------------------------ inputs that cannot fault

@@ -10,7 +10,6 @@ torch) through a ``.pth`` of its own. Programs then run there in fresh processes
 from __future__ import annotations
 
 import os
-import shutil
 import site
 import subprocess
 import sys
@@ -20,7 +19,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "plancache-startup.pth", "_plancache_startup.py")
 
 pytestmark = pytest.mark.slow
 
@@ -48,29 +46,10 @@ def _run(*args: str, check: bool = True, **env: str) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def environment(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def environment(tmp_path_factory: pytest.TempPathFactory, plancache_wheel: Path) -> tuple[Path, Path]:
     """(python, site-packages) of a fresh virtual environment with plancache's wheel in it."""
     tmp = tmp_path_factory.mktemp("hook")
-    source = tmp / "src"  # a copy: building writes build/ and *.egg-info next to the sources
-    source.mkdir()
-    for name in SHIPPED:
-        shutil.copy2(ROOT / name, source / name)
-    for folder in ("plancache", "migrations"):
-        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    _run(
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "--no-deps",
-        "--no-build-isolation",
-        "--no-index",
-        "-q",
-        "-w",
-        str(tmp / "dist"),
-        str(source),
-    )
-    (wheel,) = (tmp / "dist").glob("plancache-*.whl")
+    wheel = plancache_wheel
     _run(sys.executable, "-m", "venv", "--without-pip", str(tmp / "env"))
     python = tmp / "env" / ("Scripts" if os.name == "nt" else "bin") / "python"
     purelib = Path(_run(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
