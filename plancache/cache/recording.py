@@ -62,7 +62,9 @@ class _Recorder:
                 entry["options"] = {k: v for k, v in options.items() if not (k == "top_k" and v is None)}
             try:
                 self._append(entry)
-            except Exception as exc:  # recording must never break the model that is running
+            except Exception as exc:
+                # A manifest that cannot be written (a full disk, a bad path) loses this record
+                # only: the lookup that asked for it, inside the caller's model, goes on.
                 log.warning("plancache: could not record graph %s in %s: %s", key.digest[:12], self.path, exc)
 
     def _append(self, entry: dict[str, Any]) -> None:

@@ -62,7 +62,8 @@ class LocalTier:
         try:
             self.store = Store(self.directory, read_only=read_only)
         except (CacheDirError, SchemaTooNewError) as exc:
-            # A cache problem is never the program's: it runs, unpersisted, told once why.
+            # Refused for a reason only the user can fix (a directory others can write, a store
+            # of a newer plancache): lookups still build plans, which are not stored; one warning says why.
             self.refused = str(exc)
             count("store_errors")
             warn("open", "plancache: not storing plans: %s", exc)

@@ -339,7 +339,7 @@ class RemoteTier:
     def put(self, entry: Entry) -> bool:
         """Publish ``entry`` signed; True once Redis has stored it."""
         reason = problem(entry)
-        if reason is not None:  # never spread a damaged local entry to the fleet
+        if reason is not None:  # every node that fetched it would refuse it: it would cost Redis memory and them a refusal
             self._breaker.count("errors")
             self._breaker.warn_once("put-checksum", "plancache: not publishing %s: %s", entry.key[:12], reason)
             return False

@@ -207,7 +207,7 @@ def export_bundle(
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        _check_target(target)  # once more just before the rename: never replace a special file
+        _check_target(target)  # again: a link or FIFO may have appeared at the target while the bundle was written
         if replace:
             os.replace(tmp, target)  # a reader sees the old file or the whole new one
         else:
