@@ -515,7 +515,7 @@ def test_numpy_and_tomli_are_declared_and_the_cpu_path_is_pinned() -> None:
     lines = (ROOT / "constraints-cpu.txt").read_text().splitlines()
     pins = dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
     for name in ("torch", "numpy", "nvidia-cudnn-frontend", "sqlite-utils", "filelock", "platformdirs", "click", "jsonschema",
-                 "pytest", "redis"):  # fmt: skip
+                 "pytest", "pytest-xdist", "redis"):  # fmt: skip
         assert name in pins, name
 
 
