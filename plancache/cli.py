@@ -103,14 +103,18 @@ class _Context:
         """The store of the chosen directory, created if needed, for a command that stores
         plans (``prewarm``, ``import``): one it could not write is an error before anything
         is built, never a run that stores nothing."""
-        store = self._sound(Store(self.directory, repair=False), damaged_ok=False)
-        if store.read_only:
+        directory = self.cache_dir
+        if directory.is_dir() and not os.access(directory, os.W_OK):
+            raise StoreError(f"cannot store plans in {directory}: it is read-only to this user", path=str(directory))
+        store = self._sound(Store(directory, repair=False), damaged_ok=False)
+        if store.read_only:  # the directory can be written, its plans.db cannot
             store.close()
-            raise StoreError(f"cannot store plans in {store.directory}: it is read-only to this user", path=str(store.path))
+            raise StoreError(f"cannot store plans in {store.path}: it is read-only to this user", path=str(store.path))
         return store
 
     @staticmethod
     def _sound(store: Store, damaged_ok: bool) -> Store:
+        """``store``, unless it is damaged and the command is not one that reports damage."""
         if store.damage is not None and not damaged_ok:
             store.close()
             raise StoreError(f"plan store {store.path} is damaged ({store.damage}): `plancache verify --fix` moves it aside "

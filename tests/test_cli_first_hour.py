@@ -830,7 +830,7 @@ def test_every_command_reads_a_damaged_store_alike_and_only_verify_fix_repairs_i
     lines = set()
     for command in (["ls"], ["stats"], ["inspect"], ["show", keys[0][:8]], ["diff", keys[0][:8], keys[1][:8]],
                     ["export", str(tmp_path / "x.bundle")], ["rm", keys[0][:8]], ["prune", "--quarantined"],
-                    ["prewarm", str(manifest)]):  # fmt: skip
+                    ["prewarm", str(manifest)], ["prewarm", str(manifest), "--dry-run"], ["sql", "SELECT 1"]):  # fmt: skip
         line = one_line_error(plancache(*d, *command, env={"PLANCACHE_BACKEND": BACKEND}))
         assert "is damaged" in line and "plancache verify --fix" in line, (command, line)
         lines.add(line)

@@ -125,9 +125,9 @@ class Schema:
             self._migrate_when_free()
             damage = self._damage_at_open(whole=not repair)
         except sqlite3.DatabaseError as exc:
-            if self.read_only or not is_damage(exc):
-                # Busy, full, I/O error, read-only: nothing says the file is damaged, and
-                # moving a healthy store aside would lose every entry.
+            if not is_damage(exc) or (self.read_only and repair):
+                # Busy, full, I/O error: nothing says the file is damaged, and moving a
+                # healthy store aside would lose every entry. A read-only one cannot be moved.
                 raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
             damage = str(exc)
         if damage is None:
