@@ -14,6 +14,7 @@ a pytest run."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -52,8 +53,13 @@ class Run:
 
 
 def plancache(*args: str, env: dict[str, str | None] | None = None) -> Run:
-    """``plancache ARGS`` in this process, with ``env`` over this process's environment."""
-    result = CliRunner().invoke(cli, list(args), env=env)
+    """``plancache ARGS`` in this process, with ``env`` over this process's environment (and
+    the logging level that ``--debug`` changes put back afterwards)."""
+    level = logging.getLogger().level
+    try:
+        result = CliRunner().invoke(cli, list(args), env=env)
+    finally:
+        logging.getLogger().setLevel(level)
     escaped = result.exception if not isinstance(result.exception, SystemExit) else None
     return Run(result.exit_code, result.stdout, result.stderr, escaped)
 
