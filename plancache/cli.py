@@ -875,15 +875,17 @@ def prewarm(
             sys.exit(EXIT_PROBLEMS)
         return
     from .cache.cache import PlanCache
+    from .tiers.remote import RemoteTier
 
     backend = _backend()
     devices = _resolve_devices(backend, devices_spec) if devices_spec is not None else None
     backend.environment(devices[0] if devices else None)  # no GPU: one line, and nothing created yet
+    remote = RemoteTier.from_env()  # without redis-py installed: one line, and nothing created yet
     obj.writable_store().close()
     if allow_code and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: builder modules next to the user
     # No auto-prime: a command looks plans up once, it does not run a model's steps.
-    cache = PlanCache(obj.directory, backend=backend, auto_prime=False)
+    cache = PlanCache(obj.directory, backend=backend, remote=remote, auto_prime=False)
     try:
         report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code, devices=devices)
     finally:
