@@ -9,7 +9,7 @@ This module imports neither plancache nor cuDNN, and does not read the variable'
 itself. It waits for the program's own ``import cudnn`` (a finder on ``sys.meta_path`` that
 lets the usual finders find the module and runs plancache right after the module has
 executed), and plancache then reads the variable with the parser of every on/off variable
-(``plancache.config.flag_from_env``: 1/true/yes/on patch, 0/false/no/off do not, any other
+(``plancache.config.PATCH_CUDNN``, read as every switch is: 1/true/yes/on patch, 0/false/no/off do not, any other
 value is one warning and no patch). So a process that never uses cuDNN pays nothing (no
 torch or CUDA library is loaded at start-up), and packages that site-packages sets up after
 this line (other ``.pth`` files run in name order) are in place before cuDNN is imported.

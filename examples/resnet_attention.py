@@ -56,7 +56,7 @@ class RawPlans:
         self.graphs: dict[str, tuple[Any, Any]] = {}
 
     def run(self, layer: str, name: str, params: dict[str, Any], tensors: dict[int, Any]) -> None:
-        from plancache import templates
+        from plancache.workflows import templates
 
         if layer not in self.graphs:
             graph = templates.build(name, handle=self.handle, **params)
@@ -78,7 +78,7 @@ class CachedPlans:
         self.plans: dict[str, Any] = {}
 
     def run(self, layer: str, name: str, params: dict[str, Any], tensors: dict[int, Any]) -> None:
-        from plancache import templates
+        from plancache.workflows import templates
 
         plan = self.plans.get(layer)
         if plan is None:

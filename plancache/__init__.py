@@ -11,10 +11,7 @@ Importing plancache touches no GPU and imports neither torch nor cuDNN.
 from __future__ import annotations
 
 import importlib
-import sys
-from importlib.machinery import ModuleSpec
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     BuildError,
@@ -51,27 +48,12 @@ _LAZY = {
     "jit": "integrations.frontend", "graph_cache": "integrations.frontend", "install": "integrations.frontend",
     "uninstall": "integrations.frontend", "plan_of": "integrations.frontend",
 }  # fmt: skip
-# ``plancache.NAME`` for a module: the layers, short names of a few modules, and the paths
-# that modules had before the layers had folders of their own. Those old paths import too
-# (``import plancache.frontend``, ``from plancache.recording import record_to``): they give
-# the module where it lives now, one module object under both names (``_MovedModules``).
-_SUBMODULES = {
-    "cache": "cache", "cli": "cli", "config": "config", "engines": "engines", "errors": "errors",
-    "integrations": "integrations", "key": "key", "runtime": "runtime", "store": "store", "testing": "testing",
-    "tiers": "tiers", "workflows": "workflows",
-    "builder": "cache.builder", "flight": "cache.flight", "loads": "cache.loads", "lookup": "cache.lookup",
-    "priming": "cache.priming", "recording": "cache.recording",
-    "capturing": "runtime.capturing", "plan": "runtime.plan",
-    "frontend": "integrations.frontend", "frontend_adopt": "integrations.frontend_adopt",
-    "frontend_pipeline": "integrations.frontend_pipeline",
-    "remote": "tiers.remote", "buckets": "workflows.buckets", "bundle": "workflows.bundle",
-    "manifest": "workflows.manifest", "prewarm": "workflows.prewarm", "report": "workflows.report",
-    "templates": "workflows.templates",
-}  # fmt: skip
+#: The package's own folders and root modules, loaded on first use as attributes
+#: (``plancache.testing``, ``plancache.workflows``) like the names above.
+_SUBMODULES = frozenset({"cache", "cli", "config", "engines", "errors", "integrations", "key", "runtime", "store", "testing",
+                         "tiers", "workflows"})  # fmt: skip
 
 if TYPE_CHECKING:
-    from importlib.abc import Loader
-
     from .cache.cache import PlanCache
     from .engines.autotune import TimingPolicy
     from .engines.backend import Backend, BuiltPlan, CandidateSet, EngineChoice
@@ -88,42 +70,13 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)  # a moved module through _MovedModules
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'plancache' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
 
-
-class _MovedModules:
-    """Finds ``plancache.NAME`` where ``_SUBMODULES`` maps NAME elsewhere, before any other
-    finder can find a stale file of that name; it declines every other module at once."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        package, _, name = fullname.rpartition(".")
-        if package != __name__ or _SUBMODULES.get(name, name) == name:
-            return None
-        return ModuleSpec(fullname, cast("Loader", _Alias(f"{__name__}.{_SUBMODULES[name]}")))
-
-
-class _Alias:
-    """Loads a moved module: the import system then takes whatever the loader left in
-    ``sys.modules`` under the old name, here the module itself, imported under its own name
-    (its ``__spec__`` untouched)."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-
-    def create_module(self, spec: ModuleSpec) -> None:
-        return None  # a placeholder module, replaced in exec_module
-
-    def exec_module(self, module: ModuleType) -> None:
-        sys.modules[module.__name__] = importlib.import_module(self.target)
-
-
-if not any(type(finder).__name__ == "_MovedModules" for finder in sys.meta_path):
-    sys.meta_path.insert(0, _MovedModules())
 
 __version__ = "0.1.0"
 

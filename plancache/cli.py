@@ -3,17 +3,21 @@ progress to stderr (progress only when stderr is a terminal).
 
 ``EXIT_CODES`` is the one table of exit codes (README.md shows it; ``plancache --help``
 prints it); ``_one_line`` maps every error to one of them. ``--dir``, ``--json`` and
-``--debug`` go before or after the command name.
+``--debug`` go before or after the command name. Every command reads the settings first
+(``_check_settings``), then its input, then the GPU it needs, and only then creates a
+cache: a command that fails early leaves no file behind.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import inspect
 import json
 import logging
 import os
 import re
+import sqlite3
 import sys
 import textwrap
 import time
@@ -23,9 +27,19 @@ from typing import Any, TypeVar
 
 import click
 
-from .config import ConfigError, format_size
-from .errors import CacheDirError, EntryNotFoundError, ManifestError, PlanCacheError
-from .store import DB_NAME, Entry, Store, default_cache_dir, maintenance
+from .config import (
+    ALLOW_SHARED_DIR,
+    BACKEND,
+    CACHE_DIR,
+    MAX_SIZE,
+    PATCH_CUDNN,
+    REDIS_SETTINGS,
+    SETTINGS,
+    ConfigError,
+    format_size,
+)
+from .errors import BundleError, CacheDirError, EntryNotFoundError, ManifestError, PlanCacheError, StoreError
+from .store import DB_NAME, Entry, Store, check_private, default_cache_dir, maintenance
 
 __all__ = ["EXIT_CODES", "EXIT_ERROR", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
 
@@ -37,13 +51,14 @@ EXIT_PROBLEMS = 3
 #: Every exit code of every command, and what it means (README.md, "Exit codes", is this).
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success; a command that reads a cache that does not exist yet reads an empty one",
-    EXIT_ERROR: "the command failed: one line on stderr names what (a cache directory, a file, the store, a key, a "
-                "bundle, the GPU), or refused what needs `--force` (replacing a bundle, pruning plans used in the last "
-                "day); `--debug` shows the traceback",
+    EXIT_ERROR: "the command failed: one line on stderr names what (a cache directory, a file, the store, a key, the "
+                "GPU), or refused what needs `--force` (replacing a bundle, pruning plans used in the last day); "
+                "`prewarm` built plans it could not store; `--debug` shows the traceback",
     EXIT_USAGE: "bad usage or configuration: an unknown option, a bad argument or option value, or a bad `PLANCACHE_*` "
-                "environment variable (named, with its value)",
-    EXIT_PROBLEMS: "the input has problems: `prewarm` (`--dry-run` too) had failing entries or could not use the "
-                   "manifest at all (unreadable, invalid, or running code without `--allow-code`); `verify` found "
+                "environment variable (named, with its value), checked before anything is created",
+    EXIT_PROBLEMS: "the input has problems: `prewarm`'s manifest could not be used at all (missing, unreadable, invalid, "
+                   "or running code without `--allow-code`) or had failing entries (`--dry-run` too); `import`'s bundle "
+                   "could not be used (missing, not a bundle, truncated, tampered with, newer, unsafe); `verify` found "
                    "problems (also when `--fix` fixed them)",
 }  # fmt: skip
 
@@ -51,27 +66,26 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Context:
-    def __init__(self, directory: Path | None, debug: bool, as_json: bool = False, named_by: str | None = None) -> None:
-        self.directory = directory
-        self.debug = debug
-        self.as_json = as_json
+    """What the options before and after the command name chose."""
+
+    def __init__(self) -> None:
+        self.directory: Path | None = None  # None: the default one
         #: What named the directory ("--dir", "PLANCACHE_DIR"), None for the default one.
-        self.named_by = named_by
+        self.named_by: str | None = None
+        self.debug = False
+        self.as_json = False
 
     @property
     def cache_dir(self) -> Path:
         return self.directory if self.directory is not None else default_cache_dir()
 
-    def store(self) -> Store:
-        """The store of the chosen directory, created if needed (``import``)."""
-        return Store(self.directory)
-
-    def existing_store(self, *, read_only: bool | None = None) -> Store | None:
+    def existing_store(self, *, read_only: bool | None = None, damaged_ok: bool = False) -> Store | None:
         """The store of the chosen directory, or None when nothing was cached there yet (no
         directory, or one without a plan store): the commands that read a cache read that
         as an empty cache, and create nothing. A directory named by ``--dir`` or
         ``PLANCACHE_DIR`` that does not exist gets a note on stderr (a typo?). A path that
-        is not a directory is an error."""
+        is not a directory, or one that other users can write, is an error; so is a damaged
+        store, unless ``damaged_ok`` (``verify`` reports it)."""
         directory = self.cache_dir
         if not directory.exists():
             if self.named_by is not None:
@@ -80,22 +94,46 @@ class _Context:
             return None
         if not directory.is_dir():
             raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
+        check_private(directory, ALLOW_SHARED_DIR.from_env())
         if not (directory / DB_NAME).exists():
             return None
-        return Store(directory, read_only=read_only)
+        return self._sound(Store(directory, read_only=read_only, repair=False), damaged_ok)
+
+    def writable_store(self) -> Store:
+        """The store of the chosen directory, created if needed, for a command that stores
+        plans (``prewarm``, ``import``): one it could not write is an error before anything
+        is built, never a run that stores nothing."""
+        directory = self.cache_dir
+        if directory.is_dir() and not os.access(directory, os.W_OK):
+            raise StoreError(f"cannot store plans in {directory}: it is read-only to this user", path=str(directory))
+        store = self._sound(Store(directory, repair=False), damaged_ok=False)
+        if store.read_only:  # the directory can be written, its plans.db cannot
+            store.close()
+            raise StoreError(f"cannot store plans in {store.path}: it is read-only to this user", path=str(store.path))
+        return store
+
+    @staticmethod
+    def _sound(store: Store, damaged_ok: bool) -> Store:
+        """``store``, unless it is damaged and the command is not one that reports damage."""
+        if store.damage is not None and not damaged_ok:
+            store.close()
+            raise StoreError(f"plan store {store.path} is damaged ({store.damage}): `plancache verify --fix` moves it aside "
+                             "(kept) and copies its intact entries into a new store", path=str(store.path))  # fmt: skip
+        return store
 
     def nothing_yet(self) -> str:
         """The line read commands print for a cache without plans."""
         return f"no plans yet in {self.cache_dir}"
 
 
-def _wants_json(as_json: bool) -> bool:
+def _context() -> _Context:
     obj = click.get_current_context().find_object(_Context)
-    return as_json or (obj is not None and obj.as_json)
+    assert obj is not None, "the plancache group makes the context"
+    return obj
 
 
-def _emit(data: Any, as_json: bool, text: Callable[[Any], Iterable[str]]) -> None:
-    if _wants_json(as_json):
+def _emit(data: Any, text: Callable[[Any], Iterable[str]]) -> None:
+    if _context().as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
     else:
         for line in text(data):
@@ -147,9 +185,13 @@ def _entry_parts(entry: Entry) -> dict[str, Any]:
 
 def _one_line(exc: BaseException) -> tuple[str, int]:
     """The one line and exit code (``EXIT_CODES``) of an error the user can act on."""
+    from .workflows.bundle import TARGET_REFUSALS
+
     if isinstance(exc, ConfigError):
         return str(exc), EXIT_USAGE
     if isinstance(exc, ManifestError):  # the manifest as a whole: nothing was built
+        return str(exc), EXIT_PROBLEMS
+    if isinstance(exc, BundleError) and exc.fields.get("reason") not in TARGET_REFUSALS:  # a bundle import cannot use
         return str(exc), EXIT_PROBLEMS
     if isinstance(exc, PlanCacheError):
         return str(exc), EXIT_ERROR
@@ -157,33 +199,67 @@ def _one_line(exc: BaseException) -> tuple[str, int]:
         where = f": {exc.filename}" if exc.filename else ""
         other = f" -> {exc.filename2}" if exc.filename2 else ""
         return f"{exc.strerror or exc}{where}{other}", EXIT_ERROR
+    if isinstance(exc, sqlite3.Error):
+        return f"the plan store failed: {exc}", EXIT_ERROR
     return f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc), EXIT_ERROR
+
+
+def _report_json(ctx: click.Context, message: str, code: int) -> None:
+    """With ``--json``, an error is data on stdout too, so a script always reads JSON."""
+    obj = ctx.find_object(_Context)
+    if obj is not None and obj.as_json:
+        click.echo(json.dumps({"error": message, "exit_code": code}, indent=2, sort_keys=True))
 
 
 class _Group(click.Group):
     """The one place that maps errors to one line on stderr and an exit code (``_one_line``):
-    plancache's own errors, OSError and ValueError (a bad file, directory or value) give
-    exit code 1, a bad setting (``ConfigError``) 2, a manifest refused as a whole
-    (``ManifestError``) 3. ``--debug`` shows the traceback instead."""
+    plancache's own errors, OSError, ValueError and SQLite's errors give exit code 1, a bad
+    setting (``ConfigError``) 2, a manifest refused as a whole (``ManifestError``) or a bundle
+    that cannot be imported 3. With ``--json`` the line is also printed on stdout as
+    ``{"error": ..., "exit_code": ...}``, click's usage errors too. ``--debug`` shows the
+    traceback instead."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if ctx.obj is None:
+            ctx.obj = _Context()
+        # A mistyped option fails before any option is read, so whether its error must be
+        # JSON too is told from the words themselves (up to a "--").
+        ctx.obj.as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+        try:
+            return super().parse_args(ctx, args)
+        except click.ClickException as exc:
+            _report_json(ctx, exc.format_message(), exc.exit_code)
+            raise
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (PlanCacheError, OSError, ValueError) as exc:
+        except click.ClickException as exc:
+            _report_json(ctx, exc.format_message(), exc.exit_code)
+            raise
+        except (PlanCacheError, OSError, ValueError, sqlite3.Error) as exc:
             if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
                 raise  # stdout closed early (`plancache ls | head`): click exits quietly
-            if ctx.obj is not None and getattr(ctx.obj, "debug", False):
+            if ctx.obj is not None and ctx.obj.debug:
                 raise
             message, code = _one_line(exc)
-            click.echo(f"plancache: error: {' '.join(message.split())}", err=True)
+            message = " ".join(message.split())
+            click.echo(f"plancache: error: {message}", err=True)
+            _report_json(ctx, message, code)
             ctx.exit(code)
 
 
-def _set_dir(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+def _set_dir(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    directory = CACHE_DIR.of(value, "--dir")
     obj = ctx.find_object(_Context)
-    if value is not None and obj is not None:
-        obj.directory = value.expanduser()
-        obj.named_by = "--dir"
+    if directory is not None and obj is not None:
+        obj.directory, obj.named_by = directory, "--dir"
+
+
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    obj = ctx.find_object(_Context)
+    if value and obj is not None:
+        obj.as_json = True
 
 
 def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -193,31 +269,57 @@ def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None
         logging.getLogger().setLevel(logging.DEBUG)
 
 
+_DIR_HELP = "Cache directory (default: $PLANCACHE_DIR, else the user cache directory)."
+_JSON_HELP = 'Print JSON: the command\'s data, or {"error", "exit_code"} when it fails.'
+_DEBUG_HELP = "Show tracebacks and debug logs."
+
+
+def _check_settings() -> None:
+    """Read every setting a command's cache reads, through its declaration, before the
+    command creates or reads anything: a bad value is exit code 2 whichever command runs.
+    Not here: ``PLANCACHE_BACKEND``, read by the commands that use a backend (it imports
+    code), and ``PLANCACHE_PATCH_CUDNN``, which ``import plancache`` reads (never failing
+    for it) and no command uses."""
+    from .tiers.remote import settings_from_env
+
+    for setting in SETTINGS:
+        if setting not in (BACKEND, PATCH_CUDNN, *REDIS_SETTINGS):
+            setting.from_env()
+    settings_from_env()  # the Redis tier's, when PLANCACHE_REDIS_URL is set
+
+
 def _common(func: F) -> F:
-    """``--dir`` and ``--debug`` after the command name too (``plancache ls --dir X``)."""
-    func = click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug,
-                        help="Show tracebacks and debug logs (also before the command).")(func)  # fmt: skip
-    func = click.option("--dir", type=click.Path(path_type=Path), expose_value=False, callback=_set_dir,
-                        help="Cache directory (also before the command; default: $PLANCACHE_DIR, "
-                             "else the user cache directory).")(func)  # fmt: skip
-    return func
+    """``--dir``, ``--json`` and ``--debug`` after the command name too (``plancache ls
+    --dir X``), and the settings checked before the command runs."""
+
+    @functools.wraps(func)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        _check_settings()
+        return func(*args, **kwargs)
+
+    checked = click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug, help=_DEBUG_HELP)(checked)
+    checked = click.option("--json", is_flag=True, expose_value=False, callback=_set_json, help=_JSON_HELP)(checked)
+    checked = click.option("--dir", expose_value=False, callback=_set_dir, help=_DIR_HELP)(checked)
+    return checked  # type: ignore[return-value]
 
 
 @click.group(cls=_Group)
-@click.option("--dir", "directory", type=click.Path(path_type=Path), envvar="PLANCACHE_DIR",
-              help="Cache directory (default: $PLANCACHE_DIR, else the user cache directory).")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (also after the command).")
-@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("--dir", "directory", metavar="PATH", help=_DIR_HELP)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
 @click.version_option(package_name="plancache")
 @click.pass_context
-def cli(ctx: click.Context, directory: Path | None, as_json: bool, debug: bool) -> None:
+def cli(ctx: click.Context, directory: str | None, as_json: bool, debug: bool) -> None:
     """plancache: a persistent, autotuning plan cache for cuDNN Frontend graphs."""
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="%(message)s", stream=sys.stderr)
-    named_by = None
-    if directory is not None:
-        source = ctx.get_parameter_source("directory")
-        named_by = "PLANCACHE_DIR" if source == click.core.ParameterSource.ENVIRONMENT else "--dir"
-    ctx.obj = _Context(directory.expanduser() if directory is not None else None, debug, as_json, named_by)
+    obj: _Context = ctx.obj
+    obj.debug, obj.as_json = debug, obj.as_json or as_json
+    given = CACHE_DIR.of(directory, "--dir")
+    if given is not None:
+        obj.directory, obj.named_by = given, "--dir"
+    else:
+        obj.directory = CACHE_DIR.from_env()
+        obj.named_by = CACHE_DIR.name if obj.directory is not None else None
 
 
 def _exit_code_help() -> str:
@@ -231,8 +333,7 @@ cli.help = (cli.help or "") + _exit_code_help()
 
 @cli.command()
 @_common
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def env(as_json: bool) -> None:
+def env() -> None:
     """The environment fingerprint that keys every plan on this machine, and the start-up hook."""
     from .engines.cudnn_backend import probe_environment
     from .integrations.startup import startup_hook_status
@@ -244,15 +345,14 @@ def env(as_json: bool) -> None:
         for name, value in d.items():
             yield f"{name:24} {value}"
 
-    _emit(data, as_json, text)
+    _emit(data, text)
 
 
 @cli.command(name="ls")
 @_common
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id.")
 @click.pass_obj
-def list_entries(obj: _Context, as_json: bool, env_id: str | None) -> None:
+def list_entries(obj: _Context, env_id: str | None) -> None:
     """List stored plans, most recently used first (none yet: an empty list)."""
     rows = _list_entries(obj, env_id)
     now = time.time()
@@ -267,7 +367,7 @@ def list_entries(obj: _Context, as_json: bool, env_id: str | None) -> None:
             ["KEY", "OPS", "POLICY", "BLOB", "BUILD", "HITS", "USED"],
         )  # fmt: skip
 
-    _emit(rows, as_json, text)
+    _emit(rows, text)
 
 
 def _list_entries(obj: _Context, env_id: str | None) -> list[dict[str, Any]]:
@@ -322,10 +422,9 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
 @cli.command()
 @_common
 @click.argument("key")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--explain", is_flag=True, help="Show each part of the key with its own hash.")
 @click.pass_obj
-def show(obj: _Context, key: str, as_json: bool, explain: bool) -> None:
+def show(obj: _Context, key: str, explain: bool) -> None:
     """Everything stored about one plan (KEY may be a unique prefix)."""
     store = obj.existing_store()
     try:
@@ -337,16 +436,15 @@ def show(obj: _Context, key: str, as_json: bool, explain: bool) -> None:
     data["blob_size"] = len(entry.blob)
     if explain:
         data["explain"] = _explain(_entry_parts(entry))
-    _emit(data, as_json, _show_text)
+    _emit(data, _show_text)
 
 
 @cli.command()
 @_common
 @click.argument("key_a")
 @click.argument("key_b")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def diff(obj: _Context, key_a: str, key_b: str, as_json: bool) -> None:
+def diff(obj: _Context, key_a: str, key_b: str) -> None:
     """Every difference between what two keys hash (graph, environment, options): one line
     per differing path with both values, e.g. ``graph.nodes[0].params.stride: [1, 1] -> [2, 2]``.
     With --json: a list of {path, a, b} (``absent``: the side that lacks the path)."""
@@ -366,7 +464,7 @@ def diff(obj: _Context, key_a: str, key_b: str, as_json: bool) -> None:
             vb = "(absent)" if row.get("absent") == "b" else json.dumps(row["b"], sort_keys=True)
             yield f"{row['path']}: {va} -> {vb}"
 
-    _emit(result, as_json, text)
+    _emit(result, text)
 
 
 _ABSENT: Any = object()
@@ -397,14 +495,10 @@ def _difference(path: str, a: Any, b: Any) -> dict[str, Any]:
 
 @cli.command()
 @_common
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def stats(obj: _Context, as_json: bool) -> None:
+def stats(obj: _Context) -> None:
     """Totals of the store: entries, bytes, hits, quarantined entries, counters (remote
     hits, misses, publishes and refusals among them, as flushed by every process)."""
-    from .config import max_size_from_env
-
-    max_size = max_size_from_env()  # a bad PLANCACHE_MAX_SIZE is reported here too
     store = obj.existing_store()
     if store is None:
         data = _empty_stats(obj.cache_dir)
@@ -413,11 +507,14 @@ def stats(obj: _Context, as_json: bool) -> None:
             data = store.stats()
         finally:
             store.close()
-    data["max_size"] = max_size
+    data["max_size"] = MAX_SIZE.from_env()
 
-    remote = _remote_from_settings()
+    from .tiers.remote import RemoteTier
+
+    remote = RemoteTier.from_env()  # connects to nothing: its settings, and the secret's id
     if remote is not None:
         data["remote"] = {k: v for k, v in remote.stats().items() if k in ("url", "namespace", "key_id")}
+        remote.close()
 
     def text(d: dict[str, Any]) -> Iterable[str]:
         if store is None:
@@ -437,7 +534,7 @@ def stats(obj: _Context, as_json: bool) -> None:
             r = d["remote"]
             yield f"remote        {r['url']} namespace {r['namespace']} secret id {r['key_id']}"
 
-    _emit(data, as_json, text)
+    _emit(data, text)
 
 
 def _empty_stats(directory: Path) -> dict[str, Any]:
@@ -449,9 +546,8 @@ def _empty_stats(directory: Path) -> dict[str, Any]:
 @cli.command()
 @_common
 @click.argument("keys", nargs=-1, required=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def rm(obj: _Context, keys: tuple[str, ...], as_json: bool) -> None:
+def rm(obj: _Context, keys: tuple[str, ...]) -> None:
     """Remove stored plans (each KEY may be a unique prefix). Every KEY is resolved first:
     if one is unknown or ambiguous, nothing is removed."""
     store = obj.existing_store()
@@ -471,25 +567,62 @@ def rm(obj: _Context, keys: tuple[str, ...], as_json: bool) -> None:
         removed = [key for key in chosen if store.delete(key)]
     finally:
         store.close()
-    _emit({"removed": removed}, as_json, lambda d: (f"removed {k}" for k in d["removed"]))
+    _emit({"removed": removed}, lambda d: (f"removed {k}" for k in d["removed"]))
 
 
 # ---------------------------------------------------------------------- verify, prune
 
 
-def _current_backend(why: str) -> Any:
-    """The ``PLANCACHE_BACKEND`` backend, else cuDNN; with its environment id. Without a
-    GPU the cuDNN backend raises NoGpuError, reported as one line saying what needed it."""
-    from .errors import NoGpuError
-    from .key import environment_id
+def _backend_from_env() -> Any:
+    """The backend named by ``PLANCACHE_BACKEND=module:Class`` (tests name the CPU one);
+    None, so PlanCache uses cuDNN, when unset."""
+    ref = BACKEND.from_env()
+    if ref is None:
+        return None
+    from .engines.backend import Backend
+    from .workflows.manifest import resolve_builder
 
+    hint = "set it to module:Class, e.g. plancache.testing:CpuTestBackend, or unset it for cuDNN"
+    try:
+        target = resolve_builder(ref, BACKEND.name)
+    except LookupError as exc:
+        raise ConfigError(f"{exc}; {hint}", name=BACKEND.name, value=ref) from exc
+    if not inspect.isclass(target):
+        raise ConfigError(f"{BACKEND.name}={ref!r} is a {type(target).__name__}, not a backend class: {hint}",
+                          name=BACKEND.name, value=ref)  # fmt: skip
+    try:
+        backend = target()
+    except Exception as exc:  # the user's class: whatever its constructor raises
+        raise ConfigError(f"{BACKEND.name}={ref!r}: {target.__name__}() failed: {type(exc).__name__}: {exc}",
+                          name=BACKEND.name, value=ref) from exc  # fmt: skip
+    if not isinstance(backend, Backend):
+        members = {*Backend.__annotations__, *(n for n in vars(Backend) if not n.startswith("_"))}
+        missing = sorted(m for m in members if not hasattr(backend, m))
+        raise ConfigError(f"{BACKEND.name}={ref!r}: {target.__name__} is not a backend class"
+                          f"{' (it lacks ' + ', '.join(missing) + ')' if missing else ''}: {hint}",
+                          name=BACKEND.name, value=ref)  # fmt: skip
+    return backend
+
+
+def _backend() -> Any:
+    """The ``PLANCACHE_BACKEND`` backend, else cuDNN's."""
     backend = _backend_from_env()
     if backend is None:
         from .engines.cudnn_backend import CudnnBackend
 
         backend = CudnnBackend()
+    return backend
+
+
+def _current_backend(why: str) -> Any:
+    """``_backend()`` with its environment id. Without a GPU the cuDNN backend raises
+    NoGpuError, reported as one line saying what needed it."""
+    from .errors import NoGpuError
+    from .key import environment_id
+
+    backend = _backend()
     try:
-        return backend, environment_id(backend.environment())
+        return backend, environment_id(backend.environment(backend.current_device()))
     except NoGpuError as exc:
         raise NoGpuError(f"{why} needs this machine's GPU environment: {exc}") from exc
 
@@ -515,16 +648,15 @@ def _verify_text(d: dict[str, Any]) -> Iterable[str]:
 @_common
 @click.option("--fix", is_flag=True, help="Quarantine bad entries; move a damaged file aside (kept) and copy its intact entries.")
 @click.option("--deserialize", is_flag=True, help="Also load every blob of this machine's environment (needs the GPU).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def verify(obj: _Context, fix: bool, deserialize: bool, as_json: bool) -> None:
+def verify(obj: _Context, fix: bool, deserialize: bool) -> None:
     """Check the store: SQLite integrity, every blob's checksum, every entry's key against
     what it records, kernel caches. Exit code 3 when problems were found (also when --fix
     fixed them: run it again to confirm). Nothing is ever deleted: see docs/reliability.md."""
-    store = obj.existing_store()
+    store = obj.existing_store(damaged_ok=True)
     if store is None:  # nothing stored yet: nothing to check, and nothing that needs the GPU
         report = _empty_verify(obj.cache_dir, fix=fix, deserialize=deserialize)
-        _emit(report, as_json, lambda d: [f"{obj.nothing_yet()}: nothing to check", "ok"])
+        _emit(report, lambda d: [f"{obj.nothing_yet()}: nothing to check", "ok"])
         return
     try:
         load, env_id = None, None
@@ -536,7 +668,7 @@ def verify(obj: _Context, fix: bool, deserialize: bool, as_json: bool) -> None:
         report = maintenance.verify(store, fix=fix, load=load, env_id=env_id)
     finally:
         store.close()
-    _emit(report, as_json, _verify_text)
+    _emit(report, _verify_text)
     if report["problems"]:
         sys.exit(EXIT_PROBLEMS)
 
@@ -603,10 +735,8 @@ def _refuse_recent(report: Mapping[str, Any], days: float) -> None:
 @click.option("--quarantined", is_flag=True, help="Every quarantined entry.")
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
 @click.option("--force", is_flag=True, help="With --older-than below 1 day: remove entries used in the last day too.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def prune(obj: _Context, other_environments: bool, days: float | None, quarantined: bool, dry_run: bool, force: bool,
-          as_json: bool) -> None:  # fmt: skip
+def prune(obj: _Context, other_environments: bool, days: float | None, quarantined: bool, dry_run: bool, force: bool) -> None:
     """Remove entries of other environments, entries unused for DAYS days, quarantined
     entries (any combination), in small transactions that running jobs hardly notice.
 
@@ -638,87 +768,18 @@ def prune(obj: _Context, other_environments: bool, days: float | None, quarantin
         yield f"{verb} {len(d['removed'])} entries ({_size(d['bytes'])}), {d['quarantined']} quarantined entries, " \
               f"{len(d['kernel_caches'])} kernel caches"  # fmt: skip
 
-    _emit(report, as_json, text)
+    _emit(report, text)
 
 
 # ---------------------------------------------------------------------- prewarm, bundles, inspect
 
 
-def _backend_from_env() -> Any:
-    """The backend named by ``PLANCACHE_BACKEND=module:Class`` (tests name the CPU one);
-    None, so PlanCache uses cuDNN, when unset."""
-    ref = os.environ.get("PLANCACHE_BACKEND", "").strip()
-    if not ref:
-        return None
-    from .engines.backend import Backend
-    from .workflows.manifest import resolve_builder
-
-    hint = "set it to module:Class, e.g. plancache.testing:CpuTestBackend, or unset it for cuDNN"
-    if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$", ref):
-        raise ConfigError(f"PLANCACHE_BACKEND={ref!r} is not a backend class spec: {hint}", name="PLANCACHE_BACKEND", value=ref)
-    try:
-        target = resolve_builder(ref, "PLANCACHE_BACKEND")
-    except LookupError as exc:
-        raise ConfigError(f"{exc}; {hint}", name="PLANCACHE_BACKEND", value=ref) from exc
-    if not inspect.isclass(target):
-        raise ConfigError(f"PLANCACHE_BACKEND={ref!r} is a {type(target).__name__}, not a backend class: {hint}",
-                          name="PLANCACHE_BACKEND", value=ref)  # fmt: skip
-    try:
-        backend = target()
-    except Exception as exc:  # the user's class: whatever its constructor raises
-        raise ConfigError(f"PLANCACHE_BACKEND={ref!r}: {target.__name__}() failed: {type(exc).__name__}: {exc}",
-                          name="PLANCACHE_BACKEND", value=ref) from exc  # fmt: skip
-    if not isinstance(backend, Backend):
-        members = {*Backend.__annotations__, *(n for n in vars(Backend) if not n.startswith("_"))}
-        missing = sorted(m for m in members if not hasattr(backend, m))
-        raise ConfigError(f"PLANCACHE_BACKEND={ref!r}: {target.__name__} is not a backend class"
-                          f"{' (it lacks ' + ', '.join(missing) + ')' if missing else ''}: {hint}",
-                          name="PLANCACHE_BACKEND", value=ref)  # fmt: skip
-    return backend
-
-
-def _remote_from_settings() -> Any:
-    """The Redis tier ``PLANCACHE_REDIS_*`` configure (None without a URL); reading them
-    touches no network, so what fails here is a setting: a ``ConfigError`` (exit code 2)."""
-    from .cache.cache import _remote_from_env
-    from .errors import RemoteError
-
-    try:
-        return _remote_from_env()
-    except RemoteError as exc:
-        named = re.search(r"PLANCACHE_REDIS_[A-Z_]*[A-Z]", str(exc))
-        name = named.group(0) if named else "PLANCACHE_REDIS_URL"
-        message = str(exc) if named else f"PLANCACHE_REDIS_URL: {exc}"
-        value = None if "SECRET" in name else os.environ.get(name)  # a secret is never kept in an error
-        raise ConfigError(message, name=name, value=value) from exc
-
-
-def _make_cache(obj: _Context) -> Any:
-    """A PlanCache on the chosen directory with the ``PLANCACHE_BACKEND`` backend. The
-    settings are checked before anything is created."""
-    from .cache.cache import PlanCache
-    from .config import max_size_from_env
-    from .tiers.memory import max_plans_from_env
-
-    max_size = max_size_from_env()
-    max_plans = max_plans_from_env()
-    remote = _remote_from_settings()
-    backend = _backend_from_env()
-    # No auto-prime: a command looks plans up once, it does not run a model's steps.
-    return PlanCache(obj.directory, backend=backend, max_size=max_size, max_plans=max_plans, remote=remote, auto_prime=False)
-
-
 def _prewarm_dry_run(obj: _Context, manifest: Path, options: Any, *, progress: bool) -> dict[str, Any]:
     """``prewarm --dry-run``: the manifest checked without a cache, on any machine. The
     cuDNN backend is never set up (no GPU, no CUDA); a ``PLANCACHE_BACKEND`` gives keys, and
-    an existing store, opened read-only, the entries already stored. Nothing is written.
-    The settings a real run reads are checked as it would."""
-    from .config import max_size_from_env
-    from .tiers.memory import max_plans_from_env
+    an existing store, opened read-only, the entries already stored. Nothing is written."""
     from .workflows.prewarm import dry_run
 
-    max_size_from_env()
-    max_plans_from_env()
     backend = _backend_from_env()
     environment = backend.environment(backend.current_device()) if backend is not None else None
     store = obj.existing_store(read_only=True) if backend is not None else None
@@ -758,7 +819,7 @@ def _resolve_devices(backend: Any, spec: str | list[int]) -> list[int]:
 
 @cli.command()
 @_common
-@click.argument("manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("manifest", type=click.Path(path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Check the manifest on any machine (no GPU needed): build nothing, write nothing.")
 @click.option("--policy", type=click.Choice(["topk", "exhaustive", "heuristic"]), default=None,
               help="Build policy of entries without their own options (default: topk, as PlanCache uses).")  # fmt: skip
@@ -769,7 +830,6 @@ def _resolve_devices(backend: Any, spec: str | list[int]) -> list[int]:
 @click.option("--devices", "devices_spec", metavar="all|LIST", callback=_devices_option,
               help="Share the entries across these GPUs of this machine, one worker process each: 'all' or "
                    "indices such as 0,1 (default: the current GPU, in this process). Not used by --dry-run.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def prewarm(
     obj: _Context,
@@ -779,12 +839,17 @@ def prewarm(
     no_progress: bool,
     allow_code: bool,
     devices_spec: str | list[int] | None,
-    as_json: bool,
 ) -> None:
     """Build and autotune every graph MANIFEST names (JSON or TOML; see docs/prewarm.md).
 
     Plans already stored are skipped (counted as hits), so an interrupted run resumes.
-    A failing entry is reported and the others still run; the exit code is 3 if any failed.
+    A failing entry is reported and the others still run; the exit code is 3 if any failed,
+    1 if a plan was built but could not be stored.
+
+    Before anything is created, the manifest is read whole (a manifest that cannot be read
+    or is invalid is refused: exit code 3), then the GPU is set up and the cache directory
+    checked: one that cannot be created or written, or that other users can write, is an
+    error, never a run that stores nothing.
 
     Builder entries and "pythonpath" run code: they are refused (nothing is built, exit
     code 3) unless --allow-code; then builder modules import from the current directory and the
@@ -802,35 +867,37 @@ def prewarm(
     prewarm.
     """
     from .key import BuildOptions
-    from .workflows.manifest import code_references
+    from .workflows.manifest import refuse_unusable
     from .workflows.prewarm import prewarm as run_prewarm
     from .workflows.prewarm import summary_lines
 
-    if not dry_run and not allow_code:
-        code = code_references(manifest)
-        if code:
-            shown = "; ".join(code[:3]) + (f"; and {len(code) - 3} more" if len(code) > 3 else "")
-            raise ManifestError(f"{manifest} runs code ({shown}): nothing was built. Pass --allow-code if you trust "
-                                "this manifest, or --dry-run to list its entries", path=str(manifest), entry=None, line=None)  # fmt: skip
+    refuse_unusable(manifest, allow_code=allow_code or dry_run)
     options = BuildOptions(policy=policy) if policy else None
     if dry_run:
         report = _prewarm_dry_run(obj, manifest, options, progress=not no_progress)
-        _emit(report, as_json, summary_lines)
+        _emit(report, summary_lines)
         if report["failed"]:
             sys.exit(EXIT_PROBLEMS)
         return
+    from .cache.cache import PlanCache
+    from .tiers.remote import RemoteTier
+
+    backend = _backend()
+    devices = _resolve_devices(backend, devices_spec) if devices_spec is not None else None
+    backend.environment(devices[0] if devices else None)  # no GPU: one line, and nothing created yet
+    remote = RemoteTier.from_env()  # without redis-py installed: one line, and nothing created yet
+    obj.writable_store().close()
     if allow_code and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: builder modules next to the user
-    cache = _make_cache(obj)
+    # No auto-prime: a command looks plans up once, it does not run a model's steps.
+    cache = PlanCache(obj.directory, backend=backend, remote=remote, auto_prime=False)
     try:
-        devices = None
-        if devices_spec is not None:
-            devices = _resolve_devices(cache.backend, devices_spec)
-        report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code,
-                             devices=devices)  # fmt: skip
+        report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code, devices=devices)
     finally:
         cache.close()
-    _emit(report, as_json, summary_lines)
+    _emit(report, summary_lines)
+    if report["unpersisted"]:
+        sys.exit(EXIT_ERROR)
     if report["failed"]:
         sys.exit(EXIT_PROBLEMS)
 
@@ -839,9 +906,8 @@ def prewarm(
 @_common
 @click.argument("keys", nargs=-1)
 @click.option("--no-progress", is_flag=True, help="No progress bar (shown only when stderr is a terminal).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
-def tune(obj: _Context, keys: tuple[str, ...], no_progress: bool, as_json: bool) -> None:
+def tune(obj: _Context, keys: tuple[str, ...], no_progress: bool) -> None:
     """Finish the autotuning that a miss's time budget cut short (PLANCACHE_AUTOTUNE_BUDGET).
 
     Every entry of this GPU's environment whose miss stopped at the budget (or only KEYS,
@@ -850,15 +916,28 @@ def tune(obj: _Context, keys: tuple[str, ...], no_progress: bool, as_json: bool)
     entry, and later lookups run it. Needs the GPU the entries were built for. The exit
     code is 3 if an entry could not be tuned.
     """
+    from .cache.cache import PlanCache
     from .workflows.tune import tune as run_tune
 
-    cache = _make_cache(obj)
+    store = obj.existing_store()
     try:
-        digests = [_entry(cache.store, key, obj).key for key in keys] if keys else None
+        digests = [_entry(store, key, obj).key for key in keys] if keys else None
+    finally:
+        if store is not None:
+            store.close()
+    if store is None:  # nothing cached yet: nothing to tune, and nothing created
+        _emit({"rows": [], "tuned": 0, "failed": 0}, _tune_text)
+        return
+    backend = _backend()
+    backend.environment()  # no GPU: one line, before anything is opened for writing
+    obj.writable_store().close()
+    # No auto-prime: a command that replays graphs runs no model.
+    cache = PlanCache(obj.directory, backend=backend, auto_prime=False)
+    try:
         report = run_tune(cache, digests, progress=not no_progress)
     finally:
         cache.close()
-    _emit(report, as_json, _tune_text)
+    _emit(report, _tune_text)
     if report["failed"]:
         sys.exit(EXIT_PROBLEMS)
 
@@ -881,9 +960,8 @@ def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id (see `plancache ls`).")
 @click.option("--key", "keys", multiple=True, help="Only this entry (a key or unique prefix); repeatable.")
 @click.option("--force", is_flag=True, help="Replace FILE if it exists (a regular file only).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
-def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, ...], force: bool, as_json: bool) -> None:
+def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, ...], force: bool) -> None:
     """Write stored plans to one portable bundle FILE, to ship inside a container image
     or to another machine (`plancache import` merges it there). An existing FILE is
     refused unless --force; a symlink, FIFO or device is never replaced."""
@@ -907,25 +985,26 @@ def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, .
         for key, reason in d["skipped"].items():
             yield f"  skipped {key[:12]}: {reason}"
 
-    _emit(report, as_json, text)
+    _emit(report, text)
 
 
 @cli.command(name="import")
 @_common
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(path_type=Path))
 @click.option("--replace", is_flag=True, help="Replace plans the cache already has (default: keep them).")
 @click.option("--env", "env_id", default=None, help="Only import entries of this environment id.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
-def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None, as_json: bool) -> None:
+def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None) -> None:
     """Merge bundle FILE into the cache. The whole bundle is verified first (format,
     checksums, keys, environments, member names): a truncated, tampered, newer-format or
-    unsafe bundle is refused and the cache is left unchanged."""
-    from .workflows.bundle import import_bundle
+    unsafe bundle is refused (exit code 3) and the cache is left unchanged: a cache that
+    did not exist yet is not created."""
+    from .workflows.bundle import import_bundle, read_bundle
 
-    store = obj.store()
+    bundle = read_bundle(file)
+    store = obj.writable_store()
     try:
-        report = import_bundle(store, file, replace=replace, env_id=env_id)
+        report = import_bundle(store, bundle, replace=replace, env_id=env_id)
     finally:
         store.close()
 
@@ -935,16 +1014,15 @@ def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None, as_
         for env_id, summary in d["environments"].items():
             yield f"  environment {env_id}: {summary}"
 
-    _emit(report, as_json, text)
+    _emit(report, text)
 
 
 @cli.command(name="inspect")
 @_common
 @click.argument("keys", nargs=-1)
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None, as_json: bool) -> None:
+def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None) -> None:
     """A readable report per stored plan (all, or each KEY prefix): ops, shapes, dtypes,
     chosen engine, the candidates' timings, speed-up over the heuristics' first choice,
     hits and age."""
@@ -970,7 +1048,104 @@ def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None, as_j
                 yield ""
             yield from report_lines(report)
 
-    _emit(data, as_json, text)
+    _emit(data, text)
+
+
+# ---------------------------------------------------------------------- sql
+
+#: Views ``plancache sql`` adds for scripts, so that they need not decode the JSON columns
+#: of ``plans``. They are TEMP views of the command's own read-only connection: the store
+#: is never changed, and an older plancache reads it as before.
+SQL_VIEWS: dict[str, str] = {
+    "entries": "SELECT key, env_id, label, json_extract(environment_json, '$.gpu_name') AS gpu, "
+               "json_extract(engine_json, '$.name') AS engine, policy, backend, blob_size, workspace_size, "
+               "build_seconds, autotune_seconds, hit_count, datetime(created_at, 'unixepoch') AS created, "
+               "datetime(last_used_at, 'unixepoch') AS last_used FROM plans",
+    "quarantined": "SELECT id, key, reason, datetime(quarantined_at, 'unixepoch') AS quarantined, length(blob) AS blob_size "
+                   "FROM quarantine",
+}  # fmt: skip
+
+
+def _empty_schema() -> sqlite3.Connection:
+    """The tables of a store with nothing in it, in memory: a cache that does not exist yet
+    is queried as an empty one."""
+    from .store import migrations
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    for _number, _name, script in migrations():
+        conn.executescript(script)
+    return conn
+
+
+def _cell(value: Any, *, as_json: bool) -> Any:
+    """A value of a row as printed: a blob by its size (or base64 in JSON, as sqlite-utils
+    writes it)."""
+    if isinstance(value, bytes):
+        if as_json:
+            import base64
+
+            return {"$base64": True, "encoded": base64.b64encode(value).decode()}
+        return f"<{len(value)} bytes>"
+    return value
+
+
+@cli.command()
+@_common
+@click.argument("query", required=False)
+@click.option("-p", "--param", "params", nargs=2, multiple=True, metavar="NAME VALUE",
+              help="A value for :NAME in QUERY (repeatable).")  # fmt: skip
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV, with a header row.")
+@click.pass_obj
+def sql(obj: _Context, query: str | None, params: tuple[tuple[str, str], ...], as_csv: bool) -> None:
+    """Run a read-only SQL QUERY on the store and print its rows (a table, --json or --csv);
+    without QUERY, list the tables and views with their columns and rows.
+
+    Besides the store's tables (plans, quarantine, counters, kernel_caches, app_plans) two
+    views read well from scripts: entries (one row per plan: key, env_id, label, gpu,
+    engine, policy, backend, blob_size, workspace_size, build_seconds, autotune_seconds,
+    hit_count, created, last_used) and quarantined. The store is opened read-only: a query
+    that would change it fails. For example:
+
+        plancache sql "SELECT label, engine, hit_count FROM entries ORDER BY hit_count DESC LIMIT 5"
+    """
+    import sqlite_utils  # the one user of sqlite-utils: off the library's import path and the other commands'
+
+    store = obj.existing_store(read_only=True)
+    db = sqlite_utils.Database(store.connection() if store is not None else _empty_schema())
+    try:
+        for name, select in SQL_VIEWS.items():
+            db.execute(f"CREATE TEMP VIEW {name} AS {select}")
+        if query is None:
+            names = [*(n for n in db.table_names() if not n.startswith("sqlite_")), *SQL_VIEWS]
+            data: list[dict[str, Any]] = [{"name": name, "kind": "view" if name in SQL_VIEWS else "table",
+                                           "columns": [d[0] for d in db.execute(f"SELECT * FROM [{name}] LIMIT 0").description],
+                                           "rows": db[name].count} for name in names]  # fmt: skip
+        else:
+            try:
+                data = [{k: _cell(v, as_json=obj.as_json) for k, v in row.items()} for row in db.query(query, dict(params))]
+            except sqlite3.Error as exc:
+                raise PlanCacheError(f"the query failed: {exc}") from exc
+    finally:
+        db.close()
+        if store is not None:
+            store.close()
+    if as_csv and not obj.as_json:
+        _print_csv(data)
+    elif query is None:
+        _emit(data, lambda d: (f"{t['kind']:5} {t['name']:14} {t['rows']:>7} rows  {', '.join(t['columns'])}" for t in d))
+    else:
+        _emit(data, lambda d: _table([[str(v) for v in r.values()] for r in d], list(d[0])) if d else ["(no rows)"])
+
+
+def _print_csv(rows: list[dict[str, Any]]) -> None:
+    import csv
+
+    if not rows:
+        return
+    writer = csv.DictWriter(click.get_text_stream("stdout"), fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: v if not isinstance(v, list) else ", ".join(v) for k, v in row.items()})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,107 +1,254 @@
-"""Settings read from the environment, and the parsing they share.
+"""Every setting plancache reads, declared once: its environment variable, what it means,
+its default, the constructor arguments and command options that set it too, and the one
+reader of every value it is given.
 
-``parse_size`` reads the sizes people write (``2G``, ``2GB``, ``2GiB``, ``500M``, ``1.5G``,
-``64k``, ``1024``); ``max_size_from_env`` reads ``PLANCACHE_MAX_SIZE`` with ccache's
-rules: unset, empty or ``0`` mean no limit, and anything else that is not a usable size is
-a ``ConfigError`` naming the variable and its value. A typo never deletes entries.
+A ``Setting`` reads text from its variable (``from_env``) and values given in code or on a
+command line (``of``) alike: empty text, or text of spaces only, is the default; anything
+else is either the setting's value or a ``ConfigError`` of one line that names where the
+value came from (the variable, the argument, the option) and what would be accepted. So
+``PlanCache(max_size="64M")`` reads as ``PLANCACHE_MAX_SIZE=64M`` does, and
+``PlanCache(max_size=2)`` is refused as ``PLANCACHE_MAX_SIZE=2`` is. A typo never turns a
+setting, or a safety check, the other way round, and never deletes a stored plan.
 
-``flag_from_env`` reads every on/off variable the same way: ``1``, ``true``, ``yes`` or
-``on`` and ``0``, ``false``, ``no`` or ``off``, in any case and with surrounding
-whitespace; unset or empty means the default; anything else is a ``ConfigError`` naming
-the variable and its value, never a guess (so ``PLANCACHE_ALLOW_SHARED_DIR=no`` keeps the
-safety check on).
-
-``ENVIRONMENT`` lists every environment variable plancache reads, with its meaning and
-default (the README's table is checked against it).
+``SETTINGS`` lists them all in the order README.md's table shows them (a test holds the
+table to it). What a setting's value means for the cache is documented where it is used.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from .errors import PlanCacheError
 
-__all__ = ["ENVIRONMENT", "FLAG_OFF", "FLAG_ON", "MAX_SIZE_FLOOR", "MAX_SIZE_WARN", "ConfigError", "MemoryBudget",
-           "auto_prime_from_env", "autotune_budget_from_env", "flag_from_env", "format_size", "max_size_from_env", "memory_budget_from_env", "parse_size"]  # fmt: skip
+__all__ = ["ALLOW_SHARED_DIR", "APP", "AUTOTUNE_BUDGET", "AUTOTUNE_MEMORY", "AUTO_PRIME", "BACKEND", "CACHE_DIR", "MAX_SIZE", "MEMORY_PLANS",
+           "PATCH_CUDNN", "RECORD", "REDIS_LOCK_TTL", "REDIS_MAX_STALL", "REDIS_NAMESPACE", "REDIS_SECRET",
+           "REDIS_SECRET_FILE", "REDIS_SETTINGS", "REDIS_TIMEOUT", "REDIS_TTL", "REDIS_URL", "SETTINGS", "ConfigError",
+           "MemoryBudget", "Setting", "format_size"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
-#: The smallest PLANCACHE_MAX_SIZE accepted: a smaller positive value is refused, because
-#: a number without a unit counts bytes and ``PLANCACHE_MAX_SIZE=2`` (meant as 2G) would
-#: otherwise evict every plan as soon as it is stored.
-MAX_SIZE_FLOOR = 1 << 10
-#: Limits below this are accepted with a warning: most plans are larger than a few KiB, and
-#: a plan larger than the limit is evicted (with every older one) right after it is stored.
-MAX_SIZE_WARN = 1 << 20
-
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_SIZE = re.compile(r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])(?:i?b)?|b)?$", re.IGNORECASE)
-
-#: Every environment variable plancache reads: name -> (meaning, default).
-ENVIRONMENT: dict[str, tuple[str, str]] = {
-    "PLANCACHE_DIR": ("the cache directory (`--dir` overrides it)", "the user cache directory, e.g. `~/.cache/plancache`"),
-    "PLANCACHE_MAX_SIZE": ("bytes of plans kept; least recently used entries are evicted beyond it", "no limit"),
-    "PLANCACHE_RECORD": ("a manifest file every `PlanCache` appends each new graph to (docs/prewarm.md)", "not recording"),
-    "PLANCACHE_BACKEND": ("the backend of the `plancache` command, `module:Class` (`plancache.testing:CpuTestBackend` runs on the CPU)", "cuDNN"),
-    "PLANCACHE_ALLOW_SHARED_DIR": ("on (`1`) accepts a cache directory that other users can write", "refused"),
-    "PLANCACHE_REDIS_URL": ("the Redis tier of a fleet (docs/fleet.md)", "no Redis tier"),
-    "PLANCACHE_REDIS_SECRET_FILE": ("file holding the secret that signs Redis entries", "none"),
-    "PLANCACHE_REDIS_SECRET": ("the secret itself (prefer the file)", "none"),
-    "PLANCACHE_REDIS_NAMESPACE": ("key prefix in Redis", "`plancache`"),
-    "PLANCACHE_REDIS_TIMEOUT": ("seconds per Redis round trip", "`0.25`"),
-    "PLANCACHE_REDIS_TTL": ("seconds a published plan lives in Redis", "no expiry"),
-    "PLANCACHE_REDIS_MAX_STALL": ("seconds a process may lose to a failing Redis before switching the tier off", "`2`"),
-    "PLANCACHE_REDIS_LOCK_TTL": ("seconds the fleet lock outlives a holder that died (renewed while its holder builds)", "`60`"),
-    "PLANCACHE_MEMORY_PLANS": ("loaded plans a process keeps in memory, least recently used dropped", "`1024`"),
-    "PLANCACHE_PATCH_CUDNN": ("on (`1`): cuDNN Frontend code persists its plans unchanged (`plancache.install()` runs when the program imports `cudnn`, or `plancache`)", "not patched"),
-    "PLANCACHE_AUTO_PRIME": ("a cache that opens loads, on background threads, the plans its application used in its latest run; `0` turns it off (docs/priming.md)", "on"),
-    "PLANCACHE_AUTOTUNE_MEMORY": ("device memory autotuning may allocate to launch and compare candidates: a share of free memory or a size; a graph that needs more is not timed (docs/checking.md)", "`25%`"),
-    "PLANCACHE_AUTOTUNE_BUDGET": ("a miss's time, as a multiple of the frontend's own build of the graph (its heuristics and first plan); beyond it tuning stops and `plancache tune` finishes it; the candidates the check needs are launched anyway; `off` for no limit (docs/checking.md)", "`1.5`"),
-    "PLANCACHE_APP": ("the application name plan use is recorded and primed under", "the entry script's path (plus `#rankN` with `LOCAL_RANK`)"),
-}  # fmt: skip
+T = TypeVar("T")
 
 
 class ConfigError(PlanCacheError, ValueError):
-    """A setting (an environment variable, say) has a value plancache cannot use.
-    Fields: ``name``, ``value``."""
+    """A setting was given a value plancache cannot use, by its environment variable, a
+    constructor argument or a command option. Fields: ``name`` (the setting's variable),
+    ``value`` (None for a secret)."""
 
 
-#: The values of an on/off variable (``flag_from_env``), compared in lower case without
-#: surrounding whitespace.
-FLAG_ON = ("1", "true", "yes", "on")
-FLAG_OFF = ("0", "false", "no", "off")
+class _Refused(ValueError):
+    """Why a value is not one of a setting's (``Setting.of`` names the setting)."""
 
 
-def flag_from_env(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
-    """The on/off variable ``name``: True for 1/true/yes/on, False for 0/false/no/off (any
-    case, surrounding whitespace ignored), ``default`` when unset or empty. Anything else
-    is a one-line ``ConfigError`` naming the variable and its value: a typo never turns a
-    setting, or a safety check, the other way round."""
-    raw = (os.environ if environ is None else environ).get(name, "")
-    value = raw.strip().lower()
-    if not value:
-        return default
-    if value in FLAG_ON:
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One setting. ``name``: its environment variable. ``meaning`` and ``shown_default``:
+    what README.md's table says. ``default``: its value when nothing sets it.
+    ``parse``: a value that is not blank -> the setting's value, or ``_Refused`` saying
+    why not. ``arguments`` and ``option``: what else sets it (the constructor arguments, the
+    command's option). ``secret``: a value never shown in a message."""
+
+    name: str
+    meaning: str
+    shown_default: str
+    default: T
+    parse: Callable[[Any], T]
+    arguments: tuple[str, ...] = ()
+    option: str | None = None
+    secret: bool = False
+
+    def from_env(self, environ: Mapping[str, str] | None = None) -> T:
+        """The value of the environment variable (``os.environ`` unless ``environ``)."""
+        return self.of(self._text(environ), self.name)
+
+    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
+        """Whether the variable holds anything but empty text or spaces (read or not)."""
+        return not _blank(self._text(environ))
+
+    def _text(self, environ: Mapping[str, str] | None) -> str | None:
+        return (os.environ if environ is None else environ).get(self.name)
+
+    def of(self, value: object, where: str) -> T:
+        """``value``, given by ``where`` (the variable, an argument, an option), as the
+        setting's value: None or blank text is the default."""
+        if _blank(value):
+            return self.default
+        try:
+            return self.parse(value)
+        except _Refused as exc:
+            shown = "" if self.secret else f"={value!r}"
+            raise ConfigError(f"{where}{shown} {exc}", name=self.name, value=None if self.secret else value) from None
+
+    def given_or_env(self, value: object, argument: str) -> T:
+        """A constructor's ``argument`` when it was given, else (None, or blank text, as for
+        the variable) the variable."""
+        return self.from_env() if _blank(value) else self.of(value, argument)
+
+
+def _blank(value: object) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+# ---------------------------------------------------------------------------- the readers
+
+_SWITCH_ON = ("1", "true", "yes", "on")
+_SWITCH_OFF = ("0", "false", "no", "off")
+
+
+def _switch(value: object) -> bool:
+    """``1``, ``true``, ``yes``, ``on`` (or True) and ``0``, ``false``, ``no``, ``off``
+    (or False), in any case, with surrounding spaces."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _SWITCH_ON:
         return True
-    if value in FLAG_OFF:
+    if text in _SWITCH_OFF:
         return False
-    raise ConfigError(f"{name}={raw!r} is not a switch: use 1, true, yes or on, or 0, false, no or off "
-                      f"(unset: {'on' if default else 'off'})", name=name, value=raw)  # fmt: skip
+    raise _Refused("is not a switch: use 1, true, yes or on, or 0, false, no or off")
 
 
-def auto_prime_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """``PLANCACHE_AUTO_PRIME`` (``flag_from_env``): on unless set off.
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])(?:i?b)?|b)?$", re.IGNORECASE)
+_SIZE_HINT = "write bytes with an optional unit (500M, 2G, 1.5GiB, 64k)"
 
-    On by default: plans load through cuDNN's C API (``engines.native``), which holds no GIL
-    and captures, allocates and synchronizes nothing, so priming beside the program's own
-    work (weights copied, kernels, CUDA-graph captures, lookups on other threads) breaks
-    none of it (docs/priming.md has the runs). Plans that fall back to the frontend's path
-    load as guests one at a time."""
-    return flag_from_env("PLANCACHE_AUTO_PRIME", True, environ)
+
+def _bytes(value: object, hint: str) -> int:
+    """Bytes of a size: a number of bytes, or text written ``1024``, ``64k``, ``500M``,
+    ``500MB``, ``1.5G``, ``2GiB``... (every unit a power of 1024)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _Refused(f"is not a size: {hint}")
+    if isinstance(value, str):
+        match = _SIZE.match(value.strip())
+        if match is None:
+            raise _Refused(f"is not a size: {hint}")
+        return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+    if not math.isfinite(value) or value < 0:
+        raise _Refused(f"is not a size: {hint}")
+    return int(value)
+
+
+#: The smallest size limit accepted: a number without a unit counts bytes, and
+#: ``PLANCACHE_MAX_SIZE=2`` (meant as 2G) would evict every plan as soon as it is stored.
+MAX_SIZE_FLOOR = 1 << 10
+#: Limits below this are used with a warning: a plan larger than the limit is evicted, with
+#: every older one, right after it is stored, and most plans are larger than a few KiB.
+MAX_SIZE_WARN = 1 << 20
+_warned_sizes: set[int] = set()
+
+
+def _size_limit(value: object) -> int | None:
+    """Bytes of plans kept, None for 0 (no limit)."""
+    size = _bytes(value, f"{_SIZE_HINT}, or 0 for no limit")
+    if size == 0:
+        return None
+    if size < MAX_SIZE_FLOOR:
+        raise _Refused(f"is {size} byte{'s' if size != 1 else ''}, below the smallest limit of 1 KiB (a number without "
+                       "a unit counts bytes: write 2G for 2 GiB, or 0 for no limit)")  # fmt: skip
+    if size < MAX_SIZE_WARN and size not in _warned_sizes:
+        _warned_sizes.add(size)
+        log.warning("plancache: a plan size limit of %s (PLANCACHE_MAX_SIZE, max_size=) keeps few plans: a plan larger "
+                    "than that is evicted as soon as it is stored, with every older one", format_size(size))  # fmt: skip
+    return size
+
+
+def _plans(value: object) -> int:
+    """A whole number of plans, 1 or more."""
+    text = str(value).strip() if not isinstance(value, bool) else ""
+    if not re.fullmatch(r"\+?\d+", text) or int(text) < 1:
+        raise _Refused("is not a whole number of plans, 1 or more (such as 1024)")
+    return int(text)
+
+
+def _seconds(value: object) -> float:
+    """A finite number of seconds above 0."""
+    try:
+        seconds = float(value) if not isinstance(value, bool) else math.nan  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise _Refused("is not a number of seconds above 0 (such as 0.25, 2 or 60)")
+    return seconds
+
+
+def _whole_seconds(value: object) -> int:
+    """A finite number of seconds above 0, rounded to whole seconds (at least 1): Redis
+    expires keys by the second."""
+    return max(1, round(_seconds(value)))
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise _Refused(f"is not text but {type(value).__name__}")
+    return value.strip()
+
+
+def _path(value: object) -> Path:
+    if not isinstance(value, (str, os.PathLike)):
+        raise _Refused(f"is not a path but {type(value).__name__}")
+    return Path(os.fspath(value)).expanduser()
+
+
+_BACKEND_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _backend_spec(value: object) -> str:
+    spec = _text(value)
+    if not _BACKEND_SPEC.match(spec):
+        raise _Refused("is not a backend class spec: set it to module:Class, e.g. plancache.testing:CpuTestBackend, "
+                       "or unset it for cuDNN")  # fmt: skip
+    return spec
+
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _redis_url(value: object) -> str:
+    url = _text(value)
+    if url.partition("://")[0].lower() not in _REDIS_SCHEMES or "://" not in url:
+        raise _Refused("is not a Redis URL: write redis://host:port/db, rediss://host:port/db or unix:///path/to/socket")
+    return url
+
+
+#: A shorter secret can be guessed offline from one signed value.
+MIN_SECRET_BYTES = 16
+_SECRET_HINT = f"use at least {MIN_SECRET_BYTES} bytes (for example the output of `openssl rand -hex 32`), the same on every node"
+
+
+def _secret(value: object) -> bytes:
+    if isinstance(value, str):
+        value = value.encode()
+    if not isinstance(value, (bytes, bytearray)):
+        raise _Refused(f"is not bytes but {type(value).__name__}")
+    if len(value) < MIN_SECRET_BYTES:
+        raise _Refused(f"is {len(value)} byte{'s' if len(value) != 1 else ''}: {_SECRET_HINT}")
+    return bytes(value)
+
+
+def _secret_file(value: object) -> bytes:
+    path = _path(value)
+    try:
+        # Files usually end with a newline that is not part of the secret.
+        secret = path.read_bytes().rstrip(b"\r\n")
+    except OSError as exc:
+        raise _Refused(f"cannot be read: {exc.strerror or exc}") from None
+    if len(secret) < MIN_SECRET_BYTES:
+        raise _Refused(f"holds {len(secret)} byte{'s' if len(secret) != 1 else ''}: {_SECRET_HINT}")
+    return secret
+
+
+def _namespace(value: object) -> str:
+    name = _text(value)
+    if ":" in name:
+        raise _Refused("contains ':', which separates the parts of a Redis key: choose a name without it")
+    return name
 
 
 def format_size(n: float) -> str:
@@ -113,72 +260,34 @@ def format_size(n: float) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover - the loop returns
 
 
-def parse_size(text: str, *, name: str) -> int | None:
-    """Bytes of a size written ``1024``, ``64k``, ``500M``, ``500MB``, ``1.5G``, ``2GiB``...;
-    None for zero (no limit).
-
-    Units are powers of 1024 however they are written (``k``, ``K``, ``KB``, ``KiB``; ``M``,
-    ``G``, ``T`` alike); a number without a unit (or with ``B``) counts bytes. Raises
-    ``ConfigError`` naming ``name`` and the value for anything else: negative numbers,
-    unknown units, empty text.
-    """
-    raw = text
-    match = _SIZE.match(text.strip())
-    if match is None:
-        raise ConfigError(f"{name}={raw!r} is not a size: write bytes with an optional unit (500M, 2G, 1.5GiB, 64k), "
-                          "or 0 for no limit", name=name, value=raw)  # fmt: skip
-    sign, number, unit = match.group(1), float(match.group(2)), (match.group(3) or "").lower()
-    if sign == "-" and number != 0:
-        raise ConfigError(f"{name}={raw!r} is negative: write a size such as 2G, or 0 for no limit", name=name, value=raw)
-    if number == 0:
-        return None
-    return int(number * _UNITS[unit])
-
-
-def max_size_from_env(environ: Mapping[str, str] | None = None) -> int | None:
-    """``PLANCACHE_MAX_SIZE`` in bytes, or None (unset, empty or 0: no limit).
-
-    A value below ``MAX_SIZE_FLOOR`` (1 KiB) is refused: ``PLANCACHE_MAX_SIZE=1`` asks for
-    one byte and would evict every plan. A value below ``MAX_SIZE_WARN`` (1 MiB) is used,
-    with a warning that plans larger than it are evicted as soon as they are stored.
-    """
-    env = os.environ if environ is None else environ
-    text = env.get("PLANCACHE_MAX_SIZE", "")
-    if not text.strip():
-        return None
-    size = parse_size(text, name="PLANCACHE_MAX_SIZE")
-    if size is None:
-        return None
-    if size < MAX_SIZE_FLOOR:
-        raise ConfigError(
-            f"PLANCACHE_MAX_SIZE={text!r} is {size} byte{'s' if size != 1 else ''}, below the smallest limit of 1 KiB "
-            "(a number without a unit counts bytes: write 2G for 2 GiB, or 0 for no limit)",
-            name="PLANCACHE_MAX_SIZE",
-            value=text,
-        )
-    if size < MAX_SIZE_WARN and text not in _warned:
-        _warned.add(text)
-        log.warning("plancache: PLANCACHE_MAX_SIZE=%s keeps at most %s of plans: a plan larger than that is evicted "
-                    "as soon as it is stored, with every older one", text.strip(), format_size(size))  # fmt: skip
-    return size
-
-
-_warned: set[str] = set()
-
-
-_SHARE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*%\s*$")
+def _budget_problem(share: float | None, limit: int | None) -> str | None:
+    """Why a share of free memory or a number of bytes is no memory budget, or None."""
+    if (share is None) == (limit is None):
+        return "gives neither or both of a share and a limit: give one"
+    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                              or not (math.isfinite(share) and 0 <= share <= 1)):  # fmt: skip
+        return "is not a share of free device memory between 0 and 1 (0.25 is a quarter)"
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        return "is not a number of bytes, 0 or more"
+    return None
 
 
 @dataclass(frozen=True)
 class MemoryBudget:
     """What autotuning may allocate on the device to launch candidates (inputs, outputs,
     the copies that comparing them keeps, workspaces): ``share`` of the device's free
-    memory, or ``limit`` bytes. A graph that needs more is not timed (the heuristics'
-    order is taken, and the entry says why): the frontend's own build allocates nothing,
-    so a miss must not run the program out of memory."""
+    memory, or ``limit`` bytes; 0 launches no candidate. A graph that needs more is not
+    timed (the heuristics' order is taken, and the entry says why): the frontend's own build
+    allocates nothing, so a miss must not run the program out of memory."""
 
     share: float | None = 0.25
     limit: int | None = None
+
+    def __post_init__(self) -> None:
+        problem = _budget_problem(self.share, self.limit)
+        if problem is not None:
+            raise ConfigError(f"MemoryBudget(share={self.share!r}, limit={self.limit!r}) {problem}",
+                              name=AUTOTUNE_MEMORY.name, value=(self.share, self.limit))  # fmt: skip
 
     def bytes_of(self, free: int) -> int:
         return int(free * self.share) if self.share is not None else int(self.limit or 0)
@@ -187,46 +296,122 @@ class MemoryBudget:
         return f"{self.share * 100:g}% of free device memory" if self.share is not None else format_size(self.limit or 0)
 
 
-def memory_budget_from_env(environ: Mapping[str, str] | None = None) -> MemoryBudget:
-    """``PLANCACHE_AUTOTUNE_MEMORY``: a share of free device memory (``25%``, the default)
-    or a size (``4G``); ``0`` launches nothing. Anything else is a ``ConfigError``."""
-    raw = (os.environ if environ is None else environ).get("PLANCACHE_AUTOTUNE_MEMORY", "")
-    if not raw.strip():
-        return MemoryBudget()
-    share = _SHARE.match(raw)
-    if share is not None:
-        value = float(share.group(1))
-        if value > 100:
-            raise ConfigError(f"PLANCACHE_AUTOTUNE_MEMORY={raw!r} is more than 100% of free memory", name="PLANCACHE_AUTOTUNE_MEMORY",
-                              value=raw)  # fmt: skip
-        return MemoryBudget(share=value / 100.0)
-    return MemoryBudget(share=None, limit=parse_size(raw, name="PLANCACHE_AUTOTUNE_MEMORY") or 0)
+_SHARE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*%$")
+_BUDGET_HINT = "is neither a share of free device memory (25%) nor a size (4G); 0 launches no candidate"
 
 
-#: PLANCACHE_AUTOTUNE_BUDGET's default: on an H200 a cold first call took 1.0-1.4x the
-#: frontend's own build when tuning stopped there (docs/checking.md).
-AUTOTUNE_BUDGET = 1.5
+def _budget(value: object) -> MemoryBudget:
+    if isinstance(value, MemoryBudget):
+        return value
+    share = _SHARE.match(value.strip()) if isinstance(value, str) else None
+    if share is None:
+        try:
+            return MemoryBudget(share=None, limit=_bytes(value, ""))
+        except _Refused:
+            raise _Refused(_BUDGET_HINT) from None
+    fraction = float(share.group(1)) / 100
+    if fraction > 1:
+        raise _Refused("is more than all of free device memory: write a share up to 100%, such as 25%")
+    return MemoryBudget(share=fraction)
 
 
-def autotune_budget_from_env(environ: Mapping[str, str] | None = None) -> float:
-    """``PLANCACHE_AUTOTUNE_BUDGET``: a number of at least 1 (the frontend's own build is 1),
-    ``1.5`` when unset or empty; ``off`` (or ``inf``) for no limit. Anything else is a
-    ``ConfigError`` naming the variable."""
-    raw = (os.environ if environ is None else environ).get("PLANCACHE_AUTOTUNE_BUDGET", "")
-    text = raw.strip().lower()
-    if not text:
-        return AUTOTUNE_BUDGET
-    if text in ("off", "inf", "infinity", "none"):
-        return float("inf")
+# ---------------------------------------------------------------------------- the settings
+
+CACHE_DIR: Setting[Path | None] = Setting(
+    "PLANCACHE_DIR", "the cache directory", "the user cache directory (`~/.cache/plancache` on Linux)", None, _path,
+    arguments=("PlanCache(directory=)", "Store(directory=)"), option="--dir")  # fmt: skip
+MAX_SIZE: Setting[int | None] = Setting(
+    "PLANCACHE_MAX_SIZE", "bytes of plans kept: `2G`, `500M`, `64k`, `1024` (every unit a power of 1024; `0`: no limit); "
+    "beyond it the least recently used entries are evicted after each store", "no limit", None, _size_limit,
+    arguments=("PlanCache(max_size=)",))  # fmt: skip
+RECORD: Setting[Path | None] = Setting(
+    "PLANCACHE_RECORD", "a manifest file that every `PlanCache` appends each new graph to ([docs/prewarm.md](docs/prewarm.md))",
+    "not recording", None, _path)  # fmt: skip
+BACKEND: Setting[str | None] = Setting(
+    "PLANCACHE_BACKEND", "the backend of the `plancache` command (`prewarm`, `verify --deserialize`, `prune "
+    "--other-environments`), as `module:Class`; `plancache.testing:CpuTestBackend` runs on a CPU", "cuDNN", None,
+    _backend_spec)  # fmt: skip
+ALLOW_SHARED_DIR: Setting[bool] = Setting(
+    "PLANCACHE_ALLOW_SHARED_DIR", "on (`1`) accepts a cache directory that other users can write", "refused", False, _switch,
+    arguments=("Store(allow_shared_dir=)",))  # fmt: skip
+REDIS_URL: Setting[str | None] = Setting(
+    "PLANCACHE_REDIS_URL", "the Redis tier of a fleet ([docs/fleet.md](docs/fleet.md))", "no Redis tier", None, _redis_url,
+    arguments=("RemoteTier(url)",), secret=True)  # fmt: skip
+REDIS_SECRET_FILE: Setting[bytes | None] = Setting(
+    "PLANCACHE_REDIS_SECRET_FILE", "file holding the secret that signs Redis entries, 16 bytes or more (this or the next "
+    "one is required with a URL)", "none", None, _secret_file)  # fmt: skip
+REDIS_SECRET: Setting[bytes | None] = Setting(
+    "PLANCACHE_REDIS_SECRET", "the secret itself (prefer the file)", "none", None, _secret,
+    arguments=("RemoteTier(secret=)",), secret=True)  # fmt: skip
+REDIS_NAMESPACE: Setting[str] = Setting(
+    "PLANCACHE_REDIS_NAMESPACE", "key prefix in Redis, one per fleet (no `:`)", "`plancache`", "plancache", _namespace,
+    arguments=("RemoteTier(namespace=)",))  # fmt: skip
+REDIS_TIMEOUT: Setting[float] = Setting(
+    "PLANCACHE_REDIS_TIMEOUT", "seconds per Redis round trip", "`0.25`", 0.25, _seconds, arguments=("RemoteTier(timeout=)",)
+)
+REDIS_TTL: Setting[int | None] = Setting(
+    "PLANCACHE_REDIS_TTL", "seconds a published plan lives in Redis (whole seconds)", "no expiry", None, _whole_seconds,
+    arguments=("RemoteTier(ttl=)",))  # fmt: skip
+REDIS_MAX_STALL: Setting[float] = Setting(
+    "PLANCACHE_REDIS_MAX_STALL", "seconds a process may lose to a failing Redis before it switches the tier off", "`2`", 2.0,
+    _seconds, arguments=("RemoteTier(max_stall=)",))  # fmt: skip
+REDIS_LOCK_TTL: Setting[float] = Setting(
+    "PLANCACHE_REDIS_LOCK_TTL", "seconds the fleet lock outlives a holder that died (it is renewed while its holder builds)",
+    "`60`", 60.0, _seconds, arguments=("RemoteTier(lock_ttl=)",))  # fmt: skip
+#: 1024 loaded plans: every graph of a large model times a few dozen shapes.
+MEMORY_PLANS: Setting[int] = Setting(
+    "PLANCACHE_MEMORY_PLANS", "loaded plans a process keeps in memory; the least recently used are dropped (they stay "
+    "stored)", "`1024`", 1024, _plans, arguments=("PlanCache(max_plans=)",))  # fmt: skip
+PATCH_CUDNN: Setting[bool] = Setting(
+    "PLANCACHE_PATCH_CUDNN", "on (`1`): cuDNN Frontend code persists its plans unchanged: the start-up hook calls "
+    "`plancache.install()` when the program imports `cudnn` (and `import plancache` does) (see [Using plancache with "
+    "existing cuDNN Frontend code](#using-plancache-with-existing-cudnn-frontend-code))", "not patched", False, _switch)  # fmt: skip
+AUTOTUNE_MEMORY: Setting[MemoryBudget] = Setting(
+    "PLANCACHE_AUTOTUNE_MEMORY", "device memory autotuning may allocate to launch and compare candidates: a share of free "
+    "memory (`25%`) or a size (`4G`); `0` launches no candidate; a graph that needs more is not timed, and its entry says "
+    "why ([docs/checking.md](docs/checking.md))", "`25%`", MemoryBudget(), _budget,
+    arguments=("MemoryBudget(share=, limit=)",))  # fmt: skip
+#: On: plans load through cuDNN's C API (``engines.native``), which holds no GIL and
+#: captures, allocates and synchronizes nothing, so priming beside the program's own work
+#: broke none of it on an H200 (docs/priming.md has the runs).
+AUTO_PRIME: Setting[bool] = Setting(
+    "PLANCACHE_AUTO_PRIME", "a cache that opens loads, on background threads, the plans its application used in its latest "
+    "run; `0` turns it off ([docs/priming.md](docs/priming.md)); use is recorded either way", "on",
+    True, _switch, arguments=("PlanCache(auto_prime=)",))  # fmt: skip
+
+
+def _autotune_budget(value: object) -> float:
+    """A multiple of the frontend's own build of at least 1, or ``off`` (no limit)."""
+    if isinstance(value, str) and value.strip().lower() in ("off", "inf", "infinity", "none"):
+        return math.inf
     try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value >= 1.0:  # NaN too
-        raise ConfigError(
-            f"PLANCACHE_AUTOTUNE_BUDGET={raw!r} is not a budget: give a multiple of the frontend's own build of at least 1 "
-            "(1.5 is the default), or off for no limit",
-            name="PLANCACHE_AUTOTUNE_BUDGET",
-            value=raw,
-        )
-    return value
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = math.nan
+    if not number >= 1.0:  # NaN too
+        raise _Refused("is not a budget: give a multiple of the frontend's own build of at least 1 (1.5 is the default), "
+                       "or off for no limit")  # fmt: skip
+    return number
+
+
+#: 1.5: the frontend's own build, and half of it again for the check and tuning.
+AUTOTUNE_BUDGET: Setting[float] = Setting(
+    "PLANCACHE_AUTOTUNE_BUDGET", "a miss's time, as a multiple of the frontend's own build of the graph (its heuristics and "
+    "its first plan): tuning stops there and `plancache tune` finishes it later; the candidates the check needs are "
+    "launched anyway; `off` for no limit ([docs/checking.md](docs/checking.md))", "`1.5`", 1.5, _autotune_budget,
+    arguments=("TimingPolicy(budget=)",))  # fmt: skip
+APP: Setting[str | None] = Setting(
+    "PLANCACHE_APP", "the application name under which plan use is recorded and primed",
+    "the entry script's absolute path, plus `#rankN` when `LOCAL_RANK` is set", None, _text,
+    arguments=("PlanCache(app=)",))  # fmt: skip
+
+#: Every setting, in README.md's order.
+SETTINGS: tuple[Setting[Any], ...] = (
+    CACHE_DIR, MAX_SIZE, RECORD, BACKEND, ALLOW_SHARED_DIR, REDIS_URL, REDIS_SECRET_FILE, REDIS_SECRET, REDIS_NAMESPACE,
+    REDIS_TIMEOUT, REDIS_TTL, REDIS_MAX_STALL, REDIS_LOCK_TTL, MEMORY_PLANS, PATCH_CUDNN, AUTOTUNE_MEMORY, AUTOTUNE_BUDGET,
+    AUTO_PRIME, APP,
+)  # fmt: skip
+#: The settings of the Redis tier: read only when ``PLANCACHE_REDIS_URL`` is set.
+REDIS_SETTINGS: tuple[Setting[Any], ...] = (
+    REDIS_URL, REDIS_SECRET_FILE, REDIS_SECRET, REDIS_NAMESPACE, REDIS_TIMEOUT, REDIS_TTL, REDIS_MAX_STALL, REDIS_LOCK_TTL,
+)  # fmt: skip

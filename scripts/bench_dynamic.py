@@ -55,7 +55,7 @@ def _setup() -> tuple[Any, Any]:
 
 
 def _check(torch: Any, name: str, params: dict[str, Any], tensors: dict[int, Any], out: Any) -> float:
-    from plancache import templates
+    from plancache.workflows import templates
 
     return benchlib.rel_error(out, templates.reference(name, tensors, **params))
 
@@ -63,7 +63,7 @@ def _check(torch: Any, name: str, params: dict[str, Any], tensors: dict[int, Any
 def _raw_phase(dynamic: bool) -> dict[str, Any]:
     import cudnn
 
-    from plancache import templates
+    from plancache.workflows import templates
 
     torch, handle = _setup()
     result: dict[str, Any] = {}
@@ -96,7 +96,7 @@ def phase_dynamic(_: dict[str, Any]) -> dict[str, Any]:
 
 def _cache_phase(args: dict[str, Any], bucketed: bool) -> dict[str, Any]:
     import plancache
-    from plancache import buckets, templates
+    from plancache.workflows import buckets, templates
 
     torch, _ = _setup()
     cache = plancache.PlanCache(args["dir"])
@@ -151,7 +151,7 @@ def phase_kernel_cache(args: dict[str, Any]) -> dict[str, Any]:
     the kernel cache file ``args['load']`` (if any); saves the kernel cache to ``args['save']``."""
     import cudnn
 
-    from plancache import templates
+    from plancache.workflows import templates
 
     torch, handle = _setup()
     result: dict[str, Any] = {}

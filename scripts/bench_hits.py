@@ -75,7 +75,7 @@ FULL = {
     "store_entries": 10_000, "store_timed": 1000, "store_warmup": 20,
 }  # fmt: skip
 QUICK = {
-    "lock_hold_s": 1.0, "lock_loop_s": 0.6, "flush_s": 0.05,
+    "lock_hold_s": 3.0, "lock_loop_s": 0.6, "flush_s": 0.05,
     "get_n": 100, "get_warmup": 20,
     "builder_batches": 5, "builder_batch": 200,
     "store_entries": 300, "store_timed": 50, "store_warmup": 5,
@@ -83,11 +83,11 @@ QUICK = {
 
 # Holds the write lock of a plan store with nothing but sqlite3: the other process of row 1.
 LOCK_HOLDER = """
-import sqlite3, sys, time
+import select, sqlite3, sys
 conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
 conn.execute("BEGIN IMMEDIATE")
 print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
+select.select([sys.stdin], [], [], float(sys.argv[2]))  # until the bench is done (stdin closes), at most this long
 conn.execute("COMMIT")
 conn.close()
 print("released", flush=True)
@@ -245,7 +245,7 @@ def bench_lock(workdir: Path, sizes: dict[str, Any]) -> dict[str, Any]:
     counters_before = dict(memory_cache.counters), dict(store_cache.counters)
 
     holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(db), str(sizes["lock_hold_s"])],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert holder.stdout is not None
         if holder.stdout.readline().strip() != "locked":
@@ -269,7 +269,7 @@ def bench_lock(workdir: Path, sizes: dict[str, Any]) -> dict[str, Any]:
                 i += 1
         window_end = clock()
         held_throughout = holder.poll() is None
-        out, err = holder.communicate(timeout=sizes["lock_hold_s"] + 30)
+        out, err = holder.communicate(timeout=sizes["lock_hold_s"] + 30)  # closes its stdin: it lets go at once
         if holder.returncode != 0 or "released" not in out:
             raise BenchError(f"the lock holder failed: {err[-2000:]}")
     finally:

@@ -59,7 +59,7 @@ def _setup() -> tuple[Any, Any]:
 def phase_heuristic(_: dict[str, Any]) -> dict[str, Any]:
     import cudnn
 
-    from plancache import templates
+    from plancache.workflows import templates
 
     torch, handle = _setup()
     times = []
@@ -74,7 +74,7 @@ def phase_heuristic(_: dict[str, Any]) -> dict[str, Any]:
 
 def _cache_phase(args: dict[str, Any], policy: str) -> dict[str, Any]:
     import plancache
-    from plancache import templates
+    from plancache.workflows import templates
 
     torch, _ = _setup()
     # auto_prime=False: these phases time lookups (use is still recorded, for the primed phase)
@@ -122,7 +122,7 @@ def phase_primed(args: dict[str, Any]) -> dict[str, Any]:
     """Warm start as a program gets it with no code: auto-prime loads the plans the warm
     phases used while the program loads its weights (a sleep stands in), then the lookups."""
     import plancache
-    from plancache import templates
+    from plancache.workflows import templates
 
     torch, _ = _setup()
     cache = plancache.PlanCache(args["dir"], auto_prime=True)  # the default; said here for the reader
@@ -146,7 +146,7 @@ def phase_raw(args: dict[str, Any]) -> dict[str, Any]:
     import cudnn
 
     import plancache
-    from plancache import templates
+    from plancache.workflows import templates
 
     torch, handle = _setup()
     cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"), auto_prime=False)
@@ -191,8 +191,8 @@ def _eager(torch: Any, name: str, t: dict[int, Any], params: dict[str, Any]) -> 
 
 def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
     import plancache
-    from plancache import templates
     from plancache.engines.backend import EngineChoice
+    from plancache.workflows import templates
 
     torch, _ = _setup()
     cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"), auto_prime=False)
@@ -262,7 +262,7 @@ def launch_overhead(torch: Any, cache: Any) -> list[dict[str, Any]]:
     graph with a workspace allocated once (``benchlib.host_us``)."""
     import cudnn
 
-    from plancache import templates
+    from plancache.workflows import templates
 
     handle = cudnn.create_handle()
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
@@ -296,8 +296,8 @@ def run_phase(phase: str, **args: Any) -> dict[str, Any]:
 def quality(ex_dir: str, cold_dir: str) -> list[dict[str, Any]]:
     """The autotuned pick's time in the exhaustive table, against that table's best."""
     import plancache
-    from plancache import templates
     from plancache.store import Store, maintenance
+    from plancache.workflows import templates
 
     ex, cold = Store(ex_dir, read_only=True), Store(cold_dir, read_only=True)
     rows = []

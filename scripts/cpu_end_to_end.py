@@ -53,8 +53,9 @@ def _lookups(directory: str, repeat: bool, auto_prime: bool = False) -> dict[str
     import cudnn  # noqa: F401 - imported by every approach alike: not part of a lookup
     import torch  # noqa: F401
 
-    from plancache import PlanCache, templates
+    from plancache import PlanCache
     from plancache.testing import CpuTestBackend
+    from plancache.workflows import templates
 
     # Every phase is one run of one application, so the primed phase primes what they used.
     cache = PlanCache(directory, backend=CpuTestBackend(), auto_prime=auto_prime, app="cpu_end_to_end")

@@ -54,7 +54,7 @@ def relative_error(out: Any, ref: Any) -> float:
 def setup(directory: Path) -> None:
     """Store the suite's plans and record their use under APP (auto-prime off here)."""
     import plancache
-    from plancache import templates
+    from plancache.workflows import templates
 
     with plancache.PlanCache(directory, auto_prime=False, app=APP) as cache:
         for _label, name, params in SUITE:
@@ -64,7 +64,7 @@ def setup(directory: Path) -> None:
 
 def check_plans(cache: Any, torch: Any) -> list[str]:
     """Run every suite plan on fresh inputs; the ones whose output is wrong."""
-    from plancache import templates
+    from plancache.workflows import templates
 
     wrong = []
     for label, name, params in SUITE:
@@ -154,7 +154,7 @@ class Work:
         self.loop(step)
 
     def lookups(self, cache: Any) -> None:
-        from plancache import templates
+        from plancache.workflows import templates
 
         torch = self.torch
         found: list[str] = []

@@ -35,7 +35,7 @@ def main() -> None:
     import resnet_attention as example
     import torch
 
-    from plancache import templates
+    from plancache.workflows import templates
 
     plans = example.CachedPlans(directory)
     w = example.weights(torch)

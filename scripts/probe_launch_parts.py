@@ -67,7 +67,7 @@ def main() -> None:
     import torch
 
     import plancache
-    from plancache import templates
+    from plancache.workflows import templates
 
     directory = tempfile.mkdtemp()
     builder = plancache.PlanCache(directory, auto_prime=False)

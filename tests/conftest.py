@@ -4,7 +4,10 @@ run real cudnn.pygraph graphs through ``CpuTestBackend``."""
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,6 +44,29 @@ def system_temp_dir_left_clean(tmp_path_factory: pytest.TempPathFactory) -> Iter
             os.environ["TMPDIR"] = saved_env
     left = sorted(p.name for p in scratch.iterdir() if not p.name.startswith(("pytest-of-", "pymp-", "etilqs_")))
     assert not left, f"the tests left files in the system temporary directory: {left}"
+
+
+#: What plancache's wheel is built from.
+SHIPPED = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "plancache-startup.pth", "_plancache_startup.py")
+
+
+@pytest.fixture(scope="session")
+def plancache_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """plancache's wheel, built once per run from this tree with this interpreter's
+    setuptools (no network), for the tests that install it as a user does."""
+    root = Path(__file__).resolve().parents[1]
+    tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "src"  # a copy: building writes build/ and *.egg-info next to the sources
+    source.mkdir()
+    for name in SHIPPED:
+        shutil.copy2(root / name, source / name)
+    for folder in ("plancache", "migrations"):
+        shutil.copytree(root / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                            "-w", str(tmp / "dist"), str(source)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp / "dist").glob("plancache-*.whl")
+    return wheel
 
 
 @pytest.fixture(autouse=True)

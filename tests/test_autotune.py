@@ -353,11 +353,11 @@ def test_without_a_budget_every_candidate_the_policy_wants_is_tuned() -> None:
 
 
 def test_the_budget_is_read_from_the_environment() -> None:
-    from plancache.config import ConfigError, autotune_budget_from_env
+    from plancache.config import AUTOTUNE_BUDGET, ConfigError
 
-    assert autotune_budget_from_env({}) == 1.5
-    assert autotune_budget_from_env({"PLANCACHE_AUTOTUNE_BUDGET": " 2 "}) == 2.0
-    assert autotune_budget_from_env({"PLANCACHE_AUTOTUNE_BUDGET": "off"}) == math.inf
+    assert AUTOTUNE_BUDGET.from_env({}) == 1.5
+    assert AUTOTUNE_BUDGET.from_env({"PLANCACHE_AUTOTUNE_BUDGET": " 2 "}) == 2.0
+    assert AUTOTUNE_BUDGET.from_env({"PLANCACHE_AUTOTUNE_BUDGET": "off"}) == math.inf
     for bad in ("0.5", "nan", "abc", "-1"):
         with pytest.raises(ConfigError, match="PLANCACHE_AUTOTUNE_BUDGET"):
-            autotune_budget_from_env({"PLANCACHE_AUTOTUNE_BUDGET": bad})
+            AUTOTUNE_BUDGET.from_env({"PLANCACHE_AUTOTUNE_BUDGET": bad})

@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from plancache import BundleError, PlanCache, Store, templates
+from plancache import BundleError, PlanCache, Store
 from plancache.cli import cli
 from plancache.key import environment_id
 from plancache.store import DB_NAME
 from plancache.store.codec import decode_entry, encode_entry
 from plancache.testing import CpuTestBackend
+from plancache.workflows import templates
 from plancache.workflows.bundle import BUNDLE_MAGIC, export_bundle, import_bundle, read_bundle
 from plancache.workflows.prewarm import prewarm
 from plancache.workflows.report import entry_report, speedup
@@ -130,7 +131,7 @@ def test_export_report_filters_and_atomic_write(tmp_path: Path, make_cache: Make
     with pytest.raises(Exception, match="no entry"):
         export_bundle(store, path, keys=["ffff"])
     store.close()
-    _, entries = read_bundle(path)
+    entries = read_bundle(path).entries
     assert [e.key for e in entries] == other
 
 
@@ -259,7 +260,7 @@ def test_inconsistent_headers_are_refused(tmp_path: Path, make_cache: MakeCache,
     assert_refused(target, bundle, "bad magic")
 
 
-def test_cli_import_refusal_exits_1_with_one_line(
+def test_cli_import_refusal_exits_3_with_one_line_and_creates_nothing(
     tmp_path: Path, make_cache: MakeCache, bundle: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = target_with_one_plan(tmp_path, make_cache)
@@ -268,9 +269,15 @@ def test_cli_import_refusal_exits_1_with_one_line(
     bundle.write_bytes(bytes(data))
     before = db_state(target)
     result = CliRunner().invoke(cli, ["--dir", str(target), "import", str(bundle)])
-    assert result.exit_code == 1
+    assert result.exit_code == 3  # the input has problems
     assert result.stderr.startswith("plancache: error: bundle ") and "refused" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
     assert db_state(target) == before
+    fresh = tmp_path / "fresh"
+    for refused in (bundle, tmp_path / "missing.bundle"):
+        result = CliRunner().invoke(cli, ["--dir", str(fresh), "import", str(refused)])
+        assert result.exit_code == 3 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert not fresh.exists()  # a refused import leaves no new, empty store
 
 
 # ---------------------------------------------------------------------------- CLI and inspect

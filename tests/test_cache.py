@@ -21,7 +21,6 @@ import plancache.cache
 from plancache import BuildError, BuildOptions, InvalidGraphError, PlanCache, Store, StoreError
 from plancache.cache.builder import _signature
 from plancache.cache.cache import _COUNTERS
-from plancache.config import max_size_from_env as _max_size_from_env
 from plancache.key import environment_id
 from plancache.store import DB_NAME, maintenance
 from plancache.testing import MAGIC, CpuTestBackend
@@ -469,16 +468,10 @@ def test_max_size_evicts_least_recently_used(make_cache: MakeCache, tmp_path: Pa
     assert cache.store.total_size() == sizes[1] + sizes[2]
 
 
-def test_max_size_from_environment(monkeypatch: pytest.MonkeyPatch, make_cache: MakeCache) -> None:
-    for text, expected in [("1k", 1024), ("2M", 2 << 20), ("1.5G", 3 << 29), ("4096", 4096), (" 8K ", 8192)]:
-        monkeypatch.setenv("PLANCACHE_MAX_SIZE", text)
-        assert _max_size_from_env() == expected, text
-    monkeypatch.setenv("PLANCACHE_MAX_SIZE", "lots")
-    with pytest.raises(ValueError, match="PLANCACHE_MAX_SIZE"):
-        _max_size_from_env()
+def test_max_size_from_environment_or_argument(monkeypatch: pytest.MonkeyPatch, make_cache: MakeCache) -> None:
     monkeypatch.setenv("PLANCACHE_MAX_SIZE", "1M")
     assert make_cache().max_size == 1 << 20
-    assert make_cache(max_size=5).max_size == 5
+    assert make_cache(max_size=5000).max_size == 5000  # the argument wins
 
 
 # ---------------------------------------------------------------------------- builder
@@ -542,7 +535,7 @@ def test_signature_keeps_positional_and_keyword_arguments_apart_with_marker() ->
 
 
 def test_a_hit_executes_by_the_callers_tensor_names(make_cache: Any, tmp_path: Path) -> None:
-    from plancache import templates
+    from plancache.workflows import templates
 
     params = {"b": 1, "m": 4, "n": 4, "k": 4, "dtype": "float32"}
     first = make_cache()
@@ -563,7 +556,7 @@ def test_a_hit_executes_by_the_callers_tensor_names(make_cache: Any, tmp_path: P
 
 
 def test_builder_with_an_explicit_key(make_cache: Any) -> None:
-    from plancache import templates
+    from plancache.workflows import templates
 
     cache = make_cache()
     calls = []
@@ -579,7 +572,7 @@ def test_builder_with_an_explicit_key(make_cache: Any) -> None:
 
 
 def _dynamic_conv(n: int) -> Any:
-    from plancache import templates
+    from plancache.workflows import templates
 
     return templates.build("conv_bias_act", n=n, c=4, h=6, w=6, k=4, dtype="float32", dynamic=True)
 

@@ -1,47 +1,75 @@
-"""The `plancache` command as a user meets it in the first hour, each run as the real
-command in a fresh process: one line per error with a documented exit code, export that
-never replaces a special file, rm that resolves every key first, options before or after
-the command, diffs by path, manifests that run no code unless allowed, read commands that
-read a cache not created yet as an empty one (and create nothing), and the README's set-up
-commands on a machine without a GPU."""
+"""The `plancache` command as a user meets it in the first hour: one line per error with a
+documented exit code (and, with --json, the error as JSON on stdout), commands that fail
+before they create anything, a prewarm that never reports success for plans it could not
+store, one verdict on a damaged store from every command, export that never replaces a
+special file, rm that resolves every key first, options before or after the command, diffs
+by path, manifests that run no code unless allowed, read commands that read a cache not
+created yet as an empty one (and create nothing), and the README's set-up commands on a
+machine without a GPU.
+
+Commands run in this process (click's CliRunner), which is what they test; a fresh process
+is started only where the process is the point: the README's main job, an example script,
+a pytest run."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from plancache import PlanCache, templates
+from plancache import PlanCache
+from plancache.cli import cli
 from plancache.store import Store
 from plancache.testing import CpuTestBackend
+from plancache.workflows import templates
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKEND = "plancache.testing:CpuTestBackend"
 TEMPLATE_ENTRY = {"template": "matmul_bias_act", "params": {"b": 1, "m": 4, "k": 8, "n": 3}}
 
 
-def plancache(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m plancache ARGS`` with this checkout's package."""
-    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "plancache", *args], capture_output=True, text=True, env=full,
-                          cwd=cwd, timeout=300)  # fmt: skip
+@dataclass(frozen=True)
+class Run:
+    """What one ``plancache`` command did: its exit code and output, and the exception it
+    let out (``--debug``, or a bug: what a traceback would show)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    exception: BaseException | None
 
 
-def one_line_error(result: subprocess.CompletedProcess[str], code: int = 1) -> str:
+def plancache(*args: str, env: dict[str, str | None] | None = None) -> Run:
+    """``plancache ARGS`` in this process, with ``env`` over this process's environment (and
+    the logging level that ``--debug`` changes put back afterwards)."""
+    level = logging.getLogger().level
+    try:
+        result = CliRunner().invoke(cli, list(args), env=env)
+    finally:
+        logging.getLogger().setLevel(level)
+    escaped = result.exception if not isinstance(result.exception, SystemExit) else None
+    return Run(result.exit_code, result.stdout, result.stderr, escaped)
+
+
+def one_line_error(result: Run, code: int = 1) -> str:
     """The result failed with ``code`` and exactly one line on stderr (no traceback)."""
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr, result.exception)
+    assert result.exception is None, result.exception
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("plancache: error: "), result.stderr
-    assert "Traceback" not in result.stderr
     return lines[0]
 
 
@@ -226,9 +254,9 @@ def test_other_user_errors_are_one_line_and_debug_shows_the_traceback(filled: tu
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     assert "is not a directory" in one_line_error(plancache("--dir", str(a_file), "ls"))
-    assert "not a plancache bundle" in one_line_error(plancache("--dir", str(directory), "import", str(a_file)))
+    assert "not a plancache bundle" in one_line_error(plancache("--dir", str(directory), "import", str(a_file)), 3)
     debug = plancache("ls", "--dir", str(a_file), "--debug")
-    assert debug.returncode == 1 and "Traceback" in debug.stderr and "CacheDirError" in debug.stderr
+    assert debug.returncode == 1 and type(debug.exception).__name__ == "CacheDirError"  # raised: Python prints its traceback
     usage = plancache("--dir", str(directory), "ls", "--no-such-option")
     assert usage.returncode == 2
 
@@ -287,19 +315,6 @@ def test_dir_json_and_debug_go_before_or_after_the_command(filled: tuple[Path, l
         json.loads(result.stdout)
 
 
-def test_every_environment_variable_plancache_reads_is_in_the_readme() -> None:
-    from plancache.config import ENVIRONMENT
-
-    found = set()
-    for path in (ROOT / "plancache").glob("*.py"):
-        found |= set(re.findall(r"\bPLANCACHE_[A-Z_]*[A-Z]\b", path.read_text()))
-    assert found == set(ENVIRONMENT), found ^ set(ENVIRONMENT)
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("| variable |") :]
-    for name in found:
-        assert f"| `{name}` |" in table, name
-
-
 # ---------------------------------------------------------------------------- 7. diff by path
 
 
@@ -335,18 +350,21 @@ def test_diff_names_paths_only_one_side_has() -> None:
 
 
 @pytest.fixture
-def code_manifest(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """A manifest with a builder entry whose module leaves a marker file when imported."""
+def code_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
+    """A manifest with a builder entry whose module leaves a marker file when imported. What
+    running it adds to ``sys.path`` and ``sys.modules`` in this process goes afterwards."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
     marker = tmp_path / "imported.marker"
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "marker_builders.py").write_text(
         f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n"
-        "from plancache import templates\n"
+        "from plancache.workflows import templates\n"
         "def conv(n):\n    return templates.build('conv_bias_act', n=n, c=8, h=6, w=6, k=4)\n"
     )
     manifest = write_manifest(tmp_path / "code.json", TEMPLATE_ENTRY, {"builder": "marker_builders:conv", "args": [1]},
                               pythonpath=["mods"])  # fmt: skip
     yield manifest, marker
+    sys.modules.pop("marker_builders", None)
 
 
 def test_dry_run_lists_builder_entries_without_importing_them(code_manifest: tuple[Path, Path], tmp_path: Path) -> None:
@@ -463,9 +481,7 @@ def test_an_absent_cache_reads_as_an_empty_one_in_the_same_json_shape(filled: tu
 
 
 def test_the_default_directory_absent_is_empty_without_a_note(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "PLANCACHE_DIR"}
-    env.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, "-m", "plancache", "ls"], capture_output=True, text=True, env=env, timeout=120)
+    result = plancache("ls", env={"PLANCACHE_DIR": None, "HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert result.stdout.startswith("no plans yet in ") and str(tmp_path) in result.stdout
     named = plancache("ls", env={"PLANCACHE_DIR": str(tmp_path / "typo")})
@@ -490,9 +506,9 @@ def test_a_key_asked_of_a_fresh_machine_is_not_found(tmp_path: Path) -> None:
     for command in (["show", "abcd"], ["diff", "ab", "cd"], ["inspect", "abcd"], ["rm", "abcd"],
                     ["export", str(tmp_path / "x.bundle"), "--key", "abcd"]):  # fmt: skip
         result = plancache("--dir", str(missing), *command, "--json")
-        assert result.returncode == 1 and result.stdout == "", (command, result.stdout)
         line = [x for x in result.stderr.splitlines() if x.startswith("plancache: error: ")]
         assert len(line) == 1 and ("no plans yet" in line[0] or "nothing is stored yet" in line[0]), (command, result.stderr)
+        assert result.returncode == 1 and json.loads(result.stdout) == {"error": line[0][18:], "exit_code": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -502,9 +518,10 @@ def test_numpy_and_tomli_are_declared_and_the_cpu_path_is_pinned() -> None:
     names = [re.split(r"[<>=;\s\[]", d)[0] for d in project["dependencies"]]
     assert "numpy" in names and "tomli" in names
     assert any("tomli" in d and "python_version < '3.11'" in d for d in project["dependencies"])
-    pins = dict(line.split("==") for line in (ROOT / "constraints-cpu.txt").read_text().splitlines() if "==" in line)
+    lines = (ROOT / "constraints-cpu.txt").read_text().splitlines()
+    pins = dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
     for name in ("torch", "numpy", "nvidia-cudnn-frontend", "sqlite-utils", "filelock", "platformdirs", "click", "jsonschema",
-                 "pytest", "redis"):  # fmt: skip
+                 "pytest", "pytest-xdist", "redis"):  # fmt: skip
         assert name in pins, name
 
 
@@ -565,19 +582,29 @@ def _exit_cases(tmp: Path, filled_dir: Path) -> list[tuple[str, list[str], dict[
     code = write_manifest(tmp / "code.json", {"builder": "mod:fn"})
     damaged = tmp / "damaged"
     fill(damaged)
-    import sqlite3
 
     with sqlite3.connect(damaged / "plans.db") as conn:
         conn.execute("UPDATE plans SET blob_sha256 = 'x'")
     conn.close()
+    damaged_file = tmp / "damaged-file"
+    damaged_file.mkdir(mode=0o700)
+    (damaged_file / "plans.db").write_text("not a database")
+    shared = tmp / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
     d, c, b = ["--dir", str(filled_dir)], ["--dir", str(tmp / "new")], {"PLANCACHE_BACKEND": BACKEND}
     return [
         ("a listing", [*d, "ls"], {}, 0),
         ("a listing of a cache not created yet", ["--dir", str(tmp / "absent"), "ls"], {}, 0),
-        ("a prewarm", [*c, "prewarm", str(good)], b, 0),
+        ("a prewarm", ["--dir", str(tmp / "built"), "prewarm", str(good)], b, 0),
         ("a cache path that is a file", ["--dir", str(a_file), "ls"], {}, 1),
         ("an unknown key", [*d, "show", "ffff0000"], {}, 1),
-        ("a file that is no bundle", [*d, "import", str(a_file)], {}, 1),
+        ("a bundle that is no bundle", [*d, "import", str(a_file)], {}, 3),
+        ("a bundle that does not exist", [*c, "import", str(tmp / "missing.bundle")], {}, 3),
+        ("a manifest that does not exist", [*c, "prewarm", str(tmp / "missing.json")], b, 3),
+        ("a cache directory other users can write", ["--dir", str(shared), "ls"], {}, 1),
+        ("a damaged store", ["--dir", str(damaged_file), "ls"], {}, 1),
+        ("PLANCACHE_AUTO_PRIME in a prewarm", [*c, "prewarm", str(good)], {**b, "PLANCACHE_AUTO_PRIME": "maybe"}, 2),
         ("an unknown option", [*d, "ls", "--no-such-option"], {}, 2),
         ("a bad option value", [*d, "prewarm", str(good), "--policy", "fastest"], b, 2),
         ("PLANCACHE_MAX_SIZE", [*c, "prewarm", str(good)], {**b, "PLANCACHE_MAX_SIZE": "banana"}, 2),
@@ -589,11 +616,12 @@ def _exit_cases(tmp: Path, filled_dir: Path) -> list[tuple[str, list[str], dict[
          {"PLANCACHE_REDIS_URL": REDIS, "PLANCACHE_REDIS_SECRET": SECRET, "PLANCACHE_REDIS_TIMEOUT": "soon"}, 2),
         ("PLANCACHE_REDIS_TTL in a prewarm", [*c, "prewarm", str(good)],
          {**b, "PLANCACHE_REDIS_URL": REDIS, "PLANCACHE_REDIS_SECRET": SECRET, "PLANCACHE_REDIS_TTL": "-1"}, 2),
-        ("a failing entry", [*c, "prewarm", str(failing)], b, 3),
+        ("a failing entry", ["--dir", str(tmp / "partial"), "prewarm", str(failing)], b, 3),
         ("a failing entry in a dry run", [*c, "prewarm", str(failing), "--dry-run"], {}, 3),
         ("a manifest that is not JSON", [*c, "prewarm", str(broken)], b, 3),
         ("a manifest that runs code", [*c, "prewarm", str(code)], b, 3),
-        ("a damaged store", ["--dir", str(damaged), "verify"], {}, 3),
+        ("a store with a damaged entry", ["--dir", str(damaged), "verify"], {}, 3),
+        ("a damaged store file", ["--dir", str(damaged_file), "verify"], {}, 3),
     ]  # fmt: skip
 
 
@@ -606,9 +634,10 @@ def test_every_outcome_exits_with_its_documented_code(filled: tuple[Path, list[s
     for what, args, env, expected in cases:
         result = plancache(*args, env=env)
         errors = [line for line in result.stderr.splitlines() if line.startswith(("plancache: error:", "Error:"))]
-        if result.returncode != expected or (expected in (1, 2) and len(errors) != 1) or "Traceback" in result.stderr:
+        if result.returncode != expected or (expected in (1, 2) and len(errors) != 1) or result.exception is not None:
             failures.append(f"{what}: exit {result.returncode}, expected {expected}: {result.stderr.strip()[-300:]}")
     assert not failures, "\n".join(failures)
+    assert not (tmp_path / "new").exists(), "a command that failed created the cache"
     assert {expected for *_, expected in cases} == set(EXIT_CODES), "every documented code has a case"
 
 
@@ -631,7 +660,6 @@ def test_the_exit_codes_are_documented_once_and_shown_by_help() -> None:
 
 
 def _age_entries(directory: Path, keys: list[str], days: float) -> None:
-    import sqlite3
     import time
 
     with sqlite3.connect(directory / "plans.db") as conn:
@@ -680,3 +708,194 @@ def test_prune_older_than_takes_a_number_of_days(value: str, filled: tuple[Path,
 def test_prune_help_says_days() -> None:
     text = plancache("prune", "--help").stdout
     assert "--older-than DAYS" in text and "FLOAT" not in text and "--force" in text
+
+
+# ---------------------------------------------------------------------------- 12. a prewarm that stores nothing says so
+
+
+def _world_writable(path: Path) -> Path:
+    path.mkdir()
+    path.chmod(0o777)
+    return path
+
+
+def test_a_prewarm_into_a_directory_it_cannot_use_fails_before_building(tmp_path: Path) -> None:
+    """Into a directory other users can write, or one it cannot create (or, for a user
+    other than root, one it cannot write), a prewarm once built every entry, stored none
+    and exited 0 saying "3 built". It now refuses in one line before it builds anything."""
+    manifest = write_manifest(tmp_path / "m.json", TEMPLATE_ENTRY)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases = [(_world_writable(tmp_path / "shared"), "PLANCACHE_ALLOW_SHARED_DIR=1"),
+             (a_file / "cache", "cannot create cache directory")]  # fmt: skip
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        fill(locked)
+        locked.chmod(0o500)
+        cases.append((locked, "read-only"))
+    for directory, says in cases:
+        before = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else None
+        result = plancache("--dir", str(directory), "prewarm", str(manifest), "--json", env={"PLANCACHE_BACKEND": BACKEND})
+        line = one_line_error(result)
+        assert says in line, line
+        assert json.loads(result.stdout)["exit_code"] == 1 and "built" not in result.stdout
+        assert (sorted(p.name for p in directory.iterdir()) if directory.is_dir() else None) == before
+
+
+def test_plans_built_but_not_stored_fail_the_prewarm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plancache.errors import StoreError
+
+    def full(self: Store, entry: Any, **_: Any) -> int:
+        raise StoreError(f"cannot store plan {entry.key[:12]}: database or disk is full", path=str(self.path))
+
+    monkeypatch.setattr(Store, "put", full)
+    manifest = write_manifest(tmp_path / "m.json", TEMPLATE_ENTRY)
+    backend = {"PLANCACHE_BACKEND": BACKEND}
+    result = plancache("--dir", str(tmp_path / "cache"), "prewarm", str(manifest), env=backend)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines()[0].startswith("unpersisted")
+    assert "1 built (1 of them not stored" in result.stdout.splitlines()[-1]
+    as_json = plancache("--dir", str(tmp_path / "cache"), "prewarm", str(manifest), "--json", env=backend)
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["unpersisted"] == 1
+
+
+# ---------------------------------------------------------------------------- 13. a failed command leaves no file
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="needs a machine without a GPU")
+def test_a_prewarm_without_a_gpu_names_the_manifest_error_first_and_creates_nothing(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    junk = tmp_path / "junk.json"
+    junk.write_text("{ junk")
+    line = one_line_error(plancache("--dir", str(cache), "prewarm", str(junk)), 3)
+    assert f"{junk}:1: not valid JSON" in line
+    good = write_manifest(tmp_path / "good.json", TEMPLATE_ENTRY)
+    assert "no CUDA device" in one_line_error(plancache("--dir", str(cache), "prewarm", str(good)))
+    assert not cache.exists()
+
+
+def test_a_manifest_or_bundle_that_is_missing_or_invalid_is_one_line_exit_3_on_stderr(tmp_path: Path) -> None:
+    """Not click's four-line usage error (exit 2), and not a row on stdout."""
+    broken = tmp_path / "broken.json"
+    broken.write_text("[1, 2")
+    cache = ["--dir", str(tmp_path / "cache")]
+    for args, says in [(["prewarm", str(tmp_path / "missing.json")], "missing.json: cannot read the manifest: No such file"),
+                       (["prewarm", str(tmp_path)], "cannot read the manifest: Is a directory"),
+                       (["prewarm", str(broken)], "broken.json:1: not valid JSON"),
+                       (["prewarm", str(broken), "--dry-run"], "broken.json:1: not valid JSON"),
+                       (["import", str(tmp_path / "missing.bundle")], "cannot read bundle"),
+                       (["import", str(broken)], "not a plancache bundle")]:  # fmt: skip
+        result = plancache(*cache, *args, env={"PLANCACHE_BACKEND": BACKEND})
+        assert says in one_line_error(result, 3) and result.stdout == "", (args, result.stdout)
+    assert not (tmp_path / "cache").exists()
+
+
+# ---------------------------------------------------------------------------- 14. --json: errors are JSON too
+
+
+def test_with_json_every_error_is_json_on_stdout(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+    directory, _ = filled
+    d = ["--dir", str(directory)]
+    for args, env, code in [([*d, "show", "ffff0000"], {}, 1), ([*d, "ls", "--no-such-option"], {}, 2),
+                            (["--no-such-option", *d, "ls"], {}, 2), ([*d, "prune"], {}, 2),
+                            ([*d, "ls"], {"PLANCACHE_MEMORY_PLANS": "nan"}, 2),
+                            ([*d, "prewarm", str(tmp_path / "missing.json")], {}, 3),
+                            (["--dir", str(tmp_path / "a-file" / "x"), "import", str(tmp_path / "x.bundle")], {}, 3)]:  # fmt: skip
+        for place in ("after", "before"):
+            argv = [*args, "--json"] if place == "after" else ["--json", *args]
+            result = plancache(*argv, env=env)
+            assert result.returncode == code, (argv, result.stderr)
+            data = json.loads(result.stdout)
+            assert data["exit_code"] == code and data["error"] in result.stderr, (argv, result.stdout, result.stderr)
+
+
+# ---------------------------------------------------------------------------- 15. one verdict on a damaged store
+
+
+def _damage_a_page(directory: Path) -> None:
+    path = directory / "plans.db"
+    data = bytearray(path.read_bytes())
+    data[4096 * 2 : 4096 * 2 + 2000] = b"\x55" * 2000  # the pages after the schema: the plans table
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["a damaged page", "not a database"])
+def test_every_command_reads_a_damaged_store_alike_and_only_verify_fix_repairs_it(damage: str, tmp_path: Path) -> None:
+    """ls, show and inspect once exited 0 on a damaged plans.db while stats exited 1, and
+    read commands quietly moved it aside; verify --fix left -wal and -shm files beside the
+    copy it kept."""
+    directory = tmp_path / "cache"
+    keys = fill(directory)
+    if damage == "a damaged page":
+        _damage_a_page(directory)
+    else:
+        (directory / "plans.db").write_text("not a database")
+    before = (directory / "plans.db").read_bytes()
+    manifest = write_manifest(tmp_path / "m.json", TEMPLATE_ENTRY)
+    d = ["--dir", str(directory)]
+    lines = set()
+    for command in (["ls"], ["stats"], ["inspect"], ["show", keys[0][:8]], ["diff", keys[0][:8], keys[1][:8]],
+                    ["export", str(tmp_path / "x.bundle")], ["rm", keys[0][:8]], ["prune", "--quarantined"],
+                    ["prewarm", str(manifest)], ["prewarm", str(manifest), "--dry-run"], ["sql", "SELECT 1"]):  # fmt: skip
+        line = one_line_error(plancache(*d, *command, env={"PLANCACHE_BACKEND": BACKEND}))
+        assert "is damaged" in line and "plancache verify --fix" in line, (command, line)
+        lines.add(line)
+    assert len(lines) == 1, lines
+    assert (directory / "plans.db").read_bytes() == before, "a command moved or changed the damaged store"
+    found = plancache(*d, "verify")
+    assert found.returncode == 3 and "problem:" in found.stdout
+    fixed = plancache(*d, "verify", "--fix")
+    assert fixed.returncode == 3 and "moved the damaged file to" in fixed.stdout
+    aside = [p.name for p in directory.iterdir() if ".corrupt-" in p.name]
+    assert len(aside) == 1 and not aside[0].endswith(("-wal", "-shm")), aside  # the copy alone, no -wal or -shm beside it
+    assert plancache(*d, "verify").returncode == 0
+    assert plancache(*d, "ls").returncode == 0
+
+
+# ---------------------------------------------------------------------------- 16. a directory other users can write
+
+
+def test_a_directory_other_users_can_write_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    """``ls`` on an empty one once said nothing at all."""
+    shared = _world_writable(tmp_path / "shared")
+    for command in (["ls"], ["stats", "--json"], ["verify"]):
+        line = one_line_error(plancache("--dir", str(shared), *command))
+        assert "writable by other users" in line and "PLANCACHE_ALLOW_SHARED_DIR=1" in line
+    allowed = plancache("--dir", str(shared), "ls", env={"PLANCACHE_ALLOW_SHARED_DIR": "1"})
+    assert allowed.returncode == 0 and allowed.stdout.startswith("no plans yet")
+    assert list(shared.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------- 17. plancache sql
+
+
+def test_sql_answers_a_script_from_the_views_and_never_writes(filled: tuple[Path, list[str]]) -> None:
+    directory, keys = filled
+    d = ["--dir", str(directory)]
+    rows = json.loads(
+        plancache(*d, "sql", "SELECT key, label, engine, gpu, hit_count FROM entries ORDER BY key", "--json").stdout
+    )
+    assert [r["key"] for r in rows] == sorted(keys)
+    assert all(r["engine"].startswith("test_engine_") and r["gpu"] and r["hit_count"] == 0 for r in rows)
+    one = json.loads(plancache(*d, "sql", "SELECT key FROM plans WHERE key = :k", "-p", "k", keys[0], "--json").stdout)
+    assert one == [{"key": keys[0]}]
+    csv_text = plancache(*d, "sql", "SELECT key, blob FROM plans ORDER BY key", "--csv").stdout.splitlines()
+    assert csv_text[0] == "key,blob" and re.fullmatch(r"[0-9a-f]{64},<\d+ bytes>", csv_text[1])
+    blob = json.loads(plancache(*d, "sql", "SELECT blob FROM plans LIMIT 1", "--json").stdout)[0]["blob"]
+    assert blob["$base64"] is True and blob["encoded"]
+    listing = {t["name"]: t for t in json.loads(plancache(*d, "sql", "--json").stdout)}
+    assert (
+        listing["entries"]["kind"] == "view" and listing["entries"]["rows"] == 2 and "last_used" in listing["entries"]["columns"]
+    )
+    assert listing["plans"]["kind"] == "table" and "sqlite_sequence" not in listing
+    before = (directory / "plans.db").read_bytes()
+    for statement in ("DELETE FROM plans", "CREATE VIEW v AS SELECT 1", "SELEC 1"):
+        assert one_line_error(plancache(*d, "sql", statement)).startswith("plancache: error: the query failed: ")
+    assert keys_in(directory) == sorted(keys) and (directory / "plans.db").read_bytes() == before
+
+
+def test_sql_reads_a_cache_not_created_yet_as_an_empty_one(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    result = plancache("--dir", str(missing), "sql", "SELECT count(*) AS n FROM entries", "--json")
+    assert result.returncode == 0 and json.loads(result.stdout) == [{"n": 0}]
+    assert not missing.exists()

@@ -59,3 +59,15 @@ def test_every_kept_run_log_is_cited_and_indexed() -> None:
     assert set(index) == kept, f"docs/runs/README.md must list exactly the kept logs: {sorted(set(index) ^ kept)}"
     wrong = {name: (index[name], cited[name]) for name in kept if index[name] != cited[name]}
     assert not wrong, f"the index's 'cited by' differs from the documents (index, documents): {wrong}"
+
+
+def test_every_test_the_documents_cite_exists() -> None:
+    """A document that points at a test as the proof of what it says points at one that runs."""
+    defined = set()
+    for path in (ROOT / "tests").glob("*.py"):
+        defined |= set(re.findall(r"^def (test_\w+)", path.read_text(), re.M))
+    modules = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
+    cited = set()
+    for doc in _documents():
+        cited |= {name for name in re.findall(r"\b(test_\w+)", doc.read_text()) if name not in modules}
+    assert cited - defined == set(), f"documents cite tests that do not exist: {sorted(cited - defined)}"

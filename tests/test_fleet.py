@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from redis_fixtures import LocalRedis
 
-from plancache import PlanCache, Store, templates
+from plancache import PlanCache, Store
 from plancache.key import environment_id
 from plancache.testing import CpuTestBackend
 from plancache.tiers.remote import RemoteTier
+from plancache.workflows import templates
 
 SECRET = b"fleet-secret-0123456789abcdef-32"
 

@@ -21,8 +21,8 @@ pytestmark = [
 ]
 
 import plancache  # noqa: E402
-from plancache import templates  # noqa: E402
 from plancache.store import maintenance  # noqa: E402
+from plancache.workflows import templates  # noqa: E402
 
 CASES = {
     "conv_bias_relu": ("conv_bias_act", {"n": 8, "c": 64, "h": 56, "w": 56, "k": 64}),
@@ -61,7 +61,7 @@ def test_plan_matches_pytorch(cache: plancache.PlanCache, case: str) -> None:
 
 _CHILD = r"""
 import json, sys, torch, plancache
-from plancache import templates
+from plancache.workflows import templates
 name, params = sys.argv[1], json.loads(sys.argv[2])
 cache = plancache.PlanCache(sys.argv[3])
 plan = cache.get(templates.build(name, **params))
@@ -174,7 +174,7 @@ def test_flipped_blob_is_rebuilt_from_engine(tmp_path: Path) -> None:
 
 _DYNAMIC_CHILD = r"""
 import json, sys, torch, plancache
-from plancache import templates
+from plancache.workflows import templates
 cache = plancache.PlanCache(sys.argv[1], persist_kernel_cache=True)
 params = {"c": 32, "h": 28, "w": 28, "k": 32, "n": 5, "dynamic": True}
 plan = cache.get(templates.build("conv_bias_act", **params))
@@ -205,7 +205,7 @@ def test_dynamic_shapes_share_and_persist_the_kernel_cache(tmp_path: Path) -> No
 
 
 def test_bucketed_batch_matches_the_exact_result(cache: plancache.PlanCache) -> None:
-    from plancache import buckets
+    from plancache.workflows import buckets
 
     params = {"c": 32, "h": 14, "w": 14, "k": 32, "n": 5}
     tensors = templates.allocate("conv_bias_act", device="cuda", **params)
@@ -221,7 +221,7 @@ def test_bucketed_batch_matches_the_exact_result(cache: plancache.PlanCache) -> 
 
 _FLEET_NODE = r"""
 import json, sys, torch, plancache
-from plancache import templates
+from plancache.workflows import templates
 from plancache.tiers.remote import RemoteTier
 name, params = sys.argv[1], json.loads(sys.argv[2])
 tier = RemoteTier(sys.argv[4], secret=b"gpu-fleet-secret-0123456789abcdef")
@@ -298,7 +298,7 @@ def _plancache_cli(*args: str) -> dict[str, Any]:
 def test_prewarm_export_import_and_warm_start(tmp_path: Path) -> None:
     """The offline workflow on real plans: prewarm a manifest, resume it (all hits), ship it
     as a bundle into another directory, warm-start from it and execute correctly."""
-    from plancache import prewarm as prewarm_module
+    from plancache.workflows import prewarm as prewarm_module
 
     manifest = str(Path(__file__).resolve().parent.parent / "examples" / "manifest.json")
     source, target, bundle = tmp_path / "a", tmp_path / "b", tmp_path / "plans.bundle"
@@ -319,7 +319,7 @@ def test_prewarm_export_import_and_warm_start(tmp_path: Path) -> None:
 
 _RECORDING_MODEL = r"""
 import sys, torch, plancache
-from plancache import templates
+from plancache.workflows import templates
 cache = plancache.PlanCache(sys.argv[1])
 for name, params in [("conv_bias_act", {"n": 2, "c": 32, "h": 14, "w": 14, "k": 32}),
                      ("sdpa", {"b": 1, "h": 4, "s": 256, "d": 64, "causal": True})]:

@@ -1,12 +1,16 @@
-"""scripts/gpu_corpus.py on a CPU, over stand-in programs: it installs plancache's wheel
-into a fresh environment whose start-up hook patches the programs, runs each in its three
-fresh processes, and judges and prints every row, whatever one program does (a crash in one
-phase, a hang past ``--timeout``).
+"""scripts/gpu_corpus.py on a CPU, over stand-in programs: it installs plancache into a fresh
+environment whose start-up hook patches the programs, runs each in its three fresh
+processes, and judges and prints every row, whatever one program does (a crash in one
+phase, a hang past ``--timeout``, a stored plan outside its program's limit).
 
 The stand-ins are not GPU programs: they import cuDNN Frontend (which the hook patches),
-write the store rows plancache would write (a plan in the cold run, a hit in the warm
-one; or, for a plan that cannot be loaded back, no row and plancache's warning saying why)
-and print the report line the corpus programs print.
+look one graph up through the installed plancache on its CPU test backend, so that the
+store holds plancache's own rows (the plan the cold run stores, the hit the warm run
+records when it exits; for a plan that cannot be loaded back, none, and plancache's own
+warning), and print the report line the corpus programs print. The runner reads those rows
+as it reads a GPU run's. Only ``over_its_limit`` writes a row by hand: a plan stored outside
+the program's workspace limit, which plancache never stores, so that the runner is seen
+to catch it.
 """
 
 from __future__ import annotations
@@ -26,11 +30,9 @@ STAND_IN = """
 import json, os, sqlite3, sys, time
 import cudnn  # the program's own import: the start-up hook patches cuDNN Frontend here
 patched = os.environ.get("PLANCACHE_PATCH_CUDNN") == "1"
-workspace, limit, loadable = 256, 1024, True
+backend_options, outside = {}, False
 BEHAVIOUR
-if patched and not loadable:  # plancache's warning: built, not stored
-    print("plancache: not storing the plan of 0123456789ab (MATMUL): it could not be loaded back", file=sys.stderr)
-elif patched:  # what plancache leaves in the store: a plan (cold), then a hit on it (warm)
+if patched and outside:  # a row plancache never writes: a plan over the program's workspace limit
     os.makedirs(os.environ["PLANCACHE_DIR"], exist_ok=True)
     conn = sqlite3.connect(os.path.join(os.environ["PLANCACHE_DIR"], "plans.db"))
     conn.execute("CREATE TABLE IF NOT EXISTS plans (key TEXT PRIMARY KEY, label TEXT, hit_count INTEGER NOT NULL DEFAULT 0, "
@@ -38,9 +40,16 @@ elif patched:  # what plancache leaves in the store: a plan (cold), then a hit o
     if conn.execute("SELECT count(*) FROM plans").fetchone()[0]:
         conn.execute("UPDATE plans SET hit_count = hit_count + 1")
     else:
-        conn.execute("INSERT INTO plans VALUES ('key', 'MATMUL', 0, ?, ?, '{}', '{}')",
-                     (workspace, json.dumps({"workspace_limit": limit})))
+        conn.execute("INSERT INTO plans VALUES ('key', 'MATMUL', 0, 4096, ?, '{}', '{}')", (json.dumps({"workspace_limit": 1024}),))
     conn.commit()
+elif patched:  # one lookup through plancache: the cold run stores the plan, the warm run hits it
+    from plancache import PlanCache
+    from plancache.testing import CpuTestBackend
+    from plancache.workflows import templates
+
+    cache = PlanCache(backend=CpuTestBackend(**backend_options), auto_prime=False)  # PLANCACHE_DIR: the runner's, per program
+    cache.get(templates.build("matmul_bias_act", b=1, m=4, k=8, n=3))
+    cache.close()  # writes the warm run's hit
 print("CORPUS_RESULT " + json.dumps({
     "program": "NAME", "idiom": "stand-in", "outcome": "ok", "ok": True, "graphs": {"g": {"first_call_ms": 1.0}},
     "first_call_ms_total": 1.0, "outputs": {}, "notes": [], "plancache_loaded": "plancache" in sys.modules,
@@ -52,8 +61,8 @@ BEHAVIOURS = {
     "steady": "",
     "crashes_warm": "if patched and os.path.exists(os.path.join(os.environ['PLANCACHE_DIR'], 'plans.db')): os._exit(3)",
     "hangs_cold": "if patched and not os.path.exists(os.path.join(os.environ['PLANCACHE_DIR'], 'plans.db')): time.sleep(120)",
-    "over_its_limit": "workspace = 4096",
-    "not_loadable": "loadable = False",
+    "over_its_limit": "outside = True",
+    "not_loadable": "backend_options = {'unloadable': range(8)}",
 }
 PASSING = {"steady", "not_loadable"}
 
@@ -76,8 +85,8 @@ def _run_corpus(tmp_path: Path, corpus: Path, *options: str) -> tuple[subprocess
     return done, json.loads(out.read_text())
 
 
-def test_the_runner_judges_every_program_and_survives_failing_ones(tmp_path: Path) -> None:
-    done, report = _run_corpus(tmp_path, _corpus(tmp_path, list(BEHAVIOURS)))
+def test_the_runner_judges_every_program_and_survives_failing_ones(tmp_path: Path, plancache_wheel: Path) -> None:
+    done, report = _run_corpus(tmp_path, _corpus(tmp_path, list(BEHAVIOURS)), "--wheel", str(plancache_wheel))
     assert done.returncode == 1, done.stdout + done.stderr  # three programs fail
     assert report["install"]["installed"].startswith("wheel plancache-") and report["install"]["hook"]
     assert report["install"]["variable_check"] == "True"
@@ -86,7 +95,6 @@ def test_the_runner_judges_every_program_and_survives_failing_ones(tmp_path: Pat
     assert {name for name, verdict in programs.items() if verdict["pass"]} == PASSING, done.stdout
     steady = programs["steady"]
     assert steady["stored"] == 1 and steady["warm_hits"] == 1 and steady["first_call_ms"]["warm"] == 1.0
-    assert steady["limits"] == "ok 1 KiB"
     assert programs["not_loadable"]["stored"] == 0 and programs["not_loadable"]["refused"] == 1
     over = programs["over_its_limit"]
     assert over["limits"] == "1 OUTSIDE" and any("over the limit of 1024" in f for f in over["failures"])

@@ -34,7 +34,7 @@ needs_two_gpus = pytest.mark.skipif(
 )
 
 import plancache  # noqa: E402
-from plancache import templates  # noqa: E402
+from plancache.workflows import templates  # noqa: E402
 
 #: Relative error (norm) of bf16 outputs against a float32 PyTorch reference.
 TOLERANCE = 1e-2
@@ -278,7 +278,7 @@ def test_a_thread_that_never_launched_the_plan_captures_and_replays_it(
 
 _SWITCH_CHILD = r"""
 import json, sys, torch, plancache
-from plancache import templates
+from plancache.workflows import templates
 name, params, directory, variant = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 
 def run(plan, device, seed):

@@ -30,7 +30,7 @@ pytestmark = [
 ]
 
 import plancache  # noqa: E402
-from plancache import templates  # noqa: E402
+from plancache.workflows import templates  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-2
@@ -142,7 +142,7 @@ CHILD = textwrap.dedent(
     import json, sys, time
     import torch
     import plancache
-    from plancache import templates
+    from plancache.workflows import templates
     GRAPHS = json.loads(sys.argv[2])
     cache = plancache.PlanCache(sys.argv[1])  # auto-prime as configured by the environment
     torch.zeros(1, device="cuda")  # the program sets its device up (the primer waits for that)
@@ -188,7 +188,7 @@ TWO_DEVICE_CHILD = textwrap.dedent(
     import json, sys, time
     import torch
     import plancache
-    from plancache import templates
+    from plancache.workflows import templates
     from plancache.engines.cudnn_backend import _primary_context_active
     name, params = json.loads(sys.argv[2])
     if sys.argv[3] == "record":  # the last run: it used device 1

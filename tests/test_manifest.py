@@ -14,10 +14,12 @@ import jsonschema
 import pytest
 from graphs import EXAMPLES, assert_runs_correctly
 
-from plancache import BuildOptions, InvalidGraphError, ManifestError, PlanCache, templates
+from plancache import BuildOptions, InvalidGraphError, ManifestError, PlanCache
+from plancache.cache.recording import record_to
 from plancache.engines.replay import rebuild_graph
 from plancache.key import describe
-from plancache.workflows.manifest import SCHEMA, ManifestEntry, load_manifest, parse_manifest, record_to, write_manifest
+from plancache.workflows import templates
+from plancache.workflows.manifest import SCHEMA, ManifestEntry, load_manifest, parse_manifest, write_manifest
 
 MakeCache = Callable[..., PlanCache]
 
@@ -45,7 +47,7 @@ def builder_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     (tmp_path / f"{name}.py").write_text(
         textwrap.dedent(
             """
-            from plancache import templates
+            from plancache.workflows import templates
 
             def conv(n, c=8, act="relu"):
                 return templates.build("conv_bias_act", n=n, c=c, h=6, w=6, k=4, act=act)

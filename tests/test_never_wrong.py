@@ -18,7 +18,8 @@ import torch
 from graphs import EXAMPLES, ConvBiasRelu, MatmulBiasRelu
 
 from plancache import ExecutionError, PlanCache, PlanCacheError, Store, TensorMismatchError, TensorSpec
-from plancache.runtime.plan import TORCH_DTYPES, Plan
+from plancache.engines.tensors import TORCH_DTYPES
+from plancache.runtime.plan import Plan
 from plancache.store import sha256
 from plancache.testing import CpuTestBackend
 

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from plancache import BuildOptions, PlanCache, Store, templates
+from plancache import BuildOptions, PlanCache, Store
 from plancache.cli import cli
 from plancache.store import maintenance
+from plancache.workflows import templates
 from plancache.workflows.manifest import load_manifest
 from plancache.workflows.prewarm import prewarm, warm_start
 from plancache.workflows.steps import Progress
@@ -330,7 +331,8 @@ def test_cli_prewarm_on_a_broken_manifest_and_a_bad_backend(
     broken = tmp_path / "broken.json"
     broken.write_text("{ not json")
     result = CliRunner().invoke(cli, ["prewarm", str(broken), "--json"])
-    assert result.exit_code == 3 and "not valid JSON" in json.loads(result.stdout)["entries"][0]["error"]
+    assert result.exit_code == 3 and result.stderr.startswith(f"plancache: error: {broken}:1: not valid JSON")
+    assert json.loads(result.stdout) == {"error": result.stderr.strip().removeprefix("plancache: error: "), "exit_code": 3}
 
     monkeypatch.setenv("PLANCACHE_BACKEND", "plancache.testing:NoSuchBackend")
     result = CliRunner().invoke(cli, ["prewarm", str(manifest(tmp_path, *GOOD))])

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from plancache import PlanCache, templates
+from plancache import PlanCache
 from plancache.cache.priming import app_name
-from plancache.config import ConfigError, auto_prime_from_env
 from plancache.store import bookkeeping
 from plancache.testing import CpuTestBackend
+from plancache.workflows import templates
 
 MakeCache = Callable[..., PlanCache]
 
@@ -119,16 +119,6 @@ def test_the_switch_turns_priming_off_and_use_is_still_recorded(make_cache: Make
     backend = CpuTestBackend()
     report = primed(make_cache(backend=backend, app="app"))
     assert report["primed"] == 1 and backend.loads == 1, "the run with priming off recorded conv(2)"
-
-
-@pytest.mark.parametrize(("value", "on"), [("", False), ("1", True), ("yes", True), ("0", False), ("off", False)])
-def test_auto_prime_switch_values(value: str, on: bool) -> None:
-    assert auto_prime_from_env({"PLANCACHE_AUTO_PRIME": value}) is on
-
-
-def test_a_bad_switch_value_is_a_clear_error() -> None:
-    with pytest.raises(ConfigError, match="PLANCACHE_AUTO_PRIME='maybe' is not a switch"):
-        auto_prime_from_env({"PLANCACHE_AUTO_PRIME": "maybe"})
 
 
 def test_the_application_is_the_entry_script_and_the_local_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -116,3 +116,26 @@ def test_a_broken_snippet_fails() -> None:
     with pytest.raises(TensorMismatchError, match="'y' is not a tensor of this plan"):
         for _ in run_readme("cpu", cpu_cache(), gpu=False, text=broken):
             pass
+
+
+def test_the_readme_names_templates_as_what_build_takes() -> None:
+    """A template is a name for ``templates.build(name, ...)``, not an attribute: the README
+    once listed `conv_bias_act` as if ``templates.conv_bias_act`` existed."""
+    from plancache.workflows import templates
+
+    text = README.read_text()
+    for name in templates.TEMPLATES:
+        assert f"`{name}`" not in text, f"README names the template {name} as if it were an attribute"
+    for attribute in re.findall(r"\btemplates\.(\w+)", text):
+        assert hasattr(templates, attribute), f"README names templates.{attribute}, which does not exist"
+    assert 'templates.build("conv_bias_act"' in text
+
+
+def test_the_cpu_install_says_which_torch_build_it_gets() -> None:
+    """``torch==2.13.0`` names no build: which one pip installs depends on the index (PyPI's
+    Linux wheels are CUDA builds), so the constraints and the README say how to get the CPU
+    build instead of claiming that the pin does."""
+    constraints = (README.parent / "constraints-cpu.txt").read_text()
+    cpu_index = "https://download.pytorch.org/whl/cpu"
+    assert "installs the CPU build" not in constraints and "pins the CPU build" not in README.read_text()
+    assert cpu_index in constraints and cpu_index in README.read_text()

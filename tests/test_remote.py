@@ -27,7 +27,7 @@ redis = pytest.importorskip("redis")
 
 from redis_fixtures import LocalRedis, free_port, needs_server  # noqa: E402
 
-from plancache.errors import RemoteError  # noqa: E402  (after the importorskip above)
+from plancache.config import ConfigError  # noqa: E402  (after the importorskip above)
 from plancache.key import KEY_FORMAT, BuildOptions, canonical_json, environment_id  # noqa: E402
 from plancache.store import Entry, Store, sha256  # noqa: E402
 from plancache.store.codec import encode_entry  # noqa: E402
@@ -118,7 +118,7 @@ def test_round_trip(redis_server: LocalRedis, make_tier: Callable[..., RemoteTie
     assert got is not None and same_plan(got, entry)
     assert got.hit_count == 0 and got.last_used_at > entry.last_used_at  # usage is per node
     stats = tier.stats()
-    assert {k: stats[k] for k in remote.COUNTERS} == {
+    assert {k: stats[k] for k in breaker.COUNTERS} == {
         "remote_hits": 1, "remote_misses": 1, "publishes": 1, "refused": 0, "errors": 0, "lock_waits": 0, "skipped": 0,
     }  # fmt: skip
     assert stats["available"] is True and stats["key_id"] == tier.key_id
@@ -758,7 +758,7 @@ def test_from_env_without_url_is_none() -> None:
 
 
 def test_from_env_refuses_to_run_without_a_secret() -> None:
-    with pytest.raises(RemoteError) as info:
+    with pytest.raises(ConfigError) as info:
         RemoteTier.from_env({"PLANCACHE_REDIS_URL": "redis://127.0.0.1:1/0"})
     assert "PLANCACHE_REDIS_SECRET" in str(info.value) and "PLANCACHE_REDIS_SECRET_FILE" in str(info.value)
 
@@ -783,17 +783,19 @@ def test_from_env_reads_the_secret_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"PLANCACHE_REDIS_SECRET": "s" * 32, "PLANCACHE_REDIS_SECRET_FILE": "/x"}, "not both"),
+        ({"PLANCACHE_REDIS_SECRET": "s" * 32, "PLANCACHE_REDIS_SECRET_FILE": "/x"}, "both set"),
         ({"PLANCACHE_REDIS_SECRET_FILE": "/nonexistent/secret"}, "/nonexistent/secret"),
         ({"PLANCACHE_REDIS_SECRET": "short"}, "at least 16"),
         ({"PLANCACHE_REDIS_SECRET": "s" * 32, "PLANCACHE_REDIS_TIMEOUT": "soon"}, "PLANCACHE_REDIS_TIMEOUT"),
     ],
 )
 def test_from_env_errors_are_clear(env: dict[str, str], message: str) -> None:
-    with pytest.raises(RemoteError, match=message):
+    with pytest.raises(ConfigError, match=message):
         RemoteTier.from_env({"PLANCACHE_REDIS_URL": "redis://127.0.0.1:1/0", **env})
 
 
 def test_bad_url_is_a_clear_error() -> None:
-    with pytest.raises(RemoteError, match="bad Redis URL"):
+    with pytest.raises(ConfigError, match=r"^url is not a Redis URL"):
         RemoteTier("http://127.0.0.1:1", secret=SECRET)
+    with pytest.raises(ConfigError, match="is not a Redis URL: Port could not be cast"):
+        RemoteTier("redis://127.0.0.1:port/0", secret=SECRET)

@@ -18,12 +18,13 @@ import pytest
 import torch
 
 import plancache
-from plancache import BuildOptions, TensorMismatchError, templates
+from plancache import BuildOptions, TensorMismatchError
 from plancache.engines.inputs import materialize, plan_inputs
 from plancache.key import describe, tensor_table
 from plancache.store.codec import decode_entry, encode_entry
 from plancache.testing import CpuTestBackend
 from plancache.testing.kernels import fault
+from plancache.workflows import templates
 
 DT = cudnn.data_type
 MATMUL = {"b": 2, "m": 8, "n": 8, "k": 16, "dtype": "float32"}
@@ -201,6 +202,8 @@ def test_show_lists_the_rejected_engines(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "agreed: 3 of 4 candidates, element by element; rejected: test_engine_1 (" in result.output
     assert "rejected     #1 test_engine_1: disagrees" in result.output
+    header = next(line for line in result.output.splitlines() if "MEDIAN_MS" in line)
+    assert header.split()[-2:] == ["OUTSIDE", "WORST"] and "ERROR" not in result.output  # "ERROR 0" read as an error
 
 
 # ------------------------------------------------------------------ inputs that cannot fault

@@ -426,12 +426,12 @@ def test_counters_and_kernel_caches(store: Store, db: Callable[[], sqlite3.Conne
     assert store.get_kernel_cache("env1") is None  # a damaged kernel cache is ignored
 
 
-def test_integrity_problems_reports_checksum_mismatches(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
+def test_verify_reports_checksum_mismatches(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
     entry = make_entry()
     store.put(entry)
-    assert maintenance.integrity_problems(store) == []
+    assert maintenance.verify(store)["checksum"] == []
     db().execute("UPDATE plans SET blob = ? WHERE key = ?", (b"plan-bytez", entry.key))
-    assert maintenance.integrity_problems(store) == [f"checksum mismatch in entry {entry.key}"]
+    assert maintenance.verify(store)["checksum"] == [entry.key]
 
 
 def test_connection_is_per_thread(store: Store) -> None:
@@ -505,7 +505,7 @@ def test_metadata_checksum_catches_an_altered_tensor_table(store: Store) -> None
 
 
 def test_an_entry_with_an_altered_output_shape_is_rebuilt(make_cache: Callable[..., Any], cache_dir: Path) -> None:
-    from plancache import templates
+    from plancache.workflows import templates
 
     params = {"b": 1, "m": 4, "n": 4, "k": 4, "dtype": "float32"}
     key = make_cache().get(templates.build("matmul_bias_act", **params)).key

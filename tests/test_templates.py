@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import plancache
-from plancache import templates
 from plancache.key import canonical_json
+from plancache.workflows import templates
 
 SMALL = {
     "conv_bias_act": {"n": 2, "c": 8, "h": 6, "w": 6, "k": 4},

@@ -29,14 +29,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..config import auto_prime_from_env, max_size_from_env
+from ..config import APP, AUTO_PRIME, MAX_SIZE, MEMORY_PLANS, REDIS_URL
 from ..engines.autotune import TimingPolicy
 from ..engines.backend import Backend, Load
 from ..errors import PlanCacheError
 from ..key import BuildOptions, CacheKey, canonical_json, describe, environment_id, make_key
 from ..runtime.plan import Plan, names_of
 from ..tiers.local import LocalTier
-from ..tiers.memory import LRU, max_plans_from_env
+from ..tiers.memory import LRU
 from .builder import plan_builder
 from .flight import SingleFlight
 from .lookup import Lookup
@@ -61,7 +61,7 @@ def _default_backend() -> Backend:
 
 def _remote_from_env() -> Any:
     """The Redis tier when ``PLANCACHE_REDIS_URL`` is set (redis is imported only then)."""
-    if not os.environ.get("PLANCACHE_REDIS_URL", "").strip():
+    if REDIS_URL.from_env() is None:
         return None
     from ..tiers.remote import RemoteTier
 
@@ -113,13 +113,12 @@ class PlanCache:
         self.backend = backend if backend is not None else _default_backend()
         self.options = options or BuildOptions()
         self.timing = timing or TimingPolicy()
-        # PLANCACHE_MAX_SIZE, as ccache reads its limit: 0 is no limit, a bad value a ConfigError.
-        self.max_size = (max_size if max_size is not None else max_size_from_env()) or None
-        auto_prime = auto_prime_from_env() if auto_prime is None else auto_prime
+        self.max_size = MAX_SIZE.given_or_env(max_size, "max_size")
+        auto_prime = AUTO_PRIME.given_or_env(auto_prime, "auto_prime")
         self.local = LocalTier(directory, read_only=read_only, max_bytes=self.max_size, warn=self._warn_once, count=self._count,
-                               app=app or app_name())  # fmt: skip
+                               app=APP.of(app, "app") or app_name())  # fmt: skip
         self.directory = self.local.directory
-        self.memory: LRU[tuple[str, int], Plan] = LRU(max_plans if max_plans is not None else max_plans_from_env())
+        self.memory: LRU[tuple[str, int], Plan] = LRU(MEMORY_PLANS.given_or_env(max_plans, "max_plans"))
         self.remote = remote if remote is not None else _remote_from_env()
         self.flight = SingleFlight(_lock_directory(self.local), timeout=lock_timeout, remote=self.remote, warn=self._warn_once,
                                    count=self._count)  # fmt: skip

@@ -24,7 +24,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +31,9 @@ from ..errors import LockTimeoutError
 
 log = logging.getLogger("plancache")
 
-__all__ = ["SingleFlight", "Turn"]
+__all__ = ["SingleFlight"]
 
 _POLL_S = (0.005, 0.25)  # first and longest sleep between tries of a held file lock
-
-
-@dataclass
-class Turn:
-    """What a holder learns on entering: ``waited`` (another thread or process of this
-    machine held the key first). Either way the holder looks again before building: another
-    machine may have published the plan while this one waited for the fleet lock."""
-
-    waited: bool = False
 
 
 class _KeyLocks:
@@ -126,19 +116,20 @@ class SingleFlight:
         self._threads = _KeyLocks()
 
     @contextlib.contextmanager
-    def hold(self, key: str, env_id: str, label: str = "") -> Iterator[Turn]:
-        """Hold the key's locks; ``label`` (an op summary) names it in log lines."""
+    def hold(self, key: str, env_id: str, label: str = "") -> Iterator[None]:
+        """Hold the key's locks; ``label`` (an op summary) names it in log lines. The holder
+        looks the key up again before building: whoever held it first may have stored the
+        plan meanwhile, and another machine may have published it."""
         started = time.monotonic()
         with self._threads.hold(key, self.timeout) as thread_waited, self._file_lock(key, label, started) as file_waited:
-            turn = Turn(waited=thread_waited or file_waited)
-            if turn.waited:
+            if thread_waited or file_waited:
                 log.info("plancache: waited %.1f s for another build of %s", time.monotonic() - started, key[:12])
             if self.remote is None:
-                yield turn
+                yield
                 return
             remaining = max(0.0, self.timeout - (time.monotonic() - started))
             with self.remote.lock(key, env_id, wait=remaining):
-                yield turn
+                yield
 
     @contextlib.contextmanager
     def _file_lock(self, key: str, label: str, started: float) -> Iterator[bool]:

@@ -42,6 +42,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..config import APP
+
 __all__ = ["DEVICE_WAIT_S", "THREADS", "Primer", "app_name"]
 
 log = logging.getLogger("plancache")
@@ -59,7 +61,7 @@ def app_name() -> str:
     """The application whose plan use is recorded: ``PLANCACHE_APP``, else the entry
     script's absolute path (``python -m pkg.mod``: the module's file), else ``python``
     for an interactive interpreter; with ``#rank{LOCAL_RANK}`` when a launcher sets it."""
-    name = os.environ.get("PLANCACHE_APP", "").strip()
+    name = APP.from_env()
     if not name:
         main = sys.modules.get("__main__")
         script = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else None)

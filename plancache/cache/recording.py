@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..config import RECORD
 from ..key import BuildOptions, CacheKey, canonical_json
 
 __all__ = ["MANIFEST_VERSION", "record_to", "recorder_from_env", "write_json"]
@@ -61,7 +62,9 @@ class _Recorder:
                 entry["options"] = {k: v for k, v in options.items() if not (k == "top_k" and v is None)}
             try:
                 self._append(entry)
-            except Exception as exc:  # recording must never break the model that is running
+            except Exception as exc:
+                # A manifest that cannot be written (a full disk, a bad path) loses this record
+                # only: the lookup that asked for it, inside the caller's model, goes on.
                 log.warning("plancache: could not record graph %s in %s: %s", key.digest[:12], self.path, exc)
 
     def _append(self, entry: dict[str, Any]) -> None:
@@ -94,6 +97,6 @@ def record_to(path: str | os.PathLike[str]) -> Callable[[Any, CacheKey], None]:
 
 def recorder_from_env(cache: Any) -> None:
     """Record into ``$PLANCACHE_RECORD`` when it is set (``PlanCache`` calls this)."""
-    target = os.environ.get("PLANCACHE_RECORD", "").strip()
-    if target:
+    target = RECORD.from_env()
+    if target is not None:
         cache.add_recorder(record_to(target))

@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
-from ..config import MemoryBudget, autotune_budget_from_env, memory_budget_from_env
+from ..config import AUTOTUNE_BUDGET, AUTOTUNE_MEMORY, MemoryBudget
 from ..errors import BuildError
 from ..key import BuildOptions
 from .backend import CandidateSet
@@ -62,10 +62,10 @@ class TimingPolicy:
 
     runs: int = 7  # timed runs per surviving candidate (after one warm-up)
     prune_factor: float = 3.0  # drop candidates slower than this many times the best first run
-    memory: MemoryBudget = field(default_factory=memory_budget_from_env)  # PLANCACHE_AUTOTUNE_MEMORY
+    memory: MemoryBudget = field(default_factory=AUTOTUNE_MEMORY.from_env)
     #: A miss's time as a multiple of the frontend's own build (PLANCACHE_AUTOTUNE_BUDGET);
     #: ``math.inf``: no limit (what ``plancache tune`` uses).
-    budget: float = field(default_factory=autotune_budget_from_env)
+    budget: float = field(default_factory=AUTOTUNE_BUDGET.from_env)
 
     def to_dict(self) -> dict[str, Any]:
         return {"runs": self.runs, "prune_factor": self.prune_factor, "memory": self.memory.describe(),

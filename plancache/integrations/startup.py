@@ -4,7 +4,7 @@ The one reading of the variable. A program that never imports plancache is patch
 interpreter start-up hook (``_plancache_startup``, outside the package), which calls
 ``patch_cudnn_from_env`` once the program imports ``cudnn``; a program that imports
 plancache is patched at that import. Both read the variable here, with the parser of every
-on/off variable (``config.flag_from_env``). ``startup_hook_status`` is what ``plancache
+on/off variable (``config.PATCH_CUDNN``, read as every switch is). ``startup_hook_status`` is what ``plancache
 env`` says about the hook.
 """
 
@@ -14,7 +14,7 @@ import logging
 import sys
 import threading
 
-from ..config import ConfigError, flag_from_env
+from ..config import PATCH_CUDNN, ConfigError
 
 __all__ = ["HOOK_FILE", "patch_cudnn_from_env", "startup_hook_status"]
 
@@ -32,7 +32,7 @@ def patch_cudnn_from_env() -> bool:
     a switch is one warning line per process, and nothing is patched. Returns whether the
     patch is in force."""
     try:
-        patch = flag_from_env("PLANCACHE_PATCH_CUDNN", False)
+        patch = PATCH_CUDNN.from_env()
     except ConfigError as exc:
         if not _warned.is_set():
             _warned.set()
@@ -73,7 +73,7 @@ def startup_hook_status() -> str:
         )
     installed = f"installed ({places[0]})"
     try:
-        on = flag_from_env("PLANCACHE_PATCH_CUDNN", False)
+        on = PATCH_CUDNN.from_env()
     except ConfigError as exc:
         return f"{installed}; inactive: {exc}"
     if not on:

@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..engines.backend import Backend, EngineChoice
-from ..engines.tensors import TORCH_DTYPES, Expect, tensor_problems
+from ..engines.tensors import Expect, tensor_problems
 from ..errors import ExecutionError, TensorMismatchError
 from ..key import TensorSpec
 
-__all__ = ["TORCH_DTYPES", "Plan", "names_of"]
+__all__ = ["Plan", "names_of"]
 
 
 def names_of(graph: Any) -> dict[str, int]:

@@ -4,7 +4,9 @@ out of service (``quarantine``) and offline maintenance (``maintenance``: verify
 listings)."""
 
 from .entry import CHECK_RULE, NEVER_CHECKED, Entry, problem, sha256, summarize
-from .store import BUSY_TIMEOUT_MS, DB_NAME, Store, default_cache_dir, migrations
+from .recovery import DB_NAME
+from .schema import BUSY_TIMEOUT_MS, check_private, default_cache_dir, migrations
+from .store import Store
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -13,6 +15,7 @@ __all__ = [
     "NEVER_CHECKED",
     "Entry",
     "Store",
+    "check_private",
     "default_cache_dir",
     "migrations",
     "problem",

@@ -1,11 +1,7 @@
 """Offline maintenance of a plan store: ``verify`` (SQLite's integrity check, every row
 judged by ``entry.problem``, kernel caches and, optionally, that blobs deserialize; with
 ``fix``, quarantine and repair), ``prune`` (entries of other environments, unused ones,
-the quarantine) in short transactions, and the listings the CLI prints.
-
-Listings and schema queries go through sqlite-utils, which reads the store's tables
-without hand-written SQL; the lookup path never imports this module (plain ``sqlite3``
-there: no wrapper between a hit and its row).
+the quarantine) in short transactions, and the listing ``plancache ls`` prints.
 """
 
 from __future__ import annotations
@@ -15,34 +11,27 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import sqlite_utils
-
 from ..errors import StoreError
 from .entry import Entry, problem, sha256
 from .recovery import is_locked, is_undecodable, lenient_text
 from .store import Store
 
-__all__ = ["database", "integrity_problems", "list_entries", "prune", "schema_version", "verify"]
+__all__ = ["list_entries", "prune", "verify"]
 
-_LIST_COLUMNS = ["key", "env_id", "label", "blob_size", "workspace_size", "policy", "backend", "build_seconds",
-                 "autotune_seconds", "created_at", "last_used_at", "hit_count"]  # fmt: skip
+_LISTED = ("key, env_id, label, blob_size, workspace_size, policy, backend, build_seconds, autotune_seconds, created_at, "
+           "last_used_at, hit_count")  # fmt: skip
 
 
-def database(store: Store) -> sqlite_utils.Database:
-    """The store's connection (this thread's) seen through sqlite-utils."""
-    return sqlite_utils.Database(store.connection())
+def _rows(store: Store, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    cursor = store.connection().execute(sql, args)
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row)) for row in cursor]
 
 
 def list_entries(store: Store, env_id: str | None = None) -> list[dict[str, Any]]:
     """Summaries of every entry (no blob), most recently used first."""
-    where, args = ("env_id = ?", [env_id]) if env_id is not None else (None, None)
-    rows = database(store)["plans"].rows_where(where, args, select=", ".join(_LIST_COLUMNS), order_by="last_used_at DESC, key")
-    return list(rows)
-
-
-def schema_version(store: Store) -> int:
-    """The store's schema number (``PRAGMA user_version``)."""
-    return int(database(store).execute("PRAGMA user_version").fetchone()[0])
+    where, args = ("WHERE env_id = ?", (env_id,)) if env_id is not None else ("", ())
+    return _rows(store, f"SELECT {_LISTED} FROM plans {where} ORDER BY last_used_at DESC, key", args)
 
 
 def prune(
@@ -89,7 +78,7 @@ def prune(
 
 
 def _prune_candidates(store: Store, env_ids_keep: set[str] | None, cutoff: float | None) -> list[dict[str, Any]]:
-    rows = database(store)["plans"].rows_where(select="key, env_id, label, blob_size, last_used_at", order_by="key")
+    rows = _rows(store, "SELECT key, env_id, label, blob_size, last_used_at FROM plans ORDER BY key")
     doomed = []
     for row in rows:
         if env_ids_keep is not None and row["env_id"] not in env_ids_keep:
@@ -105,8 +94,8 @@ def _prune_candidates(store: Store, env_ids_keep: set[str] | None, cutoff: float
 def _stale_kernel_caches(store: Store, env_ids_keep: set[str] | None) -> list[str]:
     if env_ids_keep is None:
         return []
-    rows = database(store)["kernel_caches"].rows_where(select="env_id", order_by="env_id")
-    return [r["env_id"] for r in rows if r["env_id"] not in env_ids_keep]
+    rows = store.connection().execute("SELECT env_id FROM kernel_caches ORDER BY env_id")
+    return [env_id for (env_id,) in rows if env_id not in env_ids_keep]
 
 
 def verify(
@@ -143,13 +132,15 @@ def verify(
 def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], object] | None, env_id: str | None) -> None:
     """Fill the row-level parts of a verify report, one row at a time by rowid, so a
     row whose key itself is damaged is still found (and can be quarantined)."""
-    conn = store.connection()
     checked: dict[str, Any] = {"env_id": env_id, "checked": 0, "skipped": 0, "failed": {}}
+    if load is not None:
+        report["deserialize"] = checked
     try:
+        conn = store.connection()  # a file that is no database fails even this
         rowids = [r[0] for r in conn.execute("SELECT rowid FROM plans ORDER BY rowid")]
     except sqlite3.DatabaseError as exc:
         report["unreadable"].append(f"listing entries failed: {exc}")
-        rowids = []
+        return
     for rowid in rowids:
         entry = _verify_read(store, rowid, report)
         if entry is None:
@@ -161,12 +152,13 @@ def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], o
             report["foreign"][entry.key] = found
         elif load is not None:
             _check_load(entry, load, env_id, checked)
-    if load is not None:
-        report["deserialize"] = checked
-    with lenient_text(conn):
-        for row in conn.execute("SELECT env_id, blob, blob_sha256 FROM kernel_caches"):
-            if sha256(bytes(row["blob"])) != row["blob_sha256"]:
-                report["kernel_caches"].append(row["env_id"])
+    try:
+        with lenient_text(conn):
+            for row in conn.execute("SELECT env_id, blob, blob_sha256 FROM kernel_caches"):
+                if sha256(bytes(row["blob"])) != row["blob_sha256"]:
+                    report["kernel_caches"].append(row["env_id"])
+    except sqlite3.DatabaseError as exc:
+        report["unreadable"].append(f"listing kernel caches failed: {exc}")
 
 
 def _verify_read(store: Store, rowid: int, report: dict[str, Any]) -> Entry | None:
@@ -232,14 +224,3 @@ def _problems(report: Mapping[str, Any]) -> list[str]:
     lines += [f"kernel cache of {env}: checksum mismatch" for env in report["kernel_caches"]]
     lines += [f"{key}: {reason}" for key, reason in ((report["deserialize"] or {}).get("failed") or {}).items()]
     return lines
-
-
-def integrity_problems(store: Store) -> list[str]:
-    """SQLite's integrity check plus every blob's checksum; empty when healthy."""
-    conn = store.connection()
-    problems = [r[0] for r in conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
-    with lenient_text(conn):  # a damaged text column is a checksum problem, not a crash
-        for row in conn.execute("SELECT key, blob, blob_sha256 FROM plans"):
-            if sha256(bytes(row["blob"])) != row["blob_sha256"]:
-                problems.append(f"checksum mismatch in entry {row['key']}")
-    return problems

@@ -99,6 +99,18 @@ def _readable_entries(src: sqlite3.Connection) -> list[Entry]:
     return found
 
 
+def _drop_empty_sides(aside: Path) -> None:
+    """Remove what opening the moved-aside file leaves beside it: its -shm (an index that
+    SQLite rebuilds from the -wal whenever the file is opened) and an empty -wal. A -wal
+    that holds transactions is part of the copy and stays. Nothing has the copy open."""
+    with contextlib.suppress(OSError):
+        Path(f"{aside}-shm").unlink()
+    wal = Path(f"{aside}-wal")
+    with contextlib.suppress(OSError):
+        if wal.stat().st_size == 0:
+            wal.unlink()
+
+
 class Recovery:
     """What a ``Store`` does about damage (a base class: the store's own methods open,
     migrate and close the file)."""
@@ -113,23 +125,24 @@ class Recovery:
         def _migrate(self) -> None: ...
         def transaction(self) -> Any: ...
 
-    def _damage_at_open(self) -> str | None:
+    def _damage_at_open(self, *, whole: bool) -> str | None:
         """Damage that an earlier process left a marker for (``note_damage``), confirmed by
         ``PRAGMA quick_check``; None when healthy. quick_check reads every page (tens of ms
-        per 1000 entries), so it runs only after a marker, never on a plain open.
+        per 1000 entries), so a cache runs it only after a marker; ``whole`` runs it anyway
+        (a one-off command, which must see damage whatever pages it would read).
 
         A truncated file needs no check here: SQLite refuses a file shorter than its header
         says on the first read (``_migrate`` reads page 1). The header is never read with
         ``open()``: closing a second descriptor of the database file would drop this
         process's POSIX locks on it, and other processes could then corrupt it."""
         suspicion = self._marker_reason()
-        if suspicion is None:
+        if suspicion is None and not whole:
             return None
         problem = self._quick_check()
         if problem is None:
-            self._clear_marker()  # a stale marker: the file reads back whole
+            self._clear_marker()  # a stale marker (if any): the file reads back whole
             return None
-        return f"{suspicion}; {problem}"
+        return f"{suspicion}; {problem}" if suspicion else problem
 
     def _quick_check(self, *, full: bool = False) -> str | None:
         """The first problems ``PRAGMA quick_check`` (``integrity_check`` when ``full``)
@@ -201,6 +214,7 @@ class Recovery:
             self._clear_marker()
             self._migrate()
             salvaged = self._salvage(aside)
+            _drop_empty_sides(aside)
         finally:
             lock.release()
         if salvaged:

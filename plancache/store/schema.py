@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config import CACHE_DIR
 from ..errors import CacheDirError, SchemaTooNewError, StoreBusyError, StoreError
 from .recovery import DB_NAME, is_damage, is_locked
 
-__all__ = ["BUSY_TIMEOUT_MS", "Schema", "default_cache_dir", "migrations"]
+__all__ = ["BUSY_TIMEOUT_MS", "Schema", "check_private", "default_cache_dir", "migrations"]
 
 log = logging.getLogger("plancache")
 
@@ -26,9 +27,9 @@ BUSY_TIMEOUT_MS = 30_000
 
 def default_cache_dir() -> Path:
     """``$PLANCACHE_DIR`` if set, else the platform's per-user cache directory."""
-    env = os.environ.get("PLANCACHE_DIR")
-    if env:
-        return Path(env).expanduser()
+    named = CACHE_DIR.from_env()
+    if named is not None:
+        return named
     import platformdirs  # imported here: only needed when no directory is given
 
     return Path(platformdirs.user_cache_dir("plancache", appauthor=False))
@@ -67,7 +68,7 @@ def _statements(script: str) -> Iterator[str]:
         raise StoreError(f"incomplete SQL statement in migration: {buffer.strip()[:80]!r}", path=None)
 
 
-def _check_private(directory: Path, allow_shared: bool) -> None:
+def check_private(directory: Path, allow_shared: bool) -> None:
     """Refuse a cache directory that other users can write: its blobs carry native code."""
     mode = directory.stat().st_mode
     if allow_shared or not (mode & (stat.S_IWGRP | stat.S_IWOTH)):
@@ -87,13 +88,14 @@ class Schema:
     directory: Path
     path: Path
     read_only: bool
+    damage: str | None
     _directory_writable: bool
 
     if TYPE_CHECKING:  # provided by Store and Recovery; declared for type checkers only, so
         # that no stub here can shadow the real method in Store's method resolution order.
         def connection(self) -> sqlite3.Connection: ...
         def transaction(self) -> Any: ...
-        def _damage_at_open(self) -> str | None: ...
+        def _damage_at_open(self, *, whole: bool) -> str | None: ...
         def repair(self, reason: str, *, thorough: bool = False) -> dict[str, Any]: ...
 
     def _prepare_directory(self, read_only: bool | None, allow_shared: bool) -> None:
@@ -107,7 +109,7 @@ class Schema:
                 ) from exc
         if not directory.is_dir():
             raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
-        _check_private(directory, allow_shared)
+        check_private(directory, allow_shared)
         self._directory_writable = os.access(directory, os.W_OK)
         writable = self._directory_writable and (not self.path.exists() or os.access(self.path, os.W_OK))
         if read_only is None:
@@ -116,17 +118,22 @@ class Schema:
         if self.read_only and not self.path.exists():
             raise CacheDirError(f"read-only cache directory {directory} holds no {DB_NAME}", path=str(directory))
 
-    def _open_and_migrate(self) -> None:
+    def _open_and_migrate(self, repair: bool) -> None:
+        """Open the file and apply pending migrations. Damage found on the way is repaired
+        (``repair``) or left as it is and kept in ``damage``."""
         try:
             self._migrate_when_free()
-            damage = self._damage_at_open()
+            damage = self._damage_at_open(whole=not repair)
         except sqlite3.DatabaseError as exc:
-            if self.read_only or not is_damage(exc):
-                # Busy, full, I/O error, read-only: nothing says the file is damaged, and
-                # moving a healthy store aside would lose every entry.
+            if not is_damage(exc) or (self.read_only and repair):
+                # Busy, full, I/O error: nothing says the file is damaged, and moving a
+                # healthy store aside would lose every entry. A read-only one cannot be moved.
                 raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
             damage = str(exc)
         if damage is None:
+            return
+        if not repair:
+            self.damage = damage
             return
         if self.read_only:  # cannot move it aside: damaged pages stay misses
             log.warning("plancache: read-only store %s is damaged (%s); unreadable entries are misses", self.path, damage)

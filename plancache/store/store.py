@@ -23,24 +23,18 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
-from ..config import flag_from_env
+from ..config import ALLOW_SHARED_DIR, CACHE_DIR
 from ..errors import DamagedEntryError, StoreBusyError, StoreError
 from .entry import INSERT_SQL, Entry, sha256
 from .quarantine import Quarantine
 from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, reads
-from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir, migrations
+from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir
 
-__all__ = ["BUSY_TIMEOUT_MS", "DB_NAME", "Store", "default_cache_dir", "migrations"]
+__all__ = ["Store"]
 
 log = logging.getLogger("plancache")
-
-_LIST_COLUMNS = (
-    "key, env_id, label, blob_size, workspace_size, policy, backend, build_seconds, "
-    "autotune_seconds, created_at, last_used_at, hit_count"
-)
 
 
 def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
@@ -69,6 +63,10 @@ class Store(Schema, Recovery, Quarantine):
     ``Store(directory)`` creates the directory (mode 0700) and database (0600) if needed,
     applies pending migrations and moves an unreadable database file aside. A directory
     that cannot be written opens read-only: lookups work, writes raise ``StoreError``.
+
+    ``repair=False`` is for tools that report damage rather than mend it (the ``plancache``
+    command): the whole file is checked at open (``PRAGMA quick_check``) and any damage is
+    left as it is, named by ``damage``; such a store may fail any read until ``repair``.
     """
 
     def __init__(
@@ -77,17 +75,18 @@ class Store(Schema, Recovery, Quarantine):
         *,
         read_only: bool | None = None,
         allow_shared_dir: bool | None = None,
+        repair: bool = True,
     ) -> None:
-        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        self.directory = CACHE_DIR.of(directory, "directory") or default_cache_dir()
         self.path = self.directory / DB_NAME
-        if allow_shared_dir is None:
-            # A value that means "no" (or a typo, a ConfigError) never turns the check off.
-            allow_shared_dir = flag_from_env("PLANCACHE_ALLOW_SHARED_DIR", False)
+        allow_shared_dir = ALLOW_SHARED_DIR.given_or_env(allow_shared_dir, "allow_shared_dir")
         self._local = threading.local()
         self._closed = False
+        #: What is wrong with the file, found at open and left there (``repair=False``); None when sound.
+        self.damage: str | None = None
         self._prepare_directory(read_only, allow_shared_dir)
         try:
-            self._open_and_migrate()
+            self._open_and_migrate(repair)
         except BaseException:
             self.close()  # a refused database (newer schema, locked) must not stay open
             raise
@@ -129,14 +128,10 @@ class Store(Schema, Recovery, Quarantine):
         return conn
 
     def close(self) -> None:
-        """Close this thread's connection; later calls raise ``StoreError`` (``reopen``
-        undoes that). Other threads' connections close when their threads end."""
+        """Close this thread's connection; later calls raise ``StoreError``. Other threads'
+        connections close when their threads end."""
         self._close_connection()
         self._closed = True
-
-    def reopen(self) -> None:
-        """Allow connections again after ``close`` (recovery closes to move files)."""
-        self._closed = False
 
     def _close_connection(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -197,7 +192,7 @@ class Store(Schema, Recovery, Quarantine):
                     f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key
                 ) from exc
             self.note_damage(exc)
-            raise
+            raise StoreError(f"cannot read plan store {self.path}: {exc}", path=str(self.path)) from exc
 
     def put(self, entry: Entry, *, max_bytes: int | None = None) -> int:
         """Insert or replace an entry in one short transaction; with ``max_bytes``, evict

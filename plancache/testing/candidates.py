@@ -10,9 +10,10 @@ winner every time.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..config import MemoryBudget
 from ..engines.backend import BuiltPlan, EngineChoice
@@ -21,22 +22,44 @@ from ..engines.filters import outside_filters
 from ..engines.inputs import materialize, timing_inputs
 from ..engines.tensors import checked_inputs
 from ..key import BuildOptions, TensorSpec, canonical_json
-from .kernels import scratch_bytes
-
-if TYPE_CHECKING:
-    from .backend import CpuTestBackend
+from .device import SimulatedCuda
+from .kernels import Behaviour, scratch_bytes
 
 __all__ = ["CpuCandidates", "candidate_workspace"]
 
 
-def candidate_workspace(backend: CpuTestBackend, index: int | None, tensors: Sequence[TensorSpec]) -> int:
+def candidate_workspace(backend: _Backend, index: int | None, tensors: Sequence[TensorSpec]) -> int:
     """Workspace bytes of candidate ``index``: the scratch its outputs are staged in, plus the
     extra the backend was told it needs (``extra_workspace``)."""
     return scratch_bytes(tensors) + (backend.extra_workspace.get(index, 0) if index is not None else 0)
 
 
+class _Backend(Protocol):
+    """What candidates use of the backend that makes them: ``backend.CpuTestBackend``, which
+    imports this module, so it is described here rather than imported."""
+
+    candidate_count: int
+    engine_ids: list[int]
+    unbuildable: frozenset[int]
+    unlaunchable: frozenset[int]
+    wrong: frozenset[int]
+    runtime_compiled: frozenset[int]
+    extra_workspace: dict[int, int]
+    build_delay: float
+    compile_factor: float
+    cuda: SimulatedCuda
+
+    def current_device(self) -> int: ...
+    def guest(self, device: int) -> contextlib.AbstractContextManager[int]: ...
+    def behaviour(self, engine: int | None) -> Behaviour: ...
+    def run(self, description: Mapping[str, Any], tensors: Sequence[TensorSpec], pack: Mapping[int, Any], *,
+            behaviour: Behaviour = ..., workspace_size: int | None = None) -> None: ...  # fmt: skip
+    def make_plan(self, description: dict[str, Any], tensors: list[TensorSpec], engine: EngineChoice,
+                  behaviour: Behaviour = ..., index: int | None = None) -> BuiltPlan: ...  # fmt: skip
+
+
 class CpuCandidates:
-    def __init__(self, backend: CpuTestBackend, description: dict[str, Any], tensors: list[TensorSpec],
+    def __init__(self, backend: _Backend, description: dict[str, Any], tensors: list[TensorSpec],
                  given: Mapping[int, Any] | None, options: BuildOptions) -> None:  # fmt: skip
         self.backend = backend
         self.options = options

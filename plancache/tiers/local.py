@@ -15,9 +15,9 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
+from ..config import CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreError
 from ..store import Entry, Store, bookkeeping, default_cache_dir
 
@@ -49,7 +49,7 @@ class LocalTier:
         count: Callable[[str], None],
         app: str | None = None,
     ) -> None:
-        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        self.directory = CACHE_DIR.of(directory, "directory") or default_cache_dir()
         #: The application whose plan use is recorded for auto-prime (None: not recorded).
         self.app = app
         self._new_run()
@@ -62,7 +62,8 @@ class LocalTier:
         try:
             self.store = Store(self.directory, read_only=read_only)
         except (CacheDirError, SchemaTooNewError) as exc:
-            # A cache problem is never the program's: it runs, unpersisted, told once why.
+            # Refused for a reason only the user can fix (a directory others can write, a store
+            # of a newer plancache): lookups still build plans, which are not stored; one warning says why.
             self.refused = str(exc)
             count("store_errors")
             warn("open", "plancache: not storing plans: %s", exc)

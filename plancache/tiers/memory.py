@@ -7,37 +7,15 @@ are allocated per launch), so the bound on plans bounds the process.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from ..config import ConfigError
-
-__all__ = ["DEFAULT_MAX_PLANS", "LRU", "max_plans_from_env"]
-
-#: Plans a process keeps loaded unless told otherwise (``PLANCACHE_MEMORY_PLANS``):
-#: enough for every graph of a large model times a few dozen shapes.
-DEFAULT_MAX_PLANS = 1024
+__all__ = ["LRU"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
-
-
-def max_plans_from_env() -> int:
-    """``PLANCACHE_MEMORY_PLANS`` as a positive integer, else the default."""
-    text = os.environ.get("PLANCACHE_MEMORY_PLANS", "").strip()
-    if not text:
-        return DEFAULT_MAX_PLANS
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"PLANCACHE_MEMORY_PLANS={text!r} is not a positive whole number of plans",
-                          name="PLANCACHE_MEMORY_PLANS", value=text)  # fmt: skip
-    return value
 
 
 class LRU(Generic[K, V]):

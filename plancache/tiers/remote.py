@@ -13,12 +13,16 @@ Interface (what PlanCache uses; nothing here raises after construction)
     RemoteTier(url: str, *, secret: bytes, namespace: str = "plancache", timeout: float = 0.25,
                ttl: int | None = None, lock_ttl: float = 60, backoff_max: float = 60,
                max_stall: float = 2.0)
-        # Connects lazily: constructing touches no network. Raises RemoteError for a bad
-        # configuration (secret shorter than 16 bytes, unknown URL scheme, redis-py missing).
+        # Connects lazily: constructing touches no network. Every argument but backoff_max
+        # is read by its setting's declaration (plancache.config, PLANCACHE_REDIS_*): a bad
+        # value is a ConfigError naming the argument (a secret shorter than 16 bytes, a URL
+        # that is not redis://, rediss:// or unix://, a number of seconds that is not above
+        # 0 and finite). RemoteError when redis-py is missing.
     RemoteTier.from_env(environ: Mapping[str, str] | None = None) -> RemoteTier | None
         # None when PLANCACHE_REDIS_URL is unset. Secret from PLANCACHE_REDIS_SECRET or the
-        # file named by PLANCACHE_REDIS_SECRET_FILE (exactly one); RemoteError without one.
-        # Optional: PLANCACHE_REDIS_NAMESPACE, _TIMEOUT, _TTL, _LOCK_TTL, _MAX_STALL.
+        # file named by PLANCACHE_REDIS_SECRET_FILE (exactly one); a ConfigError without
+        # one. Optional: PLANCACHE_REDIS_NAMESPACE, _TIMEOUT, _TTL, _LOCK_TTL, _MAX_STALL.
+        # settings_from_env(environ) reads and checks them all without constructing a tier.
     tier.get(key: str, env_id: str) -> Entry | None
         # A verified entry, or None on a miss, a refusal or an outage. Its usage fields are
         # this node's: hit_count 0, last_used_at now. Ready for Store.put.
@@ -83,34 +87,42 @@ import dataclasses
 import hashlib
 import hmac
 import inspect
+import math
 import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from ..config import (
+    REDIS_LOCK_TTL,
+    REDIS_MAX_STALL,
+    REDIS_NAMESPACE,
+    REDIS_SECRET,
+    REDIS_SECRET_FILE,
+    REDIS_TIMEOUT,
+    REDIS_TTL,
+    REDIS_URL,
+    ConfigError,
+    Setting,
+)
 from ..errors import RemoteError
 from ..store import Entry, problem
 from ..store.codec import decode_entry, encode_entry
-from .breaker import COUNTERS, FAILED, Breaker
+from .breaker import FAILED, Breaker
 from .fleet_lock import FleetLock
 
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["COUNTERS", "FORMAT", "SIGNATURE_MAGIC", "RemoteTier", "sign_value"]
+__all__ = ["FORMAT", "SIGNATURE_MAGIC", "RemoteTier", "settings_from_env", "sign_value"]
 
 FORMAT = 1  # in every key: a new value layout gets new keys instead of refusals
 SIGNATURE_MAGIC = b"PLANCACHE-SIGNED/1\n"
 _KEY_ID_SIZE = 8
 _TAG_SIZE = 32  # HMAC-SHA256
 _HEADER_SIZE = len(SIGNATURE_MAGIC) + _KEY_ID_SIZE + _TAG_SIZE
-MIN_SECRET_BYTES = 16  # a short secret can be guessed offline from one signed value
-
-ENV_URL = "PLANCACHE_REDIS_URL"
-ENV_SECRET = "PLANCACHE_REDIS_SECRET"
-ENV_SECRET_FILE = "PLANCACHE_REDIS_SECRET_FILE"
+T = TypeVar("T")
 
 
 class _Refused(ValueError):
@@ -153,7 +165,7 @@ def _verified_payload(value: bytes, secret: bytes, key_id: bytes) -> bytes:
         raise _Refused(
             "other-secret",
             f"signed with another secret (key id {their_id.hex()}, this node's {key_id.hex()}); "
-            f"check that every node has the same {ENV_SECRET}",
+            f"check that every node has the same {REDIS_SECRET.name} or {REDIS_SECRET_FILE.name}",
         )
     if not hmac.compare_digest(tag, _tag(secret, payload)):
         raise _Refused("bad-signature", "signature does not match: the value was altered")
@@ -163,47 +175,38 @@ def _verified_payload(value: bytes, secret: bytes, key_id: bytes) -> bytes:
 # ---------------------------------------------------------------------------- configuration
 
 
-def _check_secret(secret: bytes) -> bytes:
-    if not isinstance(secret, bytes | bytearray):
-        raise RemoteError(f"the Redis tier's secret must be bytes, not {type(secret).__name__}")
-    if len(secret) < MIN_SECRET_BYTES:
-        raise RemoteError(
-            f"the Redis tier's secret is {len(secret)} bytes; use at least {MIN_SECRET_BYTES} "
-            "(for example the output of `openssl rand -hex 32`)"
-        )
-    return bytes(secret)
+def settings_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The arguments of the tier that ``PLANCACHE_REDIS_*`` configure, each read by its
+    setting's declaration, or None when no URL is set. Touches no network and imports no
+    redis, so a command checks them before it creates anything."""
+    env = os.environ if environ is None else environ
+    url = REDIS_URL.from_env(env)
+    if url is None:
+        return None
+    return {"url": url, "secret": _secret_from_env(env), "namespace": REDIS_NAMESPACE.from_env(env),
+            "timeout": REDIS_TIMEOUT.from_env(env), "ttl": REDIS_TTL.from_env(env), "lock_ttl": REDIS_LOCK_TTL.from_env(env),
+            "max_stall": REDIS_MAX_STALL.from_env(env)}  # fmt: skip
 
 
 def _secret_from_env(env: Mapping[str, str]) -> bytes:
-    value = env.get(ENV_SECRET, "")
-    path = env.get(ENV_SECRET_FILE, "")
-    if value and path:
-        raise RemoteError(f"set {ENV_SECRET} or {ENV_SECRET_FILE}, not both")
-    if path:
-        try:
-            # Files usually end with a newline that is not part of the secret.
-            return Path(path).expanduser().read_bytes().rstrip(b"\r\n")
-        except OSError as exc:
-            raise RemoteError(f"cannot read {ENV_SECRET_FILE}={path}: {exc.strerror or exc}", path=path) from exc
-    if value:
-        return value.encode()
-    raise RemoteError(
-        f"{ENV_URL} is set but no secret is: set {ENV_SECRET} or {ENV_SECRET_FILE} (the same on "
-        "every node). Plan blobs can carry native code, so plancache uses no unsigned Redis tier"
-    )
+    if REDIS_SECRET.is_set(env) and REDIS_SECRET_FILE.is_set(env):
+        raise ConfigError(f"{REDIS_SECRET.name} and {REDIS_SECRET_FILE.name} are both set: set one of them",
+                          name=REDIS_SECRET.name, value=None)  # fmt: skip
+    secret = REDIS_SECRET_FILE.from_env(env) or REDIS_SECRET.from_env(env)
+    if secret is None:
+        raise ConfigError(f"{REDIS_URL.name} is set but no secret is: set {REDIS_SECRET_FILE.name} or {REDIS_SECRET.name} "
+                          "(the same on every node); plan blobs can carry native code, so plancache uses no unsigned "
+                          "Redis tier", name=REDIS_SECRET.name, value=None)  # fmt: skip
+    return secret
 
 
-def _number_from_env(env: Mapping[str, str], name: str, default: float | None) -> float | None:
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        number = float(text)
-    except ValueError:
-        number = -1.0
-    if number <= 0:
-        raise RemoteError(f"{name}={text!r} is not a positive number of seconds")
-    return number
+def _required(setting: Setting[T | None], value: object, argument: str) -> T:
+    """``value`` read by ``setting``: an argument RemoteTier cannot do without."""
+    found = setting.of(value, argument)
+    if found is None:
+        raise ConfigError(f"{argument} is missing: a Redis tier needs one ({setting.name} in the environment)",
+                          name=setting.name, value=None)  # fmt: skip
+    return found
 
 
 def _redact(url: str) -> str:
@@ -252,28 +255,26 @@ class RemoteTier:
         url: str,
         *,
         secret: bytes,
-        namespace: str = "plancache",
-        timeout: float = 0.25,
-        ttl: int | None = None,
-        lock_ttl: float = 60,
+        namespace: str = REDIS_NAMESPACE.default,
+        timeout: float = REDIS_TIMEOUT.default,
+        ttl: int | None = REDIS_TTL.default,
+        lock_ttl: float = REDIS_LOCK_TTL.default,
         backoff_max: float = 60,
-        max_stall: float = 2.0,
+        max_stall: float = REDIS_MAX_STALL.default,
     ) -> None:
-        self._secret = _check_secret(secret)
+        url = _required(REDIS_URL, url, "url")
+        self._secret = _required(REDIS_SECRET, secret, "secret")
         self._key_id = _key_id(self._secret)
-        for name, number in (("timeout", timeout), ("lock_ttl", lock_ttl), ("backoff_max", backoff_max),
-                             ("max_stall", max_stall), ("ttl", 1 if ttl is None else ttl)):  # fmt: skip
-            if number <= 0:
-                raise RemoteError(f"RemoteTier {name} must be positive, not {number}")
-        if not namespace or ":" in namespace:
-            raise RemoteError(f"RemoteTier namespace must be non-empty without ':', not {namespace!r}")
+        if not (math.isfinite(backoff_max) and backoff_max > 0):
+            raise ConfigError(f"backoff_max={backoff_max!r} is not a number of seconds above 0", name="backoff_max",
+                              value=backoff_max)  # fmt: skip
         self.url = _redact(url)
-        self.namespace = namespace
-        self.timeout = float(timeout)
-        self.ttl = None if ttl is None else int(ttl)
-        self.lock_ttl = float(lock_ttl)
+        self.namespace = REDIS_NAMESPACE.of(namespace, "namespace")
+        self.timeout = REDIS_TIMEOUT.of(timeout, "timeout")
+        self.ttl = REDIS_TTL.of(ttl, "ttl")
+        self.lock_ttl = REDIS_LOCK_TTL.of(lock_ttl, "lock_ttl")
         self.backoff_max = float(backoff_max)
-        self.max_stall = float(max_stall)
+        self.max_stall = REDIS_MAX_STALL.of(max_stall, "max_stall")
         self._redis = _import_redis()
         self._client = self._connect(url)
         self._breaker = Breaker(self._redis, self.url, backoff_max=self.backoff_max, max_stall=self.max_stall)
@@ -294,27 +295,17 @@ class RemoteTier:
                 health_check_interval=0,
                 **_quiet_handshake(),
             )
-        except ValueError as exc:
-            raise RemoteError(f"bad Redis URL {_redact(url)}: {exc}", url=_redact(url)) from exc
+        except ValueError as exc:  # what redis-py refuses beyond the scheme (a port that is no number, say)
+            raise ConfigError(f"{REDIS_URL.name} (or url=) {_redact(url)} is not a Redis URL: {exc}", name=REDIS_URL.name,
+                              value=None) from exc  # fmt: skip
         return redis.Redis(connection_pool=pool)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RemoteTier | None:
-        """The tier configured by ``PLANCACHE_REDIS_*``, or None when no URL is set."""
-        env = os.environ if environ is None else environ
-        url = env.get(ENV_URL, "").strip()
-        if not url:
-            return None
-        ttl = _number_from_env(env, "PLANCACHE_REDIS_TTL", None)
-        return cls(
-            url,
-            secret=_secret_from_env(env),
-            namespace=env.get("PLANCACHE_REDIS_NAMESPACE", "").strip() or "plancache",
-            timeout=_number_from_env(env, "PLANCACHE_REDIS_TIMEOUT", 0.25) or 0.25,
-            ttl=None if ttl is None else max(1, round(ttl)),
-            lock_ttl=_number_from_env(env, "PLANCACHE_REDIS_LOCK_TTL", 60.0) or 60.0,
-            max_stall=_number_from_env(env, "PLANCACHE_REDIS_MAX_STALL", 2.0) or 2.0,
-        )
+        """The tier configured by ``PLANCACHE_REDIS_*`` (``settings_from_env``), or None
+        when no URL is set."""
+        settings = settings_from_env(environ)
+        return None if settings is None else cls(**settings)
 
     # ------------------------------------------------------------------ public
 
@@ -348,7 +339,7 @@ class RemoteTier:
     def put(self, entry: Entry) -> bool:
         """Publish ``entry`` signed; True once Redis has stored it."""
         reason = problem(entry)
-        if reason is not None:  # never spread a damaged local entry to the fleet
+        if reason is not None:  # every node that fetched it would refuse it: it would cost Redis memory and them a refusal
             self._breaker.count("errors")
             self._breaker.warn_once("put-checksum", "plancache: not publishing %s: %s", entry.key[:12], reason)
             return False

@@ -34,6 +34,7 @@ import struct
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from ..key import KEY_FORMAT, canonical_json, environment_id
 from ..store import Entry, Store, maintenance, problem
 from ..store.codec import decode_entry, encode_entry
 
-__all__ = ["BUNDLE_FORMAT", "BUNDLE_MAGIC", "export_bundle", "import_bundle", "read_bundle"]
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_MAGIC", "TARGET_REFUSALS", "Bundle", "export_bundle", "import_bundle", "read_bundle"]
 
 BUNDLE_MAGIC = b"PLANCACHE-BUNDLE\n"
 BUNDLE_FORMAT = 1
@@ -51,6 +52,20 @@ _PRELUDE = len(BUNDLE_MAGIC) + _LENGTH.size + 32
 _MAX_HEADER = 256 << 20
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 _ENV_ID = re.compile(r"^[0-9a-f]{16}$")
+#: The ``reason`` of a ``BundleError`` that refuses the file an export would write (it
+#: exists, is not a regular file, cannot be written); every other reason is a bundle that
+#: cannot be read or trusted.
+TARGET_REFUSALS = frozenset({"exists", "not a regular file", "unwritable"})
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle read and verified whole by ``read_bundle``: where it was read from, its
+    header and its entries."""
+
+    path: str
+    header: dict[str, Any]
+    entries: list[Entry]
 
 
 def _version() -> str:
@@ -192,7 +207,7 @@ def export_bundle(
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        _check_target(target)  # once more just before the rename: never replace a special file
+        _check_target(target)  # again: a link or FIFO may have appeared at the target while the bundle was written
         if replace:
             os.replace(tmp, target)  # a reader sees the old file or the whole new one
         else:
@@ -294,7 +309,7 @@ def _member(data: bytes, header: Mapping[str, Any], index: int, member: Any, off
     return entry
 
 
-def read_bundle(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Entry]]:
+def read_bundle(path: str | os.PathLike[str]) -> Bundle:
     """Read and verify a bundle completely: its header and every entry, or ``BundleError``."""
     where = os.fspath(path)
     try:
@@ -314,7 +329,7 @@ def read_bundle(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Entr
         offset += member["size"]
     if offset != header["payload_size"]:
         raise _refuse(where, "the payload holds bytes no entry accounts for", reason="malformed")
-    return header, entries
+    return Bundle(where, header, entries)
 
 
 def _insert(
@@ -333,9 +348,11 @@ def _insert(
 
 
 def import_bundle(
-    store: Store, path: str | os.PathLike[str], *, replace: bool = False, env_id: str | None = None
+    store: Store, bundle: str | os.PathLike[str] | Bundle, *, replace: bool = False, env_id: str | None = None
 ) -> dict[str, Any]:
     """Merge a bundle into ``store``: verify all of it, then insert in one transaction.
+    ``bundle``: its path, or what ``read_bundle`` returned (so a caller can refuse a bad
+    bundle before it creates a store).
 
     Existing keys are kept unless ``replace``. ``env_id`` imports only that environment's
     entries. Imported entries start with no hits and count as used now (so size-based
@@ -344,7 +361,9 @@ def import_bundle(
     "format", "entries", "imported", "replaced", "kept", "skipped", "environments", "seconds"}``.
     """
     started = time.perf_counter()
-    header, entries = read_bundle(path)
+    if not isinstance(bundle, Bundle):
+        bundle = read_bundle(bundle)
+    header, entries = bundle.header, bundle.entries
     if env_id is not None:
         skipped = [e.key for e in entries if e.env_id != env_id]
         entries = [e for e in entries if e.env_id == env_id]
@@ -359,7 +378,7 @@ def import_bundle(
     except sqlite3.Error as exc:  # rolled back by transaction(): nothing was written
         raise StoreError(f"cannot import into {store.path}: {exc}", path=str(store.path)) from exc
     return {
-        "path": os.fspath(path),
+        "path": bundle.path,
         "format": header["format"],
         "entries": len(header["entries"]),
         "imported": imported,

@@ -10,7 +10,7 @@ A manifest is a JSON (or TOML) document::
        {"builder": "mymodel.graphs:attention", "args": [8], "kwargs": {"heads": 16}, "expand": {"seq": [512, 1024]}},
        {"graph": {...canonical description, as written by the recorder...}}]}
 
-Entry kinds: ``template`` (a built-in template of ``plancache.templates``; a list-valued
+Entry kinds: ``template`` (a built-in template of ``plancache.workflows.templates``; a list-valued
 param expands into one graph per value, several lists into their cartesian product, and
 ``shapes`` lists parameter sets merged over ``params``); ``builder`` (``module:function``
 called with ``args``/``kwargs``, returning a ``cudnn.pygraph``; ``expand`` maps keyword
@@ -44,20 +44,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cache.recording import MANIFEST_VERSION, record_to, recorder_from_env, write_json
+from ..cache.recording import MANIFEST_VERSION, write_json
 from ..errors import ManifestError
 from ..key import HEURISTIC_MODES, POLICIES, BuildOptions
 from . import templates
 
 __all__ = [
-    "MANIFEST_VERSION",
     "SCHEMA",
     "ManifestEntry",
     "code_references",
     "load_manifest",
     "parse_manifest",
-    "record_to",
-    "recorder_from_env",
+    "refuse_unusable",
     "resolve_builder",
     "write_manifest",
 ]
@@ -434,7 +432,8 @@ def _read_text(path: str | os.PathLike[str]) -> str | ManifestError:
     try:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        return ManifestError(f"{os.fspath(path)}: cannot read the manifest: {exc}", path=os.fspath(path), entry=None, line=None)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return ManifestError(f"{os.fspath(path)}: cannot read the manifest: {why}", path=os.fspath(path), entry=None, line=None)
 
 
 def _format(path: str | os.PathLike[str]) -> str:
@@ -457,17 +456,43 @@ def load_manifest(
     return parse_manifest(text, path, fmt=_format(path), allow_code=allow_code, listing=listing)
 
 
+def _whole_document(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[int | None]]:
+    """The document at ``path`` and the line of each entry, or the ``ManifestError`` that
+    makes it unusable as a whole."""
+    text = _read_text(path)
+    if isinstance(text, ManifestError):
+        raise text
+    read = _read_document(text, os.fspath(path), _format(path))
+    if isinstance(read, ManifestError):
+        raise read
+    return read
+
+
+def refuse_unusable(path: str | os.PathLike[str], *, allow_code: bool) -> None:
+    """Raise the ``ManifestError`` that makes the manifest at ``path`` unusable as a whole,
+    so that nothing is built: it cannot be read, it is no manifest (not valid JSON or TOML,
+    not an object with ``version`` and ``entries``, a newer format), or it runs code
+    (``code_references``) while ``allow_code`` is False. Imports nothing."""
+    document, lines = _whole_document(path)
+    code = [] if allow_code else _code_in(document, lines)
+    if code:
+        shown = "; ".join(code[:3]) + (f"; and {len(code) - 3} more" if len(code) > 3 else "")
+        raise ManifestError(f"{os.fspath(path)} runs code ({shown}): nothing was built. Pass --allow-code (allow_code=True) if "
+                            "you trust this manifest, or --dry-run to list its entries", path=os.fspath(path), entry=None,
+                            line=None)  # fmt: skip
+
+
 def code_references(path: str | os.PathLike[str]) -> list[str]:
     """What in the manifest at ``path`` would run code or change ``sys.path``: its
     ``pythonpath`` and each builder entry, as short descriptions (``entry 3 (line 7):
     builder mymodel.graphs:attn``). Imports nothing; an unreadable manifest gives []."""
-    text = _read_text(path)
-    if isinstance(text, ManifestError):
+    try:
+        return _code_in(*_whole_document(path))
+    except ManifestError:
         return []
-    read = _read_document(text, os.fspath(path), _format(path))
-    if isinstance(read, ManifestError):
-        return []
-    document, lines = read
+
+
+def _code_in(document: Mapping[str, Any], lines: list[int | None]) -> list[str]:
     found = [f"pythonpath {document['pythonpath']}"] if document.get("pythonpath") else []
     for index, raw in enumerate(document["entries"]):
         if isinstance(raw, dict) and "builder" in raw:

@@ -16,7 +16,7 @@ from ..cache.priming import Primer
 from ..key import BuildOptions, environment_id
 from .steps import Entries, build_report, check_one, describe_failure, error_record, load_entries, run_each, run_here, timed
 
-__all__ = ["Primer", "dry_run", "prewarm", "prime", "warm_start"]
+__all__ = ["dry_run", "prewarm", "prime", "warm_start"]
 
 log = logging.getLogger("plancache")
 
@@ -157,6 +157,8 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
         done = f"{report['would_build']} would build"
     else:
         done = f"{report['built']} built"
+        if report.get("unpersisted"):
+            done += f" ({report['unpersisted']} of them not stored, as a warning said)"
     listed = f", {report['listed']} builder entries listed without importing them" if report.get("listed") else ""
     lines.append(f"{report['total']} entries: {done}{listed}, {report['hits']} already stored, "
                  f"{report['failed']} failed, {report['duplicates']} duplicates in {report['seconds']:.1f} s")  # fmt: skip

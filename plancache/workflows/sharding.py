@@ -231,7 +231,8 @@ class _Shard:
         import multiprocessing
         from multiprocessing.connection import wait
 
-        ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
+        # Spawned, not forked: a child forked from a process that has set up CUDA cannot use it.
+        ctx = multiprocessing.get_context("spawn")
         try:
             for device in self.devices:
                 here, there = ctx.Pipe()
