@@ -42,7 +42,7 @@ GRAPHS = ("conv_bias_relu", "conv_bias_relu_large", "matmul_bias_relu", "matmul_
 def builders() -> dict[str, Any]:
     import gpu_native
 
-    from plancache import templates
+    from plancache.workflows import templates
 
     found = dict(gpu_native.CASES)
     found["conv_bias_relu_large"] = lambda: templates.build("conv_bias_act", n=32, c=128, h=56, w=56, k=256)

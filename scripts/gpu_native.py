@@ -39,10 +39,10 @@ import cudnn
 import torch
 
 import plancache
-from plancache import templates
 from plancache.engines.inputs import materialize, plan_inputs
 from plancache.engines.native import NativePlan, library, parse, refusal
 from plancache.key import TensorSpec
+from plancache.workflows import templates
 
 DT = cudnn.data_type
 BF16 = {"io_data_type": DT.BFLOAT16, "intermediate_data_type": DT.FLOAT, "compute_data_type": DT.FLOAT}

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from plancache import PlanCache, Store
 from plancache.cli import cli
 from plancache.config import AUTO_PRIME, MAX_SIZE, PATCH_CUDNN, SETTINGS, ConfigError, MemoryBudget, Setting
+from plancache.engines.autotune import TimingPolicy
 from plancache.errors import CacheDirError
 from plancache.testing import CpuTestBackend
 from plancache.workflows import templates
@@ -80,7 +81,8 @@ VARIABLES: dict[str, Cases] = {
     "PLANCACHE_MEMORY_PLANS": Cases(("16", 16), "many", 1024, REFUSED, REFUSED),
     "PLANCACHE_PATCH_CUDNN": Cases(("on", True), "maybe", False, REFUSED, REFUSED),
     "PLANCACHE_AUTOTUNE_MEMORY": Cases(("10%", MemoryBudget(share=0.1)), "abc", MemoryBudget(), REFUSED, REFUSED),
-    "PLANCACHE_AUTO_PRIME": Cases(("true", True), "2", False, REFUSED, REFUSED),
+    "PLANCACHE_AUTOTUNE_BUDGET": Cases(("2", 2.0), "0.5", 1.5, REFUSED, math.inf),
+    "PLANCACHE_AUTO_PRIME": Cases(("off", False), "2", True, REFUSED, REFUSED),
     "PLANCACHE_APP": Cases(("svc", "svc"), None, None, "nan", "inf"),
 }
 
@@ -136,6 +138,7 @@ ENTRY_POINTS: dict[str, tuple[Callable[[Path, Any], Any], Cases]] = {
     "--dir": (lambda tmp, v: _dir_option(v), Cases(("cache", Path("cache")), None, DEFAULT, Path("nan"), Path("inf"))),
     "PlanCache(max_size=)": (lambda tmp, v: _cache(tmp, max_size=v).max_size,
                              Cases(("64M", 64 * MIB), 2, DEFAULT, REFUSED, REFUSED)),
+    "TimingPolicy(budget=)": (lambda tmp, v: TimingPolicy(budget=v).budget, Cases(("2", 2.0), "0.5", DEFAULT, REFUSED, math.inf)),
     "Store(allow_shared_dir=)": (_shared_store_opens, Cases(("yes", True), "maybe", DEFAULT, REFUSED, REFUSED)),
     "RemoteTier(url)": (lambda tmp, v: _tier(url=v).url, Cases((URL, URL), "http://127.0.0.1:1", REFUSED, REFUSED, REFUSED)),
     "RemoteTier(secret=)": (lambda tmp, v: _tier(secret=v).key_id == _tier().key_id,
@@ -430,6 +433,11 @@ def _reads_by_hand(path: Path) -> list[str]:
 def test_no_code_reads_a_variable_but_through_its_setting(path: Path) -> None:
     if path == ROOT / "plancache" / "config.py":
         assert ".get(self.name)" in path.read_text()  # the one reader: Setting._text
+        return
+    if path.name == "_plancache_startup.py":
+        # Whether the variable is set at all, and nothing more: the hook must import nothing of
+        # plancache when it is not; plancache's setting reads the value.
+        assert len(_reads_by_hand(path)) == 1 and "patch_cudnn_from_env()" in path.read_text()
         return
     assert _reads_by_hand(path) == []
 

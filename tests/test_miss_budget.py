@@ -15,9 +15,10 @@ import torch  # imported by every program that runs cuDNN graphs, before its fir
 from click.testing import CliRunner
 
 import plancache
-from plancache import BuildOptions, templates
+from plancache import BuildOptions
 from plancache.cli import cli
 from plancache.testing import CpuTestBackend
+from plancache.workflows import templates
 from plancache.workflows.tune import tune
 
 assert torch.__version__  # the import above is there for its side effect: a miss does not pay it

@@ -198,16 +198,16 @@ def test_a_shared_directory_is_refused_without_failing_the_program(tmp_path: Pat
 # ------------------------------------------------------------------ the primer
 
 
-def test_auto_prime_is_off_by_default_and_one_turns_it_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_prime_is_on_by_default_and_zero_turns_it_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stored(tmp_path)
     monkeypatch.delenv("PLANCACHE_AUTO_PRIME", raising=False)
-    off = PlanCache(tmp_path, backend=CpuTestBackend())
-    assert off.primer is None
-    off.close()
-    monkeypatch.setenv("PLANCACHE_AUTO_PRIME", "1")
     on = PlanCache(tmp_path, backend=CpuTestBackend())
     assert on.primer is not None
     on.close()
+    monkeypatch.setenv("PLANCACHE_AUTO_PRIME", "0")
+    off = PlanCache(tmp_path, backend=CpuTestBackend())
+    assert off.primer is None
+    off.close()
 
 
 def test_the_primer_makes_no_cuda_call_before_the_program_uses_the_device(tmp_path: Path) -> None:

@@ -63,9 +63,12 @@ class TimingPolicy:
     runs: int = 7  # timed runs per surviving candidate (after one warm-up)
     prune_factor: float = 3.0  # drop candidates slower than this many times the best first run
     memory: MemoryBudget = field(default_factory=AUTOTUNE_MEMORY.from_env)
-    #: A miss's time as a multiple of the frontend's own build (PLANCACHE_AUTOTUNE_BUDGET);
-    #: ``math.inf``: no limit (what ``plancache tune`` uses).
-    budget: float = field(default_factory=AUTOTUNE_BUDGET.from_env)
+    #: A miss's time as a multiple of the frontend's own build (PLANCACHE_AUTOTUNE_BUDGET,
+    #: read when not given); ``math.inf`` or ``"off"``: no limit (what ``plancache tune`` uses).
+    budget: float = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "budget", AUTOTUNE_BUDGET.given_or_env(self.budget, "TimingPolicy(budget=)"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"runs": self.runs, "prune_factor": self.prune_factor, "memory": self.memory.describe(),

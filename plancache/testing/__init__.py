@@ -19,8 +19,9 @@ Its ``cuda`` (a ``SimulatedCuda``) models streams, captures, sticky errors and m
 Use it with ``PlanCache(backend=CpuTestBackend())``.
 """
 
-from .backend import MAGIC, CpuTestBackend, TwoDeviceCpuTestBackend, summary_of_ops
+from .backend import CpuTestBackend, TwoDeviceCpuTestBackend, summary_of_ops
 from .device import LEGACY, Capture, CudaError, SimulatedCuda
+from .plans import MAGIC
 
 __all__ = ["LEGACY", "MAGIC", "Capture", "CpuTestBackend", "CudaError", "SimulatedCuda", "TwoDeviceCpuTestBackend",
            "summary_of_ops"]  # fmt: skip
