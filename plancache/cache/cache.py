@@ -191,12 +191,8 @@ class PlanCache:
         loaded back that way. Raises ``InvalidGraphError`` for a graph that cannot be keyed
         or built, ``BuildError`` when no candidate builds on this GPU.
         """
-        if self._closed:
-            raise PlanCacheError(f"the plan cache in {self.directory} is closed", path=str(self.directory))
         options = options or self.options
-        device = self.backend.current_device()
-        environment, env_id = self._environment(device)
-        key = make_key(describe(graph), environment, options, environment_json=self._environment_json[env_id])
+        key, device = self._lookup_key(graph, options)
         for record in self._recorders:
             record(graph, key)
         slot = (key.digest, device)
@@ -216,13 +212,17 @@ class PlanCache:
         entry (``plancache tune`` calls it for entries whose miss stopped at the budget,
         ``PLANCACHE_AUTOTUNE_BUDGET``). Later lookups of other processes get the new plan.
         Raises as ``get`` does."""
+        options = options or self.options
+        key, device = self._lookup_key(graph, options)
+        return self.lookup.retune(graph, key, options, device).named(names_of(graph))
+
+    def _lookup_key(self, graph: Any, options: BuildOptions) -> tuple[CacheKey, int]:
+        """The key of ``graph`` on the current device, and the device; refused once closed."""
         if self._closed:
             raise PlanCacheError(f"the plan cache in {self.directory} is closed", path=str(self.directory))
-        options = options or self.options
         device = self.backend.current_device()
         environment, env_id = self._environment(device)
-        key = make_key(describe(graph), environment, options, environment_json=self._environment_json[env_id])
-        return self.lookup.retune(graph, key, options, device).named(names_of(graph))
+        return make_key(describe(graph), environment, options, environment_json=self._environment_json[env_id]), device
 
     def builder(self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None) -> Any:
         """Decorate a function that builds a ``cudnn.pygraph`` from its arguments.
