@@ -129,12 +129,11 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
     tuning = _Tuning(cands, reports, timing, started, clock)
     majority = tuning.check()
     if not tuning.launched:
-        if not any(r.status == "checked" or (r.error or "").startswith("launch") for r in reports):
+        if not _built(reports):
             _none_built(reports, count)
         raise BuildError("every candidate that built failed to run", reason="all failed")
     if majority is None:
-        built = [r.index for r in reports if r.status == "checked" or (r.error or "").startswith("launch")]
-        first = tuning.launched[0] if len(tuning.launched) == 1 else built[0]
+        first = tuning.launched[0] if len(tuning.launched) == 1 else _built(reports)[0]
         return _no_majority(tuning.consensus, reports, options, clock() - started, first, tuning.progress())
     if options.policy == "heuristic":
         check = _check_record(tuning.consensus, majority, reports)
@@ -143,19 +142,22 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
         return AutotuneResult(winner, reports, options.policy, clock() - started,
                               {"method": "not timed: heuristic policy", **tuning.progress()}, check)  # fmt: skip
     want = max(2, options.top_k) if options.policy == "topk" else count
-    widened = tuning.widen(want) or tuning.check()  # the candidates added may have split the majority
-    if widened is None:
-        built = [r.index for r in reports if r.status == "checked" or (r.error or "").startswith("launch")]
-        return _no_majority(tuning.consensus, reports, options, clock() - started, built[0], tuning.progress())
-    majority = widened
+    majority = tuning.widen(want) or tuning.check()  # the candidates added may have split the majority
+    if majority is None:
+        return _no_majority(tuning.consensus, reports, options, clock() - started, _built(reports)[0], tuning.progress())
     check = _check_record(tuning.consensus, majority, reports)
-    members = sorted(majority.members)[:want]
-    winner = tuning.time(members) if members else min(majority.members)
+    winner = tuning.time(sorted(majority.members)[:want])
     reports[winner].status = "chosen"
     elapsed = clock() - started
     log.debug("plancache: autotuned %d/%d candidates (%d rejected) in %.3f s; chose #%d (%.4f ms)", len(tuning.launched), count,
               len(check["rejected"]), elapsed, winner, reports[winner].median_ms or 0.0)  # fmt: skip
     return AutotuneResult(winner, reports, options.policy, elapsed, {**timing.to_dict(), **tuning.progress()}, check)
+
+
+def _built(reports: list[CandidateReport]) -> list[int]:
+    """The candidates that built: launched, or failed only at launch. The frontend's own
+    choice is the first."""
+    return [r.index for r in reports if r.status == "checked" or (r.error or "").startswith("launch")]
 
 
 def _first_buildable(cands: CandidateSet, reports: list[CandidateReport]) -> int:
