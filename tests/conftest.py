@@ -50,18 +50,31 @@ def system_temp_dir_left_clean(tmp_path_factory: pytest.TempPathFactory) -> Iter
 SHIPPED = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "plancache-startup.pth", "_plancache_startup.py")
 
 
+def _copy_source(destination: Path) -> Path:
+    """A copy of what plancache is built from, in ``destination`` (building writes build/
+    and *.egg-info next to the sources, which must not land in the work tree)."""
+    root = Path(__file__).resolve().parents[1]
+    destination.mkdir()
+    for name in SHIPPED:
+        shutil.copy2(root / name, destination / name)
+    for folder in ("plancache", "migrations"):
+        shutil.copytree(root / folder, destination / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return destination
+
+
+@pytest.fixture(scope="session")
+def plancache_source() -> Callable[[Path], Path]:
+    """``copy(destination)``: a copy of plancache's sources there, for the tests that install
+    it as a user does (a wheel, ``pip install -e``)."""
+    return _copy_source
+
+
 @pytest.fixture(scope="session")
 def plancache_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """plancache's wheel, built once per run from this tree with this interpreter's
     setuptools (no network), for the tests that install it as a user does."""
-    root = Path(__file__).resolve().parents[1]
     tmp = tmp_path_factory.mktemp("wheel")
-    source = tmp / "src"  # a copy: building writes build/ and *.egg-info next to the sources
-    source.mkdir()
-    for name in SHIPPED:
-        shutil.copy2(root / name, source / name)
-    for folder in ("plancache", "migrations"):
-        shutil.copytree(root / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    source = _copy_source(tmp / "src")
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
                             "-w", str(tmp / "dist"), str(source)], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert built.returncode == 0, built.stderr[-3000:]

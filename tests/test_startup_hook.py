@@ -13,19 +13,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import site
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "plancache-startup.pth", "_plancache_startup.py")
 
 pytestmark = pytest.mark.slow
 
@@ -65,24 +63,18 @@ def _pip(*args: str) -> None:
 
 
 @pytest.fixture(scope="module", params=["wheel", "editable"])
-def environment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """A fresh virtual environment with plancache installed from a copy of this tree:
-    ``wheel`` builds a wheel and installs it, ``editable`` runs ``pip install -e``."""
+def environment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, plancache_wheel: Path,
+                plancache_source: Callable[[Path], Path]) -> Installed:  # fmt: skip
+    """A fresh virtual environment with plancache installed: ``wheel`` installs the run's
+    wheel of this tree, ``editable`` runs ``pip install -e`` of a copy of it."""
     kind = str(request.param)
     tmp = tmp_path_factory.mktemp(f"hook-{kind}")
-    source = tmp / "src"  # a copy: building writes build/ and *.egg-info next to the sources
-    source.mkdir()
-    for name in SHIPPED:
-        shutil.copy2(ROOT / name, source / name)
-    for folder in ("plancache", "migrations"):
-        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    source = plancache_source(tmp / "src")
     _run(sys.executable, "-m", "venv", "--without-pip", str(tmp / "env"))
     python = tmp / "env" / ("Scripts" if os.name == "nt" else "bin") / "python"
     purelib = Path(_run(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
     if kind == "wheel":
-        _pip("wheel", "-w", str(tmp / "dist"), str(source))
-        (wheel,) = (tmp / "dist").glob("plancache-*.whl")
-        _pip("install", "--target", str(purelib), str(wheel))
+        _pip("install", "--target", str(purelib), str(plancache_wheel))
     else:
         _pip("install", "--target", str(purelib), "-e", str(source))
     return Installed(kind, python, purelib, source)
