@@ -298,15 +298,10 @@ def test_a_plan_a_captured_graph_may_replay_lives_as_long_as_the_process() -> No
 
 
 def test_a_plan_whose_variant_pack_needs_a_uid_the_tensors_lack_is_left_to_the_frontend() -> None:
-    from plancache.engines.cudnn_backend import _missing_uids
-    from plancache.key import TensorSpec
-
     record = parse(frontend_blob())
-    tensors = [TensorSpec(uid=u, name=str(u), dims=(1,), strides=(1,), dtype="data_type.FLOAT", is_output=False) for u in (1, 3)]
-    why = _missing_uids(record.variant_pack_uids, record.by_value, record.workspace, record.replacements, tensors)
+    why = refusal(record, {1, 3})
     assert why is not None and "[5]" in why
-    tensors.append(TensorSpec(uid=5, name="5", dims=(1,), strides=(1,), dtype="data_type.FLOAT", is_output=True))
-    assert _missing_uids(record.variant_pack_uids, record.by_value, record.workspace, record.replacements, tensors) is None
+    assert refusal(record, {1, 3, 5}) is None
 
 
 def test_tensor_dumps_are_left_to_the_frontend_only_when_its_logging_writes_them(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -642,8 +642,7 @@ class CudnnBackend:
         device = torch.cuda.current_device() if device is None else device
         try:
             record = parse(blob)
-            why = refusal(record) or _missing_uids(record.variant_pack_uids, record.by_value, record.workspace,
-                                                   record.replacements, tensors)  # fmt: skip
+            why = refusal(record, {spec.uid for spec in tensors})
         except RecordError as exc:
             why = str(exc)
         if why is None:
@@ -758,13 +757,3 @@ class CudnnBackend:
                 give(device, handle)
 
         return launch
-
-
-def _missing_uids(variant_pack_uids: Sequence[int], by_value: Mapping[int, Any], workspace: Mapping[int, Any],
-                  replacements: Mapping[int, Any], tensors: Sequence[TensorSpec]) -> str | None:  # fmt: skip
-    """Why a native launch could not fill the plan's variant pack from the caller's tensors
-    (a uid it reads that is neither the caller's, nor the frontend's own), or None."""
-    known = {spec.uid for spec in tensors} | set(by_value) | set(workspace)
-    known |= {target for target, _ in replacements.values()}
-    missing = sorted(set(variant_pack_uids) - known)
-    return f"the plan reads uids the tensor table lacks: {missing}" if missing else None

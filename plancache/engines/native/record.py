@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,8 +163,11 @@ def _log_level() -> int:
     return int(found.group(1)) if found else 0
 
 
-def refusal(record: PlanRecord) -> str | None:
-    """Why the native path must not load ``record`` (the frontend's own path does), or None."""
+def refusal(record: PlanRecord, tensors: Collection[int] | None = None) -> str | None:
+    """Why the native path must not load ``record`` (the frontend's own path does), or None.
+    ``tensors``: the uids of the caller's tensors (the plan's tensor table), when known: a
+    uid the plan reads that is neither one of them nor the frontend's own could not be
+    filled at launch."""
     if record.version not in TESTED_VERSIONS:
         return f"plan format {record.version or 'unversioned'} is not one the native path was tested on ({', '.join(sorted(TESTED_VERSIONS))})"
     unknown = record.fields - _READ - _DESCRIPTIVE
@@ -172,6 +175,12 @@ def refusal(record: PlanRecord) -> str | None:
         return f"the plan has fields the native path does not know: {', '.join(sorted(unknown))}"
     if record.dumps and 1 <= _log_level() < 10:
         return "the frontend's tensor dumps are on (CUDNN_FRONTEND_LOG_INFO), which only its own path writes"
+    if tensors is not None:
+        known = set(tensors) | set(record.by_value) | set(record.workspace)
+        known |= {target for target, _ in record.replacements.values()}
+        missing = sorted(set(record.variant_pack_uids) - known)
+        if missing:
+            return f"the plan reads uids the tensor table lacks: {missing}"
     return None
 
 
