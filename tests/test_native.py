@@ -314,3 +314,21 @@ def test_tensor_dumps_are_left_to_the_frontend_only_when_its_logging_writes_them
     monkeypatch.setenv("CUDNN_FRONTEND_LOG_INFO", "12")
     assert refusal(record) is None
     assert {"2.0"} == records.TESTED_VERSIONS
+
+
+@pytest.mark.parametrize("message", ["operation not permitted when stream is capturing", "CUDNN_STATUS_ALLOC_FAILED",
+                                     "CUDA error: an illegal memory access was encountered"])  # fmt: skip
+def test_a_load_that_failed_for_a_reason_outside_the_blob_keeps_the_entry(message: str) -> None:
+    from plancache import TransientLoadError
+    from plancache.engines.cudnn_backend import transient_load_failures
+
+    with pytest.raises(TransientLoadError, match="failed for now"), transient_load_failures():
+        raise RuntimeError(message)
+
+
+def test_a_load_the_library_refuses_is_not_called_transient() -> None:
+    from plancache.engines.cudnn_backend import transient_load_failures
+
+    with pytest.raises(RuntimeError, match="version mismatch") as raised, transient_load_failures():
+        raise RuntimeError("CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH: version mismatch")
+    assert type(raised.value) is RuntimeError

@@ -46,7 +46,7 @@ from .inputs import materialize, timing_inputs
 from .native import NativePlan, RecordError, library, parse, refusal
 from .tensors import checked_inputs
 
-__all__ = ["CudnnBackend", "cudnn_module", "probe_environment", "transient_load_failure"]
+__all__ = ["CudnnBackend", "cudnn_module", "probe_environment", "transient_load_failures"]
 
 log = logging.getLogger("plancache")
 
@@ -59,10 +59,17 @@ _TRANSIENT = re.compile(r"captur|out of memory|ALLOC_FAILED|MemoryAllocation|not
 _NODE_IN_MESSAGE = re.compile(r"[Nn]ode '([^']+)'")
 
 
-def transient_load_failure(exc: BaseException) -> bool:
-    """Whether a failed deserialization says nothing about the blob (a capture, memory, a
-    sticky CUDA error): the entry is kept, and loaded again later."""
-    return bool(_TRANSIENT.search(str(exc)))
+@contextlib.contextmanager
+def transient_load_failures() -> Iterator[None]:
+    """A load in the block that failed for a reason saying nothing about the blob (a
+    capture, memory, a sticky CUDA error) raises ``TransientLoadError``: the entry is kept,
+    and loaded again later. Any other failure is the library refusing the plan itself."""
+    try:
+        yield
+    except Exception as exc:
+        if _TRANSIENT.search(str(exc)):
+            raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
+        raise
 
 
 def _cudnn() -> Any:
@@ -646,13 +653,8 @@ class CudnnBackend:
         except RecordError as exc:
             why = str(exc)
         if why is None:
-            with self.guest(device), self.handles.lease(device) as handle:
-                try:
-                    return NativePlan(self._library(), record, handle.backend_handle, device)
-                except Exception as exc:
-                    if transient_load_failure(exc):
-                        raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
-                    raise
+            with self.guest(device), self.handles.lease(device) as handle, transient_load_failures():
+                return NativePlan(self._library(), record, handle.backend_handle, device)
         self.native_fallbacks[why.split(":")[0]] += 1
         with self._frontend_loads:  # two warm-ups on one stream would capture each other's work
             return self._load_through_frontend(blob, device)
@@ -666,12 +668,8 @@ class CudnnBackend:
         with self.guest(device) as stream, self.handles.lease(device) as handle:
             cudnn.set_stream(handle=handle, stream=stream.cuda_stream)
             graph = cudnn.pygraph(handle=handle)
-            try:
+            with transient_load_failures():
                 graph.deserialize(blob)
-            except Exception as exc:
-                if transient_load_failure(exc):
-                    raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
-                raise
         return graph
 
     def load_back(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
