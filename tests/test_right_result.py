@@ -7,6 +7,7 @@ device for the rest of the process; a device with little memory; a capture in pr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sqlite3
@@ -45,6 +46,24 @@ def run_and_compare(plan: Any, seed: int = 0) -> float:
 
 def cache(tmp_path: Path, **backend: Any) -> plancache.PlanCache:
     return plancache.PlanCache(tmp_path, backend=CpuTestBackend(**backend), auto_prime=False)
+
+
+def rewrite(tmp_path: Path, sql: str, *parameters: Any) -> None:
+    """Change the stored rows behind plancache's back, as an older plancache left them."""
+    conn = sqlite3.connect(tmp_path / "plans.db")
+    conn.execute(sql, parameters)
+    conn.commit()
+    conn.close()
+
+
+def chosen_again(tmp_path: Path, key: str) -> tuple[plancache.PlanCache, Any]:
+    """A fresh cache's lookup of the matmul, which must build ``key``'s plan again (a
+    recheck), not serve the stored one nor call it corrupt."""
+    fresh = cache(tmp_path, candidates=4)
+    plan = fresh.get(matmul_graph(), options=BuildOptions(policy="exhaustive"))
+    assert plan.key == key and plan.source == "built"
+    assert fresh.counters["rechecks"] == 1 and fresh.counters["corrupt"] == 0
+    return fresh, plan
 
 
 # ------------------------------------------------------------------ wrong engines
@@ -118,14 +137,8 @@ def test_entries_checked_under_the_older_rule_are_chosen_again(tmp_path: Path) -
     old.close()
     rule1 = {k: v for k, v in entry.check.items() if k != "rule"}  # what plancache stored before the rule had a number
     entry.check = rule1
-    conn = sqlite3.connect(tmp_path / "plans.db")
-    conn.execute("UPDATE plans SET check_json = ?, meta_sha256 = ?", (json.dumps(rule1, sort_keys=True), entry.meta_digest()))
-    conn.commit()
-    conn.close()
-    fresh = cache(tmp_path, candidates=4)
-    plan = fresh.get(matmul_graph(), options=BuildOptions(policy="exhaustive"))
-    assert plan.key == key and plan.source == "built"
-    assert fresh.counters["rechecks"] == 1 and fresh.counters["corrupt"] == 0
+    rewrite(tmp_path, "UPDATE plans SET check_json = ?, meta_sha256 = ?", json.dumps(rule1, sort_keys=True), entry.meta_digest())
+    fresh, _ = chosen_again(tmp_path, key)
     stored = fresh.store.get(key)
     assert stored is not None and stored.check is not None and stored.check["rule"] == 2
 
@@ -160,17 +173,9 @@ def test_entries_stored_before_checking_are_chosen_again_not_served(tmp_path: Pa
     blob = json.loads(sqlite3.connect(tmp_path / "plans.db").execute("SELECT blob FROM plans").fetchone()[0][22:])
     blob["wrong"] = True
     raw = b"PLANCACHE-TEST-PLAN/1\n" + json.dumps(blob, sort_keys=True).encode()
-    conn = sqlite3.connect(tmp_path / "plans.db")
-    import hashlib
-
-    conn.execute("UPDATE plans SET blob = ?, blob_sha256 = ?, check_json = NULL, meta_sha256 = NULL",
-                 (raw, hashlib.sha256(raw).hexdigest()))  # fmt: skip
-    conn.commit()
-    conn.close()
-    fresh = cache(tmp_path, candidates=4)
-    plan = fresh.get(matmul_graph(), options=BuildOptions(policy="exhaustive"))
-    assert plan.key == key and plan.source == "built"
-    assert fresh.counters["rechecks"] == 1 and fresh.counters["corrupt"] == 0
+    rewrite(tmp_path, "UPDATE plans SET blob = ?, blob_sha256 = ?, check_json = NULL, meta_sha256 = NULL", raw,
+            hashlib.sha256(raw).hexdigest())  # fmt: skip
+    fresh, plan = chosen_again(tmp_path, key)
     assert run_and_compare(plan) < 1e-5
     entry = fresh.store.get(key)
     assert entry is not None and entry.check is not None and entry.check["status"] == "agreed"
