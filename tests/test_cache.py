@@ -162,7 +162,9 @@ def test_a_hit_never_waits_for_another_process_holding_the_write_lock(
                 started = time.perf_counter()
                 second.get(spec.graph())
                 worst = max(worst, time.perf_counter() - started)
-        assert worst < 0.05, f"a hit waited {worst * 1000:.0f} ms behind another process's write lock"
+        # A hit that waited for the lock would take until the holder commits, seconds; the
+        # bound is far above a busy CI machine's scheduling noise and far below that wait.
+        assert worst < 0.5, f"a hit waited {worst * 1000:.0f} ms behind another process's write lock"
     finally:
         holder.wait(timeout=30)
         if holder.stdout is not None:

@@ -6,6 +6,7 @@ A package folder that ``.gitignore`` matches is invisible to ``git status``, ski
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -58,3 +59,25 @@ def test_every_package_folder_is_a_package_and_is_shipped() -> None:
 @pytest.mark.parametrize("name", ["build", "dist", "out"])
 def test_no_package_folder_is_named_like_build_output(name: str) -> None:
     assert not (ROOT / "plancache" / name).exists(), f"plancache/{name}/ reads as generated output to tools"
+
+
+def test_a_pytest_plugin_installed_elsewhere_does_not_change_the_suite(tmp_path: Path) -> None:
+    """CI runs in a machine-wide Python where other pytest plugins may be installed; one that
+    warns at start-up (as pytest-benchmark does under xdist) would end the run, because the
+    suite turns warnings into errors. The suite loads only the plugins it names."""
+    (tmp_path / "intruder.py").write_text(
+        "def pytest_configure(config):\n    config.issue_config_time_warning(UserWarning('an intruding plugin'), stacklevel=2)\n"
+    )
+    dist = tmp_path / "intruder-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: intruder\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[pytest11]\nintruder = intruder\n")
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_one.py")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "1 passed" in run.stdout
