@@ -8,6 +8,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,8 @@ import torch
 from graphs import EXAMPLES, ConvBiasRelu, assert_runs_correctly
 
 import plancache.cache
+import plancache.store.bookkeeping
+import plancache.tiers.local
 from plancache import BuildError, BuildOptions, InvalidGraphError, PlanCache, Store, StoreError
 from plancache.cache.builder import _signature
 from plancache.cache.cache import _COUNTERS
@@ -175,6 +178,38 @@ def test_a_hit_never_waits_for_another_process_holding_the_write_lock(
         assert conn.execute("SELECT sum(hit_count) FROM plans").fetchone()[0] > 3
     finally:
         conn.close()
+
+
+def test_flush_writes_the_counts_the_background_writer_has_in_hand(
+    make_cache: MakeCache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background writer takes the batch out, finds the store busy and puts it back; a
+    flush() called meanwhile returns only once the counts are in the store."""
+    monkeypatch.setattr(plancache.tiers.local, "HIT_FLUSH_SECONDS", 0.01)
+    spec = EXAMPLES["conv_bias_relu"]
+    build_and_close(make_cache, spec)
+    in_hand = threading.Event()
+    real = plancache.store.bookkeeping.record_hits
+
+    def busy_once_in_the_background(store: Any, hits: Any, *, wait: bool = True) -> bool:
+        if threading.current_thread().name == "plancache-hits" and not in_hand.is_set():
+            in_hand.set()
+            time.sleep(0.3)
+            return False  # as a busy store answers a writer that does not wait
+        return real(store, hits, wait=wait)
+
+    monkeypatch.setattr(plancache.store.bookkeeping, "record_hits", busy_once_in_the_background)
+    cache = make_cache()
+    for _ in range(3):
+        cache.get(spec.graph())
+    assert in_hand.wait(5), "the background writer never ran"
+    cache.flush()
+    conn = sqlite3.connect(cache_dir / DB_NAME)
+    try:
+        assert conn.execute("SELECT sum(hit_count) FROM plans").fetchone()[0] == 3
+    finally:
+        conn.close()
+    cache.close()
 
 
 def test_context_manager_flushes_on_exit(make_cache: MakeCache, db: Connect) -> None:

@@ -73,6 +73,11 @@ class LocalTier:
         self._hits: dict[str, tuple[int, float]] = {}
         self._uses: dict[tuple[str, int], int] = {}  # (key, device) -> order of first use, not yet written
         self._hits_lock = threading.Lock()
+        # One flush at a time: a flush takes the whole batch out before writing it, so a
+        # second flush running beside it would find nothing and return before the first
+        # has written (or, the store being busy, put the batch back). flush(wait=True)
+        # must see what the background writer has in hand.
+        self._flush_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -212,6 +217,10 @@ class LocalTier:
         """Write batched hit counts and plan use. ``wait=False`` skips (keeping the batch)
         when another process holds the write lock. Returns whether everything pending was
         written."""
+        with self._flush_lock:
+            return self._flush(wait=wait)
+
+    def _flush(self, *, wait: bool) -> bool:
         with self._hits_lock:
             hits, self._hits = self._hits, {}
             uses, self._uses = self._uses, {}
@@ -268,5 +277,6 @@ class LocalTier:
         self._uses = {}
         self._new_run()  # the child is a run of its own
         self._hits_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._flusher = None
         self._stop = threading.Event()
