@@ -540,6 +540,43 @@ def test_builder_returns_the_same_plan_for_same_shaped_tensors(cache: PlanCache)
     assert_runs_correctly(plan, ConvBiasRelu())
 
 
+def test_builder_hits_count_in_the_store_as_lookups_do(make_cache: MakeCache, db: Connect) -> None:
+    """The plan a program runs every step through a builder is the most used: its hit count
+    and last use reach the store, so eviction under max_size keeps it."""
+    cache = make_cache()
+    conv_plan = cache.builder(lambda n: ConvBiasRelu(n=n).graph())
+    plan = conv_plan(1)
+    cache.get(ConvBiasRelu(n=2).graph())
+    for _ in range(50):
+        assert conv_plan(1) is plan
+    cache.flush()
+    assert db().execute("SELECT hit_count FROM plans WHERE key = ?", (plan.key,)).fetchone()[0] == 50
+    cache.close()
+
+
+def test_the_first_lookups_on_two_threads_never_see_a_device_half_set_up(
+    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first lookup on a device records its environment and that environment's
+    encoding; a lookup on another thread that finds the one must find the other (it raised
+    KeyError into the program). The other thread's lookup is run at the worst moment: while
+    the first is encoding."""
+    cache = make_cache()
+    spec = EXAMPLES["conv_bias_relu"]
+    encode = plancache.cache.cache.canonical_json
+    interleaved: list[Any] = []
+
+    def encode_while_another_lookup_runs(value: Any) -> str:
+        if not interleaved:
+            interleaved.append(None)  # once: the other lookup encodes too, when it sets up first
+            interleaved[0] = cache.get(spec.graph())
+        return encode(value)
+
+    monkeypatch.setattr(plancache.cache.cache, "canonical_json", encode_while_another_lookup_runs)
+    plan = cache.get(spec.graph())
+    assert interleaved and interleaved[0].key == plan.key
+
+
 def test_builder_tells_layouts_and_dtypes_apart(cache: PlanCache) -> None:
     calls = []
 

@@ -23,6 +23,7 @@ class _Cache(Protocol):
     memory: LRU[Any, Plan]
     backend: Any
     counters: dict[str, int]
+    local: Any  # the local tier: note_hit
 
     def get(self, graph: Any, *, options: BuildOptions | None = None) -> Plan: ...
 
@@ -38,6 +39,7 @@ def plan_builder(cache: _Cache, func: F, options: BuildOptions | None, key: Call
     plans: LRU[Any, Plan] = LRU(cache.memory.capacity)
     current_device = cache.backend.current_device
     counters = cache.counters
+    note_hit = cache.local.note_hit
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Plan:
@@ -54,6 +56,7 @@ def plan_builder(cache: _Cache, func: F, options: BuildOptions | None, key: Call
             plans.put(signature, plan)
         else:
             counters["memory_hits"] += 1
+            note_hit(plan.key)  # as get()'s memory hits: the plan a program runs every step stays young for eviction
         return plan
 
     wrapper.plans = plans  # type: ignore[attr-defined]

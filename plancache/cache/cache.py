@@ -165,8 +165,11 @@ class PlanCache:
         found = self._environments.get(device)
         if found is None:
             env = self.backend.environment(device)
-            found = self._environments[device] = (env, environment_id(env))
-            self._environment_json[found[1]] = canonical_json(env)  # encoded once, hashed by every lookup
+            found = (env, environment_id(env))
+            # The encoding first: another thread that finds the device's entry reads its
+            # encoding at once, unlocked (encoded once, hashed by every lookup).
+            self._environment_json[found[1]] = canonical_json(env)
+            self._environments[device] = found
         return found
 
     def environment_of(self, device: int) -> dict[str, Any]:

@@ -192,7 +192,8 @@ class LocalTier:
         with self._hits_lock:
             count, _ = self._hits.get(key, (0, 0.0))
             self._hits[key] = (count + 1, now)
-            self._start_flusher()
+            if self._flusher is None:  # under the lock: one writer thread, however many threads hit
+                self._start_flusher()
 
     def note_use(self, key: str, device: int) -> None:
         """Record (in memory, written with the hit counts) that this run used ``key`` on
