@@ -5,6 +5,7 @@ holds up a lookup it does not serve."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -271,3 +272,51 @@ def test_closing_the_cache_stops_the_primer_between_plans(make_cache: MakeCache,
 
     # the loads under way (one per primer thread) finish; none starts after close()
     assert report["primed"] <= THREADS and len(backend.loaded) <= THREADS < 4
+
+
+def test_closing_the_cache_while_a_lookup_builds_stops_the_primer_at_once(make_cache: MakeCache, cache_dir: Path) -> None:
+    """The primer waits for lookups to finish before it loads; a miss may autotune for
+    minutes, and close() must not wait for it, nor the primer go on after close()."""
+    fill(make_cache, "app", [1, 2])
+    backend = SlowLoads(build_delay=2.0)  # 4 candidates: ~8 s of building
+    cache = make_cache(backend=backend, auto_prime=False, app="app")
+    builder = threading.Thread(target=cache.get, args=(conv(7),), daemon=True)
+    builder.start()
+    deadline = time.monotonic() + 5
+    while not cache.lookup.loads._lookups and time.monotonic() < deadline:
+        time.sleep(0.005)
+    from plancache.cache.priming import Primer
+
+    cache.primer = Primer(cache)  # what auto-prime starts
+    cache.primer.start()
+    time.sleep(0.1)
+    started = time.monotonic()
+    cache.close()
+    took = time.monotonic() - started
+    assert not cache.primer.is_alive() and took < 2.0, f"close() waited {took:.1f} s for a lookup's build"
+    assert backend.loaded == [] and set(cache.primer.report["skipped"].values()) == {"stopped"}
+
+
+def test_a_failure_on_a_primer_helper_thread_stays_in_plancache(make_cache: MakeCache, cache_dir: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Priming never raises, on any of its threads: a program's threading.excepthook (some
+    frameworks abort the process there) never sees plancache's failure."""
+    fill(make_cache, "app", [1, 2, 3, 4])
+    escaped: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args.thread.name if args.thread else "?"))
+
+    class SlowLoad(CpuTestBackend):
+        def load(self, blob: bytes, tensors: Any, device: int | None = None) -> Any:
+            native = super().load(blob, tensors, device)
+            time.sleep(0.3)  # as kernels load on a GPU: both primer threads are in a load
+            return native
+
+    backend = SlowLoad()
+    cache = make_cache(backend=backend, auto_prime=True, app="app")
+    time.sleep(0.1)
+    with contextlib.suppress(Exception):
+        backend.cuda.poison("an illegal memory access")  # the program's own kernel faults meanwhile
+    primed(cache)
+    time.sleep(0.1)
+    assert escaped == []
+    cache.close()

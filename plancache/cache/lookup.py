@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -35,6 +36,8 @@ __all__ = ["LOAD_FAILED", "Lookup"]
 #: How a sound entry that could not be loaded for a transient reason is reported (it is
 #: never quarantined for it).
 LOAD_FAILED = "not loaded now"
+#: How often the primer, waiting for lookups to finish, looks whether it should stop.
+_IDLE_POLL_S = 0.05
 
 log = logging.getLogger("plancache")
 
@@ -74,14 +77,17 @@ class Lookup:
                 self.memory.put(slot, plan)
         return plan.named(names)
 
-    def prime(self, digest: str, environment: Mapping[str, Any], device: int) -> str:
+    def prime(self, digest: str, environment: Mapping[str, Any], device: int, *, stop: threading.Event | None = None) -> str:
         """Load the stored plan ``digest`` onto ``device`` into memory ahead of its lookup.
         Returns "primed", "loaded" (in memory already, or being loaded by a lookup, which
         then has it), or why it was skipped. Gives way to lookups: waits until none is
         loading or building before it starts, and never writes (an unsound entry is left
-        for its lookup to quarantine and rebuild)."""
+        for its lookup to quarantine and rebuild). ``stop`` ends that wait ("stopped"): a
+        lookup may be autotuning for minutes while the cache is being closed."""
         slot = (digest, device)
-        self.loads.wait_until_idle()
+        while not self.loads.wait_until_idle(timeout=_IDLE_POLL_S):
+            if stop is not None and stop.is_set():
+                return "stopped"
         with self.loads.try_claim(slot, self.memory) as mine:
             if not mine:
                 return "loaded"

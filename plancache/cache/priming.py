@@ -6,17 +6,18 @@ plan was built in this process. Paid on a background thread while the program im
 and loads its weights, it is gone from the first step.
 
 Auto-prime needs no code: each process records, per application, which plans it used
-(``LocalTier.note_use``, written with the hit counts), and with ``PLANCACHE_AUTO_PRIME=1``
-a cache that opens starts a ``Primer`` over the plans the application's latest run used,
-in the order it used them. The application is ``PLANCACHE_APP``, else the entry script
-(plus the local rank when a launcher sets ``LOCAL_RANK``, since each rank uses its own
-device). Use is recorded with priming off too, so turning it on works at the next start.
+(``LocalTier.note_use``, written with the hit counts), and a cache that opens starts a
+``Primer`` over the plans the application's latest run used, in the order it used them
+(``PLANCACHE_AUTO_PRIME=0`` turns it off). The application is ``PLANCACHE_APP``, else the
+entry script (plus the local rank when a launcher sets ``LOCAL_RANK``, since each rank uses
+its own device). Use is recorded with priming off too, so turning it on works at the next
+start.
 
-It is off by default: on an H200 a background deserialize once made the program's own
-copy to the GPU, at the same moment on the legacy default stream, fail with
-``cudaErrorStreamCaptureImplicit`` (docs/priming.md). Turn it on where the program does
-not use the GPU while the primer works (it loads weights from disk first, say), or after
-checking that it does no harm there.
+It is on by default because stored plans load through cuDNN's C API, which captures,
+allocates and synchronizes nothing and holds no GIL: the frontend's own deserialize once
+made the program's copy to the GPU, at the same moment on the legacy default stream, fail
+with ``cudaErrorStreamCaptureImplicit`` (docs/priming.md). A blob that only the frontend's
+path can load is loaded that way as a guest, one such load at a time.
 
 The primer never sets a device up: it waits until the program's own work has created
 the device's CUDA context (``Backend.device_in_use``), so a program that runs on another
@@ -110,6 +111,12 @@ class Primer(threading.Thread):
             helper.join()
 
     def _work(self, todo: collections.deque[tuple[str, int]]) -> None:
+        try:
+            self._load_each(todo)
+        except Exception as exc:  # on a helper thread too: never the program's threading.excepthook
+            log.warning("plancache: priming stopped: %s: %s", type(exc).__name__, exc)
+
+    def _load_each(self, todo: collections.deque[tuple[str, int]]) -> None:
         cache, report = self.cache, self.report
         while not (cache.closed or self.stopping.is_set()):
             try:
@@ -122,7 +129,7 @@ class Primer(threading.Thread):
                     report["skipped"][digest] = environment
                 continue
             cache.backend.use_device(device)
-            outcome = cache.lookup.prime(digest, environment, device)
+            outcome = cache.lookup.prime(digest, environment, device, stop=self.stopping)
             with self._lock:
                 if outcome in ("primed", "loaded"):
                     report[outcome] += 1
