@@ -6,6 +6,7 @@ in the workspace, devices that differ, alignment that matters)."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -168,6 +169,33 @@ def test_a_forked_child_uses_no_state_of_its_parent(make_cache: MakeCache) -> No
             code = 0 if (plan.source == "loaded" and len(cache.memory) == 1) else 2
         finally:
             os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_a_graph_is_being_recorded_records_its_own(make_cache: MakeCache, tmp_path: Path) -> None:
+    """Another thread of the parent is inside the recorder (writing the manifest) at the
+    fork; that thread is not in the child, whose lookups of new graphs must not wait for it."""
+    from plancache.cache.recording import record_to
+
+    other = make_cache()
+    other.get(EXAMPLES["causal_sdpa"].graph())  # stored: the child loads it (no torch work after a fork)
+    other.close()
+    recorder = record_to(tmp_path / "recorded.json")
+    cache = make_cache()
+    cache.add_recorder(recorder)
+    cache.get(EXAMPLES["conv_bias_relu"].graph())
+    with recorder._lock:  # type: ignore[attr-defined]  # as a recording thread holds it
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(20)  # a child that waits forever is ended, and the test fails
+                plan = cache.get(EXAMPLES["causal_sdpa"].graph())
+                code = 0 if plan.source == "loaded" else 2
+            finally:
+                os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
 

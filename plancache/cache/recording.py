@@ -87,6 +87,18 @@ class _Recorder:
 _RECORDERS: dict[str, _Recorder] = {}
 
 
+def _after_fork_in_child() -> None:
+    """A thread of the parent may have held a recorder's lock (across the manifest's file
+    lock and its I/O) at the fork; that thread is not in the child, so the child's first
+    lookup of a new graph would wait for it forever. The child gets new locks."""
+    for recorder in _RECORDERS.values():
+        recorder._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def record_to(path: str | os.PathLike[str]) -> Callable[[Any, CacheKey], None]:
     """A callback for ``PlanCache.add_recorder`` that appends every graph looked up to
     the manifest at ``path`` (created if needed; existing entries are kept). Recorded
