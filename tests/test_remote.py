@@ -424,6 +424,47 @@ def test_backoff_skips_calls_while_down(
     assert len(warnings_of(caplog)) == 1
 
 
+def test_an_outage_of_days_still_costs_nothing_but_misses(make_tier: Callable[..., RemoteTier], fake_clock: list[float]) -> None:
+    """Each failed attempt doubles the wait up to backoff_max; an outage long enough for
+    more than a thousand attempts must not overflow the doubling (it raised OverflowError
+    from every later get, put and lock)."""
+    tier = make_tier(f"redis://127.0.0.1:{free_port()}/0", backoff_max=60, max_stall=3600)
+    for _ in range(1100):
+        assert tier.get("ab" * 32, ENV_ID) is None
+        fake_clock[0] += 61
+    assert tier.stats()["errors"] == 1100
+    with tier.lock("ab" * 32, ENV_ID, wait=0) as mine:
+        assert mine is True
+
+
+@needs_server
+@pytest.mark.redis
+def test_options_in_the_url_cannot_turn_blobs_into_text(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier]) -> None:
+    """redis-py lets a URL's query override keyword arguments; ?decode_responses=true made
+    every remote hit raise UnicodeDecodeError out of a lookup."""
+    writer = make_tier(redis_server.url)
+    entry = make_entry()
+    assert writer.put(entry)
+    reader = make_tier(redis_server.url + "?decode_responses=true&socket_timeout=30", namespace=writer.namespace)
+    found = reader.get(entry.key, ENV_ID)
+    assert found is not None and same_plan(found, entry)
+    assert reader._client.connection_pool.connection_kwargs["socket_timeout"] == reader.timeout
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw-1@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
+        ("redis://127.0.0.1:6379/0?password=pw-1", "redis://127.0.0.1:6379/0?password=***"),
+        ("unix:///run/redis.sock?db=0&password=pw-1", "unix:///run/redis.sock?db=0&password=***"),
+        ("unix:///run/redis.sock?db=2", "unix:///run/redis.sock?db=2"),
+    ],
+)
+def test_a_password_never_reaches_logs_or_stats(url: str, shown: str, make_tier: Callable[..., RemoteTier]) -> None:
+    tier = make_tier(url)
+    assert tier.stats()["url"] == shown and "pw-1" not in repr(tier)
+
+
 @pytest.fixture
 def hung_server() -> Iterator[str]:
     """A TCP port that accepts connections and never answers: a hung Redis."""

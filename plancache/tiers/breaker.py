@@ -40,6 +40,8 @@ class _Failed(enum.Enum):
 
 
 FAILED = _Failed.FAILED
+#: The backoff doubles at most this many times: 2**63 s is past any backoff_max.
+_MAX_DOUBLINGS = 63
 
 
 class Breaker:
@@ -137,7 +139,9 @@ class Breaker:
             self._stalled += elapsed
             if now >= self._retry_at:  # concurrent failures of one attempt back off once
                 self._failures += 1
-                self._retry_at = now + min(self.backoff_max, 2.0 ** (self._failures - 1))
+                # The exponent is capped: after an outage of days, 2.0 ** failures would
+                # overflow a float and raise from every later call.
+                self._retry_at = now + min(self.backoff_max, 2.0 ** min(self._failures - 1, _MAX_DOUBLINGS))
             first, self._outage_warned = not self._outage_warned, True
             give_up = self._stalled >= self.max_stall and not self._disabled
             self._disabled = self._disabled or give_up

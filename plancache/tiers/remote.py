@@ -210,15 +210,20 @@ def _required(setting: Setting[T | None], value: object, argument: str) -> T:
 
 
 def _redact(url: str) -> str:
-    """The URL with its password replaced, for logs and stats."""
+    """The URL with its password replaced, for logs and stats: the one before the host
+    (``redis://:pw@host``) and the one in the query (``unix:///sock?password=pw``), both of
+    which redis-py reads."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    if parts.password is not None:
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        url = urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    head, mark, query = url.partition("?")
+    if mark:  # by hand: urlunsplit would write unix:///sock as unix:/sock
+        fields = ["password=***" if field.split("=", 1)[0].lower() == "password" else field for field in query.split("&")]
+        url = f"{head}?{'&'.join(fields)}"
+    return url
 
 
 def _import_redis() -> Any:
@@ -286,18 +291,22 @@ class RemoteTier:
         from redis.retry import Retry
 
         redis = self._redis
+        ours = {
+            "socket_timeout": self.timeout,
+            "socket_connect_timeout": self.timeout,
+            "retry": Retry(NoBackoff(), 0),  # one attempt per call: the backoff is ours
+            "health_check_interval": 0,
+            "decode_responses": False,  # signed blobs are bytes, never text
+        }
         try:
-            pool = redis.ConnectionPool.from_url(
-                url,
-                socket_timeout=self.timeout,
-                socket_connect_timeout=self.timeout,
-                retry=Retry(NoBackoff(), 0),  # one attempt per call: the backoff is ours
-                health_check_interval=0,
-                **_quiet_handshake(),
-            )
+            pool = redis.ConnectionPool.from_url(url, **ours, **_quiet_handshake())
         except ValueError as exc:  # what redis-py refuses beyond the scheme (a port that is no number, say)
             raise ConfigError(f"{REDIS_URL.name} (or url=) {_redact(url)} is not a Redis URL: {exc}", name=REDIS_URL.name,
                               value=None) from exc  # fmt: skip
+        # Options in the URL's query (?decode_responses=true, ?socket_timeout=30) override
+        # keyword arguments in redis-py; these are what keep every call bounded and every
+        # value bytes, so they are set again.
+        pool.connection_kwargs.update(ours)
         return redis.Redis(connection_pool=pool)
 
     @classmethod
