@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from plancache import BundleError, PlanCache, Store
 from plancache.cli import cli
-from plancache.key import environment_id
+from plancache.key import KEY_FORMAT, canonical_json, environment_id
 from plancache.store import DB_NAME
 from plancache.store.codec import decode_entry, encode_entry
 from plancache.testing import CpuTestBackend
@@ -150,6 +150,57 @@ def test_import_merge_keeps_existing_unless_replace(
     assert sorted(report["replaced"]) == sorted(source[1]) and report["imported"] == []
     assert len(store.get(source[1][0]).candidates) == 4  # type: ignore[union-attr]
     store.close()
+
+
+def test_import_replaces_a_local_entry_that_would_not_be_served(
+    tmp_path: Path, make_cache: MakeCache, bundle: Path, source: tuple[Path, list[str]]
+) -> None:
+    """Keeping a damaged row of the same key would drop the bundle's sound plan and leave
+    the next lookup to quarantine the row and autotune: what the bundle was shipped to spare."""
+    target = tmp_path / "target"
+    fill(make_cache, target, GRAPHS[:1])
+    store = Store(target)
+    key = source[1][0]
+    store.connection().execute("UPDATE plans SET blob = zeroblob(length(blob)) WHERE key = ?", (key,))
+    report = import_bundle(store, bundle)
+    assert report["replaced"] == [key] and report["kept"] == []
+    cache = make_cache(directory=target)
+    assert cache.get(templates.build(GRAPHS[0][0], **GRAPHS[0][1])).source == "loaded"
+    assert cache.counters["corrupt"] == 0 and cache.counters["builds"] == 0
+    store.close()
+
+
+def test_export_leaves_out_a_row_it_cannot_decode_and_ships_the_rest(tmp_path: Path, source: tuple[Path, list[str]]) -> None:
+    directory, keys = source
+    store = Store(directory)
+    store.connection().execute("UPDATE plans SET timing_json = '{not json' WHERE key = ?", (keys[1],))
+    report = export_bundle(store, tmp_path / "b.bundle")
+    assert sorted(report["keys"]) == sorted([keys[0], keys[2]]) and list(report["skipped"]) == [keys[1]]
+    assert "damaged entry" in report["skipped"][keys[1]]
+    store.close()
+
+
+def test_an_entry_of_the_wrong_shapes_is_refused_as_malformed(tmp_path: Path, make_cache: MakeCache, bundle: Path) -> None:
+    """Checksums anyone can compute: an entry whose description is a list (not a mapping)
+    is a refused bundle (exit code 3 from the command), not an AttributeError."""
+    target = target_with_one_plan(tmp_path, make_cache)
+    header, payload = split(bundle)
+    first = header["entries"][0]
+    entry = decode_entry(payload[first["offset"] : first["offset"] + first["size"]])
+    entry.description = ["not", "a", "mapping"]  # type: ignore[assignment]
+    parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
+    entry.key = hashlib.sha256(canonical_json(parts).encode()).hexdigest()  # the forger's key follows
+    data = encode_entry(entry)
+    first.update(key=entry.key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    rest = payload[header["entries"][1]["offset"] :]
+    offset = len(data)
+    for member in header["entries"][1:]:
+        member["offset"] = offset
+        offset += member["size"]
+    header["payload_size"] = offset
+    rewrite(bundle, header, data + rest)
+    error = assert_refused(target, bundle, "malformed entry")
+    assert error.fields["reason"] == "malformed"
 
 
 def test_import_only_one_environment(tmp_path: Path, make_cache: MakeCache, source: tuple[Path, list[str]]) -> None:

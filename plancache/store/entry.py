@@ -158,7 +158,17 @@ def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str |
     the key and environment id re-derived from what the row records (a row altered, copied
     under another key, or stored by an older key format), and the tensor table against the
     graph. Costs a JSON encoding and two SHA-256 hashes of the row: tens of microseconds.
+    An entry whose fields have the wrong shapes (a list where the graph's description
+    should be, say: a bundle's or the fleet's bytes are only checksummed by their sender)
+    is judged malformed, never an exception of the caller's.
     """
+    try:
+        return _problem(entry, environment)
+    except (AttributeError, TypeError, KeyError, ValueError) as exc:
+        return f"malformed entry ({type(exc).__name__}: {exc})"
+
+
+def _problem(entry: Entry, environment: Mapping[str, Any] | None) -> str | None:
     if not entry.checksum_ok():
         return "blob checksum mismatch"
     if environment is not None and entry.environment != environment:

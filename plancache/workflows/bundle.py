@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BundleError, EntryNotFoundError, StoreError
+from ..errors import BundleError, DamagedEntryError, EntryNotFoundError, StoreError
 from ..key import KEY_FORMAT, canonical_json, environment_id
 from ..store import Entry, Store, maintenance, problem
 from ..store.codec import decode_entry, encode_entry
@@ -175,7 +175,11 @@ def export_bundle(
     skipped: dict[str, str] = {}
     for key in dict.fromkeys(chosen):
         assert store is not None  # chosen is empty without a store
-        entry = store.get(key)
+        try:
+            entry = store.get(key)
+        except DamagedEntryError as exc:  # one row that cannot be decoded: the others still ship
+            skipped[key] = f"{exc} (damaged entry)"
+            continue
         if entry is None:
             skipped[key] = "removed while exporting"
             continue
@@ -338,13 +342,24 @@ def _insert(
     now = time.time()
     for entry in entries:
         entry.hit_count, entry.last_used_at = 0, now
-        exists = tx.execute("SELECT 1 FROM plans WHERE key = ?", (entry.key,)).fetchone() is not None
-        if exists and not replace:
+        row = tx.execute("SELECT * FROM plans WHERE key = ?", (entry.key,)).fetchone()
+        exists = row is not None
+        if exists and not replace and _sound(row):
             kept.append(entry.key)
             continue
         row = entry.row()  # the store's own row mapping, so new columns follow
         tx.execute(f"INSERT OR REPLACE INTO plans ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})", row)
         (replaced if exists else imported).append(entry.key)
+
+
+def _sound(row: Mapping[str, Any]) -> bool:
+    """Whether a stored row would be served: one that would not (damaged, never checked)
+    gives way to the bundle's sound entry of the same key, which would otherwise be dropped
+    while the next lookup quarantines the row and autotunes."""
+    try:
+        return problem(Entry.from_row(row)) is None
+    except (ValueError, KeyError, TypeError):  # a column that cannot be decoded
+        return False
 
 
 def import_bundle(
