@@ -369,9 +369,10 @@ def import_bundle(
     ``bundle``: its path, or what ``read_bundle`` returned (so a caller can refuse a bad
     bundle before it creates a store).
 
-    Existing keys are kept unless ``replace``. ``env_id`` imports only that environment's
-    entries. Imported entries start with no hits and count as used now (so size-based
-    eviction does not drop them first). Raises ``BundleError`` (database untouched) for a
+    Existing keys are kept unless ``replace``, or unless the stored row would not be served
+    (damaged, or never checked): the bundle's sound entry replaces it. ``env_id`` imports
+    only that environment's entries. Imported entries start with no hits and count as used
+    now (so size-based eviction does not drop them first). Raises ``BundleError`` (database untouched) for a
     truncated, tampered, malformed, newer-format or unsafe bundle. Returns ``{"path",
     "format", "entries", "imported", "replaced", "kept", "skipped", "environments", "seconds"}``.
     """
