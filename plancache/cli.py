@@ -991,7 +991,7 @@ def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, .
 @cli.command(name="import")
 @_common
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--replace", is_flag=True, help="Replace plans the cache already has (default: keep the sound ones; a damaged one is always replaced).")
+@click.option("--replace", is_flag=True, help="Replace plans the cache already has (default: keep the sound ones).")
 @click.option("--env", "env_id", default=None, help="Only import entries of this environment id.")
 @click.pass_obj
 def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None) -> None:
