@@ -563,3 +563,36 @@ def test_two_processes_evicting_at_once_evict_only_what_the_cap_requires(cache_d
         assert len(kept) == 15
     finally:
         store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_keeps_what_it_stores_after_its_parent_closes(tmp_path: Path) -> None:
+    """A worker forked from a process that used the store stores plans after the parent has
+    closed its own (or exited). The child inherited SQLite's record of the parent's file
+    locks without the locks, so it held none: the parent's close, the last as far as the
+    kernel could tell, checkpointed and deleted the WAL the child was writing to, and the
+    child's plans were lost while every put reported success."""
+    store = Store(tmp_path)
+    store.put(make_entry(hexkey("a1")))
+    to_parent, from_child = os.pipe()
+    to_child, from_parent = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            assert store.get(hexkey("a1")) is not None  # the child uses the store: its own connection
+            os.write(from_child, b"1")
+            os.read(to_child, 1)  # until the parent has closed its connection
+            store.put(make_entry(hexkey("c3")))
+            code = 0
+        finally:
+            os._exit(code)
+    os.read(to_parent, 1)
+    store.close()
+    os.write(from_parent, b"2")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    fresh = Store(tmp_path)
+    assert sorted(fresh.keys()) == sorted([hexkey("a1"), hexkey("c3")])
+    assert fresh.connection().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    fresh.close()

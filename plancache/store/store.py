@@ -22,6 +22,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -35,6 +36,54 @@ from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir
 __all__ = ["Store"]
 
 log = logging.getLogger("plancache")
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that can be referred to weakly (``sqlite3.Connection`` cannot), so that
+    a forked child can find every connection it inherited."""
+
+
+class _Opened:
+    """Every store connection this process has open, to be closed in a forked child before
+    the child opens its own.
+
+    SQLite records, per process, which file locks the process holds on each database. A
+    forked child inherits that record but not the locks (fcntl locks are never inherited),
+    so while one inherited connection is open, the child's new connections believe they
+    hold the shared lock and take none. A parent that then closes its last connection
+    checkpoints and deletes the -wal and -shm files the child is still writing to: the
+    child's plans are lost while every put reports success, and a later checkpoint of the
+    child can corrupt the file. Closed in the child, the inherited connections take the
+    record with them, and the child's connections take real locks."""
+
+    def __init__(self) -> None:
+        self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # a parent thread may have held it at the fork
+
+    def close_inherited(self) -> None:
+        """In a forked child, close every connection the parent had open; before the child
+        opens one (a connection joins the process's record of its file when it opens)."""
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            inherited, self._pid = list(self._connections), os.getpid()
+            self._connections.clear()
+        for old in inherited:
+            with contextlib.suppress(sqlite3.Error):
+                old.close()
+
+    def add(self, conn: _Connection) -> None:
+        with self._lock:
+            self._connections.add(conn)
+
+
+_OPENED = _Opened()
 
 
 def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
@@ -101,6 +150,7 @@ class Store(Schema, Recovery, Quarantine):
             return conn
         if self._closed:
             raise StoreError(f"plan store {self.path} is closed", path=str(self.path))
+        _OPENED.close_inherited()
         if self.read_only:
             # mode=ro still reads the -wal, so it sees what live writers have committed (a
             # fresh store keeps even its schema there until a checkpoint). Only a directory we
@@ -109,13 +159,15 @@ class Store(Schema, Recovery, Quarantine):
             uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
             if not self._directory_writable:
                 uri += "&immutable=1"
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, factory=_Connection)
         else:
             old_umask = os.umask(0o077)  # database, -wal and -shm private to the user
             try:
-                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000,
+                                       factory=_Connection)  # fmt: skip
             finally:
                 os.umask(old_umask)
+        _OPENED.add(conn)
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         # INSERT OR REPLACE deletes the row it replaces; only with recursive triggers does
