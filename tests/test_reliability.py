@@ -373,6 +373,29 @@ def test_verify_finds_every_kind_of_problem_and_fix_quarantines_without_deleting
     store.close()
 
 
+def test_verify_fix_never_quarantines_what_a_live_cache_rebuilt_meanwhile(make_cache: MakeCache, db: Connect) -> None:
+    """verify reads (and loads) every row before it fixes; a live cache that meets the
+    damaged row meanwhile quarantines it and stores a healthy rebuild, which verify's fix
+    took out of service again (it quarantined by key alone)."""
+    keys = stored(make_cache)
+    victim = sorted(keys)[0]
+    db().execute("UPDATE plans SET blob = zeroblob(length(blob)) WHERE key = ?", (victim,))
+    live = make_cache()
+    rebuilt: list[Any] = []
+
+    def load_while_a_live_cache_rebuilds(entry: Any) -> None:
+        if not rebuilt:  # the first sound row verify loads: meanwhile, the live lookup
+            rebuilt.append(live.get(SPECS[keys.index(victim)].graph()))
+
+    store = Store()
+    report = maintenance.verify(store, fix=True, load=load_while_a_live_cache_rebuilds)
+    assert rebuilt and rebuilt[0].source == "rebuilt" and live.counters["corrupt"] == 1
+    assert report["fixed"]["quarantined"] == []  # the row it judged was gone already
+    assert store.get(victim) is not None and len(store.quarantined()) == 1
+    live.close()
+    store.close()
+
+
 def test_verify_fix_sets_a_damaged_file_aside_and_keeps_every_readable_entry(make_cache: MakeCache, cache_dir: Path) -> None:
     keys = stored(make_cache)
     _zero_index_root(cache_dir / DB_NAME)

@@ -122,17 +122,20 @@ def verify(
         report["integrity"] = [f"integrity_check failed: {exc}"]
     if report["integrity"] and fix:
         report["fixed"] = store.repair("integrity check: " + "; ".join(report["integrity"][:3]), thorough=True)
-    _verify_rows(store, report, load, env_id)
+    identities = _verify_rows(store, report, load, env_id)
     report["problems"] = _problems(report)
     if fix:
-        report["fixed"].update(_fix_rows(store, report))
+        report["fixed"].update(_fix_rows(store, report, identities))
     return report
 
 
-def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], object] | None, env_id: str | None) -> None:
+def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], object] | None,
+                 env_id: str | None) -> dict[str, tuple[str, float]]:  # fmt: skip
     """Fill the row-level parts of a verify report, one row at a time by rowid, so a
-    row whose key itself is damaged is still found (and can be quarantined)."""
+    row whose key itself is damaged is still found (and can be quarantined). Returns the
+    identity (blob checksum, creation time) of each row read, by key."""
     checked: dict[str, Any] = {"env_id": env_id, "checked": 0, "skipped": 0, "failed": {}}
+    identities: dict[str, tuple[str, float]] = {}
     if load is not None:
         report["deserialize"] = checked
     try:
@@ -140,11 +143,12 @@ def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], o
         rowids = [r[0] for r in conn.execute("SELECT rowid FROM plans ORDER BY rowid")]
     except sqlite3.DatabaseError as exc:
         report["unreadable"].append(f"listing entries failed: {exc}")
-        return
+        return identities
     for rowid in rowids:
         entry = _verify_read(store, rowid, report)
         if entry is None:
             continue
+        identities[entry.key] = (entry.blob_sha256, entry.created_at)
         report["entries"] += 1
         if not entry.checksum_ok():
             report["checksum"].append(entry.key)
@@ -159,6 +163,7 @@ def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], o
                     report["kernel_caches"].append(row["env_id"])
     except sqlite3.DatabaseError as exc:
         report["unreadable"].append(f"listing kernel caches failed: {exc}")
+    return identities
 
 
 def _verify_read(store: Store, rowid: int, report: dict[str, Any]) -> Entry | None:
@@ -177,11 +182,15 @@ def _verify_read(store: Store, rowid: int, report: dict[str, Any]) -> Entry | No
     return None
 
 
-def _fix_rows(store: Store, report: dict[str, Any]) -> dict[str, Any]:
+def _fix_rows(store: Store, report: dict[str, Any], identities: Mapping[str, tuple[str, float]]) -> dict[str, Any]:
     bad = {key: "blob checksum mismatch" for key in report["checksum"]}
     bad.update(report["foreign"])
     bad.update((report["deserialize"] or {}).get("failed") or {})
-    quarantined = [key for key, reason in sorted(bad.items()) if store.quarantine(key, f"verify: {reason}")]
+    # Only the row that was judged: reading (and loading) every row takes a while, and a
+    # live cache may meanwhile have quarantined a bad row itself and stored a healthy rebuild.
+    quarantined = [
+        key for key, reason in sorted(bad.items()) if store.quarantine(key, f"verify: {reason}", identity=identities[key])
+    ]
     quarantined += [
         f"row {rowid}" for rowid, reason in report["damaged"].items() if store.quarantine_rowid(rowid, f"verify: {reason}")
     ]
