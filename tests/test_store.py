@@ -596,3 +596,34 @@ def test_a_forked_child_keeps_what_it_stores_after_its_parent_closes(tmp_path: P
     assert sorted(fresh.keys()) == sorted([hexkey("a1"), hexkey("c3")])
     assert fresh.connection().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     fresh.close()
+
+
+def test_a_store_open_during_another_process_repair_writes_to_the_new_file(tmp_path: Path) -> None:
+    """Another process finds the file damaged and moves it aside; a long-running process
+    that had it open kept writing into the copy set aside, where no one looks, and never
+    saw the plans stored in the new file."""
+    first = Store(tmp_path)
+    first.put(make_entry(hexkey("a1")))
+    first.close()
+    path = tmp_path / DB_NAME
+    with sqlite3.connect(path) as conn:  # damage a page lookups never read: kernel_caches' root
+        root, page = conn.execute(
+            "SELECT rootpage, (SELECT page_size FROM pragma_page_size) FROM sqlite_master WHERE name = 'kernel_caches'"
+        ).fetchone()
+    conn.close()
+    data = bytearray(path.read_bytes())
+    data[(root - 1) * page : root * page] = b"\xff" * page
+    path.write_bytes(bytes(data))
+    running = Store(tmp_path)  # a process that has the store open, serving hits
+    assert running.get(hexkey("a1")) is not None
+    (tmp_path / (DB_NAME + ".damaged")).write_text("another process saw damage\n")
+    repairing = Store(tmp_path)  # the next process to open repairs: the file is moved aside
+    assert list(tmp_path.glob(DB_NAME + ".corrupt-*"))
+    repairing.put(make_entry(hexkey("b2")))
+    running.put(make_entry(hexkey("c3")))
+    assert running.get(hexkey("b2")) is not None
+    later = Store(tmp_path)
+    # a1 is not salvaged: these hand-made entries' keys are not the hash of what they hold
+    assert sorted(later.keys()) == sorted([hexkey("b2"), hexkey("c3")])
+    for store in (running, repairing, later):
+        store.close()

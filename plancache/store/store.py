@@ -86,6 +86,15 @@ class _Opened:
 _OPENED = _Opened()
 
 
+def _file_id(path: os.PathLike[str]) -> tuple[int, int] | None:
+    """Which file ``path`` is now (device and inode); None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
     """Inside a write transaction: delete least-recently-used plans (never ``keep``) until
     the total is at most ``max_bytes``. The excess is read inside the transaction, so two
@@ -143,11 +152,17 @@ class Store(Schema, Recovery, Quarantine):
     # ------------------------------------------------------------------ opening
 
     def connection(self) -> sqlite3.Connection:
-        """This thread's connection, opened on first use and again after a fork."""
+        """This thread's connection, opened on first use, again after a fork, and again
+        when the file was replaced (a repair in another process moved it aside: a
+        connection to the old file would store plans where no other process looks)."""
         local = self._local
         conn = getattr(local, "conn", None)
         if conn is not None and local.pid == os.getpid():
-            return conn
+            if _file_id(self.path) in (local.file_id, None):  # None: mid-repair, no file yet
+                return conn
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            local.conn = None
         if self._closed:
             raise StoreError(f"plan store {self.path} is closed", path=str(self.path))
         _OPENED.close_inherited()
@@ -177,6 +192,7 @@ class Store(Schema, Recovery, Quarantine):
             conn.execute("PRAGMA synchronous = NORMAL")
         local.conn = conn
         local.pid = os.getpid()
+        local.file_id = _file_id(self.path)
         return conn
 
     def close(self) -> None:
