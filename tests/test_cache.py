@@ -180,6 +180,33 @@ def test_a_hit_never_waits_for_another_process_holding_the_write_lock(
         conn.close()
 
 
+def test_close_never_waits_for_another_process_holding_the_write_lock(
+    make_cache: MakeCache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() writes what is pending without waiting: the Redis tier's counters waited
+    out the store's whole busy timeout (30 s) behind another process's write."""
+    cache = make_cache()
+    cache.get(EXAMPLES["conv_bias_relu"].graph())
+    monkeypatch.setattr(cache, "_remote_counter_deltas", lambda: {"remote_hits": 3})
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time\n"
+        f"c = sqlite3.connect({str(cache_dir / DB_NAME)!r}, isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); sys.stdin.read(); c.execute('COMMIT')\n"
+    )], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        cache.close()
+        took = time.monotonic() - started
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert took < 5, f"close() waited {took:.1f} s for another process's write"
+
+
 def test_flush_writes_the_counts_the_background_writer_has_in_hand(
     make_cache: MakeCache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

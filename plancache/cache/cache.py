@@ -276,7 +276,7 @@ class PlanCache:
         """Write batched hit counts (and the remote tier's counters) now, waiting for the
         store if it is busy; the background writer and ``close`` never wait."""
         self.local.flush(wait=True)
-        self.local.bump_counters(self._remote_counter_deltas())
+        self.local.bump_counters(self._remote_counter_deltas(), wait=True)
 
     def close(self) -> None:
         """Write what is pending (without waiting on a busy store) and close the store and
@@ -286,7 +286,7 @@ class PlanCache:
         self._closed = True
         if self.primer is not None:
             self.primer.stop()  # not inside cuDNN once the cache is closed
-        self.local.bump_counters(self._remote_counter_deltas())
+        self.local.bump_counters(self._remote_counter_deltas(), wait=False)
         self.local.close()
         if self.remote is not None:
             self.remote.close()

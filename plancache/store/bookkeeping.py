@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import StoreBusyError, StoreError
 from .schema import BUSY_TIMEOUT_MS
 
-__all__ = ["RETENTION_SECONDS", "latest_run", "record", "record_hits", "record_usage"]
+__all__ = ["RETENTION_SECONDS", "latest_run", "record", "record_counters", "record_hits", "record_usage"]
 
 #: Rows of runs older than this (relative to the run being recorded) are dropped: an
 #: application that stopped using a plan a month ago does not need it primed.
@@ -76,6 +76,16 @@ def record_hits(store: Any, hits: Mapping[str, tuple[int, float]], *, wait: bool
     rows = [(count, used, key) for key, (count, used) in hits.items()]
     sql = "UPDATE plans SET hit_count = hit_count + ?, last_used_at = max(last_used_at, ?) WHERE key = ?"
     return record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="hits")
+
+
+def record_counters(store: Any, deltas: Mapping[str, int], *, wait: bool) -> bool:
+    """Add ``deltas`` to the store's persistent counters (the remote tier's, by name); see
+    ``record`` for ``wait``."""
+    rows = [(name, int(by)) for name, by in deltas.items() if by]
+    if not rows:
+        return True
+    sql = "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + excluded.value"
+    return record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="counters")
 
 
 def record_usage(store: Any, app: str, run: str, run_started: float, uses: Mapping[tuple[str, int], int], *,

@@ -252,12 +252,14 @@ class LocalTier:
                 now_count, now_used = self._hits.get(key, (0, 0.0))
                 self._hits[key] = (count + now_count, max(used, now_used))
 
-    def bump_counters(self, deltas: Mapping[str, int]) -> None:
+    def bump_counters(self, deltas: Mapping[str, int], *, wait: bool) -> None:
+        """Add to the store's persistent counters. ``wait=False`` (at close) skips them when
+        another process holds the write lock: counters are not worth a stall."""
         if self.store is None or self.store.read_only or not any(deltas.values()):
             return
         try:
-            self.store.bump_many(deltas)
-        except StoreError as exc:
+            bookkeeping.record_counters(self.store, deltas, wait=wait)
+        except (StoreError, sqlite3.Error) as exc:
             self._warn("hits", "plancache: could not record counters: %s", exc)
 
     def stats(self) -> dict[str, Any]:
