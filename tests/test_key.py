@@ -531,3 +531,24 @@ def test_the_digest_is_the_hash_of_the_canonical_parts() -> None:
         assert key.digest == hashlib.sha256(canonical_json(key.parts).encode()).hexdigest()
         again = make_key(describe(spec.graph()), ENV, BuildOptions(policy="exhaustive"), environment_json=canonical_json(ENV))
         assert again.digest == key.digest
+
+
+def test_an_input_whose_dims_set_dim_changed_is_keyed_by_the_stride_it_is_lowered_with() -> None:
+    """``g.tensor(dim=[4, 64, 64]).set_dim([4, 64, 32])`` keeps the stride filled in for the
+    old dims, (4096, 64, 1), and that is what cuDNN receives: the first 32 columns of a
+    padded buffer, another layout (and plan) than a dense [4, 64, 32]. Both were given one
+    key, so the padded graph was served the dense one's plan."""
+
+    def matmul(padded: bool) -> Any:
+        g = cudnn.pygraph(io_data_type=DT.HALF, compute_data_type=DT.FLOAT)
+        a = g.tensor(dim=[4, 64, 64] if padded else [4, 64, 32], uid=1)
+        if padded:
+            a.set_dim([4, 64, 32])
+        b = g.tensor(dim=[4, 32, 16], uid=2)
+        g.matmul(a, b).set_output(True).set_uid(3)
+        return g
+
+    dense, padded = matmul(False), matmul(True)
+    assert describe(padded)["tensors"]["u1"]["stride"] == [4096, 64, 1]
+    assert [t.strides for t in tensor_table(padded) if t.uid == 1] == [(4096, 64, 1)]
+    assert make_key(describe(dense), ENV, BuildOptions()).digest != make_key(describe(padded), ENV, BuildOptions()).digest

@@ -415,10 +415,15 @@ class _Describer(_Encoder):
         strides: list[int] | None
         if mode == "caller":  # lowered as a tensor of its own (_make_tensor): all of it
             dim = _ints(t.dim, ("tensor", t.name, "dim", None))
-            # An implicit stride is lowered as the row-major one the pygraph fills in; the
-            # backend may rewrite the tensor's stride while it builds (fp8 attention does,
-            # for K), and the key of the same graph object must not change with it.
-            strides = _ints(t.stride, ("tensor", t.name, "stride", None)) if t.stride_assigned or not dim else row_major(dim)
+            strides = _ints(t.stride, ("tensor", t.name, "stride", None))
+            if not t.stride_assigned and dim and sorted(strides) == sorted(row_major(dim)):
+                # An implicit stride is lowered as the row-major one the pygraph filled in;
+                # the backend may rewrite it while it builds (fp8 attention transposes K's),
+                # and the key of the same graph object must not change with it. A stride
+                # that is no reordering of the row-major one is not such a rewrite: the
+                # tensor was made with other dims and set_dim changed them, and the stride
+                # filled in for the old dims is what is lowered (a padded layout).
+                strides = row_major(dim)
         elif mode == "attrs":
             dim = _ints(t.dim, ("tensor", t.name, "dim", None)) if t.dim_assigned and t.dim else None
             strides = _ints(t.stride, ("tensor", t.name, "stride", None)) if t.stride_assigned and t.stride else None
