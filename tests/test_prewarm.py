@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from plancache import BuildOptions, PlanCache, Store
 from plancache.cli import cli
 from plancache.store import maintenance
+from plancache.testing import CpuTestBackend
 from plancache.workflows import templates
 from plancache.workflows.manifest import load_manifest
 from plancache.workflows.prewarm import prewarm, warm_start
@@ -67,6 +68,45 @@ def test_prewarm_builds_everything_then_resumes_with_hits_only(tmp_path: Path, m
     # Skipping a stored plan is not a use of it: hit counts stay untouched.
     second.flush()
     assert all(row["hit_count"] == 0 for row in maintenance.list_entries(second.store))
+
+
+@pytest.mark.parametrize(
+    ("backend", "why"),
+    [({"unloadable": [0, 1, 2, 3]}, "no candidate loads back from its blob"), ({"candidates": 2, "wrong": [1]}, "no majority")],
+)
+def test_a_plan_prewarm_could_not_store_is_never_reported_built(
+    tmp_path: Path, make_cache: MakeCache, backend: dict[str, Any], why: str
+) -> None:
+    """Built but not stored (why): "unpersisted", so the command exits 1; it reported
+    "built" and exited 0, and every later prewarm built it again."""
+    path = manifest(tmp_path, GOOD[1])
+    cache = make_cache(backend=CpuTestBackend(**backend))
+    report = prewarm(cache, path, progress=False)
+    assert statuses(report) == ["unpersisted"] and cache.store.keys() == []
+    cache.close()
+
+
+def test_resuming_builds_again_what_a_lookup_would_refuse(tmp_path: Path, make_cache: MakeCache) -> None:
+    """An entry checked under an older rule (after an upgrade, from an older bundle) has a
+    sound blob, but the lookup chooses it again: prewarm must too, or every model process
+    autotunes it at start-up."""
+    path = manifest(tmp_path, GOOD[1])
+    first = make_cache()
+    key = prewarm(first, path, progress=False)["entries"][0]["key"]
+    entry = first.store.get(key)
+    first.close()
+    entry.check = {**entry.check, "rule": 1}
+    entry.meta_sha256 = entry.meta_digest()
+    store = Store(first.directory)
+    store.put(entry)
+    store.close()
+    second = make_cache()
+    assert statuses(prewarm(second, path, progress=False)) == ["built"]
+    second.close()
+    model = make_cache()
+    model.get(templates.build("matmul_bias_act", **GOOD[1]["params"]))
+    assert model.counters["hits"] == 1 and model.counters["rechecks"] == 0
+    model.close()
 
 
 def test_interrupted_prewarm_resumes_where_it_stopped(tmp_path: Path, make_cache: MakeCache) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol, TextIO
 
 from ..errors import ManifestError
 from ..key import BuildOptions, canonical_json, describe, make_key
+from ..store import problem
 from .manifest import ManifestEntry, load_manifest
 
 __all__ = ["Entries", "KeySet", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
@@ -92,7 +93,9 @@ def stored_in(store: Any, digest: str) -> bool:
         entry = store.get(digest)
     except Exception:  # a damaged store: let get() decide (it treats it as a miss)
         return False
-    return entry is not None and entry.checksum_ok()
+    # The lookup's own judgement: an entry it would refuse (damaged metadata, never checked
+    # element by element) is no reason to skip building, or the model autotunes at start-up.
+    return entry is not None and problem(entry) is None
 
 
 def describe_failure(entry: ManifestEntry, exc: Exception) -> str:
@@ -129,7 +132,7 @@ def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bo
         cache.get(graph, options=opts)
         built = cache.counters["builds"] + cache.counters["rebuilds"] - before["builds"] - before["rebuilds"]
         record["status"] = "built" if built else "hit"  # another process may have built it meanwhile
-        if cache.counters.get("unpersisted", 0) > before.get("unpersisted", 0):
+        if not stored(cache, key.digest):  # no majority, not loadable back, a full disk: nothing kept
             record["status"] = "unpersisted"
     seen.add(key.digest)
     return record
