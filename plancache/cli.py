@@ -38,7 +38,7 @@ from .config import (
     ConfigError,
     format_size,
 )
-from .errors import BundleError, CacheDirError, EntryNotFoundError, ManifestError, PlanCacheError, StoreError
+from .errors import BundleError, CacheDirError, DamagedEntryError, EntryNotFoundError, ManifestError, PlanCacheError, StoreError
 from .store import DB_NAME, Entry, Store, check_private, default_cache_dir, maintenance
 
 __all__ = ["EXIT_CODES", "EXIT_ERROR", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
@@ -944,7 +944,7 @@ def tune(obj: _Context, keys: tuple[str, ...], no_progress: bool) -> None:
 
 def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
     for row in report["rows"]:
-        before, after = row["before"], row.get("after") or {}
+        before, after = row.get("before") or {}, row.get("after") or {}
         if row["status"] == "tuned":
             yield (f"{row['key'][:12]}  tuned {before.get('tuned')} -> {after.get('tuned')} of {after.get('candidates')} "
                    f"candidates: {before.get('engine')} -> {after.get('engine')} ({row['seconds']:.2f}s)")  # fmt: skip
@@ -1017,6 +1017,15 @@ def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None) -> 
     _emit(report, text)
 
 
+def _readable(store: Store, key: str) -> Entry | None:
+    """The entry, or None for one row that cannot be decoded (``verify`` reports it): the
+    other entries are still shown, as ``ls`` shows them."""
+    try:
+        return store.get(key)
+    except DamagedEntryError:
+        return None
+
+
 @cli.command(name="inspect")
 @_common
 @click.argument("keys", nargs=-1)
@@ -1034,7 +1043,7 @@ def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None) -> N
         if keys or store is None:  # nothing stored yet: no entries, and no KEY can match
             entries = [_entry(store, k, obj) for k in keys]
         else:
-            entries = [store.get(r["key"]) for r in maintenance.list_entries(store, env_id)]
+            entries = [_readable(store, r["key"]) for r in maintenance.list_entries(store, env_id)]
         data = [entry_report(e) for e in entries if e is not None]
     finally:
         if store is not None:

@@ -81,3 +81,30 @@ def test_tune_on_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert [r["key"] for r in report["rows"]] == [key] and report["tuned"] == 1
     result = CliRunner().invoke(cli, ["tune", "--dir", str(tmp_path)])
     assert result.exit_code == 0 and "nothing to tune" in result.output
+
+
+def test_tune_says_why_it_leaves_a_named_entry_and_passes_a_damaged_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key of another GPU's environment, named on the command line, was dropped in
+    silence ("nothing to tune", exit 0); one row that cannot be decoded stopped the whole
+    run (exit 1) before any sound entry was tuned."""
+    monkeypatch.setenv("PLANCACHE_AUTOTUNE_BUDGET", "1")
+    other = cache(tmp_path, build_delay=0.2, environment={"gpu_name": "Other test device"})
+    foreign = other.get(graph()).key
+    other.close()
+    mine = cache(tmp_path, build_delay=0.2)
+    cut_short = mine.get(graph()).key
+    mine.get(templates.build("matmul_bias_act", **{**GRAPH, "m": 32}))
+    damaged = mine.get(templates.build("matmul_bias_act", **{**GRAPH, "m": 48})).key
+    mine.store.connection().execute("UPDATE plans SET tensors_json = '{bad json' WHERE key = ?", (damaged,))
+    mine.close()
+    monkeypatch.setenv("PLANCACHE_BACKEND", "plancache.testing:CpuTestBackend")
+    named = CliRunner().invoke(cli, ["tune", "--dir", str(tmp_path), foreign])
+    assert named.exit_code == 3 and "belongs to environment" in named.output
+    everything = CliRunner().invoke(cli, ["tune", "--dir", str(tmp_path), "--json"])
+    assert everything.exit_code == 0, everything.output
+    import json
+
+    tuned = [r["key"] for r in json.loads(everything.output)["rows"] if r["status"] == "tuned"]
+    assert cut_short in tuned and damaged not in tuned
+    shown = CliRunner().invoke(cli, ["inspect", "--dir", str(tmp_path), "--json"])
+    assert shown.exit_code == 0 and cut_short in shown.output

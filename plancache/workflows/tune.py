@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..engines.replay import rebuild_graph
+from ..errors import DamagedEntryError
 from ..key import BuildOptions, environment_id
 from .steps import Progress
 
@@ -46,12 +47,24 @@ def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = Fals
     wanted = list(keys) if keys is not None else None
     env_id = environment_id(cache.environment)
     todo = []
+    rows: list[dict[str, Any]] = []
     for digest in wanted if wanted is not None else store.keys():
-        entry = store.get(digest)
-        if entry is not None and entry.env_id == env_id and (wanted is not None or cut_short(entry)):
+        try:
+            entry = store.get(digest)
+        except DamagedEntryError as exc:  # one row that cannot be decoded: the others are still tuned
+            if wanted is not None:
+                rows.append({"key": digest, "status": "failed", "error": str(exc)})
+            continue
+        if entry is None:
+            continue
+        if entry.env_id != env_id:
+            if wanted is not None:  # named by the user: say why nothing happens
+                rows.append({"key": digest, "status": "failed",
+                             "error": f"belongs to environment {entry.env_id}, not this GPU's {env_id}: tune it there"})  # fmt: skip
+            continue
+        if wanted is not None or cut_short(entry):
             todo.append(entry)
     bar = Progress(len(todo), progress, desc="tune")
-    rows = []
     for entry in todo:
         started = time.perf_counter()
         row: dict[str, Any] = {"key": entry.key, "before": _summary(entry)}
