@@ -21,6 +21,7 @@ from typing import Any
 
 import cudnn
 import pytest
+from cudnn.graph import graph_cache as frontends_graph_cache  # the frontend's own, before any patch
 from frontend_cpu import CpuFrontend, cpu_frontend
 from graphs import row_major
 
@@ -238,6 +239,16 @@ def test_graph_cache_shortcuts_by_the_callers_key_and_returns_what_the_function_
     build(3)
     build(4)  # evicts batch 2 from the in-process shortcut (maxsize=2)
     assert build(2)[0] is not g and calls == [2, 3, 4, 2]
+
+    # What is dropped when, as the frontend's own decorator does it: the oldest inserted
+    # first, a hit changing nothing (least recently used order ran the function less often).
+    for batch in (3, 2, 5, 3, 2):
+        build(batch)
+    frontends: list[int] = []
+    oracle = frontends_graph_cache(key_fn=lambda batch: batch, maxsize=2)(lambda batch: frontends.append(batch))
+    for batch in (2, 2, 3, 4, 2, 3, 2, 5, 3, 2):
+        oracle(batch)
+    assert calls == frontends == [2, 3, 4, 2, 3, 5, 2]
 
     @plancache.graph_cache(key_fn=lambda: "other")
     def other() -> dict[str, int]:

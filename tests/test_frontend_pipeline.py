@@ -234,6 +234,28 @@ def test_a_plan_that_cannot_be_loaded_back_is_never_stored(serve: Callable[..., 
     assert refused["graph"].startswith("MATMUL") and "unloadable= candidate" in refused["why"]
 
 
+def test_a_graph_never_runs_a_stored_plan_its_lookup_did_not_choose(serve: Callable[..., PlanCache], fe: CpuFrontend) -> None:
+    """An entry stored before outputs were compared element by element is chosen again;
+    when its candidates then have no majority, the lookup answers with the frontend's own
+    choice for this process. The drop-in loaded the stored entry into the graph anyway:
+    the graph ran a plan nothing had confirmed, while naming another."""
+    import dataclasses
+
+    cache = serve(CpuTestBackend())
+    mm = Matmul()
+    mm.g.build([A])
+    entry = cache.store.get(frontend.plan_of(mm.g).key)
+    cache.store.put(dataclasses.replace(entry, check=None, meta_sha256=None))  # as an older plancache stored it
+    cache.close()
+    cache = serve(CpuTestBackend(wrong=[0, 1]))  # now 0 and 1 agree on a wrong result, 2 and 3 on the right one
+    again = Matmul()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the no-majority warning and the drop-in's notice
+        again.g.build([A])
+    assert cache.counters["no_majority"] == 1
+    assert frontend.plan_of(again.g) is None and fe.frontend_built(again.g)  # the frontend planned it
+
+
 def test_a_python_engine_plan_is_never_stored_by_the_drop_in(serve: Callable[..., PlanCache], fe: CpuFrontend,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     serdes = pytest.importorskip("cudnn._plan_serdes")

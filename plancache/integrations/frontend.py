@@ -186,7 +186,7 @@ def jit(heur_modes: Any = None, **kwargs: Any) -> Callable[[Callable[..., Any]],
 
 def graph_cache(key_fn: Callable[..., Hashable], maxsize: int = 256) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``cudnn.graph_cache``: an in-process cache keyed by ``key_fn(*args, **kwargs)``
-    (``maxsize`` entries, least recently used dropped) in front of the function, returning
+    (``maxsize`` entries, the oldest inserted dropped first) in front of the function, returning
     what the function returned, as the frontend's does. The graphs in it get persistent
     plans when they are planned (by ``jit`` above it, or by ``build``, ``build_plans`` or
     ``execute`` once ``install()`` is in force); what is stored is decided by plancache's
@@ -200,13 +200,11 @@ def graph_cache(key_fn: Callable[..., Hashable], maxsize: int = 256) -> Callable
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             key = key_fn(*args, **kwargs)
             with guard:
-                if key in entries:
-                    entries.move_to_end(key)
+                if key in entries:  # a hit does not make an entry younger: the frontend's order
                     return entries[key]
             result = func(*args, **kwargs)
             with guard:
                 entries[key] = result
-                entries.move_to_end(key)
                 while len(entries) > max(int(maxsize), 0):
                     entries.popitem(last=False)
             return result

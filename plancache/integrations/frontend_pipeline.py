@@ -275,7 +275,11 @@ class Planner:
 
         with contextlib.suppress(Exception):  # an unreadable entry: serialize below
             entry = cache.local.get(plan.key)
-            if entry is not None and entry.blob and sha256(entry.blob) == entry.blob_sha256:
+            engine = plan.engine.to_dict() if plan.engine is not None else None
+            # Only the entry of this very plan: a lookup that re-checked a stored entry and
+            # found no majority returns the frontend's own choice, not what is stored.
+            if (entry is not None and entry.blob and sha256(entry.blob) == entry.blob_sha256
+                    and entry.engine == engine and entry.workspace_size == plan.workspace_size):  # fmt: skip
                 return bytes(entry.blob)
         why = cache.lookup.unloadable.why(plan.key)
         if why is not None:  # built here, and not stored: it cannot be loaded back
