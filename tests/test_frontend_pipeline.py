@@ -282,6 +282,18 @@ class Recording(CpuTestBackend):
         return super().candidates(graph, options, description, inputs)
 
 
+def test_a_workspace_limit_plancache_cannot_key_is_left_to_the_frontend(serve: Callable[..., PlanCache], fe: CpuFrontend) -> None:
+    """``deselect_workspace_greater_than(-1)`` is the frontend's to judge; the patched build
+    raised plancache's own ValueError from inside the caller's build()."""
+    serve(CpuTestBackend())
+    mm = Matmul()
+    mm.g.deselect_workspace_greater_than(-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the drop-in's one notice
+        mm.g.build([A])
+    assert frontend.plan_of(mm.g) is None and fe.frontend_built(mm.g)
+
+
 def _unfiltered_choice(serve: Callable[..., PlanCache]) -> int:
     """The candidate index autotuning chooses for ``Matmul()`` with no limit or filter."""
     serve(CpuTestBackend())

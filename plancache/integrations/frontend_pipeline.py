@@ -204,7 +204,12 @@ class Planner:
             raise Refusal(f"mode {unknown}", f"plancache: not persisting graphs planned with heuristic mode(s) {unknown} "
                           f"(plancache autotunes among {', '.join(HEURISTIC_MODES)}); the frontend plans them")  # fmt: skip
         limits = [limit for limit in (graph._workspace_limit, cache.options.workspace_limit) if limit is not None]
-        return dataclasses.replace(cache.options, heuristic_modes=modes, workspace_limit=min(limits) if limits else None)
+        try:
+            return dataclasses.replace(cache.options, heuristic_modes=modes, workspace_limit=min(limits) if limits else None)
+        except (ValueError, TypeError) as exc:  # a limit plancache cannot key (negative, say): the frontend's to judge
+            raise Refusal(
+                f"options:{exc}", f"plancache: not persisting a graph planned with {exc}; the frontend plans it"
+            ) from exc
 
     def _describe(self, graph: Any) -> dict[str, Any]:
         from ..key import describe
