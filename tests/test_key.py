@@ -422,6 +422,30 @@ def test_callable_attribute_is_refused_unless_tagged() -> None:
     assert tagged["tag"] == "identity/v1"
 
 
+def test_the_values_a_tagged_score_mod_captured_are_keyed() -> None:
+    """One tag, "softcap", for a softcap of 30 and of 50: the callable reads graph-held
+    scalars that no node touches, and cuDNN compiles their values into the plan. They were
+    not keyed, so the graph capped at 50 was served the plan capped at 30."""
+    spec = CausalSdpa(scale_by_value=False)
+
+    def graph(cap: float) -> Any:
+        g = cudnn.pygraph(io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+        q, k, v = (g.tensor(name=n, dim=spec.qkv_dims, stride=row_major(spec.qkv_dims), uid=u) for n, u in zip("qkv", (1, 2, 3)))
+        cap_t = g.tensor_scalar(cap, cudnn.scalar_type.COMPILE_TIME_CONST)
+        inverse = g.tensor_scalar(1.0 / cap, cudnn.scalar_type.COMPILE_TIME_CONST)
+
+        def softcap(graph: Any, score: Any) -> Any:
+            return graph.mul(graph.tanh(graph.mul(score, inverse)), cap_t)
+
+        o, _ = g.sdpa(q, k, v, attn_scale=0.5, score_mod=softcap, name="sdpa")
+        o.set_output(True).set_uid(4)
+        return g
+
+    assert describe(graph(30.0), tag="softcap") == describe(graph(30.0), tag="softcap")
+    assert describe(graph(30.0), tag="softcap") != describe(graph(50.0), tag="softcap")
+    assert [t.uid for t in tensor_table(graph(30.0))] == [1, 2, 3, 4]  # not in the variant pack
+
+
 def test_tensor_table_lists_the_variant_pack() -> None:
     table = tensor_table(ConvBiasRelu().graph())
     assert [(s.uid, s.name, s.is_output) for s in table] == [(1, "X", False), (2, "W", False), (3, "B", False), (4, "Y", True)]

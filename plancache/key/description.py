@@ -473,10 +473,14 @@ class _Describer(_Encoder):
         if not nodes:
             raise _refuse("the graph has no operations", reason="empty graph")
         # Caller tensors no node touches still take part in the variant pack: name them
-        # too. Untouched virtual tensors and graph-held scalars are never lowered.
+        # too. Untouched virtual tensors are never lowered, nor are untouched graph-held
+        # scalars, except into a callable (an attention score_mod) that captured them: its
+        # tag names what it does, and these values (a softcap of 30 or 50) are what it
+        # does it with, so a tagged graph keys them.
         registered = getattr(self.graph, "_tensor_by_uid", None)
         for t in (registered if isinstance(registered, Mapping) else self.graph.tensors).values():
-            if id(t) not in self.ids and not t.is_virtual and not (t.pass_by_value is not None and t.scalar_type is not None):
+            held = t.pass_by_value is not None and t.scalar_type is not None
+            if id(t) not in self.ids and not t.is_virtual and (not held or self.tag is not None):
                 self.ref(t)
         i = 0
         while i < len(self.order):  # ragged offsets hang off tensors, not ports; they bind too
@@ -605,7 +609,9 @@ def describe(graph: Any, tag: str | None = None, *, auto_uids: bool = False) -> 
     since nothing about a function's behaviour can be keyed; pass a tag naming what the
     callable does (``"softcap=30/v2"``) and it enters the description in the callable's
     stead. The tag must change whenever the callable's behaviour does, or a stored plan
-    of the old behaviour is served.
+    of the old behaviour is served; the values of graph-held scalars it captured
+    (``graph.tensor_scalar``) are keyed with the tag, so a softcap of 30 and of 50 need not
+    be told apart by it.
 
     ``auto_uids``: name a caller tensor left without ``set_uid`` by the uid the frontend
     numbered it with (what ``t.get_uid()`` returns, and what the graph executes with), as
