@@ -85,6 +85,15 @@ def test_list_params_expand_into_their_cartesian_product(tmp_path: Path) -> None
     assert len({json.dumps(describe(e.build()), sort_keys=True) for e in entries}) == 6
 
 
+def test_a_toml_date_among_a_builders_arguments_is_labelled(tmp_path: Path) -> None:
+    """TOML has dates; a builder entry's label (every report row) raised TypeError on one,
+    so ``prewarm --dry-run --json`` ended in a traceback with nothing on stdout."""
+    path = tmp_path / "manifest.toml"
+    path.write_text('version = 1\n\n[[entries]]\nbuilder = "mymod:make"\nargs = [2024-01-01]\n')
+    (entry,), errors = load_manifest(path, listing=True)
+    assert errors == [] and entry.label == 'mymod:make("2024-01-01")'
+
+
 def test_shapes_list_parameter_sets_merged_over_params(tmp_path: Path) -> None:
     entry = {"template": "sdpa", "params": {"h": 2, "d": 16}, "shapes": [{"b": 1, "s": 8}, {"b": 2, "s": [16, 32]}]}
     entries, errors = load_manifest(write(tmp_path, manifest_text(entry)))

@@ -160,7 +160,9 @@ class ManifestEntry:
         if self.kind == "template":
             text = self.spec["template"] + " " + " ".join(f"{k}={v}" for k, v in self.spec["params"].items())
         elif self.kind == "builder":
-            args = [json.dumps(a) for a in self.spec["args"]] + [f"{k}={json.dumps(v)}" for k, v in self.spec["kwargs"].items()]
+            # default=str: a TOML manifest's dates and times are arguments too
+            args = [json.dumps(a, default=str) for a in self.spec["args"]]
+            args += [f"{k}={json.dumps(v, default=str)}" for k, v in self.spec["kwargs"].items()]
             text = f"{self.spec['builder']}({', '.join(args)})"
         else:
             from ..store import summarize
