@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from plancache import BundleError, PlanCache, Store
 from plancache.cli import cli
 from plancache.key import KEY_FORMAT, canonical_json, environment_id
-from plancache.store import DB_NAME
+from plancache.store import DB_NAME, Entry
 from plancache.store.codec import decode_entry, encode_entry
 from plancache.testing import CpuTestBackend
 from plancache.workflows import templates
@@ -72,6 +72,24 @@ def rewrite(path: Path, header: dict[str, Any], payload: bytes) -> None:
     """Write a bundle with consistent header checksum: a forger's or a newer writer's file."""
     raw = json.dumps(header, sort_keys=True).encode()
     path.write_bytes(BUNDLE_MAGIC + struct.pack(">Q", len(raw)) + hashlib.sha256(raw).digest() + raw + payload)
+
+
+def forge_first_entry(path: Path, change: Callable[[Entry], object]) -> None:
+    """Change the bundle's first entry as a forger would, fixing every checksum (and the
+    member's key, when ``change`` sets the entry's) and the offsets after it."""
+    header, payload = split(path)
+    first = header["entries"][0]
+    entry = decode_entry(payload[first["offset"] : first["offset"] + first["size"]])
+    change(entry)
+    data = encode_entry(entry)
+    first.update(key=entry.key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    rest = payload[header["entries"][1]["offset"] :]
+    offset = len(data)
+    for member in header["entries"][1:]:
+        member["offset"] = offset
+        offset += member["size"]
+    header["payload_size"] = offset
+    rewrite(path, header, data + rest)
 
 
 def target_with_one_plan(tmp_path: Path, make_cache: MakeCache) -> Path:
@@ -184,21 +202,13 @@ def test_an_entry_of_the_wrong_shapes_is_refused_as_malformed(tmp_path: Path, ma
     """Checksums anyone can compute: an entry whose description is a list (not a mapping)
     is a refused bundle (exit code 3 from the command), not an AttributeError."""
     target = target_with_one_plan(tmp_path, make_cache)
-    header, payload = split(bundle)
-    first = header["entries"][0]
-    entry = decode_entry(payload[first["offset"] : first["offset"] + first["size"]])
-    entry.description = ["not", "a", "mapping"]  # type: ignore[assignment]
-    parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
-    entry.key = hashlib.sha256(canonical_json(parts).encode()).hexdigest()  # the forger's key follows
-    data = encode_entry(entry)
-    first.update(key=entry.key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
-    rest = payload[header["entries"][1]["offset"] :]
-    offset = len(data)
-    for member in header["entries"][1:]:
-        member["offset"] = offset
-        offset += member["size"]
-    header["payload_size"] = offset
-    rewrite(bundle, header, data + rest)
+
+    def not_a_mapping(entry: Entry) -> None:
+        entry.description = ["not", "a", "mapping"]  # type: ignore[assignment]
+        parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
+        entry.key = hashlib.sha256(canonical_json(parts).encode()).hexdigest()  # the forger's key follows
+
+    forge_first_entry(bundle, not_a_mapping)
     error = assert_refused(target, bundle, "malformed entry")
     assert error.fields["reason"] == "malformed"
 
@@ -254,19 +264,7 @@ def test_tampered_entry_with_recomputed_checksums_is_refused_by_its_key(
 ) -> None:
     """A forger who fixes every checksum still cannot change what a key names."""
     target = target_with_one_plan(tmp_path, make_cache)
-    header, payload = split(bundle)
-    first = header["entries"][0]
-    entry = decode_entry(payload[first["offset"] : first["offset"] + first["size"]])
-    entry.description["nodes"][0]["params"]["padding"] = [2, 2]
-    data = encode_entry(entry)
-    first.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
-    rest = payload[header["entries"][1]["offset"] :]
-    offset = len(data)
-    for member in header["entries"][1:]:
-        member["offset"] = offset
-        offset += member["size"]
-    header["payload_size"] = offset
-    rewrite(bundle, header, data + rest)
+    forge_first_entry(bundle, lambda entry: entry.description["nodes"][0]["params"].update(padding=[2, 2]))
     # Refused while decoding: the codec asks the one check of a stored entry (entry.problem).
     error = assert_refused(target, bundle, "key does not match")
     assert error.fields["reason"] == "malformed"
