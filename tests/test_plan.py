@@ -82,17 +82,51 @@ def test_half_precision_conv(cache: PlanCache) -> None:
     assert_runs_correctly(plan, spec)
 
 
-def test_pass_by_value_scale_may_be_a_python_float(cache: PlanCache) -> None:
+def test_a_pass_by_value_scale_is_read_at_execute_time(cache: PlanCache) -> None:
     spec = CausalSdpa(attn_scale=0.125)
     plan = cache.get(spec.graph())
     pack = spec.tensors(seed=6)
-    pack[spec.uids[3]] = 0.125
+    pack[spec.uids[3]] = torch.full((1, 1, 1, 1), 0.125)
     plan.execute(pack)
     expected = spec.reference(pack)
     torch.testing.assert_close(pack[spec.uids[4]].float(), expected, atol=1e-2, rtol=1e-2)
-    pack[spec.uids[3]] = 1.0  # the scale is read at execute time, not baked into the plan
+    pack[spec.uids[3]] = torch.full((1, 1, 1, 1), 1.0)  # not baked into the plan
     plan.execute(pack)
     assert not torch.allclose(pack[spec.uids[4]].float(), expected, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("scale", "problem"),
+    [
+        (0.125, "is a float: a pass-by-value scalar is a one-element CPU tensor"),
+        (torch.full((1, 1, 1, 1), 0.125, dtype=torch.float64), "has dtype torch.float64, the plan needs torch.float32"),
+        (torch.full((4,), 0.125), "has 4 elements: a pass-by-value scalar has one"),
+        (torch.full((1,), 0.125, device="meta"), "is on meta: a pass-by-value scalar is read from host memory"),
+    ],
+)
+def test_a_pass_by_value_scalar_cuDNN_would_misread_is_refused(cache: PlanCache, scale: Any, problem: str) -> None:
+    """cuDNN reads a pass-by-value scalar through a host pointer, as the plan's type: a
+    float64, a device tensor's address or a Python float (no pointer at all) was launched
+    unchecked; the CPU stand-in read it right, cuDNN would not."""
+    spec = CausalSdpa(attn_scale=0.125)
+    plan = cache.get(spec.graph())
+    pack = spec.tensors(seed=6)
+    pack[spec.uids[3]] = scale
+    with pytest.raises(TensorMismatchError, match=problem):
+        plan.execute(pack)
+
+
+def test_names_may_be_a_str_subclass(cache: PlanCache) -> None:
+    """A StrEnum member equal to a tensor's name names it, on the fast path as on the slow
+    one (the fast path took it for a uid, and the slow path then found nothing to say)."""
+    import enum
+
+    class Name(str, enum.Enum):
+        X, W, B, Y = "X", "W", "B", "Y"
+
+    plan = cache.get(CONV.graph())
+    by_uid = CONV.tensors(seed=2)
+    plan.execute({Name(name): by_uid[uid] for name, uid in zip("XWBY", CONV.uids, strict=True)})
 
 
 def test_prepare_returns_the_plan_and_launches_count(counting: tuple[PlanCache, CountingBackend]) -> None:

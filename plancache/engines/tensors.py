@@ -75,7 +75,7 @@ class Expect:
         self.stride_items = tuple((i, s) for i, (d, s) in enumerate(zip(self.dims, self.strides)) if d != 1)
         self.dtype_names = TORCH_DTYPES.get(spec.dtype or "")
         self.alignment = max(1, int(getattr(spec, "alignment", DEFAULT_ALIGNMENT) or 1))
-        self.by_value = bool(spec.is_pass_by_value)  # a host scalar: nothing to check
+        self.by_value = bool(spec.is_pass_by_value)  # a host scalar: one element, in host memory
         self.dtypes: tuple[Any, ...] | None = None  # torch dtype objects, resolved at first check
 
     def resolve(self) -> None:
@@ -90,7 +90,7 @@ def tensor_problems(expect: Expect, tensor: Any, where: str, device_type: str, d
     fits), each said as ``where`` (the tensor as the caller knows it) plus what is wrong."""
     spec = expect.spec
     if spec.is_pass_by_value:
-        return []
+        return _by_value_problems(expect, tensor, where)
     try:
         shape, stride, on, pointer = tuple(tensor.shape), tuple(tensor.stride()), tensor.device, int(tensor.data_ptr())
     except (AttributeError, TypeError, RuntimeError):
@@ -100,13 +100,7 @@ def tensor_problems(expect: Expect, tensor: Any, where: str, device_type: str, d
         problems.append(f"{where} has shape {list(shape)}, the plan needs {list(expect.dims)}")
     elif any(stride[i] != s for i, s in expect.stride_items):
         problems.append(f"{where} has strides {list(stride)}, the plan needs {list(expect.strides)}")
-    if expect.dtypes is None:
-        expect.resolve()
-    if tensor.dtype not in (expect.dtypes or ()):
-        wanted = (
-            " or ".join(f"torch.{n}" for n in expect.dtype_names or ()) or f"none (cuDNN type {spec.dtype} is not a storage type)"
-        )
-        problems.append(f"{where} has dtype {tensor.dtype}, the plan needs {wanted}")
+    problems += _dtype_problems(expect, tensor, where)
     if pointer % expect.alignment:
         problems.append(
             f"{where} starts at an address {pointer % expect.alignment} bytes off the {expect.alignment}-byte alignment the plan was built for"
@@ -114,6 +108,34 @@ def tensor_problems(expect: Expect, tensor: Any, where: str, device_type: str, d
     if on.type != device_type or (device_type == "cuda" and on.index != device):
         problems.append(f"{where} is on {on}, the plan runs on {device_type}:{device}")
     return problems
+
+
+def _dtype_problems(expect: Expect, tensor: Any, where: str) -> list[str]:
+    if expect.dtypes is None:
+        expect.resolve()
+    if tensor.dtype in (expect.dtypes or ()):
+        return []
+    spec = expect.spec
+    wanted = (
+        " or ".join(f"torch.{n}" for n in expect.dtype_names or ()) or f"none (cuDNN type {spec.dtype} is not a storage type)"
+    )
+    return [f"{where} has dtype {tensor.dtype}, the plan needs {wanted}"]
+
+
+def _by_value_problems(expect: Expect, tensor: Any, where: str) -> list[str]:
+    """A pass-by-value scalar (an attention scale, an epsilon) is handed to cuDNN as a host
+    pointer, read as the plan's type: a device tensor's address, another type or more than
+    one element would be misread without an error."""
+    try:
+        on, count = tensor.device, int(tensor.numel())
+    except (AttributeError, TypeError, RuntimeError):
+        return [f"{where} is a {type(tensor).__name__}: a pass-by-value scalar is a one-element CPU tensor"]
+    problems = []
+    if on.type != "cpu":
+        problems.append(f"{where} is on {on}: a pass-by-value scalar is read from host memory, pass a CPU tensor")
+    if count != 1:
+        problems.append(f"{where} has {count} elements: a pass-by-value scalar has one")
+    return problems + _dtype_problems(expect, tensor, where)
 
 
 def checked_inputs(given: Mapping[int, Any], specs: Sequence[TensorSpec], device_type: str, device: int) -> dict[int, Any]:

@@ -139,15 +139,17 @@ class Plan:
         pack: dict[int, Any] = {}
         for ref, tensor in tensors.items():
             # A name not in the plan's names stays a str, which no uid equals: KeyError below.
-            uid: int = name_to_uid.get(ref, ref) if ref.__class__ is str else ref  # type: ignore[arg-type, assignment]
+            uid: int = name_to_uid.get(ref, ref) if isinstance(ref, str) else ref  # type: ignore[arg-type]
             expect = by_uid[uid]
             pack[uid] = tensor
-            if expect.by_value:
-                continue
             dtypes = expect.dtypes
             if dtypes is None:
                 expect.resolve()
                 dtypes = expect.dtypes
+            if expect.by_value:  # a host scalar: one element of the plan's type, in host memory
+                if not (tensor.is_cpu and tensor.dtype in dtypes and tensor.numel() == 1):  # type: ignore[operator]
+                    return None
+                continue
             # Empty dims: a shape the backend left unknown, not checked (as in the slow path).
             if tensor.dtype not in dtypes or (expect.dims and tensor.shape != expect.dims):  # type: ignore[operator]
                 return None
