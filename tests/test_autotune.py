@@ -19,7 +19,8 @@ class FakeCandidates:
     """``medians[i]``: what candidate i's careful runs measure; ``firsts[i]``: its single
     first run (defaults to the median); ``failing``: indices whose build fails;
     ``results[i]``: the value candidate i computes (default: all the same, 1.0);
-    ``engines[i]``: its engine id (default: 100 + i); ``not_ready``: why nothing may be
+    ``engines[i]``: its engine id (default: 100 + i; None: cuDNN could not say); ``names[i]``:
+    its plan name (default: fake{i}); ``not_ready``: why nothing may be
     launched (what ``prepare`` says); ``compiling``: indices that compile at run time;
     ``build_seconds[i]``: how far building candidate i moves ``clock`` (nothing else does)."""
 
@@ -30,7 +31,8 @@ class FakeCandidates:
         failing: Sequence[int] = (),
         firsts: Sequence[float] | None = None,
         results: Sequence[float] | None = None,
-        engines: Sequence[int] | None = None,
+        engines: Sequence[int | None] | None = None,
+        names: Sequence[str] | None = None,
         not_ready: str | None = None,
         compiling: Sequence[int] = (),
         build_seconds: Sequence[float] | None = None,
@@ -39,6 +41,7 @@ class FakeCandidates:
         self.firsts = list(firsts) if firsts is not None else list(medians)
         self.results = list(results) if results is not None else [1.0] * len(medians)
         self.engines = list(engines) if engines is not None else [100 + i for i in range(len(medians))]
+        self.names = list(names) if names is not None else [f"fake{i}" for i in range(len(medians))]
         self.failing = set(failing)
         self.not_ready = not_ready
         self.compiling = set(compiling)
@@ -54,7 +57,7 @@ class FakeCandidates:
         return len(self.medians)
 
     def engine(self, index: int) -> EngineChoice:
-        return EngineChoice(engine_id=self.engines[index], knobs={"k": index}, name=f"fake{index}")
+        return EngineChoice(engine_id=self.engines[index], knobs={"k": index}, name=self.names[index])
 
     def clock(self) -> float:
         return self.now
@@ -265,6 +268,25 @@ def test_a_wrong_first_choice_is_outvoted_by_other_engines_before_its_variants_a
     result = autotune(cands, BuildOptions(policy="heuristic"))
     assert result.winner == 2 and cands.output_calls == [0, 2, 3]
     assert {r["index"] for r in result.check["rejected"]} == {0}
+
+
+def test_an_unknown_engine_id_is_read_from_the_plan_name() -> None:
+    """cuDNN could not give the engine ids (``get_engine_and_knobs_at_index`` raised): every
+    candidate fell into one engine, so eng0 and its knob variant, both wrong, agreed as
+    that one engine's check and were stored."""
+    cands = FakeCandidates([1.0] * 4, results=[7.0, 7.0, 1.0, 1.0], engines=[None] * 4,
+                           names=["eng0_k2=1", "eng0_k24=0", "eng2_k3=0", "eng31"])  # fmt: skip
+    result = autotune(cands, BuildOptions(policy="heuristic"))
+    assert result.winner == 2 and cands.output_calls == [0, 2, 3]
+
+
+def test_a_lone_candidate_is_stored_unchecked_only_when_no_other_runs() -> None:
+    """Twelve builds failing after the first launch ended the check with one candidate
+    launched and more untried, and that one (wrong) was stored as "single"."""
+    cands = FakeCandidates([1.0] * 16, results=[7.0] + [1.0] * 15, failing=range(1, 13))
+    result = autotune(cands, BuildOptions(policy="heuristic"))
+    assert 13 in cands.output_calls and result.check["status"] != "single"
+    assert not (result.persist and result.winner == 0)
 
 
 def test_topk_launches_more_than_k_until_a_majority_stands() -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -175,6 +176,21 @@ def _none_built(reports: list[CandidateReport], count: int) -> NoReturn:
     raise BuildError(f"none of the {count} candidate plans could be built: {reasons}", reason="all failed")
 
 
+_ENGINE_IN_NAME = re.compile(r"eng(\d+)(?![0-9])")
+
+
+def _engine_of(report: CandidateReport) -> Any:
+    """The engine a candidate is a knob variant of: its id, else (cuDNN could not say) the
+    ``engN`` its plan name starts with (``eng0_k24=0`` is engine 0), else the candidate
+    alone. An unknown id must not put every candidate in one engine: two variants of one
+    wrong engine would then pass as the one engine's agreement."""
+    engine_id = report.engine.get("engine_id")
+    if engine_id is not None:
+        return engine_id
+    found = _ENGINE_IN_NAME.match(str(report.engine.get("name") or ""))
+    return int(found.group(1)) if found else ("candidate", report.index)
+
+
 class _Tuning:
     """One miss's candidates being launched, compared and timed against its deadline."""
 
@@ -187,7 +203,7 @@ class _Tuning:
         self.consensus = Consensus(cands.bounds())
         self.launched: list[int] = []
         self.stopped: str | None = None
-        self.engines = {r.engine.get("engine_id", r.index) for r in reports}
+        self.engines = {_engine_of(r) for r in reports}
 
     def _launch(self, report: CandidateReport) -> bool:
         """Build and launch one candidate; whether it joined the comparison."""
@@ -217,7 +233,7 @@ class _Tuning:
         group = self.consensus.majority()
         if group is None:
             return None
-        engines = {self.reports[i].engine.get("engine_id", i) for i in group.members}
+        engines = {_engine_of(self.reports[i]) for i in group.members}
         if len(engines) >= 2 or len(self.engines) == 1:
             return group
         return group if not self._untried() and len(self.consensus.groups) == 1 else None
@@ -227,17 +243,20 @@ class _Tuning:
         choice, then other engines before knob variants of engines already launched, and
         among each, those built without runtime compilation first (milliseconds, not
         hundreds of them); the heuristics' order within."""
-        seen = {self.reports[i].engine.get("engine_id", i) for i in self.launched}
+        seen = {_engine_of(self.reports[i]) for i in self.launched}
         untried = self._untried()
         if not self.launched:
             return untried
-        return sorted(untried, key=lambda r: (r.engine.get("engine_id", r.index) in seen, self.cands.compiles(r.index), r.index))
+        return sorted(untried, key=lambda r: (_engine_of(r) in seen, self.cands.compiles(r.index), r.index))
 
     def check(self) -> Group | None:
         """Launch candidates until a majority stands: past the budget if need be (the check
         comes first), up to ``CHECK_LIMIT`` launched, or none left."""
-        tries = 0  # after the first launch: builds that fail count too, or a long run of them would
-        while len(self.launched) < CHECK_LIMIT and tries < 2 * CHECK_LIMIT:
+        # After the first launch, builds that fail count too, or a long run of them would go
+        # on for long; but never before a second candidate ran, while one is left: a lone
+        # candidate is stored unchecked ("single") only when it is the only one that runs.
+        tries = 0
+        while len(self.launched) < CHECK_LIMIT and (tries < 2 * CHECK_LIMIT or len(self.launched) < 2):
             if len(self.launched) >= 2 and self.majority() is not None:
                 break
             order = self._check_order()
