@@ -269,6 +269,31 @@ def test_steering_inputs_are_valid_for_their_role(make: Any) -> None:
     assert fault(description, specs, materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))) is None
 
 
+def test_byte_coded_inputs_are_not_all_zero() -> None:
+    """An NVFP4 block-scaled matmul: its FP4 data is stored as bytes, and the numbers copied
+    into them were cast to 0, so every candidate, right or wrong, computed zeros and no
+    wrong engine could be seen. Both values of each byte are nonzero now."""
+    dt = cudnn.data_type
+    m, k, n, block = 32, 64, 16, 16
+    g = cudnn.pygraph(io_data_type=dt.BFLOAT16, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT)
+    a = g.tensor(name="A", dim=[1, m, k], stride=[m * k, k, 1], data_type=dt.FP4_E2M1, uid=1)
+    sa = g.tensor(name="SA", dim=[1, m, k // block], stride=[m * k // block, k // block, 1], data_type=dt.FP8_E4M3, uid=2)
+    b = g.tensor(name="B", dim=[1, k, n], stride=[k * n, 1, k], data_type=dt.FP4_E2M1, uid=3)
+    sb = g.tensor(name="SB", dim=[1, k // block, n], stride=[k * n // block, 1, k // block], data_type=dt.FP8_E4M3, uid=4)
+    product = g.matmul(
+        g.block_scale_dequantize(a, sa, block_size=[1, block]), g.block_scale_dequantize(b, sb, block_size=[block, 1])
+    )
+    product.set_output(True).set_uid(5).set_data_type(dt.BFLOAT16).set_dim([1, m, n]).set_stride([m * n, n, 1])
+    description, specs = describe(g), tensor_table(g)
+    plan = plan_inputs(description, specs)
+    assert not isinstance(plan, str), plan
+    pack = materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))
+    for uid in (1, 3):
+        data = pack[uid].view(torch.uint8)
+        assert bool(((data & 0x7) != 0).all()) and bool(((data >> 4 & 0x7) != 0).all())  # no ±0 among the E2M1 values
+        assert bool((data & 0x8).any()) or bool((data & 0x80).any())  # both signs
+
+
 @pytest.mark.parametrize("make", [ragged_sdpa, paged_decode], ids=["ragged", "paged-one-page-pool"])
 def test_integers_filled_with_one_fault_where_role_valid_values_do_not(make: Any) -> None:
     graph = make()

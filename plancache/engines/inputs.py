@@ -275,6 +275,8 @@ def _filled(fill: Fill, torch: Any, device: Any, generator: Any) -> Any:
         part = flat[start : start + _CHUNK]
         if fill.kind == "bool":
             part.copy_(torch.randint(0, 2, part.shape, device=device, generator=generator).bool())
+        elif spec.dtype in _BYTE_CODED:
+            part.copy_(_byte_codes(spec.dtype, fill.kind == "random", part.shape, torch, device, generator))
         elif fill.kind == "small_int":
             part.copy_(torch.randint(1, 4, part.shape, device=device, generator=generator))
         else:
@@ -284,6 +286,33 @@ def _filled(fill: Fill, torch: Any, device: Any, generator: Any) -> Any:
                 values.mul_(signs.mul_(2).sub_(1))
             part.copy_(values)
     return torch.as_strided(flat, dims, strides)
+
+
+#: Types stored as bytes that torch cannot compute in: numbers copied into them would be
+#: cast to bytes (every value in ±[0.25, 1) to 0), and every candidate, right or wrong,
+#: would compute the same zeros. Their bit patterns are drawn instead.
+_BYTE_CODED = frozenset({"data_type.FP4_E2M1", "data_type.INT4", "data_type.FP8_E5M3"})
+
+
+def _byte_codes(dtype: str, signed: bool, shape: Any, torch: Any, device: Any, generator: Any) -> Any:
+    """Bytes of nonzero, finite codes of ``dtype``. FP4_E2M1 and INT4 hold two values a
+    byte: E2M1 magnitudes 0.5 to 6 (codes 1-7, sign bit 8), INT4 1 to 3. FP8_E5M3 (one
+    value, no sign): exponents 14-16 of bias 15, so 0.5 to 3.75."""
+
+    def draw(low: int, high: int) -> Any:
+        return torch.randint(low, high, shape, device=device, generator=generator, dtype=torch.int16)
+
+    if dtype == "data_type.FP8_E5M3":
+        codes = draw(14, 17).mul_(8).add_(draw(0, 8))
+    else:
+        nibbles = []
+        for _ in range(2):
+            nibble = draw(1, 8) if dtype == "data_type.FP4_E2M1" else draw(1, 4)
+            if signed and dtype == "data_type.FP4_E2M1":
+                nibble.add_(draw(0, 2).mul_(8))
+            nibbles.append(nibble)
+        codes = nibbles[0].add_(nibbles[1].mul_(16))
+    return codes.to(torch.uint8)
 
 
 #: Copies of the outputs that comparing candidates keeps (one per group of agreeing ones).
