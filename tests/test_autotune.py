@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from plancache import BuildError, BuildOptions, BuiltPlan, EngineChoice, TimingPolicy
+from plancache import BuildError, BuildOptions, BuiltPlan, EngineChoice, TensorSpec, TimingPolicy
 from plancache.engines.autotune import autotune
 from plancache.engines.bounds import Bound
 
@@ -383,3 +383,29 @@ def test_the_budget_is_read_from_the_environment() -> None:
     for bad in ("0.5", "nan", "abc", "-1"):
         with pytest.raises(ConfigError, match="PLANCACHE_AUTOTUNE_BUDGET"):
             AUTOTUNE_BUDGET.from_env({"PLANCACHE_AUTOTUNE_BUDGET": bad})
+
+
+def test_attention_with_the_io_type_left_unset_is_bounded_as_with_it_set() -> None:
+    """A graph that leaves io_data_type unset, its tensors carrying bf16 themselves: the
+    bound lost the rounding of attention's probabilities to bf16 (0.0078 became 2.7e-6),
+    so two right implementations were judged apart and nothing was stored."""
+    import cudnn
+
+    from plancache.engines.bounds import bounds
+    from plancache.key import describe
+
+    dt = cudnn.data_type
+    dims, strides = [1, 2, 64, 32], [2 * 64 * 32, 64 * 32, 32, 1]
+
+    def description(io_set: bool) -> dict[str, object]:
+        g = cudnn.pygraph(intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
+                          **({"io_data_type": dt.BFLOAT16} if io_set else {}))  # fmt: skip
+        q, k, v = (g.tensor(name=n, dim=dims, stride=strides, data_type=dt.BFLOAT16, uid=i) for i, n in enumerate("qkv", 1))
+        o, _ = g.sdpa(q=q, k=k, v=v, is_inference=True, attn_scale=32**-0.5, use_causal_mask=True)
+        o.set_output(True).set_uid(4).set_dim(dims).set_stride(strides).set_data_type(dt.BFLOAT16)
+        return describe(g)
+
+    specs = [TensorSpec(uid=i, name=n, dims=tuple(dims), strides=tuple(strides), dtype="data_type.BFLOAT16", is_output=i == 4)
+             for i, n in enumerate("qkvo", 1)]  # fmt: skip
+    pack = {i: torch.rand(dims).to(torch.bfloat16) for i in (1, 2, 3)}
+    assert bounds(description(False), specs, pack)[4] == bounds(description(True), specs, pack)[4]

@@ -128,11 +128,23 @@ class _Roundings:
         for node in description.get("nodes") or []:
             longest = max(longest, _reduction(description, node))
             computes.append(ULP.get(node.get("compute_data_type") or "", 0.0))
-            if str(node.get("type")) in ATTENTION:
-                narrow += ULP.get(io or "", 0.0)
+            if str(node.get("type")) in ATTENTION:  # the probabilities are rounded to the io type
+                narrow += ULP.get(io or _value_type(description, node) or "", 0.0)
             if str((node.get("params") or {}).get("mode")) in APPROXIMATED:
                 narrow += APPROXIMATION
         return cls(accumulated=math.sqrt(longest) * max(computes) + narrow, narrow=narrow)
+
+
+def _value_type(description: Mapping[str, Any], node: Mapping[str, Any]) -> str | None:
+    """An attention node's io type when the graph leaves it unset: that of its V (else Q),
+    which the tensors then carry themselves."""
+    tensors = description.get("tensors") or {}
+    for port in ("v", "q"):
+        ref = (node.get("inputs") or {}).get(port)
+        dtype = (tensors.get(ref) or {}).get("dtype") if isinstance(ref, str) else None
+        if dtype in ULP:
+            return str(dtype)
+    return None
 
 
 def coarse_tolerance(description: Mapping[str, Any], outputs: Sequence[TensorSpec]) -> float:
