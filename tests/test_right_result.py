@@ -269,6 +269,25 @@ def test_steering_inputs_are_valid_for_their_role(make: Any) -> None:
     assert fault(description, specs, materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))) is None
 
 
+def test_a_dropout_mask_is_filled_with_zeros_and_ones_and_its_scale_with_one() -> None:
+    """sdpa(dropout=(mask, scale)): the mask and the scale were filled as a seed and an
+    offset (7, 8, 9...), scaling the output 1e5 times past what its bound models, so right
+    engines were judged apart and nothing was stored."""
+    dt = cudnn.data_type
+    dims, strides = [1, 2, 32, 16], [2 * 32 * 16, 32 * 16, 16, 1]
+    g = cudnn.pygraph(io_data_type=dt.BFLOAT16, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT)
+    q, k, v = (g.tensor(name=n, dim=dims, stride=strides, uid=i) for i, n in enumerate("qkv", 1))
+    mask = g.tensor(name="mask", dim=[1, 2, 32, 32], stride=[2 * 32 * 32, 32 * 32, 32, 1], uid=5)
+    scale = g.tensor(name="scale", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=dt.FLOAT, uid=6)
+    o, _ = g.sdpa(q=q, k=k, v=v, is_inference=True, attn_scale=0.25, dropout=(mask, scale))
+    o.set_output(True).set_uid(4).set_dim(dims).set_stride(strides)
+    description, specs = describe(g), tensor_table(g)
+    plan = plan_inputs(description, specs)
+    assert not isinstance(plan, str), plan
+    pack = materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))
+    assert set(pack[5].float().unique().tolist()) == {0.0, 1.0} and pack[6].item() == 1.0
+
+
 def test_byte_coded_inputs_are_not_all_zero() -> None:
     """An NVFP4 block-scaled matmul: its FP4 data is stored as bytes, and the numbers copied
     into them were cast to 0, so every candidate, right or wrong, computed zeros and no

@@ -176,7 +176,14 @@ class _Roles:
                     return f"page table uid {spec.uid}: the page pool's size is unknown"
                 return Fill(spec, "values", f"page table over {pool} pages", tuple(float(i % pool) for i in range(count)))
             if port.startswith("dropout_"):
-                return Fill(spec, "values", "dropout seed or offset", tuple(float(7 + i) for i in range(count)))
+                if spec.dtype in _INTEGERS:  # sdpa(dropout=(probability, seed, offset))
+                    return Fill(spec, "values", "dropout seed or offset", tuple(float(7 + i) for i in range(count)))
+                # sdpa(dropout=(mask, scale)): a mask of zeros and ones, and a scale of 1, keep
+                # the output within the magnitudes the bound models (seeds of 7 and up made a
+                # mask that scaled it 1e5 times, and right engines were judged apart)
+                if count > 1:
+                    return Fill(spec, "bool", "dropout mask")
+                return Fill(spec, "values", "dropout scale", (1.0,))
             return None
         if kind in ("MOE_GROUPED_MATMUL", "MOE_GROUPED_MATMUL_BWD"):
             return self._moe(spec, node, port)
