@@ -129,9 +129,11 @@ def _bytes(value: object, hint: str) -> int:
         match = _SIZE.match(value.strip())
         if match is None:
             raise _Refused(f"is not a size: {hint}")
-        return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+        value = float(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
     if not math.isfinite(value) or value < 0:
         raise _Refused(f"is not a size: {hint}")
+    if 0 < value < 1:  # not to be cut to 0, which means "no limit" (or "launch nothing")
+        raise _Refused(f"is {value:g} bytes, less than one: {hint}")
     return int(value)
 
 

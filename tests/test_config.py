@@ -292,6 +292,20 @@ def test_a_size_reads_the_spellings_people_write(text: str, expected: int | None
     assert MAX_SIZE.of(text, "max_size") == expected
 
 
+@pytest.mark.parametrize("text", ["0.5", "0.9", "0.0000001k", ".5"])
+def test_a_size_of_less_than_one_byte_is_refused_not_read_as_zero(text: str) -> None:
+    """A fraction of a byte was cut to 0: "no limit" for PLANCACHE_MAX_SIZE (while 1023 is
+    refused), "launch no candidate" for PLANCACHE_AUTOTUNE_MEMORY (0.25 meant as a quarter)."""
+    from plancache.config import AUTOTUNE_MEMORY
+
+    with pytest.raises(ConfigError, match="less than one"):
+        MAX_SIZE.from_env({"PLANCACHE_MAX_SIZE": text})
+    with pytest.raises(ConfigError):
+        AUTOTUNE_MEMORY.from_env({"PLANCACHE_AUTOTUNE_MEMORY": text})
+    with pytest.raises(ConfigError, match="less than one"):
+        MAX_SIZE.of(float(text.rstrip("k")) if not text.endswith("k") else 1e-9, "max_size")
+
+
 @pytest.mark.parametrize("value", ["-5", "-1G", "banana", "2GG", "1e9", "1,5G", "2iB", "G", "5 apples", "1", "512", -5, 2,
                                    True, math.inf, math.nan])  # fmt: skip
 def test_a_size_limit_refuses_anything_else_and_deletes_nothing(
