@@ -71,6 +71,60 @@ def test_a_lock_left_by_a_killed_builder_blocks_no_one(tmp_path: Path, make_cach
     assert_runs_correctly(plan, spec)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_during_a_build_does_not_keep_its_lock(tmp_path: Path, make_cache: MakeCache) -> None:
+    """A worker forked while another thread builds inherits the lock's descriptor, and a
+    flock lives as long as any copy: after the builder was killed mid-build, every later
+    process waited out its lock_timeout while the worker lived, though nobody built."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    directory, spec = tmp_path / "cache", ConvBiasRelu(n=3)
+    probe = make_cache(directory=directory)
+    lock = FileLock(str(lock_path(probe, spec.graph())))
+    builder = textwrap.dedent(f"""
+        import os, sys, threading, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from graphs import ConvBiasRelu
+        from plancache import PlanCache
+        from plancache.testing import CpuTestBackend
+        cache = PlanCache({str(directory)!r}, backend=CpuTestBackend(build_delay=5.0), auto_prime=False)
+        threading.Thread(target=lambda: cache.get(ConvBiasRelu(n=3).graph()), daemon=True).start()
+        time.sleep(1.0)  # the thread holds the key's lock and builds
+        child = os.fork()
+        if child == 0:  # a worker forked meanwhile (a DataLoader's, say), unrelated to plancache
+            time.sleep(60)
+            os._exit(0)
+        print(child, flush=True)
+        time.sleep(60)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", builder], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    worker = int(process.stdout.readline())
+    try:
+        assert _held(lock)
+        process.kill()  # the builder dies mid-build; its worker lives on
+        process.wait(10)
+        started = time.monotonic()
+        plan = make_cache(directory=directory, lock_timeout=10).get(spec.graph())
+        assert time.monotonic() - started < 5 and plan.source == "built"
+    finally:
+        os.kill(worker, signal.SIGKILL)
+        process.stdout.close()
+
+
+def test_lock_timeout_is_a_number_of_seconds_above_zero_or_infinity(make_cache: MakeCache) -> None:
+    import math
+
+    for bad in (0, -1, math.nan, "10", True):
+        with pytest.raises(ValueError, match="lock_timeout must be a number of seconds above 0"):
+            make_cache(lock_timeout=bad)
+    cache = make_cache(lock_timeout=math.inf)  # waits as long as a build takes
+    assert cache.get(ConvBiasRelu(n=2).graph()).source == "built"
+
+
 def _held(lock: FileLock) -> bool:
     try:
         lock.acquire(timeout=0)

@@ -38,7 +38,7 @@ from ..runtime.plan import Plan, names_of
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .builder import plan_builder
-from .flight import SingleFlight
+from .flight import SingleFlight, lock_timeout_of
 from .lookup import Lookup
 from .priming import Primer, app_name
 from .recording import recorder_from_env
@@ -84,11 +84,11 @@ class PlanCache:
     bytes of plans kept on disk, least recently used evicted (``PLANCACHE_MAX_SIZE``).
     ``max_plans``: loaded plans kept in memory (``PLANCACHE_MEMORY_PLANS``, default 1024).
     ``lock_timeout``: seconds to wait for another thread, process or machine building the
-    same plan. ``persist_kernel_cache``: store the shared kernel cache of dynamic-shape
+    same plan (above 0; ``math.inf`` waits as long as the build takes). ``persist_kernel_cache``: store the shared kernel cache of dynamic-shape
     builds (off: it did not shorten builds on cuDNN 9.19). ``remote``: a ``RemoteTier``
     (default: from ``PLANCACHE_REDIS_URL``, else none). ``auto_prime``: on opening, load the
-    plans this application's latest run used, on a background thread (``PLANCACHE_AUTO_PRIME``,
-    default off; see ``priming``). Which plans a run uses is recorded either way, under
+    plans this application's latest run used, on background threads (``PLANCACHE_AUTO_PRIME``,
+    default on; see ``priming``). Which plans a run uses is recorded either way, under
     ``app`` (``PLANCACHE_APP``, else the entry script).
     """
 
@@ -108,6 +108,7 @@ class PlanCache:
         auto_prime: bool | None = None,
         app: str | None = None,
     ) -> None:
+        lock_timeout = lock_timeout_of(lock_timeout)  # before anything is opened
         self.counters = dict.fromkeys(_COUNTERS, 0)
         self._warned: set[str] = set()
         self.backend = backend if backend is not None else _default_backend()

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import threading
 import time
@@ -31,7 +32,7 @@ from ..errors import LockTimeoutError
 
 log = logging.getLogger("plancache")
 
-__all__ = ["SingleFlight"]
+__all__ = ["SingleFlight", "lock_timeout_of"]
 
 _POLL_S = (0.005, 0.25)  # first and longest sleep between tries of a held file lock
 
@@ -50,7 +51,8 @@ class _KeyLocks:
             self._locks[key] = (lock, users + 1)
         try:
             waited = not lock.acquire(blocking=False)
-            if waited and not lock.acquire(timeout=timeout):
+            # math.inf waits as long as the build takes (acquire() would overflow on it)
+            if waited and not lock.acquire(timeout=-1 if math.isinf(timeout) else timeout):
                 raise LockTimeoutError(
                     f"waited {timeout:.0f} s for another thread to build plan {key[:12]}", key=key, waited_s=timeout
                 )
@@ -97,6 +99,14 @@ def _lock_file(path: Path, deadline: float) -> tuple[int, bool]:
         waited = True
 
 
+def lock_timeout_of(value: object) -> float:
+    """``lock_timeout`` as seconds: a number above 0, ``math.inf`` for no limit; anything
+    else (0, a negative number, NaN) is a ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # `not >`: NaN too
+        raise ValueError(f"lock_timeout must be a number of seconds above 0 (math.inf: no limit), not {value!r}")
+    return float(value)
+
+
 class SingleFlight:
     """Per-key mutual exclusion across threads, processes and (with ``remote``) machines.
 
@@ -110,7 +120,11 @@ class SingleFlight:
                  count: Callable[[str], None] | None = None) -> None:  # fmt: skip
         self.lock_dir = lock_dir
         self._count = count or (lambda name: None)
-        self.timeout = timeout
+        self.timeout = lock_timeout_of(timeout)
+        # Build locks this process holds, by descriptor: a forked child closes its copies
+        # (a flock belongs to the open file, which the child's copy keeps open: the lock
+        # would outlive a parent killed mid-build for as long as the child lives).
+        self._held: dict[int, int] = {}  # fd -> pid of the process that took it
         self.remote = remote
         self._warn = warn or (lambda *args: None)
         self._threads = _KeyLocks()
@@ -164,15 +178,23 @@ class SingleFlight:
             self._warn("lock", "plancache: cannot take the build lock in %s (%s); building without it", self.lock_dir, exc)
             yield False
             return
+        self._held[fd] = os.getpid()
         try:
             yield waited
         finally:
-            # Remove before unlocking: a waiter that then locks the removed file sees that
-            # the path no longer names it and retries (see _lock_file).
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            os.close(fd)
+            if self._held.pop(fd, None) == os.getpid():  # not a child's copy, closed at the fork
+                # Remove before unlocking: a waiter that then locks the removed file sees
+                # that the path no longer names it and retries (see _lock_file).
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                os.close(fd)
 
     def after_fork(self) -> None:
-        """A forked child starts with no thread locks held (the parent's threads are gone)."""
+        """A forked child starts with no locks held: the parent's threads are gone, and its
+        copies of the parent's build-lock descriptors are closed (not unlocked, which would
+        unlock the parent's too)."""
         self._threads = _KeyLocks()
+        inherited, self._held = self._held, {}
+        for fd in inherited:
+            with contextlib.suppress(OSError):
+                os.close(fd)
