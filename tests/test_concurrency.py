@@ -115,6 +115,32 @@ def test_a_child_forked_during_a_build_does_not_keep_its_lock(tmp_path: Path, ma
         process.stdout.close()
 
 
+def test_threads_waiting_for_one_key_each_wait_one_lock_timeout(tmp_path: Path, make_cache: MakeCache) -> None:
+    """Another process holds the key's build lock. Four threads of this one look it up: the
+    first waits at the lock, the others behind it in this process. Each gives up after
+    lock_timeout; the k-th gave up after k times it, each starting its wait anew."""
+    import threading
+
+    directory, spec = tmp_path / "cache", ConvBiasRelu(n=3)
+    cache = make_cache(directory=directory, lock_timeout=1.0)
+    lock = FileLock(str(lock_path(cache, spec.graph())))  # another open file: held against this process too
+    waited: list[float] = []
+
+    def lookup() -> None:
+        started = time.monotonic()
+        with pytest.raises(LockTimeoutError):
+            cache.get(spec.graph())
+        waited.append(time.monotonic() - started)
+
+    with lock:
+        threads = [threading.Thread(target=lookup) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert len(waited) == 4 and max(waited) < 2.5, f"waits of {sorted(round(w, 1) for w in waited)} s"
+
+
 def test_lock_timeout_is_a_number_of_seconds_above_zero_or_infinity(make_cache: MakeCache) -> None:
     import math
 

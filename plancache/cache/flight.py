@@ -130,12 +130,15 @@ class SingleFlight:
         self._threads = _KeyLocks()
 
     @contextlib.contextmanager
-    def hold(self, key: str, env_id: str, label: str = "") -> Iterator[None]:
+    def hold(self, key: str, env_id: str, label: str = "", *, started: float | None = None) -> Iterator[None]:
         """Hold the key's locks; ``label`` (an op summary) names it in log lines. The holder
         looks the key up again before building: whoever held it first may have stored the
-        plan meanwhile, and another machine may have published it."""
-        started = time.monotonic()
-        with self._threads.hold(key, self.timeout) as thread_waited, self._file_lock(key, label, started) as file_waited:
+        plan meanwhile, and another machine may have published it. ``started``
+        (``time.monotonic``, default now): when the lookup began to wait, so that every
+        wait of one lookup together stays within ``timeout``."""
+        started = time.monotonic() if started is None else started
+        left = max(0.0, self.timeout - (time.monotonic() - started))
+        with self._threads.hold(key, left) as thread_waited, self._file_lock(key, label, started) as file_waited:
             if thread_waited or file_waited:
                 log.info("plancache: waited %.1f s for another build of %s", time.monotonic() - started, key[:12])
             if self.remote is None:

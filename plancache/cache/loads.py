@@ -13,9 +13,13 @@ than the one load already under way.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, Protocol
+
+from ..errors import LockTimeoutError
 
 __all__ = ["Loads"]
 
@@ -35,11 +39,12 @@ class Loads:
         self._lookups = 0  # lookups loading or building now
 
     @contextlib.contextmanager
-    def claim(self, slot: Slot, memory: _Memory) -> Iterator[Any]:
+    def claim(self, slot: Slot, memory: _Memory, deadline: float = math.inf) -> Iterator[Any]:
         """For a lookup: yields the plan when another thread put it in ``memory`` (waiting
         for one that is loading it), else None, and then this thread loads or builds it
-        while later claims of ``slot`` wait."""
-        plan = self._wait_or_take(slot, memory)
+        while later claims of ``slot`` wait. Waiting past ``deadline`` (``time.monotonic``)
+        raises ``LockTimeoutError``."""
+        plan = self._wait_or_take(slot, memory, deadline)
         if plan is not None:
             yield plan
             return
@@ -48,9 +53,10 @@ class Loads:
         finally:
             self._release(slot, lookup=True)
 
-    def _wait_or_take(self, slot: Slot, memory: _Memory) -> Any:
+    def _wait_or_take(self, slot: Slot, memory: _Memory, deadline: float) -> Any:
         """The plan once another thread has put it in ``memory``; None once this thread
         holds ``slot`` (nobody else loading it, and it is not in memory)."""
+        started = time.monotonic()
         while True:
             with self._cond:
                 event = self._busy.get(slot)
@@ -60,7 +66,11 @@ class Loads:
                         self._busy[slot] = threading.Event()
                         self._lookups += 1
                     return plan
-            event.wait()  # the other thread always sets it, whatever happened to its load
+            # The other thread always sets it, whatever happened to its load or build.
+            if not event.wait(None if math.isinf(deadline) else max(0.0, deadline - time.monotonic())):
+                waited = time.monotonic() - started
+                raise LockTimeoutError(f"waited {waited:.0f} s for another thread to load or build plan {slot[0][:12]}",
+                                       key=slot[0], waited_s=waited)  # fmt: skip
             plan = memory.get(slot)
             if plan is not None:
                 return plan

@@ -65,13 +65,14 @@ class Lookup:
                 load: Load | None = None) -> Plan:  # fmt: skip
         slot = (key.digest, device)
         names = names_of(graph)
-        with self.loads.claim(slot, self.memory) as plan:
+        started = time.monotonic()  # one lock_timeout for every wait of this lookup
+        with self.loads.claim(slot, self.memory, started + self.flight.timeout) as plan:
             if plan is None:  # this thread loads or builds it, as a guest of the program
                 environment, env_id = self._environment(device)
                 with self.backend.guest(device):
                     plan = self._from_stored_tiers(key, environment, env_id, device, load)
                     if plan is None:
-                        with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])):
+                        with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"]), started=started):
                             plan = self.memory.get(slot) or self._repair_or_build(graph, key, options, device, inputs, load)
                 plan = plan.named(names)
                 self.memory.put(slot, plan)
