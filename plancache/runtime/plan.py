@@ -147,7 +147,8 @@ class Plan:
                 expect.resolve()
                 dtypes = expect.dtypes
             if expect.by_value:  # a host scalar: one element of the plan's type, in host memory
-                if not (tensor.is_cpu and tensor.dtype in dtypes and tensor.numel() == 1):  # type: ignore[operator]
+                typed = expect.dtype_names is None or tensor.dtype in dtypes  # type: ignore[operator]
+                if not (tensor.is_cpu and typed and tensor.numel() == 1):
                     return None
                 continue
             # Empty dims: a shape the backend left unknown, not checked (as in the slow path).
