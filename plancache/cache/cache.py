@@ -84,8 +84,9 @@ class PlanCache:
     bytes of plans kept on disk, least recently used evicted (``PLANCACHE_MAX_SIZE``).
     ``max_plans``: loaded plans kept in memory (``PLANCACHE_MEMORY_PLANS``, default 1024).
     ``lock_timeout``: seconds to wait for another thread, process or machine building the
-    same plan (above 0; ``math.inf`` waits as long as the build takes). ``persist_kernel_cache``: store the shared kernel cache of dynamic-shape
-    builds (off: it did not shorten builds on cuDNN 9.19). ``remote``: a ``RemoteTier``
+    same plan (above 0; ``math.inf`` waits as long as the build takes).
+    ``persist_kernel_cache``: store the shared kernel cache of dynamic-shape builds (off: it
+    did not shorten builds on cuDNN 9.19). ``remote``: a ``RemoteTier``
     (default: from ``PLANCACHE_REDIS_URL``, else none). ``auto_prime``: on opening, load the
     plans this application's latest run used, on background threads (``PLANCACHE_AUTO_PRIME``,
     default on; see ``priming``). Which plans a run uses is recorded either way, under

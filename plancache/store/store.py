@@ -28,6 +28,7 @@ from typing import Any
 
 from ..config import ALLOW_SHARED_DIR, CACHE_DIR
 from ..errors import DamagedEntryError, StoreBusyError, StoreError
+from . import bookkeeping
 from .entry import INSERT_SQL, Entry, sha256
 from .quarantine import Quarantine
 from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, reads
@@ -299,19 +300,8 @@ class Store(Schema, Recovery, Quarantine):
         self.bump_many({name: by})
 
     def bump_many(self, deltas: Mapping[str, int]) -> None:
-        """Add to several persistent counters in one transaction."""
-        rows = [(name, int(by)) for name, by in deltas.items() if by]
-        if not rows:
-            return
-        try:
-            with self.transaction() as tx:
-                tx.executemany(
-                    "INSERT INTO counters (name, value) VALUES (?, ?) "
-                    "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
-                    rows,
-                )
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot update counters in {self.path}: {exc}", path=str(self.path)) from exc
+        """Add to several persistent counters in one transaction, waiting for a busy store."""
+        bookkeeping.record_counters(self, deltas, wait=True)
 
     @reads
     def counters(self) -> dict[str, int]:

@@ -342,9 +342,9 @@ def _insert(
     now = time.time()
     for entry in entries:
         entry.hit_count, entry.last_used_at = 0, now
-        row = tx.execute("SELECT * FROM plans WHERE key = ?", (entry.key,)).fetchone()
-        exists = row is not None
-        if exists and not replace and _sound(row):
+        stored = tx.execute("SELECT * FROM plans WHERE key = ?", (entry.key,)).fetchone()
+        exists = stored is not None
+        if exists and not replace and _sound(stored):
             kept.append(entry.key)
             continue
         row = entry.row()  # the store's own row mapping, so new columns follow
@@ -372,9 +372,10 @@ def import_bundle(
     Existing keys are kept unless ``replace``, or unless the stored row would not be served
     (damaged, or never checked): the bundle's sound entry replaces it. ``env_id`` imports
     only that environment's entries. Imported entries start with no hits and count as used
-    now (so size-based eviction does not drop them first). Raises ``BundleError`` (database untouched) for a
-    truncated, tampered, malformed, newer-format or unsafe bundle. Returns ``{"path",
-    "format", "entries", "imported", "replaced", "kept", "skipped", "environments", "seconds"}``.
+    now (so size-based eviction does not drop them first). Raises ``BundleError`` (database
+    untouched) for a truncated, tampered, malformed, newer-format or unsafe bundle. Returns
+    ``{"path", "format", "entries", "imported", "replaced", "kept", "skipped",
+    "environments", "seconds"}``.
     """
     started = time.perf_counter()
     if not isinstance(bundle, Bundle):
