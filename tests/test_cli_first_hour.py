@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from nested_pytest import run_pytest
 
 from plancache import PlanCache
 from plancache.cli import cli
@@ -554,12 +555,8 @@ def test_redis_tests_skip_with_a_reason_when_redis_server_is_absent(tmp_path: Pa
     empty_bin.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env.update(PATH=str(empty_bin), PYTHONPATH=str(ROOT))
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-o", "addopts=",
-         "tests/test_fleet.py::test_killed_server_leaves_local_operation_working",
-         "tests/test_fleet.py::test_a_plan_built_on_one_machine_is_a_hit_on_another"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
-    )  # fmt: skip
+    result = run_pytest(["-rs", "tests/test_fleet.py::test_killed_server_leaves_local_operation_working",
+                         "tests/test_fleet.py::test_a_plan_built_on_one_machine_is_a_hit_on_another"], cwd=ROOT, env=env)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 skipped" in result.stdout and "error" not in result.stdout.lower()
     assert "redis-server is not on PATH" in result.stdout

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from nested_pytest import run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_ROOTS = ("plancache", "tests", "scripts", "migrations", "examples")
@@ -75,9 +76,7 @@ def test_a_pytest_plugin_installed_elsewhere_does_not_change_the_suite(tmp_path:
     (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_one.py")],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False,
-    )  # fmt: skip
+    run = run_pytest(["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_one.py")],
+                     cwd=tmp_path, env=env, timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "1 passed" in run.stdout
