@@ -1122,8 +1122,12 @@ def sql(obj: _Context, query: str | None, params: tuple[tuple[str, str], ...], a
     store = obj.existing_store(read_only=True)
     db = sqlite_utils.Database(store.connection() if store is not None else _empty_schema())
     try:
+        # The views live in this connection's temporary schema, never in plans.db; the
+        # store's query_only guard (see Store.connection) is lifted only while they are made.
+        db.execute("PRAGMA query_only = OFF")
         for name, select in SQL_VIEWS.items():
             db.execute(f"CREATE TEMP VIEW {name} AS {select}")
+        db.execute("PRAGMA query_only = ON")
         if query is None:
             names = [*(n for n in db.table_names() if not n.startswith("sqlite_")), *SQL_VIEWS]
             data: list[dict[str, Any]] = [{"name": name, "kind": "view" if name in SQL_VIEWS else "table",

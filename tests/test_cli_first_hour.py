@@ -886,9 +886,10 @@ def test_sql_answers_a_script_from_the_views_and_never_writes(filled: tuple[Path
     )
     assert listing["plans"]["kind"] == "table" and "sqlite_sequence" not in listing
     before = (directory / "plans.db").read_bytes()
-    for statement in ("DELETE FROM plans", "CREATE VIEW v AS SELECT 1", "SELEC 1"):
+    for statement in ("DELETE FROM plans", "CREATE VIEW v AS SELECT 1", "SELEC 1", "PRAGMA query_only = OFF; DELETE FROM plans"):
         assert one_line_error(plancache(*d, "sql", statement)).startswith("plancache: error: the query failed: ")
     assert keys_in(directory) == sorted(keys) and (directory / "plans.db").read_bytes() == before
+    assert sorted(p.name for p in directory.iterdir() if p.name.startswith("plans.db")) == ["plans.db"]  # no -wal, no -shm
 
 
 def test_sql_reads_a_cache_not_created_yet_as_an_empty_one(tmp_path: Path) -> None:

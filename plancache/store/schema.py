@@ -90,6 +90,7 @@ class Schema:
     read_only: bool
     damage: str | None
     _directory_writable: bool
+    _file_writable: bool
 
     if TYPE_CHECKING:  # provided by Store and Recovery; declared for type checkers only, so
         # that no stub here can shadow the real method in Store's method resolution order.
@@ -112,6 +113,7 @@ class Schema:
         check_private(directory, allow_shared)
         self._directory_writable = os.access(directory, os.W_OK)
         writable = self._directory_writable and (not self.path.exists() or os.access(self.path, os.W_OK))
+        self._file_writable = writable
         if read_only is None:
             read_only = not writable
         self.read_only = bool(read_only)

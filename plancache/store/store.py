@@ -167,7 +167,7 @@ class Store(Schema, Recovery, Quarantine):
         if self._closed:
             raise StoreError(f"plan store {self.path} is closed", path=str(self.path))
         _OPENED.close_inherited()
-        if self.read_only:
+        if self.read_only and not self._file_writable:
             # mode=ro still reads the -wal, so it sees what live writers have committed (a
             # fresh store keeps even its schema there until a checkpoint). Only a directory we
             # cannot write (a baked cache), where no -shm can be created, needs immutable=1,
@@ -189,7 +189,13 @@ class Store(Schema, Recovery, Quarantine):
         # INSERT OR REPLACE deletes the row it replaces; only with recursive triggers does
         # that delete run the trigger that keeps the size total (migration 0003) exact.
         conn.execute("PRAGMA recursive_triggers = ON")
-        if not self.read_only:
+        if self.read_only:
+            # Read-only by choice, on a file this user could write: SQLite refuses every write
+            # of this connection all the same, and, unlike a mode=ro connection, the last one to
+            # close removes the -wal and -shm it created (a command that writes nothing leaves
+            # nothing beside plans.db).
+            conn.execute("PRAGMA query_only = ON")
+        else:
             conn.execute("PRAGMA synchronous = NORMAL")
         local.conn = conn
         local.pid = os.getpid()
