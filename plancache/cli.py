@@ -870,6 +870,7 @@ def prewarm(
     from .workflows.manifest import refuse_unusable
     from .workflows.prewarm import prewarm as run_prewarm
     from .workflows.prewarm import summary_lines
+    from .workflows.sharding import check_environments
 
     refuse_unusable(manifest, allow_code=allow_code or dry_run)
     options = BuildOptions(policy=policy) if policy else None
@@ -884,7 +885,10 @@ def prewarm(
 
     backend = _backend()
     devices = _resolve_devices(backend, devices_spec) if devices_spec is not None else None
-    backend.environment(devices[0] if devices else None)  # no GPU: one line, and nothing created yet
+    if devices:  # devices of one environment, or one line naming how they differ, before anything is created
+        check_environments({device: backend.environment(device) for device in devices})
+    else:
+        backend.environment(None)  # no GPU: one line, and nothing created yet
     remote = RemoteTier.from_env()  # without redis-py installed: one line, and nothing created yet
     obj.writable_store().close()
     if allow_code and os.getcwd() not in sys.path:

@@ -269,9 +269,12 @@ def test_cli_bad_devices_are_usage_errors(tmp_path: Path, monkeypatch: pytest.Mo
     assert f"Error: Invalid value for '--devices': {message}" in result.output
 
 
-def test_cli_refuses_devices_of_different_environments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_refuses_devices_of_different_environments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       cache_dir: Path) -> None:  # fmt: skip
+    """Before any worker starts and anything is created (an empty plans.db was left behind)."""
     monkeypatch.setenv("PLANCACHE_BACKEND", f"{__name__}:MismatchedDevices")
     result = CliRunner().invoke(cli, ["prewarm", str(manifest(tmp_path, MATMUL)), "--devices", "all"])
     assert result.exit_code == 2
     (line,) = result.output.splitlines()
     assert line.startswith("plancache: error: devices 0,1 have different environments (device 0: CPU test device [")
+    assert not cache_dir.exists()
