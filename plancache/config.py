@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,14 +170,21 @@ def _plans(value: object) -> int:
     return int(text)
 
 
+#: The longest time a setting may give, about 31 years: socket timeouts, waits and Redis
+#: expiry times overflow somewhere above it (1e10 s is past a socket timeout's 64-bit
+#: nanoseconds, 1e17 s past Redis's milliseconds), and no wait of plancache needs more.
+MAX_SECONDS = 1e9
+
+
 def _seconds(value: object) -> float:
-    """A finite number of seconds above 0."""
+    """A number of seconds above 0 and at most ``MAX_SECONDS``."""
     try:
         seconds = float(value) if not isinstance(value, bool) else math.nan  # type: ignore[arg-type]
     except (TypeError, ValueError):
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise _Refused("is not a number of seconds above 0 (such as 0.25, 2 or 60)")
+    if not 0 < seconds <= MAX_SECONDS:  # NaN too
+        raise _Refused(f"is not a number of seconds above 0 and at most {MAX_SECONDS:g}, about 31 years (such as 0.25, "
+                       "2 or 60)")  # fmt: skip
     return seconds
 
 
@@ -195,7 +203,10 @@ def _text(value: object) -> str:
 def _path(value: object) -> Path:
     if not isinstance(value, (str, os.PathLike)):
         raise _Refused(f"is not a path but {type(value).__name__}")
-    return Path(os.fspath(value)).expanduser()
+    try:
+        return Path(os.fspath(value)).expanduser()
+    except RuntimeError as exc:  # ~name of no such user, or ~ with no home directory to stand for
+        raise _Refused(f"cannot be expanded: {exc}") from None
 
 
 _BACKEND_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -212,10 +223,17 @@ def _backend_spec(value: object) -> str:
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
+_REDIS_URL_HINT = "write redis://host:port/db, rediss://host:port/db or unix:///path/to/socket"
+
+
 def _redis_url(value: object) -> str:
     url = _text(value)
     if url.partition("://")[0].lower() not in _REDIS_SCHEMES or "://" not in url:
-        raise _Refused("is not a Redis URL: write redis://host:port/db, rediss://host:port/db or unix:///path/to/socket")
+        raise _Refused(f"is not a Redis URL: {_REDIS_URL_HINT}")
+    try:
+        _ = urllib.parse.urlsplit(url).port  # a port that is no number up to 65535, or a broken [IPv6] host, raise here
+    except ValueError as exc:
+        raise _Refused(f"is not a Redis URL ({exc}): {_REDIS_URL_HINT}") from None
     return url
 
 
@@ -262,6 +280,11 @@ def format_size(n: float) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover - the loop returns
 
 
+#: A quarter of free device memory: room for the graph's tensors, their copies and the
+#: workspaces of the candidates, leaving the program most of what it has not allocated yet.
+DEFAULT_SHARE = 0.25
+
+
 def _budget_problem(share: float | None, limit: int | None) -> str | None:
     """Why a share of free memory or a number of bytes is no memory budget, or None."""
     if (share is None) == (limit is None):
@@ -278,14 +301,17 @@ def _budget_problem(share: float | None, limit: int | None) -> str | None:
 class MemoryBudget:
     """What autotuning may allocate on the device to launch candidates (inputs, outputs,
     the copies that comparing them keeps, workspaces): ``share`` of the device's free
-    memory, or ``limit`` bytes; 0 launches no candidate. A graph that needs more is not
-    timed (the heuristics' order is taken, and the entry says why): the frontend's own build
-    allocates nothing, so a miss must not run the program out of memory."""
+    memory, or ``limit`` bytes (neither given: a quarter of free memory); 0 launches no
+    candidate. A graph that needs more is not timed (the heuristics' order is taken, and
+    the entry says why): the frontend's own build allocates nothing, so a miss must not
+    run the program out of memory."""
 
-    share: float | None = 0.25
+    share: float | None = None
     limit: int | None = None
 
     def __post_init__(self) -> None:
+        if self.share is None and self.limit is None:  # neither given: a quarter, the default
+            object.__setattr__(self, "share", DEFAULT_SHARE)
         problem = _budget_problem(self.share, self.limit)
         if problem is not None:
             raise ConfigError(f"MemoryBudget(share={self.share!r}, limit={self.limit!r}) {problem}",
@@ -372,7 +398,7 @@ AUTOTUNE_MEMORY: Setting[MemoryBudget] = Setting(
     "PLANCACHE_AUTOTUNE_MEMORY", "device memory autotuning may allocate to launch and compare candidates: a share of free "
     "memory (`25%`) or a size (`4G`); `0` launches no candidate; a graph that needs more is not timed, and its entry says "
     "why ([docs/checking.md](docs/checking.md))", "`25%`", MemoryBudget(), _budget,
-    arguments=("MemoryBudget(share=, limit=)",))  # fmt: skip
+    arguments=("TimingPolicy(memory=)", "MemoryBudget(share=, limit=)"))  # fmt: skip
 #: On: plans load through cuDNN's C API (``engines.native``), which holds no GIL and
 #: captures, allocates and synchronizes nothing, so priming beside the program's own work
 #: broke none of it on an H200 (docs/priming.md has the runs).

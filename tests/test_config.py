@@ -23,7 +23,18 @@ from click.testing import CliRunner
 
 from plancache import PlanCache, Store
 from plancache.cli import cli
-from plancache.config import AUTO_PRIME, MAX_SIZE, PATCH_CUDNN, SETTINGS, ConfigError, MemoryBudget, Setting
+from plancache.config import (
+    AUTO_PRIME,
+    CACHE_DIR,
+    MAX_SIZE,
+    PATCH_CUDNN,
+    RECORD,
+    REDIS_URL,
+    SETTINGS,
+    ConfigError,
+    MemoryBudget,
+    Setting,
+)
 from plancache.engines.autotune import TimingPolicy
 from plancache.errors import CacheDirError
 from plancache.testing import CpuTestBackend
@@ -139,6 +150,8 @@ ENTRY_POINTS: dict[str, tuple[Callable[[Path, Any], Any], Cases]] = {
     "PlanCache(max_size=)": (lambda tmp, v: _cache(tmp, max_size=v).max_size,
                              Cases(("64M", 64 * MIB), 2, DEFAULT, REFUSED, REFUSED)),
     "TimingPolicy(budget=)": (lambda tmp, v: TimingPolicy(budget=v).budget, Cases(("2", 2.0), "0.5", DEFAULT, REFUSED, math.inf)),
+    "TimingPolicy(memory=)": (lambda tmp, v: TimingPolicy(memory=v).memory,
+                              Cases(("4G", MemoryBudget(limit=4 << 30)), "abc", DEFAULT, REFUSED, REFUSED)),
     "Store(allow_shared_dir=)": (_shared_store_opens, Cases(("yes", True), "maybe", DEFAULT, REFUSED, REFUSED)),
     "RemoteTier(url)": (lambda tmp, v: _tier(url=v).url, Cases((URL, URL), "http://127.0.0.1:1", REFUSED, REFUSED, REFUSED)),
     "RemoteTier(secret=)": (lambda tmp, v: _tier(secret=v).key_id == _tier().key_id,
@@ -275,6 +288,44 @@ def test_a_memory_budget_refusal_says_what_is_accepted() -> None:
     message = str(info.value)
     assert "25%" in message and "4G" in message and "0 launches no candidate" in message and "no limit" not in message
     assert AUTOTUNE_MEMORY.from_env({"PLANCACHE_AUTOTUNE_MEMORY": "0"}).bytes_of(1 << 30) == 0  # 0 launches nothing
+
+
+def test_a_memory_budget_of_a_limit_alone_is_that_limit() -> None:
+    """``MemoryBudget(limit=N)`` was refused as giving "both" (the share defaulted to 0.25)."""
+    assert MemoryBudget(limit=4 << 30).bytes_of(100 << 30) == 4 << 30
+    assert MemoryBudget().share == 0.25 and MemoryBudget(share=0.5).limit is None
+    with pytest.raises(ConfigError, match="gives neither or both"):
+        MemoryBudget(share=0.5, limit=1 << 30)
+
+
+@pytest.mark.parametrize("name", ["PLANCACHE_REDIS_TIMEOUT", "PLANCACHE_REDIS_TTL", "PLANCACHE_REDIS_MAX_STALL",
+                                  "PLANCACHE_REDIS_LOCK_TTL"])  # fmt: skip
+def test_seconds_past_what_sockets_waits_and_redis_hold_are_refused(name: str) -> None:
+    """1e10 s overflowed a socket timeout (an OverflowError from every lookup), 1e17 s made
+    Redis refuse every publish or fleet lock; 1e9 s (about 31 years) is the most any takes."""
+    setting = _setting(name)
+    assert setting.from_env({name: "1e9"}) == 1e9
+    for text in ("1e10", "1e17", "1e400"):
+        with pytest.raises(ConfigError, match="at most 1e"):
+            setting.from_env({name: text})
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:abc/0", "redis://:hunter2@127.0.0.1:abc/0",
+                                 "redis://:hunter2@127.0.0.1:70000/0", "redis://[::1/0"])  # fmt: skip
+def test_a_redis_url_with_a_bad_port_or_host_is_refused_alike_with_or_without_a_password(url: str) -> None:
+    """With a password, these raised the URL parser's ValueError (exit 1, no setting named)."""
+    with pytest.raises(ConfigError) as info:
+        REDIS_URL.from_env({"PLANCACHE_REDIS_URL": url})
+    assert str(info.value).startswith("PLANCACHE_REDIS_URL is not a Redis URL (") and "hunter2" not in str(info.value)
+
+
+def test_a_path_of_a_user_that_does_not_exist_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    """``~nosuchuser/x`` raised RuntimeError from Path.expanduser: a traceback from every command."""
+    for setting in (CACHE_DIR, RECORD):
+        with pytest.raises(ConfigError, match=rf"^{setting.name}='~plancache-no-such-user/x' cannot be expanded"):
+            setting.from_env({setting.name: "~plancache-no-such-user/x"})
+    result = CliRunner().invoke(cli, ["ls"], env={"PLANCACHE_DIR": "~plancache-no-such-user/x"})
+    assert result.exit_code == 2 and result.stderr.startswith("plancache: error: PLANCACHE_DIR="), result.output
 
 
 # ---------------------------------------------------------------------------- sizes

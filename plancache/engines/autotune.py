@@ -63,12 +63,15 @@ class TimingPolicy:
 
     runs: int = 7  # timed runs per surviving candidate (after one warm-up)
     prune_factor: float = 3.0  # drop candidates slower than this many times the best first run
-    memory: MemoryBudget = field(default_factory=AUTOTUNE_MEMORY.from_env)
+    #: What autotuning may allocate on the device (PLANCACHE_AUTOTUNE_MEMORY, read when not
+    #: given): a ``MemoryBudget``, or text as the variable takes it (``"25%"``, ``"4G"``).
+    memory: MemoryBudget = None  # type: ignore[assignment]
     #: A miss's time as a multiple of the frontend's own build (PLANCACHE_AUTOTUNE_BUDGET,
     #: read when not given); ``math.inf`` or ``"off"``: no limit (what ``plancache tune`` uses).
     budget: float = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "memory", AUTOTUNE_MEMORY.given_or_env(self.memory, "TimingPolicy(memory=)"))
         object.__setattr__(self, "budget", AUTOTUNE_BUDGET.given_or_env(self.budget, "TimingPolicy(budget=)"))
 
     def to_dict(self) -> dict[str, Any]:
