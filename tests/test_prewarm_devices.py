@@ -74,6 +74,13 @@ class CannotUseDeviceOne(TwoDeviceCpuTestBackend):
         super().use_device(index)
 
 
+class CannotReadDeviceOne(TwoDeviceCpuTestBackend):
+    def environment(self, device: int | None = None) -> dict[str, Any]:
+        if device == 1:
+            raise RuntimeError("cannot read device 1")
+        return super().environment(device)
+
+
 class CannotUseAnyDevice(TwoDeviceCpuTestBackend):
     def use_device(self, index: int) -> None:
         raise RuntimeError(f"device {index} is broken")
@@ -220,12 +227,51 @@ def test_a_worker_that_dies_mid_build_fails_its_entry_and_the_others_finish(tmp_
     cache.close()
 
 
-def test_a_worker_that_cannot_start_leaves_its_entries_to_the_others(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("backend", "why"), [(CannotUseDeviceOne, "device 1 is broken"),
+                                              (CannotReadDeviceOne, "cannot read device 1")])  # fmt: skip
+def test_a_worker_that_cannot_start_leaves_its_entries_to_the_others(
+    tmp_path: Path, backend: type[TwoDeviceCpuTestBackend], why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """And the warning says why (a device whose environment could not be read once ended
+    its worker with a raw traceback, and the warning gave only the exit code)."""
     path = manifest(tmp_path, MATMUL, SDPA, {**MATMUL, "params": {**MATMUL["params"], "n": 16}})
-    cache = open_cache(tmp_path / "cache", CannotUseDeviceOne())
-    report = prewarm(cache, path, devices=[0, 1], progress=False)
+    cache = open_cache(tmp_path / "cache", backend())
+    with caplog.at_level("WARNING", logger="plancache"):
+        report = prewarm(cache, path, devices=[0, 1], progress=False)
     assert [(r["status"], r["device"]) for r in report["entries"]] == [("built", 0)] * 3
+    assert any(f"RuntimeError: {why}" in r.getMessage() for r in caplog.records), caplog.text
     cache.close()
+
+
+def test_a_builder_of_an_interactive_main_fails_its_entries_with_a_reason_and_kills_no_worker(tmp_path: Path) -> None:
+    """A builder defined in ``python -c`` (or a notebook) pickled by reference to a
+    ``__main__`` that a spawned worker cannot import: every worker died unpickling it."""
+    import subprocess
+    import sys
+
+    path = manifest(tmp_path, *({"builder": "__main__:my_graph", "args": [n]} for n in (8, 16)))
+    program = f"""
+import json
+from plancache import PlanCache
+from plancache.testing import TwoDeviceCpuTestBackend
+from plancache.workflows import templates
+from plancache.workflows.prewarm import prewarm
+
+def my_graph(n):
+    return templates.build("matmul_bias_act", b=1, m=4, k=8, n=n, act="relu")
+
+cache = PlanCache({str(tmp_path / "cache")!r}, backend=TwoDeviceCpuTestBackend(), auto_prime=False)
+report = prewarm(cache, {str(path)!r}, devices=[0, 1], progress=False)
+cache.close()
+print(json.dumps([(r["status"], r.get("error") or "") for r in report["entries"]]))
+"""
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(result.stdout.splitlines()[-1])
+    assert [status for status, _ in rows] == ["failed", "failed"], rows
+    assert all("my_graph" in error and "no worker left" not in error for _, error in rows), rows
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
 
 
 def test_no_worker_left_fails_every_entry_without_hanging(tmp_path: Path) -> None:
@@ -237,6 +283,23 @@ def test_no_worker_left_fails_every_entry_without_hanging(tmp_path: Path) -> Non
     assert "not built: no worker left (device 0: exit code 1: RuntimeError: device 0 is broken; " in error
     assert "device 1: exit code 1: RuntimeError: device 1 is broken)" in error
     cache.close()
+
+
+@pytest.mark.redis
+def test_the_workers_publish_to_the_callers_own_redis_tier(tmp_path: Path, redis_server: Any) -> None:
+    """A tier passed to ``PlanCache(remote=)`` reaches the workers: each built one from the
+    environment only, so a sharded prewarm published nothing and took no fleet lock."""
+    from plancache.tiers.remote import RemoteTier
+
+    namespace = f"shard{time.monotonic_ns()}"
+    tier = RemoteTier(redis_server.url, secret=b"shard-secret-0123456789abcdef-32", namespace=namespace)
+    cache = PlanCache(tmp_path / "cache", backend=TwoDeviceCpuTestBackend(), remote=tier, auto_prime=False)
+    report = prewarm(cache, manifest(tmp_path, CONV), devices=[0, 1], progress=False)
+    cache.close()
+    assert report["built"] == 6 and {r["device"] for r in report["entries"]} == {0, 1}
+    with redis_server.client() as client:
+        published = [k for k in client.keys(f"{namespace}:v*") if not k.endswith(b":lock")]
+    assert len(published) == 6, published
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -274,6 +274,7 @@ class RemoteTier:
             raise ConfigError(f"backoff_max={backoff_max!r} is not a number of seconds above 0", name="backoff_max",
                               value=backoff_max)  # fmt: skip
         self.url = _redact(url)
+        self._url = url
         self.namespace = REDIS_NAMESPACE.of(namespace, "namespace")
         self.timeout = REDIS_TIMEOUT.of(timeout, "timeout")
         self.ttl = REDIS_TTL.of(ttl, "ttl")
@@ -315,6 +316,12 @@ class RemoteTier:
         when no URL is set."""
         settings = settings_from_env(environ)
         return None if settings is None else cls(**settings)
+
+    def arguments(self) -> dict[str, Any]:
+        """The arguments that build this tier again, secret included: for a process of the
+        caller's own that needs the same tier (a prewarm worker), never for a log."""
+        return {"url": self._url, "secret": self._secret, "namespace": self.namespace, "timeout": self.timeout,
+                "ttl": self.ttl, "lock_ttl": self.lock_ttl, "backoff_max": self.backoff_max, "max_stall": self.max_stall}  # fmt: skip
 
     # ------------------------------------------------------------------ public
 

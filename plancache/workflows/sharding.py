@@ -26,6 +26,7 @@ import logging
 import pickle
 import re
 import signal
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -164,15 +165,22 @@ def _worker_main(device: int, conn: Any, factory: Callable[[], Any], config: dic
     try:
         backend = factory()
         backend.use_device(device)  # torch.cuda.set_device for cuDNN: before the cache does any CUDA work
+        environment = backend.environment(device)
         from ..cache.cache import PlanCache
 
-        cache = PlanCache(backend=backend, **config)
+        remote_arguments = config.pop("remote")
+        remote = None
+        if remote_arguments is not None:
+            from ..tiers.remote import RemoteTier
+
+            remote = RemoteTier(**remote_arguments)
+        cache = PlanCache(backend=backend, remote=remote, **config)
     except Exception as exc:  # reported by the parent with this worker's exit code
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         raise SystemExit(1) from exc
     claims = _Claims(conn)
     try:
-        conn.send(("ready", backend.environment(device)))
+        conn.send(("ready", environment))
         while (position := conn.recv()) is not None:
             conn.send(("record", attempt(cache, entries[position], options, False, claims)))
     except (EOFError, BrokenPipeError):
@@ -359,23 +367,38 @@ class _Shard:
 
 
 def _worker_config(cache: Any) -> dict[str, Any]:
-    """What a worker's ``PlanCache`` needs to match the caller's (a remote tier it gets
-    from the environment, as the caller's did unless it was passed in)."""
+    """What a worker's ``PlanCache`` needs to match the caller's, its Redis tier included:
+    the arguments of the caller's (a tier passed to ``PlanCache(remote=)`` is not the one
+    the environment gives, and a worker without it would publish nothing and build without
+    the fleet lock)."""
     read_only = cache.store is not None and cache.store.read_only
+    remote = cache.remote
+    if remote is not None and not callable(getattr(remote, "arguments", None)):
+        raise ConfigError(f"the cache's remote tier ({type(remote).__name__}) cannot be built again in a worker process "
+                          "(it has no arguments()): prewarm on one device", name="remote", value=repr(remote))  # fmt: skip
     return {"directory": str(cache.directory), "options": cache.options, "timing": cache.timing,
             "read_only": True if read_only else None, "max_size": cache.max_size or 0,
             "lock_timeout": cache.lock_timeout, "persist_kernel_cache": cache.persist_kernel_cache,
-            "auto_prime": False}  # fmt: skip
+            "auto_prime": False, "remote": remote.arguments() if remote is not None else None}  # fmt: skip
 
 
 def _portable(entry: ManifestEntry) -> ManifestEntry:
     """``entry`` as a worker can receive it: a builder function that does not pickle (a
-    lambda, a local function) is left out, and the worker imports it by its name."""
-    if entry.builder is not None:
-        try:
-            pickle.dumps(entry.builder)
-        except Exception:  # whatever pickling a user's callable raises
-            return dataclasses.replace(entry, builder=None)
+    lambda, a local function) is left out, and the worker imports it by its name. So is
+    one defined in a ``__main__`` that has no file (``python -c``, a notebook): it pickles
+    by reference to ``__main__``, which a spawned worker cannot import, and the worker
+    would die unpickling it before it could say why."""
+    if entry.builder is None:
+        return entry
+    if (
+        getattr(entry.builder, "__module__", None) == "__main__"
+        and getattr(sys.modules.get("__main__"), "__file__", None) is None
+    ):
+        return dataclasses.replace(entry, builder=None)
+    try:
+        pickle.dumps(entry.builder)
+    except Exception:  # whatever pickling a user's callable raises
+        return dataclasses.replace(entry, builder=None)
     return entry
 
 
