@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -21,7 +23,7 @@ from graphs import EXAMPLES, ConvBiasRelu, assert_runs_correctly
 import plancache.cache
 import plancache.store.bookkeeping
 import plancache.tiers.local
-from plancache import BuildError, BuildOptions, InvalidGraphError, PlanCache, Store, StoreError
+from plancache import BuildError, BuildOptions, InvalidGraphError, PlanCache, PlanCacheError, Store, StoreError
 from plancache.cache.builder import _signature
 from plancache.cache.cache import _COUNTERS
 from plancache.key import environment_id
@@ -633,6 +635,73 @@ def test_signature_is_tensor_layout_and_argument_values() -> None:
 def test_signature_keeps_positional_and_keyword_arguments_apart_with_marker() -> None:
     assert _signature((("n", 1),), {}) != _signature((), {"n": 1})
     assert _signature((1,), {})[1] is False
+
+
+def test_signature_describes_tensors_inside_tuples_lists_and_dicts_by_layout() -> None:
+    """A tensor inside a tuple was part of the signature by identity: no later call matched,
+    and the memo kept every such tensor alive; a list or dict argument raised TypeError
+    (unhashable) into the program."""
+    x, y = torch.zeros(2, 3), torch.ones(2, 3)
+    assert _signature(((x, 1),), {}) == _signature(((y, 1),), {}) and _signature(((x, 1),), {})[1] is True
+    assert _signature(([x],), {"d": {"a": x}}) == _signature(([y],), {"d": {"a": y}})
+    assert _signature(([x],), {}) != _signature(((x,),), {})  # a list and a tuple stay apart
+    assert _signature(((x,),), {}) != _signature(((x.t().contiguous().t(),),), {})
+    assert _signature(([1, [2]],), {})[1] is False
+    hash(_signature(([1, {"k": [2]}],), {"o": [3]}))
+
+
+def test_builder_matches_tensors_passed_in_a_tuple_and_keeps_none_alive(cache: PlanCache) -> None:
+    import gc
+    import weakref
+
+    @cache.builder
+    def conv_plan(inputs: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        x, w = inputs
+        return ConvBiasRelu(n=x.shape[0], c=x.shape[1], h=x.shape[2], w=x.shape[3], k=w.shape[0]).graph()
+
+    alive = []
+    for _ in range(3):
+        x, w = torch.randn(2, 8, 6, 6), torch.randn(4, 8, 3, 3)
+        conv_plan((x, w))
+        alive.append(weakref.ref(x))
+        del x, w
+    gc.collect()
+    assert len(conv_plan.plans) == 1 and cache.counters["memory_hits"] == 2
+    assert not any(ref() is not None for ref in alive)
+
+
+def test_builder_and_preload_refuse_once_the_cache_is_closed(make_cache: MakeCache) -> None:
+    """A builder served remembered plans after close(), and preload reported nothing missing."""
+    cache = make_cache()
+    conv_plan = cache.builder(lambda n: ConvBiasRelu(n=n).graph())
+    conv_plan(1)
+    cache.close()
+    for call in (lambda: conv_plan(1), lambda: conv_plan(2), cache.preload):
+        with pytest.raises(PlanCacheError, match="is closed"):
+            call()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_its_builders_clean_even_with_their_lock_held(make_cache: MakeCache) -> None:
+    """A child forked while another thread was inside a builder call inherited the memo's
+    lock held and hung at its first call; it also kept the parent's loaded plans."""
+    cache = make_cache()
+    conv_plan = cache.builder(lambda n: ConvBiasRelu(n=n).graph())
+    parents = conv_plan(1)
+    conv_plan.plans._lock.acquire()  # as another thread inside a builder call at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: a fresh memo, and a plan of its own
+            signal.alarm(20)
+            try:
+                ok = len(conv_plan.plans) == 0 and conv_plan(1) is not parents
+            finally:
+                os._exit(0 if ok else 3)
+    finally:
+        conv_plan.plans._lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert conv_plan(1) is parents
 
 
 def test_a_hit_executes_by_the_callers_tensor_names(make_cache: Any, tmp_path: Path) -> None:

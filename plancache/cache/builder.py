@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -24,6 +25,13 @@ class _Cache(Protocol):
     backend: Any
     counters: dict[str, int]
     local: Any  # the local tier: note_hit
+    #: Every builder's plans: a forked child clears them with the memory tier.
+    builder_plans: weakref.WeakSet[LRU[Any, Plan]]
+
+    @property
+    def closed(self) -> bool: ...
+
+    def check_open(self) -> None: ...
 
     def get(self, graph: Any, *, options: BuildOptions | None = None) -> Plan: ...
 
@@ -37,6 +45,7 @@ def plan_builder(cache: _Cache, func: F, options: BuildOptions | None, key: Call
     """``func`` (which builds a pygraph) wrapped to return its plan, remembered per signature
     in an LRU as large as the cache's memory tier."""
     plans: LRU[Any, Plan] = LRU(cache.memory.capacity)
+    cache.builder_plans.add(plans)
     current_device = cache.backend.current_device
     counters = cache.counters
     note_hit = cache.local.note_hit
@@ -52,9 +61,11 @@ def plan_builder(cache: _Cache, func: F, options: BuildOptions | None, key: Call
                 signature = (*signature, current_device())
         plan = plans.get(signature)
         if plan is None:
-            plan = cache.get(func(*args, **kwargs), options=options)
+            plan = cache.get(func(*args, **kwargs), options=options)  # refused once the cache is closed
             plans.put(signature, plan)
         else:
+            if cache.closed:  # as get(): a closed cache serves nothing, remembered plans neither
+                cache.check_open()
             counters["memory_hits"] += 1
             note_hit(plan.key)  # as get()'s memory hits: the plan a program runs every step stays young for eviction
         return plan
@@ -86,6 +97,10 @@ def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[tuple[
         if isinstance(a, tensor_type):
             signature.append((a.shape, a.stride(), a.dtype, a.device))
             has_tensor = True
+        elif type(a) in _CONTAINERS:
+            described, nested = _nested(a, tensor_type)
+            signature.append(described)
+            has_tensor = has_tensor or nested
         else:
             signature.append(a)
     if kwargs:
@@ -95,6 +110,32 @@ def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[tuple[
             if isinstance(value, tensor_type):
                 signature.append((name, (value.shape, value.stride(), value.dtype, value.device)))
                 has_tensor = True
+            elif type(value) in _CONTAINERS:
+                described, nested = _nested(value, tensor_type)
+                signature.append((name, described))
+                has_tensor = has_tensor or nested
             else:
                 signature.append((name, value))
     return tuple(signature), has_tensor
+
+
+#: Arguments that hold other arguments: described item by item, so a tensor inside one is
+#: described by its layout (by identity it would never match again, and the memo would keep
+#: it alive), and a list or dict, which cannot be a key, can be part of one.
+_CONTAINERS = (tuple, list, dict)
+
+
+def _nested(value: Any, tensor_type: Any) -> tuple[Any, bool]:
+    """A tuple, list or dict argument as part of a signature (tensors by layout, a type tag
+    so that ``[1]`` and ``(1,)`` stay apart), and whether it held a tensor."""
+    if isinstance(value, tensor_type):
+        return (value.shape, value.stride(), value.dtype, value.device), True
+    if type(value) not in _CONTAINERS:
+        return value, False
+    items = sorted(value.items(), key=lambda item: repr(item[0])) if type(value) is dict else enumerate(value)
+    described, has_tensor = [], False
+    for name, item in items:
+        part, nested = _nested(item, tensor_type)
+        described.append((name, part) if type(value) is dict else part)
+        has_tensor = has_tensor or nested
+    return (type(value).__name__, *described), has_tensor

@@ -121,6 +121,7 @@ class PlanCache:
                                app=APP.of(app, "app") or app_name())  # fmt: skip
         self.directory = self.local.directory
         self.memory: LRU[tuple[str, int], Plan] = LRU(MEMORY_PLANS.given_or_env(max_plans, "max_plans"))
+        self.builder_plans: weakref.WeakSet[LRU[Any, Plan]] = weakref.WeakSet()  # of each @builder
         self.remote = remote if remote is not None else _remote_from_env()
         self.flight = SingleFlight(_lock_directory(self.local), timeout=lock_timeout, remote=self.remote, warn=self._warn_once,
                                    count=self._count)  # fmt: skip
@@ -152,6 +153,12 @@ class PlanCache:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def check_open(self) -> None:
+        """Raise ``PlanCacheError`` once the cache is closed: it serves no plan after that,
+        not even one a builder remembers."""
+        if self._closed:
+            raise PlanCacheError(f"the plan cache in {self.directory} is closed", path=str(self.directory))
 
     @property
     def store(self) -> Any:
@@ -223,8 +230,7 @@ class PlanCache:
 
     def _lookup_key(self, graph: Any, options: BuildOptions) -> tuple[CacheKey, int]:
         """The key of ``graph`` on the current device, and the device; refused once closed."""
-        if self._closed:
-            raise PlanCacheError(f"the plan cache in {self.directory} is closed", path=str(self.directory))
+        self.check_open()
         device = self.backend.current_device()
         environment, env_id = self._environment(device)
         return make_key(describe(graph), environment, options, environment_json=self._environment_json[env_id]), device
@@ -255,6 +261,7 @@ class PlanCache:
         device's environment. Unsound entries are quarantined and reported, never raised.
         Returns ``{"loaded": [...], "missing": [...], "failed": {key: reason}, "seconds": s}``.
         """
+        self.check_open()
         device = self.backend.current_device()
         if keys is None:
             keys = self.local.entries_of(self._environment(device)[1])
@@ -328,6 +335,9 @@ class PlanCache:
     def _forget_process_state(self) -> None:
         """In a forked child: the parent's loaded plans, locks and threads are not ours."""
         self.memory = self.lookup.memory = LRU(self.memory.capacity)
+        for plans in list(self.builder_plans):  # a builder's lock may have been held at fork
+            plans.after_fork()
+            plans.clear()
         self.lookup.loads.after_fork()
         self.primer = None  # threads do not survive a fork
         self._used = set()
