@@ -420,3 +420,77 @@ def test_a_candidate_that_fails_to_launch_leaves_the_others_checked(tmp_path: Pa
     entry = c.store.get(plan.key)
     assert entry is not None and entry.check is not None
     assert entry.candidates[0]["status"] == "failed" and entry.candidates[3]["status"] == "rejected"
+
+
+# ------------------------------------------------------------------ the test device computes what cuDNN computes
+
+
+def _evaluate(graph: Any, values: dict[str, Any]) -> dict[str, Any]:
+    from plancache.key import canonical_json
+    from plancache.testing.kernels import evaluate
+
+    return evaluate(json.loads(canonical_json(describe(graph))), dict(values))
+
+
+def test_the_test_device_computes_attention_without_attn_scale_unscaled_as_cudnn_does() -> None:
+    """cuDNN lowers an omitted attn_scale as 1.0; the test device scaled by 1/sqrt(d), so a
+    right-result check on it passed against a result cuDNN never gives."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    g = cudnn.pygraph(io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    qi, ki, vi = (g.tensor(name=n, dim=[1, 2, 8, 16], stride=[256, 128, 16, 1], uid=u) for u, n in ((1, "q"), (2, "k"), (3, "v")))
+    o, _ = g.sdpa(q=qi, k=ki, v=vi, is_inference=True)
+    o.set_output(True).set_uid(4)
+    got = _evaluate(g, {"u1": q, "u2": k, "u3": v})["u4"]
+    assert torch.allclose(got, torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0), atol=1e-5)
+
+
+def test_the_test_device_computes_pointwise_parameters_and_grouped_convolutions() -> None:
+    """A swish's beta was ignored, a leaky relu's slope of 0 read as 0.01, and a grouped
+    convolution was refused as an invalid graph."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    for build, expected in ((lambda g, a: g.swish(a, swish_beta=2.0), x * torch.sigmoid(2 * x)),
+                            (lambda g, a: g.leaky_relu(a, negative_slope=0.0), torch.relu(x))):  # fmt: skip
+        g = cudnn.pygraph(io_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+        build(g, g.tensor(name="a", dim=[4, 8], stride=[8, 1], uid=1)).set_output(True).set_uid(2)
+        assert torch.allclose(_evaluate(g, {"u1": x})["u2"], expected, atol=1e-6)
+    image, weight = torch.randn(1, 8, 5, 5), torch.randn(4, 2, 3, 3)  # four groups of two channels
+    g = cudnn.pygraph(io_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    xi = g.tensor(name="x", dim=[1, 8, 5, 5], stride=[200, 1, 40, 8], uid=1)
+    wi = g.tensor(name="w", dim=[4, 2, 3, 3], stride=[18, 1, 6, 2], uid=2)
+    g.conv_fprop(xi, wi, padding=[1, 1], stride=[1, 1], dilation=[1, 1]).set_output(True).set_uid(3)
+    got = _evaluate(g, {"u1": image, "u2": weight})["u3"]
+    assert torch.allclose(got, torch.nn.functional.conv2d(image, weight, padding=1, groups=4), atol=1e-5)
+
+
+def _sdpa_with(**options: Any) -> Any:
+    g = cudnn.pygraph(io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    qi, ki, vi = (g.tensor(name=n, dim=[1, 1, 4, 8], stride=[32, 32, 8, 1], uid=u) for u, n in ((1, "q"), (2, "k"), (3, "v")))
+    o, _ = g.sdpa(q=qi, k=ki, v=vi, is_inference=True, attn_scale=0.3, **options)
+    o.set_output(True).set_uid(4)
+    return g
+
+
+def _conv_with(**options: Any) -> Any:
+    g = cudnn.pygraph(io_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    xi = g.tensor(name="x", dim=[1, 2, 5, 5], stride=[50, 1, 10, 2], uid=1)
+    wi = g.tensor(name="w", dim=[3, 2, 3, 3], stride=[18, 1, 6, 2], uid=2)
+    g.conv_fprop(xi, wi, stride=[1, 1], dilation=[1, 1], **options).set_output(True).set_uid(3)
+    return g
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [(lambda: _sdpa_with(use_causal_mask_bottom_right=True), "use_causal_mask_bottom_right"),
+     (lambda: _sdpa_with(use_causal_mask=True, sliding_window_length=2), "sliding_window_length"),
+     (lambda: _conv_with(padding=[1, 1], convolution_mode=cudnn._compiled_module.convolution_mode.CONVOLUTION), "convolution_mode"),
+     (lambda: _conv_with(pre_padding=[1, 1], post_padding=[0, 0]), "post_padding")],
+)  # fmt: skip
+def test_what_the_test_device_does_not_compute_is_unsupported_never_a_wrong_result(tmp_path: Path, make: Any,
+                                                                                   named: str) -> None:  # fmt: skip
+    """Each was computed without its parameter: a result cuDNN never gives, which a test passed on."""
+    with pytest.raises(NotImplementedError, match=named):
+        _evaluate(make(), {})
+    with pytest.raises(plancache.BuildError, match=f"cannot run .*{named}"):
+        cache(tmp_path).get(make())

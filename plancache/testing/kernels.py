@@ -3,7 +3,9 @@
 ``evaluate`` runs a canonical description (``plancache.key.describe``) on the CPU in
 float32: convolution, matmul, pointwise ops (with their slopes and clips), SDPA (causal,
 with sequence lengths, ragged offsets read as the dense layout they equal, and paged K/V
-gathered through their page tables) and the MoE grouped matmul.
+gathered through their page tables) and the MoE grouped matmul. A parameter or input it
+does not compute with (``_MODELLED``, ``_READ``) is refused as unsupported, as a GPU
+without an engine for it refuses it, never computed as if it were not there.
 
 ``fault`` is what makes the test device behave like a GPU where it matters most: it reads
 every value that steers addressing (ragged offsets, sequence lengths, page tables, MoE token
@@ -41,7 +43,8 @@ def _pointwise(torch: Any, mode: str, a: Any, b: Any, params: Mapping[str, Any])
               "div": torch.div, "max": torch.maximum, "min": torch.minimum, "pow": torch.pow}  # fmt: skip
     unary = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp,
              "log": torch.log, "neg": torch.neg, "abs": torch.abs, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
-             "identity": lambda x: x, "gelu": functional.gelu, "swish": functional.silu,
+             "identity": lambda x: x, "gelu": functional.gelu,
+             "swish": lambda x: x * torch.sigmoid(float(params.get("swish_beta", 1.0)) * x),
              "gelu_approx_tanh": lambda x: functional.gelu(x, approximate="tanh"), "erf": torch.erf}  # fmt: skip
     if mode in binary:
         return binary[mode](a, b)
@@ -51,7 +54,8 @@ def _pointwise(torch: Any, mode: str, a: Any, b: Any, params: Mapping[str, Any])
         # cuDNN's RELU_FWD as its engines compute it (H200, cuDNN 9.19): the larger of the
         # input capped at the upper clip and the slope's line through the lower clip (0 by
         # default).
-        slope = float(params.get("negative_slope") or (0.01 if mode == "leaky_relu" else 0.0))
+        slope = params.get("negative_slope")
+        slope = float(slope) if slope is not None else (0.01 if mode == "leaky_relu" else 0.0)  # a slope of 0 is 0
         lower = float(params.get("lower_clip") or 0.0)
         upper = params.get("upper_clip")
         capped = a if upper is None else a.clamp(max=float(upper))
@@ -78,10 +82,12 @@ def evaluate(description: Mapping[str, Any], values: dict[str, Any]) -> dict[str
 
     for node in description["nodes"]:
         kind, params, ins = node["type"], node["params"], node["inputs"]
+        _refuse_unmodelled(node)
         if kind == "CONV_FPROP":
             x, w = get(ins["image"]), get(ins["weight"])
             conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}[x.dim()]
-            out = conv(x, w, padding=params["padding"], stride=params["stride"], dilation=params["dilation"])
+            out = conv(x, w, padding=params["padding"], stride=params["stride"], dilation=params["dilation"],
+                       groups=x.shape[1] // w.shape[1])  # fmt: skip
         elif kind == "POINTWISE":
             out = _pointwise(torch, str(params.get("mode")), get(ins.get("IN_0")), get(ins.get("IN_1")), params)
         elif kind == "MATMUL":
@@ -97,6 +103,53 @@ def evaluate(description: Mapping[str, Any], values: dict[str, Any]) -> dict[str
     return values
 
 
+#: The parameters each node's kernel here computes with. A graph that sets another one
+#: (a sliding window, a bottom-right causal mask, a convolution in CONVOLUTION mode) is one
+#: the test device does not support, as a GPU without an engine for it: computing it
+#: without that parameter would be a result cuDNN never gives, and a test would pass on it.
+_MODELLED = {
+    "CONV_FPROP": {"padding", "stride", "dilation"},
+    "POINTWISE": {"mode", "negative_slope", "lower_clip", "upper_clip", "swish_beta"},
+    "MATMUL": {"padding"},
+    "SDPA": {
+        "attn_scale",
+        "is_inference",
+        "generate_stats",
+        "use_causal_mask",
+        "causal_mask",
+        "use_padding_mask",
+        "paged_attention_max_seq_len_kv",
+    },
+    "MOE_GROUPED_MATMUL": {"mode"},  # NONE, or GATHER through token_index (below)
+}
+#: Inputs each kernel reads; another (an ALiBi slope, a bias, a dropout mask) is refused too.
+_READ = {
+    "CONV_FPROP": {"image", "weight"},
+    "POINTWISE": {"IN_0", "IN_1"},
+    "MATMUL": {"A", "B"},
+    "SDPA": {"q", "k", "v", "attn_scale", "seq_len_q", "seq_len_kv", "paged_attention_k_table", "paged_attention_v_table"},
+    "MOE_GROUPED_MATMUL": {"token", "weight", "first_token_offset", "token_index"},
+}
+
+
+def _refuse_unmodelled(node: Mapping[str, Any]) -> None:
+    """``NotImplementedError`` for what this module would not compute as cuDNN does."""
+    kind = node["type"]
+    if kind not in _MODELLED:
+        raise NotImplementedError(f"node type {kind}")
+    params = node["params"]
+    unmodelled = sorted(set(params) - _MODELLED[kind]) + sorted(set(node["inputs"]) - _READ[kind])
+    if kind == "MATMUL" and params.get("padding") not in (None, 0, 0.0):
+        unmodelled.append("padding")
+    if kind == "MOE_GROUPED_MATMUL" and str(params.get("mode", "NONE")).rsplit(".", 1)[-1] not in ("NONE", "GATHER"):
+        unmodelled.append(f"mode {params['mode']}")
+    if unmodelled:
+        raise NotImplementedError(f"{kind} with {', '.join(unmodelled)}")
+    later = list(node["outputs"].items())[1:]  # only the first output is computed here
+    if any(not str(ref).startswith("v") for _, ref in later):
+        raise NotImplementedError(f"{kind} returning its {', '.join(port for port, _ in later)} output")
+
+
 def _sdpa(torch: Any, description: Mapping[str, Any], ins: Mapping[str, str], params: Mapping[str, Any], get: Any) -> Any:
     q, k, v = get(ins["q"]), get(ins["k"]), get(ins["v"])
     if "paged_attention_k_table" in ins:  # gather each sequence's pages from the pool
@@ -105,7 +158,8 @@ def _sdpa(torch: Any, description: Mapping[str, Any], ins: Mapping[str, str], pa
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     scale = get(ins.get("attn_scale")) if ins.get("attn_scale") else params.get("attn_scale")
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    # cuDNN lowers an omitted attn_scale as no scaling (1.0), not 1/sqrt(d).
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (float(scale) if scale is not None else 1.0)
     b, _, s_q, s_kv = scores.shape
     keep = torch.ones(b, 1, s_q, s_kv, dtype=torch.bool)
     if params.get("use_causal_mask") or params.get("causal_mask"):
