@@ -125,13 +125,13 @@ def test_a_frontend_blob_is_read_field_by_field() -> None:
     assert record.by_value[10].kind == "bfloat16" and record.by_value[10].data == struct.pack("<f", 1.5)[2:]
     assert record.by_value[11].data == struct.pack("<q", 7)
     assert record.workspace[12].operation == 1 and record.workspace[12].zero_bytes == 256
-    assert record.workspace[13].values == (1.0, -2.0) and record.workspace[13].offset == 256
+    assert record.workspace[13].words == (0x3F800000, 0xC0000000) and record.workspace[13].offset == 256  # 1.0, -2.0
     assert record.replacements == {3: (14, 64)} and record.fe_workspace_size == 1024 and record.aligned == {1: 16, 3: 16}
 
 
 @pytest.mark.parametrize(
     ("changes", "why"),
-    [({"json_version": "3.0"}, "plan format 3.0"), ({"json_version": None}, "plan format"),
+    [({"json_version": "3.0"}, "plan format 3.0"), ({"json_version": ""}, "plan format unversioned"),
      ({"launch_hooks": [1]}, "fields the native path does not know: launch_hooks")],
 )  # fmt: skip
 def test_the_gate_leaves_untested_blobs_to_the_frontend(changes: dict[str, Any], why: str) -> None:
@@ -147,6 +147,86 @@ def test_the_gate_leaves_untested_blobs_to_the_frontend(changes: dict[str, Any],
 def test_blobs_that_are_not_frontend_plans_are_refused_with_a_reason(blob: bytes) -> None:
     with pytest.raises(RecordError):
         parse(blob)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"json_version": 2.0}, {"json_version": None},  # the frontend refuses a version that is not text
+     {"workspace_modifications": {"12": [1, -16, [hexfloat(256.0)]]}},  # before the workspace
+     {"workspace_modifications": {"13": [0, 1 << 30, [hexfloat(1.0)]]}},  # far past it
+     {"workspace_modifications": {"13": [0, 1020, [hexfloat(1.0), hexfloat(2.0)]]}},  # a copy running past it
+     {"workspace_modifications": {"12": [1, 512, [hexfloat(1024.0)]]}},  # a zeroing running past it
+     {"workspace_modifications": {"12": [1, 0, [hexfloat(-16.0)]]}},  # a negative size (2**64 - 16 as size_t)
+     {"workspace_modifications": {"12": [1, 0, ["7FC00000"]]}},  # NaN bytes
+     {"workspace_modifications": {"12": [1, 0, ["tag"]]}},
+     {"fe_workspace_size": -4096}, {"fe_workspace_size": 1024.0}, {"fe_workspace_size": "1024"},
+     {"pass_by_values": {str(2**64 + 9): {"index": 3, "value": hexfloat(0.125)}}},  # truncated to uid 9 by int64
+     {"variant_pack_uids": [5, 1, "3", 9]}, {"variant_pack_replacements": [[3, [14, -64]]]},
+     {"aligned_operands": {"1": [24, 2]}}],
+)  # fmt: skip
+def test_values_a_launch_would_turn_into_addresses_outside_its_buffers_are_refused(changes: dict[str, Any]) -> None:
+    """Each was accepted: on a GPU, writes before or past the workspace, into another tensor."""
+    with pytest.raises(RecordError):
+        parse(frontend_blob(**changes))
+
+
+def test_workspace_words_are_copied_as_the_bits_the_frontend_wrote_even_under_flush_to_zero() -> None:
+    """The frontend writes int32 sequence lengths as floats' bits; 100 is a denormal float,
+    which a round trip through a float turned into 0 with denormals flushed."""
+    import torch
+
+    changes = {"workspace_modifications": {"13": [0, 256, ["00000064", "00000064"]]}}
+    flushing = torch.set_flush_denormal(True)
+    try:
+        library = FakeLibrary()
+        plan = native_plan(library, **changes)
+        plan.launch([0x1000, 0x2000, 0x3000], 0x100000, handle=7, stream=55)
+    finally:
+        torch.set_flush_denormal(False)
+    (copy,) = [c for c in library.calls if c[0] == "copy"]
+    assert copy[2] == [100, 100], f"flush-to-zero {'on' if flushing else 'unsupported'}: {copy[2]}"
+    assert parse(frontend_blob(**changes)).workspace[13].words == (100, 100)
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [(b"[$Z#L" + struct.pack(">q", 2**62), "typed container of 'Z'"),  # hung for ever
+     (b"[#U\x05U\x01U\x02", "container of 5 elements in 4 bytes"),
+     (b"HU\x03tag", "integer's digits"), (b"H" + ubjson(5000) + b"9" * 5000, "integer's digits"),
+     (b"[" * 100 + b"]" * 100, "nested deeper")],
+)  # fmt: skip
+def test_the_decoder_refuses_counts_and_depths_no_plan_has(data: bytes, why: str) -> None:
+    with pytest.raises(UbjsonError, match=why):
+        decode(data)
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
+def test_a_damaged_recorded_plan_is_read_or_refused_never_anything_else(path: Path) -> None:
+    """Bytes flipped, cut or repeated anywhere: a record or RecordError (the frontend's path
+    then), never another exception, a hang or a record with an offset outside its buffers."""
+    import random
+
+    blob = path.read_bytes()
+    rng = random.Random(path.stem)
+    for _ in range(150):
+        damaged = bytearray(blob)
+        at = rng.randrange(len(blob))
+        kind = rng.randrange(3)
+        if kind == 0:
+            damaged[at] = rng.randrange(256)
+        elif kind == 1:
+            del damaged[at:]
+        else:
+            damaged[at:at] = damaged[at : at + rng.randrange(1, 16)]
+        try:
+            record = parse(bytes(damaged))
+        except RecordError:
+            continue
+        for change in record.workspace.values():
+            assert (
+                change.offset >= 0 and change.offset + 4 * len(change.words) * (change.operation == 0) <= record.fe_workspace_size
+            )
+            assert change.offset + change.zero_bytes <= record.fe_workspace_size
 
 
 def test_the_layout_is_the_frontends_variant_pack_template() -> None:
@@ -256,7 +336,7 @@ def test_a_launch_does_the_frontends_work_then_executes_with_the_engines_workspa
     kinds = [c[0] for c in library.calls]
     assert kinds == ["copy", "zero", "variant_pack", "execute"]
     copy, zero, pack, _ = library.calls
-    assert copy[1] == 0x100000 + 256 and copy[2] == [1.0, -2.0] and copy[3] == 8 and copy[4] == 55
+    assert copy[1] == 0x100000 + 256 and copy[2] == [0x3F800000, 0xC0000000] and copy[3] == 8 and copy[4] == 55  # 1.0, -2.0
     assert zero[1:] == (0x100000, 256, 55)
     assert pack[3] == 0x100000 + 1024, "cuDNN's workspace starts after the frontend's part"
     by_uid = dict(zip(pack[1], pack[2]))

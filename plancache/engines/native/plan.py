@@ -70,7 +70,7 @@ class NativePlan:
         self._by_value = [ctypes.create_string_buffer(v.data, len(v.data)) for v in record.by_value.values()]
         self._fixed = [ctypes.addressof(b) for b in self._by_value]
         self._copies = [
-            (change.offset, (ctypes.c_float * len(change.values))(*change.values))
+            (change.offset, (ctypes.c_uint32 * len(change.words))(*change.words))  # the bits, as the frontend copies them
             for change in record.workspace.values()
             if change.operation == 0
         ]

@@ -19,12 +19,16 @@ the replacement sources, sorted; then the by-value uids and the workspace uids n
 them. A launch fills the caller's slots, the workspace slots, the replacements, and
 hands the backend every slot but a replacement source that the plan does not read.
 
-``refusal`` is the gate: a blob with a format version, a field or a value this code was
-not tested on is left to the frontend's own path.
+``parse`` reads uids, offsets and sizes as integers in range, every workspace change
+inside the frontend's part of the workspace (on the GPU, anything else is an address in
+another tensor), and floats as the 32-bit words they are. ``refusal`` is the gate: a blob
+with a format version, a field or a value this code was not tested on is left to the
+frontend's own path.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import struct
@@ -62,13 +66,13 @@ class ByValue:
 class WorkspaceChange:
     """What the frontend does to its part of the workspace before each launch."""
 
-    operation: int  # 0: copy ``values`` there; 1: zero ``int(values[0])`` bytes; other: none
+    operation: int  # 0: copy ``words`` there; 1: zero ``zero_bytes`` bytes; other: none
     offset: int
-    values: tuple[float, ...]
-
-    @property
-    def zero_bytes(self) -> int:
-        return int(self.values[0]) if self.operation == 1 and self.values else 0
+    #: The 32-bit words the frontend wrote as floats' bits, kept as bits: some are int32
+    #: values (sequence lengths) whose bits are a denormal float, which a round trip
+    #: through a float turns into 0 under flush-to-zero (``torch.set_flush_denormal``).
+    words: tuple[int, ...]
+    zero_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,11 +95,43 @@ class RecordError(ValueError):
     """The blob is not a frontend plan this code can read."""
 
 
-def _float_bits(value: Any) -> float:
-    """A float as the frontend writes it: an 8-digit hex string of its bits, or a number."""
+def _float_bits(value: Any) -> int:
+    """The 32 bits of a float as the frontend writes it: an 8-digit hex string of its
+    bits (kept as they are), or a number."""
     if isinstance(value, str):
-        return float(struct.unpack("<f", struct.pack("<I", int(value, 16)))[0])
-    return float(value)
+        if not re.fullmatch(r"[0-9A-Fa-f]{1,8}", value):
+            raise RecordError(f"a float's bits must be 8 hex digits, not {value[:20]!r}")
+        return int(value, 16)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecordError(f"a float must be its bits in hex or a number, not {type(value).__name__}")
+    return int(struct.unpack("<I", struct.pack("<f", value))[0])
+
+
+def _float_of(bits: int) -> float:
+    return float(struct.unpack("<f", struct.pack("<I", bits))[0])
+
+
+#: The range of cuDNN's int64 uids.
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _int(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
+    """``value`` when it is an integer within ``low``..``high``, else ``RecordError``: a
+    uid, offset or size is never coerced from a string or a float, and never out of range
+    (on the GPU it would be an address inside another tensor)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RecordError(f"{what} must be an integer, not {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise RecordError(f"{what} {value} is outside {low if low is not None else ''}..{high if high is not None else ''}")
+    return value
+
+
+def _uid(value: Any) -> int:
+    """A uid as a key of a map by uid: an integer, or (as a JSON object's key) its decimal
+    digits."""
+    if isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value):
+        value = int(value)
+    return _int(value, "a uid", *_INT64)
 
 
 def _by_value(raw: Any) -> ByValue:
@@ -106,9 +142,11 @@ def _by_value(raw: Any) -> ByValue:
         raise RecordError(f"pass-by-value type index {index} is not one the native path knows")
     kind, fmt = BY_VALUE_TYPES[index]
     if kind == "bfloat16":  # the upper half of the float32's bits (exact: it came from a bfloat16)
-        return ByValue(kind, struct.pack("<I", struct.unpack("<I", struct.pack("<f", _float_bits(value)))[0])[2:])
-    if kind in ("half", "float"):
-        return ByValue(kind, struct.pack(fmt or "", _float_bits(value)))
+        return ByValue(kind, struct.pack("<I", _float_bits(value))[2:])
+    if kind == "float":  # the bits as written
+        return ByValue(kind, struct.pack("<I", _float_bits(value)))
+    if kind == "half":
+        return ByValue(kind, struct.pack("<e", _float_of(_float_bits(value))))
     return ByValue(kind, struct.pack(fmt or "", float(value) if kind == "double" else int(value)))
 
 
@@ -131,29 +169,64 @@ def parse(blob: bytes) -> PlanRecord:
         raise RecordError(f"not a frontend plan: {exc}") from exc
     if not isinstance(top, Mapping) or not isinstance(top.get("cudnn_backend_data"), str):
         raise RecordError("not a frontend plan: no cudnn_backend_data")
+    version = top.get("json_version", "")
+    if not isinstance(version, str):  # the frontend refuses any other type
+        raise RecordError(f"not a frontend plan: json_version is {type(version).__name__}, not text")
     try:
+        fe_workspace_size = _int(top.get("fe_workspace_size", 0), "fe_workspace_size", 0, 2**62)
         workspace = {}
         for uid, change in _uid_pairs(top.get("workspace_modifications") or {}):
-            operation, offset, values = change
-            workspace[int(uid)] = WorkspaceChange(int(operation), int(offset), tuple(_float_bits(v) for v in values or []))
+            workspace[_uid(uid)] = _workspace_change(change, fe_workspace_size)
         replacements = {}
         for source, target in _uid_pairs(top.get("variant_pack_replacements") or []):
             destination, offset = target
-            replacements[int(source)] = (int(destination), int(offset))
+            replacements[_uid(source)] = (_uid(destination), _int(offset, "a replacement's offset", 0, 2**62))
+        aligned = {}
+        for uid, pair in _uid_pairs(top.get("aligned_operands") or {}):
+            alignment = _int(pair[0], "an alignment", 1, 2**20)
+            if alignment & (alignment - 1):
+                raise RecordError(f"an alignment of {alignment} bytes is not a power of two")
+            aligned[_uid(uid)] = alignment
         return PlanRecord(
-            version=str(top.get("json_version", "")),
+            version=version,
             representation=top["cudnn_backend_data"],
-            variant_pack_uids=tuple(sorted(int(u) for u in top.get("variant_pack_uids") or [])),
-            by_value={int(uid): _by_value(raw) for uid, raw in _uid_pairs(top.get("pass_by_values") or {})},
+            variant_pack_uids=tuple(sorted(_int(u, "a uid", *_INT64) for u in top.get("variant_pack_uids") or [])),
+            by_value={_uid(uid): _by_value(raw) for uid, raw in _uid_pairs(top.get("pass_by_values") or {})},
             workspace=workspace,
             replacements=replacements,
-            fe_workspace_size=int(top.get("fe_workspace_size") or 0),
-            aligned={int(uid): int(pair[0]) for uid, pair in _uid_pairs(top.get("aligned_operands") or {})},
+            fe_workspace_size=fe_workspace_size,
+            aligned=aligned,
             fields=frozenset(keys),
             dumps=len(top.get("tensors_to_dump") or []),
         )
-    except (TypeError, ValueError, KeyError, IndexError, struct.error) as exc:
+    except (TypeError, ValueError, ArithmeticError, KeyError, IndexError, struct.error) as exc:
+        if isinstance(exc, RecordError):
+            raise
         raise RecordError(f"a frontend plan this code cannot read: {type(exc).__name__}: {exc}") from exc
+
+
+def _workspace_change(change: Any, fe_workspace_size: int) -> WorkspaceChange:
+    """One ``workspace_modifications`` entry, every byte it touches inside the frontend's
+    part of the workspace (a launch writes there before cuDNN runs: an offset or size past
+    it would be a write into another tensor)."""
+    operation, offset, values = change
+    operation = _int(operation, "a workspace operation")
+    offset = _int(offset, "a workspace offset", 0, fe_workspace_size)
+    words = tuple(_float_bits(v) for v in values or [])
+    zero_bytes = 0
+    if operation == 0:
+        end = offset + 4 * len(words)
+    elif operation == 1:
+        size = _float_of(words[0]) if words else 0.0
+        if not (math.isfinite(size) and size >= 0 and size == int(size)):
+            raise RecordError(f"a workspace zeroing of {size!r} bytes")
+        zero_bytes = int(size)
+        end = offset + zero_bytes
+    else:
+        end = offset
+    if end > fe_workspace_size:
+        raise RecordError(f"a workspace change at byte {offset} ends at {end}, past the frontend's {fe_workspace_size} bytes")
+    return WorkspaceChange(operation, offset, words, zero_bytes)
 
 
 def _log_level() -> int:

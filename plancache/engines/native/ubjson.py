@@ -15,6 +15,7 @@ load does not need).
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Collection
 from typing import Any
@@ -29,6 +30,11 @@ _INTEGERS = {
 _FLOATS = {ord("d"): struct.Struct(">f"), ord("D"): struct.Struct(">d")}
 _NO_VALUE = {ord("Z"): None, ord("T"): True, ord("F"): False}
 _NOOP = ord("N")
+#: Containers nested deeper than this are refused (a plan nests a few levels; Python's own
+#: recursion limit would end a deeper one with RecursionError instead of UbjsonError).
+MAX_DEPTH = 64
+#: A high-precision number: an integer as digits (all the frontend writes: it has no decimals).
+_DIGITS = re.compile(r"[+-]?\d{1,40}")
 
 
 class UbjsonError(ValueError):
@@ -36,11 +42,12 @@ class UbjsonError(ValueError):
 
 
 class _Reader:
-    __slots__ = ("data", "pos")
+    __slots__ = ("data", "depth", "pos")
 
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.pos = 0
+        self.depth = 0
 
     def byte(self) -> int:
         if self.pos >= len(self.data):
@@ -88,13 +95,20 @@ class _Reader:
             size = self.length()
             return self.take(size).decode("utf-8") if build else self.take(size)
         if marker == ord("H"):  # a number too large for the integer types, as digits
-            return int(self.string())
+            digits = self.string()
+            if not _DIGITS.fullmatch(digits):
+                raise UbjsonError(f"a high-precision number must be an integer's digits, not {digits[:20]!r}")
+            return int(digits)
         if marker == ord("C"):
             return chr(self.byte())
-        if marker == ord("["):
-            return self.array(build)
-        if marker == ord("{"):
-            return self.object(build)
+        if marker in (ord("["), ord("{")):
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise UbjsonError(f"containers nested deeper than {MAX_DEPTH}, at byte {self.pos - 1}")
+            try:
+                return self.array(build) if marker == ord("[") else self.object(build)
+            finally:
+                self.depth -= 1
         raise UbjsonError(f"unknown UBJSON marker {chr(marker)!r} at byte {self.pos - 1}")
 
     def _container(self) -> tuple[int | None, int | None]:
@@ -106,9 +120,13 @@ class _Reader:
             if self.byte() != ord("#"):
                 raise UbjsonError(f"a typed container needs a count, at byte {self.pos - 1}")
             count = self.length()
+            if kind in _NO_VALUE or kind == _NOOP:  # no byte per element: a count alone could ask for 2**62 of them
+                raise UbjsonError(f"a typed container of {chr(kind)!r} values, at byte {self.pos - 1}")
         elif self.pos < len(self.data) and self.data[self.pos] == ord("#"):
             self.pos += 1
             count = self.length()
+        if count is not None and not 0 <= count <= len(self.data) - self.pos:  # every element takes a byte at least
+            raise UbjsonError(f"a container of {count} elements in {len(self.data) - self.pos} bytes, at byte {self.pos}")
         return kind, count
 
     def array(self, build: bool) -> list[Any] | None:
