@@ -111,6 +111,41 @@ def test_cuda_graph_capture_replays(cache: plancache.PlanCache) -> None:
     assert relative_error(tensors[4], templates.reference(name, tensors, **params)) <= TOLERANCE
 
 
+def test_a_captured_plan_built_here_replays_after_its_cache_is_gone(tmp_path: Path) -> None:
+    """A plan this process autotuned runs on the frontend's graph (not the C API's plan,
+    which pins itself); cuDNN releases a runtime-compiled plan's code with the plan, so a
+    CUDA graph captured from it must keep it alive after the cache and the Plan are gone."""
+    import gc
+
+    import cudnn
+
+    name, params = CASES["sdpa_causal"]
+    cache = plancache.PlanCache(tmp_path / "cache", auto_prime=False)
+    plan = cache.get(templates.build(name, **params)).prepare()
+    assert plan.source == "built", plan.source
+    tensors = templates.allocate(name, device="cuda", seed=2, **params)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        plan.execute(tensors)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.execute(tensors)
+    cache.close()
+    del plan, cache
+    gc.collect()
+    for _ in range(3):  # what the released code's memory is given to next
+        templates.build(name, **{**params, "s": 256}).build([cudnn.heur_mode.A])
+    fresh = templates.allocate(name, device="cuda", seed=3, **params)
+    for uid in (1, 2, 3):
+        tensors[uid].copy_(fresh[uid])
+    tensors[4].fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert relative_error(tensors[4], templates.reference(name, tensors, **params)) <= TOLERANCE
+
+
 def test_wrong_tensors_are_refused_before_launch(cache: plancache.PlanCache) -> None:
     name, params = CASES["matmul_bias_relu"]
     plan = cache.get(templates.build(name, **params))

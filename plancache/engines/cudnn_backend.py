@@ -50,6 +50,9 @@ __all__ = ["CudnnBackend", "cudnn_module", "probe_environment", "transient_load_
 
 log = logging.getLogger("plancache")
 
+#: Frontend graphs launched while their stream was capturing (the frontend's path): a CUDA
+#: graph may replay them at any time, so they live as long as the process.
+_CAPTURED_GRAPHS: list[Any] = []
 _INNER = 3  # launches per careful measurement
 _SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock: enough for the host to queue _INNER launches
 #: Load failures that say nothing about the blob: captures, memory. Anything else is the
@@ -731,13 +734,20 @@ class CudnnBackend:
         lowered = _loaded_backend_graph(native)
         run = lowered._execute if lowered is not None else None
         uids: tuple[int, ...] | None = None  # the frontend's ordered form, for graphs it runs itself
+        capturing = torch.cuda.is_current_stream_capturing
+        pinned = False
 
         def launch(pack: Mapping[int, Any]) -> None:
-            nonlocal uids
+            nonlocal uids, pinned
             if current_device() != device:
                 with torch.cuda.device(device):  # the plan's device, with that device's current stream
                     launch(pack)
                 return
+            if not pinned and capturing():
+                # A CUDA graph now points at this plan's kernels, which cuDNN releases with the
+                # plan: kept for the rest of the process, as NativePlan keeps its own.
+                pinned = True
+                _CAPTURED_GRAPHS.append(native)
             workspace = empty(size, dtype=uint8, device=device) if size > 0 else None
             stream = raw_stream(device)
             handle = take(device)
