@@ -90,25 +90,35 @@ def test_fresh_process_hit_builds_nothing(tmp_path: Path, case: str) -> None:
     assert result["error"] <= TOLERANCE
 
 
-def test_cuda_graph_capture_replays(cache: plancache.PlanCache) -> None:
-    name, params = CASES["conv_bias_relu"]
-    plan = cache.get(templates.build(name, **params)).prepare()
-    tensors = templates.allocate(name, device="cuda", seed=2, **params)
+def captured(plan: plancache.Plan, tensors: dict[int, Any]) -> Any:
+    """A CUDA graph of one launch of ``plan`` on ``tensors`` (warmed up outside the capture)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        plan.execute(tensors)  # warm-up outside capture
+        plan.execute(tensors)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         plan.execute(tensors)
+    return graph
+
+
+def replay_error(graph: Any, tensors: dict[int, Any], name: str, params: dict[str, Any]) -> float:
+    """The replayed graph's error against the reference, on fresh inputs copied in."""
     fresh = templates.allocate(name, device="cuda", seed=3, **params)
     for uid in (1, 2, 3):
         tensors[uid].copy_(fresh[uid])
     tensors[4].fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    assert relative_error(tensors[4], templates.reference(name, tensors, **params)) <= TOLERANCE
+    return relative_error(tensors[4], templates.reference(name, tensors, **params))
+
+
+def test_cuda_graph_capture_replays(cache: plancache.PlanCache) -> None:
+    name, params = CASES["conv_bias_relu"]
+    plan = cache.get(templates.build(name, **params)).prepare()
+    tensors = templates.allocate(name, device="cuda", seed=2, **params)
+    assert replay_error(captured(plan, tensors), tensors, name, params) <= TOLERANCE
 
 
 def test_a_captured_plan_built_here_replays_after_its_cache_is_gone(tmp_path: Path) -> None:
@@ -124,26 +134,13 @@ def test_a_captured_plan_built_here_replays_after_its_cache_is_gone(tmp_path: Pa
     plan = cache.get(templates.build(name, **params)).prepare()
     assert plan.source == "built", plan.source
     tensors = templates.allocate(name, device="cuda", seed=2, **params)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        plan.execute(tensors)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        plan.execute(tensors)
+    graph = captured(plan, tensors)
     cache.close()
     del plan, cache
     gc.collect()
     for _ in range(3):  # what the released code's memory is given to next
         templates.build(name, **{**params, "s": 256}).build([cudnn.heur_mode.A])
-    fresh = templates.allocate(name, device="cuda", seed=3, **params)
-    for uid in (1, 2, 3):
-        tensors[uid].copy_(fresh[uid])
-    tensors[4].fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert relative_error(tensors[4], templates.reference(name, tensors, **params)) <= TOLERANCE
+    assert replay_error(graph, tensors, name, params) <= TOLERANCE
 
 
 def test_wrong_tensors_are_refused_before_launch(cache: plancache.PlanCache) -> None:
