@@ -687,3 +687,44 @@ def test_the_cudnn_load_deserializes_the_blob_once_with_the_graphs_own_handle_an
     pointers, launched_on, index = made[0].launches[0]
     by_uid = {t.uid: tensor.data_ptr() for t, tensor in tensors.items()}
     assert pointers == [by_uid[uid] for uid in order] and launched_on == 0x1234 and index == 0
+
+
+def test_an_adopted_graph_takes_the_layouts_the_backend_inferred_for_what_the_program_left_unset(
+    serve: Callable[..., PlanCache],
+) -> None:
+    """The frontend's build_operation_graph copies the backend's layout inference (a
+    convolution's output follows a channels-last input) into the tensors the program left
+    unset; an adopted graph never runs it, so its output kept validation's row-major
+    strides while the plan wrote the inferred layout: a program that allocates the output
+    from get_stride() read it wrongly."""
+    import types
+
+    from ubjson_writer import ubjson
+
+    from plancache.runtime.plan import Plan
+
+    class Loaded:  # the deserialized graph of a stored plan, minus the GPU
+        def __init__(self) -> None:
+            self._lowered_graph = object()
+
+    serve()
+    g = cudnn.pygraph(io_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    a = g.tensor(name="A", dim=[2, 8, 16], stride=row_major([2, 8, 16]), uid=1)
+    b = g.tensor(name="B", dim=[2, 16, 4], stride=row_major([2, 16, 4]), uid=2)
+    c = g.matmul(a, b)
+    c.set_output(True).set_uid(3)  # dims and strides left to inference
+    g.validate()
+    assert c.get_stride() == row_major([2, 8, 4])
+    blob = ubjson({"json_version": "2.0", "cudnn_backend_data": "{}", "tensors": [
+        {"uid": 1, "dim": [2, 8, 16], "stride": [128, 1, 8], "is_virtual": False},  # assigned: never changed
+        {"uid": 3, "dim": [2, 8, 4], "stride": [32, 1, 8], "is_virtual": False},  # the backend's column-major output
+        {"uid": 2, "dim": [9, 9], "stride": [9, 1], "is_virtual": True},  # a virtual tensor's uid says nothing here
+    ]})  # fmt: skip
+    load = frontend_adopt.GraphLoad(g, types.SimpleNamespace(name="cudnn"))
+    load.adopter = frontend_adopt.Adopter(lambda *args: Loaded(), lambda graph, plan, native: native._lowered_graph)
+    native = load(blob, [], 0)
+    plan = Plan(key="k" * 64, backend=CpuTestBackend(), native=native, tensors=[], workspace_size=0,
+                engine=EngineChoice(engine_id=5, knobs={}, name="eng5"), source="loaded", device=0)  # fmt: skip
+    frontend_adopt.adopt(load, plan, native, blob)
+    assert c.get_stride() == [32, 1, 8] and c.get_dim() == [2, 8, 4]
+    assert a.get_stride() == row_major([2, 8, 16]) and b.get_dim() == [2, 16, 4]

@@ -15,7 +15,9 @@ caller's graph exactly that state, for a list of one plan:
   holds one entry naming the stored engine and knobs at the backend's plan index 0 (a
   deserialized backend graph holds exactly one plan, its selected one);
 * the flags a built graph has are set (validated, operation graph built, planned, built),
-  and the graph is frozen as planning freezes it.
+  the dims and strides the program left unset take the layout the backend inferred for
+  the stored plan (what the frontend's ``build_operation_graph`` copies back), and the
+  graph is frozen as planning freezes it.
 
 The frontend's own ``execute``, ``get_workspace_size``, ``populate_cuda_graph``,
 ``get_execution_plan_count`` and ``get_plan_name_at_index`` then run as they do on any
@@ -199,6 +201,31 @@ def _plan_config(engine: EngineChoice | None) -> Any:
     return PlanConfig(int(engine.engine_id), knobs, cpp_index=0)
 
 
+def _inferred_layouts(graph: Any, blob: bytes) -> list[tuple[Any, str, tuple[int, ...]]]:
+    """What the frontend's ``build_operation_graph`` would copy into ``graph``'s tensors
+    from the backend's layout inference, which an adopted graph never runs: the dims and
+    strides the program left unset (a convolution's output then follows its input's
+    channels-last layout, where validation alone says row-major), for its non-virtual
+    tensors, from the stored plan's lowered tensors. A program that allocates an output
+    from ``get_stride()`` must see the layout the plan writes. As ``(tensor, field,
+    value)``, applied only once adoption cannot fail any more."""
+    from ..engines.native.record import lowered_layouts
+
+    by_uid = getattr(graph, "_tensor_by_uid", None) or {}
+    changes: list[tuple[Any, str, tuple[int, ...]]] = []
+    for uid, (dims, strides) in lowered_layouts(blob).items():
+        tensor = by_uid.get(uid)
+        if tensor is None or getattr(tensor, "is_virtual", True) or not hasattr(tensor, "stride_assigned"):
+            continue
+        if tensor.dim_assigned and tuple(tensor.dim or ()) != dims:
+            continue  # not the tensor the plan was lowered with: nothing of it is taken
+        if not tensor.dim_assigned and tuple(tensor.dim or ()) != dims:
+            changes.append((tensor, "dim", dims))
+        if not tensor.stride_assigned and tuple(tensor.stride or ()) != strides:
+            changes.append((tensor, "stride", strides))
+    return changes
+
+
 def adopt(load: GraphLoad, plan: Plan, native: Any, blob: bytes) -> None:
     """Make the graph of ``load`` (validated, not built) carry ``plan``, whose stored form is
     ``blob`` and which ``load`` deserialized for it as ``native``. Raises
@@ -209,6 +236,7 @@ def adopt(load: GraphLoad, plan: Plan, native: Any, blob: bytes) -> None:
         raise AdoptionError(f"this frontend's graphs have no {', '.join(missing)}")
     lowered = StoredPlanGraph(load.adopter.backend_graph(graph, plan, native), blob)  # nothing of the graph touched yet
     config = _plan_config(plan.engine)
+    layouts = _inferred_layouts(graph, blob)
     vars(graph).update(
         _lowered_graph=lowered,
         _cpp_tensors={},  # the lowered tensors of the graph's own lowering, which is dropped
@@ -233,4 +261,6 @@ def adopt(load: GraphLoad, plan: Plan, native: Any, blob: bytes) -> None:
         _ordered_binding_schema=None,
         _ordered_binding_uids=None,
     )
+    for tensor, field, value in layouts:
+        object.__setattr__(tensor, field, value)  # the graph is frozen after validation, as the frontend's own sync finds it
     graph._freeze()  # as planning freezes it: a planned graph takes no more nodes

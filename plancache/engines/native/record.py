@@ -38,7 +38,8 @@ from typing import Any
 
 from .ubjson import UbjsonError, decode
 
-__all__ = ["BY_VALUE_TYPES", "TESTED_VERSIONS", "ByValue", "Layout", "PlanRecord", "WorkspaceChange", "parse", "refusal"]
+__all__ = ["BY_VALUE_TYPES", "TESTED_VERSIONS", "ByValue", "Layout", "PlanRecord", "WorkspaceChange", "lowered_layouts", "parse",
+           "refusal"]  # fmt: skip
 
 #: Plan formats (``json_version``) the native path was tested on, against real blobs
 #: recorded on a GPU (tests/data/plans).
@@ -227,6 +228,27 @@ def _workspace_change(change: Any, fe_workspace_size: int) -> WorkspaceChange:
     if end > fe_workspace_size:
         raise RecordError(f"a workspace change at byte {offset} ends at {end}, past the frontend's {fe_workspace_size} bytes")
     return WorkspaceChange(operation, offset, words, zero_bytes)
+
+
+def lowered_layouts(blob: bytes) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """uid -> (dims, strides) of each non-virtual tensor as the backend lowered it (its own
+    layout inference filled what the graph left unset: a convolution's output follows its
+    input's channels-last layout), from the blob's ``tensors``; empty for a blob that is not
+    a frontend plan or has none. A tensor whose entry is not whole numbers is left out."""
+    try:
+        tensors = decode(blob, keep={"tensors"}).get("tensors")
+    except (UbjsonError, UnicodeDecodeError, AttributeError):
+        return {}
+    layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    for tensor in tensors if isinstance(tensors, list) else []:
+        if not isinstance(tensor, Mapping) or tensor.get("is_virtual") is not False:
+            continue
+        uid, dims, strides = tensor.get("uid"), tensor.get("dim"), tensor.get("stride")
+        numbers = [uid, *(dims or []), *(strides or [])]
+        if (isinstance(uid, int) and isinstance(dims, list) and isinstance(strides, list) and len(dims) == len(strides)
+                and dims and all(isinstance(n, int) and not isinstance(n, bool) for n in numbers)):  # fmt: skip
+            layouts[uid] = (tuple(dims), tuple(strides))
+    return layouts
 
 
 def _log_level() -> int:
