@@ -449,8 +449,19 @@ def _at_index(g: Any) -> None:
     g.build()
 
 
+def _counted(g: Any) -> None:
+    """Reads the plan list's size before building, to choose by index after: a served graph
+    has a list of one, so the program's select_plan(1) raised IndexError."""
+    g.validate()
+    g.create_execution_plans([A])
+    count = g.get_execution_plan_count()
+    g.check_support()
+    g.build_plans()
+    assert g.get_execution_plan_count() == count > 1
+
+
 CHOOSERS = {"build_plans(ALL)": _all_plans, "select_plan": _pinned, "create_execution_plan": _explicit_engine,
-            "build_plan_at_index": _at_index}  # fmt: skip
+            "build_plan_at_index": _at_index, "plan count read before building": _counted}  # fmt: skip
 
 
 @pytest.mark.parametrize("chooser", sorted(CHOOSERS))
@@ -464,6 +475,24 @@ def test_code_that_chooses_plans_itself_is_left_to_the_frontend(
         CHOOSERS[chooser](mm.g)
     assert fe.frontend_built(mm.g) and frontend.plan_of(mm.g) is None
     assert lookups(cache) == 0 and not caught  # nothing asked, nothing to tell
+
+
+def test_the_frontends_own_questions_about_the_plan_list_leave_the_graph_served(
+    serve: Callable[..., PlanCache], fe: CpuFrontend
+) -> None:
+    """The frontend asks for plan names itself (while it filters its list): that is not the
+    program choosing by index."""
+    namespace: dict[str, Any] = {"__name__": "cudnn._pygraph"}
+    exec("def ask(g):\n    return g.get_execution_plan_count()\n", namespace)  # a function of the frontend's module
+    serve()
+    mm = Matmul()
+    mm.g.validate()
+    mm.g.create_execution_plans([A])
+    assert namespace["ask"](mm.g) == CpuFrontend.CANDIDATES
+    mm.g.build_plans()
+    assert frontend.plan_of(mm.g) is not None and not fe.frontend_built(mm.g)
+    assert mm.g.get_execution_plan_count() == 1  # built: the served graph's list of one
+    mm.run()
 
 
 # ---------------------------------------------------------------- the hard cases

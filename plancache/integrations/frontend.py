@@ -17,7 +17,8 @@ within its workspace limit and engine and note filters, on a graph of its own (b
 against the caller's kernel cache, if it has one), stores the winner and loads it the same
 way (``frontend_pipeline``, ``frontend_adopt``). Code that chooses plans itself (``build_plans(ALL)``,
 ``build_plan_at_index``, ``execute_plan_at_index``, ``create_execution_plan``,
-``select_plan``) and graphs already built are left to the frontend. Whatever plancache
+``select_plan``, the plan list's size or a plan at an index asked before building) and
+graphs already built are left to the frontend. Whatever plancache
 cannot serve (a graph it cannot key or rebuild, a Python-engine plan, a planning during a CUDA-graph capture, a frontend version it was not
 made for) is planned the frontend's way, with one ``PlanCacheNotice`` per reason and
 process: a notice that never turns into an exception, even under ``-W error``.

@@ -23,7 +23,9 @@ calls ``build``), and plancache's own miss path drives the same methods on the g
 autotunes, so a call made while another one is being served runs as the frontend's. Code
 that chooses plans itself is left to the frontend: ``build_plans(ALL)``,
 ``build_plan_at_index``, ``execute_plan_at_index``, ``create_execution_plan``,
-``select_plan`` and graphs already built.
+``select_plan``, graphs whose plan list the program read before building
+(``get_execution_plan_count`` and the at-index questions: a served graph's list has one
+plan, so the indices it read would not hold) and graphs already built.
 """
 
 from __future__ import annotations
@@ -316,6 +318,10 @@ class Interceptor:
     ``create_execution_plan``), serving the outermost call of a thread with ``planner``."""
 
     _NAMES = ("build_plans", "build", "execute", "create_execution_plan")
+    #: What a program asks of the plan list when it means to choose by index: once it asked
+    #: before the graph was built, the indices must stay those of the frontend's list, and a
+    #: served graph has a list of one.
+    _INDEXED = ("get_execution_plan_count", "get_plan_name_at_index", "get_workspace_size_plan_at_index")
 
     def __init__(self, planner: Planner) -> None:
         self.planner = planner
@@ -323,15 +329,16 @@ class Interceptor:
         self.originals: dict[str, Any] = {}
 
     def install(self, cls: type) -> None:
-        missing = [name for name in self._NAMES if name not in cls.__dict__]
+        missing = [name for name in (*self._NAMES, *self._INDEXED) if name not in cls.__dict__]
         if missing:  # another layout of the class: nothing is wrapped
             raise AttributeError(f"{cls.__name__} defines no {', '.join(missing)}")
-        originals = {name: cls.__dict__[name] for name in self._NAMES}
+        originals = {name: cls.__dict__[name] for name in (*self._NAMES, *self._INDEXED)}
         wrappers = {
             "build_plans": self._build_plans(originals["build_plans"]),
             "build": self._build(originals["build"]),
             "execute": self._execute(originals["execute"]),
             "create_execution_plan": self._create_execution_plan(originals["create_execution_plan"]),
+            **{name: self._indexed(originals[name]) for name in self._INDEXED},
         }
         for name, wrapper in wrappers.items():
             functools.update_wrapper(wrapper, originals[name])
@@ -397,6 +404,19 @@ class Interceptor:
 
         return execute
 
+    def _indexed(self, original: Any) -> Callable[..., Any]:
+        def indexed(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            state = graph.__dict__
+            # The program's own question (not the frontend's, nor plancache's), on a graph
+            # planned and not built yet: its plans stay the frontend's to build.
+            if (state.get("_planning_done") and not state.get("_is_built") and outermost()
+                    and not _called_by_the_frontend(sys._getframe(1))):  # fmt: skip
+                with contextlib.suppress(TypeError):
+                    _self_chosen.add(graph)
+            return original(graph, *args, **kwargs)
+
+        return indexed
+
     def _create_execution_plan(self, original: Any) -> Callable[..., Any]:
         def create_execution_plan(graph: Any, *args: Any, **kwargs: Any) -> Any:
             with contextlib.suppress(TypeError):
@@ -404,6 +424,12 @@ class Interceptor:
             return original(graph, *args, **kwargs)
 
         return create_execution_plan
+
+
+def _called_by_the_frontend(frame: Any) -> bool:
+    """Whether ``frame`` is cuDNN Frontend's own code (which asks for plan names while it
+    filters its list, for one)."""
+    return str(frame.f_globals.get("__name__", "")).split(".")[0] == "cudnn"
 
 
 def _default_policy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
