@@ -1132,6 +1132,9 @@ def sql(obj: _Context, query: str | None, params: tuple[tuple[str, str], ...], a
         for name, select in SQL_VIEWS.items():
             db.execute(f"CREATE TEMP VIEW {name} AS {select}")
         db.execute("PRAGMA query_only = ON")
+        # query_only refuses writes to tables, not a pragma that changes the file (a journal
+        # mode, say): the user's query may read, and ask the pragmas that only read.
+        db.conn.set_authorizer(_reads_only)
         if query is None:
             names = [*(n for n in db.table_names() if not n.startswith("sqlite_")), *SQL_VIEWS]
             data: list[dict[str, Any]] = [{"name": name, "kind": "view" if name in SQL_VIEWS else "table",
@@ -1140,7 +1143,7 @@ def sql(obj: _Context, query: str | None, params: tuple[tuple[str, str], ...], a
         else:
             try:
                 data = [{k: _cell(v, as_json=obj.as_json) for k, v in row.items()} for row in db.query(query, dict(params))]
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, ValueError) as exc:  # ValueError: sqlite-utils' for a statement that returns no rows
                 raise PlanCacheError(f"the query failed: {exc}") from exc
     finally:
         db.close()
@@ -1152,6 +1155,31 @@ def sql(obj: _Context, query: str | None, params: tuple[tuple[str, str], ...], a
         _emit(data, lambda d: (f"{t['kind']:5} {t['name']:14} {t['rows']:>7} rows  {', '.join(t['columns'])}" for t in d))
     else:
         _emit(data, lambda d: _table([[str(v) for v in r.values()] for r in d], list(d[0])) if d else ["(no rows)"])
+
+
+#: Pragmas that only read, asked without a value (``PRAGMA table_info(plans)`` passes its
+#: table as the value, and is allowed by name).
+_READ_PRAGMAS = frozenset({"table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+                           "foreign_key_list", "database_list", "collation_list", "function_list", "module_list",
+                           "pragma_list", "compile_options", "user_version", "schema_version", "application_id",
+                           "page_count", "page_size", "freelist_count", "journal_mode", "encoding", "quick_check",
+                           "integrity_check"})  # fmt: skip
+_WITH_TABLE = frozenset({"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list",
+                         "quick_check", "integrity_check"})  # fmt: skip
+
+
+def _reads_only(action: int, first: str | None, second: str | None, _database: str | None, _trigger: str | None) -> int:
+    """A SQLite authorizer for ``plancache sql``: reads (in sqlite-utils' savepoint), and
+    pragmas that only read."""
+    if action in _READING:
+        return sqlite3.SQLITE_OK
+    pragma = (first or "").lower()
+    reads = action == sqlite3.SQLITE_PRAGMA and pragma in _READ_PRAGMAS and (second is None or pragma in _WITH_TABLE)
+    return sqlite3.SQLITE_OK if reads else sqlite3.SQLITE_DENY
+
+
+_READING = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE,
+                      sqlite3.SQLITE_SAVEPOINT, sqlite3.SQLITE_TRANSACTION})  # fmt: skip
 
 
 def _print_csv(rows: list[dict[str, Any]]) -> None:

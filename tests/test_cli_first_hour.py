@@ -886,9 +886,16 @@ def test_sql_answers_a_script_from_the_views_and_never_writes(filled: tuple[Path
     )
     assert listing["plans"]["kind"] == "table" and "sqlite_sequence" not in listing
     before = (directory / "plans.db").read_bytes()
-    for statement in ("DELETE FROM plans", "CREATE VIEW v AS SELECT 1", "SELEC 1", "PRAGMA query_only = OFF; DELETE FROM plans"):
-        assert one_line_error(plancache(*d, "sql", statement)).startswith("plancache: error: the query failed: ")
+    # A pragma that changes the file passed query_only (journal_mode=DELETE left the store
+    # out of WAL for good); VACUUM failed with sqlite-utils' own words.
+    for statement in ("DELETE FROM plans", "CREATE VIEW v AS SELECT 1", "SELEC 1", "PRAGMA query_only = OFF; DELETE FROM plans",
+                      "PRAGMA journal_mode=DELETE", "PRAGMA user_version=3", "PRAGMA wal_checkpoint", "VACUUM",
+                      "ATTACH DATABASE 'x.db' AS x"):  # fmt: skip
+        assert one_line_error(plancache(*d, "sql", statement)).startswith("plancache: error: the query failed: "), statement
     assert keys_in(directory) == sorted(keys) and (directory / "plans.db").read_bytes() == before
+    assert json.loads(plancache(*d, "sql", "PRAGMA journal_mode", "--json").stdout) == [{"journal_mode": "wal"}]
+    columns = json.loads(plancache(*d, "sql", "PRAGMA table_info(plans)", "--json").stdout)
+    assert "blob_sha256" in [c["name"] for c in columns]
     assert sorted(p.name for p in directory.iterdir() if p.name.startswith("plans.db")) == ["plans.db"]  # no -wal, no -shm
 
 

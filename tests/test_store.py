@@ -131,6 +131,17 @@ def test_garbage_database_is_moved_aside_and_replaced(cache_dir: Path, caplog: p
         s.close()
 
 
+def test_a_store_left_out_of_wal_mode_is_put_back_at_open(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
+    """Another tool's PRAGMA journal_mode=DELETE made readers wait on writers for good."""
+    store.close()
+    conn = db()
+    conn.execute("PRAGMA journal_mode=DELETE")
+    conn.close()
+    reopened = Store(store.directory)
+    assert reopened.connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    reopened.close()
+
+
 def test_schema_newer_than_code_is_refused_and_left_untouched(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
     store.put(make_entry())
     store.close()

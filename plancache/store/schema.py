@@ -5,6 +5,7 @@ applied with its ``PRAGMA user_version`` in one transaction; a newer schema is r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -167,12 +168,17 @@ class Schema:
         if found > latest:
             raise SchemaTooNewError(
                 f"{self.path} has schema {found}, newer than this plancache supports ({latest}); "
-                "upgrade plancache or point PLANCACHE_DIR elsewhere. The file was not changed",
+                "upgrade plancache or use another cache directory (--dir, PLANCACHE_DIR). The file was not changed",
                 path=str(self.path),
                 found=found,
                 supported=latest,
             )
         if found == latest:
+            if not self.read_only and conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                # Another tool left it in a rollback journal, where a reader waits on a writer:
+                # back to WAL, which the hit path's promise rests on (busy: next open).
+                with contextlib.suppress(sqlite3.OperationalError):
+                    conn.execute("PRAGMA journal_mode=WAL")
             return
         if self.read_only:
             raise StoreError(f"read-only store {self.path} has schema {found}, older than {latest}", path=str(self.path))
