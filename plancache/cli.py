@@ -961,7 +961,8 @@ def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
 @cli.command(name="export")
 @_common
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--env", "env_id", default=None, help="Only entries of this environment id (see `plancache ls`).")
+@click.option("--env", "env_id", default=None,
+              help="Only entries of this environment id, or a unique prefix of it (see `plancache ls --json`).")  # fmt: skip
 @click.option("--key", "keys", multiple=True, help="Only this entry (a key or unique prefix); repeatable.")
 @click.option("--force", is_flag=True, help="Replace FILE if it exists (a regular file only).")
 @click.pass_obj

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from plancache import BundleError, PlanCache, Store
+from plancache import BundleError, EntryNotFoundError, PlanCache, Store
 from plancache.cli import cli
 from plancache.key import KEY_FORMAT, canonical_json, environment_id
 from plancache.store import DB_NAME, Entry
@@ -148,6 +148,9 @@ def test_export_report_filters_and_atomic_write(tmp_path: Path, make_cache: Make
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".b.bundle")] == []  # no temp file left
     with pytest.raises(Exception, match="no entry"):
         export_bundle(store, path, keys=["ffff"])
+    assert sorted(export_bundle(store, tmp_path / "env.bundle", env_id=env_id[:6])["keys"]) == sorted(keys)  # a prefix, as keys
+    with pytest.raises(EntryNotFoundError, match="'nope' names no environment with stored plans"):
+        export_bundle(store, tmp_path / "typo.bundle", env_id="nope")  # a typo once exported an empty bundle, exit 0
     store.close()
     entries = read_bundle(path).entries
     assert [e.key for e in entries] == other

@@ -80,9 +80,12 @@ def _env_summary(environment: Mapping[str, Any]) -> str:
     )
 
 
-def _select(store: Store | None, env_id: str | None, keys: Iterable[str] | None) -> list[str]:
+def _select(store: Store | None, env_id: str | None, keys: Iterable[str] | None) -> tuple[list[str], str | None]:
+    """The keys to export, and the environment id ``env_id`` (a unique prefix) names."""
+    if store is not None and env_id is not None:
+        env_id = _environment(env_id, {row["env_id"] for row in maintenance.list_entries(store)}, store)
     if keys is None:
-        return [row["key"] for row in maintenance.list_entries(store, env_id)] if store is not None else []
+        return ([row["key"] for row in maintenance.list_entries(store, env_id)] if store is not None else []), env_id
     selected = []
     for prefix in keys:
         if store is None:
@@ -92,7 +95,17 @@ def _select(store: Store | None, env_id: str | None, keys: Iterable[str] | None)
             problem = "no entry" if not found else "an ambiguous prefix"
             raise EntryNotFoundError(f"{prefix!r} names {problem} in {store.path}", key=prefix)
         selected.append(found[0])
-    return selected
+    return selected, env_id
+
+
+def _environment(prefix: str, stored: set[str], store: Store) -> str:
+    """The one stored environment id ``prefix`` begins (a typo once exported an empty bundle)."""
+    found = sorted(env for env in stored if env.startswith(prefix))
+    if len(found) != 1:
+        problem = "no environment with stored plans" if not found else f"an ambiguous prefix ({', '.join(found)})"
+        shown = f" (stored: {', '.join(sorted(stored))})" if stored and not found else ""
+        raise EntryNotFoundError(f"environment {prefix!r} names {problem} in {store.path}{shown}", key=prefix)
+    return found[0]
 
 
 def _check_target(target: Path) -> None:
@@ -168,7 +181,7 @@ def export_bundle(
     _check_target(target)  # before any work; again just before the rename
     if not replace and os.path.lexists(target):
         raise _exists(target)
-    chosen = _select(store, env_id, keys)
+    chosen, env_id = _select(store, env_id, keys)
     payload = bytearray()
     members: list[dict[str, Any]] = []
     environments: dict[str, dict[str, Any]] = {}
