@@ -38,7 +38,7 @@ from .integrations.startup import patch_cudnn_from_env as _patch_cudnn_from_env
 # The rest loads on first use (PEP 562): ``import plancache`` stays a few milliseconds,
 # and a process pays for the cache's modules only when it uses them.
 _LAZY = {
-    "TimingPolicy": "engines.autotune",
+    "TimingPolicy": "engines.autotune", "ConfigError": "config", "MemoryBudget": "config", "RemoteTier": "tiers.remote",
     "Backend": "engines.backend", "BuiltPlan": "engines.backend", "CandidateSet": "engines.backend", "EngineChoice": "engines.backend",
     "PlanCache": "cache.cache",
     "BuildOptions": "key", "CacheKey": "key", "TensorSpec": "key", "describe": "key", "make_key": "key",
@@ -55,6 +55,7 @@ _SUBMODULES = frozenset({"cache", "cli", "config", "engines", "errors", "integra
 
 if TYPE_CHECKING:
     from .cache.cache import PlanCache
+    from .config import ConfigError, MemoryBudget
     from .engines.autotune import TimingPolicy
     from .engines.backend import Backend, BuiltPlan, CandidateSet, EngineChoice
     from .integrations.frontend import graph_cache, install, jit, plan_of, uninstall
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from .runtime.capturing import CapturedStep, capture
     from .runtime.plan import Plan
     from .store import Store, default_cache_dir
+    from .tiers.remote import RemoteTier
 
 
 def __getattr__(name: str) -> Any:
@@ -93,18 +95,21 @@ __all__ = [
     "CandidateSet",
     "CaptureInProgressError",
     "CapturedStep",
+    "ConfigError",
     "EngineChoice",
     "EntryNotFoundError",
     "ExecutionError",
     "InvalidGraphError",
     "LockTimeoutError",
     "ManifestError",
+    "MemoryBudget",
     "NoGpuError",
     "Plan",
     "PlanCache",
     "PlanCacheError",
     "PlanCacheNotice",
     "RemoteError",
+    "RemoteTier",
     "SchemaTooNewError",
     "Store",
     "StoreBusyError",

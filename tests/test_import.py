@@ -35,6 +35,10 @@ def test_every_public_name_resolves() -> None:
     for name in plancache.__all__:
         assert getattr(plancache, name) is not None, name
     assert plancache.key.environment_id is not None  # submodules load on attribute access too
+    # What README's settings table names as raising or taking a setting (ConfigError was
+    # only plancache.config.ConfigError).
+    assert plancache.ConfigError is plancache.config.ConfigError and issubclass(plancache.ConfigError, ValueError)
+    assert plancache.MemoryBudget is plancache.config.MemoryBudget and plancache.RemoteTier.__name__ == "RemoteTier"
 
 
 def test_every_subpackage_is_shipped() -> None:
