@@ -232,8 +232,10 @@ def _redis_url(value: object) -> str:
         raise _Refused(f"is not a Redis URL: {_REDIS_URL_HINT}")
     try:
         _ = urllib.parse.urlsplit(url).port  # a port that is no number up to 65535, or a broken [IPv6] host, raise here
-    except ValueError as exc:
-        raise _Refused(f"is not a Redis URL ({exc}): {_REDIS_URL_HINT}") from None
+    except ValueError:
+        # Not the parser's words: with a '/', '#' or '?' in the password, it quotes the
+        # password as the port.
+        raise _Refused(f"is not a Redis URL (its host or port cannot be read): {_REDIS_URL_HINT}") from None
     return url
 
 

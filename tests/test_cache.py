@@ -3,6 +3,7 @@ and failing stores, eviction, and the builder decorator."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -637,6 +638,14 @@ def test_signature_keeps_positional_and_keyword_arguments_apart_with_marker() ->
     assert _signature((1,), {})[1] is False
 
 
+def test_signature_keeps_a_dicts_order_and_a_plain_tuple_as_it_is() -> None:
+    """A builder may build in a dict's order: two orders are two graphs. A tuple of plain
+    values (strides, paddings) is its own description, and a list never equals a tuple."""
+    assert _signature(({"relu": 1, "neg": 2},), {}) != _signature(({"neg": 2, "relu": 1},), {})
+    assert _signature(((1, 2),), {})[0] == ((1, 2),)
+    assert _signature(([1],), {}) != _signature((("list", 1),), {}) != _signature(((1,),), {})
+
+
 def test_signature_describes_tensors_inside_tuples_lists_and_dicts_by_layout() -> None:
     """A tensor inside a tuple was part of the signature by identity: no later call matched,
     and the memo kept every such tensor alive; a list or dict argument raised TypeError
@@ -691,12 +700,12 @@ def test_a_forked_child_starts_its_builders_clean_even_with_their_lock_held(make
     conv_plan.plans._lock.acquire()  # as another thread inside a builder call at the fork
     try:
         pid = os.fork()
-        if pid == 0:  # the child: a fresh memo, and a plan of its own
+        if pid == 0:  # the child: a fresh memo, and a plan of its own; it never returns to pytest
             signal.alarm(20)
-            try:
+            ok = False
+            with contextlib.suppress(BaseException):
                 ok = len(conv_plan.plans) == 0 and conv_plan(1) is not parents
-            finally:
-                os._exit(0 if ok else 3)
+            os._exit(0 if ok else 3)
     finally:
         conv_plan.plans._lock.release()
     _, status = os.waitpid(pid, 0)

@@ -311,9 +311,11 @@ def test_seconds_past_what_sockets_waits_and_redis_hold_are_refused(name: str) -
 
 
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:abc/0", "redis://:hunter2@127.0.0.1:abc/0",
-                                 "redis://:hunter2@127.0.0.1:70000/0", "redis://[::1/0"])  # fmt: skip
+                                 "redis://:hunter2@127.0.0.1:70000/0", "redis://[::1/0",
+                                 "redis://user:hunter2/pw@host:6379/0", "redis://:hunter2#x@host:6379/0"])  # fmt: skip
 def test_a_redis_url_with_a_bad_port_or_host_is_refused_alike_with_or_without_a_password(url: str) -> None:
-    """With a password, these raised the URL parser's ValueError (exit 1, no setting named)."""
+    """With a password, these raised the URL parser's ValueError (exit 1, no setting named);
+    the parser's own message quotes a password that holds '/' or '#' as the port."""
     with pytest.raises(ConfigError) as info:
         REDIS_URL.from_env({"PLANCACHE_REDIS_URL": url})
     assert str(info.value).startswith("PLANCACHE_REDIS_URL is not a Redis URL (") and "hunter2" not in str(info.value)

@@ -838,5 +838,5 @@ def test_from_env_errors_are_clear(env: dict[str, str], message: str) -> None:
 def test_bad_url_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match=r"^url is not a Redis URL"):
         RemoteTier("http://127.0.0.1:1", secret=SECRET)
-    with pytest.raises(ConfigError, match=r"^url is not a Redis URL \(Port could not be cast"):
+    with pytest.raises(ConfigError, match=r"^url is not a Redis URL \(its host or port cannot be read"):
         RemoteTier("redis://127.0.0.1:port/0", secret=SECRET)

@@ -97,6 +97,8 @@ def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[tuple[
         if isinstance(a, tensor_type):
             signature.append((a.shape, a.stride(), a.dtype, a.device))
             has_tensor = True
+        elif type(a) is tuple and set(map(type, a)) <= _PLAIN:  # strides, paddings: as they are
+            signature.append(a)
         elif type(a) in _CONTAINERS:
             described, nested = _nested(a, tensor_type)
             signature.append(described)
@@ -123,19 +125,28 @@ def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[tuple[
 #: described by its layout (by identity it would never match again, and the memo would keep
 #: it alive), and a list or dict, which cannot be a key, can be part of one.
 _CONTAINERS = (tuple, list, dict)
+#: Items that are their own description: a tuple of these alone is taken as it is (one
+#: pass in C over the item types: strides and paddings are tuples, on the hot path).
+_PLAIN = frozenset({int, float, bool, str, bytes, type(None)})
+#: Tags of described containers: objects no argument can be, so a described list never
+#: equals a tuple a caller passed.
+_TUPLE, _LIST, _DICT = object(), object(), object()
 
 
 def _nested(value: Any, tensor_type: Any) -> tuple[Any, bool]:
-    """A tuple, list or dict argument as part of a signature (tensors by layout, a type tag
-    so that ``[1]`` and ``(1,)`` stay apart), and whether it held a tensor."""
+    """A tuple, list or dict argument as part of a signature (tensors by layout; a dict in
+    its own order, which a builder may build in), and whether it held a tensor."""
     if isinstance(value, tensor_type):
         return (value.shape, value.stride(), value.dtype, value.device), True
-    if type(value) not in _CONTAINERS:
+    kind = type(value)
+    if kind not in _CONTAINERS:
         return value, False
-    items = sorted(value.items(), key=lambda item: repr(item[0])) if type(value) is dict else enumerate(value)
-    described, has_tensor = [], False
-    for name, item in items:
-        part, nested = _nested(item, tensor_type)
-        described.append((name, part) if type(value) is dict else part)
-        has_tensor = has_tensor or nested
-    return (type(value).__name__, *described), has_tensor
+    if kind is dict:
+        if set(map(type, value.values())) <= _PLAIN:
+            return (_DICT, *value.items()), False
+        items = [(name, _nested(item, tensor_type)) for name, item in value.items()]
+        return (_DICT, *((name, part) for name, (part, _) in items)), any(nested for _, (_, nested) in items)
+    if set(map(type, value)) <= _PLAIN:
+        return (value if kind is tuple else (_LIST, *value)), False
+    parts = [_nested(item, tensor_type) for item in value]
+    return (_TUPLE if kind is tuple else _LIST, *(part for part, _ in parts)), any(nested for _, nested in parts)
