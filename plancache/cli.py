@@ -997,7 +997,7 @@ def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, .
 @_common
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--replace", is_flag=True, help="Replace plans the cache already has (default: keep the sound ones).")
-@click.option("--env", "env_id", default=None, help="Only import entries of this environment id.")
+@click.option("--env", "env_id", default=None, help="Only import entries of this environment id, or a unique prefix of it.")
 @click.pass_obj
 def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None) -> None:
     """Merge bundle FILE into the cache. The whole bundle is verified first (format,

@@ -149,7 +149,7 @@ def test_export_report_filters_and_atomic_write(tmp_path: Path, make_cache: Make
     with pytest.raises(Exception, match="no entry"):
         export_bundle(store, path, keys=["ffff"])
     assert sorted(export_bundle(store, tmp_path / "env.bundle", env_id=env_id[:6])["keys"]) == sorted(keys)  # a prefix, as keys
-    with pytest.raises(EntryNotFoundError, match="'nope' names no environment with stored plans"):
+    with pytest.raises(EntryNotFoundError, match=r"'nope' names no environment of the plans in .*plans\.db"):
         export_bundle(store, tmp_path / "typo.bundle", env_id="nope")  # a typo once exported an empty bundle, exit 0
     store.close()
     entries = read_bundle(path).entries
@@ -224,7 +224,10 @@ def test_import_only_one_environment(tmp_path: Path, make_cache: MakeCache, sour
     export_bundle(store, tmp_path / "all.bundle")
     store.close()
     target = Store(tmp_path / "target")
-    report = import_bundle(target, tmp_path / "all.bundle", env_id=env_id)
+    with pytest.raises(EntryNotFoundError, match="'nope' names no environment of the plans in bundle"):
+        import_bundle(target, tmp_path / "all.bundle", env_id="nope")  # a typo imported nothing, without a word
+    assert target.keys() == []
+    report = import_bundle(target, tmp_path / "all.bundle", env_id=env_id[:6])  # a unique prefix, as export takes
     assert sorted(report["imported"]) == sorted(keys) and report["skipped"] == other
     target.close()
 

@@ -83,7 +83,7 @@ def _env_summary(environment: Mapping[str, Any]) -> str:
 def _select(store: Store | None, env_id: str | None, keys: Iterable[str] | None) -> tuple[list[str], str | None]:
     """The keys to export, and the environment id ``env_id`` (a unique prefix) names."""
     if store is not None and env_id is not None:
-        env_id = _environment(env_id, {row["env_id"] for row in maintenance.list_entries(store)}, store)
+        env_id = _environment(env_id, {row["env_id"] for row in maintenance.list_entries(store)}, str(store.path))
     if keys is None:
         return ([row["key"] for row in maintenance.list_entries(store, env_id)] if store is not None else []), env_id
     selected = []
@@ -98,13 +98,14 @@ def _select(store: Store | None, env_id: str | None, keys: Iterable[str] | None)
     return selected, env_id
 
 
-def _environment(prefix: str, stored: set[str], store: Store) -> str:
-    """The one stored environment id ``prefix`` begins (a typo once exported an empty bundle)."""
-    found = sorted(env for env in stored if env.startswith(prefix))
+def _environment(prefix: str, known: set[str], where: str) -> str:
+    """The one environment id of ``known`` (those of the plans in ``where``) that ``prefix``
+    begins: a typo once exported an empty bundle, or imported nothing, without a word."""
+    found = sorted(env for env in known if env.startswith(prefix))
     if len(found) != 1:
-        problem = "no environment with stored plans" if not found else f"an ambiguous prefix ({', '.join(found)})"
-        shown = f" (stored: {', '.join(sorted(stored))})" if stored and not found else ""
-        raise EntryNotFoundError(f"environment {prefix!r} names {problem} in {store.path}{shown}", key=prefix)
+        problem = "no environment" if not found else f"an ambiguous prefix ({', '.join(found)})"
+        shown = f" (it has: {', '.join(sorted(known))})" if known and not found else ""
+        raise EntryNotFoundError(f"environment {prefix!r} names {problem} of the plans in {where}{shown}", key=prefix)
     return found[0]
 
 
@@ -395,6 +396,7 @@ def import_bundle(
         bundle = read_bundle(bundle)
     header, entries = bundle.header, bundle.entries
     if env_id is not None:
+        env_id = _environment(env_id, set(header["environments"]), f"bundle {bundle.path}")
         skipped = [e.key for e in entries if e.env_id != env_id]
         entries = [e for e in entries if e.env_id == env_id]
     else:
