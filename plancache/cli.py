@@ -1004,9 +1004,11 @@ def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None) -> 
     checksums, keys, environments, member names): a truncated, tampered, newer-format or
     unsafe bundle is refused (exit code 3) and the cache is left unchanged: a cache that
     did not exist yet is not created."""
-    from .workflows.bundle import import_bundle, read_bundle
+    from .workflows.bundle import bundle_environment, import_bundle, read_bundle
 
     bundle = read_bundle(file)
+    if env_id is not None:
+        env_id = bundle_environment(bundle, env_id)  # a typo, before the cache is created
     store = obj.writable_store()
     try:
         report = import_bundle(store, bundle, replace=replace, env_id=env_id)

@@ -250,6 +250,19 @@ def test_a_backend_spec_that_is_not_a_backend_class_is_one_line(tmp_path: Path) 
     assert not (tmp_path / "c").exists()
 
 
+def test_an_environment_id_no_plan_has_is_one_line_for_export_and_import_and_creates_nothing(
+    filled: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """A typo in --env exported an empty bundle (exit 0), or imported nothing without a word."""
+    directory, _ = filled
+    typo = plancache("--dir", str(directory), "export", "--env", "nope", str(tmp_path / "typo.bundle"))
+    assert "names no environment of the plans in" in one_line_error(typo) and not (tmp_path / "typo.bundle").exists()
+    bundle = tmp_path / "all.bundle"
+    assert plancache("--dir", str(directory), "export", str(bundle)).returncode == 0
+    line = one_line_error(plancache("--dir", str(tmp_path / "new"), "import", str(bundle), "--env", "nope"))
+    assert "names no environment of the plans in bundle" in line and not (tmp_path / "new").exists()
+
+
 def test_other_user_errors_are_one_line_and_debug_shows_the_traceback(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
     directory, _ = filled
     a_file = tmp_path / "a-file"

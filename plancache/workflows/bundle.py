@@ -43,7 +43,16 @@ from ..key import KEY_FORMAT, canonical_json, environment_id
 from ..store import Entry, Store, maintenance, problem
 from ..store.codec import decode_entry, encode_entry
 
-__all__ = ["BUNDLE_FORMAT", "BUNDLE_MAGIC", "TARGET_REFUSALS", "Bundle", "export_bundle", "import_bundle", "read_bundle"]
+__all__ = [
+    "BUNDLE_FORMAT",
+    "BUNDLE_MAGIC",
+    "TARGET_REFUSALS",
+    "Bundle",
+    "bundle_environment",
+    "export_bundle",
+    "import_bundle",
+    "read_bundle",
+]
 
 BUNDLE_MAGIC = b"PLANCACHE-BUNDLE\n"
 BUNDLE_FORMAT = 1
@@ -107,6 +116,12 @@ def _environment(prefix: str, known: set[str], where: str) -> str:
         shown = f" (it has: {', '.join(sorted(known))})" if known and not found else ""
         raise EntryNotFoundError(f"environment {prefix!r} names {problem} of the plans in {where}{shown}", key=prefix)
     return found[0]
+
+
+def bundle_environment(bundle: Bundle, prefix: str) -> str:
+    """The environment id of ``bundle``'s plans that ``prefix`` begins, or
+    ``EntryNotFoundError`` (checked before a command creates the cache it imports into)."""
+    return _environment(prefix, set(bundle.header["environments"]), f"bundle {bundle.path}")
 
 
 def _check_target(target: Path) -> None:
@@ -396,7 +411,7 @@ def import_bundle(
         bundle = read_bundle(bundle)
     header, entries = bundle.header, bundle.entries
     if env_id is not None:
-        env_id = _environment(env_id, set(header["environments"]), f"bundle {bundle.path}")
+        env_id = bundle_environment(bundle, env_id)
         skipped = [e.key for e in entries if e.env_id != env_id]
         entries = [e for e in entries if e.env_id == env_id]
     else:
