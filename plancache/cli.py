@@ -1160,6 +1160,9 @@ def sql(obj: _Context, query: str | None, params: tuple[tuple[str, str], ...], a
         _emit(data, lambda d: _table([[str(v) for v in r.values()] for r in d], list(d[0])) if d else ["(no rows)"])
 
 
+#: What reading takes: selects, reads, functions, recursive queries and sqlite-utils' savepoint.
+_READING = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE,
+                      sqlite3.SQLITE_SAVEPOINT, sqlite3.SQLITE_TRANSACTION})  # fmt: skip
 #: Pragmas that only read, asked without a value (``PRAGMA table_info(plans)`` passes its
 #: table as the value, and is allowed by name).
 _READ_PRAGMAS = frozenset({"table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
@@ -1179,10 +1182,6 @@ def _reads_only(action: int, first: str | None, second: str | None, _database: s
     pragma = (first or "").lower()
     reads = action == sqlite3.SQLITE_PRAGMA and pragma in _READ_PRAGMAS and (second is None or pragma in _WITH_TABLE)
     return sqlite3.SQLITE_OK if reads else sqlite3.SQLITE_DENY
-
-
-_READING = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE,
-                      sqlite3.SQLITE_SAVEPOINT, sqlite3.SQLITE_TRANSACTION})  # fmt: skip
 
 
 def _print_csv(rows: list[dict[str, Any]]) -> None:

@@ -28,9 +28,6 @@ class _Cache(Protocol):
     #: Every builder's plans: a forked child clears them with the memory tier.
     builder_plans: weakref.WeakSet[LRU[Any, Plan]]
 
-    @property
-    def closed(self) -> bool: ...
-
     def check_open(self) -> None: ...
 
     def get(self, graph: Any, *, options: BuildOptions | None = None) -> Plan: ...
@@ -64,8 +61,7 @@ def plan_builder(cache: _Cache, func: F, options: BuildOptions | None, key: Call
             plan = cache.get(func(*args, **kwargs), options=options)  # refused once the cache is closed
             plans.put(signature, plan)
         else:
-            if cache.closed:  # as get(): a closed cache serves nothing, remembered plans neither
-                cache.check_open()
+            cache.check_open()  # as get(): a closed cache serves nothing, remembered plans neither
             counters["memory_hits"] += 1
             note_hit(plan.key)  # as get()'s memory hits: the plan a program runs every step stays young for eviction
         return plan

@@ -91,10 +91,11 @@ def _env_summary(environment: Mapping[str, Any]) -> str:
 
 def _select(store: Store | None, env_id: str | None, keys: Iterable[str] | None) -> tuple[list[str], str | None]:
     """The keys to export, and the environment id ``env_id`` (a unique prefix) names."""
+    listed = maintenance.list_entries(store) if store is not None and (keys is None or env_id is not None) else []
     if store is not None and env_id is not None:
-        env_id = _environment(env_id, {row["env_id"] for row in maintenance.list_entries(store)}, str(store.path))
+        env_id = _environment(env_id, {row["env_id"] for row in listed}, str(store.path))
     if keys is None:
-        return ([row["key"] for row in maintenance.list_entries(store, env_id)] if store is not None else []), env_id
+        return [row["key"] for row in listed if env_id is None or row["env_id"] == env_id], env_id
     selected = []
     for prefix in keys:
         if store is None:

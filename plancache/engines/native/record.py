@@ -200,9 +200,9 @@ def parse(blob: bytes) -> PlanRecord:
             fields=frozenset(keys),
             dumps=len(top.get("tensors_to_dump") or []),
         )
+    except RecordError:
+        raise
     except (TypeError, ValueError, ArithmeticError, KeyError, IndexError, struct.error) as exc:
-        if isinstance(exc, RecordError):
-            raise
         raise RecordError(f"a frontend plan this code cannot read: {type(exc).__name__}: {exc}") from exc
 
 
