@@ -48,16 +48,19 @@ def relative_error(out: Any, ref: Any) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12))
 
 
-def frontend_output(plan: plancache.Plan, name: str, params: dict[str, Any]) -> Any:
-    """The output of the frontend's own execute of ``plan.native`` on the template tensors."""
+def frontend_output(blob: bytes, workspace_size: int, name: str, params: dict[str, Any]) -> Any:
+    """The output of the frontend's own deserialize and execute of ``blob`` on the template tensors."""
     import cudnn
 
     tensors = templates.allocate(name, device="cuda", **params)
     tensors[4].fill_(float("nan"))
-    handle = cudnn.create_handle()
+    handle = cudnn.create_handle()  # its warm-up on a stream of its own, never the current one
+    graph = cudnn.pygraph(handle=handle)
+    graph.deserialize(blob)
+    torch.cuda.synchronize()
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-    workspace = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
-    plan.native.execute(tensors, workspace, handle=handle)
+    workspace = torch.empty(max(workspace_size, 1), dtype=torch.uint8, device="cuda")
+    graph.execute(tensors, workspace, handle=handle)
     torch.cuda.synchronize()
     return tensors[4].clone()
 
@@ -69,12 +72,16 @@ def test_a_loaded_plan_launches_through_cudnns_api_exactly_as_the_frontend_execu
 
     builder = plancache.PlanCache(tmp_path, auto_prime=False)
     built = builder.get(templates.build(name, **params))
-    assert not isinstance(built.native, NativePlan), "a plan autotuned here keeps the frontend's graph"
+    assert isinstance(built.native, NativePlan), (
+        "a plan autotuned here runs as loaded back from its blob, as later processes run it"
+    )
     cache = plancache.PlanCache(tmp_path, auto_prime=False)
     plan = cache.get(templates.build(name, **params))
     assert plan.source == "loaded" and isinstance(plan.native, NativePlan), "a stored plan loads through cuDNN's C API"
     assert cache.stats()["process"]["native_fallbacks"] == 0
-    expected = frontend_output(built, name, params)  # the frontend's own execute of the same engine
+    entry = cache.store.get(plan.key)
+    assert entry is not None
+    expected = frontend_output(entry.blob, plan.workspace_size, name, params)  # the frontend's own execute of the same plan
     for which in (plan, built):
         tensors = templates.allocate(name, device="cuda", **params)
         tensors[4].fill_(float("nan"))
@@ -189,7 +196,7 @@ TWO_DEVICE_CHILD = textwrap.dedent(
     import torch
     import plancache
     from plancache.workflows import templates
-    from plancache.engines.cudnn_backend import _primary_context_active
+    from plancache.engines.native import libcuda
     name, params = json.loads(sys.argv[2])
     if sys.argv[3] == "record":  # the last run: it used device 1
         torch.cuda.set_device(1)
@@ -201,7 +208,7 @@ TWO_DEVICE_CHILD = textwrap.dedent(
     cache = plancache.PlanCache(sys.argv[1])  # auto-prime on
     torch.zeros(1, device="cuda:0")  # this run has only used device 0 so far
     time.sleep(2.0)
-    before = {"device_1_context": _primary_context_active(1), "primer_alive": cache.primer.is_alive(),
+    before = {"device_1_context": libcuda().primary_context_active(1), "primer_alive": cache.primer.is_alive(),
               "primed": cache.counters["primed"]}
     torch.cuda.set_device(1)
     torch.zeros(1, device="cuda:1")  # now it uses device 1: the primer may load there

@@ -26,7 +26,11 @@ def test_a_plan_that_cannot_be_loaded_back_runs_but_is_never_stored(make_cache: 
     assert cache.store.keys() == [] and cache.counters["unloadable"] == 1
     refused = cache.stats()["unloadable_plans"][plan.key]
     assert refused["graph"].startswith("CONV_FPROP")
-    assert refused["why"] == "it could not be loaded back from its blob (ValueError: the test plan of an unloadable= candidate)"
+    assert refused["why"] == (
+        "it could not be loaded back from its blob (NativeError: cudnnBackendFinalize(EXECUTION_PLAN) failed: "
+        "CUDNN_STATUS_NOT_SUPPORTED (3000): the test plan of an unloadable= candidate)"
+    )
+    assert plan.native.__class__.__name__ == "FrontendGraph", "runs as built, through the frontend's path"
     assert [r.message for r in caplog.records].count(
         f"plancache: not storing the plan of {plan.key[:12]} ({refused['graph']}): {refused['why']}"
     ) == 1

@@ -28,7 +28,7 @@ import plancache
 from plancache import CaptureInProgressError, PlanCache
 from plancache.engines.guest import known_captures
 from plancache.testing import LEGACY, CpuTestBackend, CudaError
-from plancache.testing.backend import _Handle
+from plancache.testing.driver import Handle as _Handle
 
 SPECS = [ConvBiasRelu(n=n) for n in (1, 2, 3)]
 
@@ -117,7 +117,9 @@ def test_work_on_the_programs_own_stream_is_never_swallowed_by_a_load(tmp_path: 
     cache = loading_cache(tmp_path)
     backend = cache.backend
     program = backend.cuda.new_stream(blocking=False)
-    backend.handles.give(0, _Handle(stream=program))  # a pooled handle that last launched on the program's stream
+    handle = backend.handles.take(0)
+    backend.driver.set_stream(handle, program)
+    backend.handles.give(0, handle)  # a pooled handle that last launched on the program's stream
     ran: list[int] = []
     backend.during_warmup = lambda: backend.cuda.launch(lambda: ran.append(1), program)
     cache.get(SPECS[0].graph())
@@ -173,10 +175,10 @@ def test_no_handle_is_created_while_a_capture_plancache_runs(tmp_path: Path) -> 
         thread = threading.Thread(target=lookup)
         thread.start()
         time.sleep(0.3)
-        assert cache.backend.handles.created == 0
+        assert cache.backend.driver.simulated.handles_created == 0
         ended = time.monotonic()
     thread.join()
-    assert cache.backend.handles.created == 1 and created_at[0] >= ended
+    assert cache.backend.driver.simulated.handles_created == 1 and created_at[0] >= ended
 
 
 # ------------------------------------------------------------------ cache problems

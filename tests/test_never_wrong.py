@@ -374,7 +374,7 @@ def test_a_launch_the_library_refuses_is_one_plancache_error_naming_the_plan(
     def fails(*args: Any) -> None:
         raise RuntimeError("cudaErrorIllegalAddress")
 
-    monkeypatch.setattr(cache.backend, "execute", fails)
+    monkeypatch.setattr(cache.backend.driver.simulated, "execute", fails)
     with pytest.raises(ExecutionError, match=f"plan {plan.key[:12]} failed to launch.*cudaErrorIllegalAddress") as info:
         plan.execute(spec.tensors(seed=1))
     assert isinstance(info.value, RuntimeError) and info.value.key == plan.key

@@ -289,7 +289,7 @@ def no_gpu_work(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a dry run touched the GPU")
 
     monkeypatch.setattr(cudnn_backend.CudnnBackend, "__init__", refuse)
-    monkeypatch.setattr(cudnn_backend, "_initialized_driver", refuse)
+    monkeypatch.setattr(cudnn_backend, "libcuda", refuse)
     monkeypatch.setattr(cudnn_backend, "probe_environment", refuse)
     monkeypatch.setattr(torch.cuda, "_lazy_init", refuse)
     monkeypatch.setattr(torch.cuda, "init", refuse)

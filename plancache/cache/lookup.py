@@ -238,8 +238,9 @@ class Lookup:
         self.counters["rebuilds"] += 1
         # The unsound entry's autotuning record still says why this engine was chosen.
         timing = old.timing or {"method": "rebuilt from the stored engine id and knobs"}
-        self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check, device, load)
-        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
+        native = self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check,
+                               device, load)  # fmt: skip
+        return self._plan(key.digest, native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
 
     def retune(self, graph: Any, key: CacheKey, options: BuildOptions, device: int) -> Plan:
         """Autotune ``graph`` again without a budget, inside the key's single flight; the
@@ -272,9 +273,9 @@ class Lookup:
         if not persist:  # the stored entry could not be loaded: it stays as it is
             return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "unpersisted", device)
         reports = [r.to_dict() for r in result.candidates]
-        self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started, result.autotune_seconds,
-                      result.check, device, load)  # fmt: skip
-        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "built", device)
+        native = self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started,
+                               result.autotune_seconds, result.check, device, load)  # fmt: skip
+        return self._plan(key.digest, native, built.tensors, built.workspace_size, built.engine, "built", device)
 
     def _unpersisted(self, key: CacheKey, built: BuiltPlan, result: AutotuneResult, device: int) -> Plan:
         """Candidates without a majority: this process runs what the frontend itself would
@@ -294,14 +295,19 @@ class Lookup:
 
     def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
                  timing: dict[str, Any], build_seconds: float, autotune_seconds: float,
-                 check: dict[str, Any] | None, device: int, load: Load | None) -> None:  # fmt: skip
-        if not self.unloadable.loads_back(key, built, device, load):  # a later lookup could not load it: never stored
-            return
+                 check: dict[str, Any] | None, device: int, load: Load | None) -> Any:  # fmt: skip
+        """Store ``built`` once it loaded back from its blob; returns what this process runs:
+        the plan loaded back (launched as every later process launches it), else the plan
+        as built, which is then never stored."""
+        loaded = self.unloadable.load_back(key, built, device, load)
+        if loaded is None:  # a later lookup could not load it: never stored
+            return built.native
         entry = _entry(key, built, self.backend.name, policy, candidates, timing, build_seconds, autotune_seconds, check)
         if not self.local.put(entry):
             self.counters["unpersisted"] += 1
         if self.remote is not None:
             self.remote.put(entry)  # inside the fleet lock: nodes waiting on it find the plan
+        return loaded
 
     def _plan(self, digest: str, native: Any, tensors: list[TensorSpec], workspace: int, engine: EngineChoice | None,
               source: str, device: int) -> Plan:  # fmt: skip

@@ -1,8 +1,10 @@
 """The narrow seam between the cache and whatever builds and runs plans.
 
 The cache core (``cache/``, ``autotune.py``, ``runtime/plan.py``) only talks to these Protocols.
-``cudnn_backend.CudnnBackend`` is the real one; ``testing.CpuTestBackend`` runs the whole
-cache on a machine without a GPU. No cuDNN, torch or CUDA import here.
+Both implementations are ``engines.guest_backend.GuestBackend`` over a driver
+(``engines.driver``): ``cudnn_backend.CudnnBackend`` on a GPU, ``testing.CpuTestBackend``
+on a machine without one, so the whole cache runs the same loads and launches in the CPU
+suite as on a GPU. No cuDNN, torch or CUDA import here.
 """
 
 from __future__ import annotations
@@ -16,21 +18,11 @@ from ..config import MemoryBudget
 from ..key import BuildOptions, TensorSpec
 from .bounds import Bound
 
-__all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice", "Load", "load_failure"]
+__all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice", "Load"]
 
 #: How a stored plan is loaded: ``(blob, tensors, device) -> native``, as ``Backend.load``
 #: does (or the frontend drop-in, straight into the caller's graph: ``PlanCache.get(load=...)``).
 Load = Callable[[bytes, Sequence[TensorSpec], int], Any]
-
-
-def load_failure(load: Load, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
-    """Why loading ``blob`` with ``load`` failed, in a few words; None when it loaded (what
-    it loaded is dropped). How a plan just built is loaded back before it is stored."""
-    try:
-        load(blob, tensors, device)
-    except Exception as exc:  # the library refusing the blob it just wrote, or failing for now
-        return f"{type(exc).__name__}: {str(exc)[:300]}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -170,12 +162,6 @@ class Backend(Protocol):
         """Deserialize a stored plan onto ``device`` (default: the current one) and load its
         kernels; raises ``TransientLoadError`` for a failure that is not the blob's, and
         anything else when the library refuses the blob."""
-        ...
-
-    def load_back(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
-        """Load a plan just built back from ``blob`` on ``device``, as a later lookup would,
-        and return why that failed, in a few words (None: it loads). Asked before a plan is
-        stored: no stored plan is one a later lookup cannot load."""
         ...
 
     def capturing(self) -> bool:

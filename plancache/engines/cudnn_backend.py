@@ -1,77 +1,83 @@
-"""The cuDNN Frontend backend: the only module that imports ``cudnn`` or touches CUDA.
+"""The cuDNN Frontend backend: the only module that imports ``cudnn``.
 
-Both imports happen inside functions, so importing plancache stays cheap and works
-without a GPU.
+Both ``cudnn`` and ``torch`` are imported inside functions, so importing plancache stays
+cheap and works without a GPU.
 
-Loading: a stored plan loads through cuDNN's own C API (``engines.native``): no GIL held
-through the finalize, nothing captured, allocated or synchronized. A blob that path was
-not tested on (a format version, a field) loads through the frontend's ``deserialize``
-instead, as a guest (``_load_through_frontend``), and is counted in ``native_fallbacks``.
-Plans built here by autotuning run through the frontend's path.
+``CudnnDriver`` is the driver seam (``engines.driver``) on CUDA, cuDNN and torch: devices
+and streams through torch, the capture mode and device state through the CUDA driver
+(``engines.native.library``), handles made through cuDNN's C API and wrapped as the
+frontend's own ``Handle``, workspaces from torch's caching allocator on the launching
+stream (as PyTorch does for its own cuDNN calls: stream-ordered reuse, never one buffer
+shared by two streams, inside a capture from the capture's private pool), and the
+frontend's ``deserialize`` and execute for the plans the native path leaves to it.
 
-Handles (``engines.handles``): a pool per device, made through the C API and wrapped as
-the frontend's own ``Handle``; a launch leases one for the few microseconds it takes to
-enqueue, pointed at the caller's current stream.
-
-Workspaces: allocated per launch from torch's caching allocator on the launching stream,
-as PyTorch does for its own cuDNN calls: stream-ordered reuse, never one buffer shared by
-two streams, and inside a capture they come from the capture's private pool.
+``CudnnBackend`` is the guest backend (``engines.guest_backend``: the guest block,
+handles, load routing, launches, written once) over that driver, plus what only cuDNN
+does: the candidates of a graph (``_Candidates``), rebuilds from an engine id and knobs,
+and the shared kernel cache of dynamic-shape builds.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import ctypes
 import functools
 import logging
 import os
 import re
 import sys
-import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..config import MemoryBudget, format_size
 from ..errors import BuildError, InvalidGraphError, NoGpuError, TransientLoadError
-from ..key import BuildOptions, TensorSpec, mark_shared_kernel_cache, tensor_table
-from .backend import BuiltPlan, EngineChoice, load_failure
+from ..key import BuildOptions, mark_shared_kernel_cache, tensor_table
+from .backend import BuiltPlan, EngineChoice
 from .bounds import Bound, bounds
+from .driver import FrontendLaunch
 from .filters import outside_filters
-from .guest import refuse_while_capturing, relaxed
-from .handles import Handles
+from .guest_backend import GuestBackend
 from .inputs import materialize, timing_inputs
-from .native import NativePlan, RecordError, library, parse, refusal
+from .native import libcuda, library
 from .tensors import checked_inputs
 
-__all__ = ["CudnnBackend", "cudnn_module", "probe_environment", "transient_load_failures"]
+__all__ = ["CudnnBackend", "CudnnDriver", "cudnn_module", "frontend_failures", "probe_environment"]
 
 log = logging.getLogger("plancache")
 
-#: Frontend graphs launched while their stream was capturing (the frontend's path): a CUDA
-#: graph may replay them at any time, so they live as long as the process.
-_CAPTURED_GRAPHS: list[Any] = []
 _INNER = 3  # launches per careful measurement
 _SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock: enough for the host to queue _INNER launches
-#: Load failures that say nothing about the blob: captures, memory. Anything else is the
-#: library refusing the plan itself (a version mismatch, a damaged blob).
-#: A sticky CUDA error is the process's, not the entry's: every entry would fail to load.
-_TRANSIENT = re.compile(r"captur|out of memory|ALLOC_FAILED|MemoryAllocation|not permitted|timed out|cuda ?error", re.IGNORECASE)
 _NODE_IN_MESSAGE = re.compile(r"[Nn]ode '([^']+)'")
 
 
+def _process_errors() -> tuple[type[BaseException], ...]:
+    """torch's exceptions that are the process's, never a plan's: a CUDA error (sticky or
+    not) and running out of device memory."""
+    torch = _torch()
+    return tuple(t for t in (getattr(torch, "AcceleratorError", None), torch.cuda.OutOfMemoryError, MemoryError) if t)
+
+
 @contextlib.contextmanager
-def transient_load_failures() -> Iterator[None]:
-    """A load in the block that failed for a reason saying nothing about the blob (a
-    capture, memory, a sticky CUDA error) raises ``TransientLoadError``: the entry is kept,
-    and loaded again later. Any other failure is the library refusing the plan itself."""
+def frontend_failures() -> Iterator[None]:
+    """A frontend ``deserialize`` in the block that failed for a reason that is not the
+    blob's raises ``TransientLoadError`` (the entry is kept and loaded again later).
+
+    The frontend's binding raises one exception type of its own,
+    ``cudnnGraphNotSupportedError``, for a plan cuDNN does not support: the library's word
+    on the blob. Everything else it raises is a bare ``RuntimeError`` (its warm-up capture
+    refused beside another thread's capture, memory, a CUDA error), or one of torch's
+    CUDA errors: the process's. The blob itself was read by the native path's parser
+    before it came here (``GuestBackend.route``)."""
     try:
         yield
+    except TransientLoadError:
+        raise
     except Exception as exc:
-        if _TRANSIENT.search(str(exc)):
-            raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
+        if isinstance(exc, _cudnn().cudnnGraphNotSupportedError):
+            raise
+        if isinstance(exc, (RuntimeError, *_process_errors())):
+            raise TransientLoadError(f"loading the plan failed for now: {type(exc).__name__}: {str(exc)[:300]}") from exc
         raise
 
 
@@ -100,47 +106,9 @@ def driver_version() -> str:
             match = re.search(r"\d+\.\d+(\.\d+)?", text)
             if match:
                 return match.group(0)
-    with contextlib.suppress(OSError, AttributeError):
-        libcuda = ctypes.CDLL("libcuda.so.1")
-        version = ctypes.c_int()
-        if libcuda.cuDriverGetVersion(ctypes.byref(version)) == 0:
-            return f"cuda-api-{version.value}"
-    return "unknown"
-
-
-@functools.lru_cache(maxsize=1)
-def _initialized_driver() -> Any:
-    """The CUDA driver library after ``cuInit`` (which creates no context), loaded once; None
-    when there is none. The primer asks it every few milliseconds while it waits."""
-    with contextlib.suppress(OSError, AttributeError):
-        libcuda = ctypes.CDLL("libcuda.so.1")
-        if libcuda.cuInit(0) == 0:
-            return libcuda
-    return None
-
-
-def _driver_device_count() -> int | None:
-    """``cuDeviceGetCount`` through the driver library (None when it cannot answer)."""
-    libcuda = _initialized_driver()
-    count = ctypes.c_int()
-    if libcuda is not None and libcuda.cuDeviceGetCount(ctypes.byref(count)) == 0:
-        return int(count.value)
-    return None
-
-
-def _primary_context_active(device: int) -> bool | None:
-    """Whether this process's primary CUDA context of ``device`` (an index as the process
-    sees it, ``CUDA_VISIBLE_DEVICES`` applied) exists, asked of the driver without creating
-    anything; None when the driver cannot answer."""
-    libcuda = _initialized_driver()
-    handle, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-    if (
-        libcuda is not None
-        and libcuda.cuDeviceGet(ctypes.byref(handle), int(device)) == 0
-        and libcuda.cuDevicePrimaryCtxGetState(handle, ctypes.byref(flags), ctypes.byref(active)) == 0
-    ):
-        return bool(active.value)
-    return None
+    cuda = libcuda()
+    version = cuda.driver_version() if cuda is not None else None
+    return f"cuda-api-{version}" if version is not None else "unknown"
 
 
 def _gpu_available() -> bool:
@@ -396,6 +364,171 @@ class _KernelCaches:
         return cache
 
 
+# ---------------------------------------------------------------------- the driver
+
+
+class CudnnDriver:
+    """The driver seam (``engines.driver.Driver``) on CUDA, cuDNN and torch."""
+
+    name = "cudnn"
+    device_type = "cuda"
+
+    def __init__(self) -> None:
+        self._environments: dict[int, dict[str, Any]] = {}
+        self._gpu: bool | None = None
+        self._transient: tuple[type[BaseException], ...] | None = None
+
+    @property
+    def transient_errors(self) -> tuple[type[BaseException], ...]:
+        if self._transient is None:
+            self._transient = _process_errors()
+        return self._transient
+
+    # ------------------------------------------------------------------ devices
+
+    def require(self) -> None:
+        if self._gpu is None:
+            self._gpu = _gpu_available()
+        if not self._gpu:
+            raise NoGpuError("no CUDA device is visible: building, loading and running plans need an NVIDIA GPU")
+
+    def ready(self, device: int) -> None:
+        _torch().cuda.init()  # a no-op once CUDA is set up
+
+    def current_device(self) -> int:
+        return int(_torch().cuda.current_device())
+
+    def device_getter(self) -> Callable[[], int]:
+        return _torch().cuda.current_device
+
+    def use_device(self, index: int) -> None:
+        """Make ``index`` this thread's current device (new threads start on device 0)."""
+        _torch().cuda.set_device(index)
+
+    def on_device(self, index: int) -> Any:
+        return _torch().cuda.device(index)
+
+    def device_count(self) -> int:
+        """Visible CUDA devices (``CUDA_VISIBLE_DEVICES`` applies); 0 without a GPU. Asked
+        of the driver when it answers, without importing torch: ``prewarm --devices all``
+        counts devices in a process that then only hands out work."""
+        cuda = libcuda()
+        count = cuda.device_count() if cuda is not None else None
+        return count if count is not None else int(_torch().cuda.device_count())
+
+    def device_in_use(self, device: int) -> bool:
+        """Whether the program has set ``device`` up, making no CUDA call before the
+        program's own first one: False until torch has initialized CUDA (a flag of
+        torch's, read without calling CUDA); then asked of the driver (torch and cuDNN run
+        on the primary context), whose ``cuInit`` is by then a no-op."""
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return False
+        cuda = libcuda()
+        active = cuda.primary_context_active(device) if cuda is not None else None
+        return active if active is not None else True
+
+    def environment(self, device: int) -> dict[str, Any]:
+        env = self._environments.get(device)
+        if env is None:
+            torch = _torch()
+            cudnn = _cudnn()
+            props = torch.cuda.get_device_properties(device)
+            env = {
+                "gpu_name": props.name,
+                "compute_capability": f"{props.major}.{props.minor}",
+                "sm_count": int(props.multi_processor_count),
+                # MIG slices and partitioned GPUs differ in memory as well as SM count.
+                "total_memory": int(props.total_memory),
+                "driver_version": driver_version(),
+                "cuda_version": torch.version.cuda,
+                "cudnn_backend_version": cudnn.backend_version_string(),
+                "cudnn_frontend_version": cudnn.__version__,
+            }
+            self._environments[device] = env
+        return env
+
+    # ------------------------------------------------------------------ streams and captures
+
+    def capturing(self) -> bool:
+        """Whether the calling thread's current stream is capturing a CUDA graph."""
+        torch = sys.modules.get("torch")
+        return bool(torch is not None and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+
+    def stream_capturing(self, stream: int) -> bool:
+        return self.library().capturing(stream)
+
+    def exchange_capture_mode(self, mode: int) -> int | None:
+        cuda = libcuda()
+        return cuda.exchange_capture_mode(mode) if cuda is not None else None
+
+    def new_stream(self, device: int) -> Any:
+        return _torch().cuda.Stream(device=device)  # non-blocking: never ordered with the legacy stream
+
+    def raw_stream(self, stream: Any) -> int:
+        return int(stream.cuda_stream)
+
+    def stream_getter(self) -> Callable[[int], int]:
+        return _raw_stream_getter(_torch())
+
+    # ------------------------------------------------------------------ handles and memory
+
+    def create_handle(self, device: int) -> Any:
+        """A cuDNN handle on ``device``, made through the C API (the GIL released while
+        cuDNN sets itself up, which takes hundreds of milliseconds the first time) and
+        wrapped as the frontend's own ``Handle`` so that its paths take it too."""
+        torch = _torch()
+        with torch.cuda.device(device):
+            raw = self.library().create_handle()
+        return _cudnn().Handle(raw, device, 0)
+
+    def set_stream(self, handle: Any, stream: int) -> None:
+        self.library().set_stream(handle.backend_handle, stream)
+        handle.stream = stream  # the frontend's Handle remembers it, as cudnn.set_stream does
+
+    def workspace(self, size: int, device: int) -> Any:
+        torch = _torch()
+        return torch.empty(size, dtype=torch.uint8, device=device)
+
+    # ------------------------------------------------------------------ plans
+
+    def library(self) -> Any:
+        return library(load_cudnn=lambda: _cudnn().backend_version())
+
+    def deserialize(self, blob: bytes, handle: Any) -> Any:
+        """The frontend's ``deserialize``, whose warm-up captures the plan on the handle's
+        stream while it loads the kernels."""
+        graph = _cudnn().pygraph(handle=handle)
+        with frontend_failures():
+            graph.deserialize(blob)
+        return graph
+
+    def frontend_launch(self, graph: Any) -> FrontendLaunch:
+        """The frontend's compiled graph behind ``graph`` called directly when it runs on
+        the backend (what its ``execute`` ends in), else its ``execute``."""
+        lowered = _loaded_backend_graph(graph)
+        if lowered is not None:
+            run = lowered._execute
+
+            def launch_lowered(pack: Mapping[int, Any], workspace: Any, handle: Any) -> None:
+                ptrs = {uid: tensor.data_ptr() for uid, tensor in pack.items()}
+                run(ptrs, workspace.data_ptr() if workspace is not None else 0, handle.backend_handle, None, None, None)
+
+            return launch_lowered
+        uids: tuple[int, ...] | None = None  # the frontend's ordered form
+
+        def launch_graph(pack: Mapping[int, Any], workspace: Any, handle: Any) -> None:
+            nonlocal uids
+            if uids is None:
+                uids = tuple(pack)
+            graph.execute(tuple(pack[u] for u in uids), workspace, handle=handle, tensor_uids=uids)
+
+        return launch_graph
+
+    def after_fork(self) -> None:
+        self._gpu = None
+
+
 # ---------------------------------------------------------------------- launches
 
 
@@ -446,44 +579,23 @@ def _forget_in_child(ref: weakref.ref[CudnnBackend]) -> None:
         backend.after_fork()
 
 
-class CudnnBackend:
-    """Builds, times, serializes, loads and executes cuDNN Frontend graphs."""
+class CudnnBackend(GuestBackend):
+    """Builds, times, serializes, loads and executes cuDNN Frontend graphs: the guest
+    backend over ``CudnnDriver``, with cuDNN's candidates and rebuilds."""
 
-    name = "cudnn"
-    device_type = "cuda"
+    driver: CudnnDriver
 
     def __init__(self) -> None:
-        self.handles = Handles(self._create_handle, self.capturing)
-        #: Plans loaded through the frontend's path instead of the native one, by reason
-        #: (``PlanCache.stats`` shows them as ``native_fallbacks``).
-        self.native_fallbacks: collections.Counter[str] = collections.Counter()
-        self._frontend_loads = threading.Lock()
-        self._environments: dict[int, dict[str, Any]] = {}
+        super().__init__(CudnnDriver())
         self._kernel_caches = _KernelCaches()
-        self._gpu: bool | None = None
-        self._streams: dict[int, Any] = {}  # device -> plancache's own non-blocking stream
         # A forked child (a DataLoader worker, say) must not reuse the parent's handles. The
         # hook holds the backend weakly: registering it must not keep every backend alive.
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
 
-    def _create_handle(self, device: int) -> Any:
-        """A cuDNN handle on ``device``, made through the C API (the GIL released while
-        cuDNN sets itself up, which takes hundreds of milliseconds the first time) and
-        wrapped as the frontend's own ``Handle`` so that its paths take it too."""
-        torch = _torch()
-        with torch.cuda.device(device):
-            raw = self._library().create_handle()
-        return _cudnn().Handle(raw, device, 0)
-
-    def _library(self) -> Any:
-        return library(load_cudnn=lambda: _cudnn().backend_version())
-
     def after_fork(self) -> None:
-        self.handles.forget()
-        self._streams = {}
+        super().after_fork()
         self._kernel_caches = _KernelCaches()
-        self._gpu = None
 
     # ------------------------------------------------------------------ kernel cache
 
@@ -510,87 +622,6 @@ class CudnnBackend:
         """Fill the shared kernel cache from a stored blob (same environment only)."""
         self._kernel_caches.ensure(self.current_device()).deserialize(blob.decode())
 
-    # ------------------------------------------------------------------ devices
-
-    def _require_gpu(self) -> None:
-        if self._gpu is None:
-            self._gpu = _gpu_available()
-        if not self._gpu:
-            raise NoGpuError("no CUDA device is visible: building, loading and running plans need an NVIDIA GPU")
-
-    def current_device(self) -> int:
-        self._require_gpu()
-        return int(_torch().cuda.current_device())
-
-    def use_device(self, index: int) -> None:
-        """Make ``index`` this thread's current device (new threads start on device 0)."""
-        _torch().cuda.set_device(index)
-
-    def device_count(self) -> int:
-        """Visible CUDA devices (``CUDA_VISIBLE_DEVICES`` applies); 0 without a GPU. Asked
-        of the driver when it answers, without importing torch: ``prewarm --devices all``
-        counts devices in a process that then only hands out work."""
-        count = _driver_device_count()
-        return count if count is not None else int(_torch().cuda.device_count())
-
-    def device_in_use(self, device: int) -> bool:
-        """Whether the program has set ``device`` up, making no CUDA call before the
-        program's own first one: False until torch has initialized CUDA (a flag of
-        torch's, read without calling CUDA); then asked of the driver (torch and cuDNN run
-        on the primary context), whose ``cuInit`` is by then a no-op."""
-        torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_initialized():
-            return False
-        active = _primary_context_active(device)
-        return active if active is not None else True
-
-    def capturing(self) -> bool:
-        """Whether the calling thread's current stream is capturing a CUDA graph."""
-        torch = sys.modules.get("torch")
-        return bool(torch is not None and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
-
-    @contextlib.contextmanager
-    def guest(self, device: int) -> Iterator[Any]:
-        """plancache's own CUDA work on ``device`` (``engines.guest``): refused while this
-        thread captures; relaxed capture mode; the device set, then restored; yields the
-        non-blocking stream of plancache's own on that device."""
-        self._require_gpu()
-        torch = _torch()
-        refuse_while_capturing(self.capturing(), "loading or building a plan")
-        torch.cuda.init()  # a no-op once CUDA is set up; the capture mode can only be set after
-        with relaxed(), torch.cuda.device(device):
-            yield self.own_stream(device)
-
-    def own_stream(self, device: int) -> Any:
-        """plancache's own stream on ``device`` (made inside a guest block): non-blocking,
-        from torch's pool, never the caller's."""
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = self._streams[device] = _torch().cuda.Stream(device=device)
-        return stream
-
-    def environment(self, device: int | None = None) -> dict[str, Any]:
-        self._require_gpu()
-        device = self.current_device() if device is None else device
-        env = self._environments.get(device)
-        if env is None:
-            torch = _torch()
-            cudnn = _cudnn()
-            props = torch.cuda.get_device_properties(device)
-            env = {
-                "gpu_name": props.name,
-                "compute_capability": f"{props.major}.{props.minor}",
-                "sm_count": int(props.multi_processor_count),
-                # MIG slices and partitioned GPUs differ in memory as well as SM count.
-                "total_memory": int(props.total_memory),
-                "driver_version": driver_version(),
-                "cuda_version": torch.version.cuda,
-                "cudnn_backend_version": cudnn.backend_version_string(),
-                "cudnn_frontend_version": cudnn.__version__,
-            }
-            self._environments[device] = env
-        return dict(env)
-
     # ------------------------------------------------------------------ building
 
     def _plan_graph(self, graph: Any, options: BuildOptions) -> None:
@@ -611,7 +642,7 @@ class CudnnBackend:
 
     def candidates(self, graph: Any, options: BuildOptions, description: Mapping[str, Any],
                    inputs: Mapping[int, Any] | None = None) -> _Candidates:  # fmt: skip
-        self._require_gpu()
+        self.driver.require()
         cudnn = _cudnn()
         self.handles.ensure(self.current_device())  # plans built here launch from any thread later
         if options.kernel_cache:
@@ -626,7 +657,7 @@ class CudnnBackend:
         return _Candidates(self, graph, options, description, inputs)
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
-        self._require_gpu()
+        self.driver.require()
         if engine.engine_id is None:
             raise BuildError(f"engine {engine.name!r} has no engine id to rebuild from", reason="no engine id")
         self.handles.ensure(self.current_device())
@@ -639,129 +670,3 @@ class CudnnBackend:
         blob = bytes(graph.serialize(as_bytes=True))
         workspace = int(graph.get_workspace_size_plan_at_index(index))
         return BuiltPlan(graph, blob, tensor_table(graph), workspace, engine)
-
-    # ------------------------------------------------------------------ loading, launching
-
-    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
-        """Load a stored plan onto ``device``: through cuDNN's C API (``engines.native``:
-        no GIL held through the finalize, nothing captured, allocated or synchronized; the
-        kernels load at the first launch), or, for a blob the native path was not tested
-        on, through the frontend's ``deserialize`` (counted in ``native_fallbacks``)."""
-        self._require_gpu()
-        torch = _torch()
-        device = torch.cuda.current_device() if device is None else device
-        try:
-            record = parse(blob)
-            why = refusal(record, {spec.uid for spec in tensors})
-        except RecordError as exc:
-            why = str(exc)
-        if why is None:
-            with self.guest(device), self.handles.lease(device) as handle, transient_load_failures():
-                return NativePlan(self._library(), record, handle.backend_handle, device)
-        self.native_fallbacks[why.split(":")[0]] += 1
-        with self._frontend_loads:  # two warm-ups on one stream would capture each other's work
-            return self._load_through_frontend(blob, device)
-
-    def _load_through_frontend(self, blob: bytes, device: int) -> Any:
-        """The frontend's ``deserialize``, whose warm-up captures the plan on the handle's
-        stream while it loads the kernels: the handle is pointed at plancache's own
-        non-blocking stream first (never NULL, where the frontend would create a blocking
-        stream, and never the caller's), and the thread is in relaxed mode (``guest``)."""
-        cudnn = _cudnn()
-        with self.guest(device) as stream, self.handles.lease(device) as handle:
-            cudnn.set_stream(handle=handle, stream=stream.cuda_stream)
-            graph = cudnn.pygraph(handle=handle)
-            with transient_load_failures():
-                graph.deserialize(blob)
-        return graph
-
-    def load_back(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> str | None:
-        """Load the plan back as a later lookup will (the loaded graph is dropped): why that failed."""
-        return load_failure(self.load, blob, tensors, device)
-
-    def prepare(self, device: int) -> None:
-        with self.guest(device):
-            self.handles.ensure(device)
-
-    def launcher(self, native: Any, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
-        """What ``Plan.execute`` calls for each launch, with everything that does not
-        change between launches resolved once."""
-        if isinstance(native, NativePlan):
-            return self._native_launcher(native, workspace_size, device)
-        return self._frontend_launcher(native, workspace_size, device)
-
-    def _native_launcher(self, native: NativePlan, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
-        torch = _torch()
-        current_device = torch.cuda.current_device
-        raw_stream = _raw_stream_getter(torch)
-        set_stream = self._library().set_stream
-        take, give = self.handles.take, self.handles.give
-        empty, uint8 = torch.empty, torch.uint8
-        size = max(int(workspace_size), native.workspace_size)
-        uids = native.user_uids
-        run = native.launch
-
-        def launch(pack: Mapping[int, Any]) -> None:
-            if current_device() != device:
-                with torch.cuda.device(device):  # the plan's device, with that device's current stream
-                    launch(pack)
-                return
-            # Per launch, on the current stream, from torch's caching allocator (inside a
-            # capture, from the capture's pool): never shared by two streams.
-            workspace = empty(size, dtype=uint8, device=device) if size > 0 else None
-            stream = raw_stream(device)
-            handle = take(device)
-            try:
-                if handle.stream != stream:
-                    set_stream(handle.backend_handle, stream)
-                    handle.stream = stream  # the frontend's Handle remembers it, as cudnn.set_stream does
-                run([pack[u].data_ptr() for u in uids], workspace.data_ptr() if workspace is not None else 0,
-                    handle.backend_handle, stream)  # fmt: skip
-            finally:
-                give(device, handle)
-
-        return launch
-
-    def _frontend_launcher(self, native: Any, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
-        torch = _torch()
-        cudnn = _cudnn()
-        current_device = torch.cuda.current_device
-        raw_stream = _raw_stream_getter(torch)
-        set_stream = cudnn.set_stream
-        take, give = self.handles.take, self.handles.give
-        empty, uint8 = torch.empty, torch.uint8
-        size = int(workspace_size)
-        lowered = _loaded_backend_graph(native)
-        run = lowered._execute if lowered is not None else None
-        uids: tuple[int, ...] | None = None  # the frontend's ordered form, for graphs it runs itself
-        capturing = torch.cuda.is_current_stream_capturing
-        pinned = False
-
-        def launch(pack: Mapping[int, Any]) -> None:
-            nonlocal uids, pinned
-            if current_device() != device:
-                with torch.cuda.device(device):  # the plan's device, with that device's current stream
-                    launch(pack)
-                return
-            if not pinned and capturing():
-                # A CUDA graph now points at this plan's kernels, which cuDNN releases with the
-                # plan: kept for the rest of the process, as NativePlan keeps its own.
-                pinned = True
-                _CAPTURED_GRAPHS.append(native)
-            workspace = empty(size, dtype=uint8, device=device) if size > 0 else None
-            stream = raw_stream(device)
-            handle = take(device)
-            try:
-                if handle.stream != stream:
-                    set_stream(handle=handle, stream=stream)
-                if run is not None:
-                    ptrs = {uid: tensor.data_ptr() for uid, tensor in pack.items()}
-                    run(ptrs, workspace.data_ptr() if workspace is not None else 0, handle.backend_handle, None, None, None)
-                else:
-                    if uids is None:
-                        uids = tuple(pack)
-                    native.execute(tuple(pack[u] for u in uids), workspace, handle=handle, tensor_uids=uids)
-            finally:
-                give(device, handle)
-
-        return launch

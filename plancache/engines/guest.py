@@ -24,57 +24,36 @@ candidates, creating handles) runs inside ``guest``:
 ``known_captures`` counts the captures plancache itself runs (``plancache.capture``): no
 handle is created while one is running.
 
-No torch or cuDNN import at module level; the driver library is loaded only when a guest
-block runs, which is always after the program (or this very call) set CUDA up.
+The thread's capture mode is set through the driver (``engines.driver``): the same code
+runs over cuDNN's driver on a GPU and over the CPU test driver in the test suite.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 from ..errors import CaptureInProgressError
 
-__all__ = ["RELAXED", "KnownCaptures", "exchange_capture_mode", "known_captures", "refuse_while_capturing", "relaxed"]
+__all__ = ["RELAXED", "KnownCaptures", "known_captures", "refuse_while_capturing", "relaxed"]
 
 #: ``CU_STREAM_CAPTURE_MODE_RELAXED``: this thread's unsafe calls (cudaMalloc, cudaFree,
 #: synchronization) are neither refused by nor invalidating other threads' captures.
 RELAXED = 2
 
 
-@functools.lru_cache(maxsize=1)
-def _libcuda() -> Any:
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-
-
-def exchange_capture_mode(mode: int) -> int | None:
-    """Set this thread's stream-capture interaction mode; the previous one, or None when
-    the driver cannot be asked (then nothing changed)."""
-    libcuda = _libcuda()
-    if libcuda is None:
-        return None
-    value = ctypes.c_int(mode)
-    if libcuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(value)) != 0:
-        return None
-    return int(value.value)
-
-
 @contextlib.contextmanager
-def relaxed() -> Iterator[None]:
-    """This thread in relaxed capture mode for the block, then as it was."""
-    previous = exchange_capture_mode(RELAXED)
+def relaxed(driver: Any) -> Iterator[None]:
+    """This thread in relaxed capture mode for the block, then as it was (``driver``: an
+    ``engines.driver.Driver``)."""
+    previous = driver.exchange_capture_mode(RELAXED)
     try:
         yield
     finally:
         if previous is not None:
-            exchange_capture_mode(previous)
+            driver.exchange_capture_mode(previous)
 
 
 class KnownCaptures:
@@ -98,11 +77,6 @@ class KnownCaptures:
     @property
     def active(self) -> int:
         return self._active
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until none runs; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._active == 0, timeout=timeout)
 
 
 known_captures = KnownCaptures()

@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
-from .guest import known_captures, relaxed
+from .guest import known_captures
 
 __all__ = ["Handles"]
 
@@ -30,9 +31,11 @@ class Handles:
     plan of that device was loaded or prepared, and a lease lasts one enqueue). ``ensure``
     is called outside captures, when a plan is loaded or prepared."""
 
-    def __init__(self, create: Callable[[int], Any], capturing: Callable[[], bool]) -> None:
+    def __init__(self, create: Callable[[int], Any], capturing: Callable[[], bool],
+                 relaxed: Callable[[], AbstractContextManager[Any]]) -> None:  # fmt: skip
         self._create = create  # device -> a new handle (called in relaxed capture mode, on that device)
         self._capturing = capturing  # whether the calling thread's stream is capturing
+        self._relaxed = relaxed  # the calling thread in relaxed capture mode for a block
         self._free: dict[int, list[Any]] = {}
         self._count: dict[int, int] = {}
         self._cond = threading.Condition()
@@ -90,7 +93,7 @@ class Handles:
                     return free.pop()
             self._count[device] = self._count.get(device, 0) + 1
         try:
-            with relaxed():
+            with self._relaxed():
                 return self._create(device)
         except BaseException:
             with self._cond:

@@ -123,12 +123,12 @@ def _load_cudnn(graph: Any, backend: Backend, blob: bytes, tensors: Sequence[Ten
     has the caller's graph's handle (the frontend makes its backend graph with that handle,
     or with its default handle of this thread and device when the graph has none). The
     pygraph is the plan's native (it executes as any loaded plan does)."""
-    from ..engines.cudnn_backend import transient_load_failures
+    from ..engines.cudnn_backend import frontend_failures
 
     cudnn = sys.modules["cudnn"]
     kwargs = graph._cpp_graph_kwargs
     fresh = cudnn.pygraph(handle=graph._handle, **{k: kwargs[k] for k in _CARRIED if k in kwargs})
-    with transient_load_failures():
+    with frontend_failures():
         fresh.deserialize(blob)
     if fresh.__dict__.get("_lowered_graph") is None or fresh.__dict__.get("_plans"):
         raise AdoptionError("the frontend deserialized the plan into something other than one backend graph")

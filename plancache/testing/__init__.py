@@ -6,8 +6,10 @@ implements the backend seam with PyTorch on the CPU:
 * candidates: a fixed number per graph, launched for real on the same inputs (and
   compared, as on a GPU), with simulated, deterministic timings (a function of the key and
   the index), so autotuning picks the same winner every time;
-* a plan blob: the graph's canonical description and the chosen engine, as JSON behind a
-  magic header, so a damaged blob is refused by ``load`` just as cuDNN refuses one;
+* a plan blob: a cuDNN Frontend plan blob (UBJSON) whose backend plan is the graph's
+  canonical description and the chosen engine, loaded through the same code a GPU runs
+  (``engines.guest_backend``) over a simulated driver and C API (``testing.driver``,
+  ``testing.library``) that read tensors by pointer;
 * execution: a reference implementation of convolution, matmul, pointwise ops and SDPA,
   so users can test code that runs plans on CPU-only CI.
 
@@ -21,7 +23,5 @@ Use it with ``PlanCache(backend=CpuTestBackend())``.
 
 from .backend import CpuTestBackend, TwoDeviceCpuTestBackend, summary_of_ops
 from .device import LEGACY, Capture, CudaError, SimulatedCuda
-from .plans import MAGIC
 
-__all__ = ["LEGACY", "MAGIC", "Capture", "CpuTestBackend", "CudaError", "SimulatedCuda", "TwoDeviceCpuTestBackend",
-           "summary_of_ops"]  # fmt: skip
+__all__ = ["LEGACY", "Capture", "CpuTestBackend", "CudaError", "SimulatedCuda", "TwoDeviceCpuTestBackend", "summary_of_ops"]

@@ -53,7 +53,7 @@ class _Backend(Protocol):
     def guest(self, device: int) -> contextlib.AbstractContextManager[int]: ...
     def behaviour(self, engine: int | None) -> Behaviour: ...
     def run(self, description: Mapping[str, Any], tensors: Sequence[TensorSpec], pack: Mapping[int, Any], *,
-            behaviour: Behaviour = ..., workspace_size: int | None = None) -> None: ...  # fmt: skip
+            behaviour: Behaviour = ..., workspace: Any = None, stream: int | None = None) -> None: ...  # fmt: skip
     def make_plan(self, description: dict[str, Any], tensors: list[TensorSpec], engine: EngineChoice,
                   behaviour: Behaviour = ..., index: int | None = None) -> BuiltPlan: ...  # fmt: skip
 

@@ -1,6 +1,12 @@
-"""The blob of a CPU test plan: what ``CpuTestBackend`` stores, and reads back as cuDNN
-reads a serialized plan (refusing a damaged one, and the plan of a candidate it was told
-cannot be loaded back)."""
+"""The blob of a CPU test plan: a cuDNN Frontend plan blob, as the frontend writes one.
+
+It is UBJSON with the fields a real blob has (``json_version``, ``cudnn_backend_data``,
+``variant_pack_uids``, ``fe_workspace_size``...), so loading it goes through the same
+parsing, gate and variant-pack layout as a GPU's (``engines.native``). What the simulated
+library finalizes, ``cudnn_backend_data``, is JSON of the graph's description, its tensor
+table and the engine (and how that engine computes, ``kernels.Behaviour``, when it is not
+the reference's way). A damaged blob is refused, as cuDNN refuses one.
+"""
 
 from __future__ import annotations
 
@@ -11,43 +17,70 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engines.backend import EngineChoice
+from ..engines.native.ubjson import decode as decode_ubjson
+from ..engines.native.ubjson import encode as encode_ubjson
 from ..key import TensorSpec, canonical_json
 
-__all__ = ["MAGIC", "decode", "encode", "note_build", "refusal"]
+__all__ = ["FORMAT", "decode", "encode", "note_build", "payload_of", "representation"]
 
-MAGIC = b"PLANCACHE-TEST-PLAN/1\n"
+#: The plan format the test backend writes: one the native path was tested on.
+FORMAT = "2.0"
 
 
-def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
-           behaviour: Mapping[str, Any] | None, unloadable: bool) -> bytes:  # fmt: skip
-    """The blob: the graph's description, its tensor table and the engine, as JSON, and how
-    the engine computes (``kernels.Behaviour``) when it is not the reference's way."""
-    payload: dict[str, Any] = {"description": description, "tensors": [t.to_dict() for t in tensors], "engine": engine.to_dict()}
+def representation(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
+                   behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> str:  # fmt: skip
+    """What the simulated library finalizes (a real blob's ``cudnn_backend_data``):
+    ``workspace`` is the plan's own workspace in bytes, as a finalized cuDNN plan reports it."""
+    payload: dict[str, Any] = {"description": description, "tensors": [t.to_dict() for t in tensors], "engine": engine.to_dict(),
+                               "workspace": int(workspace)}  # fmt: skip
     if behaviour is not None:
         payload["behaviour"] = dict(behaviour)  # a stored engine computes as it did, as a cuDNN plan would
     if unloadable:
-        payload["unloadable"] = True  # as a plan the library writes and cannot deserialize
-    return MAGIC + json.dumps(payload, sort_keys=True).encode()
+        payload["unloadable"] = True  # as a plan the library writes and cannot finalize
+    return json.dumps(payload, sort_keys=True)
 
 
-def decode(blob: bytes) -> dict[str, Any]:
-    """What ``encode`` wrote; ``ValueError`` for a blob that is not a test plan, or is the
-    plan of an ``unloadable=`` candidate."""
-    if not blob.startswith(MAGIC):
-        raise ValueError("not a plancache test plan (bad magic)")
-    payload: dict[str, Any] = json.loads(blob[len(MAGIC) :])
+def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
+           behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> bytes:  # fmt: skip
+    """The blob: a frontend plan whose backend plan reads and writes every tensor of the table."""
+    backend = representation(description, tensors, engine, behaviour=behaviour, unloadable=unloadable, workspace=workspace)
+    return encode_ubjson({
+        "json_version": FORMAT,
+        "cudnn_backend_data": backend,
+        "variant_pack_uids": sorted(spec.uid for spec in tensors),
+        "pass_by_values": {},
+        "workspace_modifications": {},
+        "variant_pack_replacements": [],
+        "fe_workspace_size": 0,
+        "aligned_operands": {},
+        "tensors_to_dump": [],
+        "behavior_notes": [[]],
+    })  # fmt: skip
+
+
+def payload_of(text: str) -> dict[str, Any]:
+    """The payload of a backend plan's representation; ``ValueError`` for one that is not a
+    test plan, or is the plan of an ``unloadable=`` candidate."""
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not a plancache test plan ({exc})") from exc
+    if not isinstance(payload, dict) or not {"description", "tensors", "engine"} <= set(payload):
+        raise ValueError("not a plancache test plan (fields missing)")
     if payload.get("unloadable"):
         raise ValueError("the test plan of an unloadable= candidate")
     return payload
 
 
-def refusal(blob: bytes) -> str | None:
-    """Why ``decode`` refuses ``blob`` (None: it reads it)."""
+def decode(blob: bytes) -> dict[str, Any]:
+    """The payload of a whole blob (``payload_of`` its ``cudnn_backend_data``)."""
     try:
-        decode(blob)
+        text = decode_ubjson(blob, keep={"cudnn_backend_data"}).get("cudnn_backend_data")
     except ValueError as exc:
-        return f"ValueError: {exc}"
-    return None
+        raise ValueError(f"not a plancache test plan ({exc})") from exc
+    if not isinstance(text, str):
+        raise ValueError("not a plancache test plan (no backend plan)")
+    return payload_of(text)
 
 
 def note_build(path: str | None, description: Mapping[str, Any]) -> None:

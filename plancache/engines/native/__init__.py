@@ -3,13 +3,13 @@
 ``ubjson`` reads the frontend's plan blobs, ``record`` takes what a launch needs out of
 one (and refuses what this path was not tested on), ``library`` owns the C libraries
 (ctypes; the GIL is released through every call), ``plan`` is a loaded plan and its
-launch. ``engines.cudnn_backend`` decides which plans go this way and falls back to the
-frontend's path for the others.
+launch. ``engines.guest_backend`` decides which plans go this way and leaves the others to
+the frontend's path.
 """
 
-from .library import Library, NativeError, library
-from .plan import NativePlan, captured_plans
-from .record import Layout, PlanRecord, RecordError, parse, refusal
+from .library import Libcuda, Library, NativeError, libcuda, library
+from .plan import NativePlan
+from .record import Fallback, Layout, PlanRecord, RecordError, parse, refusal
 
-__all__ = ["Layout", "Library", "NativeError", "NativePlan", "PlanRecord", "RecordError", "captured_plans", "library", "parse",
-           "refusal"]  # fmt: skip
+__all__ = ["Fallback", "Layout", "Libcuda", "Library", "NativeError", "NativePlan", "PlanRecord", "RecordError", "libcuda",
+           "library", "parse", "refusal"]  # fmt: skip

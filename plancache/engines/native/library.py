@@ -27,7 +27,7 @@ from typing import Any
 
 from ...errors import PlanCacheError
 
-__all__ = ["Library", "NativeError", "library"]
+__all__ = ["TRANSIENT_STATUSES", "Libcuda", "Library", "NativeError", "libcuda", "library"]
 
 # cudnnBackendDescriptorType_t
 EXECUTION_PLAN = 5
@@ -49,21 +49,34 @@ _c_void_p_p = ctypes.POINTER(ctypes.c_void_p)
 _c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
 
+#: cuDNN statuses that say nothing about the plan being loaded: host or device memory ran
+#: out, or CUDA failed underneath (``CUDNN_STATUS_INTERNAL_ERROR_*_ALLOCATION_FAILED``, the
+#: ``CUDNN_STATUS_EXECUTION_FAILED`` family). Every other status is cuDNN's word on the plan.
+TRANSIENT_STATUSES = frozenset({4003, 4004, *range(5000, 5010)})
+
+
 class NativeError(PlanCacheError, RuntimeError):
     """A call into cuDNN's C API or the CUDA driver failed: ``call`` names it, ``status``
-    is its status code."""
+    is its status code, ``library`` says whose ("cudnn" or "cuda")."""
 
-    def __init__(self, message: str, *, call: str, status: int) -> None:
+    def __init__(self, message: str, *, call: str, status: int, library: str = "cudnn") -> None:
         super().__init__(message)
         self.call = call
         self.status = status
+        self.library = library
+
+    @property
+    def transient(self) -> bool:
+        """Whether the failure is the process's, not the plan's: any CUDA driver failure,
+        or a cuDNN status of ``TRANSIENT_STATUSES``."""
+        return self.library == "cuda" or self.status in TRANSIENT_STATUSES
 
     def __reduce__(self) -> Any:
-        return (_rebuild_native_error, (str(self), self.call, self.status))
+        return (_rebuild_native_error, (str(self), self.call, self.status, self.library))
 
 
-def _rebuild_native_error(message: str, call: str, status: int) -> NativeError:
-    return NativeError(message, call=call, status=status)
+def _rebuild_native_error(message: str, call: str, status: int, library: str = "cudnn") -> NativeError:
+    return NativeError(message, call=call, status=status, library=library)
 
 
 def loaded_path(names: Sequence[str], maps: str = "/proc/self/maps") -> str | None:
@@ -81,10 +94,101 @@ def loaded_path(names: Sequence[str], maps: str = "/proc/self/maps") -> str | No
     return None
 
 
+class Libcuda:
+    """The CUDA driver calls plancache makes, declared once: device counts and context
+    state asked without creating anything (``cuInit`` creates no context), the calling
+    thread's capture mode, and the copies, zeroing and capture query of a launch."""
+
+    def __init__(self, cuda: Any) -> None:
+        self._cuda = cuda
+        int_p, uint_p = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint)
+        Library._declare(cuda.cuInit, [ctypes.c_uint], ctypes.c_int)
+        Library._declare(cuda.cuDriverGetVersion, [int_p], ctypes.c_int)
+        Library._declare(cuda.cuDeviceGetCount, [int_p], ctypes.c_int)
+        Library._declare(cuda.cuDeviceGet, [int_p, ctypes.c_int], ctypes.c_int)
+        Library._declare(cuda.cuDevicePrimaryCtxGetState, [ctypes.c_int, uint_p, int_p], ctypes.c_int)
+        Library._declare(cuda.cuThreadExchangeStreamCaptureMode, [int_p], ctypes.c_int)
+        Library._declare(
+            cuda.cuMemcpyHtoDAsync_v2, [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int
+        )
+        Library._declare(cuda.cuMemsetD8Async, [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int)
+        Library._declare(cuda.cuStreamIsCapturing, [ctypes.c_void_p, int_p], ctypes.c_int)
+        self._initialized: bool | None = None
+
+    def _init(self) -> bool:
+        if self._initialized is None:
+            self._initialized = self._cuda.cuInit(0) == 0
+        return self._initialized
+
+    def driver_version(self) -> int | None:
+        """The CUDA driver API version (12080, say); None when the driver cannot answer."""
+        version = ctypes.c_int()
+        return int(version.value) if self._cuda.cuDriverGetVersion(ctypes.byref(version)) == 0 else None
+
+    def device_count(self) -> int | None:
+        """``cuDeviceGetCount`` (``CUDA_VISIBLE_DEVICES`` applied); None when it cannot answer."""
+        count = ctypes.c_int()
+        if self._init() and self._cuda.cuDeviceGetCount(ctypes.byref(count)) == 0:
+            return int(count.value)
+        return None
+
+    def primary_context_active(self, device: int) -> bool | None:
+        """Whether this process's primary context of ``device`` exists, asked without
+        creating anything; None when the driver cannot answer."""
+        handle, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+        if (
+            self._init()
+            and self._cuda.cuDeviceGet(ctypes.byref(handle), int(device)) == 0
+            and self._cuda.cuDevicePrimaryCtxGetState(handle, ctypes.byref(flags), ctypes.byref(active)) == 0
+        ):
+            return bool(active.value)
+        return None
+
+    def exchange_capture_mode(self, mode: int) -> int | None:
+        """Set the calling thread's stream-capture interaction mode; the previous one, or
+        None when the driver refused (then nothing changed)."""
+        value = ctypes.c_int(mode)
+        if self._cuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(value)) != 0:
+            return None
+        return int(value.value)
+
+    def copy_to_device(self, destination: int, source: Any, size: int, stream: int) -> None:
+        _check_driver(self._cuda.cuMemcpyHtoDAsync_v2(destination, source, size, stream), "cuMemcpyHtoDAsync")
+
+    def zero(self, destination: int, size: int, stream: int) -> None:
+        _check_driver(self._cuda.cuMemsetD8Async(destination, 0, size, stream), "cuMemsetD8Async")
+
+    def capturing(self, stream: int) -> bool:
+        status = ctypes.c_int()
+        _check_driver(self._cuda.cuStreamIsCapturing(stream, ctypes.byref(status)), "cuStreamIsCapturing")
+        return status.value != 0
+
+
+def _check_driver(status: int, call: str) -> None:
+    if status != 0:
+        raise NativeError(f"{call} failed: CUDA driver error {status}", call=call, status=status, library="cuda")
+
+
+_libcuda_lock = threading.Lock()
+_libcuda: list[Libcuda | None] = []
+
+
+def libcuda() -> Libcuda | None:
+    """The CUDA driver library, declared once; None on a machine without one. Loading it
+    creates nothing: every call that needs ``cuInit`` makes it first."""
+    with _libcuda_lock:
+        if not _libcuda:
+            try:
+                _libcuda.append(Libcuda(ctypes.CDLL("libcuda.so.1")))
+            except (OSError, AttributeError):
+                _libcuda.append(None)
+        return _libcuda[0]
+
+
 class Library:
     """cuDNN's backend API and the few driver calls launches need, declared once."""
 
-    def __init__(self, cudnn: Any, cuda: Any) -> None:
+    def __init__(self, cudnn: Any, cuda: Libcuda) -> None:
         self._cudnn = cudnn
         self._cuda = cuda
         c = cudnn
@@ -102,11 +206,6 @@ class Library:
                       [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, _c_int64_p, ctypes.c_void_p],
                       ctypes.c_int)  # fmt: skip
         self._declare(c.cudnnBackendExecute, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int)
-        self._declare(
-            cuda.cuMemcpyHtoDAsync_v2, [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int
-        )
-        self._declare(cuda.cuMemsetD8Async, [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int)
-        self._declare(cuda.cuStreamIsCapturing, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int)
         # The hot calls, bound once: an attribute lookup on a CDLL costs a dict probe.
         self._execute = c.cudnnBackendExecute
         self._set_stream = c.cudnnSetStream
@@ -128,10 +227,6 @@ class Library:
         self._cudnn.cudnnGetLastErrorString(detail, len(detail))
         said = detail.value.decode(errors="replace").strip()
         return NativeError(f"{call} failed: {name} ({status}){': ' + said if said else ''}", call=call, status=status)
-
-    def _check_driver(self, status: int, call: str) -> None:
-        if status != 0:
-            raise NativeError(f"{call} failed: CUDA driver error {status}", call=call, status=status)
 
     # ------------------------------------------------------------------ handles
 
@@ -214,15 +309,13 @@ class Library:
     # ------------------------------------------------------------------ driver
 
     def copy_to_device(self, destination: int, source: Any, size: int, stream: int) -> None:
-        self._check_driver(self._cuda.cuMemcpyHtoDAsync_v2(destination, source, size, stream), "cuMemcpyHtoDAsync")
+        self._cuda.copy_to_device(destination, source, size, stream)
 
     def zero(self, destination: int, size: int, stream: int) -> None:
-        self._check_driver(self._cuda.cuMemsetD8Async(destination, 0, size, stream), "cuMemsetD8Async")
+        self._cuda.zero(destination, size, stream)
 
     def capturing(self, stream: int) -> bool:
-        status = ctypes.c_int()
-        self._check_driver(self._cuda.cuStreamIsCapturing(stream, ctypes.byref(status)), "cuStreamIsCapturing")
-        return status.value != 0
+        return self._cuda.capturing(stream)
 
 
 _lock = threading.Lock()
@@ -241,5 +334,8 @@ def library(load_cudnn: Callable[[], None] | None = None) -> Library:
                 path = loaded_path(_NAMES)
             if path is None:
                 raise OSError("cuDNN is not loaded in this process (no libcudnn_graph.so or libcudnn.so in /proc/self/maps)")
-            _loaded.append(Library(ctypes.CDLL(path), ctypes.CDLL("libcuda.so.1")))
+            cuda = libcuda()
+            if cuda is None:
+                raise OSError("the CUDA driver library (libcuda.so.1) cannot be loaded")
+            _loaded.append(Library(ctypes.CDLL(path), cuda))
         return _loaded[0]

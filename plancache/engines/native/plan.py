@@ -10,8 +10,8 @@ Lifetimes: a plan owns its backend descriptor, its variant packs and the host bu
 the backend reads (by-value scalars, the floats copied into the workspace). A CUDA graph
 captured from a launch keeps pointing at all of them, and cuDNN releases a
 runtime-compiled plan's code with the plan, so a plan launched on a capturing stream is
-kept for the rest of the process (``_CAPTURED``); any other is destroyed, exactly once,
-when its last reference goes.
+kept for the rest of the process (the launcher pins it, ``engines.guest_backend``); any
+other is destroyed, exactly once, when its last reference goes.
 """
 
 from __future__ import annotations
@@ -30,10 +30,6 @@ __all__ = ["PACKS_PER_PLAN", "NativePlan"]
 #: Variant packs kept per plan (one per set of pointers a program launches with; a
 #: training step or a server's fixed buffers repeat a few).
 PACKS_PER_PLAN = 8
-
-#: Plans launched while their stream was capturing: a CUDA graph may replay them at any
-#: time, so they live as long as the process.
-_CAPTURED: set[NativePlan] = set()
 
 
 class _Owned:
@@ -79,7 +75,6 @@ class NativePlan:
         self._uids = (ctypes.c_int64 * len(backend))(*(self.layout.uids[slot] for slot in backend))
         self._count = len(backend)
         self._lock = threading.Lock()
-        self._pinned = False
 
     def __repr__(self) -> str:
         return f"<NativePlan device {self.device} uids {list(self.user_uids)} workspace {self.workspace_size}>"
@@ -107,9 +102,6 @@ class NativePlan:
         ``user`` the caller's data pointers in ``user_uids`` order, ``workspace`` a device
         buffer of at least ``workspace_size`` bytes (0 when none is needed)."""
         library = self.library
-        if not self._pinned and library.capturing(stream):
-            self._pinned = True
-            _CAPTURED.add(self)
         for offset, floats in self._copies:
             library.copy_to_device(workspace + offset, floats, ctypes.sizeof(floats), stream)
         for offset, size in self._zeros:
@@ -117,8 +109,3 @@ class NativePlan:
         with self._lock:  # a pack in use must not be destroyed by another thread's eviction
             pack = self._pack(user, workspace)
             library.execute(handle, self.plan, pack)
-
-
-def captured_plans() -> int:
-    """How many plans are kept for CUDA graphs that may replay them."""
-    return len(_CAPTURED)

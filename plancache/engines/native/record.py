@@ -28,6 +28,7 @@ frontend's own path.
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import re
@@ -38,7 +39,7 @@ from typing import Any
 
 from .ubjson import UbjsonError, decode
 
-__all__ = ["BY_VALUE_TYPES", "TESTED_VERSIONS", "ByValue", "Layout", "PlanRecord", "WorkspaceChange", "lowered_layouts", "parse",
+__all__ = ["BY_VALUE_TYPES", "TESTED_VERSIONS", "ByValue", "Fallback", "Layout", "PlanRecord", "WorkspaceChange", "lowered_layouts", "parse",
            "refusal"]  # fmt: skip
 
 #: Plan formats (``json_version``) the native path was tested on, against real blobs
@@ -258,24 +259,33 @@ def _log_level() -> int:
     return int(found.group(1)) if found else 0
 
 
-def refusal(record: PlanRecord, tensors: Collection[int] | None = None) -> str | None:
+class Fallback(enum.Enum):
+    """Why a blob is left to the frontend's own path (``refusal``): one kind each, counted."""
+
+    UNREADABLE = "not a frontend plan the native path reads"
+    FORMAT = "a plan format the native path was not tested on"
+    FIELDS = "fields the native path does not know"
+    DUMPS = "the frontend's tensor dumps are on (CUDNN_FRONTEND_LOG_INFO)"
+    UIDS = "uids the tensor table lacks"
+    OFF = "the native path is turned off"
+
+
+def refusal(record: PlanRecord, tensors: Collection[int] | None = None) -> Fallback | None:
     """Why the native path must not load ``record`` (the frontend's own path does), or None.
     ``tensors``: the uids of the caller's tensors (the plan's tensor table), when known: a
     uid the plan reads that is neither one of them nor the frontend's own could not be
     filled at launch."""
     if record.version not in TESTED_VERSIONS:
-        return f"plan format {record.version or 'unversioned'} is not one the native path was tested on ({', '.join(sorted(TESTED_VERSIONS))})"
-    unknown = record.fields - _READ - _DESCRIPTIVE
-    if unknown:
-        return f"the plan has fields the native path does not know: {', '.join(sorted(unknown))}"
-    if record.dumps and 1 <= _log_level() < 10:
-        return "the frontend's tensor dumps are on (CUDNN_FRONTEND_LOG_INFO), which only its own path writes"
+        return Fallback.FORMAT
+    if record.fields - _READ - _DESCRIPTIVE:
+        return Fallback.FIELDS
+    if record.dumps and 1 <= _log_level() < 10:  # only the frontend's own path writes them
+        return Fallback.DUMPS
     if tensors is not None:
         known = set(tensors) | set(record.by_value) | set(record.workspace)
         known |= {target for target, _ in record.replacements.values()}
-        missing = sorted(set(record.variant_pack_uids) - known)
-        if missing:
-            return f"the plan reads uids the tensor table lacks: {missing}"
+        if set(record.variant_pack_uids) - known:
+            return Fallback.UIDS
     return None
 
 

@@ -1,4 +1,4 @@
-"""A small UBJSON decoder: the format cuDNN Frontend serializes plans in.
+"""A small UBJSON decoder (and encoder): the format cuDNN Frontend serializes plans in.
 
 The frontend writes plans with nlohmann::json's ``to_ubjson``: big-endian integers in the
 smallest type that holds them, doubles, length-prefixed strings, ``[...]`` arrays and
@@ -10,7 +10,8 @@ real plans recorded on a GPU (``tests/data/plans``).
 
 ``decode(data, keep=...)`` builds Python objects only for the top-level keys it is asked
 for and steps over the others (a plan's graph description can be tens of kilobytes that a
-load does not need).
+load does not need). ``encode`` writes what the frontend writes; the CPU test backend
+makes its plan blobs with it, so they go through the same reading as a GPU's.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import struct
 from collections.abc import Collection
 from typing import Any
 
-__all__ = ["UbjsonError", "decode"]
+__all__ = ["UbjsonError", "decode", "encode"]
 
 _INTEGERS = {
     ord("i"): struct.Struct(">b"), ord("U"): struct.Struct(">B"), ord("I"): struct.Struct(">h"),
@@ -179,3 +180,31 @@ def decode(data: bytes, keep: Collection[str] | None = None, keys: list[str] | N
     if reader.pos != len(reader.data):
         raise UbjsonError(f"{len(reader.data) - reader.pos} bytes after the UBJSON value")
     return value
+
+
+_ENCODED_INTEGERS = ((b"i", ">b", -(2**7), 2**7 - 1), (b"U", ">B", 0, 2**8 - 1), (b"I", ">h", -(2**15), 2**15 - 1),
+                     (b"l", ">i", -(2**31), 2**31 - 1), (b"L", ">q", -(2**63), 2**63 - 1))  # fmt: skip
+
+
+def encode(value: Any) -> bytes:
+    """``value`` as nlohmann::json's ``to_ubjson`` writes it: integers in the smallest type
+    that holds them, doubles, length-prefixed strings, unsized containers."""
+    if value is None:
+        return b"Z"
+    if value is True or value is False:
+        return b"T" if value else b"F"
+    if isinstance(value, int):
+        for marker, fmt, low, high in _ENCODED_INTEGERS:
+            if low <= value <= high:
+                return marker + struct.pack(fmt, value)
+        raise UbjsonError(f"integer {value} does not fit in 64 bits")
+    if isinstance(value, float):
+        return b"D" + struct.pack(">d", value)
+    if isinstance(value, str):
+        data = value.encode()
+        return b"S" + encode(len(data)) + data
+    if isinstance(value, (list, tuple)):
+        return b"[" + b"".join(encode(v) for v in value) + b"]"
+    if isinstance(value, dict):
+        return b"{" + b"".join(encode(len(k.encode())) + k.encode() + encode(v) for k, v in value.items()) + b"}"
+    raise UbjsonError(f"cannot encode a {type(value).__name__}")

@@ -1,0 +1,139 @@
+"""The driver seam: what the guest backend (``engines.guest_backend``) needs of a machine.
+
+It is as small as cuDNN's own C API: devices, streams and their capture state, the
+calling thread's capture mode, handles, workspaces, the C library that loads and launches
+plans, and the frontend's own deserialize and execute for the plans that path keeps.
+Everything above it, the guest discipline, handle leasing, load routing and launch
+composition, is written once (``GuestBackend``) and runs unchanged on both drivers:
+
+* ``engines.cudnn_driver.CudnnDriver`` calls CUDA, cuDNN and torch;
+* ``testing.driver.CpuDriver`` simulates them on the CPU, where bugs hide (loads that
+  capture, streams and capture modes, alignment, sticky errors, plans read by pointer),
+  and holds no logic of its own.
+
+A test that passes on the CPU therefore says something about the code the GPU runs. No
+torch, cuDNN or CUDA import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+__all__ = ["Driver", "FrontendLaunch", "Handle"]
+
+#: The frontend's own launch of a graph it loaded: ``(tensors by uid, workspace or None,
+#: handle)``, on the stream the handle is set to.
+FrontendLaunch = Callable[[Mapping[int, Any], Any, Any], None]
+
+
+class Handle(Protocol):
+    """A cuDNN handle: the stream it is set to (None: NULL) and its C pointer."""
+
+    stream: Any
+    backend_handle: int
+
+
+class Driver(Protocol):
+    """CUDA, cuDNN and the allocator, as the guest backend uses them."""
+
+    name: str
+    #: torch device type the plan's tensors must live on ("cuda" or "cpu").
+    device_type: str
+
+    @property
+    def transient_errors(self) -> tuple[type[BaseException], ...]:
+        """Exceptions that are the process's, never a plan's (a sticky CUDA error, memory)."""
+        ...
+
+    # ------------------------------------------------------------------ devices
+
+    def require(self) -> None:
+        """Raise ``NoGpuError`` when no device can be used."""
+        ...
+
+    def ready(self, device: int) -> None:
+        """Set CUDA up for plancache's own work on ``device`` (after the program's first
+        use, or for a call the program made itself); raises when the device is unusable."""
+        ...
+
+    def current_device(self) -> int: ...
+
+    def device_getter(self) -> Callable[[], int]:
+        """The cheapest ``() -> current device`` (called on every launch)."""
+        ...
+
+    def use_device(self, index: int) -> None: ...
+
+    def on_device(self, index: int) -> AbstractContextManager[Any]:
+        """``index`` current for the block, then the caller's device again."""
+        ...
+
+    def device_count(self) -> int: ...
+
+    def device_in_use(self, device: int) -> bool:
+        """Whether this process has set ``device`` up, asked without setting anything up."""
+        ...
+
+    def environment(self, device: int) -> dict[str, Any]: ...
+
+    # ------------------------------------------------------------------ streams and captures
+
+    def capturing(self) -> bool:
+        """Whether the calling thread's current stream captures (asked without setting CUDA up)."""
+        ...
+
+    def stream_capturing(self, stream: int) -> bool:
+        """Whether ``stream`` (a raw stream) captures."""
+        ...
+
+    def exchange_capture_mode(self, mode: int) -> int | None:
+        """Set the calling thread's capture mode; the previous one (None: not changed)."""
+        ...
+
+    def new_stream(self, device: int) -> Any:
+        """A new non-blocking stream on ``device`` (plancache's own)."""
+        ...
+
+    def raw_stream(self, stream: Any) -> int:
+        """A stream made by ``new_stream`` as the integer cuDNN takes."""
+        ...
+
+    def stream_getter(self) -> Callable[[int], int]:
+        """The cheapest ``device -> the calling thread's current raw stream`` (every launch)."""
+        ...
+
+    # ------------------------------------------------------------------ handles and memory
+
+    def create_handle(self, device: int) -> Handle:
+        """A new cuDNN handle on ``device`` (a ``cudaMalloc``; called in relaxed mode)."""
+        ...
+
+    def set_stream(self, handle: Handle, stream: int) -> None:
+        """Point ``handle`` at ``stream`` (and remember it in ``handle.stream``)."""
+        ...
+
+    def workspace(self, size: int, device: int) -> Any:
+        """``size`` bytes on ``device`` from the caching allocator, on the current stream,
+        for one launch; an object with ``data_ptr()``."""
+        ...
+
+    # ------------------------------------------------------------------ plans
+
+    def library(self) -> Any:
+        """The C API plans are loaded and launched through (``engines.native.Library``'s calls)."""
+        ...
+
+    def deserialize(self, blob: bytes, handle: Handle) -> Any:
+        """The frontend's own load of ``blob`` (its warm-up capture on the handle's stream);
+        raises ``TransientLoadError`` for a failure that is the process's."""
+        ...
+
+    def frontend_launch(self, graph: Any) -> FrontendLaunch:
+        """How the frontend launches ``graph`` (one it built or deserialized)."""
+        ...
+
+    def after_fork(self) -> None:
+        """Forget per-process state in a forked child."""
+        ...

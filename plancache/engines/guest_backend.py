@@ -1,0 +1,220 @@
+"""The backend written once, as a guest, over a driver (``engines.driver``).
+
+Everything a stored plan goes through between the cache and the machine lives here, and
+runs unchanged over cuDNN's driver on a GPU and over the CPU test driver in the suite:
+
+* **the guest block** (``guest``, ``engines.guest``): plancache's own CUDA work is refused
+  on a capturing thread, runs in relaxed capture mode on a non-blocking stream of its own,
+  and leaves the caller's device as it was;
+* **handle leasing** (``engines.handles``): a pool per device, filled at load, so that a
+  launch inside a capture creates nothing;
+* **load routing** (``load``): a blob the native path reads and was tested on is finalized
+  through the C API (``engines.native``); any other goes to the frontend's own
+  deserialize, its warm-up pointed at plancache's stream, one at a time, counted in
+  ``native_fallbacks`` by kind. A failure that is the process's (a capture, memory, a
+  sticky error) raises ``TransientLoadError``; any other is the library refusing the blob;
+* **launch composition** (``launcher``): per launch, the plan's device, a workspace from
+  the caching allocator on the launching stream, a leased handle pointed at that stream,
+  the caller's pointers in the plan's uid order, and a plan that a capture may replay
+  kept for the rest of the process.
+
+What differs between machines, building candidates and rebuilding plans, is the
+subclass's (``CudnnBackend``, ``CpuTestBackend``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from ..key import TensorSpec
+from .driver import Driver
+from .guest import refuse_while_capturing, relaxed
+from .handles import Handles
+from .native import NativeError, NativePlan, RecordError, parse, refusal
+from .native.record import Fallback
+
+__all__ = ["GuestBackend", "pinned_plans"]
+
+#: Plans launched while their stream was capturing: a CUDA graph may replay them at any
+#: time, and cuDNN releases a plan's code with the plan, so they live as long as the process.
+_PINNED: list[Any] = []
+_PINNED_LOCK = threading.Lock()
+
+
+def pinned_plans() -> int:
+    """How many plans are kept for CUDA graphs that may replay them."""
+    return len(_PINNED)
+
+
+def _pin(native: Any) -> None:
+    with _PINNED_LOCK:
+        if not any(kept is native for kept in _PINNED):
+            _PINNED.append(native)
+
+
+class GuestBackend:
+    """The backend seam (``engines.backend.Backend``) over a ``Driver``: the guest block,
+    handles, loads and launches. Subclasses add candidates and rebuilds."""
+
+    def __init__(self, driver: Driver, *, native: bool = True) -> None:
+        self.driver = driver
+        self.native = native  # False: every plan loads through the frontend's path
+        self.name = driver.name
+        self.device_type = driver.device_type
+        self.handles = Handles(driver.create_handle, driver.capturing, lambda: relaxed(driver))
+        #: Plans loaded through the frontend's path instead of the native one, by kind
+        #: (``PlanCache.stats`` shows them as ``native_fallbacks``).
+        self.native_fallbacks: collections.Counter[str] = collections.Counter()
+        self._frontend_loads = threading.Lock()  # two warm-ups on one stream would capture each other's work
+        self._streams: dict[int, Any] = {}  # device -> plancache's own non-blocking stream
+
+    # ------------------------------------------------------------------ devices
+
+    def current_device(self) -> int:
+        self.driver.require()
+        return self.driver.current_device()
+
+    def use_device(self, index: int) -> None:
+        self.driver.use_device(index)
+
+    def device_count(self) -> int:
+        return self.driver.device_count()
+
+    def device_in_use(self, device: int) -> bool:
+        return self.driver.device_in_use(device)
+
+    def environment(self, device: int | None = None) -> dict[str, Any]:
+        self.driver.require()
+        return dict(self.driver.environment(self.driver.current_device() if device is None else device))
+
+    def capturing(self) -> bool:
+        return self.driver.capturing()
+
+    # ------------------------------------------------------------------ the guest block
+
+    @contextlib.contextmanager
+    def guest(self, device: int) -> Iterator[Any]:
+        """plancache's own CUDA work on ``device``: refused while this thread captures;
+        relaxed capture mode; the device current, then the caller's again; yields the
+        non-blocking stream of plancache's own on that device."""
+        driver = self.driver
+        driver.require()
+        refuse_while_capturing(driver.capturing(), "loading or building a plan")
+        driver.ready(device)  # the capture mode can only be set once CUDA is set up
+        with relaxed(driver), driver.on_device(device):
+            yield self.own_stream(device)
+
+    def own_stream(self, device: int) -> Any:
+        """plancache's own stream on ``device`` (made inside a guest block): non-blocking,
+        never the caller's."""
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = self.driver.new_stream(device)
+        return stream
+
+    def prepare(self, device: int) -> None:
+        with self.guest(device):
+            self.handles.ensure(device)
+
+    def after_fork(self) -> None:
+        self.handles.forget()
+        self._streams = {}
+        self.driver.after_fork()
+
+    # ------------------------------------------------------------------ loading
+
+    def route(self, blob: bytes, tensors: Sequence[TensorSpec]) -> tuple[Any, Fallback | None]:
+        """``(record, None)`` for a blob the native path loads, else ``(None, why)``."""
+        if not self.native:
+            return None, Fallback.OFF
+        try:
+            record = parse(blob)
+        except RecordError:
+            return None, Fallback.UNREADABLE
+        return record, refusal(record, {spec.uid for spec in tensors})
+
+    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
+        """Load a stored plan onto ``device`` (default: the current one): through the C API
+        (no GIL held through the finalize; nothing captured, allocated or synchronized),
+        else through the frontend's ``deserialize`` (counted in ``native_fallbacks``).
+        Raises ``TransientLoadError`` for a failure that is not the blob's."""
+        device = self.current_device() if device is None else device
+        record, why = self.route(blob, tensors)
+        with self.guest(device) as stream, self._transient():
+            if why is None:
+                with self.handles.lease(device) as handle:
+                    return NativePlan(self.driver.library(), record, handle.backend_handle, device)
+            self.native_fallbacks[why.value] += 1
+            with self._frontend_loads, self.handles.lease(device) as handle:
+                # Never NULL (the frontend would make a blocking stream) and never the caller's.
+                self.driver.set_stream(handle, self.driver.raw_stream(stream))
+                return self.driver.deserialize(blob, handle)
+
+    @contextlib.contextmanager
+    def _transient(self) -> Iterator[None]:
+        """A failure in the block that is the process's, not the blob's, raises ``TransientLoadError``."""
+        from ..errors import TransientLoadError
+
+        try:
+            yield
+        except TransientLoadError:
+            raise
+        except NativeError as exc:
+            if exc.transient:
+                raise TransientLoadError(f"loading the plan failed for now: {exc}") from exc
+            raise
+        except self.driver.transient_errors as exc:
+            raise TransientLoadError(f"loading the plan failed for now: {type(exc).__name__}: {exc}") from exc
+
+    # ------------------------------------------------------------------ launching
+
+    def launcher(self, native: Any, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
+        """What ``Plan.execute`` calls for each launch (tensors by uid, already checked),
+        with everything that does not change between launches resolved once."""
+        driver = self.driver
+        current_device, raw_stream = driver.device_getter(), driver.stream_getter()
+        stream_capturing, set_stream, workspace_of = driver.stream_capturing, driver.set_stream, driver.workspace
+        take, give = self.handles.take, self.handles.give
+        if isinstance(native, NativePlan):
+            size = max(int(workspace_size), native.workspace_size)
+            uids, run_native = native.user_uids, native.launch
+
+            def run(pack: Mapping[int, Any], workspace: Any, handle: Any, stream: int) -> None:
+                run_native([pack[u].data_ptr() for u in uids], workspace.data_ptr() if workspace is not None else 0,
+                           handle.backend_handle, stream)  # fmt: skip
+        else:
+            size = int(workspace_size)
+            run_frontend = driver.frontend_launch(native)
+
+            def run(pack: Mapping[int, Any], workspace: Any, handle: Any, stream: int) -> None:
+                run_frontend(pack, workspace, handle)
+
+        pinned = False
+
+        def launch(pack: Mapping[int, Any]) -> None:
+            nonlocal pinned
+            if current_device() != device:
+                with driver.on_device(device):  # the plan's device, with that device's current stream
+                    launch(pack)
+                return
+            stream = raw_stream(device)
+            if not pinned and stream_capturing(stream):
+                # A CUDA graph now points at this plan's code and buffers: kept for good.
+                pinned = True
+                _pin(native)
+            # Per launch, on the current stream, from the caching allocator (inside a
+            # capture, from the capture's pool): never shared by two streams.
+            workspace = workspace_of(size, device) if size > 0 else None
+            handle = take(device)
+            try:
+                if handle.stream != stream:
+                    set_stream(handle, stream)
+                run(pack, workspace, handle, stream)
+            finally:
+                give(device, handle)
+
+        return launch
