@@ -26,7 +26,7 @@ import plancache.store.bookkeeping
 import plancache.tiers.local
 from plancache import BuildError, BuildOptions, InvalidGraphError, PlanCache, PlanCacheError, Store, StoreError
 from plancache.cache.builder import _signature
-from plancache.cache.cache import _COUNTERS
+from plancache.cache.counters import NAMES as COUNTERS
 from plancache.key import environment_id
 from plancache.store import DB_NAME, maintenance
 from plancache.testing import CpuTestBackend, plans
@@ -256,7 +256,7 @@ def test_counters_and_stats(make_cache: MakeCache) -> None:
     first.get(spec.graph())
     first.get(spec.graph())
     stats = first.stats()
-    assert set(stats["process"]) == {*_COUNTERS, "memory_plans", "memory_evicted", "native_fallbacks", "native_fallback_reasons"}
+    assert set(stats["process"]) == {*COUNTERS, "memory_plans", "memory_evicted", "native_fallbacks", "native_fallback_reasons"}
     assert stats["process"].pop("native_fallback_reasons") == {}
     assert stats["process"]["misses"] == 1 and stats["process"]["memory_hits"] == 1
     assert stats["process"]["memory_plans"] == 1
@@ -594,7 +594,7 @@ def test_the_first_lookups_on_two_threads_never_see_a_device_half_set_up(
     the first is encoding."""
     cache = make_cache()
     spec = EXAMPLES["conv_bias_relu"]
-    encode = plancache.cache.cache.canonical_json
+    encode = plancache.cache.lookup.canonical_json
     interleaved: list[Any] = []
 
     def encode_while_another_lookup_runs(value: Any) -> str:
@@ -603,7 +603,7 @@ def test_the_first_lookups_on_two_threads_never_see_a_device_half_set_up(
             interleaved[0] = cache.get(spec.graph())
         return encode(value)
 
-    monkeypatch.setattr(plancache.cache.cache, "canonical_json", encode_while_another_lookup_runs)
+    monkeypatch.setattr(plancache.cache.lookup, "canonical_json", encode_while_another_lookup_runs)
     plan = cache.get(spec.graph())
     assert interleaved and interleaved[0].key == plan.key
 

@@ -251,7 +251,7 @@ def test_the_primer_gives_way_while_a_lookup_builds(make_cache: MakeCache, cache
         time.sleep(0.005)
     from plancache.cache.priming import Primer
 
-    primer = Primer(cache)
+    primer = Primer(cache.lookup)
     primer.start()
     time.sleep(0.15)
     assert backend.loaded == [], "no load started while the lookup was building"
@@ -287,7 +287,7 @@ def test_closing_the_cache_while_a_lookup_builds_stops_the_primer_at_once(make_c
         time.sleep(0.005)
     from plancache.cache.priming import Primer
 
-    cache.primer = Primer(cache)  # what auto-prime starts
+    cache.primer = Primer(cache.lookup)  # what auto-prime starts
     cache.primer.start()
     time.sleep(0.1)
     started = time.monotonic()

@@ -15,18 +15,21 @@ from typing import Any, Protocol, TypeVar
 from ..key import BuildOptions
 from ..runtime.plan import Plan
 from ..tiers.memory import LRU
+from .counters import Counters
 
 
 class _Cache(Protocol):
     """What the decorator needs of a ``PlanCache`` (named here so that builder.py does not
     import cache.py, which imports it)."""
 
-    memory: LRU[Any, Plan]
     backend: Any
-    counters: dict[str, int]
+    counters: Counters
     local: Any  # the local tier: note_hit
     #: Every builder's plans: a forked child clears them with the memory tier.
     builder_plans: weakref.WeakSet[LRU[Any, Plan]]
+
+    @property
+    def memory(self) -> LRU[Any, Plan]: ...
 
     def check_open(self) -> None: ...
 

@@ -33,11 +33,12 @@ from ..config import APP, AUTO_PRIME, MAX_SIZE, MEMORY_PLANS, REDIS_URL
 from ..engines.autotune import TimingPolicy
 from ..engines.backend import Backend, Load
 from ..errors import PlanCacheError
-from ..key import BuildOptions, CacheKey, canonical_json, describe, environment_id, make_key
+from ..key import BuildOptions, CacheKey
 from ..runtime.plan import Plan, names_of
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .builder import plan_builder
+from .counters import Counters
 from .flight import SingleFlight, lock_timeout_of
 from .lookup import Lookup
 from .priming import Primer, app_name
@@ -47,10 +48,6 @@ __all__ = ["PlanCache"]
 
 log = logging.getLogger("plancache")
 F = TypeVar("F", bound=Callable[..., Any])
-
-_COUNTERS = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "store_errors", "waits",
-             "unpersisted", "kernel_cache_restores", "primed", "no_majority", "rechecks", "load_failures",
-             "unloadable")  # fmt: skip
 
 
 def _default_backend() -> Backend:
@@ -110,32 +107,26 @@ class PlanCache:
         app: str | None = None,
     ) -> None:
         lock_timeout = lock_timeout_of(lock_timeout)  # before anything is opened
-        self.counters = dict.fromkeys(_COUNTERS, 0)
+        self.counters = Counters()
         self._warned: set[str] = set()
         self.backend = backend if backend is not None else _default_backend()
         self.options = options or BuildOptions()
         self.timing = timing or TimingPolicy()
         self.max_size = MAX_SIZE.given_or_env(max_size, "max_size")
         auto_prime = AUTO_PRIME.given_or_env(auto_prime, "auto_prime")
-        self.local = LocalTier(directory, read_only=read_only, max_bytes=self.max_size, warn=self._warn_once, count=self._count,
-                               app=APP.of(app, "app") or app_name())  # fmt: skip
+        self.local = LocalTier(directory, read_only=read_only, max_bytes=self.max_size, warn=self._warn_once,
+                               count=self.counters.count, app=APP.of(app, "app") or app_name())  # fmt: skip
         self.directory = self.local.directory
-        self.memory: LRU[tuple[str, int], Plan] = LRU(MEMORY_PLANS.given_or_env(max_plans, "max_plans"))
         self.builder_plans: weakref.WeakSet[LRU[Any, Plan]] = weakref.WeakSet()  # of each @builder
         self.remote = remote if remote is not None else _remote_from_env()
         self.flight = SingleFlight(_lock_directory(self.local), timeout=lock_timeout, remote=self.remote, warn=self._warn_once,
-                                   count=self._count)  # fmt: skip
+                                   count=self.counters.count)  # fmt: skip
         self.lock_timeout = lock_timeout
         self.persist_kernel_cache = persist_kernel_cache
-        self._environments: dict[int, tuple[dict[str, Any], str]] = {}
-        self._environment_json: dict[str, str] = {}
-        self.lookup = Lookup(backend=self.backend, timing=self.timing, local=self.local, memory=self.memory, flight=self.flight,
-                             remote=self.remote, counters=self.counters, warn=self._warn_once, environment=self._environment,
+        self.lookup = Lookup(backend=self.backend, timing=self.timing, local=self.local, flight=self.flight, remote=self.remote,
+                             counters=self.counters, warn=self._warn_once, max_plans=MEMORY_PLANS.given_or_env(max_plans, "max_plans"),
                              persist_kernel_cache=persist_kernel_cache)  # fmt: skip
-        self._recorders: list[Callable[[Any, CacheKey], None]] = []
         self._remote_flushed: dict[str, int] = {}
-        self._closed = False
-        self._used: set[tuple[str, int]] = set()  # (key, device) this run has noted for auto-prime
         recorder_from_env(self)  # PLANCACHE_RECORD=path: record every graph into a manifest
         if self.local.available and self.local.read_only:
             self._warn_once(
@@ -145,19 +136,24 @@ class PlanCache:
         #: The auto-prime thread of this cache (None when off or without a store).
         self.primer: Primer | None = None
         if auto_prime and self.local.available:
-            self.primer = Primer(self)
+            self.primer = Primer(self.lookup)
             self.primer.start()
 
     # ------------------------------------------------------------------ public
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self.lookup.closed
+
+    @property
+    def memory(self) -> LRU[tuple[str, int], Plan]:
+        """The memory tier: loaded plans by ``(key, device)``."""
+        return self.lookup.memory
 
     def check_open(self) -> None:
         """Raise ``PlanCacheError`` once the cache is closed: it serves no plan after that,
         not even one a builder remembers."""
-        if self._closed:
+        if self.lookup.closed:
             raise PlanCacheError(f"the plan cache in {self.directory} is closed", path=str(self.directory))
 
     @property
@@ -168,28 +164,17 @@ class PlanCache:
     @property
     def environment(self) -> dict[str, Any]:
         """The environment fingerprint of the calling thread's current device."""
-        return dict(self._environment(self.backend.current_device())[0])
-
-    def _environment(self, device: int) -> tuple[dict[str, Any], str]:
-        found = self._environments.get(device)
-        if found is None:
-            env = self.backend.environment(device)
-            found = (env, environment_id(env))
-            # The encoding first: another thread that finds the device's entry reads its
-            # encoding at once, unlocked (encoded once, hashed by every lookup).
-            self._environment_json[found[1]] = canonical_json(env)
-            self._environments[device] = found
-        return found
+        return self.environment_of(self.backend.current_device())
 
     def environment_of(self, device: int) -> dict[str, Any]:
         """The environment fingerprint of ``device``."""
-        return dict(self._environment(device)[0])
+        return dict(self.lookup.environment(device)[0])
 
     def key(self, graph: Any, options: BuildOptions | None = None, *, device: int | None = None) -> CacheKey:
         """The key ``graph`` is stored under on ``device`` (default: the current one);
         ``key.explain()`` shows each part."""
         device = self.backend.current_device() if device is None else device
-        return make_key(describe(graph), self._environment(device)[0], options or self.options)
+        return self.lookup.key(graph, options or self.options, device)
 
     def get(self, graph: Any, *, options: BuildOptions | None = None, inputs: Mapping[int, Any] | None = None,
             load: Load | None = None) -> Plan:  # fmt: skip
@@ -203,37 +188,18 @@ class PlanCache:
         loaded back that way. Raises ``InvalidGraphError`` for a graph that cannot be keyed
         or built, ``BuildError`` when no candidate builds on this GPU.
         """
-        options = options or self.options
-        key, device = self._lookup_key(graph, options)
-        for record in self._recorders:
-            record(graph, key)
-        slot = (key.digest, device)
-        plan = self.memory.get(slot)
-        if plan is not None:
-            self.counters["memory_hits"] += 1
-            self.local.note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
-        else:
-            plan = self.lookup.resolve(graph, key, options, device, inputs, load)
-        if slot not in self._used:  # once per run: what the next start of this application primes
-            self._used.add(slot)
-            self.local.note_use(key.digest, device)
-        return plan.named(names_of(graph))
+        self.check_open()
+        return self.lookup.get(graph, options or self.options, inputs, load)
 
     def tune(self, graph: Any, *, options: BuildOptions | None = None) -> Plan:
         """Autotune ``graph`` again with no time budget and store the choice in place of its
         entry (``plancache tune`` calls it for entries whose miss stopped at the budget,
         ``PLANCACHE_AUTOTUNE_BUDGET``). Later lookups of other processes get the new plan.
         Raises as ``get`` does."""
-        options = options or self.options
-        key, device = self._lookup_key(graph, options)
-        return self.lookup.retune(graph, key, options, device).named(names_of(graph))
-
-    def _lookup_key(self, graph: Any, options: BuildOptions) -> tuple[CacheKey, int]:
-        """The key of ``graph`` on the current device, and the device; refused once closed."""
         self.check_open()
+        options = options or self.options
         device = self.backend.current_device()
-        environment, env_id = self._environment(device)
-        return make_key(describe(graph), environment, options, environment_json=self._environment_json[env_id]), device
+        return self.lookup.retune(graph, self.lookup.key(graph, options, device), options, device).named(names_of(graph))
 
     def builder(self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None) -> Any:
         """Decorate a function that builds a ``cudnn.pygraph`` from its arguments.
@@ -264,7 +230,7 @@ class PlanCache:
         self.check_open()
         device = self.backend.current_device()
         if keys is None:
-            keys = self.local.entries_of(self._environment(device)[1])
+            keys = self.local.entries_of(self.lookup.environment(device)[1])
         return self.lookup.preload(keys, device)
 
     def stats(self) -> dict[str, Any]:
@@ -290,9 +256,9 @@ class PlanCache:
     def close(self) -> None:
         """Write what is pending (without waiting on a busy store) and close the store and
         the remote tier. Later lookups raise ``PlanCacheError``."""
-        if self._closed:
+        if self.lookup.closed:
             return
-        self._closed = True
+        self.lookup.closed = True
         if self.primer is not None:
             self.primer.stop()  # not inside cuDNN once the cache is closed
         self.local.bump_counters(self._remote_counter_deltas(), wait=False)
@@ -308,7 +274,7 @@ class PlanCache:
 
     def add_recorder(self, record: Callable[[Any, CacheKey], None]) -> None:
         """Call ``record(graph, key)`` for every graph looked up (used to write manifests)."""
-        self._recorders.append(record)
+        self.lookup.recorders.append(record)
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -316,9 +282,6 @@ class PlanCache:
         if topic not in self._warned:
             self._warned.add(topic)
             log.warning(message, *args)
-
-    def _count(self, name: str) -> None:
-        self.counters[name] += 1
 
     def _remote_counter_deltas(self) -> dict[str, int]:
         """Remote counters since the last flush, named for the store (``remote_refused``...)."""
@@ -334,13 +297,11 @@ class PlanCache:
 
     def _forget_process_state(self) -> None:
         """In a forked child: the parent's loaded plans, locks and threads are not ours."""
-        self.memory = self.lookup.memory = LRU(self.memory.capacity)
+        self.lookup.after_fork()
         for plans in list(self.builder_plans):  # a builder's lock may have been held at fork
             plans.after_fork()
             plans.clear()
-        self.lookup.loads.after_fork()
         self.primer = None  # threads do not survive a fork
-        self._used = set()
         self.flight.after_fork()
         self.local.after_fork()
         after = getattr(self.remote, "after_fork", None)
@@ -371,7 +332,7 @@ def _watch_process(cache: PlanCache) -> None:
 
 def _flush_at_exit(ref: weakref.ref[PlanCache]) -> None:
     cache = ref()
-    if cache is not None and not cache._closed:
+    if cache is not None and not cache.closed:
         if cache.primer is not None:
             cache.primer.stop(timeout=5.0)  # silent at exit: never inside cuDNN while the interpreter goes down
         cache.local.flush(wait=False)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from ..engines.backend import Backend
 from ..store import sha256
 from ..tiers.local import LocalTier
+from .counters import Counters
 
 __all__ = ["KernelCache"]
 
@@ -21,7 +22,7 @@ __all__ = ["KernelCache"]
 class KernelCache:
     """Restores and saves one environment's kernel cache for a lookup's dynamic builds."""
 
-    def __init__(self, backend: Backend, local: LocalTier, counters: dict[str, int], warn: Callable[..., None],
+    def __init__(self, backend: Backend, local: LocalTier, counters: Counters, warn: Callable[..., None],
                  persist: bool) -> None:  # fmt: skip
         self.backend = backend
         self.local = local
@@ -46,7 +47,7 @@ class KernelCache:
             self._warn_once("kernel-cache", "plancache: the stored kernel cache was refused (%s); building without it", exc)
             return
         self._digest = sha256(blob)
-        self.counters["kernel_cache_restores"] += 1
+        self.counters.count("kernel_cache_restores")
 
     def save(self, env_id: str) -> None:
         """After a dynamic-shape build: store the kernel cache if it changed."""

@@ -1,5 +1,7 @@
-"""The lookup behind ``PlanCache.get``: stored tiers, then the key's single flight, then
-a repair or a build. Each step reads like the life of a lookup in ``cache``'s docstring.
+"""The lookup pipeline behind ``PlanCache.get``: the key, the memory tier, the stored
+tiers, then the key's single flight, then a repair or a build. Each step reads like the
+life of a lookup in ``cache``'s docstring. ``Lookup`` owns every tier and the flight;
+``PlanCache`` is the public face over it.
 
 Reads take no lock and write nothing: an entry that ``store.entry.problem`` finds unsound
 is only a miss there. Inside the single flight, the same entry is judged again, and only
@@ -11,6 +13,7 @@ unplanned for autotuning if the rebuild fails.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 import threading
@@ -21,45 +24,126 @@ from typing import Any
 from ..engines.autotune import AutotuneResult, TimingPolicy, autotune
 from ..engines.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
-from ..key import BuildOptions, CacheKey, TensorSpec, environment_id
+from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, describe, environment_id, make_key
 from ..runtime.plan import Plan, names_of
 from ..store import NEVER_CHECKED, Entry, problem, sha256, summarize
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
+from .counters import Counters
 from .flight import SingleFlight
 from .kernel_cache import KernelCache
 from .loads import Loads
 from .unloadable import Unloadable
 
-__all__ = ["LOAD_FAILED", "Lookup"]
+__all__ = ["Lookup", "Unserved", "Verdict"]
 
-#: How a sound entry that could not be loaded for a transient reason is reported (it is
-#: never quarantined for it).
-LOAD_FAILED = "not loaded now"
 #: How often the primer, waiting for lookups to finish, looks whether it should stop.
 _IDLE_POLL_S = 0.05
 
 log = logging.getLogger("plancache")
 
 
-class Lookup:
-    """Finds, repairs or builds the plan of one key on one device for a ``PlanCache``."""
+class Verdict(enum.Enum):
+    """Why a stored entry is not served."""
 
-    def __init__(self, *, backend: Backend, timing: TimingPolicy, local: LocalTier, memory: LRU[tuple[str, int], Plan],
-                 flight: SingleFlight, remote: Any, counters: dict[str, int], warn: Callable[..., None],
-                 environment: Callable[[int], tuple[dict[str, Any], str]], persist_kernel_cache: bool) -> None:  # fmt: skip
+    ABSENT = "not stored"
+    UNDECODABLE = "the row cannot be decoded"
+    UNSOUND = "the entry fails its checks"  # store.entry.problem: checksums, environment, key
+    NEVER_CHECKED = "its engine was never compared with others"  # sound: chosen again, not quarantined
+    REFUSED = "the backend refused the plan"  # the library's word on the blob
+    LOAD_FAILED = "not loaded now"  # the process's failure, not the entry's: it stays
+
+
+@dataclasses.dataclass(frozen=True)
+class Unserved:
+    """A stored entry that is not served: the row (None when absent or undecodable), the
+    verdict, and why in words."""
+
+    entry: Entry | None
+    verdict: Verdict
+    reason: str
+
+    @property
+    def quarantine(self) -> bool:
+        """Whether the row is unsound for good (damaged, refused): quarantined inside its flight."""
+        return self.verdict in (Verdict.UNDECODABLE, Verdict.UNSOUND, Verdict.REFUSED)
+
+
+_ABSENT = Unserved(None, Verdict.ABSENT, Verdict.ABSENT.value)
+Slot = tuple[str, int]  # (key, device)
+
+
+class Lookup:
+    """The plan of a graph on the caller's device: keyed, then from memory, the stored
+    tiers, or repaired or built inside the key's single flight. Owns the memory tier, the
+    stored tiers, the flight and the environment of each device."""
+
+    def __init__(self, *, backend: Backend, timing: TimingPolicy, local: LocalTier, flight: SingleFlight, remote: Any,
+                 counters: Counters, warn: Callable[..., None], max_plans: int, persist_kernel_cache: bool) -> None:  # fmt: skip
         self.backend = backend
         self.timing = timing
         self.local = local
-        self.memory = memory
+        self.memory: LRU[Slot, Plan] = LRU(max_plans)
         self.flight = flight
         self.remote = remote
         self.counters = counters
         self._warn_once = warn
-        self._environment = environment
         self.kernel_cache = KernelCache(backend, local, counters, warn, persist_kernel_cache)
         self.loads = Loads()
         self.unloadable = Unloadable(backend, counters, warn)  # plans never stored: they could not be loaded back
+        #: ``record(graph, key)`` for every graph looked up (manifests, ``PLANCACHE_RECORD``).
+        self.recorders: list[Callable[[Any, CacheKey], None]] = []
+        self.closed = False
+        self._environments: dict[int, tuple[dict[str, Any], str]] = {}
+        self._environment_json: dict[str, str] = {}
+        self._used: set[Slot] = set()  # (key, device) this run has noted for auto-prime
+
+    # ------------------------------------------------------------------ the key and memory
+
+    def environment(self, device: int) -> tuple[dict[str, Any], str]:
+        """The environment of ``device`` and its id (asked of the backend once per device)."""
+        found = self._environments.get(device)
+        if found is None:
+            env = self.backend.environment(device)
+            found = (env, environment_id(env))
+            # The encoding first: another thread that finds the device's entry reads its
+            # encoding at once, unlocked (encoded once, hashed by every lookup).
+            self._environment_json[found[1]] = canonical_json(env)
+            self._environments[device] = found
+        return found
+
+    def key(self, graph: Any, options: BuildOptions, device: int) -> CacheKey:
+        """The key ``graph`` is stored under on ``device``."""
+        environment, env_id = self.environment(device)
+        return make_key(describe(graph), environment, options, environment_json=self._environment_json[env_id])
+
+    def get(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None,
+            load: Load | None = None) -> Plan:  # fmt: skip
+        """``PlanCache.get``: the plan of ``graph`` on the current device, under its names."""
+        device = self.backend.current_device()
+        key = self.key(graph, options, device)
+        for record in self.recorders:
+            record(graph, key)
+        slot = (key.digest, device)
+        plan = self.memory.get(slot)
+        if plan is not None:
+            self.counters.count("memory_hits")
+            self.local.note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
+        else:
+            plan = self.resolve(graph, key, options, device, inputs, load)
+        if slot not in self._used:  # once per run: what the next start of this application primes
+            self._used.add(slot)
+            self.local.note_use(key.digest, device)
+        return plan.named(names_of(graph))
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's loaded plans, claims and locks are not ours."""
+        self.memory = LRU(self.memory.capacity)
+        self.loads.after_fork()
+        self.counters.after_fork()
+        self._used = set()
+
+    # ------------------------------------------------------------------ below memory
 
     def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None,
                 load: Load | None = None) -> Plan:  # fmt: skip
@@ -68,7 +152,7 @@ class Lookup:
         started = time.monotonic()  # one lock_timeout for every wait of this lookup
         with self.loads.claim(slot, self.memory, started + self.flight.timeout) as plan:
             if plan is None:  # this thread loads or builds it, as a guest of the program
-                environment, env_id = self._environment(device)
+                environment, env_id = self.environment(device)
                 with self.backend.guest(device):
                     plan = self._from_stored_tiers(key, environment, env_id, device, load)
                     if plan is None:
@@ -99,18 +183,16 @@ class Lookup:
                 return "this thread is capturing"
             if isinstance(outcome, Plan):
                 self.memory.put(slot, outcome)
-                self.counters["primed"] += 1
+                self.counters.count("primed")
                 return "primed"
-            return "not stored" if outcome is None else outcome[1]
+            return outcome.reason
 
     def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int,
                            load: Load | None) -> Plan | None:  # fmt: skip
         """A sound stored plan from the local store, else from the fleet (then stored
         locally); None otherwise. Reads only: an unsound entry is just a miss here."""
         outcome = self.serve_stored(key.digest, environment, device, load=load)
-        if isinstance(outcome, Plan):
-            return outcome
-        return self._from_remote(key, environment, env_id, device, load)
+        return outcome if isinstance(outcome, Plan) else self._from_remote(key, environment, env_id, device, load)
 
     def _from_remote(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int,
                      load: Load | None) -> Plan | None:  # fmt: skip
@@ -128,23 +210,22 @@ class Lookup:
                          inputs: Mapping[int, Any] | None, load: Load | None) -> Plan:  # fmt: skip
         """Inside the key's single flight: serve what this machine or the fleet stored
         meanwhile, repair an unsound entry, or autotune."""
-        environment, env_id = self._environment(device)
+        environment, env_id = self.environment(device)
         outcome = self.serve_stored(key.digest, environment, device, load=load)
         if isinstance(outcome, Plan):
             return outcome
-        if outcome is not None:
-            entry, reason = outcome
-            if reason == NEVER_CHECKED:  # sound, but its engine was never compared with others
-                self.counters["rechecks"] += 1
-                return self._build(graph, key, options, inputs, device, load=load)
-            if reason.startswith(LOAD_FAILED):  # not the entry's fault: it stays
-                return self._build(graph, key, options, inputs, device, persist=False, load=load)
-            self.quarantine_if_unchanged(key.digest, entry, reason)
-            rebuilt = self._rebuild(key, options, entry, device, load) if entry is not None else None
+        if outcome.verdict is Verdict.NEVER_CHECKED:  # sound, but its engine was never compared with others
+            self.counters.count("rechecks")
+            return self._build(graph, key, options, inputs, device, load=load)
+        if outcome.verdict is Verdict.LOAD_FAILED:  # not the entry's fault: it stays
+            return self._build(graph, key, options, inputs, device, persist=False, load=load)
+        if outcome.quarantine:
+            self.quarantine_if_unchanged(key.digest, outcome.entry, outcome.reason)
+            rebuilt = self._rebuild(key, options, outcome.entry, device, load) if outcome.entry is not None else None
             if rebuilt is not None:
                 return rebuilt
-        else:
-            plan = self._from_remote(key, environment, env_id, device, load)  # the local store was just read
+        else:  # absent here: the local store was just read, the fleet may have it
+            plan = self._from_remote(key, environment, env_id, device, load)
             if plan is not None:
                 return plan
         return self._build(graph, key, options, inputs, device, load=load)
@@ -154,7 +235,7 @@ class Lookup:
         lookups, through the load claims), an unsound entry of this environment quarantined
         inside its flight. ``{"loaded", "missing", "failed": {key: reason}, "seconds"}``."""
         started = time.perf_counter()
-        environment, env_id = self._environment(device)
+        environment, env_id = self.environment(device)
         report: dict[str, Any] = {"loaded": [], "missing": [], "failed": {}}
         for digest in keys:
             slot = (digest, device)
@@ -163,37 +244,36 @@ class Lookup:
                 if isinstance(outcome, Plan):
                     self.memory.put(slot, outcome)
                     report["loaded"].append(digest)
-                elif outcome is None:
+                elif outcome.verdict is Verdict.ABSENT:
                     report["missing"].append(digest)
-                elif outcome[0] is not None and outcome[0].environment != environment:
+                elif outcome.entry is not None and outcome.entry.environment != environment:
                     report["failed"][digest] = "entry belongs to another environment"  # kept for its own machines
-                elif outcome[1] == NEVER_CHECKED or outcome[1].startswith(LOAD_FAILED):
-                    report["failed"][digest] = outcome[1]  # kept: its lookup chooses it again, or loads it later
+                elif not outcome.quarantine:
+                    report["failed"][digest] = outcome.reason  # kept: its lookup chooses it again, or loads it later
                 else:
                     with self.flight.hold(digest, env_id):
-                        self.quarantine_if_unchanged(digest, outcome[0], outcome[1])
-                    report["failed"][digest] = outcome[1]
+                        self.quarantine_if_unchanged(digest, outcome.entry, outcome.reason)
+                    report["failed"][digest] = outcome.reason
         report["seconds"] = time.perf_counter() - started
         return report
 
     def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *, count_hit: bool = True,
-                     load: Load | None = None) -> Plan | tuple[Entry | None, str] | None:  # fmt: skip
+                     load: Load | None = None) -> Plan | Unserved:  # fmt: skip
         """The local entry under ``digest``, judged and loaded (by ``load``, else the backend):
-        a ``Plan``; ``(entry, reason)`` when it must not be served; None when there is none.
-        ``count_hit``: whether loading it counts as a hit (priming is not one: it may go unused)."""
+        a ``Plan``, else why it is not served. ``count_hit``: whether loading it counts as a
+        hit (priming is not one: it may go unused)."""
         try:
             entry = self.local.get(digest)
         except DamagedEntryError as exc:  # one undecodable row
-            return None, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}"
+            return Unserved(None, Verdict.UNDECODABLE, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
         if entry is None:
-            return None
+            return _ABSENT
         reason = problem(entry, environment)
         if reason is not None:
-            return entry, reason
-        loaded = self._load(entry, device, count_hit=count_hit, load=load)
-        return loaded if isinstance(loaded, Plan) else (entry, loaded)
+            return Unserved(entry, Verdict.NEVER_CHECKED if reason == NEVER_CHECKED else Verdict.UNSOUND, reason)
+        return self._load(entry, device, count_hit=count_hit, load=load)
 
-    def _load(self, entry: Entry, device: int, *, count_hit: bool = True, load: Load | None = None) -> Plan | str:
+    def _load(self, entry: Entry, device: int, *, count_hit: bool = True, load: Load | None = None) -> Plan | Unserved:
         """Deserialize a sound entry onto ``device`` (by ``load``, else the backend): a ``Plan``, or why it failed."""
         try:
             tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
@@ -201,21 +281,21 @@ class Lookup:
         except TransientLoadError as exc:
             # Not the entry's fault (a capture on another thread, an out-of-memory in the
             # warm-up): it stays, to be loaded again later; counted.
-            self.counters["load_failures"] += 1
+            self.counters.count("load_failures")
             self._warn_once(f"load-{entry.key}", "plancache: loading %s failed (%s: %s); the entry is kept, and this "
                             "lookup builds the plan without storing it", entry.key[:12], type(exc).__name__, str(exc)[:200])  # fmt: skip
-            return f"{LOAD_FAILED}: {type(exc).__name__}: {str(exc)[:300]}"
+            return Unserved(entry, Verdict.LOAD_FAILED, f"{Verdict.LOAD_FAILED.value}: {type(exc).__name__}: {str(exc)[:300]}")
         except Exception as exc:  # the library refusing the blob: a check of the entry, which failed
-            return f"the backend refused the plan: {type(exc).__name__}: {str(exc)[:300]}"
+            return Unserved(entry, Verdict.REFUSED, f"{Verdict.REFUSED.value}: {type(exc).__name__}: {str(exc)[:300]}")
         if count_hit:
-            self.counters["hits"] += 1
+            self.counters.count("hits")
             self.local.note_hit(entry.key)
         return self._plan(entry.key, native, tensors, entry.workspace_size, _engine_of(entry.engine), "loaded", device)
 
     def quarantine_if_unchanged(self, digest: str, entry: Entry | None, reason: str) -> None:
         """Quarantine the row that was judged (its recorded checksum), inside the key's
         single flight: a row another process rebuilt meanwhile is left in service."""
-        self.counters["corrupt"] += 1
+        self.counters.count("corrupt")
         log.warning("plancache: entry %s is unusable (%s); quarantined, rebuilding", digest[:12], reason)
         self.local.quarantine(digest, entry, reason)
 
@@ -235,7 +315,7 @@ class Lookup:
                 "plancache: rebuilding %s from engine %s failed (%s); autotuning instead", key.digest[:12], engine.name, exc
             )
             return None
-        self.counters["rebuilds"] += 1
+        self.counters.count("rebuilds")
         # The unsound entry's autotuning record still says why this engine was chosen.
         timing = old.timing or {"method": "rebuilt from the stored engine id and knobs"}
         native = self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check,
@@ -245,7 +325,7 @@ class Lookup:
     def retune(self, graph: Any, key: CacheKey, options: BuildOptions, device: int) -> Plan:
         """Autotune ``graph`` again without a budget, inside the key's single flight; the
         choice replaces the stored entry and this process's plan in memory."""
-        _, env_id = self._environment(device)
+        _, env_id = self.environment(device)
         with self.backend.guest(device), self.flight.hold(key.digest, env_id, summarize(key.parts["graph"])):
             plan = self._build(graph, key, options, None, device, budget=math.inf)
         self.memory.put((key.digest, device), plan)
@@ -253,7 +333,7 @@ class Lookup:
 
     def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int,
                persist: bool = True, load: Load | None = None, budget: float | None = None) -> Plan:  # fmt: skip
-        self.counters["misses"] += 1
+        self.counters.count("misses")
         started = time.perf_counter()
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
         if dynamic:
@@ -265,7 +345,7 @@ class Lookup:
             built = cands.finish(result.winner)
         finally:
             cands.close()
-        self.counters["builds"] += 1
+        self.counters.count("builds")
         if dynamic:
             self.kernel_cache.save(environment_id(key.parts["environment"]))
         if not result.persist:
@@ -280,7 +360,7 @@ class Lookup:
     def _unpersisted(self, key: CacheKey, built: BuiltPlan, result: AutotuneResult, device: int) -> Plan:
         """Candidates without a majority: this process runs what the frontend itself would
         (its heuristic choice), and nothing is stored or published."""
-        self.counters["no_majority"] += 1
+        self.counters.count("no_majority")
         check = result.check
         groups = "; ".join(" = ".join(str(n) for n in group) for group in check.get("groups", []))
         spread = check.get("spread")
@@ -304,7 +384,7 @@ class Lookup:
             return built.native
         entry = _entry(key, built, self.backend.name, policy, candidates, timing, build_seconds, autotune_seconds, check)
         if not self.local.put(entry):
-            self.counters["unpersisted"] += 1
+            self.counters.count("unpersisted")
         if self.remote is not None:
             self.remote.put(entry)  # inside the fleet lock: nodes waiting on it find the plan
         return loaded

@@ -80,9 +80,9 @@ class Primer(threading.Thread):
     device}, ``seconds``. Priming is an optimization: it never raises and never writes.
     """
 
-    def __init__(self, cache: Any, plans: Iterable[tuple[str, int]] | None = None) -> None:
+    def __init__(self, lookup: Any, plans: Iterable[tuple[str, int]] | None = None) -> None:
         super().__init__(name="plancache-primer", daemon=True)
-        self.cache = cache
+        self.lookup = lookup  # the cache's Lookup: its store, backend and loads
         self.plans = list(plans) if plans is not None else None  # None: the app's latest run, read on the thread
         self.report: dict[str, Any] = {"primed": 0, "loaded": 0, "skipped": {}, "seconds": 0.0}
         self.stopping = threading.Event()  # set by stop(): close() and interpreter exit
@@ -92,7 +92,7 @@ class Primer(threading.Thread):
     def run(self) -> None:
         started = time.perf_counter()
         try:
-            plans = self.plans if self.plans is not None else self.cache.local.latest_run()
+            plans = self.plans if self.plans is not None else self.lookup.local.latest_run()
             self._prime(plans)
         except Exception as exc:  # never an error for the program: its lookups still work
             log.warning("plancache: priming stopped: %s: %s", type(exc).__name__, exc)
@@ -117,8 +117,8 @@ class Primer(threading.Thread):
             log.warning("plancache: priming stopped: %s: %s", type(exc).__name__, exc)
 
     def _load_each(self, todo: collections.deque[tuple[str, int]]) -> None:
-        cache, report = self.cache, self.report
-        while not (cache.closed or self.stopping.is_set()):
+        lookup, report = self.lookup, self.report
+        while not (lookup.closed or self.stopping.is_set()):
             try:
                 digest, device = todo.popleft()
             except IndexError:
@@ -128,8 +128,8 @@ class Primer(threading.Thread):
                 with self._lock:
                     report["skipped"][digest] = environment
                 continue
-            cache.backend.use_device(device)
-            outcome = cache.lookup.prime(digest, environment, device, stop=self.stopping)
+            lookup.backend.use_device(device)
+            outcome = lookup.prime(digest, environment, device, stop=self.stopping)
             with self._lock:
                 if outcome in ("primed", "loaded"):
                     report[outcome] += 1
@@ -148,7 +148,7 @@ class Primer(threading.Thread):
     def _environment_of(self, device: int) -> dict[str, Any] | str:
         """The environment of ``device`` once the program uses it, or why its plans are
         skipped."""
-        backend = self.cache.backend
+        backend = self.lookup.backend
         try:
             # Nothing of CUDA (cuInit included) before the program's own first use: a
             # program may still fork its CUDA workers, and CUDA in such children is undefined.
@@ -157,13 +157,13 @@ class Primer(threading.Thread):
             if not 0 <= device < backend.device_count():
                 return f"no device {device} here"
             backend.use_device(device)  # this thread's device: a new thread starts on device 0
-            return dict(self.cache.environment_of(device))
+            return dict(self.lookup.environment(device)[0])
         except Exception as exc:  # no GPU now, a driver problem: the lookups will say
             return f"device {device} unusable: {type(exc).__name__}: {exc}"
 
     def _wait_until_used(self, device: int) -> bool:
         deadline = time.monotonic() + DEVICE_WAIT_S
-        while not self.cache.backend.device_in_use(device):
+        while not self.lookup.backend.device_in_use(device):
             if self.stopping.wait(_POLL_S) or time.monotonic() > deadline:
                 return False
         return True

@@ -20,6 +20,7 @@ from typing import Any
 from ..engines.backend import Backend, BuiltPlan, Load
 from ..key import CacheKey
 from ..store import summarize
+from .counters import Counters
 
 __all__ = ["KEPT", "Unloadable"]
 
@@ -30,7 +31,7 @@ KEPT = 64
 class Unloadable:
     """The plans a cache refused to store because they could not be loaded back."""
 
-    def __init__(self, backend: Backend, counters: dict[str, int], warn: Callable[..., None]) -> None:
+    def __init__(self, backend: Backend, counters: Counters, warn: Callable[..., None]) -> None:
         self.backend = backend
         self.counters = counters
         self._warn_once = warn
@@ -46,7 +47,7 @@ class Unloadable:
             cause = f"{type(exc).__name__}: {str(exc)[:300]}"
         why, label = f"it could not be loaded back from its blob ({cause})", summarize(key.parts["graph"])
         with self._lock:
-            self.counters["unloadable"] += 1
+            self.counters.count("unloadable")
             self._refused[key.digest] = (label, why)
             while len(self._refused) > KEPT:
                 self._refused.popitem(last=False)

@@ -138,7 +138,7 @@ def prime(cache: Any, keys: Iterable[str] | None = None) -> Primer:
     device = cache.backend.current_device()
     if keys is None:
         keys = cache.local.entries_of(environment_id(cache.environment_of(device)))
-    primer = Primer(cache, [(digest, device) for digest in keys])
+    primer = Primer(cache.lookup, [(digest, device) for digest in keys])
     primer.start()
     return primer
 

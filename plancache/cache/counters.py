@@ -1,0 +1,34 @@
+"""The counters of one cache: one object that every part of a lookup counts in.
+
+``PlanCache.stats()["process"]`` shows them. ``count`` takes a lock: ``d[name] += 1`` from
+two threads at once can lose one of the two (a read, an add and a write are three steps
+for the interpreter), and a lookup's counters are bumped from the program's threads, the
+primer's and the background writer's.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["NAMES", "Counters"]
+
+#: Every counter, in the order ``stats`` lists them.
+NAMES = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "store_errors", "waits", "unpersisted",
+         "kernel_cache_restores", "primed", "no_majority", "rechecks", "load_failures", "unloadable")  # fmt: skip
+
+
+class Counters(dict[str, int]):
+    """``{name: count}`` of ``NAMES``; read it as a dict, bump it with ``count``."""
+
+    def __init__(self) -> None:
+        super().__init__(dict.fromkeys(NAMES, 0))
+        self._lock = threading.Lock()
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to ``name`` (one of ``NAMES``)."""
+        with self._lock:
+            self[name] += n
+
+    def after_fork(self) -> None:
+        """In a forked child: a lock another thread held at the fork stays held there."""
+        self._lock = threading.Lock()
