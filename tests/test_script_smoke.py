@@ -43,6 +43,17 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         True,
     ),
+    "bench_model": (
+        [],
+        [
+            "example model (3 fused convs + attention block, batch 1, bf16)",
+            "plancache-cold ",
+            "plancache-primed ",
+            "compile-cold       skipped: needs a GPU",
+            "bench_model smoke run: 4 GPU-only part(s) skipped: needs a GPU",
+        ],
+        True,
+    ),
     "probe_launch_parts": (
         [],
         [
