@@ -43,6 +43,18 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         True,
     ),
+    "bench_miss": (
+        [],
+        [
+            "cold: phases (s) and candidates",
+            "conv_bias_relu            skipped ",
+            "sdpa_causal ",
+            "warm from ['loaded']",
+            "bench_miss: worst cold/frontend ratio skipped",
+            "bench_miss smoke run: 1 GPU-only part(s) skipped: needs a GPU",
+        ],
+        True,
+    ),
     "bench_model": (
         [],
         [
@@ -89,5 +101,6 @@ def test_the_script_runs_its_gpu_path_on_the_cpu_test_backend(name: str, tmp_pat
     for line in lines:
         assert line in printed, f"{name} --smoke did not print {line!r}:\n{printed[-3000:]}"
     assert "Traceback" not in printed
+    assert "FAILED" not in printed, printed[-3000:]  # a part that failed, printed as a row
     if writes_json:
         json.loads(out.read_text(), parse_constant=pytest.fail)  # strict JSON: no NaN or Infinity
