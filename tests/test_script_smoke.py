@@ -66,6 +66,19 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         True,
     ),
+    "gpu_hazards": (
+        [],
+        [
+            "setup: 5 plans stored under 'gpu-hazards'",
+            "weights      1        0      0       0     0 ",
+            "kernels      1        0      0       0     0 ",
+            "captures     1        0      0       0     0 ",
+            "lookups      1        0      0       0     0 ",
+            "gpu_hazards smoke run: 2 GPU-only part(s) skipped: needs a GPU",
+            "gpu_hazards: PASSED",
+        ],
+        True,
+    ),
     "probe_launch_parts": (
         [],
         [
@@ -96,7 +109,8 @@ def test_the_script_runs_its_gpu_path_on_the_cpu_test_backend(name: str, tmp_pat
     out = tmp_path / f"{name}.json"
     argv = ["--smoke", *extra, *(["--out", str(out)] if writes_json else [])]
     monkeypatch.delitem(sys.modules, "benchlib", raising=False)  # each run starts with its own list of skipped parts
-    load(name).main(argv)
+    status = load(name).main(argv)
+    assert status in (None, 0), f"{name} --smoke returned {status}"
     printed = capsys.readouterr().out
     for line in lines:
         assert line in printed, f"{name} --smoke did not print {line!r}:\n{printed[-3000:]}"
