@@ -79,6 +79,19 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         True,
     ),
+    "gpu_right_result": (
+        [],
+        [
+            "heuristic        18     18    18",
+            "topk             18     18    18",
+            "exhaustive       18     18    18",
+            "warm  paged_decode         source loaded",
+            "warm  moe_grouped_matmul   source loaded",
+            "gpu_right_result smoke run: 3 GPU-only part(s) skipped: needs a GPU",
+            "gpu_right_result: PASSED",
+        ],
+        True,
+    ),
     "probe_launch_parts": (
         [],
         [
