@@ -92,6 +92,17 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         True,
     ),
+    "key_oracle": (
+        [],
+        [
+            "conv_fprop               variants   2",
+            "sdpa                     variants   2",
+            "60  skipped: needs a GPU",
+            "key_oracle smoke run: 1 GPU-only part(s) skipped: needs a GPU",
+            "key oracle smoke run: 60 of 60 variants keyed by plancache, 60 alike after",
+        ],
+        False,
+    ),
     "probe_launch_parts": (
         [],
         [
@@ -104,10 +115,11 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
 }
 
 
-def load(name: str) -> Any:
+def load(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     spec = importlib.util.spec_from_file_location(f"smoke_{name}", SCRIPTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -122,7 +134,7 @@ def test_the_script_runs_its_gpu_path_on_the_cpu_test_backend(name: str, tmp_pat
     out = tmp_path / f"{name}.json"
     argv = ["--smoke", *extra, *(["--out", str(out)] if writes_json else [])]
     monkeypatch.delitem(sys.modules, "benchlib", raising=False)  # each run starts with its own list of skipped parts
-    status = load(name).main(argv)
+    status = load(name, monkeypatch).main(argv)
     assert status in (None, 0), f"{name} --smoke returned {status}"
     printed = capsys.readouterr().out
     for line in lines:
