@@ -30,18 +30,39 @@ from pathlib import Path
 from typing import Any
 
 N = 8  # batch
-LAYERS: list[tuple[str, str, dict[str, Any]]] = [
-    ("conv1", "conv_bias_act", {"n": N, "c": 64, "h": 56, "w": 56, "k": 64}),
-    ("conv2", "conv_bias_act", {"n": N, "c": 64, "h": 56, "w": 56, "k": 128, "stride": 2}),
-    ("conv3", "conv_bias_act", {"n": N, "c": 128, "h": 28, "w": 28, "k": 128}),
-    ("proj", "matmul_bias_act", {"b": N, "m": 784, "k": 128, "n": 128, "act": None}),
-    ("attn", "sdpa", {"b": N, "h": 2, "s": 784, "d": 64, "causal": False}),
-    ("out", "matmul_bias_act", {"b": N, "m": 784, "k": 128, "n": 128, "act": "relu"}),
-]
+LAYERS: list[tuple[str, str, dict[str, Any]]] = []  # set by set_sizes
+
+
+def set_sizes(n: int = 8, c: int = 64, hw: int = 56, width: int = 128, heads: int = 2) -> None:
+    """The model's sizes (module globals ``N`` and ``LAYERS``): batch ``n``, ``c`` input
+    channels of ``hw`` x ``hw``, ``width`` channels after the stride-2 conv, ``heads``
+    attention heads over the (hw/2)^2 tokens. The defaults are the model; ``--smoke`` runs
+    (scripts/bench_model.py) shrink it."""
+    global N, LAYERS
+    half, d = hw // 2, width // heads
+    N = n
+    LAYERS = [
+        ("conv1", "conv_bias_act", {"n": n, "c": c, "h": hw, "w": hw, "k": c}),
+        ("conv2", "conv_bias_act", {"n": n, "c": c, "h": hw, "w": hw, "k": width, "stride": 2}),
+        ("conv3", "conv_bias_act", {"n": n, "c": width, "h": half, "w": half, "k": width}),
+        ("proj", "matmul_bias_act", {"b": n, "m": half * half, "k": width, "n": width, "act": None}),
+        ("attn", "sdpa", {"b": n, "h": heads, "s": half * half, "d": d, "causal": False}),
+        ("out", "matmul_bias_act", {"b": n, "m": half * half, "k": width, "n": width, "act": "relu"}),
+    ]
+
+
+def dims() -> tuple[int, int, int, int, int]:
+    """(batch, input channels, tokens, width, heads) of the model as ``LAYERS`` sets it."""
+    attn = LAYERS[4][2]
+    return N, LAYERS[0][2]["c"], attn["s"], LAYERS[3][2]["k"], attn["h"]
+
+
+set_sizes()
 TOLERANCE = 2e-2
 STEPS = 20  # timed steps per run (after WARMUP_STEPS untimed ones); the median is reported
 WARMUP_STEPS = 3
 MODES = ["nocache", "cold", "warm", "bundle", "eager"]
+DEVICE = "cuda"  # where the model runs; "cpu" in a smoke run of scripts/bench_model.py (the CPU test backend)
 
 
 class RawPlans:
@@ -96,9 +117,10 @@ def weights(torch: Any, device: str = "cuda", seed: int = 0) -> dict[str, Any]:
     for layer, _name, p in LAYERS[:3]:
         w[layer] = rnd(p["k"], p["c"], 3, 3, scale=(p["c"] * 9) ** -0.5).to(memory_format=torch.channels_last)
         w[layer + ".b"] = rnd(1, p["k"], 1, 1, scale=0.1)
+    width = dims()[3]
     for layer in ("q", "k", "v", "out"):
-        w[layer] = rnd(128, 128, scale=128**-0.5)
-        w[layer + ".b"] = rnd(1, 1, 128, scale=0.1)
+        w[layer] = rnd(width, width, scale=width**-0.5)
+        w[layer + ".b"] = rnd(1, 1, width, scale=0.1)
     return w
 
 
@@ -109,27 +131,28 @@ def forward(plans: Any, torch: Any, w: dict[str, Any], x: Any) -> Any:
         t = torch.empty(shape, dtype=x.dtype, device=x.device)
         return t.to(memory_format=torch.channels_last) if channels_last else t
 
+    n, _c, s, width, nh = dims()
     h = x
     for layer, name, p in LAYERS[:3]:
         stride = p.get("stride", 1)
-        out = empty((N, p["k"], p["h"] // stride, p["w"] // stride), channels_last=True)
+        out = empty((n, p["k"], p["h"] // stride, p["w"] // stride), channels_last=True)
         plans.run(layer, name, p, {1: h, 2: w[layer], 3: w[layer + ".b"], 4: out})
         h = out
-    tokens = h.permute(0, 2, 3, 1).reshape(N, 784, 128)  # NHWC memory: a view, no copy
+    tokens = h.permute(0, 2, 3, 1).reshape(n, s, width)  # NHWC memory: a view, no copy
     _, proj, pp = LAYERS[3]
     qkv = {}
     for part in ("q", "k", "v"):
-        qkv[part] = empty((N, 784, 128))
-        weight = w[part].unsqueeze(0).expand(N, 128, 128).contiguous()
+        qkv[part] = empty((n, s, width))
+        weight = w[part].unsqueeze(0).expand(n, width, width).contiguous()
         plans.run("proj", proj, pp, {1: tokens, 2: weight, 3: w[part + ".b"], 4: qkv[part]})
-    heads = {part: t.view(N, 784, 2, 64).permute(0, 2, 1, 3) for part, t in qkv.items()}  # BSHD memory
-    o = empty((N, 784, 2, 64)).permute(0, 2, 1, 3)
+    heads = {part: t.view(n, s, nh, width // nh).permute(0, 2, 1, 3) for part, t in qkv.items()}  # BSHD memory
+    o = empty((n, s, nh, width // nh)).permute(0, 2, 1, 3)
     _, attn, ap = LAYERS[4]
     plans.run("attn", attn, ap, {1: heads["q"], 2: heads["k"], 3: heads["v"], 4: o})
-    attended = o.permute(0, 2, 1, 3).reshape(N, 784, 128)
-    out = empty((N, 784, 128))
+    attended = o.permute(0, 2, 1, 3).reshape(n, s, width)
+    out = empty((n, s, width))
     _, proj_out, op = LAYERS[5]
-    weight = w["out"].unsqueeze(0).expand(N, 128, 128).contiguous()
+    weight = w["out"].unsqueeze(0).expand(n, width, width).contiguous()
     plans.run("out", proj_out, op, {1: attended, 2: weight, 3: w["out.b"], 4: out})
     return out
 
@@ -138,41 +161,50 @@ def forward_eager(torch: Any, w: dict[str, Any], x: Any) -> Any:
     """The same model in PyTorch eager, in bf16 and the same memory layouts as the cuDNN
     graphs: what the model costs without plancache (PyTorch picks its own kernels)."""
     functional = torch.nn.functional
+    n, _c, s, width, nh = dims()
     h = x
     for layer, _name, p in LAYERS[:3]:
         h = torch.relu(functional.conv2d(h, w[layer], padding=1, stride=p.get("stride", 1)) + w[layer + ".b"])
-    tokens = h.permute(0, 2, 3, 1).reshape(N, 784, 128)
+    tokens = h.permute(0, 2, 3, 1).reshape(n, s, width)
     q, k, v = (tokens @ w[p] + w[p + ".b"] for p in ("q", "k", "v"))
-    split = lambda t: t.view(N, 784, 2, 64).permute(0, 2, 1, 3)  # noqa: E731
-    o = functional.scaled_dot_product_attention(split(q), split(k), split(v), scale=64**-0.5)
-    return torch.relu(o.permute(0, 2, 1, 3).reshape(N, 784, 128) @ w["out"] + w["out.b"])
+    split = lambda t: t.view(n, s, nh, width // nh).permute(0, 2, 1, 3)  # noqa: E731
+    o = functional.scaled_dot_product_attention(split(q), split(k), split(v), scale=(width // nh) ** -0.5)
+    return torch.relu(o.permute(0, 2, 1, 3).reshape(n, s, width) @ w["out"] + w["out.b"])
 
 
 def forward_pytorch(torch: Any, w: dict[str, Any], x: Any) -> Any:
     """The same model in PyTorch, float32 from the same bf16 weights."""
     functional = torch.nn.functional
+    n, _c, s, width, nh = dims()
     h = x.float()
     for layer, _name, p in LAYERS[:3]:
         h = torch.relu(functional.conv2d(h, w[layer].float(), padding=1, stride=p.get("stride", 1)) + w[layer + ".b"].float())
-    tokens = h.permute(0, 2, 3, 1).reshape(N, 784, 128)
+    tokens = h.permute(0, 2, 3, 1).reshape(n, s, width)
     q, k, v = (tokens @ w[p].float() + w[p + ".b"].float() for p in ("q", "k", "v"))
-    split = lambda t: t.view(N, 784, 2, 64).permute(0, 2, 1, 3)  # noqa: E731
-    o = functional.scaled_dot_product_attention(split(q), split(k), split(v), scale=64**-0.5)
-    return torch.relu(o.permute(0, 2, 1, 3).reshape(N, 784, 128) @ w["out"].float() + w["out.b"].float())
+    split = lambda t: t.view(n, s, nh, width // nh).permute(0, 2, 1, 3)  # noqa: E731
+    o = functional.scaled_dot_product_attention(split(q), split(k), split(v), scale=(width // nh) ** -0.5)
+    return torch.relu(o.permute(0, 2, 1, 3).reshape(n, s, width) @ w["out"].float() + w["out.b"].float())
 
 
-def step_times_ms(torch: Any, step: Any, steps: int = STEPS, warmup: int = WARMUP_STEPS) -> list[float]:
-    """Milliseconds of each of ``steps`` calls of ``step`` after ``warmup`` untimed ones.
-    Each is timed alone and waits for the GPU (``torch.cuda.synchronize``), so it is what a
-    caller waiting for one output pays: host launch work plus GPU time."""
-    for _ in range(warmup):
+def synchronize(torch: Any) -> None:
+    """``torch.cuda.synchronize()`` where the model runs on the GPU (``DEVICE``)."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def step_times_ms(torch: Any, step: Any, steps: int | None = None, warmup: int | None = None) -> list[float]:
+    """Milliseconds of each of ``steps`` (``STEPS``) calls of ``step`` after ``warmup``
+    (``WARMUP_STEPS``) untimed ones. Each is timed alone and waits for the GPU
+    (``torch.cuda.synchronize``), so it is what a caller waiting for one output pays: host
+    launch work plus GPU time."""
+    for _ in range(WARMUP_STEPS if warmup is None else warmup):
         step()
-    torch.cuda.synchronize()
+    synchronize(torch)
     times = []
-    for _ in range(steps):
+    for _ in range(STEPS if steps is None else steps):
         started = time.perf_counter()
         step()
-        torch.cuda.synchronize()
+        synchronize(torch)
         times.append((time.perf_counter() - started) * 1e3)
     return times
 

@@ -11,7 +11,9 @@ Phases (each a fresh process):
   bucket_warm  plancache, padded to the buckets, warm store
 and the kernel-cache probe: the first dynamic build in a fresh process with and without
 restoring a kernel cache serialized by another process. Every output is checked against
-PyTorch. Needs an NVIDIA GPU; ``--out FILE`` writes every figure as JSON.
+PyTorch. Needs an NVIDIA GPU; ``--out FILE`` writes every figure as JSON. ``--smoke``: a
+few tiny shapes on the CPU test backend, every phase in this process, the phases without
+plancache (the frontend's own builds) and the kernel-cache probe reported as skipped.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ TOLERANCE = 1e-2
 PADDED = {"conv": (1, 4), "sdpa": (1, 2, 3, 4)}
 
 
+def _smoke_sizes() -> None:
+    """A smoke run's shapes (module globals, read by every phase in this process)."""
+    global CONV, CONV_SIZES, SDPA, SDPA_SIZES, CONV_BUCKETS, SDPA_BUCKETS
+    CONV, CONV_SIZES, CONV_BUCKETS = {"c": 8, "h": 4, "w": 4, "k": 8}, [1, 3], [2, 4]
+    SDPA, SDPA_SIZES, SDPA_BUCKETS = {"b": 1, "h": 1, "d": 16, "causal": True}, [16, 24], [16, 32]
+
+
 def workloads() -> list[tuple[str, str, dict[str, Any], list[int], str, list[int], int]]:
     """(label, template, fixed params, sizes, varying param, buckets, padded dim)."""
     return [
@@ -47,11 +56,17 @@ def workloads() -> list[tuple[str, str, dict[str, Any], list[int], str, list[int
 
 
 def _setup() -> tuple[Any, Any]:
-    import cudnn
+    """torch, and a cuDNN handle for the frontend's own builds (None in a smoke run)."""
     import torch
 
+    return torch, benchlib.gpu_only("a cuDNN handle for the frontend's own builds", _frontend_handle, torch)
+
+
+def _frontend_handle(torch: Any) -> Any:
+    import cudnn
+
     torch.cuda.init()
-    return torch, cudnn.create_handle()
+    return cudnn.create_handle()
 
 
 def _check(torch: Any, name: str, params: dict[str, Any], tensors: dict[int, Any], out: Any) -> float:
@@ -86,12 +101,16 @@ def _raw_phase(dynamic: bool) -> dict[str, Any]:
     return result
 
 
+def _skipped_raw_phase() -> dict[str, Any]:
+    return {label: {"seconds": [None] * len(sizes), "max_error": None} for label, _n, _f, sizes, _v, _b, _d in workloads()}
+
+
 def phase_static(_: dict[str, Any]) -> dict[str, Any]:
-    return _raw_phase(dynamic=False)
+    return benchlib.gpu_only("static: the frontend's own builds", _raw_phase, dynamic=False) or _skipped_raw_phase()
 
 
 def phase_dynamic(_: dict[str, Any]) -> dict[str, Any]:
-    return _raw_phase(dynamic=True)
+    return benchlib.gpu_only("dynamic: the frontend's own builds", _raw_phase, dynamic=True) or _skipped_raw_phase()
 
 
 def _cache_phase(args: dict[str, Any], bucketed: bool) -> dict[str, Any]:
@@ -99,7 +118,7 @@ def _cache_phase(args: dict[str, Any], bucketed: bool) -> dict[str, Any]:
     from plancache.workflows import buckets, templates
 
     torch, _ = _setup()
-    cache = plancache.PlanCache(args["dir"])
+    cache = plancache.PlanCache(args["dir"], backend=benchlib.backend())
     cache.environment  # noqa: B018 - device properties: not part of a lookup
     cache.backend.prepare(cache.backend.current_device())  # nor is creating the cuDNN handle
     result: dict[str, Any] = {}
@@ -107,8 +126,8 @@ def _cache_phase(args: dict[str, Any], bucketed: bool) -> dict[str, Any]:
         times, errors, exec_ms = [], [], []
         for size in sizes:
             params = {**fixed, var: size, "dynamic": True}
-            tensors = templates.allocate(name, device="cuda", **params)
-            torch.cuda.synchronize()
+            tensors = templates.allocate(name, device=benchlib.device(), **params)
+            benchlib.synchronize(torch)
             started = time.perf_counter()
             if bucketed:
                 padded_size = buckets.round_up(size, bucket_list)
@@ -119,7 +138,7 @@ def _cache_phase(args: dict[str, Any], bucketed: bool) -> dict[str, Any]:
             plan = cache.get(templates.build(name, **run_params))
             plan.execute(run)
             out = run[4].narrow(dim, 0, size)
-            torch.cuda.synchronize()
+            benchlib.synchronize(torch)
             times.append(time.perf_counter() - started)
             errors.append(_check(torch, name, params, tensors, out))
             if size in (sizes[0], sizes[len(sizes) // 2], sizes[-1]):
@@ -149,6 +168,11 @@ def phase_bucket_warm(args: dict[str, Any]) -> dict[str, Any]:
 def phase_kernel_cache(args: dict[str, Any]) -> dict[str, Any]:
     """First dynamic build in this process, of a shape not built before, after restoring
     the kernel cache file ``args['load']`` (if any); saves the kernel cache to ``args['save']``."""
+    skipped = {label: None for label, *_ in workloads()}
+    return benchlib.gpu_only("kernel cache: the frontend's own dynamic builds", _kernel_cache_probe, args) or skipped
+
+
+def _kernel_cache_probe(args: dict[str, Any]) -> dict[str, Any]:
     import cudnn
 
     from plancache.workflows import templates
@@ -174,10 +198,12 @@ def phase_kernel_cache(args: dict[str, Any]) -> dict[str, Any]:
 PHASES = {name[len("phase_") :]: fn for name, fn in globals().items() if name.startswith("phase_")}
 
 
-def main() -> None:
-    opts = benchlib.parse_or_run_phase(__doc__.splitlines()[0], PHASES)
+def main(argv: list[str] | None = None) -> None:
+    opts = benchlib.parse_or_run_phase(__doc__.splitlines()[0], PHASES, argv, script=__file__)
     if opts is None:
         return
+    if benchlib.smoke():
+        _smoke_sizes()
     torch = benchlib.require_gpu("bench_dynamic")
     root = Path(tempfile.mkdtemp(prefix="plancache-dyn-"))
     run = lambda phase, **a: benchlib.run_phase(__file__, phase, **a)  # noqa: E731
@@ -194,25 +220,31 @@ def main() -> None:
         "versions": benchlib.versions(torch),
     }
     print_table(r)
+    benchlib.report_skipped("bench_dynamic")
     if opts.out:
         Path(opts.out).write_text(json.dumps(r, indent=2))
 
 
+def _total(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
 def print_table(r: dict[str, Any]) -> None:
+    fmt = benchlib.fmt
     phases = ("static", "dynamic", "cold", "warm", "bucket_cold", "bucket_warm")
     print(f"\nplancache dynamic-shape benchmark  {r['versions']}")
     for label, _name, _fixed, sizes, var, _b, _d in workloads():
         print(f"\n{label}: first-call latency per {var} (ms)")
         print(f"{var:>6} " + " ".join(f"{p:>11}" for p in phases))
         for i, size in enumerate(sizes):
-            print(f"{size:>6} " + " ".join(f"{r[p][label]['seconds'][i] * 1e3:11.1f}" for p in phases))
-        print(f"{'total':>6} " + " ".join(f"{sum(r[p][label]['seconds']) * 1e3:11.0f}" for p in phases))
-        print(f"{'maxerr':>6} " + " ".join(f"{r[p][label]['max_error']:11.1e}" for p in phases))
+            print(f"{size:>6} " + " ".join(fmt(r[p][label]["seconds"][i], "11.1f", 1e3) for p in phases))
+        print(f"{'total':>6} " + " ".join(fmt(_total(r[p][label]["seconds"]), "11.0f", 1e3) for p in phases))
+        print(f"{'maxerr':>6} " + " ".join(fmt(r[p][label]["max_error"], "11.1e") for p in phases))
         exact, padded = r["warm"][label]["exec_ms"], r["bucket_warm"][label]["exec_ms"]
         print(f"  execution ms (smallest/middle/largest {var}): exact " + " ".join(f"{x:.4f}" for x in exact)
               + "  bucketed " + " ".join(f"{x:.4f}" for x in padded))  # fmt: skip
-        print(f"  kernel cache: first dynamic build in a fresh process {r['kc_none'][label] * 1e3:.1f} ms,"
-              f" after restoring a serialized kernel cache {r['kc_restored'][label] * 1e3:.1f} ms")  # fmt: skip
+        print(f"  kernel cache: first dynamic build in a fresh process {fmt(r['kc_none'][label], '.1f', 1e3)} ms,"
+              f" after restoring a serialized kernel cache {fmt(r['kc_restored'][label], '.1f', 1e3)} ms")  # fmt: skip
     print(f"\ncounters: cold {r['cold']['counters']}\n          warm {r['warm']['counters']}")
 
 

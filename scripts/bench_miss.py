@@ -16,6 +16,9 @@ Each figure is the first call: from the graph built in Python to its first outpu
 synchronized; both have their cuDNN handle before the timer starts. For ``cold``, the phases of the miss are shown too: planning (heuristics),
 candidates built (how many, and how many need runtime compilation), launched and compared,
 timed, and the rest (inputs, serialization, the store).
+
+``--smoke``: three tiny graphs, one round, on the CPU test backend, every child in this
+process (its result still through JSON); the frontend's own build is reported as skipped.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -35,14 +39,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 
+import benchlib  # noqa: E402 - after the path it is found on
+
 GRAPHS = ("conv_bias_relu", "conv_bias_relu_large", "matmul_bias_relu", "matmul_clip", "sdpa_causal", "sdpa_backward", "layernorm",
           "batchnorm_backward")  # fmt: skip
 
 
-def builders() -> dict[str, Any]:
-    import gpu_native
+SMOKE_GRAPHS = ("conv_bias_relu", "matmul_bias_relu", "sdpa_causal")
 
+
+def builders() -> dict[str, Any]:
     from plancache.workflows import templates
+
+    if benchlib.smoke():  # the same kinds of graph at tiny sizes
+        return {
+            "conv_bias_relu": lambda: templates.build("conv_bias_act", n=1, c=8, h=6, w=6, k=8),
+            "matmul_bias_relu": lambda: templates.build("matmul_bias_act", b=1, m=8, n=8, k=16),
+            "sdpa_causal": lambda: templates.build("sdpa", b=1, h=1, s=16, d=16, causal=True),
+        }
+    import gpu_native
 
     found = dict(gpu_native.CASES)
     found["conv_bias_relu_large"] = lambda: templates.build("conv_bias_act", n=32, c=128, h=56, w=56, k=256)
@@ -50,43 +65,37 @@ def builders() -> dict[str, Any]:
 
 
 def child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
-    import cudnn
     import torch
 
     from plancache.engines.inputs import materialize, plan_inputs
     from plancache.key import describe, tensor_table
 
-    torch.cuda.init()
-    torch.empty(1, device="cuda")  # the CUDA context, as any program has one before its first graph
+    device = benchlib.device()
+    if benchlib.has_cuda(torch):
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # the CUDA context, as any program has one before its first graph
     graph = builders()[name]()
     description, specs = describe(graph), tensor_table(graph)
     inputs = plan_inputs(description, specs, {})
     assert not isinstance(inputs, str), inputs
-    pack = materialize(inputs, torch, "cuda", torch.Generator(device="cuda").manual_seed(0))
-    torch.cuda.synchronize()
+    pack = materialize(inputs, torch, device, torch.Generator(device=device).manual_seed(0))
+    benchlib.synchronize(torch)
     row: dict[str, Any] = {"mode": mode, "graph": name}
     phases: dict[str, float] = defaultdict(float)
     if mode == "frontend":
-        handle = cudnn.create_handle()
-        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-        started = time.perf_counter()
-        graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        workspace = torch.empty(max(graph.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
-        graph.execute(pack, workspace, handle=handle)
-        torch.cuda.synchronize()
-        row["first_call_s"] = time.perf_counter() - started
+        row["first_call_s"] = benchlib.gpu_only("frontend: the frontend's own build and execute", _frontend_first_call,
+                                                torch, graph, pack)  # fmt: skip
         return row
     import plancache
-    from plancache.engines import cudnn_backend
 
-    _instrument(cudnn_backend, phases)
-    cache = plancache.PlanCache(cache_dir, auto_prime=False)
-    cache.backend.prepare(torch.cuda.current_device())  # its cuDNN handle, as the frontend's run has one before its timer
+    cache = plancache.PlanCache(cache_dir, backend=benchlib.backend(), auto_prime=False)
+    _instrument(cache.backend, phases)
+    cache.backend.prepare(cache.backend.current_device())  # its cuDNN handle, as the frontend's run has one before its timer
     phases.clear()
     started = time.perf_counter()
     plan = cache.get(graph)
     plan.execute(pack)
-    torch.cuda.synchronize()
+    benchlib.synchronize(torch)
     row["first_call_s"] = time.perf_counter() - started
     row["source"] = plan.source
     row["phases_s"] = dict(phases)
@@ -100,6 +109,20 @@ def child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
     return row
 
 
+def _frontend_first_call(torch: Any, graph: Any, pack: dict[int, Any]) -> float:
+    """Seconds of the frontend's own heuristic build and first execute of ``graph`` (needs cuDNN on a GPU)."""
+    import cudnn
+
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    started = time.perf_counter()
+    graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    workspace = torch.empty(max(graph.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
+    graph.execute(pack, workspace, handle=handle)
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
 def _count(items: Any) -> dict[str, int]:
     found: dict[str, int] = defaultdict(int)
     for item in items:
@@ -107,29 +130,43 @@ def _count(items: Any) -> dict[str, int]:
     return found
 
 
-def _instrument(module: Any, phases: dict[str, float]) -> None:
-    """Time the phases of a miss by wrapping the cuDNN backend's candidate calls."""
+CANDIDATE_PHASES = (("build", "build"), ("prepare", "inputs"), ("outputs", "launch_compare"), ("bounds", "bounds"),
+                    ("time", "timing"), ("finish", "serialize"))  # fmt: skip
 
-    def timed(owner: Any, method: str, phase: str) -> None:
-        original = getattr(owner, method)
 
+def _instrument(backend: Any, phases: dict[str, float]) -> None:
+    """Time the phases of a miss by wrapping the backend's public seam: its ``candidates``
+    call (planning), and the calls of each candidate set it returns (``CandidateSet``)."""
+
+    def timed(fn: Any, phase: str) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
             try:
-                return original(*args, **kwargs)
+                return fn(*args, **kwargs)
             finally:
                 phases[phase] += time.perf_counter() - started
                 phases[phase + "_calls"] += 1
 
-        setattr(owner, method, wrapper)
+        return wrapper
 
-    timed(module.CudnnBackend, "candidates", "planning")
-    for method, phase in (("build", "build"), ("prepare", "inputs"), ("outputs", "launch_compare"), ("bounds", "bounds"),
-                          ("time", "timing"), ("finish", "serialize")):  # fmt: skip
-        timed(module._Candidates, method, phase)
+    plan_candidates = timed(backend.candidates, "planning")
+
+    def candidates(*args: Any, **kwargs: Any) -> Any:
+        found = plan_candidates(*args, **kwargs)
+        for method, phase in CANDIDATE_PHASES:
+            setattr(found, method, timed(getattr(found, method), phase))
+        return found
+
+    backend.candidates = candidates
 
 
 def run_child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
+    if benchlib.smoke():  # in this process, its row through JSON as a child's stdout, a failure a row as there
+        try:
+            row: dict[str, Any] = json.loads(json.dumps(child(mode, name, cache_dir), default=str))
+        except Exception:
+            return {"mode": mode, "graph": name, "failure": traceback.format_exc()[-800:]}
+        return row
     done = subprocess.run(
         [sys.executable, __file__, "--child", mode, name, cache_dir], capture_output=True, text=True, timeout=600
     )
@@ -139,13 +176,17 @@ def run_child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--graphs", default=",".join(GRAPHS))
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per graph (default 2; 1 with --smoke)")
+    parser.add_argument("--graphs", default=None, help=f"default {','.join(GRAPHS)} (with --smoke {','.join(SMOKE_GRAPHS)})")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    benchlib.add_smoke_option(parser)
+    args = parser.parse_args(argv)
+    smoke = benchlib.start_smoke(args.smoke)
+    args.rounds = args.rounds or (1 if smoke else 2)
+    args.graphs = args.graphs or ",".join(SMOKE_GRAPHS if smoke else GRAPHS)
     if args.child is not None:
         print(json.dumps(child(*args.child), default=str))
         return 0
@@ -157,7 +198,7 @@ def main() -> int:
                 rows.append(run_child("cold", name, cache_dir))
                 rows.append(run_child("warm", name, cache_dir))
     print(f"{'graph':22} {'frontend s':>10} {'cold s':>8} {'ratio':>6} {'warm s':>8}  cold: phases (s) and candidates")
-    worst = 0.0
+    worst: float | None = None
     for name in dict.fromkeys(r["graph"] for r in rows):
         mine = [r for r in rows if r["graph"] == name]
         failed = [r for r in mine if "failure" in r]
@@ -165,16 +206,21 @@ def main() -> int:
             print(f"{name:22} FAILED {failed[0]['mode']}: {failed[0]['failure'][-300:]}")
             continue
 
-        def median(mode: str, mine: list[dict[str, Any]] = mine) -> float:
-            return statistics.median(r["first_call_s"] for r in mine if r["mode"] == mode)
+        def median(mode: str, mine: list[dict[str, Any]] = mine) -> float | None:
+            values = [r["first_call_s"] for r in mine if r["mode"] == mode]
+            return None if None in values else statistics.median(values)  # None: skipped (a smoke run)
 
         fe, cold, warm = median("frontend"), median("cold"), median("warm")
-        worst = max(worst, cold / fe)
+        ratio = None if fe is None or cold is None else cold / fe
+        worst = ratio if worst is None or (ratio is not None and ratio > worst) else worst
         last = [r for r in mine if r["mode"] == "cold"][-1]
         phases = ", ".join(f"{k} {v:.3f}" for k, v in last.get("phases_s", {}).items() if not k.endswith("_calls"))
         calls = {k[:-6]: int(v) for k, v in last.get("phases_s", {}).items() if k.endswith("_calls")}
-        print(f"{name:22} {fe:10.3f} {cold:8.3f} {cold / fe:6.2f} {warm:8.3f}  {phases}; calls {calls}; {last.get('statuses')}")
-    print(f"bench_miss: worst cold/frontend ratio {worst:.2f}")
+        fmt = benchlib.fmt
+        print(f"{name:22} {fmt(fe, '10.3f')} {fmt(cold, '8.3f')} {fmt(ratio, '6.2f')} {fmt(warm, '8.3f')}  {phases}; "
+              f"calls {calls}; {last.get('statuses')}; warm from {[r.get('source') for r in mine if r['mode'] == 'warm']}")  # fmt: skip
+    print(f"bench_miss: worst cold/frontend ratio {benchlib.fmt(worst, '.2f')}")
+    benchlib.report_skipped("bench_miss")
     if args.out is not None:
         args.out.write_text(json.dumps(rows, indent=1, default=str))
     return 0

@@ -17,6 +17,10 @@ Every process runs the same program: imports (and opens the cache), loads a chec
 weights) onto the GPU, computes the first output, then times steps and a CUDA-graph
 replay of one step, and checks both outputs against the float32 PyTorch reference.
 Prints a table; ``--out FILE`` also writes every figure as JSON. Needs an NVIDIA GPU.
+``--smoke``: the model at tiny sizes on the CPU test backend, every mode's child run in
+this process (its result still through JSON) with its mode's environment, through the same
+plancache code (cold, warm, primed); torch.compile, the frontend's own builds (nocache) and
+the CUDA-graph capture are reported as skipped.
 """
 
 # ruff: noqa: E402 - the start stamp comes before the other imports on purpose
@@ -43,6 +47,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the working tree's plancache, as scripts/gpu-check runs it
+sys.path.insert(0, str(REPO / "scripts"))  # benchlib, also when this file is loaded by its path
+
+import benchlib
+
 EXAMPLE_PATH = REPO / "examples" / "resnet_attention.py"
 
 MODES = ["eager", "compile-cold", "compile-warm", "plancache-nocache", "plancache-cold", "plancache-warm", "plancache-primed"]
@@ -68,6 +76,13 @@ MEDIAN_KEYS = (
     "process_s",
 )
 WORST_KEYS = ("rel_error", "captured_rel_error")
+#: Modes a smoke run skips, and what of them needs a GPU.
+GPU_ONLY_MODES = {
+    "compile-cold": "torch.compile",
+    "compile-warm": "torch.compile",
+    "plancache-nocache": "the frontend's own heuristic builds",
+}
+SMOKE_SIZES = {"n": 1, "c": 8, "hw": 8, "width": 32, "heads": 2}  # the example model at tiny sizes
 
 
 def load_example() -> ModuleType:
@@ -78,6 +93,9 @@ def load_example() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules["resnet_attention"] = module
     spec.loader.exec_module(module)
+    if benchlib.smoke():  # tiny, on the CPU (the CPU test backend runs the plans there)
+        module.set_sizes(**SMOKE_SIZES)
+        module.STEPS, module.WARMUP_STEPS, module.DEVICE = 2, 1, "cpu"
     return module
 
 
@@ -159,6 +177,7 @@ def aggregate(mode: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     capture_errors = [r["capture_error"] for r in runs if r.get("capture_error")]
     row["capture_error"] = capture_errors[0] if capture_errors else None
     row["weights_match"] = all(r.get("weights_match", True) is not False for r in runs)
+    row["skipped"] = next((r["skipped"] for r in runs if r.get("skipped")), None)
     for key in ("counters", "stats", "dynamo", "primer"):
         found = [r[key] for r in runs if r.get(key) is not None]
         if found:
@@ -171,6 +190,8 @@ def problems(rows: list[dict[str, Any]], tolerance: float) -> list[str]:
     than ``tolerance`` (or never checked), weights that did not survive the checkpoint."""
     found = []
     for r in rows:
+        if r.get("skipped") and not r.get("error"):  # a smoke run's GPU-only mode
+            continue
         if r.get("error"):
             found.append(f"{r['mode']} failed")
         if r.get("rel_error") is None or r["rel_error"] > tolerance:
@@ -219,6 +240,9 @@ def format_table(rows: list[dict[str, Any]], header: Mapping[str, Any]) -> str:
         f"{'captured step ms':>17} {'process s':>10} {'rel err':>9}",
     ]
     for r in rows:
+        if r.get("skipped") and not r.get("error"):
+            lines.append(f"{r['mode']:18} {r['skipped']}")
+            continue
         if r.get("error") and r.get("first_output_s") is None:
             lines.append(f"{r['mode']:18} failed: {str(r['error']).splitlines()[0][:200]}")
             continue
@@ -265,7 +289,7 @@ def open_plans(mode: str, directory: str | None, example: ModuleType) -> Any:
     if mode.startswith("plancache-"):
         import plancache  # noqa: F401 - imported here, as a program would at its start
 
-        return example.CachedPlans(directory or "")
+        return example.CachedPlans(directory or "", backend=benchlib.backend())
     return None
 
 
@@ -275,7 +299,7 @@ def load_checkpoint(torch: Any, path: str, conv_layers: list[str]) -> dict[str, 
     loaded = torch.load(path, map_location="cpu", mmap=False, weights_only=True)
     on_gpu = {}
     for name, tensor in loaded.items():
-        t = tensor.to("cuda")
+        t = tensor.to(benchlib.device())
         on_gpu[name] = t.to(memory_format=torch.channels_last) if name in conv_layers else t
     return on_gpu
 
@@ -300,7 +324,7 @@ def capture_step(torch: Any, step: Callable[[], Any]) -> Callable[[], Any]:
     works for any CUDA work, plans or not. Returns the replay function."""
     import plancache
 
-    torch.cuda.synchronize()
+    benchlib.synchronize(torch)
     return plancache.capture(step, warmup=CAPTURE_WARMUP).replay
 
 
@@ -339,30 +363,35 @@ def emit(result: dict[str, Any]) -> None:
 
 
 def run_child(mode: str, directory: str | None, checkpoint: str) -> dict[str, Any]:
-    t_start = T_START
+    t_start = time.perf_counter() if benchlib.smoke() else T_START  # a smoke run's child runs in the parent's process
+    if benchlib.smoke() and mode in GPU_ONLY_MODES:
+        benchlib.gpu_only(f"{mode}: {GPU_ONLY_MODES[mode]}", lambda: None)
+        return {"mode": mode, "skipped": benchlib.SKIPPED}
     example = load_example()  # standard library only: torch is imported next
     import torch
 
-    if not torch.cuda.is_available():
+    if not benchlib.smoke() and not torch.cuda.is_available():
         raise SystemExit(NO_GPU)
     plans = open_plans(mode, directory, example)
     t_imported = time.perf_counter()
 
     conv_layers = [layer for layer, name, _ in example.LAYERS if name == "conv_bias_act"]
     loaded = load_checkpoint(torch, checkpoint, conv_layers)
-    torch.cuda.synchronize()
+    benchlib.synchronize(torch)
     t_weights = time.perf_counter()
     primer = getattr(getattr(plans, "cache", None), "primer", None)
     primer_done_at_weights = None if primer is None else not primer.is_alive()
     w = {k: v for k, v in loaded.items() if k != STAND_IN}  # the model gets its own weights only, in every mode
 
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(example.N, 64, 56, 56, generator=g).to(torch.bfloat16).cuda().to(memory_format=torch.channels_last)
-    torch.cuda.synchronize()
+    n, c, hw = example.N, example.LAYERS[0][2]["c"], example.LAYERS[0][2]["h"]
+    x = torch.randn(n, c, hw, hw, generator=g).to(torch.bfloat16).to(benchlib.device())
+    x = x.to(memory_format=torch.channels_last)
+    benchlib.synchronize(torch)
     t_input = time.perf_counter()
     step, compiled = make_step(mode, example, torch, plans, w, x)
     out = single_tensor(step())
-    torch.cuda.synchronize()
+    benchlib.synchronize(torch)
     t_first = time.perf_counter()
 
     times = example.step_times_ms(torch, step)
@@ -377,11 +406,12 @@ def run_child(mode: str, directory: str | None, checkpoint: str) -> dict[str, An
 
     captured_out = None
     try:
-        replay = capture_step(torch, step)
-        captured_times = example.step_times_ms(torch, replay)
-        captured_out = single_tensor(replay())
-        torch.cuda.synchronize()
-        result["captured_step_ms"] = statistics.median(captured_times)
+        replay = benchlib.gpu_only("captured step: plancache.capture (a CUDA graph)", capture_step, torch, step)
+        if replay is not None:
+            captured_times = example.step_times_ms(torch, replay)
+            captured_out = single_tensor(replay())
+            benchlib.synchronize(torch)
+            result["captured_step_ms"] = statistics.median(captured_times)
     except Exception as exc:  # one mode's capture failing is a figure, not a failed bench
         result["capture_error"] = f"{type(exc).__name__}: {exc}"[:2000]
 
@@ -391,7 +421,7 @@ def run_child(mode: str, directory: str | None, checkpoint: str) -> dict[str, An
     result["rel_error"] = rel_error(out, ref)
     if captured_out is not None:
         result["captured_rel_error"] = rel_error(captured_out, ref)
-    expected = example.weights(torch, device="cuda")
+    expected = example.weights(torch, device=benchlib.device())
     result["weights_match"] = expected.keys() == w.keys() and all(
         w[k].dtype == t.dtype and w[k].shape == t.shape and w[k].stride() == t.stride() and bool(torch.equal(w[k], t))
         for k, t in expected.items()
@@ -431,6 +461,8 @@ def run_mode(mode: str, root: Path, checkpoint: Path, index: int) -> dict[str, A
     if directory is not None:
         args += ["--dir", str(directory)]
     started = time.perf_counter()
+    if benchlib.smoke():
+        return _run_mode_here(mode, directory, checkpoint, index, started)
     try:
         done = subprocess.run(
             args, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=child_env(mode, root, os.environ)
@@ -450,6 +482,24 @@ def run_mode(mode: str, root: Path, checkpoint: Path, index: int) -> dict[str, A
     return result
 
 
+def _run_mode_here(mode: str, directory: Path | None, checkpoint: Path, index: int, started: float) -> dict[str, Any]:
+    """A smoke run's child: ``run_child`` in this process under the child's environment
+    (``child_env``, restored afterwards), its result through JSON as a child's stdout."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(child_env(mode, checkpoint.parent, saved))
+    try:
+        result = last_json(json.dumps(run_child(mode, None if directory is None else str(directory), str(checkpoint)),
+                                      default=str)) or {"mode": mode}  # fmt: skip
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    result["process_s"] = time.perf_counter() - started
+    print(f"  bench_model: {mode:18} run {index + 1} done in {result['process_s']:.1f} s (smoke run: in this process)",
+          file=sys.stderr)  # fmt: skip
+    return result
+
+
 def header_info(torch: Any, example: ModuleType, opts: argparse.Namespace) -> dict[str, Any]:
     try:
         import cudnn
@@ -457,8 +507,10 @@ def header_info(torch: Any, example: ModuleType, opts: argparse.Namespace) -> di
         frontend = cudnn.__version__
     except Exception as exc:
         frontend = f"unavailable ({type(exc).__name__})"
-    return {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "cudnn": torch.backends.cudnn.version(), "cudnn_frontend": frontend, "batch": example.N,
+    gpu = torch.cuda.get_device_name() if benchlib.has_cuda(torch) else "none (smoke run on the CPU test backend)"
+    cudnn_version = torch.backends.cudnn.version() if benchlib.has_cuda(torch) else None
+    return {"date": datetime.date.today().isoformat(), "gpu": gpu, "torch": torch.__version__,
+            "cudnn": cudnn_version, "cudnn_frontend": frontend, "batch": example.N,
             "checkpoint_mb": opts.checkpoint_mb, "repeats": opts.repeats, "steps": example.STEPS,
             "warmup": example.WARMUP_STEPS, "tolerance": example.TOLERANCE}  # fmt: skip
 
@@ -477,14 +529,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", help=f"a comma-separated subset of {','.join(MODES)} (run in that order; "
                         "a warm mode brings its cold mode)")  # fmt: skip
     parser.add_argument(
-        "--checkpoint-mb", type=int, default=1024, help="MiB of stand-in weights in the checkpoint (default 1024)"
+        "--checkpoint-mb", type=int, help="MiB of stand-in weights in the checkpoint (default 1024; 1 with --smoke)"
     )
     parser.add_argument("--repeats", type=int, default=1, help="fresh processes per mode; cold modes run once (default 1)")
     parser.add_argument("--keep", metavar="DIR", help="put the checkpoint and caches in DIR (new or empty) and keep them")
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one child run, printed as JSON
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    benchlib.add_smoke_option(parser)
     opts = parser.parse_args(argv)
+    if opts.checkpoint_mb is None:
+        opts.checkpoint_mb = 1 if opts.smoke or benchlib.smoke() else 1024
     try:
         opts.modes = select_modes(opts.modes)
     except ValueError as exc:
@@ -498,14 +553,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return opts
 
 
-def main() -> None:
-    opts = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    opts = parse_args(argv)
+    benchlib.start_smoke(opts.smoke)
     if opts.mode:
         emit(run_child(opts.mode, opts.dir, opts.checkpoint))
         return
     import torch
 
-    if not torch.cuda.is_available():
+    if not benchlib.smoke() and not torch.cuda.is_available():
         raise SystemExit(NO_GPU)
     example = load_example()
     root = make_root(opts.keep)
@@ -522,6 +578,7 @@ def main() -> None:
     header = header_info(torch, example, opts)
     header["checkpoint_bytes"] = checkpoint_bytes
     print(format_table(rows, header))
+    benchlib.report_skipped("bench_model")
     if opts.out:
         Path(opts.out).write_text(json.dumps({"header": header, "rows": rows, "runs": runs}, indent=2, default=str))
     failed = problems(rows, example.TOLERANCE)

@@ -15,6 +15,9 @@ eager; the in-process repeat lookup; and the autotuned pick against the exhausti
 Needs an NVIDIA GPU. Prints a table; ``--out FILE`` also writes every figure as JSON.
 Without a GPU it runs ``scripts/cpu_end_to_end.py`` instead (the cache end to end on the
 CPU test backend: misses, hits, a fresh-process hit, store figures) and exits 0.
+``--smoke`` runs every phase of the GPU run at tiny sizes on the CPU test backend, in this
+process, and reports the parts that need cuDNN itself (the heuristic build, the raw
+deserialize, the frontend's launches) as skipped: it checks the script, not the figures.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from benchlib import gpu_ms
 
 REPEATS = 3  # fresh processes per warm / raw / primed measurement
 STAND_IN_FOR_WEIGHT_LOADING_S = 1.0  # what a model does between creating the cache and its first step
+GET_REPEATS = (100_000, 1000)  # repeat lookups timed: builder calls, get(graph) calls
 
 SUITE: list[tuple[str, str, dict[str, Any]]] = [
     ("conv_bias_relu N32 C128 56x56 K256", "conv_bias_act", {"n": 32, "c": 128, "h": 56, "w": 56, "k": 256}),
@@ -42,33 +46,58 @@ SUITE: list[tuple[str, str, dict[str, Any]]] = [
     ("SDPA causal b4 h16 s1024 d64", "sdpa", {"b": 4, "h": 16, "s": 1024, "d": 64, "causal": True}),
     ("SDPA b2 h32 s2048 d128", "sdpa", {"b": 2, "h": 32, "s": 2048, "d": 128, "causal": False}),
 ]
+#: The same kinds of graph at tiny sizes, for a smoke run (``--smoke``) on the CPU test backend.
+SMOKE_SUITE: list[tuple[str, str, dict[str, Any]]] = [
+    ("conv_bias_relu N1 C8 6x6 K8", "conv_bias_act", {"n": 1, "c": 8, "h": 6, "w": 6, "k": 8}),
+    ("conv_bias_relu N1 C8 4x4 K8", "conv_bias_act", {"n": 1, "c": 8, "h": 4, "w": 4, "k": 8}),  # SUITE[1]: the repeat lookups
+    ("conv N1 C8 4x4 K8", "conv_bias_act", {"n": 1, "c": 8, "h": 4, "w": 4, "k": 8, "bias": False, "act": None}),
+    ("matmul+bias+relu 1x8x16x8", "matmul_bias_act", {"b": 1, "m": 8, "k": 16, "n": 8}),
+    ("SDPA causal b1 h1 s16 d16", "sdpa", {"b": 1, "h": 1, "s": 16, "d": 16, "causal": True}),
+]
+
+
+def _smoke_sizes() -> None:
+    """A smoke run's suite and repeats (module globals, read by every phase in this process)."""
+    global SUITE, REPEATS, STAND_IN_FOR_WEIGHT_LOADING_S, GET_REPEATS, LAUNCHES, LAUNCH_REPEATS
+    SUITE, REPEATS, STAND_IN_FOR_WEIGHT_LOADING_S, GET_REPEATS = SMOKE_SUITE, 1, 0.2, (3, 3)
+    LAUNCHES, LAUNCH_REPEATS = 3, 1
 
 
 # ---------------------------------------------------------------------- child phases
 
 
 def _setup() -> tuple[Any, Any]:
-    import cudnn
+    """torch, and a cuDNN handle for the frontend's own calls (None in a smoke run)."""
     import torch
 
+    return torch, benchlib.gpu_only("a cuDNN handle for the frontend's own calls", _frontend_handle, torch)
+
+
+def _frontend_handle(torch: Any) -> Any:
+    import cudnn
+
     torch.cuda.init()
-    handle = cudnn.create_handle()  # paid by every approach alike: outside the timings
-    return torch, handle
+    return cudnn.create_handle()  # paid by every approach alike: outside the timings
+
+
+def _heuristic_build(torch: Any, graph: Any) -> float:
+    """Seconds of the frontend's own heuristic build of ``graph`` (needs cuDNN on a GPU)."""
+    import cudnn
+
+    started = time.perf_counter()
+    graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
 
 
 def phase_heuristic(_: dict[str, Any]) -> dict[str, Any]:
-    import cudnn
-
     from plancache.workflows import templates
 
     torch, handle = _setup()
     times = []
     for _label, name, params in SUITE:
         graph = templates.build(name, handle=handle, **params)
-        started = time.perf_counter()
-        graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
+        times.append(benchlib.gpu_only("heuristic: the frontend's own build", _heuristic_build, torch, graph))
     return {"seconds": times}
 
 
@@ -78,7 +107,8 @@ def _cache_phase(args: dict[str, Any], policy: str) -> dict[str, Any]:
 
     torch, _ = _setup()
     # auto_prime=False: these phases time lookups (use is still recorded, for the primed phase)
-    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy=policy), auto_prime=False)
+    cache = plancache.PlanCache(args["dir"], backend=benchlib.backend(), options=plancache.BuildOptions(policy=policy),
+                                auto_prime=False)  # fmt: skip
     cache.environment  # noqa: B018 - reading device properties is not part of a lookup
     cache.backend.prepare(cache.backend.current_device())  # nor is creating the cuDNN handle (0.3-0.5 s)
     # Time spent inside cuDNN's deserialize, so that what remains of a hit is plancache's
@@ -100,7 +130,7 @@ def _cache_phase(args: dict[str, Any], policy: str) -> dict[str, Any]:
         started = time.perf_counter()
         plan = cache.get(graph)
         times.append(time.perf_counter() - started)
-        torch.cuda.synchronize()  # nothing was launched; outside the lookup's time
+        benchlib.synchronize(torch)  # nothing was launched; outside the lookup's time
         sources.append(plan.source)
     cache.close()
     return {"seconds": times, "sources": sources, "counters": cache.counters, "deserialize_seconds": sum(inside)}
@@ -125,7 +155,7 @@ def phase_primed(args: dict[str, Any]) -> dict[str, Any]:
     from plancache.workflows import templates
 
     torch, _ = _setup()
-    cache = plancache.PlanCache(args["dir"], auto_prime=True)  # the default; said here for the reader
+    cache = plancache.PlanCache(args["dir"], backend=benchlib.backend(), auto_prime=True)  # the default; said here for the reader
     time.sleep(STAND_IN_FOR_WEIGHT_LOADING_S)
     primer_done = cache.primer is not None and not cache.primer.is_alive()
     times = []
@@ -133,33 +163,47 @@ def phase_primed(args: dict[str, Any]) -> dict[str, Any]:
         graph = templates.build(name, **params)
         started = time.perf_counter()
         cache.get(graph)
-        torch.cuda.synchronize()
+        benchlib.synchronize(torch)
         times.append(time.perf_counter() - started)
     cache.close()
     report = cache.primer.report if cache.primer is not None else {}
     return {"seconds": times, "counters": cache.counters, "primed": report, "primer_done_before_lookups": primer_done}
 
 
-def phase_raw(args: dict[str, Any]) -> dict[str, Any]:
-    import sqlite3
-
-    import cudnn
-
+def _stored_blobs(directory: str) -> list[bytes]:
+    """The stored blob of each suite graph, read from the store as it is."""
     import plancache
+    from plancache.store import Store
     from plancache.workflows import templates
 
-    torch, handle = _setup()
-    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"), auto_prime=False)
+    cache = plancache.PlanCache(directory, backend=benchlib.backend(), options=plancache.BuildOptions(policy="topk"),
+                                auto_prime=False)  # fmt: skip
     keys = [cache.key(templates.build(name, **params)).digest for _l, name, params in SUITE]
-    with sqlite3.connect(Path(args["dir"]) / "plans.db") as conn:
-        blobs = [bytes(conn.execute("SELECT blob FROM plans WHERE key = ?", (k,)).fetchone()[0]) for k in keys]
-    times = []
-    for blob in blobs:
-        started = time.perf_counter()
-        graph = cudnn.pygraph(handle=handle)
-        graph.deserialize(blob)
-        times.append(time.perf_counter() - started)
-        torch.cuda.synchronize()  # nothing was launched; outside the time, as in the warm phase
+    cache.close()
+    store = Store(directory, read_only=True)
+    entries = [store.get(k) for k in keys]
+    store.close()
+    assert all(e is not None for e in entries), "the raw phase runs after the cold one stored every plan"
+    return [bytes(e.blob) for e in entries if e is not None]
+
+
+def _frontend_deserialize(torch: Any, handle: Any, blob: bytes) -> float:
+    """Seconds of the frontend's own deserialize of ``blob`` into a fresh pygraph (needs cuDNN on a GPU)."""
+    import cudnn
+
+    started = time.perf_counter()
+    graph = cudnn.pygraph(handle=handle)
+    graph.deserialize(blob)
+    seconds = time.perf_counter() - started
+    torch.cuda.synchronize()  # nothing was launched; outside the time, as in the warm phase
+    return seconds
+
+
+def phase_raw(args: dict[str, Any]) -> dict[str, Any]:
+    torch, handle = _setup()
+    blobs = _stored_blobs(args["dir"])
+    times = [benchlib.gpu_only("raw: the frontend's own deserialize", _frontend_deserialize, torch, handle, blob)
+             for blob in blobs]  # fmt: skip
     return {"seconds": times, "blob_bytes": [len(b) for b in blobs]}
 
 
@@ -195,11 +239,12 @@ def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
     from plancache.workflows import templates
 
     torch, _ = _setup()
-    cache = plancache.PlanCache(args["dir"], options=plancache.BuildOptions(policy="topk"), auto_prime=False)
+    cache = plancache.PlanCache(args["dir"], backend=benchlib.backend(), options=plancache.BuildOptions(policy="topk"),
+                                auto_prime=False)  # fmt: skip
     rows = []
     for _label, name, params in SUITE:
         cached = cache.get(templates.build(name, **params))
-        tensors = templates.allocate(name, device="cuda", **params)
+        tensors = templates.allocate(name, device=benchlib.device(), **params)
         entry = cache.store.get(cached.key)
         assert entry is not None and entry.engine is not None
         fresh = cache.backend.rebuild(templates.build(name, **params), EngineChoice.from_dict(entry.engine), cache.options)
@@ -216,14 +261,14 @@ def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
 
     # In-process repeat lookups: the builder form and a plain get() of a rebuilt graph.
     _label, name, params = SUITE[1]
-    tensors = templates.allocate(name, device="cuda", **params)
+    tensors = templates.allocate(name, device=benchlib.device(), **params)
 
     @cache.builder
     def conv(x: Any, w: Any, b: Any, y: Any) -> Any:
         return templates.build(name, **params)
 
     conv(tensors[1], tensors[2], tensors[3], tensors[4])
-    n = 100_000
+    n = GET_REPEATS[0]
     started = time.perf_counter()
     for _ in range(n):
         conv(tensors[1], tensors[2], tensors[3], tensors[4])
@@ -240,15 +285,15 @@ def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
     keyed_us = (time.perf_counter() - started) / n * 1e6
     graph = templates.build(name, **params)
     started = time.perf_counter()
-    for _ in range(1000):
+    for _ in range(GET_REPEATS[1]):
         cache.get(graph)
-    get_us = (time.perf_counter() - started) / 1000 * 1e6
+    get_us = (time.perf_counter() - started) / GET_REPEATS[1] * 1e6
     host_started = time.perf_counter()
     plan = conv(tensors[1], tensors[2], tensors[3], tensors[4])
-    for _ in range(1000):
+    for _ in range(GET_REPEATS[1]):
         plan.execute(tensors)
-    host_us = (time.perf_counter() - host_started) / 1000 * 1e6
-    torch.cuda.synchronize()
+    host_us = (time.perf_counter() - host_started) / GET_REPEATS[1] * 1e6
+    benchlib.synchronize(torch)
     return {"rows": rows, "builder_repeat_us": builder_us, "builder_key_repeat_us": keyed_us, "get_repeat_us": get_us,
             "execute_host_us": host_us, "launch": launch_overhead(torch, cache)}  # fmt: skip
 
@@ -258,26 +303,43 @@ LAUNCHES, LAUNCH_REPEATS = 200, 25  # per timed loop, loops (see benchlib.host_u
 
 def launch_overhead(torch: Any, cache: Any) -> list[dict[str, Any]]:
     """Host microseconds per launch in a tight loop, per suite graph: ``Plan.execute`` of the
-    stored plan (checks included) beside the frontend's own ``execute`` of the same loaded
-    graph with a workspace allocated once (``benchlib.host_us``)."""
-    import cudnn
-
+    stored plan (checks included) beside the frontend's own ``execute`` of the same stored
+    blob, deserialized by the frontend into a graph of its own, with a workspace allocated
+    once (``benchlib.host_us``). ``plan.native`` is plancache's loaded plan, not a frontend
+    graph: nothing is called on it here."""
     from plancache.workflows import templates
 
-    handle = cudnn.create_handle()
-    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
     rows = []
     for label, name, params in SUITE:
         plan = cache.get(templates.build(name, **params))
-        tensors = templates.allocate(name, device="cuda", **params)
-        workspace = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
-        graph = plan.native
+        tensors = templates.allocate(name, device=benchlib.device(), **params)
+        entry = cache.store.get(plan.key)
+        assert entry is not None, "the exec phase runs on the store the cold phase filled"
         plan_us = benchlib.host_us(torch, lambda p=plan, t=tensors: p.execute(t), LAUNCHES, LAUNCH_REPEATS)
-        frontend_us = benchlib.host_us(
-            torch, lambda g=graph, t=tensors, w=workspace: g.execute(t, w, handle=handle), LAUNCHES, LAUNCH_REPEATS
-        )
+        frontend_us = benchlib.gpu_only("launch: the frontend's own execute of the stored plan", _frontend_launch_us,
+                                        torch, bytes(entry.blob), plan.workspace_size, tensors)  # fmt: skip
         rows.append({"graph": label, "plan_us": plan_us, "frontend_us": frontend_us, "source": plan.source})
     return rows
+
+
+_launch_handle: Any = None  # one cuDNN handle for the frontend's launches of every graph
+
+
+def _frontend_launch_us(torch: Any, blob: bytes, workspace_size: int, tensors: dict[int, Any]) -> float:
+    """Host microseconds per ``execute`` of ``blob`` deserialized by the frontend itself, on
+    a handle of its own on the current stream (needs cuDNN on a GPU)."""
+    import cudnn
+
+    global _launch_handle
+    if _launch_handle is None:
+        _launch_handle = cudnn.create_handle()
+    handle = _launch_handle
+    graph = cudnn.pygraph(handle=handle)
+    graph.deserialize(blob)  # before the handle is on the program's stream: its warm-up captures the handle's stream
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    workspace = torch.empty(max(workspace_size, 1), dtype=torch.uint8, device="cuda")
+    launch = lambda: graph.execute(tensors, workspace, handle=handle)  # noqa: E731
+    return benchlib.host_us(torch, launch, LAUNCHES, LAUNCH_REPEATS)
 
 
 PHASES = {
@@ -336,13 +398,15 @@ def print_sweep(quality_rows: list[dict[str, Any]]) -> None:
     print("  position of the best candidate in heuristic order:", [q.get("best_position") for q in quality_rows])
 
 
-def main() -> None:
-    opts = benchlib.parse_or_run_phase(__doc__.splitlines()[0], PHASES)
+def main(argv: list[str] | None = None) -> None:
+    opts = benchlib.parse_or_run_phase(__doc__.splitlines()[0], PHASES, argv, script=__file__)
     if opts is None:
         return
     import torch
 
-    if not torch.cuda.is_available():  # no GPU: the cache end to end on the CPU test backend instead
+    if benchlib.smoke():
+        _smoke_sizes()
+    elif not torch.cuda.is_available():  # no GPU: the cache end to end on the CPU test backend instead
         import cpu_end_to_end
 
         sys.exit(cpu_end_to_end.run(opts.out))
@@ -364,7 +428,7 @@ def main() -> None:
             results[phase + "_runs"].append(run_phase(phase, dir=topk_dir))
     for phase in ("warm", "raw", "primed"):
         runs = results[phase + "_runs"]
-        results[phase] = {**runs[0], "seconds": [statistics.median(r["seconds"][i] for r in runs) for i in range(len(SUITE))]}
+        results[phase] = {**runs[0], "seconds": [_median([r["seconds"][i] for r in runs]) for i in range(len(SUITE))]}
     warm_runs = results["warm_runs"]
     results["warm_own_ms"] = statistics.median(1e3 * (sum(r["seconds"]) - r["deserialize_seconds"]) for r in warm_runs)
     results["warm_deserialize_ms"] = statistics.median(1e3 * r["deserialize_seconds"] for r in warm_runs)
@@ -374,37 +438,51 @@ def main() -> None:
     results["versions"] = benchlib.versions(torch)
     print_table(results)
     print_sweep(results["quality"])
+    benchlib.report_skipped("bench_startup")
     if opts.out:
         Path(opts.out).write_text(json.dumps(results, indent=2))
 
 
+def _median(values: list[float | None]) -> float | None:
+    """The median, or None where a smoke run skipped the figure."""
+    return None if any(v is None for v in values) else statistics.median(v for v in values if v is not None)
+
+
+def _ratio(a: float | None, b: float | None, spec: str = ".0f") -> str:
+    """``a / b`` formatted, or ``skipped`` when either was (a smoke run's GPU-only parts)."""
+    return "skipped" if a is None or b is None or b == 0 else f"{a / b:{spec}}"
+
+
 def print_table(r: dict[str, Any]) -> None:
-    ms = lambda s: f"{s * 1e3:9.1f}"  # noqa: E731
+    ms = lambda s: benchlib.fmt(s, "9.1f", 1e3)  # noqa: E731
     print(f"\nplancache start-up benchmark  {r['versions']}")
     print(f"{'graph':38} {'heur ms':>9} {'exh ms':>9} {'cold ms':>9} {'warm ms':>9} {'raw ms':>9} {'primed':>9}"
           f" {'exec':>8} {'fresh':>8} {'eager':>8} {'pick/best':>9} {'err':>8}")  # fmt: skip
-    totals = dict.fromkeys(("heuristic", "exhaustive", "cold", "warm", "raw", "primed"), 0.0)
+    totals: dict[str, float | None] = dict.fromkeys(("heuristic", "exhaustive", "cold", "warm", "raw", "primed"), 0.0)
     for i, label in enumerate(r["suite"]):
         row = r["exec"]["rows"][i]
         q = r["quality"][i]
         ratio = f"{q['pick_ms'] / q['best_ms']:.3f}" if q.get("pick_ms") else "n/a"
-        for phase in totals:
-            totals[phase] += r[phase]["seconds"][i]
+        for phase, total in totals.items():
+            seconds = r[phase]["seconds"][i]
+            totals[phase] = None if total is None or seconds is None else total + seconds
         print(f"{label:38} {ms(r['heuristic']['seconds'][i])} {ms(r['exhaustive']['seconds'][i])} "
               f"{ms(r['cold']['seconds'][i])} {ms(r['warm']['seconds'][i])} {ms(r['raw']['seconds'][i])} {ms(r['primed']['seconds'][i])} "
               f"{row['cached_ms']:8.4f} {row['fresh_ms']:8.4f} {row['eager_ms']:8.4f} {ratio:>9} {row['rel_error']:8.1e}")  # fmt: skip
-    print(f"{'TOTAL (s)':38} " + " ".join(f"{totals[p]:9.3f}" for p in totals))
+    print(f"{'TOTAL (s)':38} " + " ".join(benchlib.fmt(totals[p], "9.3f") for p in totals))
     warm, raw = totals["warm"], totals["raw"]
-    print(f"\nwarm / raw deserialize: {warm / raw:.3f}x  (target <= 1.15x + 2 ms: {warm <= 1.15 * raw + 0.002})")
-    print(f"warm vs heuristic build: {totals['heuristic'] / warm:.0f}x faster; vs exhaustive: {totals['exhaustive'] / warm:.0f}x")
+    target = "skipped" if warm is None or raw is None else warm <= 1.15 * raw + 0.002
+    print(f"\nwarm / raw deserialize: {_ratio(warm, raw, '.3f')}x  (target <= 1.15x + 2 ms: {target})")
+    print(f"warm vs heuristic build: {_ratio(totals['heuristic'], warm)}x faster;"
+          f" vs exhaustive: {_ratio(totals['exhaustive'], warm)}x")  # fmt: skip
     print(f"plancache's own share of the {len(r['suite'])} warm hits: {r['warm_own_ms']:.2f} ms (target <= 2 ms), beside"
           f" {r['warm_deserialize_ms']:.1f} ms inside cuDNN's deserialize (medians of {REPEATS} fresh processes)")  # fmt: skip
     primed = totals["primed"]
     print(
-        f"primed in the background during {STAND_IN_FOR_WEIGHT_LOADING_S:.0f} s of weight loading: lookups {primed * 1e3:.1f} ms;"
-        f" vs heuristic build {totals['heuristic'] / primed:.0f}x faster; vs exhaustive {totals['exhaustive'] / primed:.0f}x"
+        f"primed in the background during {STAND_IN_FOR_WEIGHT_LOADING_S:.1f} s of weight loading: lookups {benchlib.fmt(primed, '.1f', 1e3)} ms;"
+        f" vs heuristic build {_ratio(totals['heuristic'], primed)}x faster; vs exhaustive {_ratio(totals['exhaustive'], primed)}x"
     )
-    print(f"cold (top-k) wall / exhaustive wall: {totals['cold'] / totals['exhaustive']:.2f}")
+    print(f"cold (top-k) wall / exhaustive wall: {_ratio(totals['cold'], totals['exhaustive'], '.2f')}")
     print(f"repeat lookup: builder {r['exec']['builder_repeat_us']:.2f} us, builder(key=) {r['exec']['builder_key_repeat_us']:.2f} us,"
           f" get(graph) {r['exec']['get_repeat_us']:.1f} us;"
           f" execute host overhead {r['exec']['execute_host_us']:.1f} us")  # fmt: skip
@@ -416,7 +494,7 @@ def print_table(r: dict[str, Any]) -> None:
     )
     print(f"{'graph':38} {'plan us':>8} {'frontend us':>12}  plan from")
     for row in r["exec"]["launch"]:
-        print(f"{row['graph']:38} {row['plan_us']:8.1f} {row['frontend_us']:12.1f}  {row['source']}")
+        print(f"{row['graph']:38} {row['plan_us']:8.1f} {benchlib.fmt(row['frontend_us'], '12.1f')}  {row['source']}")
 
 
 if __name__ == "__main__":

@@ -1,29 +1,125 @@
-"""Helpers shared by the benchmark scripts: fresh-process phases and GPU timing.
+"""Helpers shared by the benchmark scripts: fresh-process phases, GPU timing, smoke runs.
 
 Each benchmark runs every phase in a fresh Python process (``run_phase``), because what a
 user pays at start-up only shows in a process that has loaded nothing yet.
+
+Smoke runs (``--smoke``, or ``PLANCACHE_SCRIPT_SMOKE=1``, which child processes inherit): a
+script runs at tiny sizes and few repeats on ``plancache.testing.CpuTestBackend``, through
+the same code its GPU run takes (``PlanCache.get``, ``Plan.execute``, priming, stats, the
+store, its table and JSON), so that the CPU suite (tests/test_script_smoke.py) sees a script
+that would crash on a GPU. Phases then run in this process (their results still go through
+JSON), timers are host timers, and each part that needs real cuDNN or CUDA sits behind
+``gpu_only``, which runs it on a GPU and reports ``skipped: needs a GPU`` in a smoke run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+SMOKE_ENV = "PLANCACHE_SCRIPT_SMOKE"
+SKIPPED = "skipped: needs a GPU"
+#: What this smoke run skipped (``gpu_only``), printed by ``report_skipped``.
+skipped_parts: list[str] = []
+_phases: dict[str, dict[str, Any]] = {}  # script file name -> its phases, for a smoke run's in-process phases
 
 
-def parse_or_run_phase(description: str, phases: dict[str, Any]) -> argparse.Namespace | None:
+def smoke() -> bool:
+    """Whether this is a smoke run (``--smoke``, or ``PLANCACHE_SCRIPT_SMOKE=1``)."""
+    return os.environ.get(SMOKE_ENV, "").strip() not in ("", "0")
+
+
+def start_smoke(on: bool) -> bool:
+    """Make this a smoke run when ``on`` (a script's ``--smoke``); returns ``smoke()``. Sets
+    the variable, so that the script's child processes are smoke runs too."""
+    if on:
+        os.environ[SMOKE_ENV] = "1"
+        skipped_parts.clear()
+    return smoke()
+
+
+def add_smoke_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes and few repeats on plancache's CPU test backend "
+                        "(no GPU needed): checks that the script runs, measures nothing")  # fmt: skip
+
+
+def backend() -> Any:
+    """The backend of a script's caches: the CPU test backend in a smoke run, else None
+    (``PlanCache``'s default: cuDNN)."""
+    if not smoke():
+        return None
+    from plancache.testing import CpuTestBackend
+
+    return CpuTestBackend()
+
+
+def device() -> str:
+    """Where a script's tensors live: the CPU in a smoke run (the CPU test backend runs plans there)."""
+    return "cpu" if smoke() else "cuda"
+
+
+def has_cuda(torch: Any) -> bool:
+    """Whether CUDA is used: never in a smoke run."""
+    return not smoke() and bool(torch.cuda.is_available())
+
+
+def synchronize(torch: Any) -> None:
+    """``torch.cuda.synchronize()``; nothing to wait for in a smoke run."""
+    if has_cuda(torch):
+        torch.cuda.synchronize()
+
+
+def gpu_only(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    """``fn(*args, **kwargs)``: a part that needs real cuDNN or CUDA. In a smoke run it is not
+    called: ``what`` is recorded as skipped, and the result is None."""
+    if smoke():
+        if what not in skipped_parts:
+            skipped_parts.append(what)
+        return None
+    return fn(*args, **kwargs)
+
+
+def report_skipped(script: str) -> None:
+    """A smoke run's closing lines: each GPU-only part it skipped (nothing outside a smoke run)."""
+    if smoke():
+        print(f"{script} smoke run: {len(skipped_parts)} GPU-only part(s) {SKIPPED}")
+        for what in skipped_parts:
+            print(f"  {what}: {SKIPPED}")
+
+
+def fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
+    """``value * scale`` formatted by ``spec`` (``"9.1f"``), or ``skipped`` in the same width."""
+    if value is None:
+        width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
+        return f"{'skipped':>{width}}"
+    return f"{value * scale:{spec}}"
+
+
+def parse_or_run_phase(description: str, phases: dict[str, Any], argv: Sequence[str] | None = None,
+                       script: str | None = None) -> argparse.Namespace | None:  # fmt: skip
     """The command line shared by the benchmarks. With ``--phase``, run that phase here (in
     the fresh process the parent started), print its JSON and return None; else return the
-    options of the parent run."""
+    options of the parent run. ``script``: the benchmark's file, whose phases a smoke run
+    then runs in this process (``run_phase``)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--phase", choices=sorted(phases))
     parser.add_argument("--args", default="{}")
     parser.add_argument("--out", help="write all figures as JSON here")
-    opts = parser.parse_args()
+    add_smoke_option(parser)
+    opts = parser.parse_args(argv)
+    start_smoke(opts.smoke)
+    if script is not None:
+        _phases[Path(script).name] = phases
     if opts.phase:
         print(json.dumps(phases[opts.phase](json.loads(opts.args))))
         return None
@@ -31,8 +127,15 @@ def parse_or_run_phase(description: str, phases: dict[str, Any]) -> argparse.Nam
 
 
 def run_phase(script: str, phase: str, **args: Any) -> dict[str, Any]:
-    """Run ``script --phase PHASE --args JSON`` in a fresh process; its last stdout line is JSON."""
+    """Run ``script --phase PHASE --args JSON`` in a fresh process; its last stdout line is JSON.
+    In a smoke run, a phase of a script that registered its phases runs in this process, its
+    arguments and result still through JSON."""
     started = time.perf_counter()
+    if smoke() and Path(script).name in _phases:
+        result: dict[str, Any] = json.loads(json.dumps(_phases[Path(script).name][phase](json.loads(json.dumps(args)))))
+        result["process_seconds"] = time.perf_counter() - started
+        print(f"  phase {phase:12} done in {result['process_seconds']:.1f} s (smoke run: in this process)", file=sys.stderr)
+        return result
     out = subprocess.run(
         [sys.executable, script, "--phase", phase, "--args", json.dumps(args)],
         capture_output=True, text=True, timeout=900,
@@ -40,7 +143,7 @@ def run_phase(script: str, phase: str, **args: Any) -> dict[str, Any]:
     if out.returncode != 0:
         sys.stderr.write(out.stderr[-4000:])
         raise SystemExit(f"phase {phase} failed with exit code {out.returncode}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
     result["process_seconds"] = time.perf_counter() - started
     print(f"  phase {phase:12} done in {result['process_seconds']:.1f} s (fresh process)", file=sys.stderr)
     return result
@@ -48,7 +151,15 @@ def run_phase(script: str, phase: str, **args: Any) -> dict[str, Any]:
 
 def gpu_ms(torch: Any, fn: Any, iters: int = 20, repeats: int = 7) -> float:
     """GPU milliseconds per call: median of ``repeats`` batches of ``iters`` calls, each
-    queued behind a GPU sleep so host launch overhead does not pace the kernels."""
+    queued behind a GPU sleep so host launch overhead does not pace the kernels. Without
+    CUDA (a smoke run): host milliseconds per call over at most 2 calls."""
+    if not has_cuda(torch):
+        fn()
+        iters = min(iters, 2)
+        started = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - started) * 1e3 / iters
     for _ in range(3):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -69,7 +180,15 @@ def host_us(torch: Any, launch: Any, launches: int = 200, loops: int = 25) -> fl
     """Host microseconds per call of ``launch`` in a tight loop: the median of ``loops``
     loops of ``launches`` calls. Each loop starts on an idle GPU and queues few enough
     launches that the GPU's launch queue (about a thousand entries) never fills, so the
-    loop times the host's enqueueing even when the kernels are slower than it."""
+    loop times the host's enqueueing even when the kernels are slower than it. Without
+    CUDA (a smoke run): one loop of at most 3 calls."""
+    if not has_cuda(torch):
+        launch()
+        launches = min(launches, 3)
+        started = time.perf_counter()
+        for _ in range(launches):
+            launch()
+        return (time.perf_counter() - started) / launches * 1e6
     for _ in range(50):
         launch()
     torch.cuda.synchronize()
@@ -84,16 +203,18 @@ def host_us(torch: Any, launch: Any, launches: int = 200, loops: int = 25) -> fl
 
 
 def rel_error(out: Any, ref: Any) -> float:
-    return float((out.float() - ref).norm() / ref.norm().clamp_min(1e-12))
+    return float((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12))
 
 
 def require_gpu(what: str) -> Any:
+    """torch, once an NVIDIA GPU is known to be there (or this is a smoke run); else exits with one line."""
     import torch
 
-    if not torch.cuda.is_available():
+    if not smoke() and not torch.cuda.is_available():
         raise SystemExit(
             f"{what} needs an NVIDIA GPU: it times cuDNN plan builds. Without one, "
-            "`python -m pytest` runs the full cache on the CPU test backend."
+            "`python -m pytest` runs the full cache on the CPU test backend "
+            f"(and `{what} --smoke` checks that this script runs)."
         )
     return torch
 
@@ -101,5 +222,7 @@ def require_gpu(what: str) -> Any:
 def versions(torch: Any) -> dict[str, Any]:
     import cudnn
 
-    return {"gpu": torch.cuda.get_device_name(), "cudnn": torch.backends.cudnn.version(),
-            "cudnn_frontend": cudnn.__version__, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    gpu = torch.cuda.get_device_name() if has_cuda(torch) else "none (smoke run on the CPU test backend)"
+    cudnn_version = torch.backends.cudnn.version() if has_cuda(torch) else None
+    return {"gpu": gpu, "cudnn": cudnn_version, "cudnn_frontend": cudnn.__version__, "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d")}  # fmt: skip

@@ -19,6 +19,11 @@ Each process then runs every plan and compares it with a float32 PyTorch referen
 parent counts, per case: CUDA errors, invalidated captures, wrong outputs, and how many
 plans were primed. The races are timing-dependent (the GIL mostly serializes the threads),
 so several processes run at once and every case has many runs. Needs an NVIDIA GPU.
+
+``--smoke``: the start-up suite at tiny sizes on the CPU test backend, one run per case,
+each child in this process (under the child's environment, its report still through its
+file), the main thread's work shrunk to tensors on the CPU; the CUDA-graph captures are
+reported as skipped (the lookups case keeps its second thread of lookups).
 """
 
 from __future__ import annotations
@@ -39,12 +44,21 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
-from bench_startup import SUITE  # noqa: E402 - the seven graphs of the start-up suite
+import benchlib  # noqa: E402
+from bench_startup import SMOKE_SUITE, SUITE  # noqa: E402 - the seven graphs of the start-up suite
 
 CASES = ("weights", "kernels", "captures", "lookups")
 APP = "gpu-hazards"
 TOLERANCE = 2e-2  # bf16 outputs against a float32 reference (relative norm)
 MIN_SECONDS = 1.5  # the main thread's work lasts at least this long, and until priming ended
+WEIGHTS, WEIGHT_ELEMENTS, MATMUL, LOOKUPS_MATMUL, CAPTURED = 4, 4 << 20, 4096, 2048, 1 << 20  # the main thread's tensors
+
+
+def _smoke_sizes() -> None:
+    """A smoke run's suite and the main thread's work (module globals, read by every child in this process)."""
+    global SUITE, MIN_SECONDS, WEIGHTS, WEIGHT_ELEMENTS, MATMUL, LOOKUPS_MATMUL, CAPTURED
+    SUITE, MIN_SECONDS = SMOKE_SUITE, 0.05
+    WEIGHTS, WEIGHT_ELEMENTS, MATMUL, LOOKUPS_MATMUL, CAPTURED = 2, 1 << 10, 32, 32, 1 << 10
 
 
 def relative_error(out: Any, ref: Any) -> float:
@@ -56,7 +70,7 @@ def setup(directory: Path) -> None:
     import plancache
     from plancache.workflows import templates
 
-    with plancache.PlanCache(directory, auto_prime=False, app=APP) as cache:
+    with plancache.PlanCache(directory, backend=benchlib.backend(), auto_prime=False, app=APP) as cache:
         for _label, name, params in SUITE:
             cache.get(templates.build(name, **params))
         cache.flush()
@@ -68,9 +82,9 @@ def check_plans(cache: Any, torch: Any) -> list[str]:
 
     wrong = []
     for label, name, params in SUITE:
-        tensors = templates.allocate(name, device="cuda", seed=3, **params)
+        tensors = templates.allocate(name, device=benchlib.device(), seed=3, **params)
         cache.get(templates.build(name, **params)).execute(tensors)
-        torch.cuda.synchronize()
+        benchlib.synchronize(torch)
         if relative_error(tensors[4], templates.reference(name, tensors, **params)) > TOLERANCE:
             wrong.append(label)
     return wrong
@@ -111,14 +125,14 @@ class Work:
 
     def weights(self) -> None:
         torch = self.torch
-        host = [torch.randn(4 << 20) for _ in range(4)]  # 16 MiB each, made before any CUDA call
+        host = [torch.randn(WEIGHT_ELEMENTS) for _ in range(WEIGHTS)]  # 16 MiB each (on a GPU), made before any CUDA call
         sums = [float(h.sum()) for h in host]
         count = [0]
 
         def step() -> None:
             i = count[0] % len(host)
             count[0] += 1
-            device = host[i].cuda()  # the legacy default stream
+            device = host[i].to(benchlib.device(), copy=True)  # the legacy default stream
             if abs(float(device.sum()) - sums[i]) > 1e-2 * max(1.0, abs(sums[i])):
                 self.wrong += 1
 
@@ -126,30 +140,35 @@ class Work:
 
     def kernels(self) -> None:
         torch = self.torch
-        x = torch.randn(4096, 4096, device="cuda").to(torch.bfloat16)
+        x = torch.randn(MATMUL, MATMUL, device=benchlib.device()).to(torch.bfloat16)
         want = (x @ x).float()
 
         def step() -> None:
             y = x @ x
-            torch.cuda.synchronize()
+            benchlib.synchronize(torch)
             if relative_error(y, want) > 1e-3:
                 self.wrong += 1
 
         self.loop(step)
 
+    def captured(self, x: Any) -> None:
+        """One ``torch.cuda.graph`` capture (global mode), replayed and checked (needs CUDA)."""
+        torch = self.torch
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = x * 2 + 1
+        graph.replay()
+        torch.cuda.synchronize()
+        if not bool((y == 3).all()):
+            self.wrong += 1
+
     def captures(self) -> None:
         torch = self.torch
-        x = torch.full((1 << 20,), 1.0, device="cuda")
-        torch.cuda.synchronize()
+        x = torch.full((CAPTURED,), 1.0, device=benchlib.device())
+        benchlib.synchronize(torch)
 
         def step() -> None:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                y = x * 2 + 1
-            graph.replay()
-            torch.cuda.synchronize()
-            if not bool((y == 3).all()):
-                self.wrong += 1
+            benchlib.gpu_only("captures: torch.cuda.graph captures", self.captured, x)
 
         self.loop(step)
 
@@ -170,21 +189,16 @@ class Work:
             except Exception as exc:
                 self.errors.append(f"second thread: {type(exc).__name__}: {str(exc)[:300]}")
 
-        x = torch.full((1 << 20,), 1.0, device="cuda")
-        w = torch.randn(2048, 2048, device="cuda").to(torch.bfloat16)
-        torch.cuda.synchronize()
+        x = torch.full((CAPTURED,), 1.0, device=benchlib.device())
+        w = torch.randn(LOOKUPS_MATMUL, LOOKUPS_MATMUL, device=benchlib.device()).to(torch.bfloat16)
+        benchlib.synchronize(torch)
         thread = threading.Thread(target=second_thread)
         thread.start()
 
         def step() -> None:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                y = x * 2 + 1
-            graph.replay()
+            benchlib.gpu_only("lookups: torch.cuda.graph captures beside the second thread's lookups", self.captured, x)
             (w @ w).sum()
-            torch.cuda.synchronize()
-            if not bool((y == 3).all()):
-                self.wrong += 1
+            benchlib.synchronize(torch)
 
         self.loop(step)
         thread.join(120)
@@ -196,7 +210,7 @@ def child(case: str, out: str) -> None:
 
     import plancache
 
-    cache = plancache.PlanCache()  # auto-prime at its default (on)
+    cache = plancache.PlanCache(backend=benchlib.backend())  # auto-prime at its default (on)
     primer = cache.primer
     work = Work(torch, primer)
     try:
@@ -228,6 +242,8 @@ def run_child(case: str, index: int, directory: Path, work: Path) -> dict[str, A
     env = {**os.environ, "PLANCACHE_DIR": str(directory), "PLANCACHE_APP": APP, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
     env.pop("PLANCACHE_AUTO_PRIME", None)  # what is measured: priming at its default, beside the program's work
+    if benchlib.smoke():
+        return _run_child_here(case, out, env)
     try:
         done = subprocess.run(
             [sys.executable, __file__, "--child", case, str(out)], env=env, capture_output=True, text=True, timeout=240
@@ -257,6 +273,26 @@ def run_child(case: str, index: int, directory: Path, work: Path) -> dict[str, A
     return report
 
 
+def _run_child_here(case: str, out: Path, env: dict[str, str]) -> dict[str, Any]:
+    """A smoke run's child: ``child`` in this process under the child's environment
+    (restored afterwards), its report read back from its file as the parent reads a child's."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    failure = None
+    try:
+        child(case, str(out))
+    except Exception as exc:
+        failure = f"{type(exc).__name__}: {str(exc)[:600]}"
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    report: dict[str, Any] = json.loads(out.read_text()) if failure is None else {
+        "case": case, "errors": [failure], "invalidated": 0, "wrong": 0, "wrong_plans": []}  # fmt: skip
+    report["exit"] = 0 if failure is None else 1
+    return report
+
+
 def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:
     during = [ms for r in reports for ms in r.get("during_ms", [])]
     after = [ms for r in reports for ms in r.get("after_ms", [])]
@@ -275,14 +311,20 @@ def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--runs", type=int, default=40, help="fresh processes per case (default 40)")
-    parser.add_argument("--parallel", type=int, default=8, help="processes at once (default 8)")
+    parser.add_argument("--runs", type=int, default=None, help="fresh processes per case (default 40; 1 with --smoke)")
+    parser.add_argument("--parallel", type=int, default=8, help="processes at once (default 8; 1 with --smoke, "
+                        "whose children run in this process)")  # fmt: skip
     parser.add_argument("--cases", default=",".join(CASES), help=f"a subset of {','.join(CASES)}")
     parser.add_argument("--out", help="write every run's report and the summary as JSON here")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    benchlib.add_smoke_option(parser)
+    args = parser.parse_args(argv)
+    if benchlib.start_smoke(args.smoke):
+        _smoke_sizes()
+        args.parallel = 1  # each child sets this process's environment while it runs
+    args.runs = args.runs or (1 if benchlib.smoke() else 40)
     if args.child:
         child(*args.child)
         return 0
@@ -311,6 +353,7 @@ def main() -> int:
         ok &= s["cuda_errors"] == 0 and s["failed_runs"] == 0 and s["invalidated"] == 0 and s["wrong"] == 0
     if args.out:
         Path(args.out).write_text(json.dumps({"summary": summary, "runs": reports}, indent=1))
+    benchlib.report_skipped("gpu_hazards")
     print(f"gpu_hazards: {'PASSED' if ok else 'FAILED'}")
     return 0 if ok else 1
 

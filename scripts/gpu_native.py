@@ -216,14 +216,29 @@ def check(name: str, build: Callable[[], Any], cache: Any, record: Path | None) 
     outputs = [s.uid for s in specs if s.is_output]
     stream = torch.cuda.current_stream().cuda_stream
 
-    # The frontend's path: deserialize, then its own execute through plancache's launcher.
-    backend = cache.backend
+    # The frontend's path: its own deserialize of the stored blob into a fresh pygraph, on
+    # a handle whose stream is a non-blocking stream of this script's (its warm-up captures
+    # the handle's stream), then its own execute. Not backend.load, nor plan.native: both
+    # are plancache's native path, which would be compared with itself.
+    fe_stream = torch.cuda.Stream()  # torch's streams are non-blocking
+    fe_handle = cudnn.create_handle()
+    cudnn.set_stream(handle=fe_handle, stream=fe_stream.cuda_stream)
+    torch.cuda.synchronize()  # the inputs are ready before the frontend's stream reads them
     started = time.perf_counter()
-    frontend = backend.load(blob, specs, device)
+    frontend = cudnn.pygraph(handle=fe_handle)
+    frontend.deserialize(blob)
     row["frontend_load_ms"] = 1e3 * (time.perf_counter() - started)
-    launch_fe = backend.launcher(frontend, entry.workspace_size, device)
+    if isinstance(frontend, NativePlan):
+        raise RuntimeError("the frontend's path returned a native plan: nothing would be compared")
+    fe_workspace = torch.empty(max(frontend.get_workspace_size(), entry.workspace_size, 1), dtype=torch.uint8,
+                               device=f"cuda:{device}")  # fmt: skip
+
+    def launch_fe(tensors: dict[int, Any]) -> None:
+        frontend.execute(tensors, fe_workspace, handle=fe_handle)
+
     for uid in outputs:
         pack[uid].zero_()
+    torch.cuda.synchronize()
     launch_fe(pack)
     torch.cuda.synchronize()
     want = {uid: _bits(pack[uid]) for uid in outputs}

@@ -18,6 +18,12 @@ never faults. Run by scripts/gpu-check (part "right"); needs an NVIDIA GPU with 
    policy's checks, exhaustive), cold and in a fresh process.
 
 Every process is fresh; a CUDA error anywhere is reported, not hidden.
+
+``--smoke``: the epilogue graphs at one tiny shape, paged decode and MoE, through
+``PlanCache.get`` on the CPU test backend under every policy, cold and from the store, each
+child in this process under its environment (its report still through its file); the
+frontend's own baseline, the drop-in (``plancache.install()``, which patches the frontend
+for the whole process) and the ragged program in the frontend's idioms are skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import benchlib  # noqa: E402
 from gpu_sweep_epilogues import EPILOGUES as SWEPT  # noqa: E402
 from gpu_sweep_epilogues import reference_epilogue  # noqa: E402
 
@@ -48,6 +55,22 @@ DTYPES = ("half", "bfloat16")
 ULP = {"half": 2.0**-10, "bfloat16": 2.0**-7}
 #: Largest max|out - ref| / max|ref| allowed (the earlier measure, printed for comparison).
 RIGHT = {"half": 0.01, "bfloat16": 0.03}
+PAGED = {"b": 4, "h": 8, "d": 128, "block": 16, "pages": 8, "pool": 64}
+MOE = {"experts": 8, "tokens": 512, "hidden": 256, "n": 128}
+#: What a smoke run skips, by child: the frontend's own runs and the drop-in.
+GPU_ONLY = {("epilogue", "frontend"): "epilogue frontend: the frontend's own builds",
+            ("epilogue", "dropin"): "epilogue dropin: plancache.install() patches the frontend in this process",
+            ("ragged", "frontend"): "ragged: the frontend's idioms (@cudnn.jit, @cudnn.graph_cache)",
+            ("ragged", "cold"): "ragged: the frontend's idioms (@cudnn.jit, @cudnn.graph_cache)",
+            ("ragged", "warm"): "ragged: the frontend's idioms (@cudnn.jit, @cudnn.graph_cache)"}  # fmt: skip
+
+
+def _smoke_sizes() -> None:
+    """A smoke run's graphs (module globals, read by every child in this process)."""
+    global SHAPES, PAGED, MOE
+    SHAPES = ((1, 8, 16, 8),)
+    PAGED = {"b": 2, "h": 2, "d": 16, "block": 4, "pages": 2, "pool": 8}
+    MOE = {"experts": 2, "tokens": 8, "hidden": 16, "n": 8}
 
 
 def graphs() -> list[tuple[str, str, tuple[int, int, int, int]]]:
@@ -105,16 +128,17 @@ def child_epilogues(policy: str, out: str) -> dict[str, Any]:
     elif policy != "frontend":
         import plancache
 
-        cache = plancache.PlanCache(auto_prime=False)
+        cache = plancache.PlanCache(backend=benchlib.backend(), auto_prime=False)
         options = plancache.BuildOptions(policy=policy)
-    handle = cudnn.create_handle()
-    generator = torch.Generator(device="cuda").manual_seed(1)
+    handle = cudnn.create_handle() if cache is None else None  # the frontend's own runs
+    device = benchlib.device()
+    generator = torch.Generator(device=device).manual_seed(1)
     for epilogue, dtype, shape in graphs():
         b, m, k, n = shape
         tdtype = getattr(torch, dtype)
-        a = torch.randn(b, m, k, device="cuda", generator=generator).to(tdtype)
-        w = torch.randn(b, k, n, device="cuda", generator=generator).to(tdtype)
-        y = torch.empty(b, m, n, device="cuda", dtype=tdtype)
+        a = torch.randn(b, m, k, device=device, generator=generator).to(tdtype)
+        w = torch.randn(b, k, n, device=device, generator=generator).to(tdtype)
+        y = torch.empty(b, m, n, device=device, dtype=tdtype)
         row: dict[str, Any] = {"graph": f"{epilogue} {dtype} {'x'.join(map(str, shape))}"}
         try:
             graph = epilogue_graph(cudnn, epilogue, dtype, shape)
@@ -134,7 +158,7 @@ def child_epilogues(policy: str, out: str) -> dict[str, Any]:
                 row["engine"] = plan.engine.name if plan.engine else None
                 entry = cache.store.get(plan.key) if cache.store is not None else None
                 row["check"] = entry.check if entry is not None else None
-            torch.cuda.synchronize()
+            benchlib.synchronize(torch)
             want = epilogue_reference(torch, epilogue, a.float() @ w.float())
             row["error"] = relative_error(y, want)
             row["wrong_elements"] = wrong_elements(y, want, dtype)
@@ -237,7 +261,7 @@ def child_ragged(mode: str, out: str) -> dict[str, Any]:
 
 def _paged(cudnn: Any, torch: Any) -> tuple[Any, dict[int, Any], Any]:
     DT = cudnn.data_type
-    b, h, d, block, pages, pool = 4, 8, 128, 16, 8, 64
+    b, h, d, block, pages, pool = (PAGED[k] for k in ("b", "h", "d", "block", "pages", "pool"))
     g = cudnn.pygraph(io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
     q = g.tensor(name="q", dim=[b, h, 1, d], stride=[h * d, d, h * d, 1], data_type=DT.BFLOAT16)
     layout = {"dim": [pool, h, block, d], "stride": [h * block * d, block * d, d, 1], "data_type": DT.BFLOAT16}
@@ -259,7 +283,7 @@ def _paged(cudnn: Any, torch: Any) -> tuple[Any, dict[int, Any], Any]:
         3: torch.randn(pool, h, block, d, generator=gen).to(torch.bfloat16), 4: table, 5: table.clone(),
         6: torch.ones(b, 1, 1, 1, dtype=torch.int32), 7: lengths.view(b, 1, 1, 1), 8: torch.zeros(b, h, 1, d, dtype=torch.bfloat16),
     }  # fmt: skip
-    tensors = {u: t.cuda().as_strided(t.shape, t.stride()) for u, t in tensors.items()}
+    tensors = {u: t.to(benchlib.device()).as_strided(t.shape, t.stride()) for u, t in tensors.items()}
 
     def reference(t: dict[int, Any]) -> Any:
         outs = []
@@ -275,7 +299,8 @@ def _paged(cudnn: Any, torch: Any) -> tuple[Any, dict[int, Any], Any]:
 
 def _moe(cudnn: Any, torch: Any) -> tuple[Any, dict[int, Any], Any]:
     DT = cudnn.data_type
-    experts, tokens, hidden, n = 8, 512, 256, 128
+    experts, tokens, hidden, n = (MOE[k] for k in ("experts", "tokens", "hidden", "n"))
+    device = benchlib.device()
     g = cudnn.pygraph(intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
     token = g.tensor(name="token", dim=[1, tokens, hidden], stride=[tokens * hidden, hidden, 1], data_type=DT.BFLOAT16)
     weight = g.tensor(name="weight", dim=[experts, hidden, n], stride=[hidden * n, 1, hidden], data_type=DT.BFLOAT16)
@@ -288,12 +313,12 @@ def _moe(cudnn: Any, torch: Any) -> tuple[Any, dict[int, Any], Any]:
     cuts = torch.sort(torch.randint(0, tokens, (experts - 1,), generator=gen)).values
     first = torch.cat([torch.zeros(1, dtype=torch.int64), cuts]).to(torch.int32)
     w = torch.randn(experts, n, hidden, generator=gen).to(torch.bfloat16).transpose(1, 2)  # [E, H, N], column-major in HxN
-    tensors = {1: torch.randn(1, tokens, hidden, generator=gen).to(torch.bfloat16).cuda(), 2: w.cuda(),
-               3: first.view(experts, 1, 1).cuda(), 4: torch.zeros(1, tokens, n, dtype=torch.bfloat16, device="cuda")}  # fmt: skip
+    tensors = {1: torch.randn(1, tokens, hidden, generator=gen).to(torch.bfloat16).to(device), 2: w.to(device),
+               3: first.view(experts, 1, 1).to(device), 4: torch.zeros(1, tokens, n, dtype=torch.bfloat16, device=device)}  # fmt: skip
 
     def reference(t: dict[int, Any]) -> Any:
         bounds = [int(x) for x in first.tolist()] + [tokens]
-        ref = torch.zeros(tokens, n, device="cuda")
+        ref = torch.zeros(tokens, n, device=device)
         for e in range(experts):
             ref[bounds[e] : bounds[e + 1]] = t[1][0, bounds[e] : bounds[e + 1]].float() @ t[2][e].float()
         return ref.unsqueeze(0)
@@ -308,7 +333,7 @@ def child_special(mode: str, out: str) -> dict[str, Any]:
 
     import plancache
 
-    cache = plancache.PlanCache(auto_prime=False)
+    cache = plancache.PlanCache(backend=benchlib.backend(), auto_prime=False)
     rows = []
     for name, make in (("paged_decode", _paged), ("moe_grouped_matmul", _moe)):
         row: dict[str, Any] = {"graph": name}
@@ -316,7 +341,7 @@ def child_special(mode: str, out: str) -> dict[str, Any]:
             graph, tensors, reference = make(cudnn, torch)
             plan = cache.get(graph, options=plancache.BuildOptions(policy="exhaustive"))
             plan.execute(tensors)
-            torch.cuda.synchronize()
+            benchlib.synchronize(torch)
             row["error"] = relative_error(tensors[max(tensors)], reference(tensors))
             row["right"] = row["error"] <= RIGHT["bfloat16"]
             row["source"] = plan.source
@@ -327,7 +352,7 @@ def child_special(mode: str, out: str) -> dict[str, Any]:
             row["trace"] = traceback.format_exc()[-1500:]
         rows.append(row)
     try:
-        torch.cuda.synchronize()
+        benchlib.synchronize(torch)
         row_ok = True
     except Exception:
         row_ok = False
@@ -339,15 +364,50 @@ def child_special(mode: str, out: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ the parent
 
 
-def spawn(kind: str, mode: str, out: Path, cache_dir: Path) -> subprocess.Popen[str]:
+CHILDREN = {"epilogue": child_epilogues, "ragged": child_ragged, "special": child_special}
+
+
+class _RanHere:
+    """A smoke run's child, already run in this process: what ``wait_all`` reads of a ``Popen``."""
+
+    def __init__(self, returncode: int, log: str) -> None:
+        self.returncode, self.log = returncode, log
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+        return self.log, None
+
+
+def _run_here(kind: str, mode: str, out: Path, env: dict[str, str]) -> _RanHere:
+    """A smoke run's child: run in this process under the child's environment (restored
+    afterwards), its report in its file; a part only a GPU runs is written as skipped."""
+    if (kind, mode) in GPU_ONLY:
+        benchlib.gpu_only(GPU_ONLY[kind, mode], lambda: None)
+        out.write_text(json.dumps({"mode": mode, "skipped": benchlib.SKIPPED}))
+        return _RanHere(0, "")
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        CHILDREN[kind](mode, str(out))
+        return _RanHere(0, "")
+    except Exception:
+        return _RanHere(1, traceback.format_exc())
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def spawn(kind: str, mode: str, out: Path, cache_dir: Path) -> subprocess.Popen[str] | _RanHere:
     env = {**os.environ, "PLANCACHE_DIR": str(cache_dir), "PLANCACHE_AUTO_PRIME": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
     env.pop("PLANCACHE_PATCH_CUDNN", None)
+    if benchlib.smoke():
+        return _run_here(kind, mode, out, env)
     return subprocess.Popen([sys.executable, __file__, "--child", kind, mode, str(out)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
 
 
-def wait_all(jobs: list[tuple[str, subprocess.Popen[str], Path]]) -> dict[str, Any]:
+def wait_all(jobs: list[tuple[str, subprocess.Popen[str] | _RanHere, Path]]) -> dict[str, Any]:
     reports = {}
     for name, job, out in jobs:
         log, _ = job.communicate(timeout=900)
@@ -361,14 +421,17 @@ def wait_all(jobs: list[tuple[str, subprocess.Popen[str], Path]]) -> dict[str, A
     return reports
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="write every result as JSON here")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    benchlib.add_smoke_option(parser)
+    args = parser.parse_args(argv)
+    if benchlib.start_smoke(args.smoke):
+        _smoke_sizes()
     if args.child:
         kind, mode, out = args.child
-        {"epilogue": child_epilogues, "ragged": child_ragged, "special": child_special}[kind](mode, out)
+        CHILDREN[kind](mode, out)
         return 0
     work = Path(tempfile.mkdtemp(prefix="plancache-right-"))
     policies = ("heuristic", "topk", "exhaustive", "dropin")
@@ -390,6 +453,7 @@ def main() -> int:
     reports.update(wait_all(jobs))
     reports.update(wait_all([("ragged warm", spawn("ragged", "warm", work / "rw.json", work / "ragged"), work / "rw.json")]))
     ok = report(reports, work)
+    benchlib.report_skipped("gpu_right_result")
     if args.out:
         Path(args.out).write_text(json.dumps(reports, indent=1, default=str))
     return 0 if ok else 1
@@ -405,11 +469,13 @@ def report(reports: dict[str, Any], work: Path) -> bool:
     )
     print(f"{'policy':<12} {'cold':>6} {'hit':>6} {'hits':>5}  rejected engines (cold)")
     base = reports["epilogue frontend"]
-    print(
-        f"{'frontend':<12} {sum(bool(r.get('right')) for r in base.get('rows', [])):>6} {'-':>6} {'-':>5}  (its heuristic choice)"
-    )
+    right_base = base["skipped"] if base.get("skipped") else sum(bool(r.get("right")) for r in base.get("rows", []))
+    print(f"{'frontend':<12} {right_base:>6} {'-':>6} {'-':>5}  (its heuristic choice)")
     for policy in ("heuristic", "topk", "exhaustive", "dropin"):
         cold, warm = reports[f"epilogue {policy} cold"], reports[f"epilogue {policy} warm"]
+        if cold.get("skipped") and warm.get("skipped"):  # a smoke run's GPU-only part
+            print(f"{policy:<12} {cold['skipped']}")
+            continue
         right_cold = sum(bool(r.get("right")) for r in cold.get("rows", []))
         right_warm = sum(bool(r.get("right")) for r in warm.get("rows", []))
         if policy == "dropin":  # the frontend's graph objects carry the plans: hits are counted by the drop-in
@@ -426,6 +492,9 @@ def report(reports: dict[str, Any], work: Path) -> bool:
     outs = {}
     for mode in ("frontend", "cold", "warm"):
         r = reports[f"ragged {mode}"]
+        if r.get("skipped"):  # a smoke run's GPU-only part
+            print(f"{mode:<9} {r['skipped']}")
+            continue
         path = work / {"frontend": "rf.json.pt", "cold": "rc.json.pt", "warm": "rw.json.pt"}[mode]
         outs[mode] = torch.load(path) if path.exists() else {}
         buckets = r.get("buckets", {})
@@ -441,8 +510,9 @@ def report(reports: dict[str, Any], work: Path) -> bool:
             diff = relative_error(out, want) if want is not None else float("nan")
             print(f"          {mode} bucket {bucket}: vs frontend {diff:.4f}")
             ok &= diff <= RIGHT["bfloat16"]
-    warm = reports["ragged warm"].get("counters") or {}
-    ok &= warm.get("builds") == 0 and warm.get("hits") == 3
+    if not reports["ragged warm"].get("skipped"):
+        warm = reports["ragged warm"].get("counters") or {}
+        ok &= warm.get("builds") == 0 and warm.get("hits") == 3
     print("\n3. paged-KV SDPA decode and MoE grouped matmul, exhaustive")
     for mode in ("cold", "warm"):
         r = reports[f"special {mode}"]

@@ -23,6 +23,10 @@ Exit status: 0 when nothing collided and no key was unstable; 1 on a collision (
 else); 3 when keys were unstable but nothing collided (a cache miss, never a wrong plan:
 see the known limits in docs/key.md); 2 when no pair could be compared (no GPU, or cuDNN
 rejected everything).
+
+``--smoke``: two variants of each family, keyed by plancache before and after, cuDNN's own
+key (validate, operation graph, ``key()``) reported as skipped, so no pair is compared;
+exit status 0 when every variant was built and keyed by plancache alike both times.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a source tree
 sys.path.insert(0, str(ROOT / "tests"))  # the variant builders the CPU property tests use
+sys.path.insert(0, str(ROOT / "scripts"))
 
+import benchlib  # noqa: E402
 from key_families import FAMILIES, Variant  # noqa: E402
 
 from plancache.key import BuildOptions, describe, make_key  # noqa: E402
@@ -51,6 +57,7 @@ from plancache.key import BuildOptions, describe, make_key  # noqa: E402
 # One fixed environment and options: only the graphs differ between the keys compared.
 _ENVIRONMENT = {"oracle": True}
 _OPTIONS = BuildOptions()
+SMOKE_VARIANTS = 2  # per family, in a smoke run
 
 
 @dataclass
@@ -102,13 +109,13 @@ def run_variant(variant: Variant) -> Result:
         result.stage = "plancache"
         result.ours = _key(graph, variant)
         result.stage = "cudnn"
-        graph.validate()
-        graph.build_operation_graph()
-        theirs = graph.key()
-        result.theirs = str(theirs)
+        theirs = benchlib.gpu_only("cuDNN's own key: validate, build_operation_graph, key()", _cudnn_key, graph)
+        result.theirs = None if theirs is None else str(theirs)
         result.stage = "plancache after build"
         result.ours_after = _key(graph, variant)
         result.stage = ""
+        if theirs is None:  # a smoke run: keyed by plancache only
+            result.error = benchlib.SKIPPED
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a variant cuDNN rejects, or a bug: recorded, the run goes on
@@ -119,10 +126,23 @@ def run_variant(variant: Variant) -> Result:
     return result
 
 
+def _cudnn_key(graph: Any) -> Any:
+    """cuDNN's own key of ``graph`` (needs cuDNN on a GPU)."""
+    graph.validate()
+    graph.build_operation_graph()
+    return graph.key()
+
+
+def comparable(name: str) -> list[Variant]:
+    """The variants of a family compared with cuDNN (the first few in a smoke run)."""
+    found = [v for v in FAMILIES[name].variants() if v.comparable]
+    return found[:SMOKE_VARIANTS] if benchlib.smoke() else found
+
+
 def family_results(name: str, verbose: bool) -> list[Result]:
     """Every comparable variant of a family, run in this process."""
     results = []
-    for variant in (v for v in FAMILIES[name].variants() if v.comparable):
+    for variant in comparable(name):
         result = run_variant(variant)
         results.append(result)
         if verbose:
@@ -141,7 +161,7 @@ def family_results_isolated(name: str, verbose: bool) -> list[Result]:
         if out.exists():
             return [Result(**r) for r in json.loads(out.read_text())["results"][name]]
     error = f"the child process died (exit {child.returncode})"
-    return [Result(name, v.label, stage="crashed", error=error) for v in FAMILIES[name].variants() if v.comparable]
+    return [Result(name, v.label, stage="crashed", error=error) for v in comparable(name)]
 
 
 def compare(family: str, results: list[Result]) -> FamilyReport:
@@ -179,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the families and their variants, then exit")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every variant as it runs")
     parser.add_argument("--isolate", action="store_true", help="run each family in its own process")
+    benchlib.add_smoke_option(parser)
     args = parser.parse_args(argv)
+    benchlib.start_smoke(args.smoke)  # the variable: an isolated family's process is a smoke run too
     unknown = sorted(set(args.families) - set(FAMILIES))
     if unknown:
         parser.error(f"unknown families {unknown}; known: {sorted(FAMILIES)}")
@@ -245,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(text + "\n")
             print(f"results written to {args.json}")
 
+    if benchlib.smoke():
+        benchlib.report_skipped("key_oracle")
+        keyed = [r for results in all_results.values() for r in results if r.ours is not None and r.stage == ""]
+        stable = sum(r.ours_after == r.ours for r in keyed)
+        print(f"key oracle smoke run: {len(keyed)} of {variants} variants keyed by plancache, {stable} alike after")
+        return 0 if variants and stable == len(keyed) == variants else 1
     if pairs == 0:
         print("key oracle: no pair could be compared (is there a GPU? did cuDNN reject every variant?)")
         return 2

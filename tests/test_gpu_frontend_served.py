@@ -7,8 +7,11 @@ the same cache, and:
 * its outputs match a float32 PyTorch reference in both;
 * the cold run stores a plan per graph, or says why it did not (a plan that cannot be loaded
   back is never stored: ``stats()["unloadable_plans"]``);
-* the warm run hits every stored plan, and deserializes each once (``pygraph.deserialize``
-  counted: before, a drop-in hit deserialized twice);
+* the warm run serves every stored plan from the store, loaded by its lookup (a hit) or,
+  with auto-prime on as it is by default, by the primer ahead of it (then a memory hit),
+  and deserializes each once into the program's graph (``pygraph.deserialize`` counted:
+  before, a drop-in hit deserialized twice; the primer loads through cuDNN's C API, so
+  only a plan it had to load the frontend's way, ``native_fallbacks``, adds one);
 * every stored plan keeps its program's workspace limit, and dynamic-shape graphs are
   stored per shape with the kernel cache flag in their key.
 
@@ -88,10 +91,14 @@ def test_this_passes_programs_are_served_stored_and_hit_once_each(tmp_path: Path
           f"deserialized cold {cold['deserialized']}, warm {warm['deserialized']}")  # fmt: skip
     assert cold["counters"]["misses"] == graphs and len(keys) + len(refused) == graphs, (cold["counters"], refused)
     assert all(r["why"] for r in refused.values())
-    assert warm["counters"]["hits"] == len(keys) and warm["counters"]["misses"] == len(refused), warm["counters"]
+    # Auto-prime (the default) may load a plan before the program asks for it: "primed", not a hit.
+    served = warm["counters"]["hits"] + warm["counters"]["primed"]
+    assert served == len(keys) and warm["counters"]["misses"] == len(refused), warm["counters"]
     assert len(store.keys()) == len(keys), "the warm run stores nothing new"
     if not refused:  # a hit deserializes once, into the program's graph; a miss once, to load it back
-        assert cold["deserialized"] == graphs and warm["deserialized"] == graphs, (cold["deserialized"], warm["deserialized"])
+        warm_expected = graphs + warm["counters"]["native_fallbacks"]  # a primer's load the frontend's way
+        assert cold["deserialized"] == graphs and warm["deserialized"] == warm_expected, (
+            cold["deserialized"], warm["deserialized"], warm["counters"])  # fmt: skip
     for key in keys:
         entry = store.get(key)
         limit = entry.options["workspace_limit"]

@@ -186,8 +186,11 @@ def test_a_fresh_process_primes_what_its_last_run_used(tmp_path: Path) -> None:
     assert warm["primer"]["primed"] == 4 and warm["primer"]["skipped"] == {}, warm["primer"]
     assert warm["counters"]["memory_hits"] == 4 and warm["counters"]["hits"] == 0 and warm["counters"]["builds"] == 0
     assert max(warm["errors"]) < TOLERANCE
-    off = run("", 0.0)  # the default: off
-    assert off["primer"] is None and off["counters"]["hits"] == 4
+    off = run("0", 0.0)  # turned off: no primer, every lookup loads from the store (use is still recorded)
+    assert off["primer"] is None and off["counters"]["hits"] == 4 and off["counters"]["primed"] == 0
+    default = run("", 3.0)  # unset: on by default, priming what the run before (the one turned off) used
+    assert default["primer"] is not None and default["primer"]["primed"] == 4, default["primer"]
+    assert default["counters"]["memory_hits"] == 4 and default["counters"]["hits"] == 0
 
 
 TWO_DEVICE_CHILD = textwrap.dedent(

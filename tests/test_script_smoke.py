@@ -1,0 +1,145 @@
+"""Smoke runs of the GPU scripts on the CPU test backend (``--smoke``, scripts/benchlib.py).
+
+Each script runs in this process through its ``main(argv)``, at tiny sizes, through the code
+its GPU run takes (``PlanCache.get``, ``Plan.execute``, priming, the store, its table and
+JSON), with only the parts that need real cuDNN or CUDA reported as skipped: a script that
+would crash on a GPU in plancache's part of it fails here first. The figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+#: script -> (extra arguments, lines its output must have, whether it writes --out JSON)
+RUNS: dict[str, tuple[list[str], list[str], bool]] = {
+    "bench_startup": (
+        [],
+        [
+            "plancache start-up benchmark",
+            "TOTAL (s)",
+            "launch host time",
+            "top-K simulated",
+            "bench_startup smoke run: 4 GPU-only part(s) skipped: needs a GPU",
+        ],
+        True,
+    ),
+    "bench_dynamic": (
+        [],
+        [
+            "plancache dynamic-shape benchmark",
+            "conv: first-call latency",
+            "sdpa: first-call latency",
+            "counters: cold",
+            "bench_dynamic smoke run:",
+        ],
+        True,
+    ),
+    "bench_miss": (
+        [],
+        [
+            "cold: phases (s) and candidates",
+            "conv_bias_relu            skipped ",
+            "sdpa_causal ",
+            "warm from ['loaded']",
+            "bench_miss: worst cold/frontend ratio skipped",
+            "bench_miss smoke run: 1 GPU-only part(s) skipped: needs a GPU",
+        ],
+        True,
+    ),
+    "bench_model": (
+        [],
+        [
+            "example model (3 fused convs + attention block, batch 1, bf16)",
+            "plancache-cold ",
+            "plancache-primed ",
+            "compile-cold       skipped: needs a GPU",
+            "bench_model smoke run: 4 GPU-only part(s) skipped: needs a GPU",
+        ],
+        True,
+    ),
+    "gpu_hazards": (
+        [],
+        [
+            "setup: 5 plans stored under 'gpu-hazards'",
+            "weights      1        0      0       0     0 ",
+            "kernels      1        0      0       0     0 ",
+            "captures     1        0      0       0     0 ",
+            "lookups      1        0      0       0     0 ",
+            "gpu_hazards smoke run: 2 GPU-only part(s) skipped: needs a GPU",
+            "gpu_hazards: PASSED",
+        ],
+        True,
+    ),
+    "gpu_right_result": (
+        [],
+        [
+            "heuristic        18     18    18",
+            "topk             18     18    18",
+            "exhaustive       18     18    18",
+            "warm  paged_decode         source loaded",
+            "warm  moe_grouped_matmul   source loaded",
+            "gpu_right_result smoke run: 3 GPU-only part(s) skipped: needs a GPU",
+            "gpu_right_result: PASSED",
+        ],
+        True,
+    ),
+    "key_oracle": (
+        [],
+        [
+            "conv_fprop               variants   2",
+            "sdpa                     variants   2",
+            "60  skipped: needs a GPU",
+            "key_oracle smoke run: 1 GPU-only part(s) skipped: needs a GPU",
+            "key oracle smoke run: 60 of 60 variants keyed by plancache, 60 alike after",
+        ],
+        False,
+    ),
+    "probe_launch_parts": (
+        [],
+        [
+            '{"graph": "conv_bias_act", "source": "loaded"',
+            '{"graph": "sdpa", "source": "loaded"',
+            "probe_launch_parts smoke run:",
+        ],
+        False,
+    ),
+}
+
+
+def load(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    spec = importlib.util.spec_from_file_location(f"smoke_{name}", SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_the_script_runs_its_gpu_path_on_the_cpu_test_backend(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    extra, lines, writes_json = RUNS[name]
+    monkeypatch.setenv("PLANCACHE_SCRIPT_SMOKE", "1")  # restored afterwards (--smoke sets it too)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the scripts' own directories
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # their `import benchlib`
+    out = tmp_path / f"{name}.json"
+    argv = ["--smoke", *extra, *(["--out", str(out)] if writes_json else [])]
+    monkeypatch.delitem(sys.modules, "benchlib", raising=False)  # each run starts with its own list of skipped parts
+    status = load(name, monkeypatch).main(argv)
+    assert status in (None, 0), f"{name} --smoke returned {status}"
+    printed = capsys.readouterr().out
+    for line in lines:
+        assert line in printed, f"{name} --smoke did not print {line!r}:\n{printed[-3000:]}"
+    assert "Traceback" not in printed
+    assert "FAILED" not in printed, printed[-3000:]  # a part that failed, printed as a row
+    if writes_json:
+        json.loads(out.read_text(), parse_constant=pytest.fail)  # strict JSON: no NaN or Infinity
