@@ -498,3 +498,50 @@ def test_what_the_test_device_does_not_compute_is_unsupported_never_a_wrong_resu
         _evaluate(make(), {})
     with pytest.raises(plancache.BuildError, match=f"cannot run .*{named}"):
         cache(tmp_path).get(make())
+
+
+def _instancenorm_backward(n: int, c: int, h: int, w: int) -> Any:
+    """The backward graph of cuDNN Frontend's own test_instancenorm.py (bf16, channels last)."""
+    dt = cudnn.data_type
+    g = cudnn.pygraph(intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT)
+    big, small = [c * h * w, 1, w * c, c], [c, 1, c, c]
+    dy = g.tensor(name="dy", dim=[n, c, h, w], stride=big, data_type=dt.BFLOAT16, uid=1)
+    x = g.tensor(name="x", dim=[n, c, h, w], stride=big, data_type=dt.BFLOAT16, uid=2)
+    scale = g.tensor(name="scale", dim=[1, c, 1, 1], stride=small, data_type=dt.BFLOAT16, uid=3)
+    mean = g.tensor(name="mean", dim=[n, c, 1, 1], stride=small, data_type=dt.FLOAT, uid=4)
+    inv = g.tensor(name="inv_var", dim=[n, c, 1, 1], stride=small, data_type=dt.FLOAT, uid=5)
+    dx, dscale, dbias = g.instancenorm_backward(name="DIN", grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv)
+    dx.set_output(True).set_data_type(dt.BFLOAT16).set_uid(6).set_dim([n, c, h, w]).set_stride(big)
+    dscale.set_output(True).set_data_type(dt.BFLOAT16).set_uid(7).set_dim([1, c, 1, 1]).set_stride(small)
+    dbias.set_output(True).set_data_type(dt.BFLOAT16).set_uid(8).set_dim([1, c, 1, 1]).set_stride(small)
+    return g
+
+
+def test_a_norm_backward_gets_the_statistics_of_its_input() -> None:
+    """An instance-norm backward's saved mean and inverse variance were random in
+    ±[0.25, 1): half the inverse variances negative and the means unrelated to the input.
+    Two right formulations of the backward then differ by far more than rounding (one that
+    uses sum(x - mean) = 0, as the forward guarantees, and one that does not), so right
+    engines could disagree, nothing was stored, and every later run autotuned the graph
+    again. The statistics are now those of the input, as the forward computes them."""
+    from plancache.engines.bounds import coarse_tolerance
+
+    n, c, h, w = 2, 4, 16, 16
+    g = _instancenorm_backward(n, c, h, w)
+    description, specs = describe(g), tensor_table(g)
+    plan = plan_inputs(description, specs)
+    assert not isinstance(plan, str), plan
+    pack = materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))
+    x, mean, inv = pack[2].float(), pack[4], pack[5]
+    assert torch.allclose(mean, x.mean(dim=(2, 3), keepdim=True), atol=1e-6)
+    assert torch.allclose(inv, torch.rsqrt(x.var(dim=(2, 3), unbiased=False, keepdim=True) + 1e-5), rtol=1e-5)
+
+    g_ = pack[1].float() * pack[3].float()
+    count = h * w
+    xhat = (x - mean) * inv
+    closed = inv * (g_ - g_.mean(dim=(2, 3), keepdim=True) - xhat * (g_ * xhat).mean(dim=(2, 3), keepdim=True))
+    dvar = -0.5 * inv**3 * (g_ * (x - mean)).sum(dim=(2, 3), keepdim=True)
+    dmean = -inv * g_.sum(dim=(2, 3), keepdim=True) - 2 * dvar * (x - mean).sum(dim=(2, 3), keepdim=True) / count
+    general = g_ * inv + dvar * 2 * (x - mean) / count + dmean / count
+    tolerance = coarse_tolerance(description, [s for s in specs if s.is_output]) * closed.abs().max()
+    assert (closed - general).abs().max() < tolerance / 100

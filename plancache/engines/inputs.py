@@ -46,12 +46,15 @@ _CHUNK = 1 << 23  # elements generated at once: bounds the float32 staging to 32
 @dataclass(frozen=True)
 class Fill:
     """How to fill one tensor: ``kind`` is "random" (±[0.25, 1)), "positive" ([0.25, 1)),
-    "bool", "small_int" (1..3) or "values" (``values``, in row-major order of the dims)."""
+    "bool", "small_int" (1..3), "values" (``values``, in row-major order of the dims), or a
+    statistic of the input uid ``source`` over the axes this tensor broadcasts: "mean",
+    "inv_std" (``1/sqrt(var + 1e-5)``) or "inv_rms" (``1/sqrt(mean(x^2) + 1e-5)``)."""
 
     spec: TensorSpec
     kind: str
     role: str
     values: tuple[float, ...] = ()
+    source: int = 0
 
     @property
     def elements(self) -> int:
@@ -187,7 +190,21 @@ class _Roles:
             return None
         if kind in ("MOE_GROUPED_MATMUL", "MOE_GROUPED_MATMUL_BWD"):
             return self._moe(spec, node, port)
+        if kind.endswith("NORM_BWD") and port in ("mean", "inv_variance"):
+            return self._statistic(spec, kind, inputs, port)
         return None
+
+    def _statistic(self, spec: TensorSpec, kind: str, inputs: Mapping[str, Any], port: str) -> Fill | str:
+        """A norm backward's saved statistics, as its forward computed them from the input:
+        random ones (negative inverse variances, a mean unrelated to the input) lie outside
+        what the backward is defined for, and right engines that rely on their identities
+        (the deviations from the mean summing to zero) compute different results."""
+        source = inputs.get("input") or inputs.get("x")
+        x = self.by_uid.get(int(source[1:])) if isinstance(source, str) and source.startswith("u") else None
+        if x is None or x.is_output or len(x.dims) != len(spec.dims) or any(s not in (1, d) for s, d in zip(spec.dims, x.dims)):
+            return f"{kind} statistic uid {spec.uid}: the input it was computed from is unknown"
+        what = "inv_rms" if port == "inv_variance" and "RMS" in kind else "mean" if port == "mean" else "inv_std"
+        return Fill(spec, what, f"{kind} {port} of input uid {x.uid}", source=x.uid)
 
     def _moe(self, spec: TensorSpec, node: Mapping[str, Any], port: str) -> Fill | str | None:
         inputs, params = node.get("inputs") or {}, node.get("params") or {}
@@ -250,11 +267,33 @@ def materialize(plan: InputPlan, torch: Any, device: Any, generator: Any) -> dic
     failed allocation leaves nothing half made."""
     pack: dict[int, Any] = dict(plan.given)
     for uid, fill in plan.fills.items():
-        if uid not in pack:
+        if uid not in pack and fill.kind not in _STATISTICS:
             pack[uid] = _filled(fill, torch, device, generator)
+    for uid, fill in plan.fills.items():  # statistics of the inputs just made
+        if uid not in pack:
+            pack[uid] = _statistic(fill, pack[fill.source], torch)
     for spec in plan.outputs:
         pack[spec.uid] = _empty(spec, torch, device)
     return pack
+
+
+_STATISTICS = frozenset({"mean", "inv_std", "inv_rms"})
+_NORM_EPSILON = 1e-5
+
+
+def _statistic(fill: Fill, x: Any, torch: Any) -> Any:
+    spec = fill.spec
+    axes = [i for i, (s, d) in enumerate(zip(spec.dims, x.shape)) if s == 1 and d > 1]
+    x = x.float()
+    if fill.kind == "mean":
+        value = x.mean(dim=axes, keepdim=True) if axes else x
+    elif fill.kind == "inv_rms":
+        value = torch.rsqrt((x * x).mean(dim=axes, keepdim=True) + _NORM_EPSILON) if axes else torch.rsqrt(x * x + _NORM_EPSILON)
+    else:
+        variance = x.var(dim=axes, keepdim=True, unbiased=False) if axes else torch.zeros_like(x)
+        value = torch.rsqrt(variance + _NORM_EPSILON)
+    out = _empty(spec, torch, x.device)
+    return out.copy_(value.expand(tuple(spec.dims)))
 
 
 def _torch_dtype(torch: Any, spec: TensorSpec) -> Any:
