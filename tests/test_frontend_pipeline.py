@@ -9,6 +9,7 @@ so each test sees what reached the frontend; the graphs run through the frontend
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -757,3 +758,40 @@ def test_an_adopted_graph_takes_the_layouts_the_backend_inferred_for_what_the_pr
     frontend_adopt.adopt(load, plan, native, blob)
     assert c.get_stride() == [32, 1, 8] and c.get_dim() == [2, 8, 4]
     assert a.get_stride() == row_major([2, 8, 16]) and b.get_dim() == [2, 16, 4]
+
+
+def test_a_drop_in_load_warms_up_on_plancaches_own_stream_and_gives_the_callers_handle_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The frontend's deserialize ends in a warm-up capture on its handle's stream: on the
+    # caller's (a fresh handle's NULL stream makes the frontend capture on a new blocking
+    # stream, which another thread's legacy-stream work breaks) it is not a guest's.
+    import sys
+    import types
+
+    from plancache.integrations import frontend_adopt
+
+    backend = CpuTestBackend()
+    seen: dict[str, Any] = {}
+
+    class Handle:
+        stream: int | None = None
+
+    def set_stream(*, handle: Any, stream: int) -> None:
+        handle.stream = stream
+
+    class Fresh:
+        def __init__(self, handle: Any, **kwargs: Any) -> None:
+            self.handle = handle
+
+        def deserialize(self, blob: bytes) -> None:
+            seen["stream during the load"] = self.handle.stream
+            self._lowered_graph = object()
+
+    caller = types.SimpleNamespace(_cpp_graph_kwargs={}, _handle=Handle())
+    monkeypatch.setitem(sys.modules, "cudnn", types.SimpleNamespace(pygraph=Fresh, set_stream=set_stream))
+    monkeypatch.setattr("plancache.engines.cudnn_backend.frontend_failures", contextlib.nullcontext)
+    with backend.guest(0) as own:
+        frontend_adopt._load_cudnn(caller, backend, b"blob", [], 0)
+    assert seen["stream during the load"] == own != 0
+    assert caller._handle.stream == 0, "the caller's handle is back on its own (NULL) stream"

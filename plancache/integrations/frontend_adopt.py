@@ -7,8 +7,9 @@ caller's graph exactly that state, for a list of one plan:
 
 * the stored blob is deserialized once, as the caller's graph runs it (``GraphLoad``, the
   ``load`` a drop-in lookup hands ``PlanCache.get``): into a fresh pygraph made with the
-  caller's graph's own handle (the graph's device and stream, never plancache's pooled
-  handle) and its kernel cache, one per caller graph, so no two graphs share a backend
+  caller's graph's own handle (the graph's device, never plancache's pooled handle), whose
+  stream is plancache's own for the frontend's warm-up capture and the caller's again
+  after, and its kernel cache, one per caller graph, so no two graphs share a backend
   graph. On a hit that load is the lookup's own, and the plan is checked and deserialized
   once; on a miss it is the load that proves the new plan loads back before it is stored;
 * that fresh graph's backend graph becomes the caller's lowered graph, and the plan list
@@ -39,8 +40,9 @@ its plans are loaded for a graph and become its lowered graph in ``ADOPTERS``.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -122,17 +124,41 @@ def _load_cudnn(graph: Any, backend: Backend, blob: bytes, tensors: Sequence[Ten
     """The cuDNN backend's load for ``graph``: the blob deserialized by a fresh pygraph that
     has the caller's graph's handle (the frontend makes its backend graph with that handle,
     or with its default handle of this thread and device when the graph has none). The
-    pygraph is the plan's native (it executes as any loaded plan does)."""
+    pygraph is the plan's native (it executes as any loaded plan does).
+
+    The frontend's ``deserialize`` ends in a warm-up capture on its handle's stream (a new
+    blocking stream when that is NULL, as a fresh handle's is): the caller's handle is
+    pointed at plancache's own non-blocking stream for the load, then back at the stream it
+    had. On the caller's stream the warm-up would capture the program's work; on a blocking
+    stream another thread's legacy-stream work breaks the capture."""
     from ..engines.cudnn_backend import frontend_failures
 
     cudnn = sys.modules["cudnn"]
     kwargs = graph._cpp_graph_kwargs
-    fresh = cudnn.pygraph(handle=graph._handle, **{k: kwargs[k] for k in _CARRIED if k in kwargs})
-    with frontend_failures():
+    handle = graph._handle
+    fresh = cudnn.pygraph(handle=handle, **{k: kwargs[k] for k in _CARRIED if k in kwargs})
+    with _on_own_stream(cudnn, handle, backend, device), frontend_failures():
         fresh.deserialize(blob)
     if fresh.__dict__.get("_lowered_graph") is None or fresh.__dict__.get("_plans"):
         raise AdoptionError("the frontend deserialized the plan into something other than one backend graph")
     return fresh
+
+
+@contextlib.contextmanager
+def _on_own_stream(cudnn: Any, handle: Any, backend: Backend, device: int) -> Iterator[None]:
+    """``handle`` (the caller's ``cudnn.Handle``) on plancache's own stream of ``device`` for
+    the block, then on the stream it had (a fresh handle's is 0). Without a handle of the
+    caller's, nothing changes."""
+    own, driver = getattr(backend, "own_stream", None), getattr(backend, "driver", None)
+    if handle is None or own is None or driver is None or not hasattr(handle, "stream"):
+        yield
+        return
+    previous = handle.stream
+    cudnn.set_stream(handle=handle, stream=driver.raw_stream(own(device)))
+    try:
+        yield
+    finally:
+        cudnn.set_stream(handle=handle, stream=previous if previous is not None else 0)
 
 
 def _backend_graph_cudnn(graph: Any, plan: Plan, native: Any) -> Any:
