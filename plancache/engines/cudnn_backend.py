@@ -377,6 +377,7 @@ class CudnnDriver:
         self._environments: dict[int, dict[str, Any]] = {}
         self._gpu: bool | None = None
         self._transient: tuple[type[BaseException], ...] | None = None
+        self._library: Any = None  # engines.native.Library, once cuDNN is loaded (launches ask it without a lock)
 
     @property
     def transient_errors(self) -> tuple[type[BaseException], ...]:
@@ -456,7 +457,7 @@ class CudnnDriver:
         return bool(torch is not None and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
 
     def stream_capturing(self, stream: int) -> bool:
-        return self.library().capturing(stream)
+        return bool(self.library().capturing(stream))
 
     def exchange_capture_mode(self, mode: int) -> int | None:
         cuda = libcuda()
@@ -493,7 +494,10 @@ class CudnnDriver:
     # ------------------------------------------------------------------ plans
 
     def library(self) -> Any:
-        return library(load_cudnn=lambda: _cudnn().backend_version())
+        found = self._library
+        if found is None:
+            found = self._library = library(load_cudnn=lambda: _cudnn().backend_version())
+        return found
 
     def deserialize(self, blob: bytes, handle: Any) -> Any:
         """The frontend's ``deserialize``, whose warm-up captures the plan on the handle's
