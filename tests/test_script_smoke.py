@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+EXAMPLES = SCRIPTS.parent / "examples"
 
 #: script -> (extra arguments, lines its output must have, whether it writes --out JSON)
 RUNS: dict[str, tuple[list[str], list[str], bool]] = {
@@ -63,6 +64,17 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
             "plancache-primed ",
             "compile-cold       skipped: needs a GPU",
             "bench_model smoke run: 4 GPU-only part(s) skipped: needs a GPU",
+        ],
+        True,
+    ),
+    "gpu_native": (
+        [],
+        [
+            "conv_bias_relu         skipped ",
+            "sdpa_paged             skipped ",
+            "moe_grouped_matmul     skipped ",
+            "gpu_native smoke run: 7 of 7 graphs loaded and launched natively, none compared",
+            "gpu_native smoke run: 7 GPU-only part(s) skipped: needs a GPU",
         ],
         True,
     ),
@@ -134,7 +146,13 @@ def test_the_script_runs_its_gpu_path_on_the_cpu_test_backend(name: str, tmp_pat
     out = tmp_path / f"{name}.json"
     argv = ["--smoke", *extra, *(["--out", str(out)] if writes_json else [])]
     monkeypatch.delitem(sys.modules, "benchlib", raising=False)  # each run starts with its own list of skipped parts
-    status = load(name, monkeypatch).main(argv)
+    before = set(sys.modules)
+    try:
+        status = load(name, monkeypatch).main(argv)
+    finally:  # the scripts it imported (gpu_right_result at its smoke sizes...) go with it
+        for module in set(sys.modules) - before:
+            if Path(getattr(sys.modules[module], "__file__", None) or "/").parent in (SCRIPTS, EXAMPLES):
+                del sys.modules[module]
     assert status in (None, 0), f"{name} --smoke returned {status}"
     printed = capsys.readouterr().out
     for line in lines:
