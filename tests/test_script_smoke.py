@@ -104,6 +104,19 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         True,
     ),
+    "gpu_sweep_epilogues": (
+        [],
+        [
+            "graphs 8 (failed 0), candidates launched 32, judged by the oracle 32, right 24",
+            "matmul bfloat16 small relu_clip_0_1            wrong: cpu-test-eng2  majority=True",
+            "conv   bfloat16 small gelu                     wrong: cpu-test-eng2  majority=True",
+            "false rejections (right, rejected): 0 of 24",
+            "misses (wrong, in the majority): 0",
+            "graphs without a majority: 0",
+            "gpu_sweep_epilogues smoke run: 1 GPU-only part(s) skipped: needs a GPU",
+        ],
+        True,
+    ),
     "key_oracle": (
         [],
         [
