@@ -78,6 +78,18 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         True,
     ),
+    "gpu_corpus": (
+        [],
+        [
+            "plancache copied from the tree (a smoke run: no wheel built)",
+            "printed True)",
+            "_smoke_lookup                        smoke: one PlanCache.get           ok ",
+            "1 of 1 programs pass; the variable check passes",
+            "gpu_corpus smoke run: 1 GPU-only part(s) skipped: needs a GPU",
+            "the 15 cuDNN Frontend programs of corpus/: skipped: needs a GPU",
+        ],
+        True,
+    ),
     "gpu_hazards": (
         [],
         [
