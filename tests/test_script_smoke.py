@@ -140,6 +140,17 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         False,
     ),
+    "probe_first_output": (
+        [],
+        [
+            '{"mode": "cold", ',
+            '"misses": 6, "builds": 6,',
+            '{"mode": "warm", ',
+            '"misses": 0, "builds": 0,',
+            "probe_first_output smoke run: 0 GPU-only part(s) skipped: needs a GPU",
+        ],
+        False,
+    ),
     "probe_launch_parts": (
         [],
         [
