@@ -1,4 +1,5 @@
-"""Smoke runs of the GPU scripts on the CPU test backend (``--smoke``, scripts/benchlib.py).
+"""Smoke runs of the GPU scripts and the example's demo on the CPU test backend (``--smoke``,
+scripts/benchlib.py).
 
 Each script runs in this process through its ``main(argv)``, at tiny sizes, through the code
 its GPU run takes (``PlanCache.get``, ``Plan.execute``, priming, the store, its table and
@@ -151,6 +152,19 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         False,
     ),
+    "resnet_attention": (
+        [],
+        [
+            "time to first output in this process (a smoke run on the CPU test backend: it measures nothing);",
+            "nocache    skipped: needs a GPU (cuDNN Frontend's own heuristic builds)",
+            "cold     ",
+            "{'misses': 6, 'builds': 6}",
+            "bundle   ",
+            "{'hits': 6}",
+            "eager    ",
+        ],
+        True,
+    ),
     "probe_launch_parts": (
         [],
         [
@@ -164,7 +178,8 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
 
 
 def load(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    spec = importlib.util.spec_from_file_location(f"smoke_{name}", SCRIPTS / f"{name}.py")
+    path = SCRIPTS / f"{name}.py" if (SCRIPTS / f"{name}.py").exists() else EXAMPLES / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"smoke_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
