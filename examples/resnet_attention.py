@@ -15,6 +15,14 @@ just imported from a bundle, and the same model in PyTorch eager (bf16, no planc
 Beside it, the time of one step once everything is loaded: the median of STEPS steps,
 each CUDA-synchronized, timed alone (the float32 reference run that checks the output is
 outside every timing).
+
+    python examples/resnet_attention.py --smoke    # the demo at tiny sizes, no GPU needed
+
+``--smoke`` runs the demo's code at tiny sizes (``set_sizes``) on plancache's CPU test
+backend, each mode in this process (its result still through JSON), the export through
+plancache's command line as the demo does it: a check that the demo runs, measuring
+nothing. The no-cache mode (cuDNN Frontend's own heuristic builds) needs a GPU and is
+skipped.
 """
 
 from __future__ import annotations
@@ -62,7 +70,19 @@ TOLERANCE = 2e-2
 STEPS = 20  # timed steps per run (after WARMUP_STEPS untimed ones); the median is reported
 WARMUP_STEPS = 3
 MODES = ["nocache", "cold", "warm", "bundle", "eager"]
-DEVICE = "cuda"  # where the model runs; "cpu" in a smoke run of scripts/bench_model.py (the CPU test backend)
+DEVICE = "cuda"  # where the model runs; "cpu" in a smoke run (the CPU test backend)
+SMOKE = False  # a smoke run (--smoke): tiny sizes on the CPU test backend, every mode in this process
+SMOKE_SIZES = {"n": 1, "c": 8, "hw": 8, "width": 32, "heads": 2}
+#: Modes a smoke run skips, and what of them needs a GPU.
+GPU_ONLY_MODES = {"nocache": "cuDNN Frontend's own heuristic builds"}
+
+
+def start_smoke() -> None:
+    """Make this a smoke run: the model at ``SMOKE_SIZES`` on the CPU (the CPU test backend
+    runs its plans there), two timed steps after one warm-up."""
+    global SMOKE, DEVICE, STEPS, WARMUP_STEPS
+    SMOKE, DEVICE, STEPS, WARMUP_STEPS = True, "cpu", 2, 1
+    set_sizes(**SMOKE_SIZES)
 
 
 class RawPlans:
@@ -95,6 +115,10 @@ class CachedPlans:
     def __init__(self, directory: str, backend: Any = None) -> None:
         import plancache
 
+        if backend is None and SMOKE:
+            from plancache.testing import CpuTestBackend
+
+            backend = CpuTestBackend()
         self.cache = plancache.PlanCache(directory, backend=backend)
         self.plans: dict[str, Any] = {}
 
@@ -210,9 +234,12 @@ def step_times_ms(torch: Any, step: Any, steps: int | None = None, warmup: int |
 
 
 def cuda_torch() -> Any:
-    """torch, once it is clear that there is a GPU (else one line and exit code 1)."""
+    """torch, once it is clear that there is a GPU (else one line and exit code 1); in a
+    smoke run, torch without one."""
     import torch
 
+    if SMOKE:
+        return torch
     if not torch.cuda.is_available():
         raise SystemExit(
             "resnet_attention.py: this runs cuDNN plans and needs an NVIDIA GPU (torch.cuda.is_available() is False); "
@@ -223,10 +250,13 @@ def cuda_torch() -> Any:
 
 
 def run_once(mode: str, directory: str | None, bundle: str | None) -> dict[str, Any]:
+    if SMOKE and mode in GPU_ONLY_MODES:
+        return {"mode": mode, "skipped": f"needs a GPU ({GPU_ONLY_MODES[mode]})"}
     torch = cuda_torch()
-    w = weights(torch)
-    x = torch.randn(N, 64, 56, 56).to(torch.bfloat16).cuda().to(memory_format=torch.channels_last)
-    torch.cuda.synchronize()
+    w = weights(torch, device=DEVICE)
+    c, hw = LAYERS[0][2]["c"], LAYERS[0][2]["h"]
+    x = torch.randn(N, c, hw, hw).to(torch.bfloat16).to(DEVICE).to(memory_format=torch.channels_last)
+    synchronize(torch)
     started = time.perf_counter()
     imported = None
     plans: Any = None
@@ -241,7 +271,7 @@ def run_once(mode: str, directory: str | None, bundle: str | None) -> dict[str, 
         plans = RawPlans() if mode == "nocache" else CachedPlans(directory or "")
         step = lambda: forward(plans, torch, w, x)  # noqa: E731
     out = step()
-    torch.cuda.synchronize()
+    synchronize(torch)
     first = time.perf_counter() - started
     times = step_times_ms(torch, step)
     ref = forward_pytorch(torch, w, x)  # float32, after the timings: checks the output only
@@ -267,6 +297,10 @@ def demo(opts_out: str | None = None) -> None:
         if mode == "bundle":
             args += ["--bundle", str(bundle)]
         started = time.perf_counter()
+        if SMOKE:  # in this process, its result through JSON as a child's stdout
+            found: dict[str, Any] = json.loads(json.dumps(run_once(mode, str(directory or ""), str(bundle))))
+            found["process_s"] = time.perf_counter() - started
+            return found
         out = subprocess.run(args, capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             sys.stderr.write(out.stderr[-3000:])
@@ -283,23 +317,27 @@ def demo(opts_out: str | None = None) -> None:
         raise SystemExit("export failed")
     rows.append(fresh("bundle", imported))
     rows.append(fresh("eager"))
-    print(f"\nexample model (3 fused convs + attention block, batch {N}, bf16): time to first output in a fresh process;")
+    where = "in this process (a smoke run on the CPU test backend: it measures nothing)" if SMOKE else "in a fresh process"
+    print(f"\nexample model (3 fused convs + attention block, batch {N}, bf16): time to first output {where};")
     print(f"step: median of {STEPS} steps after {WARMUP_STEPS} warm-up steps, each CUDA-synchronized and timed alone")
     print(f"{'mode':10} {'first output s':>15} {'step ms':>9} {'process s':>10} {'rel err':>9}  counters")
     for r in rows:
+        if "skipped" in r:  # a smoke run's GPU-only mode
+            print(f"{r['mode']:10} skipped: {r['skipped']}")
+            continue
         counters = {k: v for k, v in r.get("counters", {}).items() if v}
         print(
             f"{r['mode']:10} {r['first_output_s']:15.3f} {r['step_ms']:9.3f} {r['process_s']:10.1f} {r['rel_error']:9.1e}  {counters}"
         )
     print("eager: the same model in PyTorch (bf16, its own kernels), no plancache")
-    bad = [r["mode"] for r in rows if r["rel_error"] > TOLERANCE]
+    bad = [r["mode"] for r in rows if "skipped" not in r and r["rel_error"] > TOLERANCE]
     if bad:
         raise SystemExit(f"outputs differ from PyTorch in modes {bad}")
     if opts_out:
         Path(opts_out).write_text(json.dumps(rows, indent=2))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--mode", choices=MODES, help="one run in this process, printed as JSON (the demo runs each in a fresh one)"
@@ -307,7 +345,11 @@ def main() -> None:
     parser.add_argument("--dir", help="the plan cache directory (modes cold, warm, bundle)")
     parser.add_argument("--bundle", help="the bundle to import first (mode bundle)")
     parser.add_argument("--out", help="the demo's rows as JSON (also accepted so scripts/gpu-check can run every demo alike)")
-    opts = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="the demo at tiny sizes on plancache's CPU test backend, "
+                        "every mode in this process (no GPU needed): checks that it runs, measures nothing")  # fmt: skip
+    opts = parser.parse_args(argv)
+    if opts.smoke:
+        start_smoke()
     if opts.mode in ("cold", "warm", "bundle") and not opts.dir:
         parser.error(f"--mode {opts.mode} needs --dir DIR (the plan cache directory)")
     if opts.mode == "bundle" and not opts.bundle:

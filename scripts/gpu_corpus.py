@@ -41,6 +41,13 @@ Needs an NVIDIA GPU, torch, cuDNN Frontend 1.32 and plancache's dependencies imp
 by this interpreter (``PYTHONPATH`` may point at unpacked wheels), and ``setuptools`` for
 the wheel (without it, the tree is copied into the environment instead, and the JSON says
 so). Exit status: 0 when every program passes, 1 otherwise.
+
+``--smoke``: the same orchestration on a CPU with one trivial program: the corpus listed,
+plancache copied from the tree into a fresh virtual environment (no wheel built), the
+variable's check and the environment's probe there, then ``scripts/corpus/_smoke_lookup.py``
+(cuDNN Frontend imported and patched by the hook, one ``PlanCache.get`` on the CPU test
+backend) in its three fresh processes, read, judged, the table and JSON. The cuDNN Frontend
+programs of the corpus are skipped.
 """
 
 from __future__ import annotations
@@ -61,7 +68,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import benchlib  # noqa: E402 - after the path it is found on
+
 CORPUS = ROOT / "scripts" / "corpus"
+#: A smoke run's one program: not a cuDNN program (its name keeps it out of the listing).
+SMOKE_PROGRAM = CORPUS / "_smoke_lookup.py"
 PREFIX = "CORPUS_RESULT "
 #: What every report line holds (scripts/corpus/_corpus.py writes it).
 REPORT_KEYS = frozenset(
@@ -143,8 +156,9 @@ def _build_wheel(root: Path, source: Path, report: dict[str, Any]) -> Path | Non
 def install(root: Path, wheel: Path | None, kind: str = "wheel") -> dict[str, Any]:
     """plancache installed as a user installs it, start-up hook included, in the
     site-packages of a fresh virtual environment that also sees this interpreter's packages:
-    ``kind`` "wheel" (``wheel``, else one built from the tree; else the tree copied) or
-    "editable" (a copy of the tree, ``pip install -e``). ``launch``: the command line that
+    ``kind`` "wheel" (``wheel``, else one built from the tree; else the tree copied),
+    "editable" (a copy of the tree, ``pip install -e``) or "copy" (the tree copied, no
+    wheel built: a smoke run). ``launch``: the command line that
     runs a program there (the program's path appended); ``variable_check``: what the README's
     check of the variable printed there."""
     report: dict[str, Any] = {}
@@ -176,7 +190,9 @@ def install(root: Path, wheel: Path | None, kind: str = "wheel") -> dict[str, An
         shutil.copytree(ROOT / "migrations", purelib / "plancache" / "migrations", ignore=shutil.ignore_patterns("__pycache__"))
         for name in ("_plancache_startup.py", "plancache-startup.pth"):
             shutil.copy2(ROOT / name, purelib / name)
-        report["installed"] = "copied from the tree (no wheel could be built)"
+        report["installed"] = "copied from the tree (" + (
+            "a smoke run: no wheel built)" if kind == "copy" else "no wheel could be built)"
+        )
     if launch[0] == str(python):
         # The environment sees this interpreter's packages, after its own (so its plancache wins).
         lines = [f"import site; site.addsitedir({d!r})\n" for d in _outer_site_dirs()]
@@ -476,7 +492,7 @@ def environment_of(launch: list[str]) -> dict[str, Any]:
     return info
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="write every figure and check as JSON here")
     parser.add_argument("--jobs", type=int, default=0, help="programs run at once (default: up to 8, half the CPUs)")
@@ -491,7 +507,9 @@ def main() -> int:
     parser.add_argument("--wheel", type=Path, help="install this plancache wheel instead of building one from the tree")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (caches, outputs, the environment)")
     parser.add_argument("--corpus", type=Path, default=CORPUS, help="the folder of programs (default: scripts/corpus)")
-    opts = parser.parse_args()
+    benchlib.add_smoke_option(parser)
+    opts = parser.parse_args(argv)
+    smoke = benchlib.start_smoke(opts.smoke)
 
     started = time.perf_counter()
     programs = sorted(p for p in opts.corpus.glob("[a-z]*.py"))
@@ -501,18 +519,21 @@ def main() -> int:
         missing = wanted - {p.stem for p in programs}
         if missing:
             parser.error(f"no such corpus program: {', '.join(sorted(missing))}")
+    if smoke:
+        benchlib.gpu_only(f"the {len(programs)} cuDNN Frontend programs of {opts.corpus.name}/", lambda: None)
+        programs = [SMOKE_PROGRAM]
     root = opts.keep or Path(tempfile.mkdtemp(prefix="plancache-corpus-"))
     root.mkdir(parents=True, exist_ok=True)
     (root / "outputs").mkdir(exist_ok=True)
     if opts.wheel is not None and opts.install != "wheel":
         parser.error("--wheel installs a wheel: it goes with --install wheel")
-    install_report = install(root, opts.wheel, opts.install)
+    install_report = install(root, opts.wheel, "copy" if smoke and opts.wheel is None else opts.install)
     launch = install_report["launch"]
     environment = environment_of(launch)
     if "error" in environment:
         print(f"gpu_corpus: the environment cannot import torch and cuDNN Frontend:\n{environment['error']}", file=sys.stderr)
         return 1
-    jobs = opts.jobs or max(1, min(8, (os.cpu_count() or 2) // 2, len(programs)))
+    jobs = 1 if smoke else opts.jobs or max(1, min(8, (os.cpu_count() or 2) // 2, len(programs)))
     print(f"gpu_corpus: {len(programs)} programs x {len(PHASES)} fresh processes, {jobs} at once; {environment['summary']}; "
           f"plancache {install_report['installed']} in a {install_report['environment']}; work in {root}", file=sys.stderr)  # fmt: skip
 
@@ -542,6 +563,7 @@ def main() -> int:
                     "passed": passed, "programs": verdicts, "runs": raw}  # fmt: skip
         Path(opts.out).write_text(json.dumps(document, indent=2, default=str))
         print(f"JSON written to {opts.out}")
+    benchlib.report_skipped("gpu_corpus")
     if not opts.keep:
         shutil.rmtree(root, ignore_errors=True)
     return 0 if passed == len(verdicts) and hooked else 1

@@ -16,6 +16,13 @@ each way, and the host time of a launch each way (median of 200, pointers repeat
 test data for ``tests/test_native.py``.
 
 Exit status: 0 when every graph loaded natively gave the frontend's bits, 1 otherwise.
+
+``--smoke``: the graph kinds the CPU test backend computes (convolution, matmuls, SDPA
+causal, ragged and paged, MoE) at tiny sizes, through the same
+code: ``PlanCache.get``, the stored entry, role-valid inputs, ``parse``, ``refusal`` and
+``NativePlan`` over the backend's C library (``backend.driver.library()``, which on a GPU is
+``engines.native.library()``), its launch, the table and JSON. The frontend's own
+``deserialize`` and ``execute``, and so the bit-identical comparison, are skipped.
 """
 
 from __future__ import annotations
@@ -35,12 +42,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import benchlib
 import cudnn
 import torch
 
 import plancache
 from plancache.engines.inputs import materialize, plan_inputs
-from plancache.engines.native import NativePlan, library, parse, refusal
+from plancache.engines.native import NativePlan, parse, refusal
 from plancache.key import TensorSpec
 from plancache.workflows import templates
 
@@ -60,18 +68,17 @@ def numbered(*tensors: Any) -> None:
         t.set_uid(uid)
 
 
-def matmul_clip() -> Any:
+def matmul_clip(m: int = 256, k: int = 1024, n: int = 256) -> Any:
     g = cudnn.pygraph(**BF16)
-    a = g.tensor(name="A", dim=[1, 256, 1024], stride=[256 * 1024, 1024, 1], data_type=DT.BFLOAT16)
-    b = g.tensor(name="B", dim=[1, 1024, 256], stride=[1024 * 256, 256, 1], data_type=DT.BFLOAT16)
+    a = g.tensor(name="A", dim=[1, m, k], stride=[m * k, k, 1], data_type=DT.BFLOAT16)
+    b = g.tensor(name="B", dim=[1, k, n], stride=[k * n, n, 1], data_type=DT.BFLOAT16)
     y = g.relu(g.matmul(a, b, compute_data_type=DT.FLOAT), lower_clip=-1.0, upper_clip=6.0)
-    y.set_output(True).set_data_type(DT.BFLOAT16).set_dim([1, 256, 256]).set_stride([65536, 256, 1])
+    y.set_output(True).set_data_type(DT.BFLOAT16).set_dim([1, m, n]).set_stride([m * n, n, 1])
     numbered(a, b, y)
     return g
 
 
-def sdpa_forward_stats() -> Any:
-    b, h, s, d = 2, 4, 256, 64
+def sdpa_forward_stats(b: int = 2, h: int = 4, s: int = 256, d: int = 64) -> Any:
     dims, stats = [b, h, s, d], [b, h, s, 1]
     g = cudnn.pygraph(**BF16)
     q, k, v = (g.tensor(name=n, dim=dims, stride=row_major(dims), data_type=DT.BFLOAT16) for n in "qkv")
@@ -82,8 +89,7 @@ def sdpa_forward_stats() -> Any:
     return g
 
 
-def sdpa_backward() -> Any:
-    b, h, s, d = 2, 4, 256, 64
+def sdpa_backward(b: int = 2, h: int = 4, s: int = 256, d: int = 64) -> Any:
     dims, stats = [b, h, s, d], [b, h, s, 1]
     g = cudnn.pygraph(**BF16)
     q, k, v, o, d_o = (
@@ -97,8 +103,7 @@ def sdpa_backward() -> Any:
     return g
 
 
-def sdpa_ragged() -> Any:
-    bucket, h, s, d = 2, 4, 128, 64
+def sdpa_ragged(bucket: int = 2, h: int = 4, s: int = 128, d: int = 64) -> Any:
     g = cudnn.pygraph(**BF16)
     ro = {n: g.tensor(name=f"ro_{n}", dim=[bucket + 1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=DT.INT32) for n in "qkvo"}
     layout = {"dim": [bucket, h, s, d], "stride": [s * h * d, d, h * d, 1], "data_type": DT.BFLOAT16}
@@ -124,9 +129,8 @@ def moe() -> Any:
     return _moe(cudnn, torch)[0]
 
 
-def norm(kind: str) -> Callable[[], Any]:
+def norm(kind: str, n: int = 64, c: int = 256, hw: int = 16) -> Callable[[], Any]:
     def build() -> Any:
-        n, c, hw = 64, 256, 16
         g = cudnn.pygraph(**BF16)
         x_dims = [n, c, hw, hw] if kind == "instancenorm" else [n * hw, c, 1, 1]
         x_stride = [c * hw * hw, 1, hw * c, c] if kind == "instancenorm" else [c, 1, c, c]
@@ -153,8 +157,7 @@ def norm(kind: str) -> Callable[[], Any]:
     return build
 
 
-def batchnorm_backward() -> Any:
-    n, c, hw = 16, 64, 32
+def batchnorm_backward(n: int = 16, c: int = 64, hw: int = 32) -> Any:
     dims, stride = [n, c, hw, hw], [c * hw * hw, 1, hw * c, c]
     g = cudnn.pygraph(**BF16)
     grad = g.tensor(name="dY", dim=dims, stride=stride, data_type=DT.BFLOAT16)
@@ -186,40 +189,45 @@ CASES: dict[str, Callable[[], Any]] = {
     "moe_grouped_matmul": moe,
 }
 
+#: The graph kinds the CPU test backend computes, at tiny sizes, for a smoke run (paged
+#: decode and MoE take gpu_right_result's smoke sizes). SDPA with stats, SDPA backward and
+#: the norms it does not compute: a smoke run reports them as skipped.
+SMOKE_CASES: dict[str, Callable[[], Any]] = {
+    "conv_bias_relu": lambda: templates.build("conv_bias_act", n=1, c=8, h=6, w=6, k=8),
+    "matmul_bias_relu": lambda: templates.build("matmul_bias_act", b=1, m=8, n=8, k=16),
+    "matmul_clip": lambda: matmul_clip(8, 16, 8),
+    "sdpa_causal": lambda: templates.build("sdpa", b=1, h=1, s=16, d=16, causal=True),
+    "sdpa_ragged": lambda: sdpa_ragged(2, 2, 16, 16),
+    "sdpa_paged": sdpa_paged,
+    "moe_grouped_matmul": moe,
+}
+
 
 def _bits(tensor: Any) -> bytes:
     return tensor.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
 
 
 def _host_us(launch: Callable[[], None], runs: int = 200) -> float:
-    for _ in range(10):
+    if benchlib.smoke():
+        runs = 3
+    for _ in range(10 if not benchlib.smoke() else 1):
         launch()
     times = []
     for _ in range(runs):
         started = time.perf_counter_ns()
         launch()
         times.append((time.perf_counter_ns() - started) / 1e3)
-    torch.cuda.synchronize()
+    benchlib.synchronize(torch)
     return statistics.median(times)
 
 
-def check(name: str, build: Callable[[], Any], cache: Any, record: Path | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"graph": name}
-    plan = cache.get(build(), options=plancache.BuildOptions(policy="heuristic"))
-    entry = cache.store.get(plan.key)
-    blob, specs = entry.blob, [TensorSpec.from_dict(t) if isinstance(t, dict) else t for t in entry.tensors]
-    device = torch.cuda.current_device()
-    found = plan_inputs(entry.description, specs, {})
-    if isinstance(found, str):
-        raise RuntimeError(f"no role-valid inputs: {found}")
-    pack = materialize(found, torch, f"cuda:{device}", torch.Generator(device="cuda").manual_seed(0))
-    outputs = [s.uid for s in specs if s.is_output]
-    stream = torch.cuda.current_stream().cuda_stream
-
-    # The frontend's path: its own deserialize of the stored blob into a fresh pygraph, on
-    # a handle whose stream is a non-blocking stream of this script's (its warm-up captures
-    # the handle's stream), then its own execute. Not backend.load, nor plan.native: both
-    # are plancache's native path, which would be compared with itself.
+def _frontend(blob: bytes, entry: Any, pack: dict[int, Any], outputs: list[int], device: int) -> dict[str, Any]:
+    """The frontend's path: its own deserialize of the stored blob into a fresh pygraph, on
+    a handle whose stream is a non-blocking stream of this script's (its warm-up captures
+    the handle's stream), then its own execute. Not backend.load, nor plan.native: both
+    are plancache's native path, which would be compared with itself. Returns its load
+    and launch times and its outputs' bits (``want``)."""
+    found: dict[str, Any] = {}
     fe_stream = torch.cuda.Stream()  # torch's streams are non-blocking
     fe_handle = cudnn.create_handle()
     cudnn.set_stream(handle=fe_handle, stream=fe_stream.cuda_stream)
@@ -227,7 +235,7 @@ def check(name: str, build: Callable[[], Any], cache: Any, record: Path | None) 
     started = time.perf_counter()
     frontend = cudnn.pygraph(handle=fe_handle)
     frontend.deserialize(blob)
-    row["frontend_load_ms"] = 1e3 * (time.perf_counter() - started)
+    found["frontend_load_ms"] = 1e3 * (time.perf_counter() - started)
     if isinstance(frontend, NativePlan):
         raise RuntimeError("the frontend's path returned a native plan: nothing would be compared")
     fe_workspace = torch.empty(max(frontend.get_workspace_size(), entry.workspace_size, 1), dtype=torch.uint8,
@@ -241,24 +249,46 @@ def check(name: str, build: Callable[[], Any], cache: Any, record: Path | None) 
     torch.cuda.synchronize()
     launch_fe(pack)
     torch.cuda.synchronize()
-    want = {uid: _bits(pack[uid]) for uid in outputs}
-    row["frontend_launch_us"] = _host_us(lambda: launch_fe(pack))
+    found["want"] = {uid: _bits(pack[uid]) for uid in outputs}
+    found["frontend_launch_us"] = _host_us(lambda: launch_fe(pack))
+    return found
 
-    # The native path: cuDNN's C API.
+
+def check(name: str, build: Callable[[], Any], cache: Any, record: Path | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"graph": name}
+    plan = cache.get(build(), options=plancache.BuildOptions(policy="heuristic"))
+    entry = cache.store.get(plan.key)
+    blob, specs = entry.blob, [TensorSpec.from_dict(t) if isinstance(t, dict) else t for t in entry.tensors]
+    driver = cache.backend.driver  # cuDNN's on a GPU, the CPU test backend's simulated one in a smoke run
+    device = cache.backend.current_device()
+    where = benchlib.device() if benchlib.smoke() else f"cuda:{device}"
+    found = plan_inputs(entry.description, specs, {})
+    if isinstance(found, str):
+        raise RuntimeError(f"no role-valid inputs: {found}")
+    pack = materialize(found, torch, where, torch.Generator(device=benchlib.device()).manual_seed(0))
+    outputs = [s.uid for s in specs if s.is_output]
+    stream = driver.stream_getter()(device)  # this thread's current stream, as cuDNN takes it
+
+    frontend = benchlib.gpu_only("the frontend's own deserialize and execute (the bits compared with)", _frontend, blob, entry,
+                                 pack, outputs, device)  # fmt: skip
+    want = None if frontend is None else frontend.pop("want")
+    row.update(frontend or {"frontend_load_ms": None, "frontend_launch_us": None})
+
+    # The native path: cuDNN's C API (the process's engines.native.library() on a GPU).
     record_ = parse(blob)
     row["refusal"] = refusal(record_)
     row["fields"] = sorted(record_.fields)
     row["by_value"] = len(record_.by_value)
     row["workspace_changes"] = sorted({c.operation for c in record_.workspace.values()})
     row["replacements"] = len(record_.replacements)
-    lib = library()
+    lib = driver.library()
     handle = lib.create_handle()
     lib.set_stream(handle, stream)
     started = time.perf_counter()
     native = NativePlan(lib, record_, handle, device)
     row["native_load_ms"] = 1e3 * (time.perf_counter() - started)
     row["workspace"] = {"stored": entry.workspace_size, "native": native.workspace_size}
-    workspace = torch.empty(max(native.workspace_size, entry.workspace_size, 1), dtype=torch.uint8, device="cuda")
+    workspace = torch.empty(max(native.workspace_size, entry.workspace_size, 1), dtype=torch.uint8, device=where)
     user = [pack[uid].data_ptr() for uid in native.user_uids]
     missing = sorted(set(native.user_uids) - set(pack))
     row["user_uids"] = list(native.user_uids)
@@ -269,12 +299,12 @@ def check(name: str, build: Callable[[], Any], cache: Any, record: Path | None) 
     started = time.perf_counter()
     native.launch(user, workspace.data_ptr(), handle, stream)
     row["native_first_launch_ms"] = 1e3 * (time.perf_counter() - started)
-    torch.cuda.synchronize()
+    benchlib.synchronize(torch)
     got = {uid: _bits(pack[uid]) for uid in outputs}
-    row["identical"] = got == want
+    row["identical"] = None if want is None else got == want  # None: not compared (a smoke run)
     row["native_launch_us"] = _host_us(lambda: native.launch(user, workspace.data_ptr(), handle, stream))
-    torch.cuda.synchronize()
-    if record is not None:
+    benchlib.synchronize(torch)
+    if record is not None and want is not None:
         record.mkdir(parents=True, exist_ok=True)
         (record / f"{name}.ubj").write_bytes(blob)
         facts = {
@@ -291,19 +321,33 @@ def check(name: str, build: Callable[[], Any], cache: Any, record: Path | None) 
     return row
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", type=Path, default=None, help="write the blobs and facts here")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     parser.add_argument("--only", default="", help="comma-separated graph names")
-    args = parser.parse_args()
-    names = [n for n in args.only.split(",") if n] or list(CASES)
+    benchlib.add_smoke_option(parser)
+    args = parser.parse_args(argv)
+    smoke = benchlib.start_smoke(args.smoke)
+    if smoke and args.record is not None:
+        parser.error("--record writes what a GPU said of its blobs: not with --smoke")
+    if smoke:
+        import gpu_right_result
+
+        gpu_right_result._smoke_sizes()  # paged decode and MoE at its smoke sizes
+    cases = SMOKE_CASES if smoke else CASES
+    names = []
+    for name in [n for n in args.only.split(",") if n] or list(CASES):
+        if name in CASES and name not in cases:
+            benchlib.gpu_only(f"{name}: a graph kind the CPU test backend does not compute", lambda: None)
+        else:
+            names.append(name)
     rows = []
     with tempfile.TemporaryDirectory() as work:
-        cache = plancache.PlanCache(work, auto_prime=False)
+        cache = plancache.PlanCache(work, backend=benchlib.backend(), auto_prime=False)
         for name in names:
             try:
-                rows.append(check(name, CASES[name], cache, args.record))
+                rows.append(check(name, cases[name], cache, args.record))
             except Exception as exc:
                 rows.append(
                     {"graph": name, "failure": f"{type(exc).__name__}: {str(exc)[:500]}", "trace": traceback.format_exc()[-2000:]}
@@ -313,18 +357,24 @@ def main() -> int:
         f"{'graph':22} {'result':10} {'FE load ms':>10} {'native ms':>10} {'1st launch':>10} {'FE us':>7} {'native us':>9}  notes"
     )
     ok = True
+    fmt = benchlib.fmt
     for r in rows:
         if "failure" in r:
             ok = False
             print(f"{r['graph']:22} FAILED     {r['failure'][:200]}")
             continue
-        result = "identical" if r["identical"] else "DIFFERENT"
-        ok = ok and r["identical"]
+        result = {True: "identical", False: "DIFFERENT", None: "skipped"}[r["identical"]]
+        ok = ok and r["identical"] is not False
         notes = f"refused: {r['refusal']}" if r["refusal"] else ""
         notes += f" by_value={r['by_value']} ws_ops={r['workspace_changes']} repl={r['replacements']} ws={r['workspace']}"
-        print(f"{r['graph']:22} {result:10} {r['frontend_load_ms']:10.1f} {r['native_load_ms']:10.1f} "
-              f"{r['native_first_launch_ms']:10.2f} {r['frontend_launch_us']:7.1f} {r['native_launch_us']:9.1f}  {notes}")  # fmt: skip
-    print(f"gpu_native: {sum(1 for r in rows if r.get('identical'))} of {len(rows)} graphs bit-identical")
+        print(f"{r['graph']:22} {result:10} {fmt(r['frontend_load_ms'], '10.1f')} {r['native_load_ms']:10.1f} "
+              f"{r['native_first_launch_ms']:10.2f} {fmt(r['frontend_launch_us'], '7.1f')} {r['native_launch_us']:9.1f}  {notes}")  # fmt: skip
+    launched = sum(1 for r in rows if "failure" not in r)
+    if smoke:
+        print(f"gpu_native smoke run: {launched} of {len(rows)} graphs loaded and launched natively, none compared")
+    else:
+        print(f"gpu_native: {sum(1 for r in rows if r.get('identical'))} of {len(rows)} graphs bit-identical")
+    benchlib.report_skipped("gpu_native")
     if args.out is not None:
         args.out.write_text(json.dumps(rows, indent=1, default=str))
     return 0 if ok else 1

@@ -19,6 +19,13 @@ Printed: every graph where some engine is wrong (to add to ``gpu_right_result.py
 false rejections (right by the oracle, rejected by the check: must be 0) and the misses
 (wrong by the oracle, inside the majority: must be 0), and the widest margin a right
 candidate used (its worst element's difference over its bound).
+
+``--smoke``: a few epilogues after the small matmul and convolution in bfloat16, judged by
+the same code (plancache's synthetic inputs, the oracle, ``engines.bounds`` and
+``engines.consensus``, the summary and JSON), on the CPU test backend, one worker in this
+process. The candidates are the CPU test backend's (its public candidate set, built and
+launched on the sweep's inputs; one of them computes wrongly, as some cuDNN engines do);
+the frontend's own candidates of modes A, B and FALLBACK are skipped.
 """
 
 from __future__ import annotations
@@ -34,7 +41,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
+
+import benchlib  # noqa: E402 - after the path it is found on
 
 #: (name, method, attributes): every pointwise epilogue and attribute the frontend offers.
 EPILOGUES: list[tuple[str, str, dict[str, float]]] = [
@@ -62,9 +72,15 @@ OPS = ("matmul", "conv")
 DTYPES = ("half", "bfloat16")
 SIZES = ("small", "large")
 ULP = {"half": 2.0**-10, "bfloat16": 2.0**-7}
+#: A smoke run's graphs: a few epilogues after the small matmul and convolution, bfloat16.
+SMOKE_EPILOGUES = ("relu", "relu_slope", "relu_clip_0_1", "gelu")
+#: The CPU test backend's candidate that computes wrongly in a smoke run (as some engines do).
+SMOKE_WRONG = 2
 
 
 def graphs() -> list[tuple[str, str, str, str]]:
+    if benchlib.smoke():
+        return [(op, "bfloat16", "small", name) for op in OPS for name in SMOKE_EPILOGUES]
     return [(op, dtype, size, name) for op in OPS for dtype in DTYPES for size in SIZES for name, _, _ in EPILOGUES]
 
 
@@ -132,22 +148,10 @@ def sweep_one(op: str, dtype: str, size: str, name: str) -> dict[str, Any]:
     row: dict[str, Any] = {"op": op, "dtype": dtype, "size": size, "epilogue": name}
     graph, shape = build(cudnn, op, dtype, size, method, attrs)
     description, specs = describe(graph), tensor_table(graph)
-    handle = cudnn.create_handle()
-    stream = torch.cuda.current_stream()
-    cudnn.set_stream(handle=handle, stream=stream.cuda_stream)
-    graph.validate()
-    graph.build_operation_graph()
-    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
-    graph.check_support()
-    seen, indices = set(), []
-    for i in range(graph.get_execution_plan_count()):
-        plan_name = graph.get_plan_name_at_index(i)
-        if plan_name not in seen:
-            seen.add(plan_name)
-            indices.append((i, plan_name))
+    device = benchlib.device()
     inputs = plan_inputs(description, specs, {})
     assert not isinstance(inputs, str), inputs
-    pack = materialize(inputs, torch, "cuda", torch.Generator(device="cuda").manual_seed(0))
+    pack = materialize(inputs, torch, device, torch.Generator(device=device).manual_seed(0))
     want = reference(torch, shape, pack, method, attrs)
     rms = float(want.pow(2).mean().sqrt())
     ulp = ULP[dtype]
@@ -156,25 +160,14 @@ def sweep_one(op: str, dtype: str, size: str, name: str) -> dict[str, Any]:
     consensus = Consensus(found)
     candidates: list[dict[str, Any]] = []
     kept: dict[int, Any] = {}  # every launched candidate's output, by slot
-    for index, plan_name in indices:
-        cand: dict[str, Any] = {"index": index, "engine": plan_name}
-        try:
-            graph.build_plan_at_index(index)
-        except Exception as exc:
-            cand["not_built"] = str(exc)[:120]
+    results = benchlib.gpu_only("the frontend's candidates of modes A, B and FALLBACK, built and launched", _frontend_candidates,
+                                 cudnn, torch, graph, pack)  # fmt: skip
+    if results is None:  # a smoke run: the CPU test backend's candidates
+        results = _backend_candidates(graph, description, pack)
+    for cand, out in results:
+        if out is None:  # not built, or its launch failed
             candidates.append(cand)
             continue
-        size_ws = graph.get_workspace_size_plan_at_index(index)
-        workspace = torch.empty(max(size_ws, 1), dtype=torch.uint8, device="cuda")
-        pack[3].zero_()
-        try:
-            graph.execute_plan_at_index(pack, workspace, index, handle)
-            torch.cuda.synchronize()
-        except Exception as exc:
-            cand["failed"] = str(exc)[:120]
-            candidates.append(cand)
-            continue
-        out = pack[3].clone(memory_format=torch.contiguous_format)
         got = out.float()
         bad = (got - want).abs() > 2 * ulp * want.abs() + 1e-3 * rms
         cand["oracle_wrong_elements"] = int(bad.sum())
@@ -183,7 +176,7 @@ def sweep_one(op: str, dtype: str, size: str, name: str) -> dict[str, Any]:
         if bool(bad.any()) and "samples" not in row:  # what the epilogue's input was where they differ
             x = before_epilogue(torch, shape, pack).reshape(-1)
             where = bad.reshape(-1).nonzero().reshape(-1)[:: max(1, int(bad.sum()) // 6)][:6]
-            row["samples"] = {"engine": plan_name, "x": x[where].tolist(), "got": got.reshape(-1)[where].tolist(),
+            row["samples"] = {"engine": cand["engine"], "x": x[where].tolist(), "got": got.reshape(-1)[where].tolist(),
                               "want": want.reshape(-1)[where].tolist()}  # fmt: skip
         consensus.add(len(candidates), {3: out})
         kept[len(candidates)] = out
@@ -210,6 +203,72 @@ def sweep_one(op: str, dtype: str, size: str, name: str) -> dict[str, Any]:
     return row
 
 
+def _frontend_candidates(cudnn: Any, torch: Any, graph: Any, pack: dict[int, Any]) -> list[tuple[dict[str, Any], Any]]:
+    """Every distinct candidate of the frontend's modes A, B and FALLBACK, built and launched
+    once on ``pack``: ``(row, a copy of its output)``, the output None when it was not built
+    or its launch failed (the row says why)."""
+    handle = cudnn.create_handle()
+    stream = torch.cuda.current_stream()
+    cudnn.set_stream(handle=handle, stream=stream.cuda_stream)
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    seen, indices = set(), []
+    for i in range(graph.get_execution_plan_count()):
+        plan_name = graph.get_plan_name_at_index(i)
+        if plan_name not in seen:
+            seen.add(plan_name)
+            indices.append((i, plan_name))
+    launched: list[tuple[dict[str, Any], Any]] = []
+    for index, plan_name in indices:
+        cand: dict[str, Any] = {"index": index, "engine": plan_name}
+        try:
+            graph.build_plan_at_index(index)
+        except Exception as exc:
+            cand["not_built"] = str(exc)[:120]
+            launched.append((cand, None))
+            continue
+        size_ws = graph.get_workspace_size_plan_at_index(index)
+        workspace = torch.empty(max(size_ws, 1), dtype=torch.uint8, device="cuda")
+        pack[3].zero_()
+        try:
+            graph.execute_plan_at_index(pack, workspace, index, handle)
+            torch.cuda.synchronize()
+        except Exception as exc:
+            cand["failed"] = str(exc)[:120]
+            launched.append((cand, None))
+            continue
+        launched.append((cand, pack[3].clone(memory_format=torch.contiguous_format)))
+    return launched
+
+
+def _backend_candidates(graph: Any, description: Any, pack: dict[int, Any]) -> list[tuple[dict[str, Any], Any]]:
+    """A smoke run's candidates: the CPU test backend's candidate set for ``graph``, built
+    and launched once on ``pack`` through the backend's public seam (candidate
+    ``SMOKE_WRONG`` computes wrongly); as ``_frontend_candidates``."""
+    import plancache
+    from plancache.testing import CpuTestBackend
+
+    backend = CpuTestBackend(wrong=[SMOKE_WRONG])
+    found = backend.candidates(graph, plancache.BuildOptions(), description, inputs=pack)
+    launched: list[tuple[dict[str, Any], Any]] = []
+    try:
+        why = found.prepare(plancache.MemoryBudget())
+        assert why is None, why
+        for index in range(len(found)):
+            cand: dict[str, Any] = {"index": index, "engine": f"cpu-test-eng{found.engine(index).engine_id}"}
+            problem = found.build(index)
+            if problem is not None:
+                cand["not_built"] = problem[:120]
+                launched.append((cand, None))
+                continue
+            launched.append((cand, found.outputs(index)[3]))
+    finally:
+        found.close()
+    return launched
+
+
 def worker(items: list[list[str]], out: Path) -> None:
     rows = []
     for op, dtype, size, name in items:
@@ -224,24 +283,31 @@ def worker(items: list[list[str]], out: Path) -> None:
         out.write_text(json.dumps(rows, default=str))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("sweep.json"))
     parser.add_argument("--epilogues", default="", help="comma-separated epilogue names (default: all)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    benchlib.add_smoke_option(parser)
+    args = parser.parse_args(argv)
+    smoke = benchlib.start_smoke(args.smoke)
     if args.worker is not None:
         worker(json.loads(args.worker), args.out)
         return 0
     items = [g for g in graphs() if not args.epilogues or g[3] in args.epilogues.split(",")]
-    shards = [items[i :: args.workers] for i in range(args.workers)]
+    workers = 1 if smoke else args.workers
+    shards = [items[i::workers] for i in range(workers)]
     parts = [args.out.with_suffix(f".part{i}.json") for i in range(len(shards))]
-    jobs = [
-        subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(s), "--out", str(p)]) for s, p in zip(shards, parts)
-    ]
-    for job in jobs:
-        job.wait()
+    if smoke:  # the one worker in this process, its rows still through its file
+        worker([list(item) for item in shards[0]], parts[0])
+    else:
+        jobs = [
+            subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(s), "--out", str(p)])
+            for s, p in zip(shards, parts)
+        ]
+        for job in jobs:
+            job.wait()
     rows = [r for p in parts if p.exists() for r in json.loads(p.read_text())]
     args.out.write_text(json.dumps(rows, indent=1, default=str))
     failures = [r for r in rows if "failure" in r]
@@ -269,6 +335,9 @@ def main() -> int:
         print(f"  failed: {r['op']} {r['dtype']} {r['size']} {r['epilogue']}: {r['failure']}")
     no_majority = [r for r in rows if "failure" not in r and not r.get("majority")]
     print(f"graphs without a majority: {len(no_majority)}")
+    benchlib.report_skipped("gpu_sweep_epilogues")
+    if smoke and failures:
+        return 1
     return 1 if false_rejections or misses else 0
 
 

@@ -1,4 +1,5 @@
-"""Smoke runs of the GPU scripts on the CPU test backend (``--smoke``, scripts/benchlib.py).
+"""Smoke runs of the GPU scripts and the example's demo on the CPU test backend (``--smoke``,
+scripts/benchlib.py).
 
 Each script runs in this process through its ``main(argv)``, at tiny sizes, through the code
 its GPU run takes (``PlanCache.get``, ``Plan.execute``, priming, the store, its table and
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+EXAMPLES = SCRIPTS.parent / "examples"
 
 #: script -> (extra arguments, lines its output must have, whether it writes --out JSON)
 RUNS: dict[str, tuple[list[str], list[str], bool]] = {
@@ -66,6 +68,29 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         True,
     ),
+    "gpu_native": (
+        [],
+        [
+            "conv_bias_relu         skipped ",
+            "sdpa_paged             skipped ",
+            "moe_grouped_matmul     skipped ",
+            "gpu_native smoke run: 7 of 7 graphs loaded and launched natively, none compared",
+            "gpu_native smoke run: 7 GPU-only part(s) skipped: needs a GPU",
+        ],
+        True,
+    ),
+    "gpu_corpus": (
+        [],
+        [
+            "plancache copied from the tree (a smoke run: no wheel built)",
+            "printed True)",
+            "_smoke_lookup                        smoke: one PlanCache.get           ok ",
+            "1 of 1 programs pass; the variable check passes",
+            "gpu_corpus smoke run: 1 GPU-only part(s) skipped: needs a GPU",
+            "the 15 cuDNN Frontend programs of corpus/: skipped: needs a GPU",
+        ],
+        True,
+    ),
     "gpu_hazards": (
         [],
         [
@@ -92,6 +117,19 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         True,
     ),
+    "gpu_sweep_epilogues": (
+        [],
+        [
+            "graphs 8 (failed 0), candidates launched 32, judged by the oracle 32, right 24",
+            "matmul bfloat16 small relu_clip_0_1            wrong: cpu-test-eng2  majority=True",
+            "conv   bfloat16 small gelu                     wrong: cpu-test-eng2  majority=True",
+            "false rejections (right, rejected): 0 of 24",
+            "misses (wrong, in the majority): 0",
+            "graphs without a majority: 0",
+            "gpu_sweep_epilogues smoke run: 1 GPU-only part(s) skipped: needs a GPU",
+        ],
+        True,
+    ),
     "key_oracle": (
         [],
         [
@@ -102,6 +140,30 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
             "key oracle smoke run: 60 of 60 variants keyed by plancache, 60 alike after",
         ],
         False,
+    ),
+    "probe_first_output": (
+        [],
+        [
+            '{"mode": "cold", ',
+            '"misses": 6, "builds": 6,',
+            '{"mode": "warm", ',
+            '"misses": 0, "builds": 0,',
+            "probe_first_output smoke run: 0 GPU-only part(s) skipped: needs a GPU",
+        ],
+        False,
+    ),
+    "resnet_attention": (
+        [],
+        [
+            "time to first output in this process (a smoke run on the CPU test backend: it measures nothing);",
+            "nocache    skipped: needs a GPU (cuDNN Frontend's own heuristic builds)",
+            "cold     ",
+            "{'misses': 6, 'builds': 6}",
+            "bundle   ",
+            "{'hits': 6}",
+            "eager    ",
+        ],
+        True,
     ),
     "probe_launch_parts": (
         [],
@@ -116,7 +178,8 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
 
 
 def load(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    spec = importlib.util.spec_from_file_location(f"smoke_{name}", SCRIPTS / f"{name}.py")
+    path = SCRIPTS / f"{name}.py" if (SCRIPTS / f"{name}.py").exists() else EXAMPLES / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"smoke_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
@@ -134,7 +197,13 @@ def test_the_script_runs_its_gpu_path_on_the_cpu_test_backend(name: str, tmp_pat
     out = tmp_path / f"{name}.json"
     argv = ["--smoke", *extra, *(["--out", str(out)] if writes_json else [])]
     monkeypatch.delitem(sys.modules, "benchlib", raising=False)  # each run starts with its own list of skipped parts
-    status = load(name, monkeypatch).main(argv)
+    before = set(sys.modules)
+    try:
+        status = load(name, monkeypatch).main(argv)
+    finally:  # the scripts it imported (gpu_right_result at its smoke sizes...) go with it
+        for module in set(sys.modules) - before:
+            if Path(getattr(sys.modules[module], "__file__", None) or "/").parent in (SCRIPTS, EXAMPLES):
+                del sys.modules[module]
     assert status in (None, 0), f"{name} --smoke returned {status}"
     printed = capsys.readouterr().out
     for line in lines:
