@@ -24,6 +24,7 @@ per bound), and writes everything as JSON with ``--out``. Exit status: 0 when no
 any mode failed.
 
     python scripts/gpu_frontend_tests.py --runs 20 --plain-runs 5 --out frontend-tests.json
+    python scripts/gpu_frontend_tests.py --runs 20 --parallel 4     # four warm processes at once
     python scripts/gpu_frontend_tests.py --files test_instancenorm.py --runs 40 --noprime-runs 40
     python scripts/gpu_frontend_tests.py --select "test_in or test_layernorm" --stats
 
@@ -36,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
+import itertools
 import json
 import os
 import re
@@ -225,6 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=None, help="PLANCACHE_DIR of the drop-in runs (default: a fresh temporary one)")
     parser.add_argument("--stats", action="store_true", help="record `plancache stats --json` after each drop-in run")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take")
+    parser.add_argument(
+        "--parallel", type=int, default=1,
+        help="runs of one mode at once, each its own process (the cold run is always alone, first)",
+    )  # fmt: skip
     parser.add_argument("--out", default=None, help="write the runs and the summary as JSON here")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
@@ -242,17 +249,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"gpu_frontend_tests: {len(files)} files from {tests}, cache {cache_dir}, runs: {', '.join(f'{m} {plan.count(m)}' for m in dict.fromkeys(plan))}"
     )
-    runs = []
+    runs: list[dict[str, Any]] = []
     started = time.perf_counter()
-    for i, mode in enumerate(plan):
+
+    def one(i: int, mode: str) -> dict[str, Any]:
         run = run_once(mode, tests, files, cache_dir, args.select, args.pytest_args, args.timeout, args.stats)
         run["index"] = i
-        runs.append(run)
         failed = ", ".join(run["failed"]) or ("-" if not failed_run(run) else f"exit {run['exit_code']}")
         print(f"  {mode:8} #{i:<3} exit {run['exit_code']:>3} {run['seconds']:7.1f} s  {run['summary'][:60]:60} failed: {failed[:200]}",
               flush=True)  # fmt: skip
         if mode != "plain" and not run["patched"]:
             print(f"  (run #{i}: plancache did not patch the frontend in this process)", flush=True)
+        return run
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+        for mode, indices in itertools.groupby(range(len(plan)), key=lambda i: plan[i]):
+            batch = list(indices)
+            width = 1 if mode == "cold" else max(1, args.parallel)
+            for start in range(0, len(batch), width):  # one mode at a time, `width` runs of it at once
+                runs.extend(pool.map(lambda i: one(i, plan[i]), batch[start : start + width]))
     print()
     summary = report(runs)
     print(f"gpu_frontend_tests: {time.perf_counter() - started:.0f} s in all")

@@ -49,7 +49,8 @@ def test_the_script_runs_every_mode_and_reports_failures(tmp_path: Path, capsys:
     out = tmp_path / "runs.json"
     script = _script()
     code = script.main(["--tests", str(tests), "--files", "test_a.py,test_b.py", "--runs", "2", "--noprime-runs", "1",
-                        "--plain-runs", "1", "--cache-dir", str(tmp_path / "cache"), "--stats", "--out", str(out)])  # fmt: skip
+                        "--plain-runs", "1", "--cache-dir", str(tmp_path / "cache"), "--stats", "--out", str(out),
+                        "--parallel", "2"])  # fmt: skip
     printed = capsys.readouterr().out
     assert code == 1
     assert "gpu_frontend_tests: cold 1 runs, 1 failed" in printed
@@ -62,7 +63,8 @@ def test_the_script_runs_every_mode_and_reports_failures(tmp_path: Path, capsys:
     assert warm["failed_tests"] == {"test_b.py::test_flaky[0]": 2} and warm["warnings"] == {"no_majority": 2}
     assert data["summary"]["noprime"]["warnings"] == {}
     runs = data["runs"]
-    assert [r["mode"] for r in runs] == ["cold", "warm", "warm", "noprime", "plain"]
+    assert [r["mode"] for r in runs] == ["cold", "warm", "warm", "noprime", "plain"]  # two warm runs at once, in order
+    assert [r["index"] for r in runs] == [0, 1, 2, 3, 4]
     assert all("previous error during capture" in r["failed"]["test_b.py::test_flaky[0]"] for r in runs[:4])
     assert all(isinstance(r.get("stats"), dict) for r in runs[:4]) and "stats" not in runs[4]
 
