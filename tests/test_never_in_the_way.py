@@ -267,3 +267,16 @@ def test_plancache_capture_counts_as_a_known_capture() -> None:
     with known_captures.running():
         assert known_captures.active == 1
     assert known_captures.active == 0 and plancache.capture is not None
+
+
+def test_a_load_on_a_device_with_a_sticky_error_keeps_the_entry(tmp_path: Path) -> None:
+    # A context a sticky error killed fails every call, setting the device up included: the
+    # process's failure, never the entry's (a lookup keeps the entry on TransientLoadError;
+    # the guest block's own failure escaped the judging and read as the library refusing it).
+    stored(tmp_path)
+    backend = CpuTestBackend()
+    cache = PlanCache(tmp_path, backend=backend, auto_prime=False)
+    backend.cuda.poisoned = "an illegal memory access was encountered"
+    with pytest.raises(plancache.TransientLoadError, match="failed for now"):
+        backend.load(cache.store.get(cache.store.keys()[0]).blob, [], 0)
+    cache.close()

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ..errors import TransientLoadError
 from ..key import TensorSpec
 from .driver import Driver
 from .guest import refuse_while_capturing, relaxed
@@ -144,7 +145,7 @@ class GuestBackend:
         Raises ``TransientLoadError`` for a failure that is not the blob's."""
         device = self.current_device() if device is None else device
         record, why = self.route(blob, tensors)
-        with self.guest(device) as stream, self._transient():
+        with self._transient(), self.guest(device) as stream:  # a device that cannot be set up is the process's too
             if why is None:
                 with self.handles.lease(device) as handle:
                     return NativePlan(self.driver.library(), record, handle.backend_handle, device)
@@ -157,8 +158,6 @@ class GuestBackend:
     @contextlib.contextmanager
     def _transient(self) -> Iterator[None]:
         """A failure in the block that is the process's, not the blob's, raises ``TransientLoadError``."""
-        from ..errors import TransientLoadError
-
         try:
             yield
         except TransientLoadError:
