@@ -201,10 +201,8 @@ class CpuTestBackend(GuestBackend):
         blob = plans.encode(description, tensors, engine, behaviour=stored, unloadable=index in self.unloadable,
                             workspace=workspace)  # fmt: skip
         plans.note_build(self.build_log, description)
-        payload = {"description": description, "tensors": [t.to_dict() for t in tensors], "engine": engine.to_dict()}
-        if stored is not None:
-            payload["behaviour"] = stored
-        native = FrontendGraph(payload, list(tensors), self.current_device())
+        built = plans.payload(description, tensors, engine, behaviour=stored)
+        native = FrontendGraph(built, list(tensors), self.current_device())
         return BuiltPlan(native, blob, tensors, workspace, engine)
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:

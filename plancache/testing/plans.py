@@ -21,23 +21,31 @@ from ..engines.native.ubjson import decode as decode_ubjson
 from ..engines.native.ubjson import encode as encode_ubjson
 from ..key import TensorSpec, canonical_json
 
-__all__ = ["FORMAT", "decode", "encode", "note_build", "payload_of", "representation"]
+__all__ = ["FORMAT", "decode", "encode", "note_build", "payload", "payload_of", "representation"]
 
 #: The plan format the test backend writes: one the native path was tested on.
 FORMAT = "2.0"
 
 
+def payload(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
+            behaviour: Mapping[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    """What a plan computes: the graph, its tensor table, the engine, and how that engine
+    computes (``kernels.Behaviour``) when it is not the reference's way."""
+    found: dict[str, Any] = {"description": description, "tensors": [t.to_dict() for t in tensors], "engine": engine.to_dict()}
+    if behaviour is not None:
+        found["behaviour"] = dict(behaviour)  # a stored engine computes as it did, as a cuDNN plan would
+    return found
+
+
 def representation(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
                    behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> str:  # fmt: skip
-    """What the simulated library finalizes (a real blob's ``cudnn_backend_data``):
-    ``workspace`` is the plan's own workspace in bytes, as a finalized cuDNN plan reports it."""
-    payload: dict[str, Any] = {"description": description, "tensors": [t.to_dict() for t in tensors], "engine": engine.to_dict(),
-                               "workspace": int(workspace)}  # fmt: skip
-    if behaviour is not None:
-        payload["behaviour"] = dict(behaviour)  # a stored engine computes as it did, as a cuDNN plan would
+    """What the simulated library finalizes (a real blob's ``cudnn_backend_data``): the
+    ``payload``, and ``workspace``, the plan's own workspace in bytes, as a finalized cuDNN
+    plan reports it."""
+    found = {**payload(description, tensors, engine, behaviour=behaviour), "workspace": int(workspace)}
     if unloadable:
-        payload["unloadable"] = True  # as a plan the library writes and cannot finalize
-    return json.dumps(payload, sort_keys=True)
+        found["unloadable"] = True  # as a plan the library writes and cannot finalize
+    return json.dumps(found, sort_keys=True)
 
 
 def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
