@@ -32,6 +32,7 @@ from .errors import (
     StoreError,
     TensorMismatchError,
     TransientLoadError,
+    UnkeyableArgumentError,
 )
 from .integrations.startup import patch_cudnn_from_env as _patch_cudnn_from_env
 
@@ -118,6 +119,7 @@ __all__ = [
     "TensorSpec",
     "TimingPolicy",
     "TransientLoadError",
+    "UnkeyableArgumentError",
     "__version__",
     "capture",
     "default_cache_dir",
