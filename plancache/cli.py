@@ -350,11 +350,12 @@ def env() -> None:
 
 @cli.command(name="ls")
 @_common
-@click.option("--env", "env_id", default=None, help="Only entries of this environment id.")
+@click.option("--env", "env_id", default=None, help="Only entries of this environment id, or a unique prefix of it.")
 @click.pass_obj
 def list_entries(obj: _Context, env_id: str | None) -> None:
-    """List stored plans, most recently used first (none yet: an empty list)."""
-    rows = _list_entries(obj, env_id)
+    """List stored plans, most recently used first (none yet: an empty list). A row that
+    cannot be decoded is left out, with a warning on stderr."""
+    rows, env_id = _list_entries(obj, env_id)
     now = time.time()
 
     def text(data: list[dict[str, Any]]) -> Iterable[str]:
@@ -370,14 +371,34 @@ def list_entries(obj: _Context, env_id: str | None) -> None:
     _emit(rows, text)
 
 
-def _list_entries(obj: _Context, env_id: str | None) -> list[dict[str, Any]]:
-    store = obj.existing_store()
+def _list_entries(obj: _Context, env_id: str | None, store: Store | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """The listing of the store (``store``, else the chosen directory's, closed after), of
+    the environment ``env_id`` names (a unique prefix, or ``EntryNotFoundError``), and that
+    environment's full id. Rows that cannot be decoded are reported and left out."""
+    opened = store is None
+    store = obj.existing_store() if store is None else store
     if store is None:
-        return []
+        if env_id is not None:
+            raise EntryNotFoundError(f"environment {env_id!r} names no environment: nothing is stored yet in {obj.cache_dir}",
+                                     key=env_id)  # fmt: skip
+        return [], None
+    undecodable: dict[str, str] = {}
     try:
-        return maintenance.list_entries(store, env_id)
+        rows = maintenance.list_entries(store, undecodable=undecodable)
     finally:
-        store.close()
+        if opened:
+            store.close()
+    _warn_undecodable(undecodable)
+    if env_id is not None:
+        env_id = maintenance.environment_named(env_id, {row["env_id"] for row in rows}, str(store.path))
+        rows = [row for row in rows if row["env_id"] == env_id]
+    return rows, env_id
+
+
+def _warn_undecodable(undecodable: Mapping[str, str]) -> None:
+    """One line on stderr per row a read command left out because it cannot be decoded."""
+    for key, why in undecodable.items():
+        click.echo(f"plancache: warning: entry {key[:12]} left out: {why} ({maintenance.UNDECODABLE_HINT})", err=True)
 
 
 def _show_text(data: dict[str, Any]) -> Iterable[str]:
@@ -500,13 +521,17 @@ def stats(obj: _Context) -> None:
     """Totals of the store: entries, bytes, hits, quarantined entries, counters (remote
     hits, misses, publishes and refusals among them, as flushed by every process)."""
     store = obj.existing_store()
+    undecodable: dict[str, str] = {}
     if store is None:
         data = _empty_stats(obj.cache_dir)
     else:
         try:
             data = store.stats()
+            maintenance.list_entries(store, undecodable=undecodable)
         finally:
             store.close()
+    _warn_undecodable(undecodable)
+    data["undecodable"] = undecodable  # counted in the totals (they are rows of the file), shown nowhere else
     data["max_size"] = MAX_SIZE.from_env()
 
     from .tiers.remote import RemoteTier
@@ -528,6 +553,8 @@ def stats(obj: _Context) -> None:
         yield f"build time    {d['build_seconds']:.1f} s stored (saved again on every hit)"
         yield "by policy     " + ", ".join(f"{k}: {v}" for k, v in d["by_policy"].items())
         yield f"quarantined   {d['quarantined']}"
+        if d["undecodable"]:
+            yield f"undecodable   {len(d['undecodable'])} ({maintenance.UNDECODABLE_HINT})"
         for name, value in sorted(d["counters"].items()):
             yield f"{name:13} {value}"
         if "remote" in d:
@@ -988,7 +1015,7 @@ def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, .
         for env_id, summary in d["environments"].items():
             yield f"  environment {env_id}: {summary}"
         for key, reason in d["skipped"].items():
-            yield f"  skipped {key[:12]}: {reason}"
+            yield f"  left out {key[:12]}: {reason}"
 
     _emit(report, text)
 
@@ -1025,18 +1052,19 @@ def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None) -> 
 
 
 def _readable(store: Store, key: str) -> Entry | None:
-    """The entry, or None for one row that cannot be decoded (``verify`` reports it): the
+    """The entry, or None for one row that cannot be decoded (reported on stderr): the
     other entries are still shown, as ``ls`` shows them."""
     try:
         return store.get(key)
-    except DamagedEntryError:
+    except DamagedEntryError as exc:
+        _warn_undecodable({key: f"{exc.message.partition(': ')[2] or exc.message}"})
         return None
 
 
 @cli.command(name="inspect")
 @_common
 @click.argument("keys", nargs=-1)
-@click.option("--env", "env_id", default=None, help="Only entries of this environment id.")
+@click.option("--env", "env_id", default=None, help="Only entries of this environment id, or a unique prefix of it.")
 @click.pass_obj
 def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None) -> None:
     """A readable report per stored plan (all, or each KEY prefix): ops, shapes, dtypes,
@@ -1047,10 +1075,11 @@ def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None) -> N
     store = obj.existing_store()
     try:
         entries: list[Entry | None]
-        if keys or store is None:  # nothing stored yet: no entries, and no KEY can match
+        if keys or (store is None and env_id is None):  # nothing stored yet: no entries, and no KEY can match
             entries = [_entry(store, k, obj) for k in keys]
         else:
-            entries = [_readable(store, r["key"]) for r in maintenance.list_entries(store, env_id)]
+            rows, env_id = _list_entries(obj, env_id, store)
+            entries = [_readable(store, r["key"]) for r in rows] if store is not None else []
         data = [entry_report(e) for e in entries if e is not None]
     finally:
         if store is not None:

@@ -458,7 +458,7 @@ def _shape(value: Any, name: str = "") -> Any:
     return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
 
 
-_MAPS = {"counters", "by_policy", "foreign", "damaged", "environments", "skipped", "failed"}
+_MAPS = {"counters", "by_policy", "undecodable", "foreign", "damaged", "environments", "skipped", "failed"}
 
 
 @pytest.mark.parametrize("command", READ_COMMANDS, ids=" ".join)
