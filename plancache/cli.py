@@ -41,12 +41,13 @@ from .config import (
 from .errors import BundleError, CacheDirError, DamagedEntryError, EntryNotFoundError, ManifestError, PlanCacheError, StoreError
 from .store import DB_NAME, Entry, Store, check_private, default_cache_dir, maintenance
 
-__all__ = ["EXIT_CODES", "EXIT_ERROR", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_PROBLEMS = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command Ctrl-C stopped
 
 #: Every exit code of every command, and what it means (README.md, "Exit codes", is this).
 EXIT_CODES: dict[int, str] = {
@@ -60,6 +61,8 @@ EXIT_CODES: dict[int, str] = {
                    "or running code without `--allow-code`) or had failing entries (`--dry-run` too); `import`'s bundle "
                    "could not be used (missing, not a bundle, truncated, tampered with, newer, unsafe); `verify` found "
                    "problems (also when `--fix` fixed them)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C): one line on stderr, no traceback; `prewarm` first reports the entries it "
+                      "finished (as JSON with `--json`), and a run again resumes",
 }  # fmt: skip
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -141,6 +144,11 @@ def _emit(data: Any, text: Callable[[Any], Iterable[str]]) -> None:
 
 
 _size = format_size
+
+
+def _stdout_is_terminal() -> bool:
+    """Whether stdout is a terminal (tests patch this)."""
+    return sys.stdout.isatty()
 
 
 def _age(seconds: float) -> str:
@@ -237,6 +245,12 @@ class _Group(click.Group):
         except click.ClickException as exc:
             _report_json(ctx, exc.format_message(), exc.exit_code)
             raise
+        except KeyboardInterrupt:  # click would print "Aborted!" and exit 1
+            if ctx.obj is not None and ctx.obj.debug:
+                raise
+            click.echo("plancache: interrupted", err=True)
+            _report_json(ctx, "interrupted", EXIT_INTERRUPTED)
+            ctx.exit(EXIT_INTERRUPTED)
         except (PlanCacheError, OSError, ValueError, sqlite3.Error) as exc:
             if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
                 raise  # stdout closed early (`plancache ls | head`): click exits quietly
@@ -895,8 +909,8 @@ def prewarm(
     """
     from .key import BuildOptions
     from .workflows.manifest import refuse_unusable
+    from .workflows.prewarm import Interrupted, record_line, summary_lines
     from .workflows.prewarm import prewarm as run_prewarm
-    from .workflows.prewarm import summary_lines
     from .workflows.sharding import check_environments
 
     refuse_unusable(manifest, allow_code=allow_code or dry_run)
@@ -922,11 +936,21 @@ def prewarm(
         sys.path.insert(0, os.getcwd())  # as `python -m` would: builder modules next to the user
     # No auto-prime: a command looks plans up once, it does not run a model's steps.
     cache = PlanCache(obj.directory, backend=backend, remote=remote, auto_prime=False)
+    # On a terminal each entry's row is printed as it finishes; a pipe or --json gets the report at the end.
+    live = not obj.as_json and _stdout_is_terminal()
+    on_record = (lambda record: click.echo(record_line(record))) if live else None
     try:
-        report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code, devices=devices)
+        report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code, devices=devices,
+                             on_record=on_record)  # fmt: skip
+    except Interrupted as stopped:
+        if stopped.report is None:  # several devices: their workers' records are not gathered
+            raise
+        _emit(stopped.report, functools.partial(summary_lines, rows=not live))
+        click.echo("plancache: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     finally:
         cache.close()
-    _emit(report, summary_lines)
+    _emit(report, functools.partial(summary_lines, rows=not live))
     if report["unpersisted"]:
         sys.exit(EXIT_ERROR)
     if report["failed"]:

@@ -17,7 +17,7 @@ from ..key import BuildOptions, canonical_json, describe, make_key
 from ..store import problem
 from .manifest import ManifestEntry, load_manifest
 
-__all__ = ["Entries", "KeySet", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
+__all__ = ["Entries", "Interrupted", "KeySet", "OnRecord", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
            "load_entries", "run_here", "timed"]  # fmt: skip
 
 log = logging.getLogger("plancache")
@@ -204,15 +204,34 @@ def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str | Non
     }
 
 
-def run_here(cache: Any, todo: list[ManifestEntry], options: BuildOptions, dry_run: bool, progress: bool) -> list[dict[str, Any]]:
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (a ``KeyboardInterrupt`` still, for callers that catch
+    that): ``records`` of the entries it finished, and ``report`` once the caller that
+    knows the whole run (``prewarm``) has built it."""
+
+    def __init__(self, records: list[dict[str, Any]], report: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.records = records
+        self.report = report
+
+
+#: Called with each record as its entry finishes (``plancache prewarm`` prints its row).
+OnRecord = Callable[[dict[str, Any]], None]
+
+
+def run_here(cache: Any, todo: list[ManifestEntry], options: BuildOptions, dry_run: bool, progress: bool,
+             on_record: OnRecord | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Every entry of ``todo`` in this process, in order, with a progress bar: the records."""
     seen: set[str] = set()
-    return run_each(todo, lambda entry: attempt(cache, entry, options, dry_run, seen), progress)
+    return run_each(todo, lambda entry: attempt(cache, entry, options, dry_run, seen), progress, on_record)
 
 
-def run_each(todo: list[ManifestEntry], step: Callable[[ManifestEntry], dict[str, Any]], progress: bool) -> list[dict[str, Any]]:
-    """``step(entry)`` for every entry of ``todo``, in order, with a progress bar: the records."""
-    records = []
+def run_each(todo: list[ManifestEntry], step: Callable[[ManifestEntry], dict[str, Any]], progress: bool,
+             on_record: OnRecord | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """``step(entry)`` for every entry of ``todo``, in order, with a progress bar: the records.
+    Ctrl-C raises ``Interrupted`` holding the records of the entries finished (the one
+    being built is not stored: the next run builds it)."""
+    records: list[dict[str, Any]] = []
     bar = Progress(len(todo), progress)
     try:
         for entry in todo:
@@ -221,6 +240,10 @@ def run_each(todo: list[ManifestEntry], step: Callable[[ManifestEntry], dict[str
                 log.warning("plancache: prewarm: %s", record["error"])
             records.append(record)
             bar.update(record["status"], record["seconds"])
+            if on_record is not None:
+                on_record(record)
+    except KeyboardInterrupt as exc:
+        raise Interrupted(records) from exc
     finally:
         bar.close()
     return records
