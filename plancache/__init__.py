@@ -78,7 +78,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
+    # The public names and folders only: not this module's own imports (Any, importlib...).
+    return sorted(set(__all__) | _SUBMODULES)
 
 
 __version__ = "0.1.0"

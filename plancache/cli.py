@@ -1190,17 +1190,15 @@ def sql(obj: _Context, query: str | None, params: tuple[tuple[str, str], ...], a
         db.execute("PRAGMA query_only = ON")
         # query_only refuses writes to tables, not a pragma that changes the file (a journal
         # mode, say): the user's query may read, and ask the pragmas that only read.
-        db.conn.set_authorizer(_reads_only)
+        refused: list[str] = []  # what the authorizer refused, to say so (SQLite says only "not authorized")
+        db.conn.set_authorizer(functools.partial(_reads_only, refused))
         if query is None:
             names = [*(n for n in db.table_names() if not n.startswith("sqlite_")), *SQL_VIEWS]
             data: list[dict[str, Any]] = [{"name": name, "kind": "view" if name in SQL_VIEWS else "table",
                                            "columns": [d[0] for d in db.execute(f"SELECT * FROM [{name}] LIMIT 0").description],
                                            "rows": db[name].count} for name in names]  # fmt: skip
         else:
-            try:
-                data = [{k: _cell(v, as_json=obj.as_json) for k, v in row.items()} for row in db.query(query, dict(params))]
-            except (sqlite3.Error, ValueError) as exc:  # ValueError: sqlite-utils' for a statement that returns no rows
-                raise PlanCacheError(f"the query failed: {exc}") from exc
+            data = _query(db.conn, query, dict(params), refused, as_json=obj.as_json)
     finally:
         db.close()
         if store is not None:
@@ -1227,14 +1225,58 @@ _WITH_TABLE = frozenset({"table_info", "table_xinfo", "index_list", "index_info"
                          "quick_check", "integrity_check"})  # fmt: skip
 
 
-def _reads_only(action: int, first: str | None, second: str | None, _database: str | None, _trigger: str | None) -> int:
+def _reads_only(
+    refused: list[str], action: int, first: str | None, second: str | None, _database: str | None, _trigger: str | None
+) -> int:
     """A SQLite authorizer for ``plancache sql``: reads (in sqlite-utils' savepoint), and
-    pragmas that only read."""
+    pragmas that only read. What it refuses is added to ``refused``, in words."""
     if action in _READING:
         return sqlite3.SQLITE_OK
     pragma = (first or "").lower()
     reads = action == sqlite3.SQLITE_PRAGMA and pragma in _READ_PRAGMAS and (second is None or pragma in _WITH_TABLE)
+    if not reads:
+        refused.append(_refused_action(action, first, second))
     return sqlite3.SQLITE_OK if reads else sqlite3.SQLITE_DENY
+
+
+#: SQLite's authorizer actions, by code (the sqlite3 module has them as constants only).
+_ACTIONS = {getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ").lower() for name in (
+    "CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TEMP_TABLE", "CREATE_TEMP_TRIGGER", "CREATE_TEMP_VIEW",
+    "CREATE_TRIGGER", "CREATE_VIEW", "DELETE", "DROP_INDEX", "DROP_TABLE", "DROP_TEMP_INDEX", "DROP_TEMP_TABLE",
+    "DROP_TEMP_TRIGGER", "DROP_TEMP_VIEW", "DROP_TRIGGER", "DROP_VIEW", "INSERT", "UPDATE", "ATTACH", "DETACH",
+    "ALTER_TABLE", "REINDEX", "ANALYZE", "CREATE_VTABLE", "DROP_VTABLE") if hasattr(sqlite3, f"SQLITE_{name}")}  # fmt: skip
+
+
+_ACTIONS.update({sqlite3.SQLITE_DELETE: "delete from", sqlite3.SQLITE_INSERT: "insert into", sqlite3.SQLITE_ATTACH: "attach"})
+
+
+def _refused_action(action: int, first: str | None, second: str | None) -> str:
+    if action == sqlite3.SQLITE_PRAGMA:
+        return f"set PRAGMA {first} = {second}" if second is not None else f"run PRAGMA {first}, which can change the file"
+    what = _ACTIONS.get(action, f"run SQLite action {action}")
+    return f"{what} {first}" if first else f"{what} a database (VACUUM does)" if action == sqlite3.SQLITE_ATTACH else what
+
+
+def _query(
+    conn: sqlite3.Connection, query: str, params: Mapping[str, str], refused: list[str], *, as_json: bool
+) -> list[dict[str, Any]]:
+    """The rows of the user's one reading statement; a refusal or failure in plancache's
+    words (SQLite says only "not authorized" for a write, and sqlite-utils named its own
+    methods for a statement without rows)."""
+    try:
+        cursor = conn.execute(query, params)
+        if cursor.description is None:
+            raise PlanCacheError("the query failed: it returns no rows (plancache sql runs one SELECT, or a pragma that "
+                                 "only reads)")  # fmt: skip
+        names = [column[0] for column in cursor.description]
+        return [{name: _cell(value, as_json=as_json) for name, value in zip(names, row)} for row in cursor]
+    except sqlite3.Error as exc:
+        if refused:
+            raise PlanCacheError(f"the query failed: it would {', '.join(dict.fromkeys(refused))}, and plancache sql only "
+                                 "reads (the store is opened read-only; the other commands change it)") from exc  # fmt: skip
+        if "one statement at a time" in str(exc):
+            raise PlanCacheError("the query failed: it holds more than one statement; give one") from exc
+        raise PlanCacheError(f"the query failed: {exc}") from exc
 
 
 def _print_csv(rows: list[dict[str, Any]]) -> None:

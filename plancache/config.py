@@ -287,6 +287,17 @@ def _path(value: object) -> Path:
         raise _Refused(f"cannot be expanded: {exc}") from None
 
 
+def _record_path(value: object) -> Path:
+    """A manifest file to record into: JSON, in a directory that exists."""
+    path = _path(value)
+    if path.suffix.lower() == ".toml":
+        raise _Refused("names a TOML file, but a recording is written as JSON (a recorded graph holds nulls, which TOML "
+                       "cannot): name it .json")  # fmt: skip
+    if not path.parent.is_dir():
+        raise _Refused(f"is in {path.parent}, which is not a directory: create it first (a recording creates none)")
+    return path
+
+
 _BACKEND_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
@@ -433,8 +444,9 @@ MAX_SIZE: Setting[int | None] = Setting(
     "beyond it the least recently used entries are evicted after each store", "no limit", None, _size_limit,
     arguments=("PlanCache(max_size=)",))  # fmt: skip
 RECORD: Setting[Path | None] = Setting(
-    "PLANCACHE_RECORD", "a manifest file that every `PlanCache` appends each new graph to ([docs/prewarm.md](docs/prewarm.md))",
-    "not recording", None, _path)  # fmt: skip
+    "PLANCACHE_RECORD", "a manifest file that every `PlanCache` appends each new graph to, as JSON, in a directory that "
+    "exists ([docs/prewarm.md](docs/prewarm.md))",
+    "not recording", None, _record_path)  # fmt: skip
 BACKEND: Setting[str | None] = Setting(
     "PLANCACHE_BACKEND", "the backend of the `plancache` command (`prewarm`, `verify --deserialize`, `prune "
     "--other-environments`), as `module:Class`; `plancache.testing:CpuTestBackend` runs on a CPU", "cuDNN", None,

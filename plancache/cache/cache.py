@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..config import APP, AUTO_PRIME, MAX_SIZE, MEMORY_PLANS, REDIS_URL, ConfigError, argument, instance_of, switch
+from ..config import APP, AUTO_PRIME, MAX_SIZE, MEMORY_PLANS, RECORD, REDIS_URL, ConfigError, argument, instance_of, switch
 from ..config import tag as config_tag
 from ..engines.autotune import TimingPolicy
 from ..engines.backend import Backend, Load
@@ -145,6 +145,7 @@ class PlanCache:
             argument("PlanCache(timing)", timing, instance_of(TimingPolicy, "pass TimingPolicy(runs=..., budget=...)"))
         self.max_size = MAX_SIZE.given_or_env(max_size, "max_size")
         auto_prime = AUTO_PRIME.given_or_env(auto_prime, "auto_prime")
+        RECORD.from_env()  # a bad PLANCACHE_RECORD too (recorder_from_env reads it again below)
         self.counters = dict.fromkeys(_COUNTERS, 0)
         self._warned: set[str] = set()
         self.backend = backend if backend is not None else _default_backend()

@@ -5,6 +5,7 @@ both judge entries, count them and report them alike."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -15,22 +16,44 @@ from typing import Any, Protocol, TextIO
 from ..errors import ManifestError
 from ..key import BuildOptions, canonical_json, describe, make_key
 from ..store import problem
-from .manifest import ManifestEntry, load_manifest
+from .manifest import MANIFEST_VERSION, ManifestEntry, load_manifest, parse_manifest
 
 __all__ = ["Entries", "Interrupted", "KeySet", "OnRecord", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
            "load_entries", "run_here", "timed"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
-Entries = str | os.PathLike[str] | Iterable[ManifestEntry]
+Entries = str | os.PathLike[str] | Mapping[str, Any] | Iterable[ManifestEntry] | Iterable[Mapping[str, Any]]
 
 
 def load_entries(
     source: Entries, *, allow_code: bool = True, listing: bool = False
 ) -> tuple[list[ManifestEntry], list[ManifestError]]:
+    """The entries of a manifest file, a manifest document (``{"version": 1, "entries":
+    [...]}``, read as the file's JSON is), a list of entries of one, or of ``ManifestEntry``;
+    and one error per bad entry. Anything else is a ``TypeError`` naming what is taken."""
     if isinstance(source, (str, os.PathLike)):
         return load_manifest(source, allow_code=allow_code, listing=listing)
-    return list(source), []
+    if isinstance(source, Mapping):
+        return _parse_document(source, allow_code, listing)
+    items = list(source) if isinstance(source, Iterable) else [source]
+    if all(isinstance(item, ManifestEntry) for item in items):
+        return [item for item in items if isinstance(item, ManifestEntry)], []
+    if all(isinstance(item, Mapping) for item in items):
+        return _parse_document({"version": MANIFEST_VERSION, "entries": items}, allow_code, listing)
+    raise TypeError("entries are a manifest path, a manifest document ({'version': 1, 'entries': [...]}), or a list of "
+                    "its entries or of ManifestEntry")  # fmt: skip
+
+
+def _parse_document(
+    document: Mapping[str, Any], allow_code: bool, listing: bool
+) -> tuple[list[ManifestEntry], list[ManifestError]]:
+    try:
+        text = json.dumps(document)
+    except (TypeError, ValueError) as exc:  # what a manifest file could not hold either
+        error = ManifestError(f"<manifest>: not a manifest document: {exc}", path="<manifest>", entry=None, line=None)
+        return [], [error]
+    return parse_manifest(text, None, allow_code=allow_code, listing=listing)
 
 
 def error_record(error: ManifestError) -> dict[str, Any]:
