@@ -123,7 +123,7 @@ def truth(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
     return pickle.dumps((plain(args), sorted((k, plain(v)) for k, v in kwargs.items())), protocol=4)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(calls=st.lists(st.tuples(st.lists(st.sampled_from(VALUES), max_size=3),
                                 st.dictionaries(st.sampled_from(["p", "q"]), st.sampled_from(VALUES), max_size=2)),
                       min_size=1, max_size=8))  # fmt: skip

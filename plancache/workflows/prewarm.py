@@ -28,7 +28,7 @@ from .steps import (
     timed,
 )
 
-__all__ = ["Interrupted", "dry_run", "prewarm", "prime", "record_line", "summary_lines", "warm_start"]
+__all__ = ["dry_run", "prewarm", "prime", "record_line", "summary_lines", "warm_start"]
 
 log = logging.getLogger("plancache")
 
