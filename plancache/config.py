@@ -31,7 +31,7 @@ from .errors import PlanCacheError
 __all__ = ["ALLOW_SHARED_DIR", "APP", "AUTOTUNE_BUDGET", "AUTOTUNE_MEMORY", "AUTO_PRIME", "BACKEND", "CACHE_DIR", "MAX_SIZE", "MEMORY_PLANS",
            "PATCH_CUDNN", "RECORD", "REDIS_LOCK_TTL", "REDIS_MAX_STALL", "REDIS_NAMESPACE", "REDIS_SECRET",
            "REDIS_SECRET_FILE", "REDIS_SETTINGS", "REDIS_TIMEOUT", "REDIS_TTL", "REDIS_URL", "SETTINGS", "ConfigError",
-           "MemoryBudget", "Refused", "Setting", "argument", "format_size", "instance_of", "size", "switch", "tag", "whole_number"]  # fmt: skip
+           "MemoryBudget", "Refused", "Setting", "argument", "format_size", "instance_of", "number", "size", "switch", "tag", "whole_number"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -163,6 +163,21 @@ def whole_number(least: int, what: str) -> Callable[[Any], int]:
         if not re.fullmatch(r"[+-]?\d+", text) or int(text) < least:
             raise _Refused(f"is not a whole number of {what}, {least} or more")
         return int(text)
+
+    return read
+
+
+def number(least: float, what: str) -> Callable[[Any], float]:
+    """The reader of a finite number (``what``) of ``least`` or more: a number, or text of one."""
+
+    def read(value: object) -> float:
+        try:
+            got = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
+        except ValueError:
+            got = math.nan
+        if not (math.isfinite(got) and got >= least):
+            raise _Refused(f"is not {what}: give a number of {least:g} or more")
+        return got
 
     return read
 

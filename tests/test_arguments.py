@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from graphs import ConvBiasRelu
 
-from plancache import BuildOptions, ConfigError, PlanCache
+from plancache import BuildOptions, ConfigError, PlanCache, TimingPolicy
 from plancache.testing import CpuTestBackend
 
 
@@ -83,3 +83,19 @@ def test_get_and_builder_refuse_options_that_are_no_build_options(cache: PlanCac
         cache.builder(lambda: ConvBiasRelu().graph(), options="heuristic")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"builder\(key=3\)"):
         cache.builder(lambda: ConvBiasRelu().graph(), key=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"runs": 2.5}, r"TimingPolicy\(runs\)=2.5 is not a whole number of timed runs, 1 or more"),
+        ({"runs": 0}, r"TimingPolicy\(runs\)=0 is not a whole number"),
+        ({"prune_factor": "fast"}, r"TimingPolicy\(prune_factor\)='fast' is not a factor over the best first run"),
+        ({"prune_factor": 0.5}, r"TimingPolicy\(prune_factor\)=0.5 is not a factor"),
+    ],
+)
+def test_bad_timing_policies_are_refused_when_made(arguments: dict[str, Any], named: str) -> None:
+    """``TimingPolicy(runs=2.5)`` was accepted and failed inside the first miss's timing."""
+    with pytest.raises(ConfigError, match=named):
+        TimingPolicy(**arguments)
+    assert TimingPolicy(runs="3", prune_factor="2").to_dict()["runs"] == 3  # type: ignore[arg-type]
