@@ -100,7 +100,7 @@ VALUES: list[Any] = [
     0, 0.0, -0.0, False, 1, 1.0, True, None, math.nan, math.inf, "a", b"a", (1, 2), (1.0, 2), (True, 2), [1, 2], {"k": 1},
     {"k": 1.0}, {"k": 1, "j": 2}, {"j": 2, "k": 1}, Mode.A, Mode.B, 1.5, Pair(1, 2), FrozenConfig(0.0),
     FrozenConfig(-0.0), np.float32(0.0), np.float32(-0.0), np.array([1, 2]), np.array([1.0, 2.0]), torch.float16,
-    torch.float32, slice(1, 2), cudnn.data_type.HALF, cudnn.data_type.FLOAT, torch.zeros(2, 3),
+    torch.float32, np.dtype("float32"), np.dtype("float16"), slice(1, 2), cudnn.data_type.HALF, cudnn.data_type.FLOAT, torch.zeros(2, 3),
     torch.zeros(2, 3).t(), torch.zeros(2, 3, dtype=torch.float64), (torch.zeros(1), 0.0),
 ]  # fmt: skip
 

@@ -184,10 +184,11 @@ def _part(value: Any, tensor_type: Any, tagged: bool, where: tuple[str, Any]) ->
     if module == "torch" and kind.__name__ in ("dtype", "device", "memory_format", "layout"):
         return (_VALUE, value), False
     if module == "numpy":
-        if kind.__name__.startswith("dtype") or kind.__name__ == "dtype":
+        numpy = sys.modules["numpy"]
+        if isinstance(value, numpy.dtype):  # numpy.dtypes.Float32DType and the like
             return (_VALUE, value), False
         if hasattr(value, "dtype") and hasattr(value, "tobytes"):
-            array = sys.modules["numpy"].asarray(value)
+            array = numpy.asarray(value)
             if array.dtype.hasobject or array.nbytes > _MAX_ARRAY_BYTES:
                 raise _unkeyable(value, where, "a numpy value larger than 64 KiB or of Python objects")
             return (_ARRAY, kind, array.dtype.str, array.shape, array.tobytes()), False
