@@ -44,13 +44,16 @@ def test_zero_negative_zero_and_the_int_zero_are_three_plans(cache: PlanCache) -
 
 
 def test_a_mutated_container_is_keyed_by_its_content_at_each_call(cache: PlanCache) -> None:
-    """A list argument changed between two calls must not get the first call's plan."""
+    """A list argument changed between two calls must not get the first call's plan (a
+    slope of 0.0 changed to -0.0 did: the memo compared the list by ==)."""
     built = cache.builder(lambda slopes: leaky_relu(slopes[0]), options=HEURISTIC)
-    slopes = [0.5]
+    slopes = [0.0]
     first = built(slopes)
+    slopes[0] = -0.0
+    assert built(slopes).key == cache.get(leaky_relu(-0.0), options=HEURISTIC).key != first.key
     slopes[0] = 0.25
     assert built(slopes).key != first.key
-    assert built([0.5]).key == first.key
+    assert built([0.0]).key == first.key
 
 
 @dataclasses.dataclass
