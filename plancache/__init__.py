@@ -32,6 +32,7 @@ from .errors import (
     StoreError,
     TensorMismatchError,
     TransientLoadError,
+    UnkeyableArgumentError,
 )
 from .integrations.startup import patch_cudnn_from_env as _patch_cudnn_from_env
 
@@ -77,7 +78,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
+    # The public names and folders only: not this module's own imports (Any, importlib...).
+    return sorted(set(__all__) | _SUBMODULES)
 
 
 __version__ = "0.1.0"
@@ -118,6 +120,7 @@ __all__ = [
     "TensorSpec",
     "TimingPolicy",
     "TransientLoadError",
+    "UnkeyableArgumentError",
     "__version__",
     "capture",
     "default_cache_dir",

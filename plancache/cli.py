@@ -41,12 +41,13 @@ from .config import (
 from .errors import BundleError, CacheDirError, DamagedEntryError, EntryNotFoundError, ManifestError, PlanCacheError, StoreError
 from .store import DB_NAME, Entry, Store, check_private, default_cache_dir, maintenance
 
-__all__ = ["EXIT_CODES", "EXIT_ERROR", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_PROBLEMS = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command Ctrl-C stopped
 
 #: Every exit code of every command, and what it means (README.md, "Exit codes", is this).
 EXIT_CODES: dict[int, str] = {
@@ -60,6 +61,8 @@ EXIT_CODES: dict[int, str] = {
                    "or running code without `--allow-code`) or had failing entries (`--dry-run` too); `import`'s bundle "
                    "could not be used (missing, not a bundle, truncated, tampered with, newer, unsafe); `verify` found "
                    "problems (also when `--fix` fixed them)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C): one line on stderr, no traceback; `prewarm` first reports the entries it "
+                      "finished (as JSON with `--json`), and a run again resumes",
 }  # fmt: skip
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -141,6 +144,11 @@ def _emit(data: Any, text: Callable[[Any], Iterable[str]]) -> None:
 
 
 _size = format_size
+
+
+def _stdout_is_terminal() -> bool:
+    """Whether stdout is a terminal (tests patch this)."""
+    return sys.stdout.isatty()
 
 
 def _age(seconds: float) -> str:
@@ -237,6 +245,12 @@ class _Group(click.Group):
         except click.ClickException as exc:
             _report_json(ctx, exc.format_message(), exc.exit_code)
             raise
+        except KeyboardInterrupt:  # click would print "Aborted!" and exit 1
+            if ctx.obj is not None and ctx.obj.debug:
+                raise
+            click.echo("plancache: interrupted", err=True)
+            _report_json(ctx, "interrupted", EXIT_INTERRUPTED)
+            ctx.exit(EXIT_INTERRUPTED)
         except (PlanCacheError, OSError, ValueError, sqlite3.Error) as exc:
             if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
                 raise  # stdout closed early (`plancache ls | head`): click exits quietly
@@ -350,11 +364,12 @@ def env() -> None:
 
 @cli.command(name="ls")
 @_common
-@click.option("--env", "env_id", default=None, help="Only entries of this environment id.")
+@click.option("--env", "env_id", default=None, help="Only entries of this environment id, or a unique prefix of it.")
 @click.pass_obj
 def list_entries(obj: _Context, env_id: str | None) -> None:
-    """List stored plans, most recently used first (none yet: an empty list)."""
-    rows = _list_entries(obj, env_id)
+    """List stored plans, most recently used first (none yet: an empty list). A row that
+    cannot be decoded is left out, with a warning on stderr."""
+    rows, env_id = _list_entries(obj, env_id)
     now = time.time()
 
     def text(data: list[dict[str, Any]]) -> Iterable[str]:
@@ -370,14 +385,34 @@ def list_entries(obj: _Context, env_id: str | None) -> None:
     _emit(rows, text)
 
 
-def _list_entries(obj: _Context, env_id: str | None) -> list[dict[str, Any]]:
-    store = obj.existing_store()
+def _list_entries(obj: _Context, env_id: str | None, store: Store | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """The listing of the store (``store``, else the chosen directory's, closed after), of
+    the environment ``env_id`` names (a unique prefix, or ``EntryNotFoundError``), and that
+    environment's full id. Rows that cannot be decoded are reported and left out."""
+    opened = store is None
+    store = obj.existing_store() if store is None else store
     if store is None:
-        return []
+        if env_id is not None:
+            raise EntryNotFoundError(f"environment {env_id!r} names no environment: nothing is stored yet in {obj.cache_dir}",
+                                     key=env_id)  # fmt: skip
+        return [], None
+    undecodable: dict[str, str] = {}
     try:
-        return maintenance.list_entries(store, env_id)
+        rows = maintenance.list_entries(store, undecodable=undecodable)
     finally:
-        store.close()
+        if opened:
+            store.close()
+    _warn_undecodable(undecodable)
+    if env_id is not None:
+        env_id = maintenance.environment_named(env_id, {row["env_id"] for row in rows}, str(store.path))
+        rows = [row for row in rows if row["env_id"] == env_id]
+    return rows, env_id
+
+
+def _warn_undecodable(undecodable: Mapping[str, str]) -> None:
+    """One line on stderr per row a read command left out because it cannot be decoded."""
+    for key, why in undecodable.items():
+        click.echo(f"plancache: warning: entry {key[:12]} left out: {why} ({maintenance.UNDECODABLE_HINT})", err=True)
 
 
 def _show_text(data: dict[str, Any]) -> Iterable[str]:
@@ -500,13 +535,17 @@ def stats(obj: _Context) -> None:
     """Totals of the store: entries, bytes, hits, quarantined entries, counters (remote
     hits, misses, publishes and refusals among them, as flushed by every process)."""
     store = obj.existing_store()
+    undecodable: dict[str, str] = {}
     if store is None:
         data = _empty_stats(obj.cache_dir)
     else:
         try:
             data = store.stats()
+            maintenance.list_entries(store, undecodable=undecodable)
         finally:
             store.close()
+    _warn_undecodable(undecodable)
+    data["undecodable"] = undecodable  # counted in the totals (they are rows of the file), shown nowhere else
     data["max_size"] = MAX_SIZE.from_env()
 
     from .tiers.remote import RemoteTier
@@ -528,6 +567,8 @@ def stats(obj: _Context) -> None:
         yield f"build time    {d['build_seconds']:.1f} s stored (saved again on every hit)"
         yield "by policy     " + ", ".join(f"{k}: {v}" for k, v in d["by_policy"].items())
         yield f"quarantined   {d['quarantined']}"
+        if d["undecodable"]:
+            yield f"undecodable   {len(d['undecodable'])} ({maintenance.UNDECODABLE_HINT})"
         for name, value in sorted(d["counters"].items()):
             yield f"{name:13} {value}"
         if "remote" in d:
@@ -868,8 +909,8 @@ def prewarm(
     """
     from .key import BuildOptions
     from .workflows.manifest import refuse_unusable
+    from .workflows.prewarm import Interrupted, record_line, summary_lines
     from .workflows.prewarm import prewarm as run_prewarm
-    from .workflows.prewarm import summary_lines
     from .workflows.sharding import check_environments
 
     refuse_unusable(manifest, allow_code=allow_code or dry_run)
@@ -895,11 +936,21 @@ def prewarm(
         sys.path.insert(0, os.getcwd())  # as `python -m` would: builder modules next to the user
     # No auto-prime: a command looks plans up once, it does not run a model's steps.
     cache = PlanCache(obj.directory, backend=backend, remote=remote, auto_prime=False)
+    # On a terminal each entry's row is printed as it finishes; a pipe or --json gets the report at the end.
+    live = not obj.as_json and _stdout_is_terminal()
+    on_record = (lambda record: click.echo(record_line(record))) if live else None
     try:
-        report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code, devices=devices)
+        report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code, devices=devices,
+                             on_record=on_record)  # fmt: skip
+    except Interrupted as stopped:
+        if stopped.report is None:  # several devices: their workers' records are not gathered
+            raise
+        _emit(stopped.report, functools.partial(summary_lines, rows=not live))
+        click.echo("plancache: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     finally:
         cache.close()
-    _emit(report, summary_lines)
+    _emit(report, functools.partial(summary_lines, rows=not live))
     if report["unpersisted"]:
         sys.exit(EXIT_ERROR)
     if report["failed"]:
@@ -988,7 +1039,7 @@ def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, .
         for env_id, summary in d["environments"].items():
             yield f"  environment {env_id}: {summary}"
         for key, reason in d["skipped"].items():
-            yield f"  skipped {key[:12]}: {reason}"
+            yield f"  left out {key[:12]}: {reason}"
 
     _emit(report, text)
 
@@ -1025,18 +1076,19 @@ def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None) -> 
 
 
 def _readable(store: Store, key: str) -> Entry | None:
-    """The entry, or None for one row that cannot be decoded (``verify`` reports it): the
+    """The entry, or None for one row that cannot be decoded (reported on stderr): the
     other entries are still shown, as ``ls`` shows them."""
     try:
         return store.get(key)
-    except DamagedEntryError:
+    except DamagedEntryError as exc:
+        _warn_undecodable({key: f"{exc.message.partition(': ')[2] or exc.message}"})
         return None
 
 
 @cli.command(name="inspect")
 @_common
 @click.argument("keys", nargs=-1)
-@click.option("--env", "env_id", default=None, help="Only entries of this environment id.")
+@click.option("--env", "env_id", default=None, help="Only entries of this environment id, or a unique prefix of it.")
 @click.pass_obj
 def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None) -> None:
     """A readable report per stored plan (all, or each KEY prefix): ops, shapes, dtypes,
@@ -1047,10 +1099,11 @@ def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None) -> N
     store = obj.existing_store()
     try:
         entries: list[Entry | None]
-        if keys or store is None:  # nothing stored yet: no entries, and no KEY can match
+        if keys or (store is None and env_id is None):  # nothing stored yet: no entries, and no KEY can match
             entries = [_entry(store, k, obj) for k in keys]
         else:
-            entries = [_readable(store, r["key"]) for r in maintenance.list_entries(store, env_id)]
+            rows, env_id = _list_entries(obj, env_id, store)
+            entries = [_readable(store, r["key"]) for r in rows] if store is not None else []
         data = [entry_report(e) for e in entries if e is not None]
     finally:
         if store is not None:
@@ -1137,17 +1190,15 @@ def sql(obj: _Context, query: str | None, params: tuple[tuple[str, str], ...], a
         db.execute("PRAGMA query_only = ON")
         # query_only refuses writes to tables, not a pragma that changes the file (a journal
         # mode, say): the user's query may read, and ask the pragmas that only read.
-        db.conn.set_authorizer(_reads_only)
+        refused: list[str] = []  # what the authorizer refused, to say so (SQLite says only "not authorized")
+        db.conn.set_authorizer(functools.partial(_reads_only, refused))
         if query is None:
             names = [*(n for n in db.table_names() if not n.startswith("sqlite_")), *SQL_VIEWS]
             data: list[dict[str, Any]] = [{"name": name, "kind": "view" if name in SQL_VIEWS else "table",
                                            "columns": [d[0] for d in db.execute(f"SELECT * FROM [{name}] LIMIT 0").description],
                                            "rows": db[name].count} for name in names]  # fmt: skip
         else:
-            try:
-                data = [{k: _cell(v, as_json=obj.as_json) for k, v in row.items()} for row in db.query(query, dict(params))]
-            except (sqlite3.Error, ValueError) as exc:  # ValueError: sqlite-utils' for a statement that returns no rows
-                raise PlanCacheError(f"the query failed: {exc}") from exc
+            data = _query(db.conn, query, dict(params), refused, as_json=obj.as_json)
     finally:
         db.close()
         if store is not None:
@@ -1174,14 +1225,58 @@ _WITH_TABLE = frozenset({"table_info", "table_xinfo", "index_list", "index_info"
                          "quick_check", "integrity_check"})  # fmt: skip
 
 
-def _reads_only(action: int, first: str | None, second: str | None, _database: str | None, _trigger: str | None) -> int:
+def _reads_only(
+    refused: list[str], action: int, first: str | None, second: str | None, _database: str | None, _trigger: str | None
+) -> int:
     """A SQLite authorizer for ``plancache sql``: reads (in sqlite-utils' savepoint), and
-    pragmas that only read."""
+    pragmas that only read. What it refuses is added to ``refused``, in words."""
     if action in _READING:
         return sqlite3.SQLITE_OK
     pragma = (first or "").lower()
     reads = action == sqlite3.SQLITE_PRAGMA and pragma in _READ_PRAGMAS and (second is None or pragma in _WITH_TABLE)
+    if not reads:
+        refused.append(_refused_action(action, first, second))
     return sqlite3.SQLITE_OK if reads else sqlite3.SQLITE_DENY
+
+
+#: SQLite's authorizer actions, by code (the sqlite3 module has them as constants only).
+_ACTIONS = {getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ").lower() for name in (
+    "CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TEMP_TABLE", "CREATE_TEMP_TRIGGER", "CREATE_TEMP_VIEW",
+    "CREATE_TRIGGER", "CREATE_VIEW", "DELETE", "DROP_INDEX", "DROP_TABLE", "DROP_TEMP_INDEX", "DROP_TEMP_TABLE",
+    "DROP_TEMP_TRIGGER", "DROP_TEMP_VIEW", "DROP_TRIGGER", "DROP_VIEW", "INSERT", "UPDATE", "ATTACH", "DETACH",
+    "ALTER_TABLE", "REINDEX", "ANALYZE", "CREATE_VTABLE", "DROP_VTABLE") if hasattr(sqlite3, f"SQLITE_{name}")}  # fmt: skip
+
+
+_ACTIONS.update({sqlite3.SQLITE_DELETE: "delete from", sqlite3.SQLITE_INSERT: "insert into", sqlite3.SQLITE_ATTACH: "attach"})
+
+
+def _refused_action(action: int, first: str | None, second: str | None) -> str:
+    if action == sqlite3.SQLITE_PRAGMA:
+        return f"set PRAGMA {first} = {second}" if second is not None else f"run PRAGMA {first}, which can change the file"
+    what = _ACTIONS.get(action, f"run SQLite action {action}")
+    return f"{what} {first}" if first else f"{what} a database (VACUUM does)" if action == sqlite3.SQLITE_ATTACH else what
+
+
+def _query(
+    conn: sqlite3.Connection, query: str, params: Mapping[str, str], refused: list[str], *, as_json: bool
+) -> list[dict[str, Any]]:
+    """The rows of the user's one reading statement; a refusal or failure in plancache's
+    words (SQLite says only "not authorized" for a write, and sqlite-utils named its own
+    methods for a statement without rows)."""
+    try:
+        cursor = conn.execute(query, params)
+        if cursor.description is None:
+            raise PlanCacheError("the query failed: it returns no rows (plancache sql runs one SELECT, or a pragma that "
+                                 "only reads)")  # fmt: skip
+        names = [column[0] for column in cursor.description]
+        return [{name: _cell(value, as_json=as_json) for name, value in zip(names, row)} for row in cursor]
+    except sqlite3.Error as exc:
+        if refused:
+            raise PlanCacheError(f"the query failed: it would {', '.join(dict.fromkeys(refused))}, and plancache sql only "
+                                 "reads (the store is opened read-only; the other commands change it)") from exc  # fmt: skip
+        if "one statement at a time" in str(exc):
+            raise PlanCacheError("the query failed: it holds more than one statement; give one") from exc
+        raise PlanCacheError(f"the query failed: {exc}") from exc
 
 
 def _print_csv(rows: list[dict[str, Any]]) -> None:

@@ -31,7 +31,7 @@ from .errors import PlanCacheError
 __all__ = ["ALLOW_SHARED_DIR", "APP", "AUTOTUNE_BUDGET", "AUTOTUNE_MEMORY", "AUTO_PRIME", "BACKEND", "CACHE_DIR", "MAX_SIZE", "MEMORY_PLANS",
            "PATCH_CUDNN", "RECORD", "REDIS_LOCK_TTL", "REDIS_MAX_STALL", "REDIS_NAMESPACE", "REDIS_SECRET",
            "REDIS_SECRET_FILE", "REDIS_SETTINGS", "REDIS_TIMEOUT", "REDIS_TTL", "REDIS_URL", "SETTINGS", "ConfigError",
-           "MemoryBudget", "Setting", "format_size"]  # fmt: skip
+           "MemoryBudget", "Refused", "Setting", "argument", "format_size", "instance_of", "number", "size", "switch", "tag", "whole_number"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -44,8 +44,12 @@ class ConfigError(PlanCacheError, ValueError):
     ``value`` (None for a secret)."""
 
 
-class _Refused(ValueError):
-    """Why a value is not one of a setting's (``Setting.of`` names the setting)."""
+class Refused(ValueError):
+    """Why a value is not one of a setting's, raised by a reader (``Setting.of`` and
+    ``argument`` name the setting or argument)."""
+
+
+_Refused = Refused
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,30 @@ class Setting(Generic[T]):
         return self.from_env() if _blank(value) else self.of(value, argument)
 
 
+def argument(where: str, value: T | object, parse: Callable[[Any], T]) -> T:
+    """``value``, given to ``where`` (``PlanCache(read_only=)``, ``BuildOptions(top_k=)``),
+    read by one of the readers below (``switch``, ``whole_number``, ``size``,
+    ``instance_of``...), which the settings read their variables with: a value the reader
+    refuses is a ``ConfigError`` of one line naming ``where``, raised where the argument
+    is given, never at a later use. Unlike a setting's, a blank value is not a default:
+    callers read None themselves."""
+    try:
+        return parse(value)
+    except _Refused as exc:
+        raise ConfigError(f"{where}={_shown(value)} {exc}", name=where, value=value) from None
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, type):
+        return f"<class {value.__module__}.{value.__qualname__}>"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def _blank(value: object) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
@@ -114,6 +142,71 @@ def _switch(value: object) -> bool:
     if text in _SWITCH_OFF:
         return False
     raise _Refused("is not a switch: use 1, true, yes or on, or 0, false, no or off")
+
+
+def switch(value: object) -> bool:
+    """The reader of on/off arguments: True or False, or the text a switch variable takes
+    (``"no"`` is off, as ``PLANCACHE_AUTO_PRIME=no`` is); anything else is refused."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return _switch(value)
+    raise _Refused("is not a switch: pass True or False (or text: 1, true, yes or on, or 0, false, no or off)")
+
+
+def whole_number(least: int, what: str) -> Callable[[Any], int]:
+    """The reader of a whole number of ``what``, ``least`` or more: an int, or text of one
+    (``"4"``); a float, even 4.0, is refused (2.5 candidates is no number of them)."""
+
+    def read(value: object) -> int:
+        text = str(value).strip() if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
+        if not re.fullmatch(r"[+-]?\d+", text) or int(text) < least:
+            raise _Refused(f"is not a whole number of {what}, {least} or more")
+        return int(text)
+
+    return read
+
+
+def number(least: float, what: str) -> Callable[[Any], float]:
+    """The reader of a finite number (``what``) of ``least`` or more: a number, or text of one."""
+
+    def read(value: object) -> float:
+        try:
+            got = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
+        except ValueError:
+            got = math.nan
+        if not (math.isfinite(got) and got >= least):
+            raise _Refused(f"is not {what}: give a number of {least:g} or more")
+        return got
+
+    return read
+
+
+def size(value: object) -> int:
+    """The reader of a size in bytes, 0 or more: as ``PLANCACHE_MAX_SIZE`` reads one (a
+    number, or text such as ``1G``, ``500M``, ``64k``)."""
+    return _bytes(value, _SIZE_HINT)
+
+
+def instance_of(cls: type | tuple[type, ...], hint: str) -> Callable[[Any], Any]:
+    """The reader of an argument that must be an instance of ``cls`` (a class itself, a
+    dict of its fields or a name are refused, with ``hint``)."""
+
+    def read(value: object) -> Any:
+        if isinstance(value, cls):
+            return value
+        got = "a class" if isinstance(value, type) else _a(type(value).__name__)
+        raise _Refused(f"is {got}, not an instance: {hint}")
+
+    return read
+
+
+def tag(value: object) -> str:
+    """The reader of a ``tag=``: text that is not blank (it stands for the callables of a
+    graph, docs/key.md)."""
+    if not isinstance(value, str) or not value.strip():
+        raise _Refused("is not a tag: pass text that names what the graph's callables do and changes whenever they do")
+    return value
 
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -207,6 +300,17 @@ def _path(value: object) -> Path:
         return Path(os.fspath(value)).expanduser()
     except RuntimeError as exc:  # ~name of no such user, or ~ with no home directory to stand for
         raise _Refused(f"cannot be expanded: {exc}") from None
+
+
+def _record_path(value: object) -> Path:
+    """A manifest file to record into: JSON, in a directory that exists."""
+    path = _path(value)
+    if path.suffix.lower() == ".toml":
+        raise _Refused("names a TOML file, but a recording is written as JSON (a recorded graph holds nulls, which TOML "
+                       "cannot): name it .json")  # fmt: skip
+    if not path.parent.is_dir():
+        raise _Refused(f"is in {path.parent}, which is not a directory: create it first (a recording creates none)")
+    return path
 
 
 _BACKEND_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -355,8 +459,9 @@ MAX_SIZE: Setting[int | None] = Setting(
     "beyond it the least recently used entries are evicted after each store", "no limit", None, _size_limit,
     arguments=("PlanCache(max_size=)",))  # fmt: skip
 RECORD: Setting[Path | None] = Setting(
-    "PLANCACHE_RECORD", "a manifest file that every `PlanCache` appends each new graph to ([docs/prewarm.md](docs/prewarm.md))",
-    "not recording", None, _path)  # fmt: skip
+    "PLANCACHE_RECORD", "a manifest file that every `PlanCache` appends each new graph to, as JSON, in a directory that "
+    "exists ([docs/prewarm.md](docs/prewarm.md))",
+    "not recording", None, _record_path)  # fmt: skip
 BACKEND: Setting[str | None] = Setting(
     "PLANCACHE_BACKEND", "the backend of the `plancache` command (`prewarm`, `verify --deserialize`, `prune "
     "--other-environments`), as `module:Class`; `plancache.testing:CpuTestBackend` runs on a CPU", "cuDNN", None,

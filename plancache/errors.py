@@ -26,6 +26,7 @@ __all__ = [
     "StoreBusyError",
     "StoreError",
     "TensorMismatchError",
+    "UnkeyableArgumentError",
 ]
 
 
@@ -68,6 +69,13 @@ class TensorMismatchError(PlanCacheError, ValueError):
 class ExecutionError(PlanCacheError, RuntimeError):
     """The library failed to launch a plan whose tensors passed every check (a CUDA error,
     say). Fields: ``key``, ``device``; the library's own error is the cause."""
+
+
+class UnkeyableArgumentError(PlanCacheError, TypeError):
+    """An argument of a ``@cache.builder`` function has no value the builder can key its
+    plan by (a mutable object, one hashed by identity, a callable without a tag): a plan
+    remembered for it could be another graph's. Fields: ``argument`` (its position from 0,
+    or its keyword)."""
 
 
 class BuildError(PlanCacheError, RuntimeError):

@@ -409,9 +409,9 @@ def main(argv: list[str] | None = None) -> None:
     elif not torch.cuda.is_available():  # no GPU: the cache end to end on the CPU test backend instead
         import cpu_end_to_end
 
-        sys.exit(cpu_end_to_end.run(opts.out))
+        sys.exit(cpu_end_to_end.run(opts.out, keep=opts.keep))
     torch = benchlib.require_gpu("bench_startup")
-    root = Path(tempfile.mkdtemp(prefix="plancache-bench-"))
+    root = Path(opts.keep) if opts.keep else Path(tempfile.mkdtemp(prefix="plancache-bench-"))
     ex_dir, topk_dir = str(root / "exhaustive"), str(root / "topk")
     results = {
         "heuristic": run_phase("heuristic"),

@@ -115,6 +115,8 @@ def parse_or_run_phase(description: str, phases: dict[str, Any], argv: Sequence[
     parser.add_argument("--phase", choices=sorted(phases))
     parser.add_argument("--args", default="{}")
     parser.add_argument("--out", help="write all figures as JSON here")
+    parser.add_argument("--keep", metavar="DIR", help="build the cache in DIR (new or empty) and keep it, to explore with "
+                        "`plancache --dir DIR ls`; default: a temporary directory, removed at the end")  # fmt: skip
     add_smoke_option(parser)
     opts = parser.parse_args(argv)
     start_smoke(opts.smoke)

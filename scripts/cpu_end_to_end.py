@@ -16,17 +16,24 @@ CPU. Each phase runs in a fresh process:
 
 then each plan's output against the template's PyTorch reference, and the store's figures.
 These are CPU-backend times, not cuDNN's: the GPU figures need an NVIDIA GPU.
-``--out FILE`` also writes every figure as JSON. Exit code 0 when every plan was built,
-then loaded from the store, and matched PyTorch.
+``--out FILE`` also writes every figure as JSON. ``--keep DIR`` builds the cache in DIR
+(new or empty) and keeps it; the run ends by saying how to explore it (``plancache --dir
+DIR ls``). Exit code 0 when every plan was built, then loaded from the store, and matched
+PyTorch; 2 for a ``--keep`` directory that holds a cache already; 128 + the signal's
+number when SIGINT (130), SIGTERM or SIGHUP stops it: one line, no traceback, and the
+temporary directory removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +106,58 @@ def phase_primed(args: dict[str, Any]) -> dict[str, Any]:
 PHASES = {"miss": phase_miss, "hit": phase_hit, "primed": phase_primed}
 
 
-def run(out: str | None = None) -> int:
+class Stopped(BaseException):
+    """A signal that ends the run (SIGINT, SIGTERM, SIGHUP): raised where the run is, so
+    that the temporary directory is removed on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise ``Stopped`` (SIGTERM and SIGHUP killed the process
+    before, leaving its temporary directory); the first one only, so that the clean-up it
+    starts is not cut short by a second."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        for number in STOPPING:
+            signal.signal(number, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    previous = {number: signal.signal(number, stop) for number in STOPPING}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def run(out: str | None = None, keep: str | None = None) -> int:
     """The three phases in fresh processes, then the table; the exit code (0: all as
-    expected). The cache lives in a temporary directory, removed at the end."""
-    with tempfile.TemporaryDirectory(prefix="plancache-cpu-") as root:
-        return _run(str(Path(root) / "cache"), out)
+    expected). The cache lives in ``keep`` (kept), else in a temporary directory removed
+    at the end, also when a signal stops the run."""
+    if keep is not None and (Path(keep) / "plans.db").exists():
+        print(f"cpu_end_to_end: --keep {keep} holds a cache already: name a new or empty directory", file=sys.stderr)
+        return 2
+    try:
+        with _stopped_by_signals():
+            if keep is not None:
+                return _run(str(Path(keep).resolve()), out, kept=True)
+            with tempfile.TemporaryDirectory(prefix="plancache-cpu-") as root:
+                return _run(str(Path(root) / "cache"), out, kept=False)
+    except (Stopped, KeyboardInterrupt) as exc:
+        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+        left = f"the cache in {keep} is kept" if keep is not None else "its temporary directory was removed"
+        print(f"cpu_end_to_end: stopped by {signal.Signals(signum).name}; {left}", file=sys.stderr)
+        return 128 + signum
 
 
-def _run(directory: str, out: str | None) -> int:
+def _run(directory: str, out: str | None, *, kept: bool) -> int:
     from plancache.config import format_size
     from plancache.store import Store, maintenance
 
@@ -153,6 +204,13 @@ def _run(directory: str, out: str | None) -> int:
         Path(out).write_text(
             json.dumps({"suite": [s[0] for s in SUITE], "miss": miss, "hit": hit, "primed": primed, "stats": stats}, indent=2)
         )
+    if kept:
+        print(f"\nThe cache is kept in {directory}. Explore what it built:")
+        for command in ("ls", "stats", "inspect", "show KEY --explain"):
+            print(f"  plancache --dir {directory} {command}")
+    else:
+        print("\nThe cache was temporary and is removed: `python scripts/bench_startup.py --keep DIR` keeps it in DIR, "
+              "to explore with `plancache --dir DIR ls`, `inspect` and `show KEY`.")  # fmt: skip
     for problem in problems:
         print(f"problem: {problem}", file=sys.stderr)
     return 1 if problems else 0
@@ -162,7 +220,7 @@ def main() -> None:
     opts = benchlib.parse_or_run_phase(__doc__.splitlines()[0], PHASES)
     if opts is None:
         return
-    sys.exit(run(opts.out))
+    sys.exit(run(opts.out, keep=opts.keep))
 
 
 if __name__ == "__main__":

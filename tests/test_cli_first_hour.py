@@ -458,7 +458,7 @@ def _shape(value: Any, name: str = "") -> Any:
     return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
 
 
-_MAPS = {"counters", "by_policy", "foreign", "damaged", "environments", "skipped", "failed"}
+_MAPS = {"counters", "by_policy", "undecodable", "foreign", "damaged", "environments", "skipped", "failed"}
 
 
 @pytest.mark.parametrize("command", READ_COMMANDS, ids=" ".join)
@@ -552,10 +552,15 @@ def test_the_main_job_without_a_gpu_runs_the_cache_on_the_cpu_and_exits_0(tmp_pa
     scratch = tmp_path / "tmp"  # the system temporary directory of the run: nothing may stay there
     scratch.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)}
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_startup.py"), "--out", str(out)], capture_output=True,
-                            text=True, env=env, timeout=300)  # fmt: skip
+    kept = tmp_path / "kept"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_startup.py"), "--out", str(out), "--keep", str(kept)],
+                            capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert list(scratch.iterdir()) == [], "the main job left files in the temporary directory"
+    # It ends by saying how to explore what it built, which --keep kept (it deleted its cache).
+    assert f"The cache is kept in {kept}. Explore what it built:" in result.stdout
+    assert f"  plancache --dir {kept} ls" in result.stdout.splitlines()
+    assert len(json.loads(plancache("--dir", str(kept), "--json", "ls").stdout)) == 7
     lines = result.stdout.splitlines()
     assert any(line.startswith("graph") and "miss ms" in line and "fresh-process hit ms" in line for line in lines)
     assert "need an NVIDIA GPU" in result.stdout and "second process: hits 7" in result.stdout
@@ -590,6 +595,9 @@ def _exit_cases(tmp: Path, filled_dir: Path) -> list[tuple[str, list[str], dict[
     broken = tmp / "broken.json"
     broken.write_text("{ not json")
     code = write_manifest(tmp / "code.json", {"builder": "mod:fn"})
+    (tmp / "ctrl_c_mods").mkdir()
+    (tmp / "ctrl_c_mods" / "ctrl_c_builder.py").write_text("def graph():\n    raise KeyboardInterrupt\n")
+    ctrl_c = write_manifest(tmp / "ctrl-c.json", TEMPLATE_ENTRY, {"builder": "ctrl_c_builder:graph"}, pythonpath=["ctrl_c_mods"])
     damaged = tmp / "damaged"
     fill(damaged)
 
@@ -632,12 +640,17 @@ def _exit_cases(tmp: Path, filled_dir: Path) -> list[tuple[str, list[str], dict[
         ("a manifest that runs code", [*c, "prewarm", str(code)], b, 3),
         ("a store with a damaged entry", ["--dir", str(damaged), "verify"], {}, 3),
         ("a damaged store file", ["--dir", str(damaged_file), "verify"], {}, 3),
+        ("Ctrl-C in a prewarm", ["--dir", str(tmp / "stopped"), "prewarm", "--allow-code", str(ctrl_c)], b, 130),
     ]  # fmt: skip
 
 
-def test_every_outcome_exits_with_its_documented_code(filled: tuple[Path, list[str]], tmp_path: Path) -> None:
+def test_every_outcome_exits_with_its_documented_code(
+    filled: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from plancache.cli import EXIT_CODES
 
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a manifest's pythonpath goes afterwards
+    monkeypatch.delitem(sys.modules, "ctrl_c_builder", raising=False)
     directory, _ = filled
     cases = _exit_cases(tmp_path, directory)
     failures = []
@@ -656,7 +669,7 @@ def test_the_exit_codes_are_documented_once_and_shown_by_help() -> None:
 
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### Exit codes") :]
-    rows = dict(re.findall(r"^\| `(\d)` \| (.+) \|$", section.split("\n## ", 1)[0], re.M))
+    rows = dict(re.findall(r"^\| `(\d+)` \| (.+) \|$", section.split("\n## ", 1)[0], re.M))
     assert {int(k): v for k, v in rows.items()} == EXIT_CODES, (
         "README's table of exit codes differs from plancache.cli.EXIT_CODES"
     )

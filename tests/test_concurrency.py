@@ -66,7 +66,8 @@ def test_a_lock_left_by_a_killed_builder_blocks_no_one(tmp_path: Path, make_cach
     started = time.monotonic()
     cache = make_cache(directory=directory, lock_timeout=20)
     plan = cache.get(spec.graph())
-    assert time.monotonic() - started < 5  # not the 20 s lock timeout
+    # It never waited (waits 0): below the 20 s lock timeout, however busy the machine.
+    assert time.monotonic() - started < 20
     assert plan.source == "built" and cache.counters["waits"] == 0
     assert_runs_correctly(plan, spec)
 

@@ -74,7 +74,7 @@ def _secret_file(tmp: Path, size: int) -> str:
 VARIABLES: dict[str, Cases] = {
     "PLANCACHE_DIR": Cases(("cache", Path("cache")), None, None, Path("nan"), Path("inf")),
     "PLANCACHE_MAX_SIZE": Cases(("64M", 64 * MIB), "banana", None, REFUSED, REFUSED),
-    "PLANCACHE_RECORD": Cases(("m.json", Path("m.json")), None, None, Path("nan"), Path("inf")),
+    "PLANCACHE_RECORD": Cases(("m.json", Path("m.json")), "m.toml", None, Path("nan"), Path("inf")),
     "PLANCACHE_BACKEND": Cases(
         ("plancache.testing:CpuTestBackend", "plancache.testing:CpuTestBackend"), "os", None, REFUSED, REFUSED
     ),

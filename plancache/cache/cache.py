@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..config import APP, AUTO_PRIME, MAX_SIZE, MEMORY_PLANS, REDIS_URL
+from ..config import APP, AUTO_PRIME, MAX_SIZE, MEMORY_PLANS, RECORD, REDIS_URL, ConfigError, argument, instance_of, switch
+from ..config import tag as config_tag
 from ..engines.autotune import TimingPolicy
 from ..engines.backend import Backend, Load
 from ..errors import PlanCacheError
@@ -54,6 +55,30 @@ def _default_backend() -> Backend:
     from ..engines.cudnn_backend import CudnnBackend  # the only cuDNN import, and only when used
 
     return CudnnBackend()
+
+
+def _options_of(options: Any, default: BuildOptions | None, where: str) -> Any:
+    """``options=`` of the constructor, ``get`` or ``builder``: a ``BuildOptions``, or None
+    for ``default``."""
+    if options is None:
+        return default
+    return argument(where, options, instance_of(BuildOptions, "pass BuildOptions(policy=..., top_k=...)"))
+
+
+def _tag_of(tag: Any) -> str | None:
+    return None if tag is None else argument("tag", tag, config_tag)  # describe() raised a bare TypeError
+
+
+#: What a backend must have: an instance, not its class or its name.
+_BACKEND_METHODS = ("environment", "current_device", "candidates", "load")
+
+
+def _backend_of(backend: Any) -> None:
+    hint = "pass an instance, such as backend=plancache.testing.CpuTestBackend(), or leave it out for cuDNN"
+    if isinstance(backend, (type, str)) or not all(callable(getattr(backend, m, None)) for m in _BACKEND_METHODS):
+        what = "a class" if isinstance(backend, type) else "text" if isinstance(backend, str) else f"a {type(backend).__name__}"
+        raise ConfigError(f"PlanCache(backend={backend!r}) is {what}, not a backend instance: {hint}", name="backend",
+                          value=backend)  # fmt: skip
 
 
 def _remote_from_env() -> Any:
@@ -106,14 +131,23 @@ class PlanCache:
         auto_prime: bool | None = None,
         app: str | None = None,
     ) -> None:
-        lock_timeout = lock_timeout_of(lock_timeout)  # before anything is opened
+        # Every argument read before anything is opened: a bad one is refused here, naming it.
+        lock_timeout = lock_timeout_of(lock_timeout)
+        read_only = None if read_only is None else argument("PlanCache(read_only)", read_only, switch)
+        persist_kernel_cache = argument("PlanCache(persist_kernel_cache)", persist_kernel_cache, switch)
+        if backend is not None:
+            _backend_of(backend)
+        options = _options_of(options, None, "PlanCache(options)")
+        if timing is not None:
+            argument("PlanCache(timing)", timing, instance_of(TimingPolicy, "pass TimingPolicy(runs=..., budget=...)"))
+        self.max_size = MAX_SIZE.given_or_env(max_size, "max_size")
+        auto_prime = AUTO_PRIME.given_or_env(auto_prime, "auto_prime")
+        RECORD.from_env()  # a bad PLANCACHE_RECORD too (recorder_from_env reads it again below)
         self.counters = Counters()
         self._warned: set[str] = set()
         self.backend = backend if backend is not None else _default_backend()
         self.options = options or BuildOptions()
         self.timing = timing or TimingPolicy()
-        self.max_size = MAX_SIZE.given_or_env(max_size, "max_size")
-        auto_prime = AUTO_PRIME.given_or_env(auto_prime, "auto_prime")
         self.local = LocalTier(directory, read_only=read_only, max_bytes=self.max_size, warn=self._warn_once,
                                count=self.counters.count, app=APP.of(app, "app") or app_name())  # fmt: skip
         self.directory = self.local.directory
@@ -177,7 +211,7 @@ class PlanCache:
         return self.lookup.key(graph, options or self.options, device)
 
     def get(self, graph: Any, *, options: BuildOptions | None = None, inputs: Mapping[int, Any] | None = None,
-            load: Load | None = None) -> Plan:  # fmt: skip
+            load: Load | None = None, tag: str | None = None) -> Plan:  # fmt: skip
         """A ready plan for ``graph`` on the current device: from memory, from the store,
         from the fleet, or autotuned now. The plan takes the names of ``graph``.
 
@@ -185,11 +219,13 @@ class PlanCache:
         random tensors. ``load`` (``(blob, tensors, device) -> native``): how this lookup
         loads a stored plan instead of the backend's ``load`` (the frontend drop-in loads
         it straight into the caller's graph); a plan built here is stored only once it was
-        loaded back that way. Raises ``InvalidGraphError`` for a graph that cannot be keyed
-        or built, ``BuildError`` when no candidate builds on this GPU.
+        loaded back that way. ``tag``: stands for the callables the graph holds (an
+        attention ``score_mod``), which cannot be keyed; it must change whenever what they
+        do changes (docs/key.md). Raises ``InvalidGraphError`` for a graph that cannot be
+        keyed or built, ``BuildError`` when no candidate builds on this GPU.
         """
         self.check_open()
-        return self.lookup.get(graph, options or self.options, inputs, load)
+        return self.lookup.get(graph, _options_of(options, self.options, "get(options)"), inputs, load, _tag_of(tag))
 
     def tune(self, graph: Any, *, options: BuildOptions | None = None) -> Plan:
         """Autotune ``graph`` again with no time budget and store the choice in place of its
@@ -201,23 +237,32 @@ class PlanCache:
         device = self.backend.current_device()
         return self.lookup.retune(graph, self.lookup.key(graph, options, device), options, device).named(names_of(graph))
 
-    def builder(self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None) -> Any:
+    def builder(self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None,
+                tag: str | None = None) -> Any:  # fmt: skip
         """Decorate a function that builds a ``cudnn.pygraph`` from its arguments.
 
-        The decorated function returns a ``Plan``. Calls with arguments of the same
-        shapes, strides, dtypes and devices (tensors) and equal values (anything else)
+        The decorated function returns a ``Plan``. Calls whose arguments are keyed alike
         return the same plan without building the graph again: a repeat costs a few
-        microseconds. Non-tensor arguments must be hashable. The plans it remembers are
-        bounded like the memory tier (least recently used dropped).
+        microseconds. Arguments are keyed as ``describe`` keys graphs: tensors by shape,
+        strides, dtype and device; numbers to the bit and by type (``0``, ``0.0`` and
+        ``-0.0`` differ); containers by content; enums, dtypes, frozen dataclasses and
+        named tuples by value. Any other object raises ``UnkeyableArgumentError``: pass
+        ``key=``. The plans it remembers are bounded like the memory tier (least recently
+        used dropped).
 
         ``key``: a function of the same arguments returning what the graph depends on
         (``key=lambda x, w: x.shape[0]``, say). It replaces the automatic signature,
         which makes repeats cheaper; it must capture everything that changes the graph,
-        the device included when that varies.
+        the device included when that varies. ``tag``: passed to ``get`` for every graph
+        built (graphs holding a ``score_mod``); callable arguments are then keyed by
+        identity.
         """
+        options, tag = _options_of(options, None, "builder(options)"), _tag_of(tag)
+        if key is not None and not callable(key):
+            raise ConfigError(f"builder(key={key!r}) is not a function of the builder's arguments", name="key", value=key)
         if fn is not None:
-            return plan_builder(self, fn, options, key)
-        return lambda func: plan_builder(self, func, options, key)
+            return plan_builder(self, fn, options, key, tag)
+        return lambda func: plan_builder(self, func, options, key, tag)
 
     def preload(self, keys: Iterable[str] | None = None) -> dict[str, Any]:
         """Load stored plans of the current device into memory before the first step, so

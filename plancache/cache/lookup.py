@@ -112,16 +112,16 @@ class Lookup:
             self._environments[device] = found
         return found
 
-    def key(self, graph: Any, options: BuildOptions, device: int) -> CacheKey:
-        """The key ``graph`` is stored under on ``device``."""
+    def key(self, graph: Any, options: BuildOptions, device: int, tag: str | None = None) -> CacheKey:
+        """The key ``graph`` is stored under on ``device`` (``tag``: for the callables it holds)."""
         environment, env_id = self.environment(device)
-        return make_key(describe(graph), environment, options, environment_json=self._environment_json[env_id])
+        return make_key(describe(graph, tag), environment, options, environment_json=self._environment_json[env_id])
 
-    def get(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None,
-            load: Load | None = None) -> Plan:  # fmt: skip
+    def get(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None, load: Load | None = None,
+            tag: str | None = None) -> Plan:  # fmt: skip
         """``PlanCache.get``: the plan of ``graph`` on the current device, under its names."""
         device = self.backend.current_device()
-        key = self.key(graph, options, device)
+        key = self.key(graph, options, device, tag)
         for record in self.recorders:
             record(graph, key)
         slot = (key.digest, device)

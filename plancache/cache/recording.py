@@ -7,6 +7,7 @@ on the manifest's file format (a JSON document ``{"version": 1, "entries": [...]
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import RECORD
+from ..config import RECORD, ConfigError
 from ..key import BuildOptions, CacheKey, canonical_json
 
 __all__ = ["MANIFEST_VERSION", "record_to", "recorder_from_env", "write_json"]
@@ -68,10 +69,12 @@ class _Recorder:
                 log.warning("plancache: could not record graph %s in %s: %s", key.digest[:12], self.path, exc)
 
     def _append(self, entry: dict[str, Any]) -> None:
-        from filelock import FileLock
-
-        # Several processes of one job may record into one file: read, merge, replace under a lock.
-        with FileLock(str(self.path) + ".lock"):
+        # Several processes of one job may record into one file: read, merge, replace under a
+        # lock. The lock is the directory's own (flock), so no <file>.lock is left beside the
+        # recording; closing the descriptor releases it.
+        fd = os.open(self.path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             document: dict[str, Any] = {"version": MANIFEST_VERSION, "entries": []}
             if self.path.exists():
                 document = json.loads(self.path.read_text(encoding="utf-8"))
@@ -82,6 +85,8 @@ class _Recorder:
                 return
             document["entries"].append(entry)
             write_json(self.path, document)
+        finally:
+            os.close(fd)
 
 
 _RECORDERS: dict[str, _Recorder] = {}
@@ -101,9 +106,13 @@ if hasattr(os, "register_at_fork"):
 
 def record_to(path: str | os.PathLike[str]) -> Callable[[Any, CacheKey], None]:
     """A callback for ``PlanCache.add_recorder`` that appends every graph looked up to
-    the manifest at ``path`` (created if needed; existing entries are kept). Recorded
+    the manifest at ``path`` (created if needed, in a directory that exists; a ``.toml``
+    name is refused, since recordings are JSON; existing entries are kept). Recorded
     entries are ``graph`` entries: replaying them gives identical keys."""
-    resolved = Path(path).expanduser().resolve()
+    checked = RECORD.of(path, "record_to(path)")  # a .toml name, or a directory that does not exist: refused
+    if checked is None:
+        raise ConfigError("record_to(path) needs a path", name=RECORD.name, value=path)
+    resolved = checked.resolve()
     return _RECORDERS.setdefault(str(resolved), _Recorder(resolved))
 
 

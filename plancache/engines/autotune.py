@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
-from ..config import AUTOTUNE_BUDGET, AUTOTUNE_MEMORY, MemoryBudget
+from ..config import AUTOTUNE_BUDGET, AUTOTUNE_MEMORY, MemoryBudget, argument, number, whole_number
 from ..errors import BuildError
 from ..key import BuildOptions
 from .backend import CandidateSet
@@ -71,6 +71,10 @@ class TimingPolicy:
     budget: float = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
+        # Read as the settings are: runs=2.5 or prune_factor="fast" are refused here, not at the first miss.
+        object.__setattr__(self, "runs", argument("TimingPolicy(runs)", self.runs, whole_number(1, "timed runs")))
+        object.__setattr__(self, "prune_factor", argument("TimingPolicy(prune_factor)", self.prune_factor,
+                                                          number(1.0, "a factor over the best first run")))  # fmt: skip
         object.__setattr__(self, "memory", AUTOTUNE_MEMORY.given_or_env(self.memory, "TimingPolicy(memory=)"))
         object.__setattr__(self, "budget", AUTOTUNE_BUDGET.given_or_env(self.budget, "TimingPolicy(budget=)"))
 

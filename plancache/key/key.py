@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..config import Refused, argument, size, switch, whole_number
+
 __all__ = ["HEURISTIC_MODES", "KEY_FORMAT", "POLICIES", "BuildOptions", "CacheKey", "TensorSpec", "canonical_json",
            "environment_id", "make_key"]  # fmt: skip
 
@@ -47,19 +49,38 @@ class BuildOptions:
     kernel_cache: bool = True
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, not {self.policy!r}")
-        if self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, not {self.top_k}")
-        bad = [m for m in self.heuristic_modes if m not in HEURISTIC_MODES]
-        if bad or not self.heuristic_modes:
-            raise ValueError(f"heuristic_modes must be a non-empty subset of {HEURISTIC_MODES}, not {bad}")
-        if self.workspace_limit is not None and self.workspace_limit < 0:
-            raise ValueError("workspace_limit must be >= 0 bytes")
+        # Read as the settings are (config's readers): top_k="4" is 4 and workspace_limit="1G"
+        # is 1 GiB, as max_size="1G" is; top_k=2.5 is refused here, not at the first miss.
+        # A value read alike keys alike.
+        read = {"policy": argument("BuildOptions(policy)", self.policy, _one_of(POLICIES, "policy")),
+                "top_k": argument("BuildOptions(top_k)", self.top_k, whole_number(1, "candidates")),
+                "heuristic_modes": argument("BuildOptions(heuristic_modes)", self.heuristic_modes, _modes),
+                "workspace_limit": None if self.workspace_limit is None
+                else argument("BuildOptions(workspace_limit)", self.workspace_limit, size),
+                "kernel_cache": argument("BuildOptions(kernel_cache)", self.kernel_cache, switch)}  # fmt: skip
+        for name, value in read.items():
+            object.__setattr__(self, name, value)
 
     def to_dict(self) -> dict[str, Any]:
         """The options as they enter the key (top_k only matters for the topk policy)."""
         return dict(_options_dict(self))  # a copy: callers may change theirs
+
+
+def _one_of(choices: tuple[str, ...], what: str) -> Any:
+    def read(value: object) -> str:
+        if not isinstance(value, str) or value.strip() not in choices:
+            raise Refused(f"is not a {what}: use one of {', '.join(choices)}")
+        return value.strip()
+
+    return read
+
+
+def _modes(value: object) -> tuple[str, ...]:
+    """A non-empty tuple (or list) of heuristic modes, each once; text names one mode."""
+    modes = (value,) if isinstance(value, str) else value
+    if not isinstance(modes, (tuple, list)) or not modes or any(m not in HEURISTIC_MODES for m in modes):
+        raise Refused(f"is not a non-empty sequence of heuristic modes from {', '.join(HEURISTIC_MODES)}")
+    return tuple(modes)
 
 
 @functools.lru_cache(maxsize=64)

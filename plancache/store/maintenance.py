@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import EntryNotFoundError, StoreError
 from .entry import Entry, problem, sha256
 from .recovery import is_locked, is_undecodable, lenient_text
 from .store import Store
 
-__all__ = ["list_entries", "prune", "verify"]
+__all__ = ["UNDECODABLE_HINT", "environment_named", "list_entries", "prune", "verify"]
 
 _LISTED = ("key, env_id, label, blob_size, workspace_size, policy, backend, build_seconds, autotune_seconds, created_at, "
            "last_used_at, hit_count")  # fmt: skip
@@ -28,10 +28,55 @@ def _rows(store: Store, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, 
     return [dict(zip(names, row)) for row in cursor]
 
 
-def list_entries(store: Store, env_id: str | None = None) -> list[dict[str, Any]]:
-    """Summaries of every entry (no blob), most recently used first."""
+#: What the read commands say of a row they skip.
+UNDECODABLE_HINT = "`plancache verify --fix` quarantines it"
+
+
+def list_entries(store: Store, env_id: str | None = None, *, undecodable: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Summaries of every entry (no blob), most recently used first.
+
+    Row by row: a row whose text cannot be decoded (invalid UTF-8 in a column) is left out,
+    and, with ``undecodable``, reported there (its key, replacement characters where it is
+    damaged -> which column), so that one damaged row no longer fails every read command."""
     where, args = ("WHERE env_id = ?", (env_id,)) if env_id is not None else ("", ())
-    return _rows(store, f"SELECT {_LISTED} FROM plans {where} ORDER BY last_used_at DESC, key", args)
+    sql = f"SELECT {_LISTED} FROM plans {where} ORDER BY last_used_at DESC, key"
+    conn = store.connection()
+    old = conn.text_factory
+    conn.text_factory = bytes  # each row decoded below, so that one bad row fails only itself
+    try:
+        cursor = conn.execute(sql, args)
+        names = [column[0] for column in cursor.description]
+        raw = cursor.fetchall()
+    finally:
+        conn.text_factory = old
+    rows = []
+    for values in raw:
+        row, bad = {}, None
+        for name, value in zip(names, values):
+            if isinstance(value, bytes):
+                try:
+                    value = value.decode("utf-8")
+                except UnicodeDecodeError:
+                    bad = bad or name
+                    value = value.decode("utf-8", "replace")
+            row[name] = value
+        if bad is None:
+            rows.append(row)
+        elif undecodable is not None:
+            undecodable[row["key"]] = f"its {bad} column cannot be decoded"
+    return rows
+
+
+def environment_named(prefix: str, known: set[str], where: str) -> str:
+    """The one environment id of ``known`` (those of the plans in ``where``) that ``prefix``
+    begins: a typo once exported an empty bundle, listed nothing or imported nothing,
+    without a word (``EntryNotFoundError`` names what there is)."""
+    found = sorted(env for env in known if env.startswith(prefix))
+    if len(found) != 1:
+        problem = "no environment" if not found else f"an ambiguous prefix ({', '.join(found)})"
+        shown = f" (it has: {', '.join(sorted(known))})" if known and not found else ""
+        raise EntryNotFoundError(f"environment {prefix!r} names {problem} of the plans in {where}{shown}", key=prefix)
+    return found[0]
 
 
 def prune(

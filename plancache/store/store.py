@@ -31,7 +31,7 @@ from ..errors import DamagedEntryError, StoreBusyError, StoreError
 from . import bookkeeping
 from .entry import INSERT_SQL, Entry, sha256
 from .quarantine import Quarantine
-from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, reads
+from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text, reads
 from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir
 
 __all__ = ["Store"]
@@ -357,7 +357,11 @@ class Store(Schema, Recovery, Quarantine):
             "coalesce(sum(hit_count), 0) AS hits, count(DISTINCT env_id) AS environments, "
             "coalesce(sum(build_seconds), 0) AS build_seconds FROM plans"
         ).fetchone()
-        by_policy = {r[0]: r[1] for r in conn.execute("SELECT policy, count(*) FROM plans GROUP BY policy")}
+        with lenient_text(conn):  # a row whose policy cannot be decoded fails only itself (`plancache stats` names it)
+            by_policy: dict[str, int] = {}
+            for policy, count in conn.execute("SELECT policy, count(*) FROM plans GROUP BY policy"):
+                policy = policy if "\ufffd" not in str(policy) else "(undecodable)"
+                by_policy[policy] = by_policy.get(policy, 0) + count
         quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
         return {
             "path": str(self.path),

@@ -43,7 +43,15 @@ def _describe_with_shapes(graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]
     """Description plus a tensor table whose output shapes come from a reference run."""
     import torch
 
-    description = describe(graph)
+    try:
+        description = describe(graph)
+    except InvalidGraphError as exc:
+        if exc.fields.get("reason") != "callable without tag":
+            raise
+        # A graph the caller tagged (get(graph, tag=...)) and keyed so: planning needs its
+        # shapes, not its key. The kernels refuse what they cannot compute as cuDNN does
+        # (attention with a score_mod): a BuildError that says so, not a plea for a tag.
+        description = describe(graph, tag="plancache.testing: callables not run")
     table = tensor_table(graph)
     values: dict[str, Any] = {}
     for spec in table:

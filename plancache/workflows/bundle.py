@@ -89,11 +89,15 @@ def _env_summary(environment: Mapping[str, Any]) -> str:
     )
 
 
-def _select(store: Store | None, env_id: str | None, keys: Iterable[str] | None) -> tuple[list[str], str | None]:
-    """The keys to export, and the environment id ``env_id`` (a unique prefix) names."""
-    listed = maintenance.list_entries(store) if store is not None and (keys is None or env_id is not None) else []
+def _select(
+    store: Store | None, env_id: str | None, keys: Iterable[str] | None, undecodable: dict[str, str]
+) -> tuple[list[str], str | None]:
+    """The keys to export, and the environment id ``env_id`` (a unique prefix) names; rows
+    that cannot be decoded go to ``undecodable``."""
+    listed = (maintenance.list_entries(store, undecodable=undecodable)
+              if store is not None and (keys is None or env_id is not None) else [])  # fmt: skip
     if store is not None and env_id is not None:
-        env_id = _environment(env_id, {row["env_id"] for row in listed}, str(store.path))
+        env_id = maintenance.environment_named(env_id, {row["env_id"] for row in listed}, str(store.path))
     if keys is None:
         return [row["key"] for row in listed if env_id is None or row["env_id"] == env_id], env_id
     selected = []
@@ -108,21 +112,10 @@ def _select(store: Store | None, env_id: str | None, keys: Iterable[str] | None)
     return selected, env_id
 
 
-def _environment(prefix: str, known: set[str], where: str) -> str:
-    """The one environment id of ``known`` (those of the plans in ``where``) that ``prefix``
-    begins: a typo once exported an empty bundle, or imported nothing, without a word."""
-    found = sorted(env for env in known if env.startswith(prefix))
-    if len(found) != 1:
-        problem = "no environment" if not found else f"an ambiguous prefix ({', '.join(found)})"
-        shown = f" (it has: {', '.join(sorted(known))})" if known and not found else ""
-        raise EntryNotFoundError(f"environment {prefix!r} names {problem} of the plans in {where}{shown}", key=prefix)
-    return found[0]
-
-
 def bundle_environment(bundle: Bundle, prefix: str) -> str:
     """The environment id of ``bundle``'s plans that ``prefix`` begins, or
     ``EntryNotFoundError`` (checked before a command creates the cache it imports into)."""
-    return _environment(prefix, set(bundle.header["environments"]), f"bundle {bundle.path}")
+    return maintenance.environment_named(prefix, set(bundle.header["environments"]), f"bundle {bundle.path}")
 
 
 def _check_target(target: Path) -> None:
@@ -198,17 +191,18 @@ def export_bundle(
     _check_target(target)  # before any work; again just before the rename
     if not replace and os.path.lexists(target):
         raise _exists(target)
-    chosen, env_id = _select(store, env_id, keys)
+    undecodable: dict[str, str] = {}
+    chosen, env_id = _select(store, env_id, keys, undecodable)
     payload = bytearray()
     members: list[dict[str, Any]] = []
     environments: dict[str, dict[str, Any]] = {}
-    skipped: dict[str, str] = {}
+    skipped = {key: f"{why} (damaged entry: {maintenance.UNDECODABLE_HINT})" for key, why in undecodable.items()}
     for key in dict.fromkeys(chosen):
         assert store is not None  # chosen is empty without a store
         try:
             entry = store.get(key)
         except DamagedEntryError as exc:  # one row that cannot be decoded: the others still ship
-            skipped[key] = f"{exc} (damaged entry)"
+            skipped[key] = f"{exc} (damaged entry: {maintenance.UNDECODABLE_HINT})"
             continue
         if entry is None:
             skipped[key] = "removed while exporting"

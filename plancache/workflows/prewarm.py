@@ -14,9 +14,21 @@ from typing import Any
 
 from ..cache.priming import Primer
 from ..key import BuildOptions, environment_id
-from .steps import Entries, build_report, check_one, describe_failure, error_record, load_entries, run_each, run_here, timed
+from .steps import (
+    Entries,
+    Interrupted,
+    OnRecord,
+    build_report,
+    check_one,
+    describe_failure,
+    error_record,
+    load_entries,
+    run_each,
+    run_here,
+    timed,
+)
 
-__all__ = ["dry_run", "prewarm", "prime", "warm_start"]
+__all__ = ["dry_run", "prewarm", "prime", "record_line", "summary_lines", "warm_start"]
 
 log = logging.getLogger("plancache")
 
@@ -31,6 +43,7 @@ def prewarm(
     allow_code: bool = True,
     devices: str | Sequence[int] | None = None,
     backend_factory: Callable[[], Any] | None = None,
+    on_record: OnRecord | None = None,
 ) -> dict[str, Any]:
     """Build and autotune every entry of a manifest (a path or ``ManifestEntry`` list).
 
@@ -49,6 +62,10 @@ def prewarm(
     one worker process each (``plancache.workflows.sharding``); workers build their
     backend with ``backend_factory`` (default: the cache backend's class). The report then
     also has ``devices`` and each record its ``device``.
+
+    ``on_record``: called with each entry's record as it finishes (in this process). Ctrl-C
+    raises ``Interrupted`` (a ``KeyboardInterrupt``) whose ``report`` is this report of
+    the entries finished, with ``interrupted`` True; a run again resumes.
     """
     if devices is not None:
         from .sharding import prewarm_on_devices  # multiprocessing only when asked for
@@ -58,8 +75,14 @@ def prewarm(
     started = time.perf_counter()
     env_id = environment_id(cache.environment)  # no GPU: one clear error, not one per entry
     todo, load_errors = load_entries(entries, allow_code=allow_code, listing=dry_run)
-    records = [error_record(e) for e in load_errors] + run_here(cache, todo, options or cache.options, dry_run, progress)
-    return build_report(records, dry_run, env_id, started)
+    records = [error_record(e) for e in load_errors]
+    try:
+        records += run_here(cache, todo, options or cache.options, dry_run, progress, on_record)
+    except Interrupted as stopped:
+        stopped.report = {**build_report(records + stopped.records, dry_run, env_id, started), "interrupted": True,
+                          "not_run": len(todo) - len(stopped.records)}  # fmt: skip
+        raise
+    return {**build_report(records, dry_run, env_id, started), "interrupted": False, "not_run": 0}
 
 
 def dry_run(
@@ -143,14 +166,18 @@ def prime(cache: Any, keys: Iterable[str] | None = None) -> Primer:
     return primer
 
 
-def summary_lines(report: Mapping[str, Any]) -> list[str]:
-    """A short human summary of a prewarm report (used by the CLI)."""
-    lines = []
-    for r in report["entries"]:
-        key = (r.get("key") or "-")[:12]
-        where = f"#{r['index']}" + (f" (line {r['line']})" if r.get("line") else "") if r.get("index") is not None else "-"
-        text = r.get("error") if r["status"] == "failed" else r.get("label")
-        lines.append(f"{r['status']:12} {key:12} {where:16} {r.get('seconds', 0.0):7.2f}s  {text}")
+def record_line(r: Mapping[str, Any]) -> str:
+    """One entry's row of a prewarm report."""
+    key = (r.get("key") or "-")[:12]
+    where = f"#{r['index']}" + (f" (line {r['line']})" if r.get("line") else "") if r.get("index") is not None else "-"
+    text = r.get("error") if r["status"] == "failed" else r.get("label")
+    return f"{r['status']:12} {key:12} {where:16} {r.get('seconds', 0.0):7.2f}s  {text}"
+
+
+def summary_lines(report: Mapping[str, Any], *, rows: bool = True) -> list[str]:
+    """A short human summary of a prewarm report (used by the CLI); ``rows=False``: the
+    last line only (the rows were printed as their entries finished)."""
+    lines = [record_line(r) for r in report["entries"]] if rows else []
     if report.get("checked"):  # a dry run without keys: they need the GPU's environment
         done = f"{report['checked']} checked (keys need this machine's GPU: prewarm builds those not stored yet)"
     elif report["dry_run"]:
@@ -160,6 +187,8 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
         if report.get("unpersisted"):
             done += f" ({report['unpersisted']} of them not stored, as a warning said)"
     listed = f", {report['listed']} builder entries listed without importing them" if report.get("listed") else ""
+    if report.get("interrupted"):
+        listed += f"; interrupted, {report['not_run']} not run (run it again to resume)"
     lines.append(f"{report['total']} entries: {done}{listed}, {report['hits']} already stored, "
                  f"{report['failed']} failed, {report['duplicates']} duplicates in {report['seconds']:.1f} s")  # fmt: skip
     return lines

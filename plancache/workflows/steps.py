@@ -5,6 +5,7 @@ both judge entries, count them and report them alike."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -15,22 +16,44 @@ from typing import Any, Protocol, TextIO
 from ..errors import ManifestError
 from ..key import BuildOptions, canonical_json, describe, make_key
 from ..store import problem
-from .manifest import ManifestEntry, load_manifest
+from .manifest import MANIFEST_VERSION, ManifestEntry, load_manifest, parse_manifest
 
-__all__ = ["Entries", "KeySet", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
+__all__ = ["Entries", "Interrupted", "KeySet", "OnRecord", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
            "load_entries", "run_here", "timed"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
-Entries = str | os.PathLike[str] | Iterable[ManifestEntry]
+Entries = str | os.PathLike[str] | Mapping[str, Any] | Iterable[ManifestEntry] | Iterable[Mapping[str, Any]]
 
 
 def load_entries(
     source: Entries, *, allow_code: bool = True, listing: bool = False
 ) -> tuple[list[ManifestEntry], list[ManifestError]]:
+    """The entries of a manifest file, a manifest document (``{"version": 1, "entries":
+    [...]}``, read as the file's JSON is), a list of entries of one, or of ``ManifestEntry``;
+    and one error per bad entry. Anything else is a ``TypeError`` naming what is taken."""
     if isinstance(source, (str, os.PathLike)):
         return load_manifest(source, allow_code=allow_code, listing=listing)
-    return list(source), []
+    if isinstance(source, Mapping):
+        return _parse_document(source, allow_code, listing)
+    items = list(source) if isinstance(source, Iterable) else [source]
+    if all(isinstance(item, ManifestEntry) for item in items):
+        return [item for item in items if isinstance(item, ManifestEntry)], []
+    if all(isinstance(item, Mapping) for item in items):
+        return _parse_document({"version": MANIFEST_VERSION, "entries": items}, allow_code, listing)
+    raise TypeError("entries are a manifest path, a manifest document ({'version': 1, 'entries': [...]}), or a list of "
+                    "its entries or of ManifestEntry")  # fmt: skip
+
+
+def _parse_document(
+    document: Mapping[str, Any], allow_code: bool, listing: bool
+) -> tuple[list[ManifestEntry], list[ManifestError]]:
+    try:
+        text = json.dumps(document)
+    except (TypeError, ValueError) as exc:  # what a manifest file could not hold either
+        error = ManifestError(f"<manifest>: not a manifest document: {exc}", path="<manifest>", entry=None, line=None)
+        return [], [error]
+    return parse_manifest(text, None, allow_code=allow_code, listing=listing)
 
 
 def error_record(error: ManifestError) -> dict[str, Any]:
@@ -204,15 +227,34 @@ def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str | Non
     }
 
 
-def run_here(cache: Any, todo: list[ManifestEntry], options: BuildOptions, dry_run: bool, progress: bool) -> list[dict[str, Any]]:
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (a ``KeyboardInterrupt`` still, for callers that catch
+    that): ``records`` of the entries it finished, and ``report`` once the caller that
+    knows the whole run (``prewarm``) has built it."""
+
+    def __init__(self, records: list[dict[str, Any]], report: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.records = records
+        self.report = report
+
+
+#: Called with each record as its entry finishes (``plancache prewarm`` prints its row).
+OnRecord = Callable[[dict[str, Any]], None]
+
+
+def run_here(cache: Any, todo: list[ManifestEntry], options: BuildOptions, dry_run: bool, progress: bool,
+             on_record: OnRecord | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Every entry of ``todo`` in this process, in order, with a progress bar: the records."""
     seen: set[str] = set()
-    return run_each(todo, lambda entry: attempt(cache, entry, options, dry_run, seen), progress)
+    return run_each(todo, lambda entry: attempt(cache, entry, options, dry_run, seen), progress, on_record)
 
 
-def run_each(todo: list[ManifestEntry], step: Callable[[ManifestEntry], dict[str, Any]], progress: bool) -> list[dict[str, Any]]:
-    """``step(entry)`` for every entry of ``todo``, in order, with a progress bar: the records."""
-    records = []
+def run_each(todo: list[ManifestEntry], step: Callable[[ManifestEntry], dict[str, Any]], progress: bool,
+             on_record: OnRecord | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """``step(entry)`` for every entry of ``todo``, in order, with a progress bar: the records.
+    Ctrl-C raises ``Interrupted`` holding the records of the entries finished (the one
+    being built is not stored: the next run builds it)."""
+    records: list[dict[str, Any]] = []
     bar = Progress(len(todo), progress)
     try:
         for entry in todo:
@@ -221,6 +263,10 @@ def run_each(todo: list[ManifestEntry], step: Callable[[ManifestEntry], dict[str
                 log.warning("plancache: prewarm: %s", record["error"])
             records.append(record)
             bar.update(record["status"], record["seconds"])
+            if on_record is not None:
+                on_record(record)
+    except KeyboardInterrupt as exc:
+        raise Interrupted(records) from exc
     finally:
         bar.close()
     return records

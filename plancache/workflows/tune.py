@@ -69,7 +69,7 @@ def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = Fals
         started = time.perf_counter()
         row: dict[str, Any] = {"key": entry.key, "before": _summary(entry)}
         try:
-            cache.tune(rebuild_graph(entry.description), options=_options(entry.options))
+            cache.tune(_named_as(rebuild_graph(entry.description), entry), options=_options(entry.options))
             after = store.get(entry.key)
             row["after"] = _summary(after) if after is not None else None
             row["status"] = "tuned"
@@ -84,6 +84,18 @@ def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = Fals
         "tuned": sum(r["status"] == "tuned" for r in rows),
         "failed": sum(r["status"] == "failed" for r in rows),
     }
+
+
+def _named_as(graph: Any, entry: Any) -> Any:
+    """``graph`` (replayed from ``entry``'s description, which drops names: its tensors are
+    u1, u2...) with the tensor names of ``entry``, so that the entry tuning stores in its
+    place shows them as before (names are not keyed)."""
+    names = {spec["uid"]: spec["name"] for spec in entry.tensors}
+    for tensor in list(graph.tensors.values()):
+        uid = tensor.uid if not callable(getattr(tensor, "get_uid", None)) else tensor.get_uid()
+        if not tensor.is_virtual and uid in names:
+            tensor.set_name(names[uid])
+    return graph
 
 
 def _summary(entry: Any) -> dict[str, Any]:

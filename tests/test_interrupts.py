@@ -1,0 +1,119 @@
+"""Interrupts: Ctrl-C ends a command with exit code 130 and one line (click printed
+"Aborted!" and exited 1); an interrupted prewarm first reports the entries it finished
+(JSON under --json), and on a terminal prints each entry's row as it finishes. The main
+job stopped by SIGINT, SIGTERM or SIGHUP prints one line, no traceback, and leaves no
+temporary directory (SIGTERM left /tmp/plancache-cpu-* behind)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cli_first_hour import ROOT, TEMPLATE_ENTRY, write_manifest
+from test_cli_first_hour import plancache as command
+
+import plancache.cli
+import plancache.workflows.steps
+from plancache.cli import EXIT_CODES, EXIT_INTERRUPTED
+
+BACKEND = {"PLANCACHE_BACKEND": "plancache.testing:CpuTestBackend"}
+
+
+def entries(n: int) -> list[dict[str, Any]]:
+    return [{**TEMPLATE_ENTRY, "params": {**TEMPLATE_ENTRY["params"], "m": 4 + i}} for i in range(n)]
+
+
+@pytest.fixture
+def ctrl_c_at_third_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the third entry builds."""
+    attempt = plancache.workflows.steps.attempt
+    calls = []
+
+    def interrupted(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        calls.append(None)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return attempt(*args, **kwargs)
+
+    monkeypatch.setattr(plancache.workflows.steps, "attempt", interrupted)
+
+
+@pytest.mark.usefixtures("ctrl_c_at_third_entry")
+def test_an_interrupted_prewarm_reports_what_it_finished_and_exits_130(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "m.json", *entries(5))
+    result = command("--dir", str(tmp_path / "cache"), "--json", "prewarm", str(manifest), env=BACKEND)
+    assert result.returncode == EXIT_INTERRUPTED == 130 and result.exception is None, result
+    assert "Aborted!" not in result.stderr and "plancache: interrupted" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["interrupted"] is True and report["not_run"] == 3
+    assert [r["status"] for r in report["entries"]] == ["built", "built"] and report["built"] == 2
+    again = command("--dir", str(tmp_path / "cache"), "--json", "prewarm", str(manifest), env=BACKEND)
+    assert again.returncode == 0 and json.loads(again.stdout)["hits"] == 2  # a run again resumes
+
+
+@pytest.mark.usefixtures("ctrl_c_at_third_entry")
+def test_an_interrupted_prewarm_prints_its_rows_and_says_how_to_resume(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "m.json", *entries(5))
+    text = command("--dir", str(tmp_path / "cache"), "prewarm", str(manifest), env=BACKEND)
+    assert text.returncode == 130 and text.stderr.splitlines()[-1] == "plancache: interrupted"
+    lines = text.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:-1]] == ["built", "built"]
+    assert "interrupted, 3 not run (run it again to resume)" in lines[-1]
+
+
+def test_on_a_terminal_prewarm_prints_each_row_as_its_entry_finishes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plancache.cli, "_stdout_is_terminal", lambda: True)
+    manifest = write_manifest(tmp_path / "m.json", *entries(3))
+    result = command("--dir", str(tmp_path / "cache"), "prewarm", str(manifest), env=BACKEND)
+    assert result.returncode == 0, result
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:3]] == ["built"] * 3 and len(lines) == 4  # each row once, then the total
+    assert lines[3].startswith("3 entries: 3 built")
+
+
+def test_ctrl_c_in_any_command_exits_130_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    (tmp_path / "cache").mkdir(mode=0o700)
+    monkeypatch.setattr(plancache.cli._Context, "existing_store", interrupted)
+    result = command("--dir", str(tmp_path / "cache"), "ls")
+    assert result.returncode == 130 and result.stderr == "plancache: interrupted\n" and result.exception is None
+    as_json = command("--dir", str(tmp_path / "cache"), "--json", "stats")
+    assert as_json.returncode == 130 and json.loads(as_json.stdout) == {"error": "interrupted", "exit_code": 130}
+    assert 130 in EXIT_CODES
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+def test_the_main_job_stopped_by_a_signal_leaves_no_traceback_and_no_temporary_directory(tmp_path: Path, signum: int) -> None:
+    scratch = tmp_path / "tmp"  # the run's system temporary directory
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)}
+    job = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "cpu_end_to_end.py")], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        # Signalled once the run is under way (its temporary directory exists): the wait is
+        # for that, however busy the machine, and the job's own end bounds it.
+        while not list(scratch.glob("plancache-cpu-*")) and job.poll() is None:
+            time.sleep(0.02)
+        assert job.poll() is None, job.communicate()
+        job.send_signal(signum)
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode == 128 + signum, stderr
+    assert "Traceback" not in stderr
+    assert (
+        stderr.splitlines()[-1]
+        == f"cpu_end_to_end: stopped by {signal.Signals(signum).name}; its temporary directory was removed"
+    )
+    assert list(scratch.iterdir()) == []

@@ -1,0 +1,98 @@
+"""The smaller things a new user met in the first hour (fourth pass): recording, prewarm
+from Python, `plancache sql`'s errors, names after `tune`, and `dir(plancache)`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from graphs import ConvBiasRelu
+from test_cli_first_hour import TEMPLATE_ENTRY, fill, one_line_error
+from test_cli_first_hour import plancache as command
+
+import plancache
+from plancache import ConfigError, PlanCache
+from plancache.cache.recording import record_to
+from plancache.testing import CpuTestBackend
+from plancache.workflows.manifest import load_manifest
+from plancache.workflows.prewarm import prewarm
+from plancache.workflows.tune import tune
+
+
+def test_dir_of_the_package_shows_its_public_names_only() -> None:
+    """dir(plancache) showed Any, TYPE_CHECKING, annotations and importlib."""
+    shown = set(dir(plancache))
+    assert not shown & {"Any", "TYPE_CHECKING", "annotations", "importlib"}
+    assert set(plancache.__all__) <= shown and {"cache", "workflows", "testing"} <= shown
+
+
+def test_prewarm_takes_a_manifest_document_or_a_list_of_its_entries(make_cache: Any) -> None:
+    """prewarm(cache, {"version": 1, "entries": []}) raised AttributeError."""
+    cache = make_cache()
+    assert prewarm(cache, {"version": 1, "entries": []}, progress=False)["total"] == 0
+    assert prewarm(cache, {"version": 1, "entries": [TEMPLATE_ENTRY]}, progress=False)["built"] == 1
+    assert prewarm(cache, [TEMPLATE_ENTRY], progress=False)["hits"] == 1
+    bad = prewarm(cache, {"version": 1, "entries": [{"template": "no_such_template"}]}, progress=False)
+    assert bad["failed"] == 1 and "no_such_template" in bad["entries"][0]["error"]
+    for wrong in (5, ["a manifest entry is not text"]):
+        with pytest.raises(TypeError, match=r"entries are a manifest path, a manifest document"):
+            prewarm(cache, wrong, progress=False)  # type: ignore[arg-type]
+
+
+def test_a_recording_in_a_missing_directory_or_named_toml_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_dir: Path
+) -> None:
+    """PLANCACHE_RECORD created missing directories silently, and a recording named .toml
+    was written as JSON, which prewarm then refused as invalid TOML."""
+    for path, why in ((tmp_path / "no" / "such" / "dir" / "r.json", "which is not a directory: create it first"),
+                      (tmp_path / "recorded.toml", "recording is written as JSON")):  # fmt: skip
+        monkeypatch.setenv("PLANCACHE_RECORD", str(path))
+        with pytest.raises(ConfigError, match=rf"^PLANCACHE_RECORD='.*' .*{why}"):
+            PlanCache(backend=CpuTestBackend())
+        with pytest.raises(ConfigError, match=rf"^record_to\(path\)=.*{why}"):
+            record_to(path)
+    assert not (tmp_path / "no").exists() and not cache_dir.exists()
+
+
+def test_a_recording_leaves_no_lock_file_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every recording left <file>.lock beside it."""
+    (tmp_path / "rec").mkdir()
+    recorded = tmp_path / "rec" / "recorded.json"
+    monkeypatch.setenv("PLANCACHE_RECORD", str(recorded))
+    with PlanCache(tmp_path / "cache", backend=CpuTestBackend()) as cache:
+        cache.get(ConvBiasRelu().graph())
+        cache.get(ConvBiasRelu(n=1).graph())
+    assert [p.name for p in (tmp_path / "rec").iterdir()] == ["recorded.json"]
+    entries, errors = load_manifest(recorded)
+    assert len(entries) == 2 and errors == []
+
+
+def test_sql_says_what_it_refused_in_its_own_words(tmp_path: Path) -> None:
+    """Writes said only "not authorized", and a statement without rows quoted
+    sqlite-utils ("query() can only be used with SQL that returns rows - use execute()")."""
+    directory = tmp_path / "cache"
+    fill(directory)
+    d = ["--dir", str(directory), "sql"]
+    cases = {
+        "DELETE FROM plans": "it would delete from plans, and plancache sql only reads",
+        "UPDATE plans SET label = 'x'": "it would update plans, and plancache sql only reads",
+        "PRAGMA journal_mode=DELETE": "it would set PRAGMA journal_mode = DELETE, and plancache sql only reads",
+        "BEGIN": "it returns no rows (plancache sql runs one SELECT, or a pragma that only reads)",
+        "SELECT 1; SELECT 2": "it holds more than one statement",
+    }
+    for statement, words in cases.items():
+        line = one_line_error(command(*d, statement))
+        assert words in line and "not authorized" not in line and "execute()" not in line, (statement, line)
+
+
+def test_tune_keeps_the_tensor_names_show_lists(make_cache: Any) -> None:
+    """After tune, show listed the tensors as u1..u4 (the replayed graph's names)."""
+    cache = make_cache()
+    plan = cache.get(ConvBiasRelu().graph())
+    before = [t["name"] for t in cache.store.get(plan.key).tensors]
+    assert tune(cache, [plan.key])["tuned"] == 1
+    assert [t["name"] for t in cache.store.get(plan.key).tensors] == before == ["X", "W", "B", "Y"]
+    shown = json.loads(command("--dir", str(cache.directory), "--json", "show", plan.key).stdout)
+    assert [t["name"] for t in shown["tensors"]] == before
