@@ -943,7 +943,7 @@ def prewarm(
         report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code, devices=devices,
                              on_record=on_record)  # fmt: skip
     except Interrupted as stopped:
-        if stopped.report is None:  # several devices: their workers' records are not gathered
+        if stopped.report is None:  # not a prewarm's own: nothing to report
             raise
         _emit(stopped.report, functools.partial(summary_lines, rows=not live))
         click.echo("plancache: interrupted", err=True)

@@ -99,3 +99,21 @@ def test_bad_timing_policies_are_refused_when_made(arguments: dict[str, Any], na
     with pytest.raises(ConfigError, match=named):
         TimingPolicy(**arguments)
     assert TimingPolicy(runs="3", prune_factor="2").to_dict()["runs"] == 3  # type: ignore[arg-type]
+
+
+def test_key_tune_and_preload_read_their_arguments_as_get_does(tmp_path: Path) -> None:
+    cache = PlanCache(tmp_path, backend=CpuTestBackend(), auto_prime=False)
+    graph = ConvBiasRelu().graph
+    assert cache.key(graph(), tag="v1").digest != cache.key(graph()).digest, "the tag is part of the key"
+    assert cache.key(graph(), tag="v1").digest == cache.key(graph(), tag="v1").digest
+    with pytest.raises(ConfigError, match=r"key\(options\)"):
+        cache.key(graph(), options={"policy": "topk"})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"key\(device\)"):
+        cache.key(graph(), device=-1)
+    with pytest.raises(ConfigError, match=r"tune\(options\)"):
+        cache.tune(graph(), options="exhaustive")  # type: ignore[arg-type]
+    plan = cache.get(graph())
+    with pytest.raises(ConfigError, match=r"preload\(keys='.*'\) is not a list of keys"):
+        cache.preload(plan.key)  # one key alone: its characters are no keys
+    assert cache.preload([plan.key])["loaded"] == [plan.key]
+    cache.close()

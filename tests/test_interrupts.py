@@ -117,3 +117,38 @@ def test_the_main_job_stopped_by_a_signal_leaves_no_traceback_and_no_temporary_d
         == f"cpu_end_to_end: stopped by {signal.Signals(signum).name}; its temporary directory was removed"
     )
     assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.usefixtures("ctrl_c_at_third_entry")
+def test_an_interrupted_prewarm_on_devices_reports_what_it_finished(tmp_path: Path) -> None:
+    # --devices took neither on_record nor Ctrl-C: no row as an entry finished, and an
+    # interrupted run reported nothing (exit 130 alone).
+    manifest = write_manifest(tmp_path / "m.json", *entries(5))
+    result = command("--dir", str(tmp_path / "cache"), "--json", "prewarm", str(manifest), "--devices", "0", env=BACKEND)
+    assert result.returncode == 130, result
+    report = json.loads(result.stdout)
+    assert report["interrupted"] is True and report["not_run"] == 3 and report["devices"] == [0]
+    assert [(r["status"], r["device"]) for r in report["entries"]] == [("built", 0), ("built", 0)]
+
+
+def test_an_interrupted_prewarm_across_devices_reports_every_devices_finished_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plancache.workflows import sharding
+
+    def two_then_ctrl_c(self: Any, *args: Any) -> list[dict[str, Any]]:
+        for position in (1, 0):  # in the order the workers finished them
+            entry = self.todo[position]
+            self._done(position, {"index": entry.index, "line": entry.line, "label": entry.label, "key": f"k{position}",
+                                  "status": "built", "seconds": 0.1, "device": position})  # fmt: skip
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sharding._Shard, "run", two_then_ctrl_c)
+    monkeypatch.setattr(plancache.cli, "_stdout_is_terminal", lambda: True)
+    manifest = write_manifest(tmp_path / "m.json", *entries(4))
+    two = {"PLANCACHE_BACKEND": "plancache.testing:TwoDeviceCpuTestBackend"}
+    result = command("--dir", str(tmp_path / "cache"), "prewarm", str(manifest), "--devices", "all", env=two)
+    assert result.returncode == 130 and result.stderr.splitlines()[-1] == "plancache: interrupted", result
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:2]] == ["built", "built"], "each row as its entry finished, on any device"
+    assert "interrupted, 2 not run (run it again to resume)" in lines[-1] and len(lines) == 3

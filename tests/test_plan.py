@@ -273,3 +273,15 @@ def test_unknown_dims_are_not_checked() -> None:
     assert plan.check({1: torch.zeros(2, 3), 2: torch.zeros(5)}).keys() == {1, 2}
     with pytest.raises(TensorMismatchError, match="has dtype"):
         plan.check({1: torch.zeros(2, 3), 2: torch.zeros(5, dtype=torch.int32)})
+
+
+@pytest.mark.parametrize("ref", [True, 1.0, "1"])
+def test_a_tensor_keyed_by_what_only_looks_like_its_uid_is_refused(counting: tuple[PlanCache, CountingBackend], ref: Any) -> None:
+    # True and 1.0 hash and compare as 1 does, and were taken for uid 1; "1" is no name.
+    cache, backend = counting
+    plan = cache.get(CONV.graph())
+    tensors: dict[Any, Any] = dict(CONV.tensors(seed=0))
+    tensors[ref] = tensors.pop(1)
+    with pytest.raises(TensorMismatchError, match=r"is neither a uid|is not a tensor of this plan"):
+        plan.execute(tensors)
+    assert backend.executions == 0

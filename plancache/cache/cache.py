@@ -29,7 +29,19 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..config import APP, AUTO_PRIME, MAX_SIZE, MEMORY_PLANS, RECORD, REDIS_URL, ConfigError, argument, instance_of, switch
+from ..config import (
+    APP,
+    AUTO_PRIME,
+    MAX_SIZE,
+    MEMORY_PLANS,
+    RECORD,
+    REDIS_URL,
+    ConfigError,
+    argument,
+    instance_of,
+    switch,
+    whole_number,
+)
 from ..config import tag as config_tag
 from ..engines.autotune import TimingPolicy
 from ..engines.backend import Backend, Load
@@ -69,6 +81,17 @@ def _tag_of(tag: Any) -> str | None:
     return None if tag is None else argument("tag", tag, config_tag)  # describe() raised a bare TypeError
 
 
+def _keys_of(keys: Any) -> list[str]:
+    """``preload(keys=)``: keys, each text. A key alone is text too, whose characters are no
+    keys (each would be reported missing)."""
+    listed = None if isinstance(keys, (str, bytes)) else list(keys) if isinstance(keys, Iterable) else None
+    if listed is None or not all(isinstance(k, str) for k in listed):
+        raise ConfigError(f"preload(keys={keys!r:.80}) is not a list of keys: pass preload([key, ...])", name="keys", value=keys)
+    return listed
+
+
+#: A device index, as ``key(device=)`` takes one.
+_DEVICE = whole_number(0, "a device index")
 #: What a backend must have: an instance, not its class or its name.
 _BACKEND_METHODS = ("environment", "current_device", "candidates", "load")
 
@@ -204,11 +227,13 @@ class PlanCache:
         """The environment fingerprint of ``device``."""
         return dict(self.lookup.environment(device)[0])
 
-    def key(self, graph: Any, options: BuildOptions | None = None, *, device: int | None = None) -> CacheKey:
-        """The key ``graph`` is stored under on ``device`` (default: the current one);
-        ``key.explain()`` shows each part."""
-        device = self.backend.current_device() if device is None else device
-        return self.lookup.key(graph, options or self.options, device)
+    def key(self, graph: Any, options: BuildOptions | None = None, *, device: int | None = None,
+            tag: str | None = None) -> CacheKey:  # fmt: skip
+        """The key ``graph`` is stored under on ``device`` (default: the current one), with
+        ``tag`` as ``get`` takes it; ``key.explain()`` shows each part."""
+        options = _options_of(options, self.options, "key(options)")
+        device = self.backend.current_device() if device is None else argument("key(device)", device, _DEVICE)
+        return self.lookup.key(graph, options, device, _tag_of(tag))
 
     def get(self, graph: Any, *, options: BuildOptions | None = None, inputs: Mapping[int, Any] | None = None,
             load: Load | None = None, tag: str | None = None) -> Plan:  # fmt: skip
@@ -227,15 +252,16 @@ class PlanCache:
         self.check_open()
         return self.lookup.get(graph, _options_of(options, self.options, "get(options)"), inputs, load, _tag_of(tag))
 
-    def tune(self, graph: Any, *, options: BuildOptions | None = None) -> Plan:
+    def tune(self, graph: Any, *, options: BuildOptions | None = None, tag: str | None = None) -> Plan:
         """Autotune ``graph`` again with no time budget and store the choice in place of its
         entry (``plancache tune`` calls it for entries whose miss stopped at the budget,
         ``PLANCACHE_AUTOTUNE_BUDGET``). Later lookups of other processes get the new plan.
-        Raises as ``get`` does."""
+        ``tag`` as ``get`` takes it. Raises as ``get`` does."""
         self.check_open()
-        options = options or self.options
+        options = _options_of(options, self.options, "tune(options)")
         device = self.backend.current_device()
-        return self.lookup.retune(graph, self.lookup.key(graph, options, device), options, device).named(names_of(graph))
+        key = self.lookup.key(graph, options, device, _tag_of(tag))
+        return self.lookup.retune(graph, key, options, device).named(names_of(graph))
 
     def builder(self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None,
                 tag: str | None = None) -> Any:  # fmt: skip
@@ -274,8 +300,7 @@ class PlanCache:
         """
         self.check_open()
         device = self.backend.current_device()
-        if keys is None:
-            keys = self.local.entries_of(self.lookup.environment(device)[1])
+        keys = self.local.entries_of(self.lookup.environment(device)[1]) if keys is None else _keys_of(keys)
         return self.lookup.preload(keys, device)
 
     def stats(self) -> dict[str, Any]:

@@ -140,6 +140,8 @@ class Plan:
         for ref, tensor in tensors.items():
             # A name not in the plan's names stays a str, which no uid equals: KeyError below.
             uid: int = name_to_uid.get(ref, ref) if isinstance(ref, str) else ref  # type: ignore[arg-type]
+            if uid.__class__ is not int:  # True and 1.0 hash as uid 1 does: only an int is a uid
+                return None
             expect = by_uid[uid]
             pack[uid] = tensor
             dtypes = expect.dtypes
@@ -170,6 +172,9 @@ class Plan:
         problems: list[str] = []
         for ref, tensor in tensors.items():
             uid = self._name_to_uid.get(ref) if isinstance(ref, str) else ref
+            if not isinstance(ref, (int, str)) or isinstance(ref, bool):
+                problems.append(f"{ref!r} is neither a uid (an int) nor a name (text)")
+                continue
             if uid is None or uid not in self._by_uid:
                 known = ", ".join(sorted(self._name_to_uid)) or "none; pass uids"
                 problems.append(

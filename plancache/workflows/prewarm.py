@@ -71,7 +71,7 @@ def prewarm(
         from .sharding import prewarm_on_devices  # multiprocessing only when asked for
 
         return prewarm_on_devices(cache, entries, devices, dry_run=dry_run, progress=progress, options=options,
-                                  allow_code=allow_code, backend_factory=backend_factory)  # fmt: skip
+                                  allow_code=allow_code, backend_factory=backend_factory, on_record=on_record)  # fmt: skip
     started = time.perf_counter()
     env_id = environment_id(cache.environment)  # no GPU: one clear error, not one per entry
     todo, load_errors = load_entries(entries, allow_code=allow_code, listing=dry_run)

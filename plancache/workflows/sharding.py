@@ -37,7 +37,7 @@ from ..config import ConfigError
 from ..errors import NoGpuError
 from ..key import BuildOptions, environment_id
 from .manifest import ManifestEntry
-from .steps import Entries, Progress, attempt, build_report, error_record, load_entries, run_here
+from .steps import Entries, Interrupted, OnRecord, Progress, attempt, build_report, error_record, load_entries, run_here
 
 __all__ = ["check_environments", "parse_devices", "prewarm_on_devices", "resolve_devices", "settle_duplicates"]
 
@@ -222,10 +222,11 @@ class _Shard:
     """Starts one worker per device, hands out entries as workers ask, answers claims,
     and turns a worker's death into failed records instead of a hang."""
 
-    def __init__(self, todo: list[ManifestEntry], devices: list[int], bar: Progress) -> None:
+    def __init__(self, todo: list[ManifestEntry], devices: list[int], bar: Progress, on_record: OnRecord | None = None) -> None:
         self.todo = todo
         self.devices = devices
         self.bar = bar
+        self.on_record = on_record
         self.pending: deque[int] = deque(range(len(todo)))
         self.records: dict[int, dict[str, Any]] = {}
         self.claims: dict[int, str] = {}  # position -> the key it asked about
@@ -329,6 +330,17 @@ class _Shard:
             log.warning("plancache: prewarm: %s", record["error"])
         self.records[position] = record
         self.bar.update(record["status"], record.get("seconds", 0.0))
+        if self.on_record is not None:
+            self.on_record(record)
+
+    def finished(self) -> list[dict[str, Any]]:
+        """The records of the entries finished so far, in the manifest's order, duplicates
+        settled among them (an interrupted run)."""
+        order = sorted(self.records)
+        at = {position: i for i, position in enumerate(order)}
+        done = [self.records[p] for p in order]
+        settle_duplicates(done, {at[p]: d for p, d in self.claims.items() if p in at}, [self.todo[p] for p in order])
+        return done
 
     def _failed(self, position: int, error: str, device: int | None) -> None:
         entry = self.todo[position]
@@ -412,13 +424,16 @@ def prewarm_on_devices(
     options: BuildOptions | None = None,
     allow_code: bool = True,
     backend_factory: Callable[[], Any] | None = None,
+    on_record: OnRecord | None = None,
 ) -> dict[str, Any]:
     """``prewarm`` across ``devices`` of this machine: one spawned worker per device, each
     with its own ``PlanCache`` on ``cache``'s directory and a backend from
     ``backend_factory`` (default: the class of ``cache.backend``, built without
     arguments; it must be importable by name). One device, or a dry run, runs in this
     process on the first device. The report is ``prewarm``'s, plus ``devices`` and each
-    record's ``device`` (None for entries that never reached one)."""
+    record's ``device`` (None for entries that never reached one). ``on_record`` and
+    Ctrl-C as ``prewarm``'s: each record as its entry finishes (on any device), and an
+    ``Interrupted`` whose report holds the entries finished on every device."""
     started = time.perf_counter()
     backend = cache.backend
     chosen = resolve_devices(devices if isinstance(devices, str) else list(devices), backend.device_count())
@@ -432,13 +447,19 @@ def prewarm_on_devices(
         previous = backend.current_device()
         if hasattr(backend, "use_device"):
             backend.use_device(chosen[0])
+
+        def on_device(record: dict[str, Any]) -> None:
+            record["device"] = chosen[0]
+            if on_record is not None:
+                on_record(record)
+
         try:
-            records = run_here(cache, todo, options, dry_run, progress)
+            records = run_here(cache, todo, options, dry_run, progress, on_device)
+        except Interrupted as stopped:
+            raise _interrupted(stopped.records, todo, load_errors, dry_run, env_id, started, chosen) from None
         finally:
             if hasattr(backend, "use_device"):
                 backend.use_device(previous)
-        for record in records:
-            record["device"] = chosen[0]
     else:
         factory = backend_factory or type(backend)
         try:
@@ -447,14 +468,29 @@ def prewarm_on_devices(
             raise ConfigError(f"the {backend.name} backend cannot be rebuilt in a worker process ({exc}); pass backend_factory",
                               name="backend_factory", value=repr(factory)) from exc  # fmt: skip
         bar = Progress(len(todo), progress)
-        shard = _Shard(todo, chosen, bar)
+        shard = _Shard(todo, chosen, bar, on_record)
         try:
             records = shard.run(factory, _worker_config(cache), [_portable(e) for e in todo], options)
+        except KeyboardInterrupt:  # the workers are stopped (run's own clean-up); what they finished is reported
+            done = shard.finished()
+            env = shard.env_id or "unknown: no worker started"
+            raise _interrupted(done, todo, load_errors, dry_run, env, started, chosen) from None
         finally:
             bar.close()
         settle_duplicates(records, shard.claims, todo)
         env_id = shard.env_id or "unknown: no worker started"
+    return {**_report(records, load_errors, dry_run, env_id, started, chosen), "interrupted": False, "not_run": 0}
+
+
+def _report(records: list[dict[str, Any]], load_errors: list[Any], dry_run: bool, env_id: str, started: float,
+            devices: list[int]) -> dict[str, Any]:  # fmt: skip
     errors = [{**error_record(e), "device": None} for e in load_errors]
-    report = build_report(errors + records, dry_run, env_id, started)
-    report["devices"] = chosen
-    return report
+    return {**build_report(errors + records, dry_run, env_id, started), "devices": devices}
+
+
+def _interrupted(records: list[dict[str, Any]], todo: list[ManifestEntry], load_errors: list[Any], dry_run: bool, env_id: str,
+                 started: float, devices: list[int]) -> Interrupted:  # fmt: skip
+    """The ``Interrupted`` of a run across devices stopped by Ctrl-C: the report of the entries finished."""
+    report = {**_report(records, load_errors, dry_run, env_id, started, devices), "interrupted": True,
+              "not_run": len(todo) - len(records)}  # fmt: skip
+    return Interrupted(records, report)
