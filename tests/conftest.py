@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 from redis_fixtures import own_server, redis_server  # noqa: F401 - fixtures for the Redis tests
 
 from plancache import PlanCache, Store
@@ -72,13 +73,22 @@ def plancache_source() -> Callable[[Path], Path]:
 @pytest.fixture(scope="session")
 def plancache_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """plancache's wheel, built once per run from this tree with this interpreter's
-    setuptools (no network), for the tests that install it as a user does."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    source = _copy_source(tmp / "src")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                            "-w", str(tmp / "dist"), str(source)], capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert built.returncode == 0, built.stderr[-3000:]
-    (wheel,) = (tmp / "dist").glob("plancache-*.whl")
+    setuptools (no network), for the tests that install it as a user does. Once per run,
+    not once per worker: the workers of one run share it through a directory named after
+    the run, the first to come builds it under a file lock, the others wait and take it."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    tmp = tmp_path_factory.getbasetemp().parent / f"wheel-{run}" if run else tmp_path_factory.mktemp("wheel")
+    tmp.mkdir(exist_ok=True)
+    with FileLock(str(tmp / "build.lock")):
+        found = sorted((tmp / "dist").glob("plancache-*.whl"))
+        if not found:
+            source = _copy_source(tmp / "src")
+            built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                                    "-q", "-w", str(tmp / "dist"), str(source)], capture_output=True, text=True,
+                                   timeout=300)  # fmt: skip
+            assert built.returncode == 0, built.stderr[-3000:]
+            found = sorted((tmp / "dist").glob("plancache-*.whl"))
+    (wheel,) = found
     return wheel
 
 
