@@ -116,6 +116,16 @@ class Stopped(BaseException):
 
 
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The signal that stopped the run, once one came. A signal handler's exception raised
+#: while the interpreter runs a callback of its own (a weakref's, an import lock's) is
+#: printed as "ignored" and the run goes on: ``_check_stopped`` raises it again.
+_received: list[int] = []
+
+
+def _check_stopped() -> None:
+    """Raise ``Stopped`` for a signal that came and whose exception was swallowed."""
+    if _received:
+        raise Stopped(_received[0])
 
 
 @contextlib.contextmanager
@@ -127,6 +137,7 @@ def _stopped_by_signals() -> Iterator[None]:
     def stop(signum: int, _frame: Any) -> None:
         for number in STOPPING:
             signal.signal(number, signal.SIG_IGN)
+        _received.append(signum)
         raise Stopped(signum)
 
     previous = {number: signal.signal(number, stop) for number in STOPPING}
@@ -147,9 +158,12 @@ def run(out: str | None = None, keep: str | None = None) -> int:
     try:
         with _stopped_by_signals():
             if keep is not None:
-                return _run(str(Path(keep).resolve()), out, kept=True)
-            with tempfile.TemporaryDirectory(prefix="plancache-cpu-") as root:
-                return _run(str(Path(root) / "cache"), out, kept=False)
+                code = _run(str(Path(keep).resolve()), out, kept=True)
+            else:
+                with tempfile.TemporaryDirectory(prefix="plancache-cpu-") as root:
+                    code = _run(str(Path(root) / "cache"), out, kept=False)
+            _check_stopped()
+            return code
     except (Stopped, KeyboardInterrupt) as exc:
         signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
         left = f"the cache in {keep} is kept" if keep is not None else "its temporary directory was removed"
@@ -163,8 +177,11 @@ def _run(directory: str, out: str | None, *, kept: bool) -> int:
 
     print(f"no NVIDIA GPU here: plancache end to end on the CPU test backend, cache {directory}", file=sys.stderr)
     miss = benchlib.run_phase(__file__, "miss", dir=directory)
+    _check_stopped()
     hit = benchlib.run_phase(__file__, "hit", dir=directory)
+    _check_stopped()
     primed = benchlib.run_phase(__file__, "primed", dir=directory)
+    _check_stopped()
     store = Store(directory, read_only=True)
     try:
         stats = store.stats()
