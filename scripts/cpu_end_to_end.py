@@ -160,7 +160,14 @@ def run(out: str | None = None, keep: str | None = None) -> int:
             if keep is not None:
                 code = _run(str(Path(keep).resolve()), out, kept=True)
             else:
-                with tempfile.TemporaryDirectory(prefix="plancache-cpu-") as root:
+                with contextlib.ExitStack() as stack:
+                    # The directory is made and its removal registered with the signals held
+                    # back: one arriving between the two left the directory behind.
+                    signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
+                    try:
+                        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="plancache-cpu-"))
+                    finally:
+                        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
                     code = _run(str(Path(root) / "cache"), out, kept=False)
             _check_stopped()
             return code
