@@ -151,17 +151,22 @@ def run_phase(script: str, phase: str, **args: Any) -> dict[str, Any]:
     return result
 
 
+def _host_seconds(fn: Any, calls: int) -> float:
+    """Host seconds per call of ``fn`` over ``calls`` calls after one warm-up (a smoke run's
+    stand-in for the GPU timers)."""
+    fn()
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - started) / calls
+
+
 def gpu_ms(torch: Any, fn: Any, iters: int = 20, repeats: int = 7) -> float:
     """GPU milliseconds per call: median of ``repeats`` batches of ``iters`` calls, each
     queued behind a GPU sleep so host launch overhead does not pace the kernels. Without
     CUDA (a smoke run): host milliseconds per call over at most 2 calls."""
     if not has_cuda(torch):
-        fn()
-        iters = min(iters, 2)
-        started = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return (time.perf_counter() - started) * 1e3 / iters
+        return _host_seconds(fn, min(iters, 2)) * 1e3
     for _ in range(3):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -185,12 +190,7 @@ def host_us(torch: Any, launch: Any, launches: int = 200, loops: int = 25) -> fl
     loop times the host's enqueueing even when the kernels are slower than it. Without
     CUDA (a smoke run): one loop of at most 3 calls."""
     if not has_cuda(torch):
-        launch()
-        launches = min(launches, 3)
-        started = time.perf_counter()
-        for _ in range(launches):
-            launch()
-        return (time.perf_counter() - started) / launches * 1e6
+        return _host_seconds(launch, min(launches, 3)) * 1e6
     for _ in range(50):
         launch()
     torch.cuda.synchronize()

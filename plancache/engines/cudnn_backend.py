@@ -487,9 +487,14 @@ class CudnnDriver:
         self.library().set_stream(handle.backend_handle, stream)
         handle.stream = stream  # the frontend's Handle remembers it, as cudnn.set_stream does
 
-    def workspace(self, size: int, device: int) -> Any:
+    def workspace_getter(self) -> Callable[[int, int], Any]:
         torch = _torch()
-        return torch.empty(size, dtype=torch.uint8, device=device)
+        empty, uint8 = torch.empty, torch.uint8  # resolved once: a launch pays only the allocation
+
+        def workspace(size: int, device: int) -> Any:
+            return empty(size, dtype=uint8, device=device)
+
+        return workspace
 
     # ------------------------------------------------------------------ plans
 

@@ -114,9 +114,10 @@ class Driver(Protocol):
         """Point ``handle`` at ``stream`` (and remember it in ``handle.stream``)."""
         ...
 
-    def workspace(self, size: int, device: int) -> Any:
-        """``size`` bytes on ``device`` from the caching allocator, on the current stream,
-        for one launch; an object with ``data_ptr()``."""
+    def workspace_getter(self) -> Callable[[int, int], Any]:
+        """The cheapest ``(size, device) -> size bytes on device`` from the caching
+        allocator, on the current stream, for one launch (an object with ``data_ptr()``;
+        every launch that needs a workspace calls it)."""
         ...
 
     # ------------------------------------------------------------------ plans

@@ -176,7 +176,7 @@ class GuestBackend:
         with everything that does not change between launches resolved once."""
         driver = self.driver
         current_device, raw_stream = driver.device_getter(), driver.stream_getter()
-        stream_capturing, set_stream, workspace_of = driver.stream_capturing, driver.set_stream, driver.workspace
+        stream_capturing, set_stream, workspace_of = driver.stream_capturing, driver.set_stream, driver.workspace_getter()
         take, give = self.handles.take, self.handles.give
         if isinstance(native, NativePlan):
             size = max(int(workspace_size), native.workspace_size)

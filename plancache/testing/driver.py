@@ -32,6 +32,7 @@ __all__ = ["CpuDriver", "FrontendGraph", "Handle"]
 
 _WARMUP_BYTES = 1 << 20  # what the frontend's warm-up allocates
 _MODES = {0: "global", 1: "thread_local", 2: "relaxed"}  # cudaStreamCaptureMode
+_MODE_NUMBERS = {name: number for number, name in _MODES.items()}
 _ALIGNMENT = 16
 
 
@@ -164,8 +165,7 @@ class CpuDriver:
         return self.cuda.capturing(stream)
 
     def exchange_capture_mode(self, mode: int) -> int | None:
-        names = {name: number for number, name in _MODES.items()}
-        return names[self.cuda.exchange_mode(_MODES[mode])]
+        return _MODE_NUMBERS[self.cuda.exchange_mode(_MODES[mode])]
 
     def new_stream(self, device: int) -> int:
         return self.cuda.new_stream(blocking=False)
@@ -187,10 +187,13 @@ class CpuDriver:
         self.simulated.set_stream(handle.backend_handle, stream)
         handle.stream = stream
 
-    def workspace(self, size: int, device: int) -> Any:
+    def workspace_getter(self) -> Callable[[int, int], Any]:
         import torch
 
-        return torch.empty(size, dtype=torch.uint8)  # the caching allocator's block for this launch
+        def workspace(size: int, device: int) -> Any:
+            return torch.empty(size, dtype=torch.uint8)  # the caching allocator's block for this launch
+
+        return workspace
 
     # ------------------------------------------------------------------ plans
 
