@@ -19,7 +19,6 @@ plancache (the frontend's own builds) and the kernel-cache probe reported as ski
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -205,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     if benchlib.smoke():
         _smoke_sizes()
     torch = benchlib.require_gpu("bench_dynamic")
-    root = Path(tempfile.mkdtemp(prefix="plancache-dyn-"))
+    root = benchlib.scratch("plancache-dyn-")
     run = lambda phase, **a: benchlib.run_phase(__file__, phase, **a)  # noqa: E731
     r: dict[str, Any] = {
         "static": run("static"),

@@ -22,10 +22,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import benchlib
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 0.6  # all-GPU wall time / one-GPU wall time on two GPUs
@@ -80,7 +81,7 @@ def main() -> None:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count < 2:
         raise SystemExit(f"bench_prewarm_devices: needs two or more NVIDIA GPUs; this machine has {count}")
-    root = Path(tempfile.mkdtemp(prefix="plancache-prewarm-devices-"))
+    root = benchlib.scratch("plancache-prewarm-devices-")
     manifest = root / "manifest.json"
     entries = [{"name": f"{name} {i}", "template": name, "params": params} for i, (name, params) in enumerate(GRAPHS)]
     manifest.write_text(json.dumps({"version": 1, "entries": entries}, indent=1))

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -411,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(cpu_end_to_end.run(opts.out, keep=opts.keep))
     torch = benchlib.require_gpu("bench_startup")
-    root = Path(opts.keep) if opts.keep else Path(tempfile.mkdtemp(prefix="plancache-bench-"))
+    root = Path(opts.keep) if opts.keep else benchlib.scratch("plancache-bench-")
     ex_dir, topk_dir = str(root / "exhaustive"), str(root / "topk")
     results = {
         "heuristic": run_phase("heuristic"),

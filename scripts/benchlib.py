@@ -15,11 +15,14 @@ JSON), timers are host timers, and each part that needs real cuDNN or CUDA sits 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -95,6 +98,14 @@ def report_skipped(script: str) -> None:
         print(f"{script} smoke run: {len(skipped_parts)} GPU-only part(s) {SKIPPED}")
         for what in skipped_parts:
             print(f"  {what}: {SKIPPED}")
+
+
+def scratch(prefix: str) -> Path:
+    """A new temporary directory of this run, removed when the script exits (a script's
+    caches and checkpoints are its own: nothing of them is left in the temporary folder)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
 
 
 def fmt(value: float | None, spec: str, scale: float = 1.0) -> str:

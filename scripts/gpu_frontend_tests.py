@@ -44,11 +44,12 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import benchlib
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The sequence of the issue: matmul, convolution, batch norm, layer norm, RMS norm, instance norm.
@@ -242,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not tests.is_dir() or missing:
         print(f"gpu_frontend_tests: no such test files in {tests}: {', '.join(missing) or '(no directory)'}", file=sys.stderr)
         return 2
-    cache_dir = Path(args.cache_dir) if args.cache_dir else Path(tempfile.mkdtemp(prefix="plancache-frontend-tests-"))
+    cache_dir = Path(args.cache_dir) if args.cache_dir else benchlib.scratch("plancache-frontend-tests-")
     plan = (
         ([] if args.no_cold else ["cold"]) + ["warm"] * args.runs + ["noprime"] * args.noprime_runs + ["plain"] * args.plain_runs
     )

@@ -34,7 +34,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -328,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(*args.child)
         return 0
-    work = Path(tempfile.mkdtemp(prefix="plancache-hazards-"))
+    work = benchlib.scratch("plancache-hazards-")
     directory = work / "cache"
     began = time.perf_counter()
     setup(directory)

@@ -33,7 +33,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -433,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         kind, mode, out = args.child
         CHILDREN[kind](mode, out)
         return 0
-    work = Path(tempfile.mkdtemp(prefix="plancache-right-"))
+    work = benchlib.scratch("plancache-right-")
     policies = ("heuristic", "topk", "exhaustive", "dropin")
     # Round 1: every cold process at once (each policy its own cache), and the baselines.
     jobs = [("epilogue frontend", spawn("epilogue", "frontend", work / "ef.json", work / "none"), work / "ef.json")]

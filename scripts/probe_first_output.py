@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     smoke = benchlib.start_smoke(args.smoke)
     if not smoke and (args.mode is None or args.directory is None):
         parser.error("give a mode and the plan cache directory")
-    directory = args.directory or tempfile.mkdtemp(prefix="plancache-probe-")
+    directory = args.directory or str(benchlib.scratch("plancache-probe-"))
     for mode in [args.mode] if args.mode else ["cold", "warm"]:
         print(json.dumps(probe(mode, directory), default=str))
     benchlib.report_skipped("probe_first_output")

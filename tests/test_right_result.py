@@ -146,6 +146,23 @@ def test_entries_checked_under_the_older_rule_are_chosen_again(tmp_path: Path) -
     assert stored is not None and stored.check is not None and stored.check["rule"] == 2
 
 
+def test_a_check_record_of_the_wrong_shape_is_judged_unsound_not_chosen_again(tmp_path: Path) -> None:
+    # A list where the check's object belongs, under a metadata checksum that matches it.
+    old = cache(tmp_path, candidates=4)
+    key = old.get(matmul_graph(), options=BuildOptions(policy="exhaustive")).key
+    entry = old.store.get(key)
+    assert entry is not None
+    old.close()
+    entry.check = ["rule", 2]  # type: ignore[assignment]
+    entry.meta_sha256 = entry.meta_digest()
+    rewrite(tmp_path, "UPDATE plans SET check_json = ?, meta_sha256 = ?", json.dumps(entry.check), entry.meta_sha256)
+    assert plancache.store.unsound(entry) == "malformed entry (its check record is a list)"
+    fresh = cache(tmp_path, candidates=4)
+    plan = fresh.get(matmul_graph(), options=BuildOptions(policy="exhaustive"))
+    assert plan.key == key and run_and_compare(plan) < 1e-5
+    assert fresh.counters["corrupt"] == 1 and fresh.counters["rechecks"] == 0
+
+
 def test_knob_variants_of_one_wrong_engine_do_not_outvote_the_others(tmp_path: Path) -> None:
     c = cache(tmp_path, candidates=5, wrong=[0, 1], engine_ids=[0, 0, 1, 2, 3])
     plan = c.get(matmul_graph(), options=BuildOptions(policy="heuristic"))

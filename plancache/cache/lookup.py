@@ -26,7 +26,7 @@ from ..engines.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
 from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, describe, environment_id, make_key
 from ..runtime.plan import Plan, names_of
-from ..store import NEVER_CHECKED, Entry, problem, sha256, summarize
+from ..store import NEVER_CHECKED, Entry, problem, sha256, summarize, unsound
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .counters import Counters
@@ -48,7 +48,7 @@ class Verdict(enum.Enum):
 
     ABSENT = "not stored"
     UNDECODABLE = "the row cannot be decoded"
-    UNSOUND = "the entry fails its checks"  # store.entry.problem: checksums, environment, key
+    UNSOUND = "the entry fails its checks"  # store.entry.unsound: checksums, environment, key
     NEVER_CHECKED = "its engine was never compared with others"  # sound: chosen again, not quarantined
     REFUSED = "the backend refused the plan"  # the library's word on the blob
     LOAD_FAILED = "not loaded now"  # the process's failure, not the entry's: it stays
@@ -268,9 +268,11 @@ class Lookup:
             return Unserved(None, Verdict.UNDECODABLE, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
         if entry is None:
             return _ABSENT
-        reason = problem(entry, environment)
+        reason = unsound(entry, environment)
         if reason is not None:
-            return Unserved(entry, Verdict.NEVER_CHECKED if reason == NEVER_CHECKED else Verdict.UNSOUND, reason)
+            return Unserved(entry, Verdict.UNSOUND, reason)
+        if not entry.checked:
+            return Unserved(entry, Verdict.NEVER_CHECKED, NEVER_CHECKED)
         return self._load(entry, device, count_hit=count_hit, load=load)
 
     def _load(self, entry: Entry, device: int, *, count_hit: bool = True, load: Load | None = None) -> Plan | Unserved:

@@ -3,7 +3,7 @@ whether it may be served (``entry``), recovery from damage (``recovery``), entri
 out of service (``quarantine``) and offline maintenance (``maintenance``: verify, prune,
 listings)."""
 
-from .entry import CHECK_RULE, NEVER_CHECKED, Entry, problem, sha256, summarize
+from .entry import CHECK_RULE, NEVER_CHECKED, Entry, problem, sha256, summarize, unsound
 from .recovery import DB_NAME
 from .schema import BUSY_TIMEOUT_MS, check_private, default_cache_dir, migrations
 from .store import Store
@@ -21,4 +21,5 @@ __all__ = [
     "problem",
     "sha256",
     "summarize",
+    "unsound",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..key import KEY_FORMAT, canonical_json, environment_id
 
-__all__ = ["CHECK_RULE", "INSERT_SQL", "NEVER_CHECKED", "Entry", "problem", "sha256", "summarize"]
+__all__ = ["CHECK_RULE", "INSERT_SQL", "NEVER_CHECKED", "Entry", "problem", "sha256", "summarize", "unsound"]
 
 #: The rule by which a stored choice must have been checked against the other candidates
 #: to be served (``engines.consensus``, which records it with each check): 1 compared each
@@ -83,6 +83,12 @@ class Entry:
 
     def checksum_ok(self) -> bool:
         return len(self.blob) > 0 and sha256(self.blob) == self.blob_sha256
+
+    @property
+    def checked(self) -> bool:
+        """Whether its engine was checked against the other candidates element by element
+        (under ``CHECK_RULE``); an entry that was not is sound but chosen again."""
+        return isinstance(self.check, dict) and self.check.get("rule") == CHECK_RULE
 
     def meta_digest(self) -> str:
         """SHA-256 of what the plan executes with besides its blob, over the text the
@@ -162,13 +168,19 @@ def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str |
     should be, say: a bundle's or the fleet's bytes are only checksummed by their sender)
     is judged malformed, never an exception of the caller's.
     """
+    return unsound(entry, environment) or (None if entry.checked else NEVER_CHECKED)
+
+
+def unsound(entry: Entry, environment: Mapping[str, Any] | None = None) -> str | None:
+    """What ``problem`` says but never NEVER_CHECKED: why ``entry`` cannot be trusted at
+    all, or None for a sound entry (``Entry.checked`` then says whether it is known right)."""
     try:
-        return _problem(entry, environment)
+        return _unsound(entry, environment)
     except (AttributeError, TypeError, KeyError, ValueError) as exc:
         return f"malformed entry ({type(exc).__name__}: {exc})"
 
 
-def _problem(entry: Entry, environment: Mapping[str, Any] | None) -> str | None:
+def _unsound(entry: Entry, environment: Mapping[str, Any] | None) -> str | None:
     if not entry.checksum_ok():
         return "blob checksum mismatch"
     if environment is not None and entry.environment != environment:
@@ -180,8 +192,9 @@ def _problem(entry: Entry, environment: Mapping[str, Any] | None) -> str | None:
         return "key does not match the recorded graph, environment and options"
     if entry.meta_sha256 is not None and entry.meta_sha256 != entry.meta_digest():
         return "metadata checksum mismatch (tensor table, engine, workspace size or check record altered)"
-    checked = entry.check is not None and entry.check.get("rule") == CHECK_RULE
-    return _tensor_problem(entry) or (None if checked else NEVER_CHECKED)
+    if entry.check is not None and not isinstance(entry.check, dict):
+        return f"malformed entry (its check record is a {type(entry.check).__name__})"
+    return _tensor_problem(entry)
 
 
 def _tensor_problem(entry: Entry) -> str | None:
