@@ -66,13 +66,16 @@ LAUNCH = (
 #: What plancache's warnings say, by kind (the lines start with "plancache:").
 WARNING_KINDS = (
     ("no_majority", "disagree and no majority agrees"),
+    ("left_to_frontend", "the frontend plans it"),
     ("load_failure", "failed ("),
     ("unloadable", "not storing the plan of"),
     ("unusable", "is unusable"),
     ("priming", "priming stopped"),
 )
 _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)(?: - (.*))?$")
-_CAPTURE = re.compile(r"capture", re.IGNORECASE)
+#: A CUDA graph capture named in the output; not the link to pytest's page on capturing
+#: warnings that ends every run with a warning.
+_CAPTURE = re.compile(r"capture(?!-warnings)", re.IGNORECASE)
 
 
 def classify(line: str) -> str:

@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _script() -> Any:
+    if str(ROOT / "scripts") not in sys.path:  # where the script, run as one, finds benchlib
+        sys.path.insert(0, str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location("gpu_frontend_tests", ROOT / "scripts" / "gpu_frontend_tests.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -75,3 +77,21 @@ def test_a_missing_directory_or_file_is_refused(tmp_path: Path, capsys: Any) -> 
     (tmp_path / "fe").mkdir()
     assert script.main(["--tests", str(tmp_path / "fe"), "--files", "test_x.py"]) == 2
     assert "test_x.py" in capsys.readouterr().err
+
+
+def test_a_run_is_read_by_what_it_printed() -> None:
+    script = _script()
+    stdout = (
+        "FAILED test_b.py::test_flaky[0] - AssertionError: cuda_graph_end_capture failed\n"
+        "-- Docs: https://docs.pytest.org/en/stable/how-to/capture-warnings.html\n"
+        "=== 1 failed, 3 passed, 1 warning in 2.50s ===\n"
+    )
+    stderr = (
+        "plancache: no plan of this graph is stored (its candidates did not agree, or loading the stored one "
+        "failed for now); the frontend plans it\n"
+    )
+    run = script.parse_run(stdout, stderr)
+    assert run["failed"] == {"test_b.py::test_flaky[0]": "AssertionError: cuda_graph_end_capture failed"}
+    assert run["capture_lines"] == ["FAILED test_b.py::test_flaky[0] - AssertionError: cuda_graph_end_capture failed"]
+    assert list(run["warnings"]) == ["left_to_frontend"]
+    assert run["summary"] == "1 failed, 3 passed, 1 warning in 2.50s"
