@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     if benchlib.smoke():
         _smoke_sizes()
     torch = benchlib.require_gpu("bench_dynamic")
-    root = benchlib.scratch("plancache-dyn-")
+    root = benchlib.scratch("plancache-dyn-", opts.keep)
     run = lambda phase, **a: benchlib.run_phase(__file__, phase, **a)  # noqa: E731
     r: dict[str, Any] = {
         "static": run("static"),

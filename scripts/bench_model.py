@@ -35,11 +35,9 @@ import datetime
 import importlib.util
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -515,14 +513,6 @@ def header_info(torch: Any, example: ModuleType, opts: argparse.Namespace) -> di
             "warmup": example.WARMUP_STEPS, "tolerance": example.TOLERANCE}  # fmt: skip
 
 
-def make_root(keep: str | None) -> Path:
-    if keep is None:
-        return Path(tempfile.mkdtemp(prefix="plancache-bench-model-"))
-    root = Path(keep).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", help="write every row (and each run) as JSON here")
@@ -564,16 +554,12 @@ def main(argv: list[str] | None = None) -> None:
     if not benchlib.smoke() and not torch.cuda.is_available():
         raise SystemExit(NO_GPU)
     example = load_example()
-    root = make_root(opts.keep)
+    root = benchlib.scratch("plancache-bench-model-", opts.keep)
     runs: dict[str, list[dict[str, Any]]] = {}
-    try:
-        checkpoint = write_checkpoint(torch, example, root / "checkpoint.pt", opts.checkpoint_mb)
-        checkpoint_bytes = checkpoint.stat().st_size
-        for mode in opts.modes:
-            runs[mode] = [run_mode(mode, root, checkpoint, i) for i in range(runs_of(mode, opts.repeats))]
-    finally:
-        if opts.keep is None:
-            shutil.rmtree(root, ignore_errors=True)
+    checkpoint = write_checkpoint(torch, example, root / "checkpoint.pt", opts.checkpoint_mb)
+    checkpoint_bytes = checkpoint.stat().st_size
+    for mode in opts.modes:
+        runs[mode] = [run_mode(mode, root, checkpoint, i) for i in range(runs_of(mode, opts.repeats))]
     rows = [aggregate(mode, runs[mode]) for mode in opts.modes]
     header = header_info(torch, example, opts)
     header["checkpoint_bytes"] = checkpoint_bytes

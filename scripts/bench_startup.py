@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(cpu_end_to_end.run(opts.out, keep=opts.keep))
     torch = benchlib.require_gpu("bench_startup")
-    root = Path(opts.keep) if opts.keep else benchlib.scratch("plancache-bench-")
+    root = benchlib.scratch("plancache-bench-", opts.keep)
     ex_dir, topk_dir = str(root / "exhaustive"), str(root / "topk")
     results = {
         "heuristic": run_phase("heuristic"),

@@ -100,9 +100,14 @@ def report_skipped(script: str) -> None:
             print(f"  {what}: {SKIPPED}")
 
 
-def scratch(prefix: str) -> Path:
-    """A new temporary directory of this run, removed when the script exits (a script's
-    caches and checkpoints are its own: nothing of them is left in the temporary folder)."""
+def scratch(prefix: str, keep: str | Path | None = None) -> Path:
+    """The run's working directory: ``keep`` (a script's ``--keep DIR``, made when new) is
+    kept after the run; without it, a new temporary directory removed when the script exits
+    (a script's caches and checkpoints are its own: nothing is left in the temporary folder)."""
+    if keep is not None:
+        root = Path(keep).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        return root
     root = Path(tempfile.mkdtemp(prefix=prefix))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     return root

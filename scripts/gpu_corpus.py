@@ -522,8 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     if smoke:
         benchlib.gpu_only(f"the {len(programs)} cuDNN Frontend programs of {opts.corpus.name}/", lambda: None)
         programs = [SMOKE_PROGRAM]
-    root = opts.keep or Path(tempfile.mkdtemp(prefix="plancache-corpus-"))
-    root.mkdir(parents=True, exist_ok=True)
+    root = benchlib.scratch("plancache-corpus-", opts.keep)
     (root / "outputs").mkdir(exist_ok=True)
     if opts.wheel is not None and opts.install != "wheel":
         parser.error("--wheel installs a wheel: it goes with --install wheel")
@@ -564,8 +563,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(opts.out).write_text(json.dumps(document, indent=2, default=str))
         print(f"JSON written to {opts.out}")
     benchlib.report_skipped("gpu_corpus")
-    if not opts.keep:
-        shutil.rmtree(root, ignore_errors=True)
     return 0 if passed == len(verdicts) and hooked else 1
 
 

@@ -6,7 +6,7 @@ plans, and the frontend's own deserialize and execute for the plans that path ke
 Everything above it, the guest discipline, handle leasing, load routing and launch
 composition, is written once (``GuestBackend``) and runs unchanged on both drivers:
 
-* ``engines.cudnn_driver.CudnnDriver`` calls CUDA, cuDNN and torch;
+* ``engines.cudnn_backend.CudnnDriver`` calls CUDA, cuDNN and torch;
 * ``testing.driver.CpuDriver`` simulates them on the CPU, where bugs hide (loads that
   capture, streams and capture modes, alignment, sticky errors, plans read by pointer),
   and holds no logic of its own.

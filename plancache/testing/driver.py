@@ -26,14 +26,13 @@ from ..errors import NoGpuError, TransientLoadError
 from ..key import TensorSpec
 from . import plans
 from .device import CudaError, SimulatedCuda
-from .library import SimulatedLibrary
+from .library import ALIGNMENT, SimulatedLibrary
 
 __all__ = ["CpuDriver", "FrontendGraph", "Handle"]
 
 _WARMUP_BYTES = 1 << 20  # what the frontend's warm-up allocates
 _MODES = {0: "global", 1: "thread_local", 2: "relaxed"}  # cudaStreamCaptureMode
 _MODE_NUMBERS = {name: number for number, name in _MODES.items()}
-_ALIGNMENT = 16
 
 
 @dataclass
@@ -239,8 +238,8 @@ class CpuDriver:
                 raise RuntimeError(f"a plan loaded on device {graph.device} was launched on device {device}")
             for uid, tensor in pack.items():
                 pointer = getattr(tensor, "data_ptr", None)
-                if pointer is not None and pointer() % _ALIGNMENT:
-                    raise RuntimeError(f"misaligned address: tensor uid {uid} is not {_ALIGNMENT}-byte aligned")
+                if pointer is not None and pointer() % ALIGNMENT:
+                    raise RuntimeError(f"misaligned address: tensor uid {uid} is not {ALIGNMENT}-byte aligned")
             self.compute(graph.payload["description"], graph.tensors, pack, graph.payload, workspace, handle.stream)
             graph.executions += 1
             self.launches += 1

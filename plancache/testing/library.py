@@ -31,13 +31,13 @@ from ..key import TensorSpec
 from . import plans
 from .device import SimulatedCuda
 
-__all__ = ["HANDLE_BYTES", "SimulatedLibrary", "tensor_at"]
+__all__ = ["ALIGNMENT", "HANDLE_BYTES", "SimulatedLibrary", "tensor_at"]
 
 _BAD_PARAM = 2000  # CUDNN_STATUS_BAD_PARAM
 _NOT_SUPPORTED = 3000  # CUDNN_STATUS_NOT_SUPPORTED
 _EXECUTION_FAILED = 5000  # CUDNN_STATUS_EXECUTION_FAILED
 HANDLE_BYTES = 4 << 20  # cuDNN's persistent buffer, allocated when a handle is created
-_ALIGNMENT = 16
+ALIGNMENT = 16  # bytes: a tensor address cuDNN accepts (the frontend's path checks the same)
 
 
 def tensor_at(pointer: int, spec: TensorSpec) -> Any:
@@ -196,8 +196,8 @@ class SimulatedLibrary:
             pointer = packed.pointers.get(spec.uid, 0)
             if not pointer:
                 raise NativeError(f"{call} failed: no pointer for uid {spec.uid}", call=call, status=_BAD_PARAM)
-            if pointer % _ALIGNMENT and not spec.is_pass_by_value:
-                raise NativeError(f"{call} failed: misaligned address: tensor uid {spec.uid} is not {_ALIGNMENT}-byte aligned",
+            if pointer % ALIGNMENT and not spec.is_pass_by_value:
+                raise NativeError(f"{call} failed: misaligned address: tensor uid {spec.uid} is not {ALIGNMENT}-byte aligned",
                                   call=call, status=_EXECUTION_FAILED)  # fmt: skip
             tensors[spec.uid] = tensor_at(pointer, spec)
         workspace = None
