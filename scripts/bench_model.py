@@ -264,7 +264,33 @@ def format_table(rows: list[dict[str, Any]], header: Mapping[str, Any]) -> str:
                          f"opening; the weights took {primer['weights_s']:.3f} s; primer done when they were loaded: "
                          f"{primer['done_when_weights_loaded']} (last run)")  # fmt: skip
     lines += ["notes:"] + [f"  - {n}" for n in notes]
+    for r in rows:
+        lines += primer_timeline(r)
     return "\n".join(lines)
+
+
+def primer_timeline(row: Mapping[str, Any]) -> list[str]:
+    """The primer's timeline of a mode's last run, one line per plan, in ms from the cache's
+    opening: its wait for lookups, read and check, finalize, and the first lookup's ask."""
+    primer = row.get("primer") or {}
+    timeline = primer.get("timeline")
+    if not timeline:
+        return []
+
+    def ms(value: Any) -> str:
+        return "-" if value is None else f"{value * 1e3:.1f}"
+
+    def span(plan: Mapping[str, Any], stage: str) -> str:
+        found = plan.get(stage)
+        return f"{ms(found[0])}-{ms(found[1])}" if found else "-"
+
+    ready = ", ".join(f"device {d} at {ms(t)}" for d, t in timeline.get("device_ready", {}).items()) or "no device"
+    lines = [f"primer timeline of {row['mode']} (last run; ms from the cache's opening): {ready}; weights loaded at "
+             f"{ms(primer.get('weights_at_s'))}, first output at {ms(primer.get('first_output_at_s'))}"]  # fmt: skip
+    for plan in timeline.get("plans", []):
+        lines.append(f"  {plan['key']} {plan['outcome']:8} wait {span(plan, 'wait'):>13}  read {span(plan, 'read'):>13}  "
+                     f"finalize {span(plan, 'finalize'):>13}  asked {ms(plan.get('asked'))}")  # fmt: skip
+    return lines
 
 
 def _worst(row: Mapping[str, Any]) -> float | None:
@@ -430,7 +456,8 @@ def run_child(mode: str, directory: str | None, checkpoint: str) -> dict[str, An
     result.update(_cache_figures(plans))
     if primer is not None:  # auto-prime: how long it took, and whether the weights outlasted it
         result["primer"] = {**primer.report, "done_when_weights_loaded": primer_done_at_weights,
-                            "weights_s": t_weights - t_imported}  # fmt: skip
+                            "weights_s": t_weights - t_imported, "timeline": primer.timeline(),
+                            "weights_at_s": t_weights - primer.opened, "first_output_at_s": t_first - primer.opened}  # fmt: skip
     if getattr(plans, "cache", None) is not None:
         plans.cache.close()
     return result

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Host microseconds of the parts of one launch of a loaded plan (GPU), per graph, in one
-run: the whole ``Plan.execute`` (native path), its checks, the backend's launch alone,
-the native execute with the pointers repeating (its variant pack kept), the frontend's
-compiled execute and ``pygraph.execute`` of the same plan deserialized the frontend's way,
-one workspace allocation, the pointer list. Loops of 200 launches, median of 25 loops.
-Prints one JSON line per graph.
+run: the whole ``Plan.execute`` (native path), its checks (with the pointers gathered in
+the same pass), the backend's launch alone, the native execute with the pointers
+repeating (its variant pack kept), the frontend's compiled execute and ``pygraph.execute``
+of the same plan deserialized the frontend's way, one workspace allocation. Loops of 200
+launches; the parts take turns, 5 loops each per round for 5 rounds, so that the machine's
+drift touches them alike; each figure is the median of its 25 loops. Prints one JSON line
+per graph, then ``Plan.execute`` against the frontend's compiled execute (median over the
+graphs of each, and of their ratio); ``--out FILE`` writes the lines and the summary as JSON.
 
     python scripts/probe_launch_parts.py
     python scripts/probe_launch_parts.py --smoke   # tiny sizes on the CPU test backend: the
@@ -15,8 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,26 +42,38 @@ SMOKE_SUITE: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+def interleaved(torch: Any, launches: dict[str, Callable[[], Any]], rounds: int = 5, loops: int = 5) -> dict[str, float]:
+    """``host_us`` of each launch, the launches taking turns: ``loops`` loops each per round."""
+    times: dict[str, list[float]] = {name: [] for name in launches}
+    for _ in range(rounds):
+        for name, launch in launches.items():
+            times[name].append(host_us(torch, launch, loops=loops))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def parts(torch: Any, cache: Any, plan: Any, tensors: dict[int, Any], handle: Any) -> dict[str, Any]:
     plan.execute(tensors)  # makes the plan's launch function
     entry = cache.store.get(plan.key)
     assert entry is not None, "the plan was stored by the builder cache"
-    pack = plan.check(tensors)
+    checked = plan._checked(tensors)
+    assert checked is not None, "the tensors fit the plan"
     row: dict[str, Any] = {"workspace": plan.workspace_size, "tensors": len(tensors)}
-    row["plan_execute"] = host_us(torch, lambda: plan.execute(tensors))
-    row["checks"] = host_us(torch, lambda: plan.check(tensors))
-    row["launch"] = host_us(torch, lambda: plan._launch(pack))
-    row["pointer_list"] = host_us(torch, lambda: [t.data_ptr() for t in pack.values()])
-    cudnn_parts = benchlib.gpu_only("cuDNN's and the frontend's own launches, the workspace allocation", _cudnn_parts,
-                                    torch, plan, bytes(entry.blob), pack, tensors, handle)  # fmt: skip
-    return {**row, **(cudnn_parts or {})}
+    launches: dict[str, Callable[[], Any]] = {
+        "plan_execute": lambda: plan.execute(tensors),
+        "checks": lambda: plan._checked(tensors),
+        "launch": lambda: plan._launch(*checked),
+    }
+    launches.update(benchlib.gpu_only("cuDNN's and the frontend's own launches, the workspace allocation", _cudnn_parts,
+                                      torch, plan, bytes(entry.blob), checked, tensors, handle) or {})  # fmt: skip
+    row.update(interleaved(torch, launches))
+    return row
 
 
-def _cudnn_parts(torch: Any, plan: Any, blob: bytes, pack: dict[int, Any], tensors: dict[int, Any],
-                 handle: Any) -> dict[str, Any]:  # fmt: skip
-    """The parts that call cuDNN or the frontend themselves (needs a GPU): the native execute
-    with its pointers repeating, the frontend's compiled and ``pygraph`` executes of ``blob``
-    deserialized by the frontend into a graph of its own, one workspace allocation."""
+def _cudnn_parts(torch: Any, plan: Any, blob: bytes, checked: Any, tensors: dict[int, Any],
+                 handle: Any) -> dict[str, Callable[[], Any]]:  # fmt: skip
+    """The launches that call cuDNN or the frontend themselves (needs a GPU): the native
+    execute with its pointers repeating, the frontend's compiled and ``pygraph`` executes of
+    ``blob`` deserialized by the frontend into a graph of its own, one workspace allocation."""
     import cudnn
 
     from plancache.engines.cudnn_backend import _loaded_backend_graph
@@ -72,18 +88,28 @@ def _cudnn_parts(torch: Any, plan: Any, blob: bytes, pack: dict[int, Any], tenso
     workspace = torch.empty(size, dtype=torch.uint8, device="cuda")
     pointers = {uid: t.data_ptr() for uid, t in tensors.items()}
     native = plan.native
-    row: dict[str, Any] = {"native": isinstance(native, NativePlan)}
+    found: dict[str, Callable[[], Any]] = {}
     if isinstance(native, NativePlan):
-        user = [pack[u].data_ptr() for u in native.user_uids]
-        row["native_execute_pointers_repeat"] = host_us(
-            torch, lambda: native.launch(user, workspace.data_ptr(), handle.backend_handle, stream)
-        )
+        user = checked[1]
+        found["native_execute_pointers_repeat"] = lambda: native.launch(user, workspace.data_ptr(), handle.backend_handle, stream)
     if lowered is not None:
         args = (pointers, workspace.data_ptr(), handle.backend_handle, None, None, None)
-        row["frontend_compiled_execute"] = host_us(torch, lambda: lowered._execute(*args))
-    row["frontend_execute"] = host_us(torch, lambda: frontend.execute(tensors, workspace, handle=handle))
-    row["workspace_alloc"] = host_us(torch, lambda: torch.empty(size, dtype=torch.uint8, device=0))
-    return row
+        found["frontend_compiled_execute"] = lambda: lowered._execute(*args)
+    found["frontend_execute"] = lambda: frontend.execute(tensors, workspace, handle=handle)
+    found["workspace_alloc"] = lambda: torch.empty(size, dtype=torch.uint8, device=0)
+    return found
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``Plan.execute`` against the frontend's compiled execute, over the graphs that have both."""
+    both = [r for r in rows if r.get("frontend_compiled_execute") and r.get("plan_execute")]
+    if not both:
+        return {"graphs": 0}
+    ours = statistics.median(r["plan_execute"] for r in both)
+    theirs = statistics.median(r["frontend_compiled_execute"] for r in both)
+    ratio = statistics.median(r["plan_execute"] / r["frontend_compiled_execute"] for r in both)
+    return {"graphs": len(both), "plan_execute_median_us": ours, "frontend_compiled_median_us": theirs,
+            "ratio_median": ratio, "met": ours <= theirs}  # fmt: skip
 
 
 def _frontend_handle(torch: Any) -> Any:
@@ -97,13 +123,15 @@ def _frontend_handle(torch: Any) -> Any:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     benchlib.add_smoke_option(parser)
-    suite = SMOKE_SUITE if benchlib.start_smoke(parser.parse_args(argv).smoke) else SUITE
+    parser.add_argument("--out", metavar="FILE", help="write every row and the summary as JSON here")
+    args = parser.parse_args(argv)
+    suite = SMOKE_SUITE if benchlib.start_smoke(args.smoke) else SUITE
     import torch
 
     import plancache
     from plancache.workflows import templates
 
-    directory = tempfile.mkdtemp()
+    directory = benchlib.scratch("plancache-probe-launch-")
     builder = plancache.PlanCache(directory, backend=benchlib.backend(), auto_prime=False)
     for name, params in suite:
         builder.get(templates.build(name, **params))
@@ -111,11 +139,21 @@ def main(argv: list[str] | None = None) -> None:
     # a fresh memory tier: the plans are loaded
     cache = plancache.PlanCache(directory, backend=benchlib.backend(), auto_prime=False)
     handle = benchlib.gpu_only("a cuDNN handle on the current stream", _frontend_handle, torch)
+    rows = []
     for name, params in suite:
         plan = cache.get(templates.build(name, **params))
         tensors = templates.allocate(name, device=benchlib.device(), **params)
-        print(json.dumps({"graph": name, "source": plan.source, **parts(torch, cache, plan, tensors, handle)}), flush=True)
+        rows.append({"graph": name, "source": plan.source, **parts(torch, cache, plan, tensors, handle)})
+        print(json.dumps(rows[-1]), flush=True)
     cache.close()
+    found = summary(rows)
+    if found["graphs"]:
+        print(f"Plan.execute against the frontend's compiled execute, median over {found['graphs']} graphs: "
+              f"{found['plan_execute_median_us']:.1f} us against {found['frontend_compiled_median_us']:.1f} us "
+              f"(median ratio {found['ratio_median']:.2f}): target Plan.execute <= the frontend's: "
+              f"{'met' if found['met'] else 'MISSED'}")  # fmt: skip
+    if args.out:
+        Path(args.out).write_text(json.dumps({"rows": rows, "summary": found}, indent=2))
     benchlib.report_skipped("probe_launch_parts")
 
 

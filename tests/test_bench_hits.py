@@ -15,7 +15,8 @@ FIGURES = (
     "lock_memory_hit_worst_ms", "lock_memory_hit_p99_ms", "lock_memory_hit_p50_ms", "lock_memory_hit_count",
     "lock_store_hit_worst_ms", "lock_store_hit_p99_ms", "lock_store_hit_p50_ms", "lock_store_hit_count",
     "lock_worst_ms", "lock_flush_attempts", "lock_flush_refused", "lock_hit_counts_written", "lock_hit_counts_expected",
-    "get_repeat_median_us", "get_repeat_p90_us", "describe_median_us", "make_key_median_us",
+    "get_repeat_median_us", "get_repeat_p90_us", "memory_tier_median_us", "get_fresh_median_us", "describe_median_us",
+    "make_key_median_us",
     "builder_repeat_median_us", "store_entries", "store_hit_p50_ms", "store_hit_p99_ms", "store_hit_count",
 )  # fmt: skip
 

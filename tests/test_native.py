@@ -250,12 +250,11 @@ class FakeLibrary:
     """The calls ``engines.native.library.Library`` offers, recorded; nothing else exists,
     so a load that captured, synchronized or allocated would fail with AttributeError."""
 
-    def __init__(self, capturing: bool = False) -> None:
+    def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.live: set[int] = set()
         self.destroyed: list[int] = []
         self.next = 100
-        self.is_capturing = capturing
 
     def _new(self) -> int:
         self.next += 1
@@ -289,9 +288,6 @@ class FakeLibrary:
 
     def zero(self, destination: int, size: int, stream: int) -> None:
         self.calls.append(("zero", destination, size, stream))
-
-    def capturing(self, stream: int) -> bool:
-        return self.is_capturing
 
 
 def native_plan(library: FakeLibrary, **changes: Any) -> NativePlan:
@@ -362,13 +358,14 @@ def test_a_plan_a_captured_graph_may_replay_lives_as_long_as_the_process() -> No
     assert isinstance(native, Loaded)
     launch = backend.launcher(native, 0, 0)
     tensors = spec.tensors(seed=0)
+    pointers = [tensors[u].data_ptr() for u in native.user_uids]
     cuda = backend.cuda
     stream = cuda.new_stream(blocking=False)
     before = pinned_plans()
     with cuda.stream(stream):
         cuda.begin_capture(stream)
-        launch(tensors)
-        launch(tensors)
+        launch(tensors, pointers)
+        launch(tensors, pointers)
         assert cuda.end_capture(stream).recorded == 2
     assert pinned_plans() == before + 1, "pinned once"
     destroyed = backend.driver.simulated.destroyed

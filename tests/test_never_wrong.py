@@ -89,6 +89,46 @@ def test_concurrent_launches_of_one_plan_never_share_scratch(cache: PlanCache) -
     assert wrong == [], f"{len(wrong)} of 160 concurrent launches gave wrong results"
 
 
+def test_a_workspace_is_reused_by_one_thread_on_one_stream_and_by_nothing_else(make_cache: MakeCache) -> None:
+    """A thread's launches on one stream run in the order it queued them, so they share a
+    workspace; another stream, another thread or a CUDA-graph capture gets one of its own."""
+    backend = CpuTestBackend()
+    allocated: list[tuple[int, int]] = []
+    make = backend.driver.workspace_getter()
+
+    def recording(size: int, device: int) -> Any:
+        allocated.append((size, backend.cuda.current_stream()))
+        return make(size, device)
+
+    backend.driver.workspace_getter = lambda: recording  # type: ignore[method-assign]
+    cache = make_cache(backend=backend)
+    spec = MatmulBiasRelu(m=32, k=32, n=32)
+    plan = cache.get(spec.graph())
+    assert plan.workspace_size > 0, "the test needs a plan with a workspace"
+    pack = spec.tensors(seed=0)
+    for _ in range(3):
+        plan.execute(pack)
+    assert len(allocated) == 1, "one thread's launches on one stream share its workspace"
+    other = backend.cuda.new_stream(blocking=False)
+    with backend.cuda.stream(other):
+        plan.execute(pack)
+        plan.execute(pack)
+    assert len(allocated) == 2 and allocated[1][1] == other, "another stream gets its own"
+    thread = threading.Thread(target=plan.execute, args=(pack,))
+    thread.start()
+    thread.join()
+    assert len(allocated) == 3, "another thread gets its own, even on the same stream"
+    captured = backend.cuda.new_stream(blocking=False)
+    with backend.cuda.stream(captured):
+        backend.cuda.begin_capture(captured)
+        plan.execute(pack)
+        plan.execute(pack)
+        backend.cuda.end_capture(captured)
+    assert len(allocated) == 5, "inside a capture, each launch takes one from the capture's pool"
+    plan.execute(pack)
+    assert len(allocated) == 5 and torch.allclose(pack[spec.uids[-1]], spec.reference(pack), atol=1e-4, rtol=1e-4)
+
+
 def test_memory_holds_a_bounded_number_of_plans(make_cache: MakeCache) -> None:
     cache = make_cache(max_plans=3)
     plans = [cache.get(ConvBiasRelu(n=n).graph()) for n in range(1, 7)]

@@ -239,6 +239,24 @@ def test_priming_never_holds_up_a_lookup_it_does_not_serve(make_cache: MakeCache
     assert report["primed"] == 3
 
 
+def test_the_primer_goes_on_while_a_lookup_loads_a_plan_it_has_not_reached(make_cache: MakeCache, cache_dir: Path) -> None:
+    """The first step asks for its last plan first: the lookup loads it at once on the
+    caller's thread, and the primer's loads of the others go on beside it, not after it."""
+    keys = fill(make_cache, "app", [1, 2, 3, 4])
+    remember_blobs(cache_dir)
+    backend = SlowLoads(delay=0.4)
+    cache = make_cache(backend=backend, auto_prime=True, app="app")
+    plan = cache.get(conv(4))  # the primer reaches it last
+    asked_back = time.perf_counter()
+    report = primed(cache)
+    assert plan.key == keys[3] and report["primed"] == 3 and report["loaded"] == 1
+    timeline = cache.primer.timeline()
+    since = cache.primer.opened
+    started = [since + p["finalize"][0] for p in timeline["plans"] if p["outcome"] == "primed"]
+    assert min(started) < asked_back, "the primer loaded nothing while the lookup was loading its plan"
+    assert next(p for p in timeline["plans"] if p["key"] == keys[3][:12])["asked"] is not None
+
+
 def test_the_primer_gives_way_while_a_lookup_builds(make_cache: MakeCache, cache_dir: Path) -> None:
     """A miss holds its claim while it autotunes; the primer starts no load meanwhile."""
     fill(make_cache, "app", [1, 2])
@@ -247,7 +265,7 @@ def test_the_primer_gives_way_while_a_lookup_builds(make_cache: MakeCache, cache
     builder = threading.Thread(target=cache.get, args=(conv(7),))
     builder.start()
     deadline = time.monotonic() + 5
-    while not cache.lookup.loads._lookups and time.monotonic() < deadline:
+    while not cache.lookup.loads._builds and time.monotonic() < deadline:
         time.sleep(0.005)
     from plancache.cache.priming import Primer
 
@@ -283,7 +301,7 @@ def test_closing_the_cache_while_a_lookup_builds_stops_the_primer_at_once(make_c
     builder = threading.Thread(target=cache.get, args=(conv(7),), daemon=True)
     builder.start()
     deadline = time.monotonic() + 5
-    while not cache.lookup.loads._lookups and time.monotonic() < deadline:
+    while not cache.lookup.loads._builds and time.monotonic() < deadline:
         time.sleep(0.005)
     from plancache.cache.priming import Primer
 

@@ -5,9 +5,11 @@ must not deserialize it twice: the second waits for the first and takes its plan
 the memory tier. This is the in-process step before the key's single flight
 (``flight.py``), which also spans processes and machines but is taken only on a miss.
 
-The primer also gives way to lookups through it: it starts a load only while no lookup
-is loading or building, so a lookup it does not serve never waits behind it for more
-than the one load already under way.
+The primer also gives way to builds through it: it starts a load only while no lookup
+is autotuning, whose timings its host work would disturb. It does not give way to loads:
+a lookup of a plan the primer has not reached loads it at once on the caller's thread
+while the primer goes on with the others (a native load holds no GIL, and two loads of
+different plans wait for nothing of each other's).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class Loads:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._busy: dict[Slot, threading.Event] = {}
-        self._lookups = 0  # lookups loading or building now
+        self._builds = 0  # lookups autotuning now
 
     @contextlib.contextmanager
     def claim(self, slot: Slot, memory: _Memory, deadline: float = math.inf) -> Iterator[Any]:
@@ -51,7 +53,7 @@ class Loads:
         try:
             yield None
         finally:
-            self._release(slot, lookup=True)
+            self._release(slot)
 
     def _wait_or_take(self, slot: Slot, memory: _Memory, deadline: float) -> Any:
         """The plan once another thread has put it in ``memory``; None once this thread
@@ -64,7 +66,6 @@ class Loads:
                     plan = memory.get(slot)  # finished while this lookup was on its way here
                     if plan is None:
                         self._busy[slot] = threading.Event()
-                        self._lookups += 1
                     return plan
             # The other thread always sets it, whatever happened to its load or build.
             if not event.wait(None if math.isinf(deadline) else max(0.0, deadline - time.monotonic())):
@@ -92,22 +93,32 @@ class Loads:
         try:
             yield True
         finally:
-            self._release(slot, lookup=False)
+            self._release(slot)
 
-    def wait_until_idle(self, timeout: float | None = None) -> bool:
-        """Wait until no lookup is loading or building; False on timeout."""
+    @contextlib.contextmanager
+    def building(self) -> Iterator[None]:
+        """A lookup autotuning for the block: the primer waits (``wait_until_no_build``)."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._lookups == 0, timeout=timeout)
+            self._builds += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._builds -= 1
+                self._cond.notify_all()
 
-    def _release(self, slot: Slot, *, lookup: bool) -> None:
+    def wait_until_no_build(self, timeout: float | None = None) -> bool:
+        """Wait until no lookup is autotuning; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._builds == 0, timeout=timeout)
+
+    def _release(self, slot: Slot) -> None:
         with self._cond:
             self._busy.pop(slot).set()
-            if lookup:
-                self._lookups -= 1
             self._cond.notify_all()
 
     def after_fork(self) -> None:
         """In a forked child: loads under way belong to the parent's threads."""
         self._cond = threading.Condition()
         self._busy = {}
-        self._lookups = 0
+        self._builds = 0

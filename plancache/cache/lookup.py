@@ -24,20 +24,21 @@ from typing import Any
 from ..engines.autotune import AutotuneResult, TimingPolicy, autotune
 from ..engines.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
-from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, describe, environment_id, make_key
-from ..runtime.plan import Plan, names_of
+from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id
+from ..runtime.plan import Plan
 from ..store import NEVER_CHECKED, Entry, problem, sha256, summarize, unsound
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .counters import Counters
 from .flight import SingleFlight
 from .kernel_cache import KernelCache
+from .keys import GraphKeys
 from .loads import Loads
 from .unloadable import Unloadable
 
 __all__ = ["Lookup", "Unserved", "Verdict"]
 
-#: How often the primer, waiting for lookups to finish, looks whether it should stop.
+#: How often the primer, waiting for builds to finish, looks whether it should stop.
 _IDLE_POLL_S = 0.05
 
 log = logging.getLogger("plancache")
@@ -97,6 +98,9 @@ class Lookup:
         self._environments: dict[int, tuple[dict[str, Any], str]] = {}
         self._environment_json: dict[str, str] = {}
         self._used: set[Slot] = set()  # (key, device) this run has noted for auto-prime
+        #: (key, device) -> ``time.perf_counter()`` of this run's first lookup of it (the primer's timeline).
+        self.first_asked: dict[Slot, float] = {}
+        self._keys = GraphKeys()
 
     # ------------------------------------------------------------------ the key and memory
 
@@ -114,14 +118,20 @@ class Lookup:
 
     def key(self, graph: Any, options: BuildOptions, device: int, tag: str | None = None) -> CacheKey:
         """The key ``graph`` is stored under on ``device`` (``tag``: for the callables it holds)."""
+        return self.key_and_names(graph, options, device, tag)[0]
+
+    def key_and_names(self, graph: Any, options: BuildOptions, device: int,
+                      tag: str | None = None) -> tuple[CacheKey, dict[str, int]]:  # fmt: skip
+        """The key of ``graph`` on ``device`` and its names (``{name: uid}``), computed once
+        while the graph object is unchanged."""
         environment, env_id = self.environment(device)
-        return make_key(describe(graph, tag), environment, options, environment_json=self._environment_json[env_id])
+        return self._keys.key(graph, options, environment, env_id, self._environment_json[env_id], tag)
 
     def get(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None, load: Load | None = None,
             tag: str | None = None) -> Plan:  # fmt: skip
         """``PlanCache.get``: the plan of ``graph`` on the current device, under its names."""
         device = self.backend.current_device()
-        key = self.key(graph, options, device, tag)
+        key, names = self.key_and_names(graph, options, device, tag)
         for record in self.recorders:
             record(graph, key)
         slot = (key.digest, device)
@@ -130,11 +140,12 @@ class Lookup:
             self.counters.count("memory_hits")
             self.local.note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
         else:
-            plan = self.resolve(graph, key, options, device, inputs, load)
+            plan = self.resolve(graph, key, names, options, device, inputs, load)
         if slot not in self._used:  # once per run: what the next start of this application primes
             self._used.add(slot)
+            self.first_asked.setdefault(slot, time.perf_counter())
             self.local.note_use(key.digest, device)
-        return plan.named(names_of(graph))
+        return plan.named(names)
 
     def after_fork(self) -> None:
         """In a forked child: the parent's loaded plans, claims and locks are not ours."""
@@ -145,10 +156,9 @@ class Lookup:
 
     # ------------------------------------------------------------------ below memory
 
-    def resolve(self, graph: Any, key: CacheKey, options: BuildOptions, device: int, inputs: Mapping[int, Any] | None,
-                load: Load | None = None) -> Plan:  # fmt: skip
+    def resolve(self, graph: Any, key: CacheKey, names: Mapping[str, int], options: BuildOptions, device: int,
+                inputs: Mapping[int, Any] | None, load: Load | None = None) -> Plan:  # fmt: skip
         slot = (key.digest, device)
-        names = names_of(graph)
         started = time.monotonic()  # one lock_timeout for every wait of this lookup
         with self.loads.claim(slot, self.memory, started + self.flight.timeout) as plan:
             if plan is None:  # this thread loads or builds it, as a guest of the program
@@ -162,23 +172,27 @@ class Lookup:
                 self.memory.put(slot, plan)
         return plan.named(names)
 
-    def prime(self, digest: str, environment: Mapping[str, Any], device: int, *, stop: threading.Event | None = None) -> str:
+    def prime(self, digest: str, environment: Mapping[str, Any], device: int, *, stop: threading.Event | None = None,
+              marks: dict[str, tuple[float, float]] | None = None) -> str:  # fmt: skip
         """Load the stored plan ``digest`` onto ``device`` into memory ahead of its lookup.
         Returns "primed", "loaded" (in memory already, or being loaded by a lookup, which
-        then has it), or why it was skipped. Gives way to lookups: waits until none is
-        loading or building before it starts, and never writes (an unsound entry is left
+        then has it), or why it was skipped. Gives way to builds: waits until no lookup
+        is autotuning before it starts, and never writes (an unsound entry is left
         for its lookup to quarantine and rebuild). ``stop`` ends that wait ("stopped"): a
         lookup may be autotuning for minutes while the cache is being closed."""
         slot = (digest, device)
-        while not self.loads.wait_until_idle(timeout=_IDLE_POLL_S):
+        started = time.perf_counter()
+        while not self.loads.wait_until_no_build(timeout=_IDLE_POLL_S):
             if stop is not None and stop.is_set():
                 return "stopped"
+        if marks is not None:
+            marks["wait"] = (started, time.perf_counter())
         with self.loads.try_claim(slot, self.memory) as mine:
             if not mine:
                 return "loaded"
             try:
                 with self.backend.guest(device):
-                    outcome = self.serve_stored(digest, environment, device, count_hit=False)
+                    outcome = self.serve_stored(digest, environment, device, count_hit=False, marks=marks)
             except CaptureInProgressError:
                 return "this thread is capturing"
             if isinstance(outcome, Plan):
@@ -258,10 +272,11 @@ class Lookup:
         return report
 
     def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *, count_hit: bool = True,
-                     load: Load | None = None) -> Plan | Unserved:  # fmt: skip
+                     load: Load | None = None, marks: dict[str, tuple[float, float]] | None = None) -> Plan | Unserved:  # fmt: skip
         """The local entry under ``digest``, judged and loaded (by ``load``, else the backend):
         a ``Plan``, else why it is not served. ``count_hit``: whether loading it counts as a
-        hit (priming is not one: it may go unused)."""
+        hit (priming is not one: it may go unused). ``marks``: see ``prime``."""
+        started = time.perf_counter()
         try:
             entry = self.local.get(digest)
         except DamagedEntryError as exc:  # one undecodable row
@@ -273,13 +288,19 @@ class Lookup:
             return Unserved(entry, Verdict.UNSOUND, reason)
         if not entry.checked:
             return Unserved(entry, Verdict.NEVER_CHECKED, NEVER_CHECKED)
-        return self._load(entry, device, count_hit=count_hit, load=load)
+        if marks is not None:
+            marks["read"] = (started, time.perf_counter())
+        return self._load(entry, device, count_hit=count_hit, load=load, marks=marks)
 
-    def _load(self, entry: Entry, device: int, *, count_hit: bool = True, load: Load | None = None) -> Plan | Unserved:
+    def _load(self, entry: Entry, device: int, *, count_hit: bool = True, load: Load | None = None,
+              marks: dict[str, tuple[float, float]] | None = None) -> Plan | Unserved:  # fmt: skip
         """Deserialize a sound entry onto ``device`` (by ``load``, else the backend): a ``Plan``, or why it failed."""
+        started = time.perf_counter()
         try:
             tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
             native = (load or self.backend.load)(entry.blob, tensors, device)
+            if marks is not None:
+                marks["finalize"] = (started, time.perf_counter())
         except TransientLoadError as exc:
             # Not the entry's fault (a capture on another thread, an out-of-memory in the
             # warm-up): it stays, to be loaded again later; counted.
@@ -340,13 +361,14 @@ class Lookup:
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
         if dynamic:
             self.kernel_cache.restore(environment_id(key.parts["environment"]))
-        cands = self.backend.candidates(graph, options, key.parts["graph"], inputs)
-        try:
-            timing = self.timing if budget is None else dataclasses.replace(self.timing, budget=budget)
-            result = autotune(cands, options, timing, started=started)
-            built = cands.finish(result.winner)
-        finally:
-            cands.close()
+        with self.loads.building():  # the primer waits meanwhile: its host work would disturb the timings
+            cands = self.backend.candidates(graph, options, key.parts["graph"], inputs)
+            try:
+                timing = self.timing if budget is None else dataclasses.replace(self.timing, budget=budget)
+                result = autotune(cands, options, timing, started=started)
+                built = cands.finish(result.winner)
+            finally:
+                cands.close()
         self.counters.count("builds")
         if dynamic:
             self.kernel_cache.save(environment_id(key.parts["environment"]))

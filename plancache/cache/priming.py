@@ -77,7 +77,8 @@ class Primer(threading.Thread):
     ``plans``: ``(key, device)`` pairs. ``report`` (complete after ``join``): ``primed``
     (loaded by the primer), ``loaded`` (already in memory or loaded by a lookup
     meanwhile), ``skipped`` {key: why: not stored, unsound, another environment, no such
-    device}, ``seconds``. Priming is an optimization: it never raises and never writes.
+    device}, ``seconds``, and ``timeline()`` (seconds from the primer's creation, which is
+    the cache's opening). Priming is an optimization: it never raises and never writes.
     """
 
     def __init__(self, lookup: Any, plans: Iterable[tuple[str, int]] | None = None) -> None:
@@ -88,6 +89,9 @@ class Primer(threading.Thread):
         self.stopping = threading.Event()  # set by stop(): close() and interpreter exit
         self._lock = threading.Lock()
         self._environments: dict[int, dict[str, Any] | str] = {}
+        self.opened = time.perf_counter()
+        self._ready: dict[int, float] = {}  # device -> when its environment was known
+        self._spans: list[tuple[str, int, str, dict[str, tuple[float, float]]]] = []  # (key, device, outcome, marks)
 
     def run(self) -> None:
         started = time.perf_counter()
@@ -129,8 +133,10 @@ class Primer(threading.Thread):
                     report["skipped"][digest] = environment
                 continue
             lookup.backend.use_device(device)
-            outcome = lookup.prime(digest, environment, device, stop=self.stopping)
+            marks: dict[str, tuple[float, float]] = {}
+            outcome = lookup.prime(digest, environment, device, stop=self.stopping, marks=marks)
             with self._lock:
+                self._spans.append((digest, device, outcome, marks))
                 if outcome in ("primed", "loaded"):
                     report[outcome] += 1
                 else:
@@ -143,7 +149,28 @@ class Primer(threading.Thread):
             known = self._environment_of(device)  # may wait for the program: not under the lock
             with self._lock:
                 known = self._environments.setdefault(device, known)
+                self._ready.setdefault(device, time.perf_counter())
         return known
+
+    def timeline(self) -> dict[str, Any]:
+        """What the primer did when, in seconds from the cache's opening: each device's
+        readiness (its environment known, after the program set it up), then each plan in
+        the order the primer took it: its wait for lookups to finish, its read and check,
+        its finalize, and when this run's first lookup asked for it (None: not yet)."""
+        since = self.opened
+        with self._lock:
+            spans = list(self._spans)
+            ready = dict(self._ready)
+        asked = dict(self.lookup.first_asked)
+        plans = []
+        for digest, device, outcome, marks in spans:
+            plan: dict[str, Any] = {"key": digest[:12], "device": device, "outcome": outcome}
+            for stage, (start, end) in marks.items():
+                plan[stage] = [round(start - since, 4), round(end - since, 4)]
+            first = asked.get((digest, device))
+            plan["asked"] = round(first - since, 4) if first is not None else None
+            plans.append(plan)
+        return {"device_ready": {str(d): round(t - since, 4) for d, t in ready.items()}, "plans": plans}
 
     def _environment_of(self, device: int) -> dict[str, Any] | str:
         """The environment of ``device`` once the program uses it, or why its plans are

@@ -18,7 +18,10 @@ from ..config import MemoryBudget
 from ..key import BuildOptions, TensorSpec
 from .bounds import Bound
 
-__all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice", "Load"]
+__all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice", "Launch", "Load"]
+
+#: A plan's launch: ``(tensors by uid, their data pointers in the backend's order)``.
+Launch = Callable[[Mapping[int, Any], Sequence[int]], None]
 
 #: How a stored plan is loaded: ``(blob, tensors, device) -> native``, as ``Backend.load``
 #: does (or the frontend drop-in, straight into the caller's graph: ``PlanCache.get(load=...)``).
@@ -181,11 +184,17 @@ class Backend(Protocol):
         launch inside a CUDA-graph capture creates nothing."""
         ...
 
-    def launcher(self, native: Any, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
-        """The launch of one plan: a function of the tensors by uid (already checked by
-        ``Plan.check``) that runs the plan on the current stream of ``device``, with a
-        workspace of ``workspace_size`` bytes allocated for that launch alone. Made once
-        per plan, so it resolves once what does not change between launches."""
+    def pointer_order(self, native: Any) -> Sequence[int] | None:
+        """The uids whose data pointers a launch of ``native`` reads, in the order it reads
+        them (None: it reads the tensors alone)."""
+        ...
+
+    def launcher(self, native: Any, workspace_size: int, device: int) -> Launch:
+        """The launch of one plan: a function of the tensors by uid and their data pointers
+        (in ``pointer_order``, then the rest), already checked by ``Plan.check``, that runs
+        the plan on the current stream of ``device`` with a workspace of ``workspace_size``
+        bytes of that stream's. Made once per plan, so it resolves once what does not
+        change between launches."""
         ...
 
     def after_fork(self) -> None:

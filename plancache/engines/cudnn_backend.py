@@ -456,8 +456,12 @@ class CudnnDriver:
         torch = sys.modules.get("torch")
         return bool(torch is not None and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
 
-    def stream_capturing(self, stream: int) -> bool:
-        return bool(self.library().capturing(stream))
+    def capture_getter(self) -> Callable[[], bool]:
+        """torch's own query of the current stream (a runtime call, no Python frame of
+        torch's; a ctypes driver call costs ten times as much)."""
+        torch = _torch()
+        query = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+        return query if callable(query) else torch.cuda.is_current_stream_capturing
 
     def exchange_capture_mode(self, mode: int) -> int | None:
         cuda = libcuda()

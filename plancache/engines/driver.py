@@ -84,8 +84,9 @@ class Driver(Protocol):
         """Whether the calling thread's current stream captures (asked without setting CUDA up)."""
         ...
 
-    def stream_capturing(self, stream: int) -> bool:
-        """Whether ``stream`` (a raw stream) captures."""
+    def capture_getter(self) -> Callable[[], bool]:
+        """The cheapest ``() -> whether the calling thread's current stream captures``
+        (every launch asks it, with CUDA set up)."""
         ...
 
     def exchange_capture_mode(self, mode: int) -> int | None:
@@ -116,8 +117,8 @@ class Driver(Protocol):
 
     def workspace_getter(self) -> Callable[[int, int], Any]:
         """The cheapest ``(size, device) -> size bytes on device`` from the caching
-        allocator, on the current stream, for one launch (an object with ``data_ptr()``;
-        every launch that needs a workspace calls it)."""
+        allocator, on the current stream (an object with ``data_ptr()``): a stream's
+        workspace, or a capture's."""
         ...
 
     # ------------------------------------------------------------------ plans

@@ -13,10 +13,10 @@ runs unchanged over cuDNN's driver on a GPU and over the CPU test driver in the 
   deserialize, its warm-up pointed at plancache's stream, one at a time, counted in
   ``native_fallbacks`` by kind. A failure that is the process's (a capture, memory, a
   sticky error) raises ``TransientLoadError``; any other is the library refusing the blob;
-* **launch composition** (``launcher``): per launch, the plan's device, a workspace from
-  the caching allocator on the launching stream, a leased handle pointed at that stream,
-  the caller's pointers in the plan's uid order, and a plan that a capture may replay
-  kept for the rest of the process.
+* **launch composition** (``launcher``): per launch, the plan's device, the workspace of
+  the launching thread on that stream (inside a CUDA-graph capture, one from the capture's pool), a leased
+  handle pointed at that stream, the caller's pointers in the plan's uid order, and a plan
+  that a capture may replay kept for the rest of the process.
 
 What differs between machines, building candidates and rebuilding plans, is the
 subclass's (``CudnnBackend``, ``CpuTestBackend``).
@@ -27,11 +27,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import TransientLoadError
 from ..key import TensorSpec
+from .backend import Launch
 from .driver import Driver
 from .guest import refuse_while_capturing, relaxed
 from .handles import Handles
@@ -72,6 +73,13 @@ class GuestBackend:
         self.native_fallbacks: collections.Counter[str] = collections.Counter()
         self._frontend_loads = threading.Lock()  # two warm-ups on one stream would capture each other's work
         self._streams: dict[int, Any] = {}  # device -> plancache's own non-blocking stream
+        #: .held, per thread: (device, raw stream) -> (bytes, workspace), as large as the
+        #: largest plan this thread launched on that stream needs. One thread's launches on
+        #: one stream are queued one after another and run in that order, so they share it
+        #: safely; two threads' launches on one stream may interleave their kernels, so
+        #: each thread has its own. A replaced one goes back to the caching allocator on its
+        #: stream, which hands it out again only behind the work already queued there.
+        self._workspaces = threading.local()
 
     # ------------------------------------------------------------------ devices
 
@@ -124,6 +132,7 @@ class GuestBackend:
     def after_fork(self) -> None:
         self.handles.forget()
         self._streams = {}
+        self._workspaces = threading.local()
         self.driver.after_fork()
 
     # ------------------------------------------------------------------ loading
@@ -171,48 +180,62 @@ class GuestBackend:
 
     # ------------------------------------------------------------------ launching
 
-    def launcher(self, native: Any, workspace_size: int, device: int) -> Callable[[Mapping[int, Any]], None]:
-        """What ``Plan.execute`` calls for each launch (tensors by uid, already checked),
-        with everything that does not change between launches resolved once."""
+    def pointer_order(self, native: Any) -> Sequence[int] | None:
+        return native.user_uids if isinstance(native, NativePlan) else None
+
+    def launcher(self, native: Any, workspace_size: int, device: int) -> Launch:
+        """What ``Plan.execute`` calls for each launch (tensors by uid and their pointers,
+        already checked), with everything that does not change between launches resolved
+        once."""
         driver = self.driver
-        current_device, raw_stream = driver.device_getter(), driver.stream_getter()
-        stream_capturing, set_stream, workspace_of = driver.stream_capturing, driver.set_stream, driver.workspace_getter()
+        current_device, raw_stream, capturing = driver.device_getter(), driver.stream_getter(), driver.capture_getter()
+        set_stream, allocate = driver.set_stream, driver.workspace_getter()
         take, give = self.handles.take, self.handles.give
+        workspaces = self._workspaces
         if isinstance(native, NativePlan):
             size = max(int(workspace_size), native.workspace_size)
-            uids, run_native = native.user_uids, native.launch
+            run_native = native.launch
 
-            def run(pack: Mapping[int, Any], workspace: Any, handle: Any, stream: int) -> None:
-                run_native([pack[u].data_ptr() for u in uids], workspace.data_ptr() if workspace is not None else 0,
-                           handle.backend_handle, stream)  # fmt: skip
+            def run(pack: Mapping[int, Any], pointers: Sequence[int], workspace: Any, handle: Any, stream: int) -> None:
+                run_native(pointers, workspace.data_ptr() if workspace is not None else 0, handle.backend_handle, stream)
         else:
             size = int(workspace_size)
             run_frontend = driver.frontend_launch(native)
 
-            def run(pack: Mapping[int, Any], workspace: Any, handle: Any, stream: int) -> None:
+            def run(pack: Mapping[int, Any], pointers: Sequence[int], workspace: Any, handle: Any, stream: int) -> None:
                 run_frontend(pack, workspace, handle)
 
         pinned = False
 
-        def launch(pack: Mapping[int, Any]) -> None:
+        def launch(pack: Mapping[int, Any], pointers: Sequence[int]) -> None:
             nonlocal pinned
             if current_device() != device:
                 with driver.on_device(device):  # the plan's device, with that device's current stream
-                    launch(pack)
+                    launch(pack, pointers)
                 return
             stream = raw_stream(device)
-            if not pinned and stream_capturing(stream):
-                # A CUDA graph now points at this plan's code and buffers: kept for good.
-                pinned = True
-                _pin(native)
-            # Per launch, on the current stream, from the caching allocator (inside a
-            # capture, from the capture's pool): never shared by two streams.
-            workspace = workspace_of(size, device) if size > 0 else None
+            if capturing():
+                if not pinned:  # a CUDA graph now points at this plan's code and buffers: kept for good
+                    pinned = True
+                    _pin(native)
+                # From the capture's own pool: the graph's replays use it, and nothing else.
+                workspace = allocate(size, device) if size > 0 else None
+            elif size > 0:
+                # This thread's on this stream, reused: its launches there run one after another.
+                held = getattr(workspaces, "held", None)
+                if held is None:
+                    held = workspaces.held = {}
+                found = held.get((device, stream))
+                if found is None or found[0] < size:
+                    found = held[(device, stream)] = (size, allocate(size, device))
+                workspace = found[1]
+            else:
+                workspace = None
             handle = take(device)
             try:
                 if handle.stream != stream:
                     set_stream(handle, stream)
-                run(pack, workspace, handle, stream)
+                run(pack, pointers, workspace, handle, stream)
             finally:
                 give(device, handle)
 

@@ -6,9 +6,9 @@ that asks for its key. Everything that must not be shared lives elsewhere:
 * **names** belong to the caller's graph, not to the plan. ``cache.get(graph)`` returns
   the plan under the names of *that* graph (``Plan.named``), so a plan stored by a caller
   who named uid 1 "rhs" never binds another caller's "rhs" to uid 1.
-* **scratch memory** is allocated per launch, on the launching stream, by the backend
-  (torch's caching allocator for cuDNN), so two threads launching one plan on two streams
-  never share a workspace.
+* **scratch memory** belongs to the launching thread and stream, from the backend (torch's
+  caching allocator for cuDNN): reused by that thread's launches on that stream, which
+  run in the order they were queued, so two launches that may run at once never share it.
 * **the device** is the plan's own: a launch while another device is current runs on the
   plan's device (tensors must be there too), never on the current one.
 
@@ -18,10 +18,10 @@ No torch import: tensors are checked through ``shape``, ``stride()``, ``dtype``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..engines.backend import Backend, EngineChoice
+from ..engines.backend import Backend, EngineChoice, Launch
 from ..engines.tensors import Expect, tensor_problems
 from ..errors import ExecutionError, TensorMismatchError
 from ..key import TensorSpec
@@ -46,8 +46,8 @@ class Plan:
     mutable state; scratch memory comes per launch from the backend.
     """
 
-    __slots__ = ("_backend", "_by_uid", "_launch", "_name_to_uid", "_native", "device", "engine", "key", "source",
-                 "tensors", "workspace_size")  # fmt: skip
+    __slots__ = ("_backend", "_by_uid", "_launch", "_name_to_uid", "_native", "_slots", "device", "engine", "key",
+                 "source", "tensors", "workspace_size")  # fmt: skip
 
     def __init__(
         self,
@@ -70,9 +70,14 @@ class Plan:
         self.device = int(device)
         self._backend = backend
         self._native = native
-        self._launch: Callable[[Mapping[int, Any]], None] | None = None  # the backend's, made at the first launch
+        self._launch: Launch | None = None  # the backend's, made at the first launch
         self._by_uid = {spec.uid: Expect(spec) for spec in self.tensors}
         known = {spec.uid for spec in self.tensors}
+        # Where each tensor's data pointer goes in the list a launch takes: the backend's
+        # order first (the uids its plan reads), then the rest. Fixed for the plan's life.
+        order = [u for u in backend.pointer_order(native) or () if u in known]
+        order += sorted(known.difference(order))
+        self._slots = {uid: (self._by_uid[uid], position) for position, uid in enumerate(order)}
         self._name_to_uid = {n: u for n, u in (names or {}).items() if u in known}
 
     def named(self, names: Mapping[str, int]) -> Plan:
@@ -114,14 +119,14 @@ class Plan:
                 key=self.key,
                 problems=["not a mapping"],
             )
-        pack = self._checked(tensors)
-        if pack is None:
+        checked = self._checked(tensors)
+        if checked is None:
             self._explain_mismatch(tensors)
-        return pack  # type: ignore[return-value]
+        return checked[0]  # type: ignore[index]
 
-    def _checked(self, tensors: Mapping[int | str, Any]) -> dict[int, Any] | None:
-        """The pack when every tensor is what the plan expects, else None (the slow path
-        then names each problem)."""
+    def _checked(self, tensors: Mapping[Any, Any]) -> tuple[dict[int, Any], list[int]] | None:
+        """The pack and the data pointers (in the launch's order) when every tensor is what
+        the plan expects, else None (the slow path then names each problem)."""
         if len(tensors) != len(self._by_uid):
             return None
         try:
@@ -129,20 +134,21 @@ class Plan:
         except (AttributeError, TypeError, IndexError, KeyError, RuntimeError):
             return None  # not a tensor, or not one of ours
 
-    def _matched(self, tensors: Mapping[int | str, Any]) -> dict[int, Any] | None:
+    def _matched(self, tensors: Mapping[Any, Any]) -> tuple[dict[int, Any], list[int]] | None:
         """The fast path of ``check``, run on every launch: one pass over the tensors, each
-        compared with what its uid expects; None on the first mismatch. Must accept exactly
-        what ``_problems_of`` accepts."""
-        by_uid, name_to_uid = self._by_uid, self._name_to_uid
+        compared with what its uid expects and its data pointer put in its place; None on
+        the first mismatch. Must accept exactly what ``_problems_of`` accepts."""
+        slots, name_to_uid = self._slots, self._name_to_uid
         cuda = self._backend.device_type == "cuda"
         device = self.device
         pack: dict[int, Any] = {}
+        pointers = [0] * len(slots)
         for ref, tensor in tensors.items():
             # A name not in the plan's names stays a str, which no uid equals: KeyError below.
             uid: int = name_to_uid.get(ref, ref) if isinstance(ref, str) else ref  # type: ignore[arg-type]
             if uid.__class__ is not int:  # True and 1.0 hash as uid 1 does: only an int is a uid
                 return None
-            expect = by_uid[uid]
+            expect, position = slots[uid]
             pack[uid] = tensor
             dtypes = expect.dtypes
             if dtypes is None:
@@ -152,6 +158,7 @@ class Plan:
                 typed = expect.dtype_names is None or tensor.dtype in dtypes  # type: ignore[operator]
                 if not (tensor.is_cpu and typed and tensor.numel() == 1):
                     return None
+                pointers[position] = tensor.data_ptr()
                 continue
             # Empty dims: a shape the backend left unknown, not checked (as in the slow path).
             if tensor.dtype not in dtypes or (expect.dims and tensor.shape != expect.dims):  # type: ignore[operator]
@@ -159,12 +166,13 @@ class Plan:
             stride = tensor.stride()
             if stride != expect.strides and any(stride[i] != s for i, s in expect.stride_items):
                 return None
-            if tensor.data_ptr() % expect.alignment:
+            pointer = pointers[position] = tensor.data_ptr()
+            if pointer % expect.alignment:
                 return None
             # is_cpu, not "not is_cuda": a meta (or mps, xpu) tensor is no CPU tensor.
             if not (tensor.is_cuda and tensor.get_device() == device) if cuda else not tensor.is_cpu:
                 return None
-        return pack if len(pack) == len(by_uid) else None  # a uid given twice (by name and by uid)
+        return (pack, pointers) if len(pack) == len(slots) else None  # a uid given twice (by name and by uid)
 
     def _explain_mismatch(self, tensors: Mapping[int | str, Any]) -> None:
         """The slow path: name every problem, then raise."""
@@ -208,14 +216,17 @@ class Plan:
         the plan's device, with scratch memory of its own."""
         # A dict, the common case, skips check()'s Mapping test; anything else, or a
         # mismatch, goes through check(), which names every problem.
-        pack = self._checked(tensors) if tensors.__class__ is dict else None
-        if pack is None:
-            pack = self.check(tensors)
+        checked = self._checked(tensors) if tensors.__class__ is dict else None
+        if checked is None:
+            checked = self._checked(self.check(tensors))  # check() raises for a mismatch, naming each problem
+            if checked is None:  # a tensor changed between the two reads of it
+                raise TensorMismatchError(f"plan {self.key[:12]}: the tensors changed while they were checked", key=self.key,
+                                          problems=["the tensors changed while they were checked"])  # fmt: skip
         launch = self._launch
         try:
             if launch is None:
                 launch = self._launch = self._backend.launcher(self._native, self.workspace_size, self.device)
-            launch(pack)
+            launch(*checked)
         except Exception as exc:
             raise ExecutionError(
                 f"plan {self.key[:12]} failed to launch on {self._backend.device_type}:{self.device}: {type(exc).__name__}: {exc}",

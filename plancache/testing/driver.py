@@ -160,8 +160,8 @@ class CpuDriver:
     def capturing(self) -> bool:
         return self.cuda.capturing()
 
-    def stream_capturing(self, stream: int) -> bool:
-        return self.cuda.capturing(stream)
+    def capture_getter(self) -> Callable[[], bool]:
+        return self.cuda.capturing
 
     def exchange_capture_mode(self, mode: int) -> int | None:
         return _MODE_NUMBERS[self.cuda.exchange_mode(_MODES[mode])]

@@ -222,6 +222,3 @@ class SimulatedLibrary:
             ctypes.memset(destination, 0, size)
 
         self.cuda.launch(zero, stream)
-
-    def capturing(self, stream: int) -> bool:
-        return self.cuda.capturing(stream)

@@ -7,10 +7,10 @@ are allocated per launch), so the bound on plans bounds the process.
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["LRU"]
 
@@ -19,29 +19,36 @@ V = TypeVar("V")
 
 
 class LRU(Generic[K, V]):
-    """A thread-safe mapping that keeps its ``capacity`` most recently used values."""
+    """A thread-safe mapping that keeps its ``capacity`` most recently used values.
+
+    A read takes no lock and moves nothing: it stamps the entry with the time of its use
+    (a number from one counter, drawn atomically), on the path of every repeat lookup and
+    builder call. Writes are serialized, and the one that overflows the capacity evicts
+    the entry with the oldest stamp: a scan, paid only by a write past the bound, which is
+    a plan loaded or built, thousands of times dearer."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._items: OrderedDict[K, V] = OrderedDict()
+        self._items: dict[K, list[Any]] = {}  # key -> [value, stamp of its last use]
+        self._clock = itertools.count()
         self._lock = threading.Lock()
         self.evicted = 0
 
     def get(self, key: K) -> V | None:
-        with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
+        entry = self._items.get(key)
+        if entry is None:
+            return None
+        entry[1] = next(self._clock)
+        return entry[0]
 
     def put(self, key: K, value: V) -> None:
         with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+            items = self._items
+            items[key] = [value, next(self._clock)]
+            while len(items) > self.capacity:
+                del items[min(items, key=lambda k: items[k][1])]
                 self.evicted += 1
 
     def keys(self) -> list[K]:

@@ -112,7 +112,6 @@ class Libcuda:
             cuda.cuMemcpyHtoDAsync_v2, [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int
         )
         Library._declare(cuda.cuMemsetD8Async, [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int)
-        Library._declare(cuda.cuStreamIsCapturing, [ctypes.c_void_p, int_p], ctypes.c_int)
         self._initialized: bool | None = None
 
     def _init(self) -> bool:
@@ -157,11 +156,6 @@ class Libcuda:
 
     def zero(self, destination: int, size: int, stream: int) -> None:
         _check_driver(self._cuda.cuMemsetD8Async(destination, 0, size, stream), "cuMemsetD8Async")
-
-    def capturing(self, stream: int) -> bool:
-        status = ctypes.c_int()
-        _check_driver(self._cuda.cuStreamIsCapturing(stream, ctypes.byref(status)), "cuStreamIsCapturing")
-        return status.value != 0
 
 
 def _check_driver(status: int, call: str) -> None:
@@ -313,9 +307,6 @@ class Library:
 
     def zero(self, destination: int, size: int, stream: int) -> None:
         self._cuda.zero(destination, size, stream)
-
-    def capturing(self, stream: int) -> bool:
-        return self._cuda.capturing(stream)
 
 
 _lock = threading.Lock()

@@ -4,7 +4,9 @@
 and cuDNN's finalize, the GIL released; nothing captured, allocated or synchronized: the
 kernels load at the first launch). ``launch`` does per launch what the frontend's execute
 does (``record``: the workspace modifications, the variant pack, the backend execute), with
-the variant pack of each set of pointers made once and kept, a few per plan.
+the variant pack of each set of pointers made once and kept, a few per plan and thread:
+a thread's packs are its own, so a launch takes no lock and no other thread's eviction
+can destroy the pack it is using.
 
 Lifetimes: a plan owns its backend descriptor, its variant packs and the host buffers
 the backend reads (by-value scalars, the floats copied into the workspace). A CUDA graph
@@ -27,22 +29,37 @@ from .record import Layout, PlanRecord
 
 __all__ = ["PACKS_PER_PLAN", "NativePlan"]
 
-#: Variant packs kept per plan (one per set of pointers a program launches with; a
+#: Variant packs kept per plan and thread (one per set of pointers a program launches with; a
 #: training step or a server's fixed buffers repeat a few).
 PACKS_PER_PLAN = 8
 
 
 class _Owned:
-    """What a plan's finalizer destroys: the plan descriptor and its variant packs."""
+    """What a plan's finalizer destroys: the plan descriptor and every thread's variant packs."""
 
     def __init__(self, library: Library, plan: int) -> None:
         self.library = library
         self.plan = plan
-        self.packs: OrderedDict[tuple[int, ...], int] = OrderedDict()
+        self.packs: list[tuple[weakref.ref[threading.Thread], OrderedDict[tuple[int, ...], int]]] = []
+        self._lock = threading.Lock()
+
+    def thread_packs(self) -> OrderedDict[tuple[int, ...], int]:
+        """A new set of packs for the calling thread; the packs of threads that ended are
+        destroyed (no launch of theirs can be using them)."""
+        mine: OrderedDict[tuple[int, ...], int] = OrderedDict()
+        with self._lock:
+            ended = [packs for thread, packs in self.packs if (t := thread()) is None or not t.is_alive()]
+            self.packs = [(thread, packs) for thread, packs in self.packs if all(packs is not e for e in ended)]
+            self.packs.append((weakref.ref(threading.current_thread()), mine))
+        for packs in ended:
+            for pack in packs.values():
+                self.library.destroy(pack)
+        return mine
 
     def destroy(self) -> None:
-        for pack in self.packs.values():
-            self.library.destroy(pack)
+        for _, packs in self.packs:
+            for pack in packs.values():
+                self.library.destroy(pack)
         self.packs.clear()
         self.library.destroy(self.plan)
 
@@ -74,16 +91,18 @@ class NativePlan:
         backend = self.layout.backend
         self._uids = (ctypes.c_int64 * len(backend))(*(self.layout.uids[slot] for slot in backend))
         self._count = len(backend)
-        self._lock = threading.Lock()
+        self._local = threading.local()  # .packs: this thread's variant packs (the same dict as in _Owned)
 
     def __repr__(self) -> str:
         return f"<NativePlan device {self.device} uids {list(self.user_uids)} workspace {self.workspace_size}>"
 
     def _pack(self, user: Sequence[int], workspace: int) -> int:
-        """The variant pack of these pointers (made once, the least recently used of more
-        than ``PACKS_PER_PLAN`` destroyed); call with ``_lock`` held."""
+        """This thread's variant pack of these pointers (made once, the least recently used
+        of more than ``PACKS_PER_PLAN`` destroyed: no other thread ever uses it)."""
         key = (*user, workspace)
-        packs = self._owned.packs
+        packs = getattr(self._local, "packs", None)
+        if packs is None:
+            packs = self._local.packs = self._owned.thread_packs()
         pack = packs.get(key)
         if pack is not None:
             packs.move_to_end(key)
@@ -106,6 +125,4 @@ class NativePlan:
             library.copy_to_device(workspace + offset, floats, ctypes.sizeof(floats), stream)
         for offset, size in self._zeros:
             library.zero(workspace + offset, size, stream)
-        with self._lock:  # a pack in use must not be destroyed by another thread's eviction
-            pack = self._pack(user, workspace)
-            library.execute(handle, self.plan, pack)
+        library.execute(handle, self.plan, self._pack(user, workspace))
