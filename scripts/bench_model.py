@@ -285,11 +285,13 @@ def primer_timeline(row: Mapping[str, Any]) -> list[str]:
         return f"{ms(found[0])}-{ms(found[1])}" if found else "-"
 
     ready = ", ".join(f"device {d} at {ms(t)}" for d, t in timeline.get("device_ready", {}).items()) or "no device"
-    lines = [f"primer timeline of {row['mode']} (last run; ms from the cache's opening): {ready}; weights loaded at "
-             f"{ms(primer.get('weights_at_s'))}, first output at {ms(primer.get('first_output_at_s'))}"]  # fmt: skip
+    opened = timeline.get("libraries")
+    libraries = f"cuDNN's libraries opened {ms(opened[0])}-{ms(opened[1])}; " if opened else ""
+    lines = [f"primer timeline of {row['mode']} (last run; ms from the cache's opening): {libraries}{ready}; weights "
+             f"loaded at {ms(primer.get('weights_at_s'))}, first output at {ms(primer.get('first_output_at_s'))}"]  # fmt: skip
     for plan in timeline.get("plans", []):
         lines.append(f"  {plan['key']} {plan['outcome']:8} wait {span(plan, 'wait'):>13}  read {span(plan, 'read'):>13}  "
-                     f"finalize {span(plan, 'finalize'):>13}  asked {ms(plan.get('asked'))}")  # fmt: skip
+                     f"finalize {span(plan, 'finalize'):>13}  asked {ms(plan.get('asked')):>7}  {plan.get('label', '')[:60]}")  # fmt: skip
     return lines
 
 

@@ -135,6 +135,8 @@ class Lookup:
         for record in self.recorders:
             record(graph, key)
         slot = (key.digest, device)
+        if slot not in self._used:
+            self.first_asked.setdefault(slot, time.perf_counter())
         plan = self.memory.get(slot)
         if plan is not None:
             self.counters.count("memory_hits")
@@ -143,7 +145,6 @@ class Lookup:
             plan = self.resolve(graph, key, names, options, device, inputs, load)
         if slot not in self._used:  # once per run: what the next start of this application primes
             self._used.add(slot)
-            self.first_asked.setdefault(slot, time.perf_counter())
             self.local.note_use(key.digest, device)
         return plan.named(names)
 
@@ -173,7 +174,7 @@ class Lookup:
         return plan.named(names)
 
     def prime(self, digest: str, environment: Mapping[str, Any], device: int, *, stop: threading.Event | None = None,
-              marks: dict[str, tuple[float, float]] | None = None) -> str:  # fmt: skip
+              marks: dict[str, tuple[float, float]] | None = None, entry: Entry | None = None) -> str:  # fmt: skip
         """Load the stored plan ``digest`` onto ``device`` into memory ahead of its lookup.
         Returns "primed", "loaded" (in memory already, or being loaded by a lookup, which
         then has it), or why it was skipped. Gives way to builds: waits until no lookup
@@ -192,7 +193,7 @@ class Lookup:
                 return "loaded"
             try:
                 with self.backend.guest(device):
-                    outcome = self.serve_stored(digest, environment, device, count_hit=False, marks=marks)
+                    outcome = self.serve_stored(digest, environment, device, count_hit=False, marks=marks, entry=entry)
             except CaptureInProgressError:
                 return "this thread is capturing"
             if isinstance(outcome, Plan):
@@ -272,15 +273,18 @@ class Lookup:
         return report
 
     def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *, count_hit: bool = True,
-                     load: Load | None = None, marks: dict[str, tuple[float, float]] | None = None) -> Plan | Unserved:  # fmt: skip
-        """The local entry under ``digest``, judged and loaded (by ``load``, else the backend):
-        a ``Plan``, else why it is not served. ``count_hit``: whether loading it counts as a
-        hit (priming is not one: it may go unused). ``marks``: see ``prime``."""
+                     load: Load | None = None, marks: dict[str, tuple[float, float]] | None = None,
+                     entry: Entry | None = None) -> Plan | Unserved:  # fmt: skip
+        """The local entry under ``digest`` (``entry``: as read already), judged and loaded
+        (by ``load``, else the backend): a ``Plan``, else why it is not served.
+        ``count_hit``: whether loading it counts as a hit (priming is not one: it may go
+        unused). ``marks``: see ``prime``."""
         started = time.perf_counter()
-        try:
-            entry = self.local.get(digest)
-        except DamagedEntryError as exc:  # one undecodable row
-            return Unserved(None, Verdict.UNDECODABLE, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
+        if entry is None:
+            try:
+                entry = self.local.get(digest)
+            except DamagedEntryError as exc:  # one undecodable row
+                return Unserved(None, Verdict.UNDECODABLE, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
         if entry is None:
             return _ABSENT
         reason = unsound(entry, environment)

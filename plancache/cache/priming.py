@@ -26,7 +26,10 @@ whoever runs on it). It gives up on a device the program has not used within
 ``DEVICE_WAIT_S``.
 
 A primed plan is loaded exactly as a lookup loads it (judged sound, then deserialized on
-its device) and kept in the memory tier, so the lookup is a memory hit. A lookup of a plan
+its device) and kept in the memory tier, so the lookup is a memory hit. What needs no
+device is done before the device is ready: cuDNN's libraries are opened and the entries
+read, decoded and checksummed (``READ_AHEAD``), so that what is left once the program's
+device is ready is cuDNN's finalize. A lookup of a plan
 being primed waits for that load instead of loading it twice; the primer starts a load
 only while no lookup is loading or building, and never writes to the store.
 """
@@ -52,6 +55,11 @@ log = logging.getLogger("plancache")
 #: How long the primer waits for the program to set up a device its last run used.
 DEVICE_WAIT_S = 300.0
 _POLL_S = 0.01  # how often it looks (one driver call)
+#: Plans whose stored entries the primer reads before the program's device is ready (the
+#: rest are read as they are loaded): reading, decoding and checking them is host work
+#: that needs no device, taken off the time between the device's readiness and the
+#: weights' end, when the program's own CUDA work slows every CUDA call of the primer.
+READ_AHEAD = 64
 #: Threads the primer loads on. A native load is mostly cuDNN's finalize, which holds no GIL
 #: and runs on the host: two threads halve the time of a program's plans when it has several;
 #: more compete with the program's own start-up for the CPU.
@@ -91,16 +99,36 @@ class Primer(threading.Thread):
         self._environments: dict[int, dict[str, Any] | str] = {}
         self.opened = time.perf_counter()
         self._ready: dict[int, float] = {}  # device -> when its environment was known
-        self._spans: list[tuple[str, int, str, dict[str, tuple[float, float]]]] = []  # (key, device, outcome, marks)
+        #: (key, device, outcome, marks, label) of each plan taken, in order
+        self._spans: list[tuple[str, int, str, dict[str, tuple[float, float]], str]] = []
+        self._entries: dict[str, tuple[Any, tuple[float, float]]] = {}  # read ahead: key -> (entry, when)
+        self._libraries: tuple[float, float] | None = None
 
     def run(self) -> None:
         started = time.perf_counter()
         try:
             plans = self.plans if self.plans is not None else self.lookup.local.latest_run()
+            self._read_ahead(plans[:READ_AHEAD])
             self._prime(plans)
         except Exception as exc:  # never an error for the program: its lookups still work
             log.warning("plancache: priming stopped: %s: %s", type(exc).__name__, exc)
         self.report["seconds"] = time.perf_counter() - started
+
+    def _read_ahead(self, plans: list[tuple[str, int]]) -> None:
+        """Before any device is ready: open cuDNN's libraries and read the entries."""
+        started = time.perf_counter()
+        self.report["libraries_opened"] = self.lookup.backend.open_libraries()
+        self._libraries = (started, time.perf_counter())
+        for digest, _ in plans:
+            if self.stopping.is_set():
+                return
+            began = time.perf_counter()
+            try:
+                entry = self.lookup.local.get(digest)
+            except Exception:  # an undecodable row: read again, and judged, when it is primed
+                continue
+            if entry is not None:
+                self._entries[digest] = (entry, (began, time.perf_counter()))
 
     def _prime(self, plans: list[tuple[str, int]]) -> None:
         """Load ``plans`` in order on ``THREADS`` threads (this one among them): a load
@@ -134,9 +162,12 @@ class Primer(threading.Thread):
                 continue
             lookup.backend.use_device(device)
             marks: dict[str, tuple[float, float]] = {}
-            outcome = lookup.prime(digest, environment, device, stop=self.stopping, marks=marks)
+            entry, read = self._entries.pop(digest, (None, None))
+            outcome = lookup.prime(digest, environment, device, stop=self.stopping, marks=marks, entry=entry)
+            if read is not None:
+                marks["read"] = read
             with self._lock:
-                self._spans.append((digest, device, outcome, marks))
+                self._spans.append((digest, device, outcome, marks, entry.label if entry is not None else ""))
                 if outcome in ("primed", "loaded"):
                     report[outcome] += 1
                 else:
@@ -153,24 +184,27 @@ class Primer(threading.Thread):
         return known
 
     def timeline(self) -> dict[str, Any]:
-        """What the primer did when, in seconds from the cache's opening: each device's
-        readiness (its environment known, after the program set it up), then each plan in
-        the order the primer took it: its wait for lookups to finish, its read and check,
-        its finalize, and when this run's first lookup asked for it (None: not yet)."""
+        """What the primer did when, in seconds from the cache's opening: the opening of
+        cuDNN's libraries, each device's readiness (its environment known, after the
+        program set it up), then each plan in the order the primer took it: its wait for
+        builds to finish, its read (ahead of the device, when it was), its finalize, and
+        when this run's first lookup asked for it (None: not yet)."""
         since = self.opened
         with self._lock:
             spans = list(self._spans)
             ready = dict(self._ready)
         asked = dict(self.lookup.first_asked)
         plans = []
-        for digest, device, outcome, marks in spans:
-            plan: dict[str, Any] = {"key": digest[:12], "device": device, "outcome": outcome}
+        for digest, device, outcome, marks, label in spans:
+            plan: dict[str, Any] = {"key": digest[:12], "label": label, "device": device, "outcome": outcome}
             for stage, (start, end) in marks.items():
                 plan[stage] = [round(start - since, 4), round(end - since, 4)]
             first = asked.get((digest, device))
             plan["asked"] = round(first - since, 4) if first is not None else None
             plans.append(plan)
-        return {"device_ready": {str(d): round(t - since, 4) for d, t in ready.items()}, "plans": plans}
+        libraries = [round(t - since, 4) for t in self._libraries] if self._libraries else None
+        return {"libraries": libraries, "device_ready": {str(d): round(t - since, 4) for d, t in ready.items()},
+                "plans": plans}  # fmt: skip
 
     def _environment_of(self, device: int) -> dict[str, Any] | str:
         """The environment of ``device`` once the program uses it, or why its plans are

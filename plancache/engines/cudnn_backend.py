@@ -39,7 +39,7 @@ from .driver import FrontendLaunch
 from .filters import outside_filters
 from .guest_backend import GuestBackend
 from .inputs import materialize, timing_inputs
-from .native import libcuda, library
+from .native import libcuda, library, open_sublibraries
 from .tensors import checked_inputs
 
 __all__ = ["CudnnBackend", "CudnnDriver", "cudnn_module", "frontend_failures", "probe_environment"]
@@ -400,7 +400,11 @@ class CudnnDriver:
         return int(_torch().cuda.current_device())
 
     def device_getter(self) -> Callable[[], int]:
-        return _torch().cuda.current_device
+        """torch's own query (``current_device`` is it behind a Python frame that checks,
+        on every call, that CUDA is set up: the launches that ask have set it up)."""
+        torch = _torch()
+        query = getattr(torch._C, "_cuda_getDevice", None)
+        return query if callable(query) else torch.cuda.current_device
 
     def use_device(self, index: int) -> None:
         """Make ``index`` this thread's current device (new threads start on device 0)."""
@@ -501,6 +505,9 @@ class CudnnDriver:
         return workspace
 
     # ------------------------------------------------------------------ plans
+
+    def open_libraries(self) -> int:
+        return open_sublibraries()
 
     def library(self) -> Any:
         found = self._library
