@@ -271,7 +271,8 @@ def format_table(rows: list[dict[str, Any]], header: Mapping[str, Any]) -> str:
 
 def primer_timeline(row: Mapping[str, Any]) -> list[str]:
     """The primer's timeline of a mode's last run, one line per plan, in ms from the cache's
-    opening: its wait for lookups, read and check, finalize, and the first lookup's ask."""
+    opening: its read (ahead of the device), wait for builds, entry into the guest block,
+    judging, finalize, and the first lookup's ask."""
     primer = row.get("primer") or {}
     timeline = primer.get("timeline")
     if not timeline:
@@ -290,8 +291,10 @@ def primer_timeline(row: Mapping[str, Any]) -> list[str]:
     lines = [f"primer timeline of {row['mode']} (last run; ms from the cache's opening): {libraries}{ready}; weights "
              f"loaded at {ms(primer.get('weights_at_s'))}, first output at {ms(primer.get('first_output_at_s'))}"]  # fmt: skip
     for plan in timeline.get("plans", []):
-        lines.append(f"  {plan['key']} {plan['outcome']:8} wait {span(plan, 'wait'):>13}  read {span(plan, 'read'):>13}  "
-                     f"finalize {span(plan, 'finalize'):>13}  asked {ms(plan.get('asked')):>7}  {plan.get('label', '')[:60]}")  # fmt: skip
+        stages = "  ".join(f"{stage} {span(plan, stage):>13}" for stage in ("read", "wait", "enter", "judge", "finalize"))
+        lines.append(
+            f"  {plan['key']} {plan['outcome']:8} {stages}  asked {ms(plan.get('asked')):>7}  {plan.get('label', '')[:50]}"
+        )
     return lines
 
 

@@ -791,7 +791,8 @@ def test_a_drop_in_load_warms_up_on_plancaches_own_stream_and_gives_the_callers_
     caller = types.SimpleNamespace(_cpp_graph_kwargs={}, _handle=Handle())
     monkeypatch.setitem(sys.modules, "cudnn", types.SimpleNamespace(pygraph=Fresh, set_stream=set_stream))
     monkeypatch.setattr("plancache.engines.cudnn_backend.frontend_failures", contextlib.nullcontext)
-    with backend.guest(0) as own:
+    with backend.guest(0):
+        own = backend.own_stream(0)
         frontend_adopt._load_cudnn(caller, backend, b"blob", [], 0)
     assert seen["stream during the load"] == own != 0
     assert caller._handle.stream == 0, "the caller's handle is back on its own (NULL) stream"

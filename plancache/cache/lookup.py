@@ -192,7 +192,10 @@ class Lookup:
             if not mine:
                 return "loaded"
             try:
+                entering = time.perf_counter()
                 with self.backend.guest(device):
+                    if marks is not None:
+                        marks["enter"] = (entering, time.perf_counter())
                     outcome = self.serve_stored(digest, environment, device, count_hit=False, marks=marks, entry=entry)
             except CaptureInProgressError:
                 return "this thread is capturing"
@@ -280,6 +283,7 @@ class Lookup:
         ``count_hit``: whether loading it counts as a hit (priming is not one: it may go
         unused). ``marks``: see ``prime``."""
         started = time.perf_counter()
+        given = entry is not None
         if entry is None:
             try:
                 entry = self.local.get(digest)
@@ -293,7 +297,7 @@ class Lookup:
         if not entry.checked:
             return Unserved(entry, Verdict.NEVER_CHECKED, NEVER_CHECKED)
         if marks is not None:
-            marks["read"] = (started, time.perf_counter())
+            marks["judge" if given else "read"] = (started, time.perf_counter())
         return self._load(entry, device, count_hit=count_hit, load=load, marks=marks)
 
     def _load(self, entry: Entry, device: int, *, count_hit: bool = True, load: Load | None = None,

@@ -96,6 +96,7 @@ class Primer(threading.Thread):
         self.report: dict[str, Any] = {"primed": 0, "loaded": 0, "skipped": {}, "seconds": 0.0}
         self.stopping = threading.Event()  # set by stop(): close() and interpreter exit
         self._lock = threading.Lock()
+        self._asking = threading.Lock()  # held while a device's environment is asked for
         self._environments: dict[int, dict[str, Any] | str] = {}
         self.opened = time.perf_counter()
         self._ready: dict[int, float] = {}  # device -> when its environment was known
@@ -177,10 +178,16 @@ class Primer(threading.Thread):
         with self._lock:
             known = self._environments.get(device)
         if known is None:
-            known = self._environment_of(device)  # may wait for the program: not under the lock
-            with self._lock:
-                known = self._environments.setdefault(device, known)
-                self._ready.setdefault(device, time.perf_counter())
+            # Asked once per device: the other threads wait for the answer rather than ask
+            # CUDA again while the program's own CUDA work makes every call slow.
+            with self._asking:
+                with self._lock:
+                    known = self._environments.get(device)
+                if known is None:
+                    known = self._environment_of(device)  # may wait for the program: not under self._lock
+                    with self._lock:
+                        self._environments[device] = known
+                        self._ready[device] = time.perf_counter()
         return known
 
     def timeline(self) -> dict[str, Any]:

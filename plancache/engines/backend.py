@@ -172,11 +172,12 @@ class Backend(Protocol):
         without setting CUDA up)."""
         ...
 
-    def guest(self, device: int) -> AbstractContextManager[Any]:
+    def guest(self, device: int) -> AbstractContextManager[None]:
         """The block in which plancache does CUDA work of its own on ``device`` (loads,
         builds, timing, handles; ``engines.guest``): raises ``CaptureInProgressError`` when
-        this thread captures; runs in relaxed capture mode on a non-blocking stream of
-        plancache's own; leaves the caller's device and streams as they were."""
+        this thread captures; runs in relaxed capture mode, its queued work on a
+        non-blocking stream of plancache's own; leaves the caller's device and streams as
+        they were."""
         ...
 
     def open_libraries(self) -> int:

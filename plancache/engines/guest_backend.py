@@ -106,20 +106,20 @@ class GuestBackend:
     # ------------------------------------------------------------------ the guest block
 
     @contextlib.contextmanager
-    def guest(self, device: int) -> Iterator[Any]:
+    def guest(self, device: int) -> Iterator[None]:
         """plancache's own CUDA work on ``device``: refused while this thread captures;
-        relaxed capture mode; the device current, then the caller's again; yields the
-        non-blocking stream of plancache's own on that device."""
+        relaxed capture mode; the device current, then the caller's again. Work queued on
+        a stream goes on ``own_stream(device)``."""
         driver = self.driver
         driver.require()
         refuse_while_capturing(driver.capturing(), "loading or building a plan")
         driver.ready(device)  # the capture mode can only be set once CUDA is set up
         with relaxed(driver), driver.on_device(device):
-            yield self.own_stream(device)
+            yield
 
     def own_stream(self, device: int) -> Any:
-        """plancache's own stream on ``device`` (made inside a guest block): non-blocking,
-        never the caller's."""
+        """plancache's own stream on ``device`` (asked inside a guest block, made at the
+        first need: a native load queues nothing): non-blocking, never the caller's."""
         stream = self._streams.get(device)
         if stream is None:
             stream = self._streams[device] = self.driver.new_stream(device)
@@ -158,14 +158,14 @@ class GuestBackend:
         Raises ``TransientLoadError`` for a failure that is not the blob's."""
         device = self.current_device() if device is None else device
         record, why = self.route(blob, tensors)
-        with self._transient(), self.guest(device) as stream:  # a device that cannot be set up is the process's too
+        with self._transient(), self.guest(device):  # a device that cannot be set up is the process's too
             if why is None:
                 with self.handles.lease(device) as handle:
                     return NativePlan(self.driver.library(), record, handle.backend_handle, device)
             self.native_fallbacks[why.value] += 1
             with self._frontend_loads, self.handles.lease(device) as handle:
                 # Never NULL (the frontend would make a blocking stream) and never the caller's.
-                self.driver.set_stream(handle, self.driver.raw_stream(stream))
+                self.driver.set_stream(handle, self.driver.raw_stream(self.own_stream(device)))
                 return self.driver.deserialize(blob, handle)
 
     @contextlib.contextmanager

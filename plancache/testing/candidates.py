@@ -50,7 +50,8 @@ class _Backend(Protocol):
     cuda: SimulatedCuda
 
     def current_device(self) -> int: ...
-    def guest(self, device: int) -> contextlib.AbstractContextManager[int]: ...
+    def guest(self, device: int) -> contextlib.AbstractContextManager[None]: ...
+    def own_stream(self, device: int) -> Any: ...
     def behaviour(self, engine: int | None) -> Behaviour: ...
     def run(self, description: Mapping[str, Any], tensors: Sequence[TensorSpec], pack: Mapping[int, Any], *,
             behaviour: Behaviour = ..., workspace: Any = None, stream: int | None = None) -> None: ...  # fmt: skip
@@ -135,7 +136,7 @@ class CpuCandidates:
         pack = self._ready()
         for uid in self.outputs_of:
             pack[uid].zero_()  # a region no candidate writes compares equal
-        with self.backend.guest(self.device) as stream, self.backend.cuda.stream(stream):
+        with self.backend.guest(self.device), self.backend.cuda.stream(self.backend.own_stream(self.device)):
             self.backend.run(self.description, self.tensors, pack, behaviour=self.backend.behaviour(index))
         return {uid: pack[uid].clone() for uid in self.outputs_of}
 
