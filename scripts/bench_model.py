@@ -233,7 +233,7 @@ def format_table(rows: list[dict[str, Any]], header: Mapping[str, Any]) -> str:
         f"\nexample model (3 fused convs + attention block, batch {header.get('batch')}, bf16), "
         f"{header.get('date')}, {header.get('gpu')}, torch {header.get('torch')}, cuDNN {header.get('cudnn')}, "
         f"cuDNN frontend {header.get('cudnn_frontend')}, checkpoint {header.get('checkpoint_mb')} MiB, "
-        f"repeats {header.get('repeats')}",
+        f"repeats {header.get('repeats')} (in rounds), CPUs {_cpus(header.get('cpus'))}",
         f"{'mode':18} {'first output after weights ms':>30} {'first output from start s':>26} {'step ms':>9} "
         f"{'captured step ms':>17} {'process s':>10} {'rel err':>9}",
     ]
@@ -296,6 +296,18 @@ def primer_timeline(row: Mapping[str, Any]) -> list[str]:
             f"  {plan['key']} {plan['outcome']:8} {stages}  asked {ms(plan.get('asked')):>7}  {plan.get('label', '')[:50]}"
         )
     return lines
+
+
+def _cpus(cpus: Any) -> str:
+    """A CPU list as ranges (``0-15,32-47``), or the words saying why there is none."""
+    if not isinstance(cpus, list) or not cpus:
+        return str(cpus)
+    ranges, start = [], cpus[0]
+    for previous, cpu in zip(cpus, [*cpus[1:], None]):
+        if cpu != previous + 1 if cpu is not None else True:
+            ranges.append(f"{start}-{previous}" if previous != start else str(start))
+            start = cpu
+    return ",".join(ranges) + " (the GPU's NUMA node)"
 
 
 def _worst(row: Mapping[str, Any]) -> float | None:
@@ -483,9 +495,30 @@ def write_checkpoint(torch: Any, example: ModuleType, path: Path, megabytes: int
     return path
 
 
-def run_mode(mode: str, root: Path, checkpoint: Path, index: int) -> dict[str, Any]:
-    """One fresh process of ``mode``; its JSON plus the process's wall time (and an error
-    instead of an exception when it fails, so the other modes still run)."""
+def gpu_cpus() -> set[int] | None:
+    """The CPUs of the GPU's NUMA node (``nvidia-smi`` for its PCI address, then sysfs), as
+    far as this process may use them; None when they cannot be told. Every child runs on
+    them: a process placed on the other node steps slower, whatever its mode."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        bus = done.stdout.strip().splitlines()[0].strip().lower()
+        domain, rest = bus.split(":", 1)
+        listed = Path(f"/sys/bus/pci/devices/{int(domain, 16):04x}:{rest}/local_cpulist").read_text().strip()
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+    cpus: set[int] = set()
+    for part in listed.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    usable = cpus & os.sched_getaffinity(0)
+    return usable or None
+
+
+def run_mode(mode: str, root: Path, checkpoint: Path, index: int, cpus: set[int] | None = None) -> dict[str, Any]:
+    """One fresh process of ``mode`` (on ``cpus`` when given); its JSON plus the process's
+    wall time (and an error instead of an exception when it fails, so the other modes
+    still run)."""
     args = [sys.executable, str(Path(__file__).resolve()), "--mode", mode, "--checkpoint", str(checkpoint)]
     directory = mode_dir(mode, root)
     if directory is not None:
@@ -494,9 +527,9 @@ def run_mode(mode: str, root: Path, checkpoint: Path, index: int) -> dict[str, A
     if benchlib.smoke():
         return _run_mode_here(mode, directory, checkpoint, index, started)
     try:
-        done = subprocess.run(
-            args, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=child_env(mode, root, os.environ)
-        )
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        done = subprocess.run(args, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+                              env=child_env(mode, root, os.environ), preexec_fn=pin)  # fmt: skip
     except subprocess.TimeoutExpired:
         return {"mode": mode, "error": f"timed out after {CHILD_TIMEOUT_S} s", "process_s": time.perf_counter() - started}
     process_s = time.perf_counter() - started
@@ -587,14 +620,20 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(NO_GPU)
     example = load_example()
     root = benchlib.scratch("plancache-bench-model-", opts.keep)
-    runs: dict[str, list[dict[str, Any]]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in opts.modes}
     checkpoint = write_checkpoint(torch, example, root / "checkpoint.pt", opts.checkpoint_mb)
     checkpoint_bytes = checkpoint.stat().st_size
-    for mode in opts.modes:
-        runs[mode] = [run_mode(mode, root, checkpoint, i) for i in range(runs_of(mode, opts.repeats))]
+    cpus = None if benchlib.smoke() else gpu_cpus()
+    # In rounds, every mode once per round (a cold mode in the first only, before the modes
+    # that need it): a drift of the machine over the run touches every mode alike.
+    for i in range(max(runs_of(mode, opts.repeats) for mode in opts.modes)):
+        for mode in opts.modes:
+            if i < runs_of(mode, opts.repeats):
+                runs[mode].append(run_mode(mode, root, checkpoint, i, cpus))
     rows = [aggregate(mode, runs[mode]) for mode in opts.modes]
     header = header_info(torch, example, opts)
     header["checkpoint_bytes"] = checkpoint_bytes
+    header["cpus"] = sorted(cpus) if cpus else "not pinned (the GPU's NUMA node is unknown)"
     print(format_table(rows, header))
     benchlib.report_skipped("bench_model")
     if opts.out:

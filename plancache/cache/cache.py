@@ -47,7 +47,7 @@ from ..engines.autotune import TimingPolicy
 from ..engines.backend import Backend, Load
 from ..errors import PlanCacheError
 from ..key import BuildOptions, CacheKey
-from ..runtime.plan import Plan, names_of
+from ..runtime.plan import Plan
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .builder import plan_builder
@@ -260,8 +260,8 @@ class PlanCache:
         self.check_open()
         options = _options_of(options, self.options, "tune(options)")
         device = self.backend.current_device()
-        key = self.lookup.key(graph, options, device, _tag_of(tag))
-        return self.lookup.retune(graph, key, options, device).named(names_of(graph))
+        key, names = self.lookup.key_and_names(graph, options, device, _tag_of(tag))
+        return self.lookup.retune(graph, key, options, device).named(names)
 
     def builder(self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None,
                 tag: str | None = None) -> Any:  # fmt: skip
