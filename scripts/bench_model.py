@@ -286,9 +286,7 @@ def primer_timeline(row: Mapping[str, Any]) -> list[str]:
         return f"{ms(found[0])}-{ms(found[1])}" if found else "-"
 
     ready = ", ".join(f"device {d} at {ms(t)}" for d, t in timeline.get("device_ready", {}).items()) or "no device"
-    opened = timeline.get("libraries")
-    libraries = f"cuDNN's libraries opened {ms(opened[0])}-{ms(opened[1])}; " if opened else ""
-    lines = [f"primer timeline of {row['mode']} (last run; ms from the cache's opening): {libraries}{ready}; weights "
+    lines = [f"primer timeline of {row['mode']} (last run; ms from the cache's opening): {ready}; weights "
              f"loaded at {ms(primer.get('weights_at_s'))}, first output at {ms(primer.get('first_output_at_s'))}"]  # fmt: skip
     for plan in timeline.get("plans", []):
         stages = "  ".join(f"{stage} {span(plan, stage):>13}" for stage in ("read", "wait", "enter", "judge", "finalize"))

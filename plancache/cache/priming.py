@@ -27,9 +27,9 @@ whoever runs on it). It gives up on a device the program has not used within
 
 A primed plan is loaded exactly as a lookup loads it (judged sound, then deserialized on
 its device) and kept in the memory tier, so the lookup is a memory hit. What needs no
-device is done before the device is ready: cuDNN's libraries are opened and the entries
-read, decoded and checksummed (``READ_AHEAD``), so that what is left once the program's
-device is ready is cuDNN's finalize. A lookup of a plan
+device is done before the device is ready: the entries are read, decoded and
+checksummed (``READ_AHEAD``), so that what is left once the program's device is ready is
+cuDNN's finalize. A lookup of a plan
 being primed waits for that load instead of loading it twice; the primer starts a load
 only while no lookup is loading or building, and never writes to the store.
 """
@@ -103,7 +103,6 @@ class Primer(threading.Thread):
         #: (key, device, outcome, marks, label) of each plan taken, in order
         self._spans: list[tuple[str, int, str, dict[str, tuple[float, float]], str]] = []
         self._entries: dict[str, tuple[Any, tuple[float, float]]] = {}  # read ahead: key -> (entry, when)
-        self._libraries: tuple[float, float] | None = None
 
     def run(self) -> None:
         started = time.perf_counter()
@@ -116,10 +115,7 @@ class Primer(threading.Thread):
         self.report["seconds"] = time.perf_counter() - started
 
     def _read_ahead(self, plans: list[tuple[str, int]]) -> None:
-        """Before any device is ready: open cuDNN's libraries and read the entries."""
-        started = time.perf_counter()
-        self.report["libraries_opened"] = self.lookup.backend.open_libraries()
-        self._libraries = (started, time.perf_counter())
+        """Before any device is ready: read the entries (host work only)."""
         for digest, _ in plans:
             if self.stopping.is_set():
                 return
@@ -191,9 +187,8 @@ class Primer(threading.Thread):
         return known
 
     def timeline(self) -> dict[str, Any]:
-        """What the primer did when, in seconds from the cache's opening: the opening of
-        cuDNN's libraries, each device's readiness (its environment known, after the
-        program set it up), then each plan in the order the primer took it: its wait for
+        """What the primer did when, in seconds from the cache's opening: each device's
+        readiness (its environment known, after the program set it up), then each plan in the order the primer took it: its wait for
         builds to finish, its read (ahead of the device, when it was), its finalize, and
         when this run's first lookup asked for it (None: not yet)."""
         since = self.opened
@@ -209,9 +204,7 @@ class Primer(threading.Thread):
             first = asked.get((digest, device))
             plan["asked"] = round(first - since, 4) if first is not None else None
             plans.append(plan)
-        libraries = [round(t - since, 4) for t in self._libraries] if self._libraries else None
-        return {"libraries": libraries, "device_ready": {str(d): round(t - since, 4) for d, t in ready.items()},
-                "plans": plans}  # fmt: skip
+        return {"device_ready": {str(d): round(t - since, 4) for d, t in ready.items()}, "plans": plans}
 
     def _environment_of(self, device: int) -> dict[str, Any] | str:
         """The environment of ``device`` once the program uses it, or why its plans are

@@ -180,11 +180,6 @@ class Backend(Protocol):
         they were."""
         ...
 
-    def open_libraries(self) -> int:
-        """Open now, with no CUDA call, what a first load would open (cuDNN's engine
-        libraries); how many. The primer calls it before the program has a device."""
-        ...
-
     def prepare(self, device: int) -> None:
         """Create now whatever a launch on ``device`` from this thread needs, so that a
         launch inside a CUDA-graph capture creates nothing."""

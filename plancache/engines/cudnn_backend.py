@@ -39,7 +39,7 @@ from .driver import FrontendLaunch
 from .filters import outside_filters
 from .guest_backend import GuestBackend
 from .inputs import materialize, timing_inputs
-from .native import libcuda, library, open_sublibraries
+from .native import libcuda, library
 from .tensors import checked_inputs
 
 __all__ = ["CudnnBackend", "CudnnDriver", "cudnn_module", "frontend_failures", "probe_environment"]
@@ -505,9 +505,6 @@ class CudnnDriver:
         return workspace
 
     # ------------------------------------------------------------------ plans
-
-    def open_libraries(self) -> int:
-        return open_sublibraries()
 
     def library(self) -> Any:
         found = self._library

@@ -123,11 +123,6 @@ class Driver(Protocol):
 
     # ------------------------------------------------------------------ plans
 
-    def open_libraries(self) -> int:
-        """Open now, with no CUDA call, the libraries a first load would open (cuDNN's
-        engines); how many. Done by the primer while the program has no device yet."""
-        ...
-
     def library(self) -> Any:
         """The C API plans are loaded and launched through (``engines.native.Library``'s calls)."""
         ...

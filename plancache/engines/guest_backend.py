@@ -125,10 +125,6 @@ class GuestBackend:
             stream = self._streams[device] = self.driver.new_stream(device)
         return stream
 
-    def open_libraries(self) -> int:
-        """Open the libraries a first load opens, with no CUDA call (see ``Driver``)."""
-        return self.driver.open_libraries()
-
     def prepare(self, device: int) -> None:
         with self.guest(device):
             self.handles.ensure(device)

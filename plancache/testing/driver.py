@@ -196,9 +196,6 @@ class CpuDriver:
 
     # ------------------------------------------------------------------ plans
 
-    def open_libraries(self) -> int:
-        return 0  # the simulated library is in this process already
-
     def library(self) -> SimulatedLibrary:
         return self.simulated
 

@@ -7,9 +7,9 @@ launch. ``engines.guest_backend`` decides which plans go this way and leaves the
 the frontend's path.
 """
 
-from .library import Libcuda, Library, NativeError, libcuda, library, open_sublibraries
+from .library import Libcuda, Library, NativeError, libcuda, library
 from .plan import NativePlan
 from .record import Fallback, Layout, PlanRecord, RecordError, parse, refusal
 
 __all__ = ["Fallback", "Layout", "Libcuda", "Library", "NativeError", "NativePlan", "PlanRecord", "RecordError", "libcuda",
-           "library", "open_sublibraries", "parse", "refusal"]  # fmt: skip
+           "library", "parse", "refusal"]  # fmt: skip

@@ -27,7 +27,7 @@ from typing import Any
 
 from ...errors import PlanCacheError
 
-__all__ = ["TRANSIENT_STATUSES", "Libcuda", "Library", "NativeError", "libcuda", "library", "open_sublibraries"]
+__all__ = ["TRANSIENT_STATUSES", "Libcuda", "Library", "NativeError", "libcuda", "library"]
 
 # cudnnBackendDescriptorType_t
 EXECUTION_PLAN = 5
@@ -95,31 +95,6 @@ def loaded_path(names: Sequence[str], maps: str = "/proc/self/maps") -> str | No
             if os.path.basename(path).startswith(name):
                 return path
     return None
-
-
-#: cuDNN's own libraries that it opens when it first needs them (its engines, heuristics,
-#: operation graphs), as found beside the one loaded.
-_SUBLIBRARIES = ("libcudnn_engines_precompiled.so", "libcudnn_engines_runtime_compiled.so", "libcudnn_heuristic.so",
-                 "libcudnn_ops.so", "libcudnn_cnn.so", "libcudnn_adv.so")  # fmt: skip
-_opened: list[Any] = []  # kept: a library opened here stays open, as cuDNN keeps it
-
-
-def open_sublibraries() -> int:
-    """Open cuDNN's libraries beside the loaded ``libcudnn_graph`` now, as cuDNN would at
-    its first finalize: reading and relocating them is host work, with no CUDA call, that
-    a program's start-up can overlap with its own (cuDNN's later open of each finds it
-    loaded). Returns how many were opened; 0 without a loaded cuDNN."""
-    path = loaded_path(_NAMES)
-    if path is None or _opened:
-        return 0
-    folder = os.path.dirname(path)
-    for name in sorted(os.listdir(folder)):
-        if name.startswith(_SUBLIBRARIES) and ".so" in name:
-            try:
-                _opened.append(ctypes.CDLL(os.path.join(folder, name)))
-            except OSError:
-                continue  # cuDNN will say what is wrong with it when it needs it
-    return len(_opened)
 
 
 class Libcuda:
