@@ -154,6 +154,8 @@ class Lookup:
         self.loads.after_fork()
         self.counters.after_fork()
         self._used = set()
+        self.first_asked = {}
+        self._keys = GraphKeys()  # its lock may have been held by another thread at the fork
 
     # ------------------------------------------------------------------ below memory
 
