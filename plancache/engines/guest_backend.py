@@ -14,9 +14,9 @@ runs unchanged over cuDNN's driver on a GPU and over the CPU test driver in the 
   ``native_fallbacks`` by kind. A failure that is the process's (a capture, memory, a
   sticky error) raises ``TransientLoadError``; any other is the library refusing the blob;
 * **launch composition** (``launcher``): per launch, the plan's device, the workspace of
-  the launching thread on that stream (inside a CUDA-graph capture, one from the capture's pool), a leased
-  handle pointed at that stream, the caller's pointers in the plan's uid order, and a plan
-  that a capture may replay kept for the rest of the process.
+  the launching thread on that stream (inside a CUDA-graph capture, one from the
+  capture's pool), a leased handle pointed at that stream, the caller's pointers in the
+  plan's uid order, and a plan that a capture may replay kept for the rest of the process.
 
 What differs between machines, building candidates and rebuilding plans, is the
 subclass's (``CudnnBackend``, ``CpuTestBackend``).

@@ -43,7 +43,7 @@ class Plan:
     ``plan.execute({uid_or_name: tensor, ...})`` checks every tensor (shape, strides,
     dtype, device, alignment) and launches on the current stream of the plan's device.
     Names are those of the graph the plan was asked for. Thread-safe: a plan holds no
-    mutable state; scratch memory comes per launch from the backend.
+    mutable state; scratch memory is the launching thread's on its stream, from the backend.
     """
 
     __slots__ = ("_backend", "_by_uid", "_launch", "_name_to_uid", "_native", "_slots", "device", "engine", "key",
@@ -113,6 +113,11 @@ class Plan:
     def check(self, tensors: Mapping[int | str, Any]) -> dict[int, Any]:
         """The variant pack by uid, after checking every tensor. Raises
         ``TensorMismatchError`` naming each problem; launches nothing."""
+        return self._verified(tensors)[0]
+
+    def _verified(self, tensors: Mapping[int | str, Any]) -> tuple[dict[int, Any], list[int]]:
+        """The pack and the pointers (``_checked``) of a mapping that fits, else
+        ``TensorMismatchError`` naming each problem."""
         if not isinstance(tensors, Mapping):
             raise TensorMismatchError(
                 f"plan {self.key[:12]}: tensors must be a mapping of uid or name to tensor, not {type(tensors).__name__}",
@@ -122,7 +127,7 @@ class Plan:
         checked = self._checked(tensors)
         if checked is None:
             self._explain_mismatch(tensors)
-        return checked[0]  # type: ignore[index]
+        return checked  # type: ignore[return-value]
 
     def _checked(self, tensors: Mapping[Any, Any]) -> tuple[dict[int, Any], list[int]] | None:
         """The pack and the data pointers (in the launch's order) when every tensor is what
@@ -214,14 +219,11 @@ class Plan:
     def execute(self, tensors: Mapping[int | str, Any]) -> None:
         """Check ``tensors`` (by uid or name) and launch the plan on the current stream of
         the plan's device, with scratch memory of its own."""
-        # A dict, the common case, skips check()'s Mapping test; anything else, or a
-        # mismatch, goes through check(), which names every problem.
+        # A dict, the common case, skips the Mapping test; anything else, or a mismatch,
+        # goes through _verified, which names every problem.
         checked = self._checked(tensors) if tensors.__class__ is dict else None
         if checked is None:
-            checked = self._checked(self.check(tensors))  # check() raises for a mismatch, naming each problem
-            if checked is None:  # a tensor changed between the two reads of it
-                raise TensorMismatchError(f"plan {self.key[:12]}: the tensors changed while they were checked", key=self.key,
-                                          problems=["the tensors changed while they were checked"])  # fmt: skip
+            checked = self._verified(tensors)
         launch = self._launch
         try:
             if launch is None:
