@@ -25,7 +25,7 @@ import plancache
 from plancache.engines.native import record as records
 from plancache.engines.native.plan import NativePlan
 from plancache.engines.native.record import Fallback, Layout, RecordError, parse, refusal
-from plancache.engines.native.ubjson import UbjsonError, decode
+from plancache.formats.ubjson import UbjsonError, decode
 
 PLANS = Path(__file__).parent / "data" / "plans"
 RECORDED = sorted(PLANS.glob("*.ubj"))

@@ -21,8 +21,8 @@ import torch
 import plancache
 from plancache import BuildOptions, TensorMismatchError
 from plancache.engines.inputs import materialize, plan_inputs
-from plancache.engines.native.ubjson import decode as decode_ubjson
-from plancache.engines.native.ubjson import encode as encode_ubjson
+from plancache.formats.ubjson import decode as decode_ubjson
+from plancache.formats.ubjson import encode as encode_ubjson
 from plancache.key import describe, tensor_table
 from plancache.store.codec import decode_entry, encode_entry
 from plancache.testing import CpuTestBackend

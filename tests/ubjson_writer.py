@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from plancache.engines.native.ubjson import encode as ubjson
+from plancache.formats.ubjson import encode as ubjson
 
 __all__ = ["ubjson"]

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engines.backend import EngineChoice
-from ..engines.native.ubjson import decode as decode_ubjson
-from ..engines.native.ubjson import encode as encode_ubjson
+from ..formats.ubjson import decode as decode_ubjson
+from ..formats.ubjson import encode as encode_ubjson
 from ..key import TensorSpec, canonical_json
 
 __all__ = ["FORMAT", "decode", "encode", "note_build", "payload", "payload_of", "representation"]

@@ -1,9 +1,9 @@
 """Plans loaded and launched through cuDNN's own C API, not the frontend's binding.
 
-``ubjson`` reads the frontend's plan blobs, ``record`` takes what a launch needs out of
-one (and refuses what this path was not tested on), ``library`` owns the C libraries
-(ctypes; the GIL is released through every call), ``plan`` is a loaded plan and its
-launch. ``engines.guest_backend`` decides which plans go this way and leaves the others to
+``record`` takes what a launch needs out of a frontend plan blob (``formats.ubjson``
+reads its bytes) and refuses what this path was not tested on, ``library`` owns the C
+libraries (ctypes; the GIL is released through every call), ``plan`` is a loaded plan
+and its launch. ``engines.guest_backend`` decides which plans go this way and leaves the others to
 the frontend's path.
 """
 

@@ -37,7 +37,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .ubjson import UbjsonError, decode
+from ...formats.ubjson import UbjsonError, decode
 
 __all__ = ["BY_VALUE_TYPES", "TESTED_VERSIONS", "ByValue", "Fallback", "Layout", "PlanRecord", "WorkspaceChange", "lowered_layouts", "parse",
            "refusal"]  # fmt: skip
