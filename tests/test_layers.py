@@ -19,11 +19,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "plancache"
 #: Top to bottom. A module may import its own layer and the layers below it, never one
 #: above. ``testing`` is a backend (the CPU one) and sits with the engines' seam below it.
 LAYERS = ("__main__", "cli", "workflows", "integrations", "cache", "runtime", "tiers", "testing", "engines", "store",
-          "key", "config", "errors")  # fmt: skip
+          "key", "formats", "config", "errors")  # fmt: skip
 
 #: What the package root holds: the public names, and a folder per layer.
 ROOT_MODULES = {"__init__.py", "__main__.py", "cli.py", "config.py", "errors.py"}
-ROOT_FOLDERS = {"cache", "engines", "integrations", "key", "runtime", "store", "testing", "tiers", "workflows"}
+ROOT_FOLDERS = {"cache", "engines", "formats", "integrations", "key", "runtime", "store", "testing", "tiers", "workflows"}
 
 #: Modules that import cuDNN (lazily: none at module level).
 CUDNN_IMPORTERS = ("engines.cudnn_backend", "integrations.")
