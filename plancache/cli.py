@@ -33,12 +33,14 @@ from .config import (
     CACHE_DIR,
     MAX_SIZE,
     PATCH_CUDNN,
+    REDIS_SECRET,
+    REDIS_SECRET_FILE,
     REDIS_SETTINGS,
     SETTINGS,
     ConfigError,
     format_size,
 )
-from .errors import BundleError, CacheDirError, DamagedEntryError, EntryNotFoundError, ManifestError, PlanCacheError, StoreError
+from .errors import BundleError, DamagedEntryError, EntryNotFoundError, ManifestError, PlanCacheError, StoreError
 from .store import DB_NAME, Entry, Store, check_private, default_cache_dir, maintenance
 
 __all__ = ["EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
@@ -87,17 +89,15 @@ class _Context:
         directory, or one without a plan store): the commands that read a cache read that
         as an empty cache, and create nothing. A directory named by ``--dir`` or
         ``PLANCACHE_DIR`` that does not exist gets a note on stderr (a typo?). A path that
-        is not a directory, or one that other users can write, is an error; so is a damaged
-        store, unless ``damaged_ok`` (``verify`` reports it)."""
+        is not a directory, or one that another user owns or can write, is an error; so is
+        a damaged store, unless ``damaged_ok`` (``verify`` reports it)."""
         directory = self.cache_dir
         if not directory.exists():
             if self.named_by is not None:
                 click.echo(f"plancache: note: {self.named_by} names {directory}, which does not exist: nothing is cached "
                            "there yet", err=True)  # fmt: skip
             return None
-        if not directory.is_dir():
-            raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
-        check_private(directory, ALLOW_SHARED_DIR.from_env())
+        check_private(directory, ALLOW_SHARED_DIR.from_env())  # not a directory, or not the user's (or group's): refused
         if not (directory / DB_NAME).exists():
             return None
         return self._sound(Store(directory, read_only=read_only, repair=False), damaged_ok)
@@ -1020,7 +1020,8 @@ def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
 def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, ...], force: bool) -> None:
     """Write stored plans to one portable bundle FILE, to ship inside a container image
     or to another machine (`plancache import` merges it there). An existing FILE is
-    refused unless --force; a symlink, FIFO or device is never replaced."""
+    refused unless --force; a symlink, FIFO or device is never replaced. With
+    PLANCACHE_REDIS_SECRET_FILE or PLANCACHE_REDIS_SECRET set, the bundle is signed."""
     from .workflows.bundle import export_bundle
 
     if not force and file.is_file() and not file.is_symlink():  # special files: export_bundle names what they are
@@ -1036,6 +1037,8 @@ def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, .
         if store is None:
             yield f"{obj.nothing_yet()}: the bundle is empty"
         yield f"exported {d['entries']} plans ({_size(d['bytes'])}) to {d['path']}"
+        yield (f"  signed with secret key id {d['key_id']}" if d["key_id"] else
+               f"  unsigned: no {REDIS_SECRET_FILE.name} or {REDIS_SECRET.name} is set, so importing it needs --allow-unsigned")  # fmt: skip
         for env_id, summary in d["environments"].items():
             yield f"  environment {env_id}: {summary}"
         for key, reason in d["skipped"].items():
@@ -1049,15 +1052,19 @@ def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, .
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--replace", is_flag=True, help="Replace plans the cache already has (default: keep the sound ones).")
 @click.option("--env", "env_id", default=None, help="Only import entries of this environment id, or a unique prefix of it.")
+@click.option("--allow-unsigned", is_flag=True,
+              help="Import a bundle that is unsigned or signed with another secret (only from a source you trust).")  # fmt: skip
 @click.pass_obj
-def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None) -> None:
-    """Merge bundle FILE into the cache. The whole bundle is verified first (format,
-    checksums, keys, environments, member names): a truncated, tampered, newer-format or
-    unsafe bundle is refused (exit code 3) and the cache is left unchanged: a cache that
-    did not exist yet is not created."""
+def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None, allow_unsigned: bool) -> None:
+    """Merge bundle FILE into the cache. The whole bundle is verified first (signature,
+    format, checksums, keys, environments, member names): an unsigned or foreign-signed
+    bundle (without --allow-unsigned), a truncated, tampered, newer-format or unsafe one,
+    or a FILE that is no regular file is refused (exit code 3) and the cache is left
+    unchanged: a cache that did not exist yet is not created. The signature is checked
+    under PLANCACHE_REDIS_SECRET_FILE or PLANCACHE_REDIS_SECRET, the sender's secret."""
     from .workflows.bundle import bundle_environment, import_bundle, read_bundle
 
-    bundle = read_bundle(file)
+    bundle = read_bundle(file, allow_unsigned=allow_unsigned)
     if env_id is not None:
         env_id = bundle_environment(bundle, env_id)  # a typo, before the cache is created
     store = obj.writable_store()
@@ -1069,6 +1076,7 @@ def import_cmd(obj: _Context, file: Path, replace: bool, env_id: str | None) -> 
     def text(d: dict[str, Any]) -> Iterable[str]:
         yield (f"imported {len(d['imported'])} plans, replaced {len(d['replaced'])}, kept {len(d['kept'])} existing, "
                f"skipped {len(d['skipped'])} of other environments (bundle of {d['entries']})")  # fmt: skip
+        yield "  signature verified" if d["signature"] == "verified" else f"  signature {d['signature']} (--allow-unsigned)"
         for env_id, summary in d["environments"].items():
             yield f"  environment {env_id}: {summary}"
 
@@ -1211,9 +1219,29 @@ def sql(obj: _Context, query: str | None, params: tuple[tuple[str, str], ...], a
         _emit(data, lambda d: _table([[str(v) for v in r.values()] for r in d], list(d[0])) if d else ["(no rows)"])
 
 
-#: What reading takes: selects, reads, functions, recursive queries and sqlite-utils' savepoint.
-_READING = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE,
-                      sqlite3.SQLITE_SAVEPOINT, sqlite3.SQLITE_TRANSACTION})  # fmt: skip
+#: What reading takes: selects, reads, recursive queries and sqlite-utils' savepoint (functions: ``_PURE``).
+_READING = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE, sqlite3.SQLITE_SAVEPOINT,
+                      sqlite3.SQLITE_TRANSACTION})  # fmt: skip
+#: The functions a query may call: SQLite's core, date, math, JSON, aggregate and window
+#: functions, which compute a value and change nothing. Left out: those with side effects
+#: (load_extension loads native code, fts3_tokenizer can register one, sqlite_log writes
+#: the error log) and those of full-text and R-tree tables, which plans.db has none of.
+_PURE = frozenset({
+    "abs", "changes", "char", "coalesce", "format", "glob", "hex", "ifnull", "iif", "instr", "last_insert_rowid",
+    "length", "like", "likelihood", "likely", "lower", "ltrim", "max", "min", "nullif", "printf", "quote", "random",
+    "randomblob", "replace", "round", "rtrim", "sign", "soundex", "sqlite_compileoption_get", "sqlite_compileoption_used",
+    "sqlite_source_id", "sqlite_version", "substr", "substring", "total_changes", "trim", "typeof", "unicode", "unlikely",
+    "upper", "zeroblob", "subtype",
+    "date", "time", "datetime", "julianday", "unixepoch", "strftime", "current_date", "current_time", "current_timestamp",
+    "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "ceil", "ceiling", "cos", "cosh", "degrees", "exp",
+    "floor", "ln", "log", "log10", "log2", "mod", "pi", "pow", "power", "radians", "sin", "sinh", "sqrt", "tan", "tanh",
+    "trunc",
+    "json", "json_array", "json_array_length", "json_extract", "->", "->>", "json_insert", "json_object", "json_patch",
+    "json_quote", "json_remove", "json_replace", "json_set", "json_type", "json_valid", "json_group_array",
+    "json_group_object", "json_each", "json_tree",
+    "avg", "count", "group_concat", "sum", "total", "cume_dist", "dense_rank", "first_value", "lag", "last_value", "lead",
+    "nth_value", "ntile", "percent_rank", "rank", "row_number",
+})  # fmt: skip
 #: Pragmas that only read, asked without a value (``PRAGMA table_info(plans)`` passes its
 #: table as the value, and is allowed by name).
 _READ_PRAGMAS = frozenset({"table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
@@ -1228,9 +1256,9 @@ _WITH_TABLE = frozenset({"table_info", "table_xinfo", "index_list", "index_info"
 def _reads_only(
     refused: list[str], action: int, first: str | None, second: str | None, _database: str | None, _trigger: str | None
 ) -> int:
-    """A SQLite authorizer for ``plancache sql``: reads (in sqlite-utils' savepoint), and
-    pragmas that only read. What it refuses is added to ``refused``, in words."""
-    if action in _READING:
+    """A SQLite authorizer for ``plancache sql``: reads (in sqlite-utils' savepoint), pure
+    functions and pragmas that only read. What it refuses is added to ``refused``, in words."""
+    if action in _READING or (action == sqlite3.SQLITE_FUNCTION and (second or "").lower() in _PURE):
         return sqlite3.SQLITE_OK
     pragma = (first or "").lower()
     reads = action == sqlite3.SQLITE_PRAGMA and pragma in _READ_PRAGMAS and (second is None or pragma in _WITH_TABLE)
@@ -1251,6 +1279,8 @@ _ACTIONS.update({sqlite3.SQLITE_DELETE: "delete from", sqlite3.SQLITE_INSERT: "i
 
 
 def _refused_action(action: int, first: str | None, second: str | None) -> str:
+    if action == sqlite3.SQLITE_FUNCTION:
+        return f"call {second}(), which is not one of the functions it allows (those that only compute a value)"
     if action == sqlite3.SQLITE_PRAGMA:
         return f"set PRAGMA {first} = {second}" if second is not None else f"run PRAGMA {first}, which can change the file"
     what = _ACTIONS.get(action, f"run SQLite action {action}")

@@ -16,10 +16,12 @@ table to it). What a setting's value means for the cache is documented where it 
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
 import re
+import stat
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,9 +31,10 @@ from typing import Any, Generic, TypeVar
 from .errors import PlanCacheError
 
 __all__ = ["ALLOW_SHARED_DIR", "APP", "AUTOTUNE_BUDGET", "AUTOTUNE_MEMORY", "AUTO_PRIME", "BACKEND", "CACHE_DIR", "MAX_SIZE", "MEMORY_PLANS",
-           "PATCH_CUDNN", "RECORD", "REDIS_LOCK_TTL", "REDIS_MAX_STALL", "REDIS_NAMESPACE", "REDIS_SECRET",
+           "PATCH_CUDNN", "RECORD", "REDIS_LOCK_TTL", "REDIS_MAX_STALL", "REDIS_MAX_VALUE", "REDIS_NAMESPACE", "REDIS_SECRET",
            "REDIS_SECRET_FILE", "REDIS_SETTINGS", "REDIS_TIMEOUT", "REDIS_TTL", "REDIS_URL", "SETTINGS", "ConfigError",
-           "MemoryBudget", "Refused", "Setting", "argument", "format_size", "instance_of", "number", "size", "switch", "tag", "whole_number"]  # fmt: skip
+           "MemoryBudget", "Refused", "Setting", "argument", "file_kind", "format_size", "instance_of", "number", "read_regular", "size",
+           "switch", "tag", "whole_number"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -255,6 +258,15 @@ def _size_limit(value: object) -> int | None:
     return size
 
 
+def _value_cap(value: object) -> int:
+    """Bytes of the largest Redis value, 1 KiB or more: a cap, never "no limit"."""
+    size = _bytes(value, _SIZE_HINT)
+    if size < MAX_SIZE_FLOOR:
+        raise _Refused(f"is {size} bytes, below the smallest cap of 1 KiB (a number without a unit counts bytes: write 16M "
+                       "for 16 MiB)")  # fmt: skip
+    return size
+
+
 def _plans(value: object) -> int:
     """A whole number of plans, 1 or more."""
     text = str(value).strip() if not isinstance(value, bool) else ""
@@ -302,6 +314,42 @@ def _path(value: object) -> Path:
         raise _Refused(f"cannot be expanded: {exc}") from None
 
 
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` is, in words: "a FIFO", "a directory"..."""
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def read_regular(path: str | os.PathLike[str], limit: int, *, follow: bool = False) -> tuple[bytes, int]:
+    """The bytes and mode of the regular file at ``path``, for a file a user names beside the
+    store (a secret, a bundle, a recording). ``Refused`` says why not: a symbolic link
+    (unless ``follow``), a FIFO, a device, a directory, or more than ``limit`` bytes;
+    ``OSError`` when it cannot be opened. ``O_NONBLOCK``: opening a FIFO with no writer
+    returns at once instead of waiting; ``O_NOFOLLOW``: a link is refused, not read through;
+    what ``fstat`` judged is the file that is read, however the path changes meanwhile."""
+    try:
+        fd = os.open(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _Refused("is a symbolic link: plancache reads no file through a link here; name the file itself") from None
+        raise
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise _Refused(f"is {file_kind(status.st_mode)}, not a regular file")
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(limit + 1) if status.st_size <= limit else None  # limit + 1: one that grew since fstat too
+    finally:
+        os.close(fd)
+    if data is None or len(data) > limit:
+        raise _Refused(f"is larger than {format_size(limit)}, the most plancache reads of such a file")
+    return data, stat.S_IMODE(status.st_mode)
+
+
 def _record_path(value: object) -> Path:
     """A manifest file to record into: JSON, in a directory that exists."""
     path = _path(value)
@@ -310,6 +358,13 @@ def _record_path(value: object) -> Path:
                        "cannot): name it .json")  # fmt: skip
     if not path.parent.is_dir():
         raise _Refused(f"is in {path.parent}, which is not a directory: create it first (a recording creates none)")
+    try:
+        mode = path.lstat().st_mode
+    except OSError:  # none there yet: the recording creates it
+        return path
+    if not stat.S_ISREG(mode):
+        raise _Refused(f"is {file_kind(mode)}: a recording is written only to a regular file, never through a link; name "
+                       "the file itself")  # fmt: skip
     return path
 
 
@@ -358,11 +413,17 @@ def _secret(value: object) -> bytes:
     return bytes(value)
 
 
+#: A secret is a line of text; a file far larger is not a secret file, and is never read whole.
+MAX_SECRET_FILE = 64 << 10
+
+
 def _secret_file(value: object) -> bytes:
     path = _path(value)
     try:
         # Files usually end with a newline that is not part of the secret.
-        secret = path.read_bytes().rstrip(b"\r\n")
+        # Followed through a link: secrets are mounted as links to the file that holds them (a
+        # Kubernetes secret volume), and a link cannot make a secret of what is not one.
+        secret = read_regular(path, MAX_SECRET_FILE, follow=True)[0].rstrip(b"\r\n")
     except OSError as exc:
         raise _Refused(f"cannot be read: {exc.strerror or exc}") from None
     if len(secret) < MIN_SECRET_BYTES:
@@ -466,8 +527,29 @@ BACKEND: Setting[str | None] = Setting(
     "PLANCACHE_BACKEND", "the backend of the `plancache` command (`prewarm`, `verify --deserialize`, `prune "
     "--other-environments`), as `module:Class`; `plancache.testing:CpuTestBackend` runs on a CPU", "cuDNN", None,
     _backend_spec)  # fmt: skip
-ALLOW_SHARED_DIR: Setting[bool] = Setting(
-    "PLANCACHE_ALLOW_SHARED_DIR", "on (`1`) accepts a cache directory that other users can write", "refused", False, _switch,
+
+
+def _shared_group(value: object) -> str | None:
+    """The name of a group that exists, or None for off (``0``, ``off``... or False): on
+    (``1``, True) once accepted any directory, and now names no one, so it is refused."""
+    if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in _SWITCH_ON + _SWITCH_OFF):
+        if not _switch(value):
+            return None
+        raise _Refused("no longer switches the check off: name the group whose members share the directory (such as "
+                       "PLANCACHE_ALLOW_SHARED_DIR=ml-team)")  # fmt: skip
+    if not isinstance(value, str):
+        raise _Refused(f"is not a group name but {type(value).__name__}")
+    import grp  # only when a group is named
+
+    try:
+        return grp.getgrnam(value.strip()).gr_name
+    except KeyError:
+        raise _Refused("is not a group on this machine: name the group whose members share the directory") from None
+
+
+ALLOW_SHARED_DIR: Setting[str | None] = Setting(
+    "PLANCACHE_ALLOW_SHARED_DIR", "a group (its name) whose members may share the cache directory: its files may be owned "
+    "by any member and writable by the group, never by others", "only the user's own files", None, _shared_group,
     arguments=("Store(allow_shared_dir=)",))  # fmt: skip
 REDIS_URL: Setting[str | None] = Setting(
     "PLANCACHE_REDIS_URL", "the Redis tier of a fleet ([docs/fleet.md](docs/fleet.md))", "no Redis tier", None, _redis_url,
@@ -493,6 +575,10 @@ REDIS_MAX_STALL: Setting[float] = Setting(
 REDIS_LOCK_TTL: Setting[float] = Setting(
     "PLANCACHE_REDIS_LOCK_TTL", "seconds the fleet lock outlives a holder that died (it is renewed while its holder builds)",
     "`60`", 60.0, _seconds, arguments=("RemoteTier(lock_ttl=)",))  # fmt: skip
+#: 16 MiB: a plan blob is kilobytes to a few megabytes; a larger value costs every lookup its transfer.
+REDIS_MAX_VALUE: Setting[int] = Setting(
+    "PLANCACHE_REDIS_MAX_VALUE", "bytes of the largest Redis value read or published (every unit a power of 1024); a larger "
+    "one is refused before it is read", "`16M`", 16 << 20, _value_cap, arguments=("RemoteTier(max_value=)",))  # fmt: skip
 #: 1024 loaded plans: every graph of a large model times a few dozen shapes.
 MEMORY_PLANS: Setting[int] = Setting(
     "PLANCACHE_MEMORY_PLANS", "loaded plans a process keeps in memory; the least recently used are dropped (they stay "
@@ -543,10 +629,11 @@ APP: Setting[str | None] = Setting(
 #: Every setting, in README.md's order.
 SETTINGS: tuple[Setting[Any], ...] = (
     CACHE_DIR, MAX_SIZE, RECORD, BACKEND, ALLOW_SHARED_DIR, REDIS_URL, REDIS_SECRET_FILE, REDIS_SECRET, REDIS_NAMESPACE,
-    REDIS_TIMEOUT, REDIS_TTL, REDIS_MAX_STALL, REDIS_LOCK_TTL, MEMORY_PLANS, PATCH_CUDNN, AUTOTUNE_MEMORY, AUTOTUNE_BUDGET,
+    REDIS_TIMEOUT, REDIS_TTL, REDIS_MAX_STALL, REDIS_LOCK_TTL, REDIS_MAX_VALUE, MEMORY_PLANS, PATCH_CUDNN, AUTOTUNE_MEMORY, AUTOTUNE_BUDGET,
     AUTO_PRIME, APP,
 )  # fmt: skip
 #: The settings of the Redis tier: read only when ``PLANCACHE_REDIS_URL`` is set.
 REDIS_SETTINGS: tuple[Setting[Any], ...] = (
     REDIS_URL, REDIS_SECRET_FILE, REDIS_SECRET, REDIS_NAMESPACE, REDIS_TIMEOUT, REDIS_TTL, REDIS_MAX_STALL, REDIS_LOCK_TTL,
+    REDIS_MAX_VALUE,
 )  # fmt: skip

@@ -31,6 +31,7 @@ from plancache import BuildOptions, PlanCache, Store
 from plancache.key import KEY_FORMAT, canonical_json, environment_id
 from plancache.store import DB_NAME, Entry, bookkeeping, maintenance, sha256
 from plancache.testing import CpuTestBackend
+from plancache.testing.plans import graph_blob
 
 CTX = multiprocessing.get_context("forkserver")
 CTX.set_forkserver_preload(["torch", "torch.distributed.tensor", "cudnn", "plancache", "plancache.testing", "graphs", "harness"])
@@ -113,7 +114,7 @@ def entry_for(tag: str, blob_max: int) -> Entry:
 def expected_blob(key: str, blob_max: int) -> bytes:
     size = 256 + int(key[:8], 16) % max(1, blob_max - 256)
     seed = bytes.fromhex(key)
-    return (seed * (size // len(seed) + 1))[:size]
+    return graph_blob({}, (seed * (size // len(seed) + 1))[: size // 2])  # a blob of no ops, about size bytes (hex)
 
 
 # ---------------------------------------------------------------------------- single flight

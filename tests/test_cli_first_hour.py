@@ -13,6 +13,7 @@ a pytest run."""
 
 from __future__ import annotations
 
+import grp
 import json
 import logging
 import os
@@ -259,7 +260,7 @@ def test_an_environment_id_no_plan_has_is_one_line_for_export_and_import_and_cre
     assert "names no environment of the plans in" in one_line_error(typo) and not (tmp_path / "typo.bundle").exists()
     bundle = tmp_path / "all.bundle"
     assert plancache("--dir", str(directory), "export", str(bundle)).returncode == 0
-    line = one_line_error(plancache("--dir", str(tmp_path / "new"), "import", str(bundle), "--env", "nope"))
+    line = one_line_error(plancache("--dir", str(tmp_path / "new"), "import", str(bundle), "--env", "nope", "--allow-unsigned"))
     assert "names no environment of the plans in bundle" in line and not (tmp_path / "new").exists()
 
 
@@ -627,7 +628,7 @@ def _exit_cases(tmp: Path, filled_dir: Path) -> list[tuple[str, list[str], dict[
         ("a bad option value", [*d, "prewarm", str(good), "--policy", "fastest"], b, 2),
         ("PLANCACHE_MAX_SIZE", [*c, "prewarm", str(good)], {**b, "PLANCACHE_MAX_SIZE": "banana"}, 2),
         ("PLANCACHE_MEMORY_PLANS", [*c, "prewarm", str(good)], {**b, "PLANCACHE_MEMORY_PLANS": "many"}, 2),
-        ("PLANCACHE_ALLOW_SHARED_DIR", [*d, "ls"], {"PLANCACHE_ALLOW_SHARED_DIR": "perhaps"}, 2),
+        ("PLANCACHE_ALLOW_SHARED_DIR", [*d, "ls"], {"PLANCACHE_ALLOW_SHARED_DIR": "1"}, 2),
         ("PLANCACHE_BACKEND", [*c, "prewarm", str(good)], {"PLANCACHE_BACKEND": "os:getcwd"}, 2),
         ("PLANCACHE_REDIS_URL without a secret", [*d, "stats"], {"PLANCACHE_REDIS_URL": REDIS}, 2),
         ("PLANCACHE_REDIS_TIMEOUT", [*d, "stats"],
@@ -749,7 +750,7 @@ def test_a_prewarm_into_a_directory_it_cannot_use_fails_before_building(tmp_path
     manifest = write_manifest(tmp_path / "m.json", TEMPLATE_ENTRY)
     a_file = tmp_path / "a-file"
     a_file.write_text("")
-    cases = [(_world_writable(tmp_path / "shared"), "PLANCACHE_ALLOW_SHARED_DIR=1"),
+    cases = [(_world_writable(tmp_path / "shared"), "PLANCACHE_ALLOW_SHARED_DIR=<group>"),
              (a_file / "cache", "cannot create cache directory")]  # fmt: skip
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
@@ -879,12 +880,16 @@ def test_every_command_reads_a_damaged_store_alike_and_only_verify_fix_repairs_i
 
 
 def test_a_directory_other_users_can_write_is_one_line_naming_the_setting(tmp_path: Path) -> None:
-    """``ls`` on an empty one once said nothing at all."""
+    """``ls`` on an empty one once said nothing at all. The opt-in names the group that
+    shares it, and never covers a directory anyone can write."""
     shared = _world_writable(tmp_path / "shared")
+    group = {"PLANCACHE_ALLOW_SHARED_DIR": grp.getgrgid(shared.stat().st_gid).gr_name}
     for command in (["ls"], ["stats", "--json"], ["verify"]):
         line = one_line_error(plancache("--dir", str(shared), *command))
-        assert "writable by other users" in line and "PLANCACHE_ALLOW_SHARED_DIR=1" in line
-    allowed = plancache("--dir", str(shared), "ls", env={"PLANCACHE_ALLOW_SHARED_DIR": "1"})
+        assert "writable by other users" in line and "PLANCACHE_ALLOW_SHARED_DIR=<group>" in line
+        assert "writable by other users" in one_line_error(plancache("--dir", str(shared), *command, env=group))
+    shared.chmod(0o770)
+    allowed = plancache("--dir", str(shared), "ls", env=group)
     assert allowed.returncode == 0 and allowed.stdout.startswith("no plans yet")
     assert list(shared.iterdir()) == []
 

@@ -53,7 +53,7 @@ def test_one_undecodable_row_is_reported_and_left_out_by_every_read_command(tmp_
     assert exported.returncode == 0, exported
     assert "exported 1 plans" in exported.stdout and f"left out {bad[:12]}: its {column} column" in exported.stdout
     assert HINT in exported.stdout
-    assert [member["key"] for member in read_bundle(bundle).header["entries"]] == [good]
+    assert [member["key"] for member in read_bundle(bundle, allow_unsigned=True).header["entries"]] == [good]
 
 
 def test_ls_and_inspect_take_an_environment_prefix_and_refuse_an_unknown_one(tmp_path: Path) -> None:

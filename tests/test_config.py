@@ -7,6 +7,7 @@ declarations' own."""
 from __future__ import annotations
 
 import ast
+import grp
 import logging
 import math
 import os
@@ -44,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
 SECRET = "s" * 32
 URL = "redis://127.0.0.1:1/0"
+GROUP = grp.getgrgid(os.getegid()).gr_name  # a group that exists, and that the test's directories belong to
 
 REFUSED = "refused"  # the entry point refuses the value: one ConfigError line
 DEFAULT = "default"  # the entry point takes its default, as when nothing is given
@@ -78,7 +80,7 @@ VARIABLES: dict[str, Cases] = {
     "PLANCACHE_BACKEND": Cases(
         ("plancache.testing:CpuTestBackend", "plancache.testing:CpuTestBackend"), "os", None, REFUSED, REFUSED
     ),
-    "PLANCACHE_ALLOW_SHARED_DIR": Cases(("yes", True), "maybe", False, REFUSED, REFUSED),
+    "PLANCACHE_ALLOW_SHARED_DIR": Cases((GROUP, GROUP), "maybe", None, REFUSED, REFUSED),
     "PLANCACHE_REDIS_URL": Cases((URL, URL), "http://127.0.0.1:1", None, REFUSED, REFUSED),
     "PLANCACHE_REDIS_SECRET_FILE": Cases(
         (lambda tmp: _secret_file(tmp, 32), b"k" * 32), lambda tmp: _secret_file(tmp, 1), None, REFUSED, REFUSED
@@ -89,6 +91,7 @@ VARIABLES: dict[str, Cases] = {
     "PLANCACHE_REDIS_TTL": Cases(("30", 30), "0", None, REFUSED, REFUSED),
     "PLANCACHE_REDIS_MAX_STALL": Cases(("3", 3.0), "soon", 2.0, REFUSED, REFUSED),
     "PLANCACHE_REDIS_LOCK_TTL": Cases(("120", 120.0), "-5", 60.0, REFUSED, REFUSED),
+    "PLANCACHE_REDIS_MAX_VALUE": Cases(("8M", 8 << 20), "2", 16 << 20, REFUSED, REFUSED),
     "PLANCACHE_MEMORY_PLANS": Cases(("16", 16), "many", 1024, REFUSED, REFUSED),
     "PLANCACHE_PATCH_CUDNN": Cases(("on", True), "maybe", False, REFUSED, REFUSED),
     "PLANCACHE_AUTOTUNE_MEMORY": Cases(("10%", MemoryBudget(share=0.1)), "abc", MemoryBudget(), REFUSED, REFUSED),
@@ -123,7 +126,7 @@ def _store(directory: Any) -> Store:
 def _shared_store_opens(tmp: Path, allow: Any) -> bool:
     shared = tmp / "shared"
     shared.mkdir(exist_ok=True)
-    shared.chmod(0o777)
+    shared.chmod(0o770)  # its group's to write (the user's own group: GROUP)
     try:
         Store(shared, allow_shared_dir=allow).close()
     except CacheDirError:
@@ -152,7 +155,7 @@ ENTRY_POINTS: dict[str, tuple[Callable[[Path, Any], Any], Cases]] = {
     "TimingPolicy(budget=)": (lambda tmp, v: TimingPolicy(budget=v).budget, Cases(("2", 2.0), "0.5", DEFAULT, REFUSED, math.inf)),
     "TimingPolicy(memory=)": (lambda tmp, v: TimingPolicy(memory=v).memory,
                               Cases(("4G", MemoryBudget(limit=4 << 30)), "abc", DEFAULT, REFUSED, REFUSED)),
-    "Store(allow_shared_dir=)": (_shared_store_opens, Cases(("yes", True), "maybe", DEFAULT, REFUSED, REFUSED)),
+    "Store(allow_shared_dir=)": (_shared_store_opens, Cases((GROUP, True), "maybe", DEFAULT, REFUSED, REFUSED)),
     "RemoteTier(url)": (lambda tmp, v: _tier(url=v).url, Cases((URL, URL), "http://127.0.0.1:1", REFUSED, REFUSED, REFUSED)),
     "RemoteTier(secret=)": (lambda tmp, v: _tier(secret=v).key_id == _tier().key_id,
                             Cases((SECRET, True), b"short", REFUSED, REFUSED, REFUSED)),
@@ -162,6 +165,7 @@ ENTRY_POINTS: dict[str, tuple[Callable[[Path, Any], Any], Cases]] = {
     "RemoteTier(ttl=)": (lambda tmp, v: _tier(ttl=v).ttl, Cases(("30", 30), 0, None, REFUSED, REFUSED)),
     "RemoteTier(max_stall=)": (lambda tmp, v: _tier(max_stall=v).max_stall, Cases((3, 3.0), 0, 2.0, REFUSED, REFUSED)),
     "RemoteTier(lock_ttl=)": (lambda tmp, v: _tier(lock_ttl=v).lock_ttl, Cases((120, 120.0), -5, 60.0, REFUSED, REFUSED)),
+    "RemoteTier(max_value=)": (lambda tmp, v: _tier(max_value=v).max_value, Cases(("8M", 8 << 20), 100, 16 << 20, REFUSED, REFUSED)),
     "PlanCache(max_plans=)": (lambda tmp, v: _cache(tmp, max_plans=v).memory.capacity,
                               Cases((16, 16), 0, DEFAULT, REFUSED, REFUSED)),
     "MemoryBudget(share=, limit=)": (lambda tmp, v: MemoryBudget(share=v).share, Cases((0.5, 0.5), 2.0, REFUSED, REFUSED,
@@ -429,12 +433,15 @@ def test_a_value_meaning_no_keeps_the_shared_directory_check_on(
     assert list(cache_dir.iterdir()) == []
 
 
-@pytest.mark.parametrize("value", ["maybe", "2", "flase"])
+@pytest.mark.parametrize(("value", "says"), [("maybe", "is not a group on this machine"), ("flase", "is not a group"),
+                                             ("1", "no longer switches the check off: name the group"),
+                                             ("yes", "no longer switches the check off")])  # fmt: skip
 def test_a_bad_shared_dir_value_is_an_error_and_creates_nothing(
-    value: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+    value: str, says: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The opt-in names its group: ``1`` (once a switch that trusted any writer) is refused."""
     monkeypatch.setenv("PLANCACHE_ALLOW_SHARED_DIR", value)
-    with pytest.raises(ConfigError, match=rf"^PLANCACHE_ALLOW_SHARED_DIR={value!r} is not a switch"):
+    with pytest.raises(ConfigError, match=rf"^PLANCACHE_ALLOW_SHARED_DIR={value!r} {says}"):
         Store()
     assert not cache_dir.exists()
 

@@ -339,7 +339,7 @@ def test_prewarm_export_import_and_warm_start(tmp_path: Path) -> None:
     again = _plancache_cli("--dir", str(source), "prewarm", manifest, "--no-progress")
     assert (again["built"], again["hits"]) == (0, 7)
     assert _plancache_cli("--dir", str(source), "export", str(bundle))["entries"] == 7
-    assert len(_plancache_cli("--dir", str(target), "import", str(bundle))["imported"]) == 7
+    assert len(_plancache_cli("--dir", str(target), "import", str(bundle), "--allow-unsigned")["imported"]) == 7
     cache = plancache.PlanCache(target)
     report = prewarm_module.warm_start(cache, manifest)
     assert len(report["loaded"]) == 7 and report["missing"] == [] and report["failed"] == {}

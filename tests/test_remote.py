@@ -31,6 +31,7 @@ from plancache.config import ConfigError  # noqa: E402  (after the importorskip 
 from plancache.key import KEY_FORMAT, BuildOptions, canonical_json, environment_id  # noqa: E402
 from plancache.store import Entry, Store, sha256  # noqa: E402
 from plancache.store.codec import encode_entry  # noqa: E402
+from plancache.testing.plans import graph_blob  # noqa: E402
 from plancache.tiers import breaker, remote  # noqa: E402
 from plancache.tiers.remote import RemoteTier, sign_value  # noqa: E402
 
@@ -78,9 +79,9 @@ def make_entry(key: str = "ab" * 32, env_id: str = ENV_ID, size: int = 4096) -> 
     """A servable entry (its key and environment id re-derive from what it records, as
     ``store.entry.problem`` requires); ``key`` seeds its description, so distinct seeds give
     distinct keys. ``env_id`` other than ``ENV_ID`` makes an entry of another environment."""
-    blob = (bytes(range(256)) * (size // 256 + 1))[:size]
     environment = ENVIRONMENT if env_id == ENV_ID else {**ENVIRONMENT, "gpu_name": env_id}
     description = {"nodes": [{"type": "CONV_FPROP"}], "tensors": {}, "seed": key}
+    blob = graph_blob(description, (bytes(range(256)) * (size // 512 + 1))[: size // 2])  # about size bytes, hex-encoded
     options = BuildOptions().to_dict()
     digest = hashlib.sha256(canonical_json({"format": KEY_FORMAT, "graph": description, "environment": environment,
                                             "options": options}).encode()).hexdigest()  # fmt: skip

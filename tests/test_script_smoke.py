@@ -79,6 +79,15 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         True,
     ),
+    "gpu_gate": (
+        [],
+        [
+            "built/conv_bias_relu             (as it is)                   passes           native                   1  ok",
+            "recorded/sdpa_backward           replacement at 2^62          REPLACEMENT      refused                  0  ok",
+            "gpu_gate smoke run: 102 of 102 mutated blobs kept off the native path, 0 failure(s)",
+        ],
+        True,
+    ),
     "gpu_corpus": (
         [],
         [

@@ -3,6 +3,7 @@ every read and write the cache relies on."""
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pickle
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from plancache import CacheDirError, SchemaTooNewError, Store, StoreError
+from plancache.config import ConfigError
 from plancache.store import BUSY_TIMEOUT_MS, DB_NAME, Entry, bookkeeping, maintenance, migrations, sha256
 
 IS_ROOT = os.geteuid() == 0
@@ -174,11 +176,18 @@ def test_shared_directory_is_refused(cache_dir: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("PLANCACHE_ALLOW_SHARED_DIR", "0")
     with pytest.raises(CacheDirError):
         Store()
-    Store(allow_shared_dir=True).close()
-    monkeypatch.setenv("PLANCACHE_ALLOW_SHARED_DIR", "1")
+    group = grp.getgrgid(cache_dir.stat().st_gid).gr_name  # the opt-in names the group that shares it
+    Store(allow_shared_dir=group).close()
+    monkeypatch.setenv("PLANCACHE_ALLOW_SHARED_DIR", group)
     s = Store()
     s.put(make_entry())
     s.close()
+    cache_dir.chmod(0o777)  # writable by others: never shared
+    with pytest.raises(CacheDirError, match="writable by other users"):
+        Store()
+    monkeypatch.setenv("PLANCACHE_ALLOW_SHARED_DIR", "1")  # a switch names no group
+    with pytest.raises(ConfigError, match="name the group"):
+        Store()
 
 
 def test_directory_that_cannot_be_created_names_the_path(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ Three locks, taken in order, each only around the build of its key:
 2. a file lock per key in ``<cache>/locks/`` (processes of this machine), held with
    ``flock`` and removed by its holder after the build, so locks/ does not keep a file per
    key ever seen. A waiter that wakes up holding a file that was meanwhile removed (or
-   replaced) retries on the current one: two holders of one key are impossible;
+   replaced) retries on the current one: two holders of one key are impossible. A lock
+   file is never opened through a link, and one another user owns or can write is not used;
 3. the fleet lock in Redis, when there is a remote tier (machines of a fleet), renewed by
    the tier while held.
 
@@ -17,8 +18,6 @@ Every wait is bounded by ``timeout``: past it, ``LockTimeoutError`` names the lo
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
 import math
 import os
@@ -29,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LockTimeoutError
+from ..store.files import check_trusted, lock_file
 
 log = logging.getLogger("plancache")
 
 __all__ = ["SingleFlight", "lock_timeout_of"]
-
-_POLL_S = (0.005, 0.25)  # first and longest sleep between tries of a held file lock
 
 
 class _KeyLocks:
@@ -67,36 +65,6 @@ class _KeyLocks:
                     del self._locks[key]
                 else:
                     self._locks[key] = (lock, users - 1)
-
-
-def _lock_file(path: Path, deadline: float) -> tuple[int, bool]:
-    """Open and ``flock`` ``path`` before ``deadline``: ``(fd, waited)``. The lock holds
-    only while ``path`` still names the locked file."""
-    waited = False
-    pause = _POLL_S[0]
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            waited = True
-            if time.monotonic() >= deadline:
-                raise TimeoutError(str(path)) from exc
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, _POLL_S[1])
-            continue
-        try:
-            current = os.stat(path)
-        except FileNotFoundError:
-            current = None
-        mine = os.fstat(fd)
-        if current is not None and (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
-            return fd, waited
-        os.close(fd)  # its holder removed it after building: lock the file there now
-        waited = True
 
 
 def lock_timeout_of(value: object) -> float:
@@ -156,8 +124,9 @@ class SingleFlight:
         path = self.lock_dir / f"{key[:32]}.lock"
         try:
             self.lock_dir.mkdir(mode=0o700, exist_ok=True)
+            check_trusted(self.lock_dir, None)  # a link, or a folder others can write: no lock there (OSError)
             try:
-                fd, waited = _lock_file(path, time.monotonic())  # one try: is another process building it?
+                fd, waited = lock_file(path, time.monotonic())  # one try: is another process building it?
             except TimeoutError:
                 self._count("waits")
                 log.info(
@@ -167,7 +136,7 @@ class SingleFlight:
                     label,
                     path,
                 )
-                fd, waited = _lock_file(path, started + self.timeout)
+                fd, waited = lock_file(path, started + self.timeout)
                 waited = True
         except TimeoutError as exc:
             raise LockTimeoutError(
@@ -177,7 +146,7 @@ class SingleFlight:
                 key=key,
                 waited_s=time.monotonic() - started,
             ) from exc
-        except OSError as exc:  # no lock file (disk full, odd permissions): still a plan, maybe built twice
+        except OSError as exc:  # no lock file (disk full, odd permissions, a file not ours): still a plan, maybe built twice
             self._warn("lock", "plancache: cannot take the build lock in %s (%s); building without it", self.lock_dir, exc)
             yield False
             return
@@ -187,7 +156,7 @@ class SingleFlight:
         finally:
             if self._held.pop(fd, None) == os.getpid():  # not a child's copy, closed at the fork
                 # Remove before unlocking: a waiter that then locks the removed file sees
-                # that the path no longer names it and retries (see _lock_file).
+                # that the path no longer names it and retries (see store.files.lock_file).
                 with contextlib.suppress(OSError):
                     os.unlink(path)
                 os.close(fd)

@@ -11,13 +11,14 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import RECORD, ConfigError
+from ..config import RECORD, ConfigError, file_kind, read_regular
 from ..key import BuildOptions, CacheKey, canonical_json
 
 __all__ = ["MANIFEST_VERSION", "record_to", "recorder_from_env", "write_json"]
@@ -25,18 +26,36 @@ __all__ = ["MANIFEST_VERSION", "record_to", "recorder_from_env", "write_json"]
 log = logging.getLogger("plancache")
 
 MANIFEST_VERSION = 1
+#: A recording read back before each append: some thousands of graphs are a few MiB, so a
+#: larger file is no recording of plancache's, and is not read into memory.
+MAX_RECORDING = 256 << 20
+
+
+def _kept_mode(path: Path) -> int:
+    """The mode the manifest at ``path`` is written with: the existing file's (a 0600 file
+    stays 0600, a shared 0644 one stays readable), else 0600, as plancache's other files
+    (the store, bundles) are. A link or special file there is refused: the rename would
+    replace it, and the user named it, not a file of plancache's."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return 0o600
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path} is {file_kind(mode)}, not a regular file; plancache writes a manifest only to a regular file")
+    return stat.S_IMODE(mode)
 
 
 def write_json(path: Path, document: Mapping[str, Any]) -> None:
-    """Write atomically: a reader never sees half a manifest."""
+    """Write atomically (a reader never sees half a manifest), keeping the file's mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = _kept_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(document, f, indent=1, sort_keys=False)
             f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+            os.fchmod(f.fileno(), mode)
+        os.replace(tmp, path)  # a link that appeared at path meanwhile is replaced, never written through
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -76,8 +95,8 @@ class _Recorder:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             document: dict[str, Any] = {"version": MANIFEST_VERSION, "entries": []}
-            if self.path.exists():
-                document = json.loads(self.path.read_text(encoding="utf-8"))
+            if os.path.lexists(self.path):  # a link, a FIFO or a huge file is refused, never read through or waited on
+                document = json.loads(read_regular(self.path, MAX_RECORDING)[0].decode("utf-8"))
                 if not isinstance(document, dict) or not isinstance(document.get("entries"), list):
                     raise ValueError("the file exists and is not a manifest; not overwriting it")
             text = canonical_json(entry)
@@ -106,14 +125,15 @@ if hasattr(os, "register_at_fork"):
 
 def record_to(path: str | os.PathLike[str]) -> Callable[[Any, CacheKey], None]:
     """A callback for ``PlanCache.add_recorder`` that appends every graph looked up to
-    the manifest at ``path`` (created if needed, in a directory that exists; a ``.toml``
-    name is refused, since recordings are JSON; existing entries are kept). Recorded
-    entries are ``graph`` entries: replaying them gives identical keys."""
-    checked = RECORD.of(path, "record_to(path)")  # a .toml name, or a directory that does not exist: refused
+    the manifest at ``path`` (created if needed, 0600, in a directory that exists; a
+    ``.toml`` name, a link or a special file is refused; existing entries and the file's
+    mode are kept). Recorded entries are ``graph`` entries: replaying them gives identical
+    keys."""
+    checked = RECORD.of(path, "record_to(path)")  # a .toml name, a link, or a directory that does not exist: refused
     if checked is None:
         raise ConfigError("record_to(path) needs a path", name=RECORD.name, value=path)
-    resolved = checked.resolve()
-    return _RECORDERS.setdefault(str(resolved), _Recorder(resolved))
+    absolute = Path(os.path.abspath(checked))  # not resolve(): a link there is refused, never followed to its target
+    return _RECORDERS.setdefault(str(absolute), _Recorder(absolute))
 
 
 def recorder_from_env(cache: Any) -> None:

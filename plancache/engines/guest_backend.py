@@ -11,8 +11,10 @@ runs unchanged over cuDNN's driver on a GPU and over the CPU test driver in the 
 * **load routing** (``load``): a blob the native path reads and was tested on is finalized
   through the C API (``engines.native``); any other goes to the frontend's own
   deserialize, its warm-up pointed at plancache's stream, one at a time, counted in
-  ``native_fallbacks`` by kind. A failure that is the process's (a capture, memory, a
-  sticky error) raises ``TransientLoadError``; any other is the library refusing the blob;
+  ``native_fallbacks`` by kind; one whose launches no tensor or workspace would bound
+  (``native.record.OUT_OF_BOUNDS``) is counted there and refused. A failure that is the
+  process's (a capture, memory, a sticky error) raises ``TransientLoadError``; any other is
+  the library refusing the blob;
 * **launch composition** (``launcher``): per launch, the plan's device, the workspace of
   the launching thread on that stream (inside a CUDA-graph capture, one from the
   capture's pool), a leased handle pointed at that stream, the caller's pointers in the
@@ -37,7 +39,7 @@ from .driver import Driver
 from .guest import refuse_while_capturing, relaxed
 from .handles import Handles
 from .native import NativeError, NativePlan, RecordError, parse, refusal
-from .native.record import Fallback
+from .native.record import OUT_OF_BOUNDS, Fallback, workspace_fits
 
 __all__ = ["GuestBackend", "pinned_plans"]
 
@@ -137,28 +139,41 @@ class GuestBackend:
 
     # ------------------------------------------------------------------ loading
 
-    def route(self, blob: bytes, tensors: Sequence[TensorSpec]) -> tuple[Any, Fallback | None]:
-        """``(record, None)`` for a blob the native path loads, else ``(None, why)``."""
+    def route(self, blob: bytes, tensors: Sequence[TensorSpec], memory: int | None) -> tuple[Any, Fallback | None]:
+        """``(record, None)`` for a blob the native path loads on a device of ``memory`` bytes, else ``(None, why)``."""
         if not self.native:
             return None, Fallback.OFF
         try:
             record = parse(blob)
         except RecordError:
             return None, Fallback.UNREADABLE
-        return record, refusal(record, {spec.uid for spec in tensors})
+        return record, refusal(record, {spec.uid: spec for spec in tensors}, memory)
+
+    def _memory(self, device: int) -> int | None:
+        """The device's memory in bytes, where its environment says (the bound of a workspace)."""
+        memory = self.driver.environment(device).get("total_memory")
+        return memory if isinstance(memory, int) else None
 
     def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
         """Load a stored plan onto ``device`` (default: the current one): through the C API
         (no GIL held through the finalize; nothing captured, allocated or synchronized),
         else through the frontend's ``deserialize`` (counted in ``native_fallbacks``).
-        Raises ``TransientLoadError`` for a failure that is not the blob's."""
+        Raises ``TransientLoadError`` for a failure that is not the blob's, and
+        ``RecordError`` for a blob whose launches no tensor or workspace bounds
+        (``OUT_OF_BOUNDS``, counted too: the frontend's path would launch it as it is)."""
         device = self.current_device() if device is None else device
-        record, why = self.route(blob, tensors)
         with self._transient(), self.guest(device):  # a device that cannot be set up is the process's too
+            memory = self._memory(device)
+            record, why = self.route(blob, tensors, memory)
             if why is None:
                 with self.handles.lease(device) as handle:
-                    return NativePlan(self.driver.library(), record, handle.backend_handle, device)
+                    native = NativePlan(self.driver.library(), record, handle.backend_handle, device)
+                if workspace_fits(native.workspace_size, memory):  # the backend's part is known once finalized
+                    return native
+                why = Fallback.WORKSPACE
             self.native_fallbacks[why.value] += 1
+            if why in OUT_OF_BOUNDS:
+                raise RecordError(f"the plan blob is refused: {why.value} (a damaged or hostile blob: never launched)")
             with self._frontend_loads, self.handles.lease(device) as handle:
                 # Never NULL (the frontend would make a blocking stream) and never the caller's.
                 self.driver.set_stream(handle, self.driver.raw_stream(self.own_stream(device)))

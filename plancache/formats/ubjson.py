@@ -42,131 +42,156 @@ class UbjsonError(ValueError):
     """The bytes are not UBJSON (or use a part of it this decoder does not read)."""
 
 
-class _Reader:
-    __slots__ = ("data", "depth", "pos")
+# The reader is a handful of functions over (bytes, position), each returning the value and
+# the position after it: a store hit reads every plan blob's graph before the plan is loaded,
+# and a call per token, with the bounds left to Python's own indexing, costs a third of a
+# reader object's several method calls per token. Running off the end raises IndexError or
+# struct.error, which ``decode`` turns into UbjsonError; only a slice, which never raises,
+# is checked by hand.
+_NUMBERS = {**_INTEGERS, **_FLOATS}
+_STRING, _ARRAY, _OBJECT, _ARRAY_END, _OBJECT_END = (ord(c) for c in "S[{]}")
+_HIGH_PRECISION, _CHAR, _TYPE, _COUNT = (ord(c) for c in "HC$#")
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-        self.depth = 0
 
-    def byte(self) -> int:
-        if self.pos >= len(self.data):
-            raise UbjsonError(f"UBJSON ends early, at byte {self.pos}")
-        marker = self.data[self.pos]
-        self.pos += 1
-        return marker
+def _marker(data: bytes, pos: int) -> tuple[int, int]:
+    """The marker at ``pos``, no-ops skipped, and the position after it."""
+    marker = data[pos]
+    while marker == _NOOP:
+        pos += 1
+        marker = data[pos]
+    return marker, pos + 1
 
-    def marker(self) -> int:
-        marker = self.byte()
+
+def _length(data: bytes, pos: int) -> tuple[int, int]:
+    marker, pos = _marker(data, pos)
+    fmt = _INTEGERS.get(marker)
+    if fmt is None:
+        raise UbjsonError(f"a length must be an integer, not {chr(marker)!r} at byte {pos - 1}")
+    return int(fmt.unpack_from(data, pos)[0]), pos + fmt.size
+
+
+def _bytes(data: bytes, pos: int) -> tuple[bytes, int]:
+    """A length and that many bytes."""
+    size, pos = _length(data, pos)
+    end = pos + size
+    if size < 0 or end > len(data):
+        raise UbjsonError(f"UBJSON ends early: {size} bytes wanted at byte {pos}")
+    return data[pos:end], end
+
+
+def _value(data: bytes, pos: int, marker: int, build: bool, depth: int) -> tuple[Any, int]:
+    """The value of ``marker`` whose payload starts at ``pos`` (None when not ``build``)."""
+    fmt = _NUMBERS.get(marker)
+    if fmt is not None:
+        return fmt.unpack_from(data, pos)[0], pos + fmt.size
+    if marker == _STRING:
+        raw, pos = _bytes(data, pos)
+        return (raw.decode("utf-8") if build else None), pos
+    if marker in (_ARRAY, _OBJECT):
+        if depth >= MAX_DEPTH:
+            raise UbjsonError(f"containers nested deeper than {MAX_DEPTH}, at byte {pos - 1}")
+        if marker == _ARRAY:
+            return _array(data, pos, build, depth + 1)
+        return _object(data, pos, build, depth + 1, None, None)
+    if marker in _NO_VALUE:
+        return _NO_VALUE[marker], pos
+    if marker == _HIGH_PRECISION:  # a number too large for the integer types, as digits
+        raw, pos = _bytes(data, pos)
+        digits = raw.decode("utf-8")
+        if not _DIGITS.fullmatch(digits):
+            raise UbjsonError(f"a high-precision number must be an integer's digits, not {digits[:20]!r}")
+        return int(digits), pos
+    if marker == _CHAR:
+        return chr(data[pos]), pos + 1
+    raise UbjsonError(f"unknown UBJSON marker {chr(marker)!r} at byte {pos - 1}")
+
+
+def _container(data: bytes, pos: int) -> tuple[int | None, int | None, int]:
+    """The ``$`` type and ``#`` count of an optimized container, where present, and the
+    position of its first element."""
+    kind = count = None
+    if pos < len(data) and data[pos] == _TYPE:
+        kind = data[pos + 1]
+        if data[pos + 2] != _COUNT:
+            raise UbjsonError(f"a typed container needs a count, at byte {pos + 2}")
+        count, pos = _length(data, pos + 3)
+        if kind in _NO_VALUE or kind == _NOOP:  # no byte per element: a count alone could ask for 2**62 of them
+            raise UbjsonError(f"a typed container of {chr(kind)!r} values, at byte {pos - 1}")
+    elif pos < len(data) and data[pos] == _COUNT:
+        count, pos = _length(data, pos + 1)
+    if count is not None and not 0 <= count <= len(data) - pos:  # every element takes a byte at least
+        raise UbjsonError(f"a container of {count} elements in {len(data) - pos} bytes, at byte {pos}")
+    return kind, count, pos
+
+
+def _array(data: bytes, pos: int, build: bool, depth: int) -> tuple[list[Any] | None, int]:
+    kind, count, pos = _container(data, pos)
+    items: list[Any] = []
+    if count is None:
+        while True:
+            marker, pos = _marker(data, pos)
+            if marker == _ARRAY_END:
+                return (items if build else None), pos
+            value, pos = _value(data, pos, marker, build, depth)
+            items.append(value)
+    fmt = _NUMBERS.get(kind) if kind is not None else None
+    if fmt is not None:  # a block of numbers: one unpack
+        end = pos + fmt.size * count
+        if end > len(data):
+            raise UbjsonError(f"UBJSON ends early: {count} numbers wanted at byte {pos}")
+        return ([v for (v,) in fmt.iter_unpack(data[pos:end])] if build else None), end
+    for _ in range(count):
+        if kind is None:
+            marker, pos = _marker(data, pos)
+        else:
+            marker = kind
+        value, pos = _value(data, pos, marker, build, depth)
+        items.append(value)
+    return (items if build else None), pos
+
+
+def _object(data: bytes, pos: int, build: bool, depth: int, keep: Collection[str] | None,
+            keys: list[str] | None) -> tuple[dict[str, Any] | None, int]:  # fmt: skip
+    kind, remaining, pos = _container(data, pos)
+    found: dict[str, Any] = {}
+    end = len(data)
+    while True:
+        if remaining is None:
+            if pos < end and data[pos] == _OBJECT_END:
+                return (found if build else None), pos + 1
+        elif remaining == 0:
+            return (found if build else None), pos
+        # The key's length and bytes, read here rather than by _bytes: keys are most of a
+        # plan's tokens.
+        marker = data[pos]
         while marker == _NOOP:
-            marker = self.byte()
-        return marker
-
-    def take(self, size: int) -> bytes:
-        end = self.pos + size
-        if size < 0 or end > len(self.data):
-            raise UbjsonError(f"UBJSON ends early: {size} bytes wanted at byte {self.pos}")
-        chunk = self.data[self.pos : end]
-        self.pos = end
-        return chunk
-
-    def number(self, fmt: struct.Struct) -> Any:
-        (value,) = fmt.unpack(self.take(fmt.size))
-        return value
-
-    def length(self) -> int:
-        marker = self.marker()
+            pos += 1
+            marker = data[pos]
         fmt = _INTEGERS.get(marker)
         if fmt is None:
-            raise UbjsonError(f"a length must be an integer, not {chr(marker)!r} at byte {self.pos - 1}")
-        return int(self.number(fmt))
-
-    def string(self) -> str:
-        return self.take(self.length()).decode("utf-8")
-
-    def value(self, marker: int, build: bool = True) -> Any:
-        if marker in _INTEGERS:
-            return self.number(_INTEGERS[marker])
-        if marker in _FLOATS:
-            return self.number(_FLOATS[marker])
-        if marker in _NO_VALUE:
-            return _NO_VALUE[marker]
-        if marker == ord("S"):
-            size = self.length()
-            return self.take(size).decode("utf-8") if build else self.take(size)
-        if marker == ord("H"):  # a number too large for the integer types, as digits
-            digits = self.string()
-            if not _DIGITS.fullmatch(digits):
-                raise UbjsonError(f"a high-precision number must be an integer's digits, not {digits[:20]!r}")
-            return int(digits)
-        if marker == ord("C"):
-            return chr(self.byte())
-        if marker in (ord("["), ord("{")):
-            self.depth += 1
-            if self.depth > MAX_DEPTH:
-                raise UbjsonError(f"containers nested deeper than {MAX_DEPTH}, at byte {self.pos - 1}")
-            try:
-                return self.array(build) if marker == ord("[") else self.object(build)
-            finally:
-                self.depth -= 1
-        raise UbjsonError(f"unknown UBJSON marker {chr(marker)!r} at byte {self.pos - 1}")
-
-    def _container(self) -> tuple[int | None, int | None]:
-        """The ``$`` type and ``#`` count of an optimized container, where present."""
-        kind = count = None
-        if self.pos < len(self.data) and self.data[self.pos] == ord("$"):
-            self.pos += 1
-            kind = self.byte()
-            if self.byte() != ord("#"):
-                raise UbjsonError(f"a typed container needs a count, at byte {self.pos - 1}")
-            count = self.length()
-            if kind in _NO_VALUE or kind == _NOOP:  # no byte per element: a count alone could ask for 2**62 of them
-                raise UbjsonError(f"a typed container of {chr(kind)!r} values, at byte {self.pos - 1}")
-        elif self.pos < len(self.data) and self.data[self.pos] == ord("#"):
-            self.pos += 1
-            count = self.length()
-        if count is not None and not 0 <= count <= len(self.data) - self.pos:  # every element takes a byte at least
-            raise UbjsonError(f"a container of {count} elements in {len(self.data) - self.pos} bytes, at byte {self.pos}")
-        return kind, count
-
-    def array(self, build: bool) -> list[Any] | None:
-        kind, count = self._container()
-        items: list[Any] = []
-        if count is not None:
-            if kind in _INTEGERS or kind in _FLOATS:  # a block of numbers: one unpack
-                fmt = _INTEGERS.get(kind) or _FLOATS[kind]
-                block = self.take(fmt.size * count)
-                return [v for (v,) in fmt.iter_unpack(block)] if build else None
-            for _ in range(count):
-                items.append(self.value(kind if kind is not None else self.marker(), build))
-            return items if build else None
-        while True:
-            marker = self.marker()
-            if marker == ord("]"):
-                return items if build else None
-            items.append(self.value(marker, build))
-
-    def object(self, build: bool, keep: Collection[str] | None = None, keys: list[str] | None = None) -> dict[str, Any] | None:
-        kind, count = self._container()
-        found: dict[str, Any] = {}
-        remaining = count
-        while True:
-            if remaining is None:
-                if self.pos < len(self.data) and self.data[self.pos] == ord("}"):
-                    self.pos += 1
-                    return found if build else None
-            elif remaining == 0:
-                return found if build else None
-            key = self.string()
-            if keys is not None:
-                keys.append(key)
-            wanted = build and (keep is None or key in keep)
-            value = self.value(kind if kind is not None else self.marker(), wanted)
-            if wanted:
-                found[key] = value
-            if remaining is not None:
-                remaining -= 1
+            raise UbjsonError(f"a length must be an integer, not {chr(marker)!r} at byte {pos}")
+        size = fmt.unpack_from(data, pos + 1)[0]
+        pos += 1 + fmt.size
+        if size < 0 or pos + size > end:
+            raise UbjsonError(f"UBJSON ends early: {size} bytes wanted at byte {pos}")
+        key = data[pos : pos + size].decode("utf-8")
+        pos += size
+        if keys is not None:
+            keys.append(key)
+        wanted = build and (keep is None or key in keep)
+        if kind is None:
+            marker = data[pos]
+            while marker == _NOOP:
+                pos += 1
+                marker = data[pos]
+            pos += 1
+        else:
+            marker = kind
+        value, pos = _value(data, pos, marker, wanted, depth)
+        if wanted:
+            found[key] = value
+        if remaining is not None:
+            remaining -= 1
 
 
 def decode(data: bytes, keep: Collection[str] | None = None, keys: list[str] | None = None) -> Any:
@@ -174,11 +199,17 @@ def decode(data: bytes, keep: Collection[str] | None = None, keys: list[str] | N
     keys to build; the values of the others are read past without being built; ``keys``
     (when given) receives every top-level key. Raises ``UbjsonError`` for anything that is
     not well-formed UBJSON, or has bytes after it."""
-    reader = _Reader(bytes(data))
-    marker = reader.marker()
-    value = reader.object(True, keep, keys) if marker == ord("{") else reader.value(marker)
-    if reader.pos != len(reader.data):
-        raise UbjsonError(f"{len(reader.data) - reader.pos} bytes after the UBJSON value")
+    data = bytes(data)
+    try:
+        marker, pos = _marker(data, 0)
+        if marker == _OBJECT:
+            value, pos = _object(data, pos, True, 1, keep, keys)
+        else:
+            value, pos = _value(data, pos, marker, True, 0)
+    except (IndexError, struct.error) as exc:
+        raise UbjsonError(f"UBJSON ends early ({exc})") from None
+    if pos != len(data):
+        raise UbjsonError(f"{len(data) - pos} bytes after the UBJSON value")
     return value
 
 

@@ -2,16 +2,17 @@
 
 Layout: ``MAGIC``, an 8-byte big-endian header length, the header (the entry's fields
 as JSON, without the blob), then the blob. ``decode_entry`` refuses anything that is
-truncated, of another format, or whose blob does not match its SHA-256.
+truncated, of another format, has a field of the wrong type, range or depth
+(``Entry.validated``, as a stored row), or that ``entry.problem`` refuses (a blob that does
+not match its SHA-256, or is a plan of another graph than its key's).
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from typing import Any
 
-from .entry import Entry, problem
+from .entry import Entry, load_json, problem
 
 __all__ = ["ENTRY_MAGIC", "decode_entry", "encode_entry"]
 
@@ -38,10 +39,12 @@ def decode_entry(data: bytes) -> Entry:
     if length > _MAX_HEADER or len(data) < offset + length:
         raise ValueError("entry is truncated (header)")
     try:
-        header: dict[str, Any] = json.loads(data[offset : offset + length])
-        entry = Entry(blob=bytes(data[offset + length :]), **header)
-    except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"entry header is malformed: {exc}") from exc
+        header = load_json(data[offset : offset + length], "the entry header")
+        if not isinstance(header, dict):
+            raise ValueError(f"the entry header is a {type(header).__name__}")
+        entry = Entry.validated({**header, "blob": bytes(data[offset + length :])})  # every field, as a row's
+    except ValueError as exc:  # JSON, UTF-8 and every field's type and range
+        raise ValueError(f"malformed entry ({str(exc)[:300]})") from exc
     reason = problem(entry)  # the one check of a stored entry, for bundles and the fleet alike
     if reason is not None:
         raise ValueError(f"entry {entry.key[:12]}: {reason}")

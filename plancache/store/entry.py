@@ -6,16 +6,32 @@ the Redis tier all ask it. Pure data and hashing: no SQLite connection, nothing 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..formats.plan_graph import DATA_TYPES, NODE_TAGS, PlanGraph, read_graph
 from ..key import KEY_FORMAT, canonical_json, environment_id
 
-__all__ = ["CHECK_RULE", "INSERT_SQL", "NEVER_CHECKED", "Entry", "problem", "sha256", "summarize", "unsound"]
+__all__ = [
+    "CHECK_RULE",
+    "INSERT_SQL",
+    "MAX_DEPTH",
+    "MAX_WORKSPACE",
+    "NEVER_CHECKED",
+    "Entry",
+    "graph_problem",
+    "load_json",
+    "problem",
+    "sha256",
+    "summarize",
+    "unsound",
+]
 
 #: The rule by which a stored choice must have been checked against the other candidates
 #: to be served (``engines.consensus``, which records it with each check): 1 compared each
@@ -28,6 +44,36 @@ CHECK_RULE = 2
 #: but not known to be right: a lookup autotunes (and checks) the graph again and replaces
 #: it, instead of quarantining it or rebuilding its engine.
 NEVER_CHECKED = "not checked element by element: stored before plancache compared every output element, so it is chosen again"
+
+
+#: Stored JSON nested deeper than this is damage (a description nests five levels or so):
+#: decoding it would end in RecursionError, and every later walk of it could too.
+MAX_DEPTH = 64
+
+#: The largest workspace a stored plan may ask for, 1 TiB: more than any GPU has (an H200
+#: has 141 GB), so a larger size is damage, and far below 2**63, so no size the native path
+#: computes from it overflows the C types it passes it in.
+MAX_WORKSPACE = 1 << 40
+
+_MAX_COUNT = (1 << 63) - 1  # what SQLite's INTEGER holds
+
+
+def load_json(text: Any, what: str) -> Any:
+    """The JSON value of stored ``text``; ``ValueError`` naming ``what`` for anything that
+    is not JSON text, or nests deeper than ``MAX_DEPTH``."""
+    if not isinstance(text, (str, bytes)):
+        raise ValueError(f"{what} is a {type(text).__name__}, not JSON text")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{what} nests deeper than {MAX_DEPTH} levels") from None
+    pending, depth = [value], 0
+    while pending:  # one level of containers at a time: no recursion, however deep
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise ValueError(f"{what} nests deeper than {MAX_DEPTH} levels")
+        pending = [v for c in pending for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, (dict, list))]
+    return value
 
 
 def summarize(description: Mapping[str, Any]) -> str:
@@ -130,30 +176,85 @@ class Entry:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Entry:
-        return cls(
-            key=row["key"],
-            env_id=row["env_id"],
-            label=row["label"],
-            description=json.loads(row["graph_json"]),
-            environment=json.loads(row["environment_json"]),
-            options=json.loads(row["options_json"]),
-            tensors=json.loads(row["tensors_json"]),
-            blob=bytes(row["blob"]),
-            blob_sha256=row["blob_sha256"],
-            engine=json.loads(row["engine_json"]) if row["engine_json"] else None,
-            workspace_size=int(row["workspace_size"]),
-            policy=row["policy"],
-            candidates=json.loads(row["candidates_json"]),
-            timing=json.loads(row["timing_json"]),
-            build_seconds=float(row["build_seconds"]),
-            autotune_seconds=float(row["autotune_seconds"]),
-            backend=row["backend"],
-            created_at=float(row["created_at"]),
-            last_used_at=float(row["last_used_at"]),
-            hit_count=int(row["hit_count"]),
-            meta_sha256=row["meta_sha256"] if "meta_sha256" in row.keys() else None,  # noqa: SIM118 - a Row
-            check=json.loads(row["check_json"]) if "check_json" in row.keys() and row["check_json"] else None,  # noqa: SIM118
-        )
+        """The entry a row of ``plans`` holds; ``ValueError`` for a row with any field of the
+        wrong type, range or depth (``validated``)."""
+        columns = row.keys()
+        return cls.validated({
+            "key": row["key"],
+            "env_id": row["env_id"],
+            "label": row["label"],
+            "description": load_json(row["graph_json"], "graph_json"),
+            "environment": load_json(row["environment_json"], "environment_json"),
+            "options": load_json(row["options_json"], "options_json"),
+            "tensors": load_json(row["tensors_json"], "tensors_json"),
+            "blob": row["blob"],
+            "blob_sha256": row["blob_sha256"],
+            "engine": load_json(row["engine_json"], "engine_json") if row["engine_json"] else None,
+            "workspace_size": row["workspace_size"],
+            "policy": row["policy"],
+            "candidates": load_json(row["candidates_json"], "candidates_json"),
+            "timing": load_json(row["timing_json"], "timing_json"),
+            "build_seconds": row["build_seconds"],
+            "autotune_seconds": row["autotune_seconds"],
+            "backend": row["backend"],
+            "created_at": row["created_at"],
+            "last_used_at": row["last_used_at"],
+            "hit_count": row["hit_count"],
+            "meta_sha256": row["meta_sha256"] if "meta_sha256" in columns else None,
+            "check": load_json(row["check_json"], "check_json") if "check_json" in columns and row["check_json"] else None,
+        })  # fmt: skip
+
+    @classmethod
+    def validated(cls, fields: Mapping[str, Any]) -> Entry:
+        """An entry of decoded ``fields`` (a row's, a bundle's or the fleet's), each checked
+        once for its type and range; ``ValueError`` naming the first that is wrong. Stored
+        bytes are judged by ``problem``; this only makes sure nothing read from them can
+        raise anything else later (a workspace size of 2**62 or infinity, a list where a
+        mapping belongs)."""
+        unknown = fields.keys() - _DEFAULTS.keys()
+        missing = {name for name, default in _DEFAULTS.items() if default is dataclasses.MISSING} - fields.keys()
+        if unknown or missing:
+            raise ValueError(f"entry fields unknown ({sorted(unknown)}) or missing ({sorted(missing)})")
+        fields = {**{name: _default(name) for name in _DEFAULTS.keys() - fields.keys()}, **fields}
+        for name, kinds in _FIELD_TYPES.items():
+            if not isinstance(fields[name], kinds) or isinstance(fields[name], bool):
+                raise ValueError(f"entry field {name} is a {type(fields[name]).__name__}")
+        for name in ("tensors", "candidates"):
+            if not all(isinstance(item, dict) for item in fields[name]):
+                raise ValueError(f"entry field {name} holds something other than mappings")
+        for name, high in (("workspace_size", MAX_WORKSPACE), ("hit_count", _MAX_COUNT)):
+            if not 0 <= fields[name] <= high:
+                raise ValueError(f"entry field {name} is {fields[name]}, outside 0..{high}")
+        for name in _TIMES:
+            if not (math.isfinite(fields[name]) and fields[name] >= 0):
+                raise ValueError(f"entry field {name} is {fields[name]}, not a time")
+        return cls(**{**fields, "blob": bytes(fields["blob"]), **{name: float(fields[name]) for name in _TIMES}})
+
+
+#: Each field of an entry and its default (a bundle written before a field existed lacks
+#: it); MISSING: required.
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory for f in dataclasses.fields(Entry)
+}
+
+
+def _default(name: str) -> Any:
+    default = _DEFAULTS[name]
+    return default() if callable(default) else default
+
+
+_TIMES = ("build_seconds", "autotune_seconds", "created_at", "last_used_at")  # seconds: finite, not negative
+_FIELD_TYPES: dict[str, Any] = {
+    **dict.fromkeys(("key", "env_id", "label", "blob_sha256", "policy", "backend"), str),
+    **dict.fromkeys(("description", "environment", "options", "timing"), dict),
+    **dict.fromkeys(("tensors", "candidates"), list),
+    **dict.fromkeys(("engine", "check"), (dict, type(None))),
+    **dict.fromkeys(_TIMES, (int, float)),
+    "blob": (bytes, bytearray, memoryview),
+    "workspace_size": int,
+    "hit_count": int,
+    "meta_sha256": (str, type(None)),
+}
 
 
 def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str | None:
@@ -162,8 +263,10 @@ def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str |
     Checks everything a plan executes with and everything its key promises: the blob's
     checksum, the metadata checksum (tensor table, engine, workspace size), the environment,
     the key and environment id re-derived from what the row records (a row altered, copied
-    under another key, or stored by an older key format), and the tensor table against the
-    graph. Costs a JSON encoding and two SHA-256 hashes of the row: tens of microseconds.
+    under another key, or stored by an older key format), the tensor table against the
+    graph, and the blob's own graph against it (``graph_problem``: a blob of another graph,
+    its checksum recomputed). Costs a JSON encoding and two SHA-256 hashes of the row, and
+    a read of the blob's graph (``scripts/bench_blob_check.py`` prints what that costs).
     An entry whose fields have the wrong shapes (a list where the graph's description
     should be, say: a bundle's or the fleet's bytes are only checksummed by their sender)
     is judged malformed, never an exception of the caller's.
@@ -194,7 +297,7 @@ def _unsound(entry: Entry, environment: Mapping[str, Any] | None) -> str | None:
         return "metadata checksum mismatch (tensor table, engine, workspace size or check record altered)"
     if entry.check is not None and not isinstance(entry.check, dict):
         return f"malformed entry (its check record is a {type(entry.check).__name__})"
-    return _tensor_problem(entry)
+    return _tensor_problem(entry) or graph_problem(entry.blob, entry.description)
 
 
 def _tensor_problem(entry: Entry) -> str | None:
@@ -216,6 +319,54 @@ def _tensor_problem(entry: Entry) -> str | None:
         if stored != (graph_tensor.get("dim"), graph_tensor.get("stride"), graph_tensor.get("dtype")):
             return f"tensor table does not match the graph (uid {spec.get('uid')}: {stored[:2]})"
     return None
+
+
+def graph_problem(blob: bytes, description: Mapping[str, Any]) -> str | None:
+    """Whether ``blob`` is a plan of another graph than ``description``'s: its ops (their
+    tags, in the order the frontend lowered them, which is the description's) and every
+    caller tensor the description has (uid; dims, strides and data type where the
+    description fixes them: outputs may leave dims to inference) must agree with the
+    description. A blob that carries no graph (an older CPU test plan) cannot be proven, so
+    is refused."""
+    try:
+        graph = read_graph(blob)
+    except ValueError as exc:
+        return f"the blob's graph cannot be read ({str(exc)[:200]})"
+    tags = tuple(NODE_TAGS.get(node.get("type"), "") for node in description.get("nodes") or [])
+    if tags != graph.tags:
+        return f"the blob is a plan of another graph (its ops are {'+'.join(graph.tags)[:200]})"
+    described = description.get("tensors") or {}
+    for tid, tensor in described.items():
+        if tid[0] == "u" and (reason := _tensor_disagrees(int(tid[1:]), tensor, graph)) is not None:
+            return f"the blob is a plan of another graph (tensor {tid[1:]}: {reason})"
+    for uid, found in graph.tensors.items():  # the frontend's own by-value scalars (attention's scale) are its only extras
+        if not found.is_virtual and not found.is_pass_by_value and f"u{uid}" not in described:
+            return f"the blob is a plan of another graph (tensor {uid} is not the key's)"
+    return None
+
+
+def _tensor_disagrees(uid: int, tensor: Mapping[str, Any], graph: PlanGraph) -> str | None:
+    found = graph.tensors.get(uid)
+    if found is None or found.is_virtual:
+        return "not in the blob"
+    dtype = tensor.get("dtype")
+    if dtype is not None and DATA_TYPES.get(dtype) != found.data_type:
+        return f"data type {found.data_type}, not {dtype}"
+    if found.is_pass_by_value != bool(tensor.get("is_pass_by_value")):
+        return "passed by value in one graph only"
+    dims, strides = tensor.get("dim"), tensor.get("stride")
+    layouts = [(found.dims, found.strides)]
+    if any(tag.startswith("SDPA") for tag in graph.tags):  # attention hands cuDNN K (and V in backward) transposed
+        layouts.append((_swapped(found.dims), _swapped(found.strides)))
+    for blob_dims, blob_strides in layouts:
+        if (dims is None or tuple(dims) == blob_dims) and (strides is None or tuple(strides) == blob_strides):
+            return None
+    return f"dims {list(found.dims)} strides {list(found.strides)}"
+
+
+def _swapped(values: tuple[int, ...]) -> tuple[int, ...]:
+    """``values`` with its last two swapped: the same memory, transposed."""
+    return (*values[:-2], values[-1], values[-2]) if len(values) >= 2 else values
 
 
 _INSERT_COLUMNS = (

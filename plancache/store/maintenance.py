@@ -18,7 +18,8 @@ from .store import Store
 
 __all__ = ["UNDECODABLE_HINT", "environment_named", "list_entries", "prune", "verify"]
 
-_LISTED = ("key, env_id, label, blob_size, workspace_size, policy, backend, build_seconds, autotune_seconds, created_at, "
+# Sizes are the blobs' own lengths: the stored blob_size is a number the database can compute, so is not trusted.
+_LISTED = ("key, env_id, label, length(blob) AS blob_size, workspace_size, policy, backend, build_seconds, autotune_seconds, created_at, "
            "last_used_at, hit_count")  # fmt: skip
 
 
@@ -123,7 +124,7 @@ def prune(
 
 
 def _prune_candidates(store: Store, env_ids_keep: set[str] | None, cutoff: float | None) -> list[dict[str, Any]]:
-    rows = _rows(store, "SELECT key, env_id, label, blob_size, last_used_at FROM plans ORDER BY key")
+    rows = _rows(store, "SELECT key, env_id, label, length(blob) AS blob_size, last_used_at FROM plans ORDER BY key")
     doomed = []
     for row in rows:
         if env_ids_keep is not None and row["env_id"] not in env_ids_keep:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import StoreBusyError, StoreError
 from .entry import INSERT_SQL, Entry, problem
+from .files import harden, lock_file, open_nofollow
 
 __all__ = ["Recovery", "is_damage", "is_locked", "is_undecodable", "lenient_text", "reads"]
 
@@ -107,7 +108,7 @@ def _drop_empty_sides(aside: Path) -> None:
         Path(f"{aside}-shm").unlink()
     wal = Path(f"{aside}-wal")
     with contextlib.suppress(OSError):
-        if wal.stat().st_size == 0:
+        if wal.lstat().st_size == 0:
             wal.unlink()
 
 
@@ -164,9 +165,15 @@ class Recovery:
 
     def _marker_reason(self) -> str | None:
         try:
-            text = self._marker.read_text().strip()
+            fd = open_nofollow(self._marker, os.O_RDONLY)
         except OSError:
             return None
+        try:
+            text = os.read(fd, 4096).decode("utf-8", "replace").strip()  # bounded: the reason is one line
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
         return f"a process saw damage: {text[:200]}"
 
     def _clear_marker(self) -> None:
@@ -179,13 +186,12 @@ class Recovery:
         misses rather than replacing a file other processes have open."""
         if self.read_only or not is_damage(exc):
             return
-        old_umask = os.umask(0o077)
-        try:
-            self._marker.write_text(f"{time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {exc}\n")
-        except OSError:
-            pass
-        finally:
-            os.umask(old_umask)
+        with contextlib.suppress(OSError):
+            fd = open_nofollow(self._marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            try:
+                os.write(fd, f"{time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {exc}\n".encode())
+            finally:
+                os.close(fd)
 
     def repair(self, reason: str, *, thorough: bool = False) -> dict[str, Any]:
         """Move a damaged database file aside (kept, never deleted), start a new one and
@@ -195,12 +201,9 @@ class Recovery:
         the same damage, one moves the file and the others find the new store healthy.
         ``thorough`` re-checks with ``integrity_check`` instead of ``quick_check``.
         Returns ``{"moved_aside": path or None, "salvaged": n}``."""
-        from filelock import FileLock, Timeout  # only on damage
-
-        lock = FileLock(str(self.path.with_name(DB_NAME + ".repair.lock")), mode=0o600)
         try:
-            lock.acquire(timeout=REPAIR_LOCK_TIMEOUT_S)
-        except Timeout as exc:
+            lock, _ = lock_file(self.path.with_name(DB_NAME + ".repair.lock"), time.monotonic() + REPAIR_LOCK_TIMEOUT_S)
+        except TimeoutError as exc:
             raise StoreBusyError(
                 f"another process kept repairing {self.path} for {REPAIR_LOCK_TIMEOUT_S:.0f} s", path=str(self.path)
             ) from exc
@@ -216,7 +219,7 @@ class Recovery:
             salvaged = self._salvage(aside)
             _drop_empty_sides(aside)
         finally:
-            lock.release()
+            os.close(lock)  # the lock goes with its descriptor; the file stays, as FileLock left it
         if salvaged:
             log.warning("plancache: copied %d intact entries from %s into the new store", salvaged, aside)
         return {"moved_aside": str(aside), "salvaged": salvaged}
@@ -241,6 +244,7 @@ class Recovery:
             return 0
         src.row_factory = sqlite3.Row
         try:
+            harden(src)
             entries = [e for e in _readable_entries(src) if problem(e) is None]
         finally:
             src.close()

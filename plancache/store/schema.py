@@ -1,15 +1,17 @@
-"""Opening a plan store: the cache directory (created private, refused when others can
-write it), the database file and its numbered migrations (``migrations/NNNN_*.sql``, each
-applied with its ``PRAGMA user_version`` in one transaction; a newer schema is refused).
+"""Opening a plan store: the cache directory (created private, refused unless only its owner,
+or the shared group it names, can have written it and its files), the database file and its
+numbered migrations (``migrations/NNNN_*.sql``, each applied with its ``PRAGMA user_version``
+in one transaction; a newer schema is refused, and so is a schema other than the one the
+migrations made).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
-import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import CACHE_DIR
 from ..errors import CacheDirError, SchemaTooNewError, StoreBusyError, StoreError
+from .files import check_trusted
 from .recovery import DB_NAME, is_damage, is_locked
 
 __all__ = ["BUSY_TIMEOUT_MS", "Schema", "check_private", "default_cache_dir", "migrations"]
@@ -69,17 +72,48 @@ def _statements(script: str) -> Iterator[str]:
         raise StoreError(f"incomplete SQL statement in migration: {buffer.strip()[:80]!r}", path=None)
 
 
-def check_private(directory: Path, allow_shared: bool) -> None:
-    """Refuse a cache directory that other users can write: its blobs carry native code."""
-    mode = directory.stat().st_mode
-    if allow_shared or not (mode & (stat.S_IWGRP | stat.S_IWOTH)):
-        return
-    raise CacheDirError(
-        f"cache directory {directory} is writable by other users (mode {stat.filemode(mode)}); "
-        "plans hold native code, so plancache refuses it. Use a private directory, or set "
-        "PLANCACHE_ALLOW_SHARED_DIR=1 if everyone who can write there is trusted",
-        path=str(directory),
-    )
+def check_private(directory: Path, group: str | None) -> None:
+    """Refuse a cache directory that anyone but its owner (or, with ``group``, that shared
+    group's members) could have written: its blobs carry native code."""
+    if not directory.is_dir():
+        raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
+    check_trusted(directory, group, follow=True)
+
+
+#: Tables SQLite makes itself (AUTOINCREMENT's counters, ANALYZE's statistics): never run, never foreign.
+_SQLITE_OWN = frozenset({"sqlite_sequence", "sqlite_stat1", "sqlite_stat4"})
+
+
+def _schema_of(conn: sqlite3.Connection) -> frozenset[tuple[Any, ...]]:
+    rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+    return frozenset(tuple(r) for r in rows if not (r[0] == "table" and r[1] in _SQLITE_OWN))
+
+
+def _version_and_schema(conn: sqlite3.Connection) -> tuple[int, frozenset[tuple[Any, ...]]]:
+    """The schema version and the schema, read in one snapshot: another process may commit
+    a migration between two reads outside a transaction."""
+    conn.execute("BEGIN")
+    try:
+        return conn.execute("PRAGMA user_version").fetchone()[0], _schema_of(conn)
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")  # it only read
+
+
+@functools.cache
+def _made_by_migrations() -> dict[int, frozenset[tuple[Any, ...]]]:
+    """The schema (``sqlite_master``'s rows) each schema version has when the migrations
+    alone made it: applied once per process to a database in memory."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        made = {0: _schema_of(conn)}
+        for number, _name, sql in migrations():
+            for statement in _statements(sql):
+                conn.execute(statement)
+            made[number] = _schema_of(conn)
+    finally:
+        conn.close()
+    return made
 
 
 class Schema:
@@ -90,6 +124,7 @@ class Schema:
     path: Path
     read_only: bool
     damage: str | None
+    _group: str | None  # the shared group that may own and write the files (PLANCACHE_ALLOW_SHARED_DIR)
     _directory_writable: bool
     _file_writable: bool
 
@@ -100,7 +135,7 @@ class Schema:
         def _damage_at_open(self, *, whole: bool) -> str | None: ...
         def repair(self, reason: str, *, thorough: bool = False) -> dict[str, Any]: ...
 
-    def _prepare_directory(self, read_only: bool | None, allow_shared: bool) -> None:
+    def _prepare_directory(self, read_only: bool | None, group: str | None) -> None:
         directory = self.directory
         if not directory.exists() and read_only is not True:
             try:
@@ -109,9 +144,9 @@ class Schema:
                 raise CacheDirError(
                     f"cannot create cache directory {directory}: {exc.strerror or exc}", path=str(directory)
                 ) from exc
-        if not directory.is_dir():
-            raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
-        check_private(directory, allow_shared)
+        check_private(directory, group)
+        for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):  # a -wal or -shm not made yet is no risk
+            check_trusted(directory / name, group)
         self._directory_writable = os.access(directory, os.W_OK)
         writable = self._directory_writable and (not self.path.exists() or os.access(self.path, os.W_OK))
         self._file_writable = writable
@@ -120,6 +155,22 @@ class Schema:
         self.read_only = bool(read_only)
         if self.read_only and not self.path.exists():
             raise CacheDirError(f"read-only cache directory {directory} holds no {DB_NAME}", path=str(directory))
+
+    def _check_schema(self, found: frozenset[tuple[Any, ...]], version: int) -> None:
+        """Refuse a database whose schema (``found``) is not the one migrations 1..``version``
+        made: a trigger, view, table or index someone added could rewrite what is read or stored."""
+        made = _made_by_migrations().get(version, frozenset())
+        if found == made:
+            return
+        foreign = [f"{kind} {name}" for kind, name, _, _ in sorted(found - made, key=str)]
+        missing = [f"{kind} {name}" for kind, name, _, _ in sorted(made - found, key=str)]
+        what = "; ".join(([f"holds {', '.join(foreign)} that no migration made"] if foreign else [])
+                         + ([f"lacks or alters {', '.join(missing)}"] if missing else []))  # fmt: skip
+        raise CacheDirError(
+            f"plancache does not trust {self.path}: its schema (version {version}) {what}; nothing was read or changed. "
+            "Move the file aside, or use another cache directory (--dir, PLANCACHE_DIR)",
+            path=str(self.path),
+        )
 
     def _open_and_migrate(self, repair: bool) -> None:
         """Open the file and apply pending migrations. Damage found on the way is repaired
@@ -161,10 +212,11 @@ class Schema:
 
     def _migrate(self) -> None:
         conn = self.connection()
-        found = conn.execute("PRAGMA user_version").fetchone()[0]
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads page 1: garbage fails here
+        found, schema = _version_and_schema(conn)  # reads page 1: garbage fails here
         steps = migrations()
         latest = steps[-1][0]
+        if found <= latest:  # before anything is migrated (a newer schema is refused below)
+            self._check_schema(schema, found)
         if found > latest:
             raise SchemaTooNewError(
                 f"{self.path} has schema {found}, newer than this plancache supports ({latest}); "

@@ -27,9 +27,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..config import ALLOW_SHARED_DIR, CACHE_DIR
-from ..errors import DamagedEntryError, StoreBusyError, StoreError
+from ..errors import CacheDirError, DamagedEntryError, StoreBusyError, StoreError
 from . import bookkeeping
 from .entry import INSERT_SQL, Entry, sha256
+from .files import check_trusted, harden
 from .quarantine import Quarantine
 from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text, reads
 from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir
@@ -105,7 +106,8 @@ def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
     if excess <= 0:
         return 0
     doomed = []
-    for key, size in tx.execute("SELECT key, blob_size FROM plans ORDER BY last_used_at ASC, key").fetchall():
+    # The blob's own length, never the stored blob_size: a number the database can compute is not trusted.
+    for key, size in tx.execute("SELECT key, length(blob) FROM plans ORDER BY last_used_at ASC, key").fetchall():
         if excess <= 0:
             break
         if key == keep:
@@ -122,6 +124,10 @@ class Store(Schema, Recovery, Quarantine):
     ``Store(directory)`` creates the directory (mode 0700) and database (0600) if needed,
     applies pending migrations and moves an unreadable database file aside. A directory
     that cannot be written opens read-only: lookups work, writes raise ``StoreError``.
+    A directory or file that another user owns or can write, a link in place of a file, or
+    a schema other than the migrations' is refused (``CacheDirError``) before anything is
+    read; ``allow_shared_dir`` (``PLANCACHE_ALLOW_SHARED_DIR``) names the group whose
+    members may share the directory.
 
     ``repair=False`` is for tools that report damage rather than mend it (the ``plancache``
     command): the whole file is checked at open (``PRAGMA quick_check``) and any damage is
@@ -133,17 +139,17 @@ class Store(Schema, Recovery, Quarantine):
         directory: str | os.PathLike[str] | None = None,
         *,
         read_only: bool | None = None,
-        allow_shared_dir: bool | None = None,
+        allow_shared_dir: str | None = None,
         repair: bool = True,
     ) -> None:
         self.directory = CACHE_DIR.of(directory, "directory") or default_cache_dir()
         self.path = self.directory / DB_NAME
-        allow_shared_dir = ALLOW_SHARED_DIR.given_or_env(allow_shared_dir, "allow_shared_dir")
+        self._group = ALLOW_SHARED_DIR.given_or_env(allow_shared_dir, "allow_shared_dir")
         self._local = threading.local()
         self._closed = False
         #: What is wrong with the file, found at open and left there (``repair=False``); None when sound.
         self.damage: str | None = None
-        self._prepare_directory(read_only, allow_shared_dir)
+        self._prepare_directory(read_only, self._group)
         try:
             self._open_and_migrate(repair)
         except BaseException:
@@ -167,6 +173,12 @@ class Store(Schema, Recovery, Quarantine):
         if self._closed:
             raise StoreError(f"plan store {self.path} is closed", path=str(self.path))
         _OPENED.close_inherited()
+        # SQLite follows a link to the database (its SQLITE_OPEN_NOFOLLOW is an open flag the
+        # sqlite3 module cannot pass; no URI parameter sets it), so the file is checked before
+        # and after the open: a link, a file not the user's, or another file than the one checked
+        # is refused (only someone who can write the directory could swap it, and the check at
+        # open refuses a directory anyone else can write).
+        before = check_trusted(self.path, self._group)
         if self.read_only and not self._file_writable:
             # mode=ro still reads the -wal, so it sees what live writers have committed (a
             # fresh store keeps even its schema there until a checkpoint). Only a directory we
@@ -184,6 +196,16 @@ class Store(Schema, Recovery, Quarantine):
             finally:
                 os.umask(old_umask)
         _OPENED.add(conn)
+        try:
+            after = check_trusted(self.path, self._group)
+            if before is not None and after is not None and (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino):
+                raise CacheDirError(
+                    f"plancache does not trust {self.path}: it was replaced while being opened", path=str(self.path)
+                )
+        except CacheDirError:
+            conn.close()
+            raise
+        harden(conn)
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         # INSERT OR REPLACE deletes the row it replaces; only with recursive triggers does
@@ -257,7 +279,7 @@ class Store(Schema, Recovery, Quarantine):
         try:
             row = self.connection().execute("SELECT * FROM plans WHERE key = ?", (key,)).fetchone()
             return Entry.from_row(row) if row is not None else None
-        except (ValueError, KeyError, TypeError) as exc:  # a damaged JSON column
+        except (ValueError, KeyError, TypeError) as exc:  # a field of the wrong type, range or depth (Entry.from_row)
             raise DamagedEntryError(
                 f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key
             ) from exc

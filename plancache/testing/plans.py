@@ -5,7 +5,10 @@ It is UBJSON with the fields a real blob has (``json_version``, ``cudnn_backend_
 parsing, gate and variant-pack layout as a GPU's (``engines.native``). What the simulated
 library finalizes, ``cudnn_backend_data``, is JSON of the graph's description, its tensor
 table and the engine (and how that engine computes, ``kernels.Behaviour``, when it is not
-the reference's way). A damaged blob is refused, as cuDNN refuses one.
+the reference's way). Its graph (``tensors`` and ``nodes`` at the top level) is written from
+the description in the frontend's format, so the store's check of a blob against its key
+(``store.entry``) reads a CPU blob as it reads a GPU's. A damaged blob is refused, as cuDNN
+refuses one.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engines.backend import EngineChoice
+from ..formats.plan_graph import frontend_node, frontend_tensor
 from ..formats.ubjson import decode as decode_ubjson
 from ..formats.ubjson import encode as encode_ubjson
 from ..key import TensorSpec, canonical_json
 
-__all__ = ["FORMAT", "decode", "encode", "note_build", "payload", "payload_of", "representation"]
+__all__ = ["FORMAT", "decode", "encode", "graph_blob", "note_build", "payload", "payload_of", "representation"]
 
 #: The plan format the test backend writes: one the native path was tested on.
 FORMAT = "2.0"
@@ -40,9 +44,14 @@ def payload(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engin
 def representation(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
                    behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> str:  # fmt: skip
     """What the simulated library finalizes (a real blob's ``cudnn_backend_data``): the
-    ``payload``, and ``workspace``, the plan's own workspace in bytes, as a finalized cuDNN
-    plan reports it."""
-    found = {**payload(description, tensors, engine, behaviour=behaviour), "workspace": int(workspace)}
+    ``payload``, ``workspace``, the plan's own workspace in bytes, as a finalized cuDNN
+    plan reports it, and the table's tensors as cuDNN's JSON lists them (``operationGraph``),
+    which the native gate holds against the table as it does a real plan's."""
+    lowered = [{"name": str(spec.uid), "dataType": spec.dtype and "CUDNN_DATA_" + spec.dtype.removeprefix("data_type."),
+                "dim": list(spec.dims), "stride": list(spec.strides), "isVirtual": False, "isByValue": spec.is_pass_by_value}
+               for spec in tensors]  # fmt: skip
+    found = {**payload(description, tensors, engine, behaviour=behaviour), "workspace": int(workspace),
+             "operationGraph": {"tensors": lowered}}  # fmt: skip
     if unloadable:
         found["unloadable"] = True  # as a plan the library writes and cannot finalize
     return json.dumps(found, sort_keys=True)
@@ -56,6 +65,8 @@ def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine
         "json_version": FORMAT,
         "cudnn_backend_data": backend,
         "variant_pack_uids": sorted(spec.uid for spec in tensors),
+        "tensors": _graph_tensors(tensors),
+        "nodes": _graph_nodes(description),
         "pass_by_values": {},
         "workspace_modifications": {},
         "variant_pack_replacements": [],
@@ -64,6 +75,26 @@ def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine
         "tensors_to_dump": [],
         "behavior_notes": [[]],
     })  # fmt: skip
+
+
+def _graph_nodes(description: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [frontend_node(str(node["type"]), f"node{i}") for i, node in enumerate(description.get("nodes", []))]
+
+
+def _graph_tensors(tensors: Sequence[TensorSpec]) -> list[dict[str, Any]]:
+    """The blob's tensors: the table's, with the shapes the plan runs with (outputs' inferred
+    ones included). The frontend writes its virtual tensors too; no check reads them, and
+    they are left out to keep a test plan small."""
+    return [frontend_tensor(spec.uid, spec.dims, spec.strides, spec.dtype, virtual=False, by_value=spec.is_pass_by_value,
+                            name=spec.name) for spec in tensors]  # fmt: skip
+
+
+def graph_blob(description: Mapping[str, Any], filler: bytes = b"") -> bytes:
+    """A blob that carries the ops of ``description`` as a frontend plan does (and no
+    tensors), then ``filler``, and nothing a backend could load: what tests of the store and
+    its tiers, which never load a plan, store under a key (the store refuses a blob that
+    carries no graph, or another graph than its key's)."""
+    return encode_ubjson({"tensors": [], "nodes": _graph_nodes(description), "filler": filler.hex()})
 
 
 def payload_of(text: str) -> dict[str, Any]:

@@ -5,7 +5,10 @@ out, reset) starts an outage: calls are skipped for a backoff that doubles up to
 ``backoff_max``, and once failed calls have cost ``max_stall`` seconds the tier is off for
 the rest of the process (the bound this makes: "Bounded delay" in ``remote``). A Redis
 that answers with an error (full, read-only replica, no permission) is up: only that call
-fails. Each kind of trouble is one warning, then debug lines.
+fails. Each kind of trouble is one warning, then debug lines. Every call runs within the
+bounds of one operation (``bounded.within``): a deadline for the whole call, however the
+server sends its reply, and a cap on the bytes it may read; past either the call is a
+failure like a timeout.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+from .bounded import within
 from .fleet_lock import CallMode
 
 __all__ = ["COUNTERS", "FAILED", "Breaker"]
@@ -48,13 +52,16 @@ class Breaker:
     """Runs the tier's Redis commands (``call``) and keeps its counters and warnings.
 
     ``redis``: the redis-py module (its error classes tell an outage from a refusal);
-    ``url``: the tier's URL with the password hidden, for messages.
+    ``url``: the tier's URL with the password hidden, for messages; ``deadline`` (seconds)
+    and ``max_reply`` (bytes): the bounds of each call.
     """
 
-    def __init__(self, redis: Any, url: str, *, backoff_max: float, max_stall: float) -> None:
+    def __init__(self, redis: Any, url: str, *, backoff_max: float, max_stall: float, deadline: float, max_reply: int) -> None:
         self.url = url
         self.backoff_max = backoff_max
         self.max_stall = max_stall
+        self.deadline = deadline
+        self.max_reply = max_reply
         self._redis = redis
         # Connection trouble backs the tier off; a server that answers with an error
         # (full, read-only replica, no permission) is up, so only that call fails.
@@ -102,16 +109,19 @@ class Breaker:
                 return FAILED
         started = time.perf_counter()  # real time even when tests drive _monotonic
         try:
-            result = op()
-        except self._outage_errors as exc:
+            with within(self.deadline, self.max_reply):
+                result = op()
+        except Exception as exc:
+            if isinstance(exc, self._redis.RedisError) and not isinstance(exc, self._outage_errors):
+                self._recovered()
+                self._rejected(what, exc)
+                return FAILED
+            # No answer (refused, timed out, reset, past the deadline), or one redis-py could not
+            # read (no Redis sends it: a hostile or broken server): an outage either way.
             if mode == "background":  # the caller-facing calls warn about the outage
                 log.debug("plancache: Redis %s did not answer %s (%s: %s)", self.url, what, type(exc).__name__, exc)
             else:
                 self._outage(what, exc, time.perf_counter() - started)
-            return FAILED
-        except self._redis.RedisError as exc:
-            self._recovered()
-            self._rejected(what, exc)
             return FAILED
         self._recovered()
         return result

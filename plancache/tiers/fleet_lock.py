@@ -6,6 +6,9 @@ or gives up after ``wait`` seconds, or finds Redis unusable (down, backing off, 
 says "build locally". While the with-block runs and this node holds the lock, a daemon
 thread renews it every ``lock_ttl / 3`` seconds, so an autotune may take longer than the
 lock's expiry, and a holder that dies stops renewing, so its lock is gone one expiry later.
+A lock key with no expiry, or with one beyond ``lock_ttl``, was set by no holder (a holder
+sets and renews ``lock_ttl`` at most): it is stale and taken over as an expired one would
+be, with one warning, so that a stray key cannot make every miss wait out its ``wait``.
 
 Releasing is never skipped: the release at the end of the block is attempted even while
 the tier backs off (it is counted against ``max_stall``, so the documented delay bound
@@ -29,6 +32,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
+from ..config import REDIS_LOCK_TTL
+
 __all__ = ["CallMode", "FleetLock", "ScriptCall"]
 
 log = logging.getLogger("plancache.remote")
@@ -45,10 +50,18 @@ _POLL_FIRST, _POLL_MAX = 0.02, 0.25  # lock polling: quick for short builds, che
 _RETRY_FIRST, _RETRY_MAX = 0.1, 1.0  # release retries: prompt once Redis is back, cheap while not
 
 # Atomic "is it built? else try to take the lock": one round trip, and no window in which a
-# node could take the lock just after the holder published and released it.
+# node could take the lock just after the holder published and released it. A lock that
+# would outlive lock_ttl (no expiry at all, or a longer one) was never set by a holder of
+# this fleet's settings, which renews to lock_ttl at most: it is stale, taken over as one
+# that expired would be (3), so that it cannot make every miss wait out its whole wait.
 _ACQUIRE_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+local left = redis.call('PTTL', KEYS[2])
+if left == -1 or left > tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  return 3
+end
 return 0
 """
 # Extend the lock only while it holds our token: never revive or extend another node's.
@@ -141,7 +154,11 @@ class FleetLock:
             result = self._call("lock", lambda: self._acquire(keys=[entry_name, lock_name], args=[token, self._px]), "normal")
             if result is None:  # down, backing off, or refused (a full Redis): no coordination
                 return "down", sent
-            if result == 1:
+            if result == 3:
+                self._warn_once("lock-stale", "plancache: took over the fleet lock %s: it had no expiry or one beyond "
+                                "lock_ttl (%.0f s), which no holder sets; give every node the same %s",
+                                lock_name, self.lock_ttl, REDIS_LOCK_TTL.name)  # fmt: skip
+            if result in (1, 3):
                 return "mine", sent
             if result == 2:
                 return "built", sent

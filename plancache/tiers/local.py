@@ -57,13 +57,14 @@ class LocalTier:
         self._warn = warn
         self._count = count
         self.store: Store | None = None
-        #: Why the store was refused (a newer schema, a directory others can write); None if not.
+        #: Why the store was refused (a newer or foreign schema, a directory or file not the user's); None if not.
         self.refused: str | None = None
         try:
             self.store = Store(self.directory, read_only=read_only)
         except (CacheDirError, SchemaTooNewError) as exc:
-            # Refused for a reason only the user can fix (a directory others can write, a store
-            # of a newer plancache): lookups still build plans, which are not stored; one warning says why.
+            # Refused for a reason only the user can fix (a directory or file another user owns or
+            # can write, a foreign schema, a store of a newer plancache): nothing of it is read;
+            # lookups build plans in memory, which are not stored; one warning says why.
             self.refused = str(exc)
             count("store_errors")
             warn("open", "plancache: not storing plans: %s", exc)

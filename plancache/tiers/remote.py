@@ -12,7 +12,7 @@ Interface (what PlanCache uses; nothing here raises after construction)
 
     RemoteTier(url: str, *, secret: bytes, namespace: str = "plancache", timeout: float = 0.25,
                ttl: int | None = None, lock_ttl: float = 60, backoff_max: float = 60,
-               max_stall: float = 2.0)
+               max_stall: float = 2.0, max_value: int = 16 << 20)
         # Connects lazily: constructing touches no network. Every argument but backoff_max
         # is read by its setting's declaration (plancache.config, PLANCACHE_REDIS_*): a bad
         # value is a ConfigError naming the argument (a secret shorter than 16 bytes, a URL
@@ -21,22 +21,25 @@ Interface (what PlanCache uses; nothing here raises after construction)
     RemoteTier.from_env(environ: Mapping[str, str] | None = None) -> RemoteTier | None
         # None when PLANCACHE_REDIS_URL is unset. Secret from PLANCACHE_REDIS_SECRET or the
         # file named by PLANCACHE_REDIS_SECRET_FILE (exactly one); a ConfigError without
-        # one. Optional: PLANCACHE_REDIS_NAMESPACE, _TIMEOUT, _TTL, _LOCK_TTL, _MAX_STALL.
+        # one. Optional: PLANCACHE_REDIS_NAMESPACE, _TIMEOUT, _TTL, _LOCK_TTL, _MAX_STALL,
+        # _MAX_VALUE.
         # settings_from_env(environ) reads and checks them all without constructing a tier.
     tier.get(key: str, env_id: str) -> Entry | None
         # A verified entry, or None on a miss, a refusal or an outage. Its usage fields are
-        # this node's: hit_count 0, last_used_at now. Ready for Store.put.
+        # this node's: hit_count 0, last_used_at now. Ready for Store.put. A value larger
+        # than max_value is refused by Redis's own count of its length, before it is sent.
     tier.put(entry: Entry) -> bool
         # Publish signed (with the TTL if any). False on an outage, a full Redis (also with
-        # allkeys-lru: a value larger than its free memory) or an entry whose blob fails its
-        # checksum.
+        # allkeys-lru: a value larger than its free memory), an entry whose blob fails its
+        # checksum, or one whose value would be larger than max_value.
     tier.lock(key: str, env_id: str, wait: float) -> ContextManager[bool]
         # Cross-node single flight (plancache.fleet_lock). True: build now (this node holds
         # the lock, or Redis is unreachable or full so there is no one to coordinate with).
         # False: the entry appeared, or `wait` seconds ran out; call get() again and build
         # only if it is still None. Publish with put() INSIDE the with-block, so that waiters
         # find the entry. The lock is renewed while the block runs and expires `lock_ttl`
-        # after its holder dies; its release is retried until Redis answers.
+        # after its holder dies; its release is retried until Redis answers. A lock key
+        # with no expiry, or one beyond lock_ttl, no holder set: it is taken over (one warning).
     tier.stats() -> dict[str, Any]
         # remote_hits, remote_misses, publishes, refused, errors, lock_waits, skipped (ints),
         # plus available (bool), url (password hidden), namespace, key_id (secret fingerprint).
@@ -62,9 +65,14 @@ Wiring into PlanCache._lookup_or_build (env_id = environment_id(key.parts["envir
 Bounded delay
 -------------
 Every call (made through ``breaker.Breaker``) makes at most one attempt, with no
-client-side retries. An attempt that fails costs at most ``timeout`` per round trip:
-connect + command (+ AUTH with a password, + SELECT with a database number other than 0),
-so 0.5 s with the defaults and no password. After a failure the tier is skipped (calls
+client-side retries. An attempt costs at most ``timeout`` per round trip: connect +
+command (+ AUTH with a password, + SELECT with a database number other than 0, + CLIENT
+SETNAME with a client name), so 0.5 s with the defaults and no password. That is one
+deadline for the whole call (``bounded``), not a timeout per read: a server that drips its
+reply a byte at a time is cut off there as one that never answers is (a healthy Redis
+that lost a script reloads it well within it). A reply is also cut off past ``max_value``
+bytes and its framing, which only a server that ignores the size check sends. Either way
+the call fails like a timeout and its connection is dropped. After a failure the tier is skipped (calls
 return at once, counted as ``skipped``) for 1, 2, 4 ... ``backoff_max`` seconds, with ONE
 warning per outage and an info line when Redis answers again. Time spent in failed calls
 adds up per process; once it reaches ``max_stall`` the tier switches itself off for the
@@ -97,6 +105,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ..config import (
     REDIS_LOCK_TTL,
     REDIS_MAX_STALL,
+    REDIS_MAX_VALUE,
     REDIS_NAMESPACE,
     REDIS_SECRET,
     REDIS_SECRET_FILE,
@@ -109,19 +118,31 @@ from ..config import (
 from ..errors import RemoteError
 from ..store import Entry, problem
 from ..store.codec import decode_entry, encode_entry
+from .bounded import bounded_connection
 from .breaker import FAILED, Breaker
 from .fleet_lock import FleetLock
 
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["FORMAT", "SIGNATURE_MAGIC", "RemoteTier", "settings_from_env", "sign_value"]
+__all__ = ["FORMAT", "SIGNATURE_MAGIC", "RemoteTier", "configured_secret", "secret_id", "settings_from_env", "sign_value"]
 
 FORMAT = 1  # in every key: a new value layout gets new keys instead of refusals
 SIGNATURE_MAGIC = b"PLANCACHE-SIGNED/1\n"
 _KEY_ID_SIZE = 8
 _TAG_SIZE = 32  # HMAC-SHA256
 _HEADER_SIZE = len(SIGNATURE_MAGIC) + _KEY_ID_SIZE + _TAG_SIZE
+#: What an operation may read besides one value: the framing of its reply and the replies
+#: of a connection's handshake, each a few dozen bytes.
+_REPLY_SLACK = 64 << 10
+
+# The value only if Redis counts it within the cap (ARGV[1] bytes), else its length as an
+# integer: one round trip, atomic, and a value over the cap never leaves Redis.
+_GET_LUA = """
+local size = redis.call('STRLEN', KEYS[1])
+if size > tonumber(ARGV[1]) then return size end
+return redis.call('GET', KEYS[1])
+"""
 T = TypeVar("T")
 
 
@@ -137,9 +158,10 @@ class _Refused(ValueError):
 # ---------------------------------------------------------------------------- signing
 
 
-def _key_id(secret: bytes) -> bytes:
-    """A fingerprint of the secret, stored in each value so that a node with another secret
-    says so instead of reporting tampering. It is an HMAC output: it reveals nothing."""
+def secret_id(secret: bytes) -> bytes:
+    """A fingerprint of the secret, stored in each value (and in each signed bundle) so that a
+    node with another secret says so instead of reporting tampering. It is an HMAC output: it
+    reveals nothing."""
     return hmac.new(secret, b"plancache-remote-key-id", hashlib.sha256).digest()[:_KEY_ID_SIZE]
 
 
@@ -150,7 +172,7 @@ def _tag(secret: bytes, encoded: bytes) -> bytes:
 
 def sign_value(encoded: bytes, secret: bytes) -> bytes:
     """The Redis value of an encoded entry: magic, key id, HMAC-SHA256 tag, entry."""
-    return SIGNATURE_MAGIC + _key_id(secret) + _tag(secret, encoded) + encoded
+    return SIGNATURE_MAGIC + secret_id(secret) + _tag(secret, encoded) + encoded
 
 
 def _verified_payload(value: bytes, secret: bytes, key_id: bytes) -> bytes:
@@ -185,14 +207,21 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any
         return None
     return {"url": url, "secret": _secret_from_env(env), "namespace": REDIS_NAMESPACE.from_env(env),
             "timeout": REDIS_TIMEOUT.from_env(env), "ttl": REDIS_TTL.from_env(env), "lock_ttl": REDIS_LOCK_TTL.from_env(env),
-            "max_stall": REDIS_MAX_STALL.from_env(env)}  # fmt: skip
+            "max_stall": REDIS_MAX_STALL.from_env(env), "max_value": REDIS_MAX_VALUE.from_env(env)}  # fmt: skip
 
 
-def _secret_from_env(env: Mapping[str, str]) -> bytes:
+def configured_secret(environ: Mapping[str, str] | None = None) -> bytes | None:
+    """The fleet's secret (``PLANCACHE_REDIS_SECRET`` or the file ``PLANCACHE_REDIS_SECRET_FILE``
+    names, one of them), or None when neither is set: it signs Redis entries and bundles."""
+    env = os.environ if environ is None else environ
     if REDIS_SECRET.is_set(env) and REDIS_SECRET_FILE.is_set(env):
         raise ConfigError(f"{REDIS_SECRET.name} and {REDIS_SECRET_FILE.name} are both set: set one of them",
                           name=REDIS_SECRET.name, value=None)  # fmt: skip
-    secret = REDIS_SECRET_FILE.from_env(env) or REDIS_SECRET.from_env(env)
+    return REDIS_SECRET_FILE.from_env(env) or REDIS_SECRET.from_env(env)
+
+
+def _secret_from_env(env: Mapping[str, str]) -> bytes:
+    secret = configured_secret(env)
     if secret is None:
         raise ConfigError(f"{REDIS_URL.name} is set but no secret is: set {REDIS_SECRET_FILE.name} or {REDIS_SECRET.name} "
                           "(the same on every node); plan blobs can carry native code, so plancache uses no unsigned "
@@ -224,6 +253,14 @@ def _redact(url: str) -> str:
         fields = ["password=***" if field.split("=", 1)[0].lower() == "password" else field for field in query.split("&")]
         url = f"{head}?{'&'.join(fields)}"
     return url
+
+
+def _round_trips(connection: Mapping[str, Any]) -> int:
+    """Round trips of a call on a new connection: connect, the command, and each handshake
+    command these connection options make redis-py send (``AbstractConnection.on_connect``)."""
+    handshake = [connection.get("password") or connection.get("username") or connection.get("credential_provider"),
+                 connection.get("client_name"), connection.get("db")]  # fmt: skip
+    return 2 + sum(1 for step in handshake if step)
 
 
 def _import_redis() -> Any:
@@ -266,10 +303,11 @@ class RemoteTier:
         lock_ttl: float = REDIS_LOCK_TTL.default,
         backoff_max: float = 60,
         max_stall: float = REDIS_MAX_STALL.default,
+        max_value: int = REDIS_MAX_VALUE.default,
     ) -> None:
         url = _required(REDIS_URL, url, "url")
         self._secret = _required(REDIS_SECRET, secret, "secret")
-        self._key_id = _key_id(self._secret)
+        self._key_id = secret_id(self._secret)
         if not (math.isfinite(backoff_max) and backoff_max > 0):
             raise ConfigError(f"backoff_max={backoff_max!r} is not a number of seconds above 0", name="backoff_max",
                               value=backoff_max)  # fmt: skip
@@ -281,9 +319,13 @@ class RemoteTier:
         self.lock_ttl = REDIS_LOCK_TTL.of(lock_ttl, "lock_ttl")
         self.backoff_max = float(backoff_max)
         self.max_stall = REDIS_MAX_STALL.of(max_stall, "max_stall")
+        self.max_value = REDIS_MAX_VALUE.of(max_value, "max_value")
         self._redis = _import_redis()
         self._client = self._connect(url)
-        self._breaker = Breaker(self._redis, self.url, backoff_max=self.backoff_max, max_stall=self.max_stall)
+        self.deadline = self.timeout * _round_trips(self._client.connection_pool.connection_kwargs)
+        self._breaker = Breaker(self._redis, self.url, backoff_max=self.backoff_max, max_stall=self.max_stall,
+                                deadline=self.deadline, max_reply=self.max_value + _REPLY_SLACK)  # fmt: skip
+        self._get = self._client.register_script(_GET_LUA)
         self._locks = FleetLock(self._client, self._breaker.script_call, lock_ttl=self.lock_ttl, count=self._breaker.count,
                                 warn_once=self._breaker.warn_once)  # fmt: skip
 
@@ -298,6 +340,7 @@ class RemoteTier:
             "retry": Retry(NoBackoff(), 0),  # one attempt per call: the backoff is ours
             "health_check_interval": 0,
             "decode_responses": False,  # signed blobs are bytes, never text
+            "protocol": 2,  # redis-py 8 speaks RESP3 by default: a HELLO round trip more per connect
         }
         try:
             pool = redis.ConnectionPool.from_url(url, **ours, **_quiet_handshake())
@@ -308,6 +351,7 @@ class RemoteTier:
         # keyword arguments in redis-py; these are what keep every call bounded and every
         # value bytes, so they are set again.
         pool.connection_kwargs.update(ours)
+        pool.connection_class = bounded_connection(pool.connection_class)
         return redis.Redis(connection_pool=pool)
 
     @classmethod
@@ -321,7 +365,8 @@ class RemoteTier:
         """The arguments that build this tier again, secret included: for a process of the
         caller's own that needs the same tier (a prewarm worker), never for a log."""
         return {"url": self._url, "secret": self._secret, "namespace": self.namespace, "timeout": self.timeout,
-                "ttl": self.ttl, "lock_ttl": self.lock_ttl, "backoff_max": self.backoff_max, "max_stall": self.max_stall}  # fmt: skip
+                "ttl": self.ttl, "lock_ttl": self.lock_ttl, "backoff_max": self.backoff_max, "max_stall": self.max_stall,
+                "max_value": self.max_value}  # fmt: skip
 
     # ------------------------------------------------------------------ public
 
@@ -340,14 +385,20 @@ class RemoteTier:
     def get(self, key: str, env_id: str) -> Entry | None:
         """The verified entry for ``key``, or None (miss, refusal or outage)."""
         name = self.redis_key(key, env_id)
-        value = self._breaker.call("get", lambda: self._client.get(name))
+        value = self._breaker.call("get", lambda: self._get(keys=[name], args=[self.max_value]))
         if value is FAILED:
             return None
         if value is None:
             self._breaker.count("remote_misses")
             return None
-        raw = value.encode() if isinstance(value, str) else bytes(value)  # str only if misconfigured
-        entry = self._open(name, raw, key, env_id)
+        if not isinstance(value, (bytes, int)):  # RESP2 gives neither a list nor text here, but a hostile server may
+            self._refuse(name, "malformed", f"the reply is a {type(value).__name__}, not a value")
+            return None
+        if isinstance(value, int):
+            self._refuse(name, "too-large", f"its value is {value} bytes, more than {REDIS_MAX_VALUE.name} ({self.max_value}); "
+                         "it was not read")  # fmt: skip
+            return None
+        entry = self._open(name, value, key, env_id)
         if entry is not None:
             self._breaker.count("remote_hits")
         return entry
@@ -363,6 +414,11 @@ class RemoteTier:
         neutral = dataclasses.replace(entry, hit_count=0, last_used_at=0.0)
         value = sign_value(encode_entry(neutral), self._secret)
         name = self.redis_key(entry.key, entry.env_id)
+        if len(value) > self.max_value:  # every node would refuse it unread
+            self._breaker.count("errors")
+            self._breaker.warn_once("put-too-large", "plancache: not publishing %s: its value is %d bytes, more than %s (%d)",
+                                    entry.key[:12], len(value), REDIS_MAX_VALUE.name, self.max_value)  # fmt: skip
+            return False
         stored = self._breaker.call("put", lambda: self._client.set(name, value, ex=self.ttl))
         if stored is FAILED or not stored:
             return False

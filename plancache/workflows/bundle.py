@@ -17,14 +17,27 @@ or overlap, and the file ends where the payload ends.
 (newer is refused), header checksum, exact length, every entry's checksum, the codec
 form (whose blob has its own checksum), each key against the parts it hashes, each
 environment against its id; member names must be plain 64-hex keys. Then all entries go
-in one transaction: a refused bundle leaves the database as it was. Checksums catch
-damage and tampering in transit, not a forger who rewrites them: ship bundles over a
-trusted channel or sign them.
+in one transaction: a refused bundle leaves the database as it was.
+
+Checksums catch damage, not a forger who rewrites them, so bundles are signed: with a
+secret configured (the Redis tier's ``PLANCACHE_REDIS_SECRET`` or ``_SECRET_FILE``), the
+header holds ``"signature": {"algorithm": "hmac-sha256", "key_id", "tag"}``, an HMAC-SHA256
+of the rest of the header (canonical JSON: every entry's key, offset, size and checksum, in
+order) and of the whole payload. ``import`` refuses a bundle that is unsigned, or signed
+with another secret, unless told ``allow_unsigned``; one whose tag does not match was
+altered after it was signed and is refused always. HMAC, not a public-key signature: it
+needs no new dependency, and a fleet that shares plans already shares that secret. Its
+cost: whoever can verify a bundle can also sign one; an ed25519 sender key would let
+receivers verify without that power.
+
+The file is read only when it is a regular one (never through a link, never a FIFO or a
+device), of at most ``MAX_BUNDLE`` bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -38,14 +51,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import REDIS_SECRET, REDIS_SECRET_FILE, Refused, file_kind, format_size, read_regular
 from ..errors import BundleError, DamagedEntryError, EntryNotFoundError, StoreError
 from ..key import KEY_FORMAT, canonical_json, environment_id
 from ..store import Entry, Store, maintenance, problem
 from ..store.codec import decode_entry, encode_entry
+from ..tiers.remote import configured_secret, secret_id
 
 __all__ = [
     "BUNDLE_FORMAT",
     "BUNDLE_MAGIC",
+    "MAX_BUNDLE",
     "TARGET_REFUSALS",
     "Bundle",
     "bundle_environment",
@@ -61,20 +77,33 @@ _PRELUDE = len(BUNDLE_MAGIC) + _LENGTH.size + 32
 _MAX_HEADER = 256 << 20
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 _ENV_ID = re.compile(r"^[0-9a-f]{16}$")
+#: The largest bundle import reads (whole, into memory) and export writes: 2 GiB is tens of
+#: thousands of plans, more than any fleet's graphs; a larger store ships as several
+#: bundles (``--env``, ``--key``), so no setting is needed.
+MAX_BUNDLE = 2 << 30
+#: MACed before what a bundle's tag covers, so a tag made for a Redis value never verifies here.
+_SIGNED = b"PLANCACHE-BUNDLE-SIGNED/1\n"
+_SIGNATURE = "hmac-sha256"
+_UNSIGNED_HINT = (f"export it with the same {REDIS_SECRET_FILE.name} or {REDIS_SECRET.name} set on both machines, or pass "
+                  "--allow-unsigned (allow_unsigned=True) if you trust where it came from")  # fmt: skip
+_KEY_ID = re.compile(r"^[0-9a-f]{16}$")
+_TAG = re.compile(r"^[0-9a-f]{64}$")
 #: The ``reason`` of a ``BundleError`` that refuses the file an export would write (it
-#: exists, is not a regular file, cannot be written); every other reason is a bundle that
-#: cannot be read or trusted.
-TARGET_REFUSALS = frozenset({"exists", "not a regular file", "unwritable"})
+#: exists, is not a regular file, cannot be written, would be too large); every other
+#: reason is a bundle that cannot be read or trusted.
+TARGET_REFUSALS = frozenset({"exists", "not a regular file", "unwritable", "too large"})
 
 
 @dataclass(frozen=True)
 class Bundle:
     """A bundle read and verified whole by ``read_bundle``: where it was read from, its
-    header and its entries."""
+    header, its entries, and its signature: ``verified``, or, where the reader allowed
+    unsigned bundles, ``unsigned`` or ``not verified`` (signed with a secret it has not)."""
 
     path: str
     header: dict[str, Any]
     entries: list[Entry]
+    signature: str
 
 
 def _version() -> str:
@@ -129,7 +158,7 @@ def _check_target(target: Path) -> None:
     except OSError as exc:  # a component is a file (ENOTDIR), a directory cannot be searched (EACCES)...
         raise _cannot_write(target, exc) from exc
     if not stat.S_ISREG(mode):
-        raise BundleError(f"cannot export to {target}: it exists and is {_kind(mode)}, not a regular file; "
+        raise BundleError(f"cannot export to {target}: it exists and is {file_kind(mode)}, not a regular file; "
                           "plancache only replaces regular files", path=str(target), reason="not a regular file")  # fmt: skip
 
 
@@ -153,14 +182,6 @@ def _link_new(tmp: str, target: Path) -> None:
     os.unlink(tmp)
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
-        if test(mode):
-            return name
-    return "a special file"
-
-
 def _cannot_write(target: Path, exc: OSError) -> BundleError:
     where = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != str(target) else ""
     return BundleError(f"cannot write bundle {target}: {exc.strerror or exc}{where}", path=str(target), reason="unwritable")
@@ -173,6 +194,7 @@ def export_bundle(
     env_id: str | None = None,
     keys: Iterable[str] | None = None,
     replace: bool = True,
+    secret: bytes | None = None,
 ) -> dict[str, Any]:
     """Write the entries of ``store`` (those of ``env_id``, or the given ``keys`` or key
     prefixes; default all; None: a cache with nothing stored yet, an empty bundle) to one
@@ -181,10 +203,13 @@ def export_bundle(
     exist: a symlink, FIFO, device node or other special file is refused (``BundleError``),
     never replaced. ``replace=False`` also refuses an existing regular file (``BundleError``,
     reason ``exists``), even one that appears while exporting. Missing parent directories
-    are created.
+    are created. The bundle is signed with ``secret``, by default the one configured
+    (``PLANCACHE_REDIS_SECRET`` or ``_SECRET_FILE``); with none, it is unsigned. A bundle
+    larger than ``MAX_BUNDLE`` is refused (reason ``too large``): no import would read it.
 
     Entries whose blob fails its checksum are left out and reported under ``skipped``.
-    Returns ``{"path", "entries", "keys", "bytes", "environments", "skipped"}``.
+    Returns ``{"path", "entries", "keys", "bytes", "environments", "skipped", "key_id"}``
+    (``key_id``: the signing secret's fingerprint, None for an unsigned bundle).
     """
     started = time.perf_counter()
     target = Path(path)
@@ -218,11 +243,19 @@ def export_bundle(
                         "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
         environments[entry.env_id] = entry.environment
         payload += data
-    header = json.dumps(
-        {"format": BUNDLE_FORMAT, "key_format": KEY_FORMAT, "created_at": time.time(), "plancache_version": _version(),
-         "environments": environments, "payload_size": len(payload), "entries": members},
-        sort_keys=True,
-    ).encode()  # fmt: skip
+    fields: dict[str, Any] = {"format": BUNDLE_FORMAT, "key_format": KEY_FORMAT, "created_at": time.time(),
+                              "plancache_version": _version(), "environments": environments, "payload_size": len(payload),
+                              "entries": members}  # fmt: skip
+    secret = configured_secret() if secret is None else secret
+    key_id = None if secret is None else secret_id(secret).hex()
+    if secret is not None:
+        fields["signature"] = {"algorithm": _SIGNATURE, "key_id": key_id, "tag": _tag(secret, fields, payload)}
+    header = json.dumps(fields, sort_keys=True).encode()
+    size = _PRELUDE + len(header) + len(payload)
+    if size > MAX_BUNDLE:
+        raise BundleError(f"cannot export to {target}: the bundle would be {format_size(size)}, "
+                          f"more than the {format_size(MAX_BUNDLE)} an import reads; export fewer plans at a time (--env, --key)",
+                          path=str(target), reason="too large")  # fmt: skip
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -249,11 +282,53 @@ def export_bundle(
         "path": str(target),
         "entries": len(members),
         "keys": [m["key"] for m in members],
-        "bytes": target.stat().st_size,
+        "bytes": size,  # not stat() of the target: whatever is there now is never followed
         "environments": {e: _env_summary(env) for e, env in environments.items()},
         "skipped": skipped,
+        "key_id": key_id,
         "seconds": time.perf_counter() - started,
     }
+
+
+def _tag(secret: bytes, header: Mapping[str, Any], payload: bytes | bytearray | memoryview) -> str:
+    """The HMAC-SHA256 of a bundle: its header but the signature (canonical JSON, length
+    first, so no byte of it can pass for payload) and its whole payload."""
+    signed = canonical_json(
+        {name: value for name, value in header.items() if name not in ("signature", "_payload_start")}
+    ).encode()
+    mac = hmac.new(secret, _SIGNED + _LENGTH.pack(len(signed)) + signed, hashlib.sha256)
+    mac.update(payload)
+    return mac.hexdigest()
+
+
+def _signature(data: bytes, header: Mapping[str, Any], where: str, secret: bytes | None, allow_unsigned: bool) -> str:
+    """What ``Bundle.signature`` says of a bundle, or the ``BundleError`` that refuses it:
+    unsigned, or signed with another secret (unless ``allow_unsigned``), or altered after
+    it was signed (always). ``secret`` None: the configured one, read only for a signed bundle."""
+    signature = header.get("signature")
+    if signature is None:
+        if allow_unsigned:
+            return "unsigned"
+        raise _refuse(where, f"it is unsigned, so nothing proves who made it: {_UNSIGNED_HINT}", reason="unsigned")
+    if (not isinstance(signature, dict) or signature.get("algorithm") != _SIGNATURE
+            or not _KEY_ID.match(str(signature.get("key_id"))) or not _TAG.match(str(signature.get("tag")))):  # fmt: skip
+        raise _refuse(where, "its signature is malformed", reason="malformed")
+    secret = configured_secret() if secret is None else secret
+    mine = None if secret is None else secret_id(secret).hex()
+    if mine != signature["key_id"]:
+        if allow_unsigned:
+            return "not verified"
+        why = "no secret is configured here to verify it" if mine is None else f"this machine's secret is key id {mine}"
+        raise _refuse(where, f"it is signed with a secret of key id {signature['key_id']}, but {why}: {_UNSIGNED_HINT}",
+                      reason="other secret")  # fmt: skip
+    assert secret is not None  # mine is None without one
+    try:
+        tag = _tag(secret, header, memoryview(data)[header["_payload_start"] :])
+    except ValueError as exc:  # a value canonical JSON refuses (NaN): no signer wrote it
+        raise _refuse(where, f"malformed header: {exc}", reason="malformed") from exc
+    if not hmac.compare_digest(tag, signature["tag"]):
+        raise _refuse(where, "its signature does not match: it was altered after it was signed", reason="signature")
+    return "verified"
 
 
 def _refuse(path: str, message: str, **fields: Any) -> BundleError:
@@ -273,7 +348,7 @@ def _header(data: bytes, where: str) -> dict[str, Any]:
     # The format version is read before the checksum so a newer bundle is named as such.
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # RecursionError: nested beyond what a header holds
         header = None
     if isinstance(header, dict) and isinstance(header.get("format"), int) and header["format"] > BUNDLE_FORMAT:
         raise _refuse(where, f"format {header['format']} is newer than this plancache supports ({BUNDLE_FORMAT}); upgrade plancache",
@@ -337,14 +412,20 @@ def _member(data: bytes, header: Mapping[str, Any], index: int, member: Any, off
     return entry
 
 
-def read_bundle(path: str | os.PathLike[str]) -> Bundle:
-    """Read and verify a bundle completely: its header and every entry, or ``BundleError``."""
+def read_bundle(path: str | os.PathLike[str], *, secret: bytes | None = None, allow_unsigned: bool = False) -> Bundle:
+    """Read and verify a bundle completely: its file (a regular one, never through a link,
+    at most ``MAX_BUNDLE`` bytes), its header, its signature (under ``secret``, by default
+    the configured one; an unsigned or foreign-signed bundle only with ``allow_unsigned``)
+    and every entry, or ``BundleError``. The signature is checked before any entry is
+    decoded: an unsigned bundle's entries are never read unless the caller allows them."""
     where = os.fspath(path)
     try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise BundleError(f"cannot read bundle {where}: {exc.strerror or exc}", path=where, reason="unreadable") from exc
+        data = read_regular(path, MAX_BUNDLE)[0]
+    except (OSError, Refused) as exc:
+        why = f"it {exc}" if isinstance(exc, Refused) else exc.strerror or str(exc)
+        raise BundleError(f"cannot read bundle {where}: {why}", path=where, reason="unreadable") from exc
     header = _header(data, where)
+    signature = _signature(data, header, where, secret, allow_unsigned)
     entries: list[Entry] = []
     seen: set[str] = set()
     offset = 0
@@ -357,7 +438,7 @@ def read_bundle(path: str | os.PathLike[str]) -> Bundle:
         offset += member["size"]
     if offset != header["payload_size"]:
         raise _refuse(where, "the payload holds bytes no entry accounts for", reason="malformed")
-    return Bundle(where, header, entries)
+    return Bundle(where, header, entries, signature)
 
 
 def _insert(
@@ -387,23 +468,30 @@ def _sound(row: Mapping[str, Any]) -> bool:
 
 
 def import_bundle(
-    store: Store, bundle: str | os.PathLike[str] | Bundle, *, replace: bool = False, env_id: str | None = None
+    store: Store,
+    bundle: str | os.PathLike[str] | Bundle,
+    *,
+    replace: bool = False,
+    env_id: str | None = None,
+    secret: bytes | None = None,
+    allow_unsigned: bool = False,
 ) -> dict[str, Any]:
     """Merge a bundle into ``store``: verify all of it, then insert in one transaction.
-    ``bundle``: its path, or what ``read_bundle`` returned (so a caller can refuse a bad
-    bundle before it creates a store).
+    ``bundle``: its path (read by ``read_bundle`` with ``secret`` and ``allow_unsigned``),
+    or what ``read_bundle`` returned (so a caller can refuse a bad bundle before it creates
+    a store).
 
     Existing keys are kept unless ``replace``, or unless the stored row would not be served
     (damaged, or never checked): the bundle's sound entry replaces it. ``env_id`` imports
     only that environment's entries. Imported entries start with no hits and count as used
     now (so size-based eviction does not drop them first). Raises ``BundleError`` (database
-    untouched) for a truncated, tampered, malformed, newer-format or unsafe bundle. Returns
-    ``{"path", "format", "entries", "imported", "replaced", "kept", "skipped",
-    "environments", "seconds"}``.
+    untouched) for a truncated, tampered, malformed, newer-format, unsafe, unsigned or
+    foreign-signed bundle. Returns ``{"path", "format", "entries", "imported", "replaced",
+    "kept", "skipped", "environments", "signature", "seconds"}``.
     """
     started = time.perf_counter()
     if not isinstance(bundle, Bundle):
-        bundle = read_bundle(bundle)
+        bundle = read_bundle(bundle, secret=secret, allow_unsigned=allow_unsigned)
     header, entries = bundle.header, bundle.entries
     if env_id is not None:
         env_id = bundle_environment(bundle, env_id)
@@ -428,5 +516,6 @@ def import_bundle(
         "kept": kept,
         "skipped": skipped,
         "environments": {e: _env_summary(env) for e, env in header["environments"].items()},
+        "signature": bundle.signature,
         "seconds": time.perf_counter() - started,
     }

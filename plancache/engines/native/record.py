@@ -21,26 +21,34 @@ hands the backend every slot but a replacement source that the plan does not rea
 
 ``parse`` reads uids, offsets and sizes as integers in range, every workspace change
 inside the frontend's part of the workspace (on the GPU, anything else is an address in
-another tensor), and floats as the 32-bit words they are. ``refusal`` is the gate: a blob
-with a format version, a field or a value this code was not tested on is left to the
-frontend's own path.
+another tensor), floats as the 32-bit words they are, and the non-virtual tensors of the
+backend plan (its ``operationGraph``). ``refusal`` is the gate: a blob with a format
+version, a field or a value this code was not tested on is left to the frontend's own
+path; a blob that would hand cuDNN a pointer outside every tensor and the workspace
+(``OUT_OF_BOUNDS``) is refused outright, since the frontend's path applies the same
+offsets and slots.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import math
 import os
 import re
 import struct
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ...formats.ubjson import UbjsonError, decode
+from ...formats.plan_graph import blob_fields
+from ...formats.ubjson import UbjsonError
+from ...key import TensorSpec
+from ..inputs import DTYPE_BYTES
+from ..tensors import storage_geometry
 
-__all__ = ["BY_VALUE_TYPES", "TESTED_VERSIONS", "ByValue", "Fallback", "Layout", "PlanRecord", "WorkspaceChange", "lowered_layouts", "parse",
-           "refusal"]  # fmt: skip
+__all__ = ["BY_VALUE_TYPES", "MEMORY_CEILING", "OUT_OF_BOUNDS", "TESTED_VERSIONS", "ByValue", "Fallback", "Layout", "PlanRecord",
+           "WorkspaceChange", "lowered_layouts", "parse", "refusal", "workspace_fits"]  # fmt: skip
 
 #: Plan formats (``json_version``) the native path was tested on, against real blobs
 #: recorded on a GPU (tests/data/plans).
@@ -91,6 +99,9 @@ class PlanRecord:
     aligned: Mapping[int, int]  # uid -> alignment of its pointer, in bytes
     fields: frozenset[str]
     dumps: int  # tensors the frontend would dump at each launch (a debugging aid)
+    #: The backend plan's non-virtual tensors by uid, as cuDNN reads them (its own JSON:
+    #: what it finalizes, so what bounds its reads and writes); empty when it has none.
+    backend_tensors: Mapping[int, TensorSpec] = field(default_factory=dict)
 
 
 class RecordError(ValueError):
@@ -165,8 +176,7 @@ def _uid_pairs(raw: Any) -> list[tuple[Any, Any]]:
 def parse(blob: bytes) -> PlanRecord:
     """The record of a frontend plan blob; raises ``RecordError`` for anything else."""
     try:
-        keys: list[str] = []
-        top = decode(blob, keep=_READ, keys=keys)
+        top = blob_fields(blob)  # decoded once for the store's check of its graph and for this
     except (UbjsonError, UnicodeDecodeError) as exc:
         raise RecordError(f"not a frontend plan: {exc}") from exc
     if not isinstance(top, Mapping) or not isinstance(top.get("cudnn_backend_data"), str):
@@ -198,12 +208,13 @@ def parse(blob: bytes) -> PlanRecord:
             replacements=replacements,
             fe_workspace_size=fe_workspace_size,
             aligned=aligned,
-            fields=frozenset(keys),
+            fields=frozenset(top),
             dumps=len(top.get("tensors_to_dump") or []),
+            backend_tensors=_backend_tensors(top["cudnn_backend_data"]),
         )
     except RecordError:
         raise
-    except (TypeError, ValueError, ArithmeticError, KeyError, IndexError, struct.error) as exc:
+    except (TypeError, ValueError, ArithmeticError, KeyError, IndexError, RecursionError, struct.error) as exc:
         raise RecordError(f"a frontend plan this code cannot read: {type(exc).__name__}: {exc}") from exc
 
 
@@ -231,13 +242,48 @@ def _workspace_change(change: Any, fe_workspace_size: int) -> WorkspaceChange:
     return WorkspaceChange(operation, offset, words, zero_bytes)
 
 
+def _backend_tensors(text: str) -> dict[int, TensorSpec]:
+    """The non-virtual tensors of a backend plan's JSON by uid: ``operationGraph.tensors``
+    (each named by its uid, in cuDNN's data types) and the ragged-offset tensors they name in
+    ``isRagged``. Empty for JSON that holds none: the library refuses such a plan, and the
+    gate finds the table's tensors missing. A uid listed twice with two layouts raises
+    ``RecordError``: which one cuDNN reads could not be told."""
+    try:
+        graph = json.loads(text).get("operationGraph")
+    except (ValueError, RecursionError, AttributeError):
+        return {}
+    pending = list(graph.get("tensors") or []) if isinstance(graph, Mapping) else []
+    found: dict[int, TensorSpec] = {}
+    while pending:
+        raw = pending.pop()
+        if not isinstance(raw, Mapping):
+            raise RecordError(f"a backend tensor must be an object, not {type(raw).__name__}")
+        ragged = raw.get("isRagged")
+        pending += ragged if isinstance(ragged, list) else []
+        if raw.get("isVirtual") is not False:
+            continue
+        uid, dtype = _uid(raw.get("name")), raw.get("dataType")
+        spec = TensorSpec(
+            uid=uid,
+            name=str(uid),
+            dims=tuple(_int(d, "a backend tensor's dim", *_INT64) for d in raw.get("dim") or []),
+            strides=tuple(_int(d, "a backend tensor's stride", *_INT64) for d in raw.get("stride") or []),
+            dtype="data_type." + dtype.removeprefix("CUDNN_DATA_") if isinstance(dtype, str) else None,
+            is_output=False,
+            is_pass_by_value=raw.get("isByValue") is True,
+        )
+        if found.setdefault(uid, spec) != spec:
+            raise RecordError(f"the backend plan lists uid {uid} twice, with two layouts")
+    return found
+
+
 def lowered_layouts(blob: bytes) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
     """uid -> (dims, strides) of each non-virtual tensor as the backend lowered it (its own
     layout inference filled what the graph left unset: a convolution's output follows its
     input's channels-last layout), from the blob's ``tensors``; empty for a blob that is not
     a frontend plan or has none. A tensor whose entry is not whole numbers is left out."""
     try:
-        tensors = decode(blob, keep={"tensors"}).get("tensors")
+        tensors = blob_fields(blob).get("tensors")
     except (UbjsonError, UnicodeDecodeError, AttributeError):
         return {}
     layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -268,13 +314,90 @@ class Fallback(enum.Enum):
     DUMPS = "the frontend's tensor dumps are on (CUDNN_FRONTEND_LOG_INFO)"
     UIDS = "uids the tensor table lacks"
     OFF = "the native path is turned off"
+    WORKSPACE = "a workspace larger than the device's memory"
+    SLOTS = "a by-value or workspace slot on a uid of the caller's tensors, or past its buffer"
+    REPLACEMENT = "a variant-pack replacement that reaches past its source tensor"
+    BACKEND_TENSORS = "backend plan tensors that differ from the tensor table"
 
 
-def refusal(record: PlanRecord, tensors: Collection[int] | None = None) -> Fallback | None:
-    """Why the native path must not load ``record`` (the frontend's own path does), or None.
-    ``tensors``: the uids of the caller's tensors (the plan's tensor table), when known: a
-    uid the plan reads that is neither one of them nor the frontend's own could not be
-    filled at launch."""
+#: Kinds whose blob would hand cuDNN a pointer outside every tensor and the workspace. The
+#: frontend's own path applies the same slots and offsets, so such a blob is refused, never
+#: loaded either way.
+OUT_OF_BOUNDS = frozenset({Fallback.WORKSPACE, Fallback.SLOTS, Fallback.REPLACEMENT, Fallback.BACKEND_TENSORS})
+#: The workspace bound on a device that does not say its memory (the CPU test device):
+#: 1 TiB, more than any GPU has.
+MEMORY_CEILING = 1 << 40
+
+
+def workspace_fits(size: int, memory: int | None) -> bool:
+    """Whether a workspace of ``size`` bytes could be allocated on a device of ``memory``
+    bytes: a larger one is no plan's, and offsets into it could reach anything."""
+    return size <= (memory or MEMORY_CEILING)
+
+
+def _extent(spec: TensorSpec) -> int | None:
+    """Bytes from a tensor's pointer to the end of its last element (what a kernel may
+    touch), or None where no bound can be given: a negative dim or stride, or a data type of
+    unknown size."""
+    size, geometry = DTYPE_BYTES.get(spec.dtype or ""), storage_geometry(spec.dtype, tuple(spec.dims), tuple(spec.strides))
+    if size is None or geometry is None or len(spec.dims) != len(spec.strides) or min((*spec.dims, *spec.strides), default=0) < 0:
+        return None
+    dims, strides = geometry
+    return 0 if 0 in dims else size * (1 + sum((d - 1) * s for d, s in zip(dims, strides)))
+
+
+def _memory_of(spec: TensorSpec) -> tuple[Any, ...]:
+    """What fixes the bytes a tensor's pointer reaches: its type, whether it is a host
+    scalar, and its (dim, stride) pairs in any order (the frontend lowers an attention's K
+    and V transposed: the same memory), size-1 dims left out (their strides move nothing)."""
+    return (
+        spec.dtype,
+        spec.is_pass_by_value,
+        sorted((d, s) for d, s in zip(spec.dims, spec.strides) if d != 1),
+        len(spec.dims) == len(spec.strides),
+    )
+
+
+def _out_of_bounds(
+    record: PlanRecord, tensors: Collection[int] | Mapping[int, TensorSpec] | None, memory: int | None
+) -> Fallback | None:
+    """Which pointer of ``record``'s launches no tensor or workspace bounds, or None."""
+    if not workspace_fits(record.fe_workspace_size, memory):
+        return Fallback.WORKSPACE
+    users, backend = set(tensors or ()), record.backend_tensors
+    buffers = [(uid, 0, len(value.data)) for uid, value in record.by_value.items()]  # (uid, offset, bytes there)
+    buffers += [(uid, change.offset, record.fe_workspace_size) for uid, change in record.workspace.items()]
+    for uid, offset, end in buffers:
+        lowered = backend.get(uid)
+        reach = _extent(lowered) if lowered is not None else 0  # a uid cuDNN's plan lacks is read by nothing
+        if uid in users or reach is None or offset + reach > end:
+            return Fallback.SLOTS
+    if not isinstance(tensors, Mapping):  # only the uids of the table are known
+        return None
+    for source, (destination, offset) in record.replacements.items():
+        table, lowered = tensors.get(source), backend.get(destination)
+        room = _extent(table) if table is not None and not table.is_pass_by_value else None
+        reach = _extent(lowered) if lowered is not None else None
+        if room is None or reach is None or offset + reach > room:
+            return Fallback.REPLACEMENT
+    for uid, spec in tensors.items():
+        lowered = backend.get(uid)
+        if lowered is None or _memory_of(lowered) != _memory_of(spec):
+            return Fallback.BACKEND_TENSORS
+    return None
+
+
+def refusal(record: PlanRecord, tensors: Collection[int] | Mapping[int, TensorSpec] | None = None,
+            memory: int | None = None) -> Fallback | None:  # fmt: skip
+    """Why the native path must not load ``record`` (the frontend's own path does, but for
+    ``OUT_OF_BOUNDS``), or None. ``tensors``: the plan's tensor table by uid, when known (or
+    only its uids: then layouts go unchecked): a uid the plan reads that is neither one of
+    them nor the frontend's own could not be filled at launch, and every pointer a launch
+    hands cuDNN must lie inside one of them or the workspace. ``memory``: the device's, in
+    bytes, when it says (else ``MEMORY_CEILING``)."""
+    why = _out_of_bounds(record, tensors, memory)
+    if why is not None:
+        return why
     if record.version not in TESTED_VERSIONS:
         return Fallback.FORMAT
     if record.fields - _READ - _DESCRIPTIVE:

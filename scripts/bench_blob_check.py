@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""What the blob check costs a store hit.
+
+Every stored entry is judged by ``store.entry.problem`` before its blob is loaded, and part
+of that judgement is ``store.entry.graph_problem``: the blob's own graph (its ``tensors`` and
+``nodes``) read and compared with the description the key is derived from. The blob is
+decoded once per hit (``formats.plan_graph.blob_fields``), for the check and the load
+together, so the check's cost is not the time of the check alone. Printed:
+
+1. the check alone on a blob never read before (its decoding included), on the backend's
+   own blob of a conv+bias+relu graph and on each real blob recorded on an H200
+   (``tests/data/plans``) against its own description (graphs that need CUDA to be
+   described are skipped on a CPU);
+2. a store hit (``PlanCache.get`` of a graph whose plan is stored but not in memory: the
+   memory tier holds one plan and four keys are cycled), with the check and with the check
+   taken out, in alternating turns, and the difference: what the check costs a hit. The
+   target is under 5% of a store hit.
+
+Figures only, no exit status beyond a failed run. ``--runs N`` sets how many of each are
+timed; ``--backend cudnn`` uses the GPU (default: the CPU test backend). Run from anywhere:
+``python scripts/bench_blob_check.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from graphs import ConvBiasRelu  # noqa: E402  (the tests' graphs, after the path above)
+
+from plancache import PlanCache  # noqa: E402
+from plancache.key import describe  # noqa: E402
+from plancache.store.entry import graph_problem  # noqa: E402
+from plancache.testing import CpuTestBackend  # noqa: E402
+
+
+def median_us(call: Callable[[], object], runs: int, setup: Callable[[], Any] = lambda: None) -> float:
+    """The median time of ``call(setup())``, ``setup`` untimed (None: ``call()``)."""
+    times = []
+    for _ in range(runs):
+        given = setup()
+        started = time.perf_counter()
+        call() if given is None else call(given)  # type: ignore[call-arg]
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
+
+
+def fresh(blob: bytes) -> bytes:
+    """An equal blob no read has seen: what a store hit reads from SQLite."""
+    return bytes(bytearray(blob))
+
+
+def recorded(runs: int) -> list[tuple[str, int, float]]:
+    """``(name, blob bytes, median us)`` of the check, decoding included, on each recorded H200 blob."""
+    import gpu_native
+
+    rows = []
+    for name, build in gpu_native.CASES.items():
+        try:
+            description = describe(build())
+        except AssertionError:  # "Torch not compiled with CUDA enabled": paged attention, MoE
+            continue
+        blob = (ROOT / "tests" / "data" / "plans" / f"{name}.ubj").read_bytes()
+        assert graph_problem(blob, description) is None, name
+        rows.append((name, len(blob), median_us(lambda b, d=description: graph_problem(b, d), runs, lambda b=blob: fresh(b))))
+    return rows
+
+
+def store_hits(cache: PlanCache, graphs: list[Any], runs: int) -> tuple[float, float]:
+    """Median store hit with the check and without it, timed in alternating turns."""
+    from plancache.store import entry as entry_module
+
+    checked = entry_module.graph_problem
+    turn = iter(range(10**9))
+
+    def store_hit() -> None:
+        plan = cache.get(graphs[next(turn) % len(graphs)])
+        assert plan.source == "loaded", plan.source
+
+    with_check: list[float] = []
+    without: list[float] = []
+    for _ in range(50):  # warm up
+        store_hit()
+    for i in range(2 * runs):
+        entry_module.graph_problem = checked if i % 2 == 0 else (lambda blob, description: None)
+        started = time.perf_counter()
+        store_hit()
+        (with_check if i % 2 == 0 else without).append(time.perf_counter() - started)
+    entry_module.graph_problem = checked
+    return statistics.median(with_check) * 1e6, statistics.median(without) * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--backend", choices=("cpu", "cudnn"), default="cpu")
+    args = parser.parse_args()
+    backend = CpuTestBackend() if args.backend == "cpu" else None  # None: PlanCache's default, cuDNN
+    specs = [ConvBiasRelu(n=n) for n in (1, 2, 3, 4)]
+    with tempfile.TemporaryDirectory() as directory:
+        cache = PlanCache(directory, backend=backend, max_plans=1, auto_prime=False)  # every get below is a store hit
+        graphs = [spec.graph() for spec in specs]
+        keys = [cache.get(graph).key for graph in graphs]
+        entry = cache.store.get(keys[0])
+        assert entry is not None and graph_problem(entry.blob, entry.description) is None
+        check = median_us(lambda b: graph_problem(b, entry.description), args.runs, lambda: fresh(entry.blob))
+        hit, unchecked = store_hits(cache, graphs, args.runs)
+        cache.close()
+    print(f"{args.backend} backend's blob ({len(entry.blob)} bytes): blob check alone, decoding included, median {check:.1f} us")
+    print(f"store hit median {hit:.1f} us with the check, {unchecked:.1f} us without (alternating turns): the check costs "
+          f"{hit - unchecked:.1f} us = {100 * (hit - unchecked) / unchecked:.1f}% of a store hit (target < 5%)")  # fmt: skip
+    for name, size, us in recorded(max(100, args.runs // 10)):
+        print(f"H200 blob {name} ({size} bytes): blob check alone, decoding included, median {us:.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
