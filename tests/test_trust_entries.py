@@ -92,6 +92,40 @@ def put_blob(db: Connect, entry: Entry) -> None:
 # ---------------------------------------------------------------------------- another graph's blob
 
 
+@dataclasses.dataclass(frozen=True)
+class WithUnusedScalar(ConvBiasRelu):
+    """OWN's graph holding one more tensor, a by-value scalar that no node takes, as cuDNN
+    Frontend's own instance-norm test makes an epsilon its backward pass never reads. The
+    frontend leaves such a tensor out of the plan it serializes (its graph and its backend
+    plan hold the tensors of nodes), while the key's description has it."""
+
+    def graph(self) -> Any:
+        import cudnn
+
+        graph = super().graph()
+        graph.tensor(name="unused", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT,
+                     is_pass_by_value=True, uid=9)  # fmt: skip
+        return graph
+
+    def tensors(self, seed: int = 0) -> dict[int, Any]:
+        import torch
+
+        return {**super().tensors(seed), 9: torch.tensor([[[[0.5]]]])}  # Plan.execute asks for every tensor of the table
+
+
+def test_a_tensor_no_node_uses_is_not_asked_of_the_blob(make_cache: MakeCache, caplog: pytest.LogCaptureFixture) -> None:
+    """Found on the H200: such a graph's stored plan was refused as another graph's, and
+    quarantined and autotuned again in every process."""
+    spec = WithUnusedScalar(n=1)
+    [key] = stored(make_cache, [spec])
+    cache = make_cache()
+    plan = cache.get(spec.graph())
+    assert plan.source == "loaded" and cache.counters["corrupt"] == 0, (plan.source, warnings_naming(caplog, key))
+    assert_runs_correctly(plan, spec)
+    assert sum(cache.lookup.backend.native_fallbacks.values()) == 0  # loaded natively: the gate let it through
+    cache.close()
+
+
 @pytest.mark.parametrize("donor", list(DONORS))
 def test_a_hit_refuses_and_quarantines_another_graphs_blob(
     make_cache: MakeCache, db: Connect, caplog: pytest.LogCaptureFixture, donor: str

@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 from .ubjson import decode
 
@@ -77,9 +77,9 @@ class PlanGraphError(ValueError):
     """The blob carries no graph, or one of the wrong shape."""
 
 
-@dataclass(frozen=True)
-class BlobTensor:
-    """One tensor of a blob's graph, as the frontend wrote it."""
+class BlobTensor(NamedTuple):
+    """One tensor of a blob's graph, as the frontend wrote it (a tuple: a hit reads one per
+    tensor of its plan, and a tuple is made several times faster than a frozen dataclass)."""
 
     dims: tuple[int, ...]
     strides: tuple[int, ...]

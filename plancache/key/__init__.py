@@ -11,6 +11,7 @@ from .description import (
     describe,
     mark_shared_kernel_cache,
     tensor_table,
+    used_tensors,
 )
 from .key import (
     HEURISTIC_MODES,
@@ -42,4 +43,5 @@ __all__ = [
     "make_key",
     "mark_shared_kernel_cache",
     "tensor_table",
+    "used_tensors",
 ]

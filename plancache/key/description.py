@@ -38,6 +38,7 @@ __all__ = [
     "describe",
     "mark_shared_kernel_cache",
     "tensor_table",
+    "used_tensors",
 ]
 
 # ---------------------------------------------------------------------------- what is keyed
@@ -657,3 +658,37 @@ def tensor_table(graph: Any) -> list[TensorSpec]:
             )
         )
     return sorted(table, key=lambda spec: spec.uid)
+
+
+def used_tensors(description: Mapping[str, Any]) -> frozenset[str]:
+    """The ids of the tensors ``description``'s nodes read or write: at their ports, in
+    their parameters (as ``{"tensor": id}``), and the ragged offsets of those. A graph may
+    hold a tensor no node uses (cuDNN Frontend's instance-norm test makes an epsilon its
+    backward pass never takes): cuDNN's plan of that graph has no such tensor, so nothing
+    asks a plan for one. A description is JSON's dicts and lists (``describe``'s, or a
+    stored one decoded): anything else in it names no tensor."""
+    used: set[str] = set()
+    params: list[Any] = []
+    for node in description.get("nodes") or []:
+        for ports in (node.get("inputs"), node.get("outputs")):
+            for ref in ports.values() if type(ports) is dict else ():
+                if type(ref) is str:
+                    used.add(ref)
+                elif type(ref) is list:
+                    used.update(r for r in ref if type(r) is str)
+        params.append(node.get("params"))
+    while params:  # a walk without recursion: stored descriptions are read by it too
+        value = params.pop()
+        if type(value) is dict:
+            if type(value.get("tensor")) is str:
+                used.add(value["tensor"])
+            else:
+                params.extend(v for v in value.values() if type(v) is dict or type(v) is list)
+        elif type(value) is list:
+            params.extend(v for v in value if type(v) is dict or type(v) is list)
+    tensors = description.get("tensors") or {}
+    for tid in list(used):
+        tensor = tensors.get(tid)
+        if type(tensor) is dict and type(tensor.get("ragged_offset")) is str:
+            used.add(tensor["ragged_offset"])
+    return frozenset(used)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..formats.plan_graph import DATA_TYPES, NODE_TAGS, PlanGraph, read_graph
-from ..key import KEY_FORMAT, canonical_json, environment_id
+from ..key import KEY_FORMAT, canonical_json, environment_id, used_tensors
 
 __all__ = [
     "CHECK_RULE",
@@ -335,9 +335,10 @@ def graph_problem(blob: bytes, description: Mapping[str, Any]) -> str | None:
     tags = tuple(NODE_TAGS.get(node.get("type"), "") for node in description.get("nodes") or [])
     if tags != graph.tags:
         return f"the blob is a plan of another graph (its ops are {'+'.join(graph.tags)[:200]})"
-    described = description.get("tensors") or {}
-    for tid, tensor in described.items():
-        if tid[0] == "u" and (reason := _tensor_disagrees(int(tid[1:]), tensor, graph)) is not None:
+    described, used = description.get("tensors") or {}, used_tensors(description)
+    transposed = any(tag.startswith("SDPA") for tag in graph.tags)  # attention hands cuDNN K (and V in backward) transposed
+    for tid, tensor in described.items():  # a tensor no node uses is in no plan
+        if tid[0] == "u" and tid in used and (reason := _tensor_disagrees(int(tid[1:]), tensor, graph, transposed)) is not None:
             return f"the blob is a plan of another graph (tensor {tid[1:]}: {reason})"
     for uid, found in graph.tensors.items():  # the frontend's own by-value scalars (attention's scale) are its only extras
         if not found.is_virtual and not found.is_pass_by_value and f"u{uid}" not in described:
@@ -345,7 +346,7 @@ def graph_problem(blob: bytes, description: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _tensor_disagrees(uid: int, tensor: Mapping[str, Any], graph: PlanGraph) -> str | None:
+def _tensor_disagrees(uid: int, tensor: Mapping[str, Any], graph: PlanGraph, transposed: bool) -> str | None:
     found = graph.tensors.get(uid)
     if found is None or found.is_virtual:
         return "not in the blob"
@@ -356,7 +357,7 @@ def _tensor_disagrees(uid: int, tensor: Mapping[str, Any], graph: PlanGraph) -> 
         return "passed by value in one graph only"
     dims, strides = tensor.get("dim"), tensor.get("stride")
     layouts = [(found.dims, found.strides)]
-    if any(tag.startswith("SDPA") for tag in graph.tags):  # attention hands cuDNN K (and V in backward) transposed
+    if transposed:
         layouts.append((_swapped(found.dims), _swapped(found.strides)))
     for blob_dims, blob_strides in layouts:
         if (dims is None or tuple(dims) == blob_dims) and (strides is None or tuple(strides) == blob_strides):

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..engines.native import NativeError
 from ..engines.tensors import TORCH_DTYPES, storage_geometry
-from ..key import TensorSpec
+from ..key import TensorSpec, used_tensors
 from . import plans
 from .device import SimulatedCuda
 
@@ -161,7 +161,8 @@ class SimulatedLibrary:
             import time
 
             time.sleep(self.load_delay)
-        tensors = [TensorSpec.from_dict(t) for t in payload["tensors"]]
+        used = used_tensors(payload["description"])  # as cuDNN's plan, it holds the tensors of its nodes only
+        tensors = [spec for spec in map(TensorSpec.from_dict, payload["tensors"]) if f"u{spec.uid}" in used]
         plan = self._new_id()
         self._plans[plan] = _PlanState(payload, tensors, state.device, int(payload.get("workspace", 0) or 0))
         self.loads += 1

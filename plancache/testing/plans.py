@@ -23,7 +23,7 @@ from ..engines.backend import EngineChoice
 from ..formats.plan_graph import frontend_node, frontend_tensor
 from ..formats.ubjson import decode as decode_ubjson
 from ..formats.ubjson import encode as encode_ubjson
-from ..key import TensorSpec, canonical_json
+from ..key import TensorSpec, canonical_json, used_tensors
 
 __all__ = ["FORMAT", "decode", "encode", "graph_blob", "note_build", "payload", "payload_of", "representation"]
 
@@ -46,10 +46,11 @@ def representation(description: Mapping[str, Any], tensors: Sequence[TensorSpec]
     """What the simulated library finalizes (a real blob's ``cudnn_backend_data``): the
     ``payload``, ``workspace``, the plan's own workspace in bytes, as a finalized cuDNN
     plan reports it, and the table's tensors as cuDNN's JSON lists them (``operationGraph``),
-    which the native gate holds against the table as it does a real plan's."""
+    which the native gate holds against the table as it does a real plan's: those the
+    graph's nodes use (``lowered``)."""
     lowered = [{"name": str(spec.uid), "dataType": spec.dtype and "CUDNN_DATA_" + spec.dtype.removeprefix("data_type."),
                 "dim": list(spec.dims), "stride": list(spec.strides), "isVirtual": False, "isByValue": spec.is_pass_by_value}
-               for spec in tensors]  # fmt: skip
+               for spec in _lowered(description, tensors)]  # fmt: skip
     found = {**payload(description, tensors, engine, behaviour=behaviour), "workspace": int(workspace),
              "operationGraph": {"tensors": lowered}}  # fmt: skip
     if unloadable:
@@ -59,13 +60,15 @@ def representation(description: Mapping[str, Any], tensors: Sequence[TensorSpec]
 
 def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
            behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> bytes:  # fmt: skip
-    """The blob: a frontend plan whose backend plan reads and writes every tensor of the table."""
+    """The blob: a frontend plan whose backend plan reads and writes every tensor of the table
+    that the graph's nodes use."""
     backend = representation(description, tensors, engine, behaviour=behaviour, unloadable=unloadable, workspace=workspace)
+    lowered = _lowered(description, tensors)
     return encode_ubjson({
         "json_version": FORMAT,
         "cudnn_backend_data": backend,
-        "variant_pack_uids": sorted(spec.uid for spec in tensors),
-        "tensors": _graph_tensors(tensors),
+        "variant_pack_uids": sorted(spec.uid for spec in lowered),
+        "tensors": _graph_tensors(lowered),
         "nodes": _graph_nodes(description),
         "pass_by_values": {},
         "workspace_modifications": {},
@@ -75,6 +78,14 @@ def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine
         "tensors_to_dump": [],
         "behavior_notes": [[]],
     })  # fmt: skip
+
+
+def _lowered(description: Mapping[str, Any], tensors: Sequence[TensorSpec]) -> list[TensorSpec]:
+    """The table's tensors that the graph's nodes read or write: what the frontend lowers
+    and serializes (a tensor no node uses is in the key's description and the table, never
+    in a plan)."""
+    used = used_tensors(description)
+    return [spec for spec in tensors if f"u{spec.uid}" in used]
 
 
 def _graph_nodes(description: Mapping[str, Any]) -> list[dict[str, Any]]:

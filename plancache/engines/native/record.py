@@ -380,9 +380,10 @@ def _out_of_bounds(
         reach = _extent(lowered) if lowered is not None else None
         if room is None or reach is None or offset + reach > room:
             return Fallback.REPLACEMENT
+    handed = set(record.variant_pack_uids)  # a table tensor no node uses is in no plan, and handed to no one
     for uid, spec in tensors.items():
         lowered = backend.get(uid)
-        if lowered is None or _memory_of(lowered) != _memory_of(spec):
+        if uid in handed and (lowered is None or _memory_of(lowered) != _memory_of(spec)):
             return Fallback.BACKEND_TENSORS
     return None
 
