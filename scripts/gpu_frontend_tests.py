@@ -4,7 +4,10 @@
 The frontend's test files (``test_matmul_bias_relu.py``, the convolution, batch-norm,
 layer-norm, RMS-norm and instance-norm tests, with their ``conftest.py``) are not part of
 this project: they are fetched from the frontend's repository into a directory of their
-own (``--tests``, default ``.frontend-tests``, git-ignored) and carried to the GPU machine.
+own (``--tests``, default ``.frontend-tests``, git-ignored) and carried to the GPU machine,
+with the ``conftest.py``, ``test_utils.py`` and ``pytest.ini`` of the frontend's
+``test/python`` (``pytest.ini`` declares the ``L0`` marks and selects them: without it every
+file fails, plain runs too), and the ``looseversion`` wheel among the carried ones.
 The script runs a sequence of them (``--files``) in ONE pytest process per run, so later
 files run after the earlier ones in the same process, as a user's test session does:
 
