@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from filelock import FileLock
-from redis_fixtures import own_server, redis_server  # noqa: F401 - fixtures for the Redis tests
+from redis_fixtures import make_tier, own_server, redis_server  # noqa: F401 - fixtures for the Redis tests
 
 from plancache import PlanCache, Store
 from plancache.testing import CpuTestBackend

@@ -1,7 +1,8 @@
 """A throwaway redis-server on 127.0.0.1 for the tests that need a real one.
 
-``redis_server`` (one per session) and ``own_server`` (one per test, which it may kill)
-are registered in conftest.py. Without the ``redis-server`` binary these fixtures skip,
+``redis_server`` (one per session), ``own_server`` (one per test, which it may kill) and
+``make_tier`` (tiers in a namespace of the test, under ``SECRET``) are registered in
+conftest.py. Without the ``redis-server`` binary these fixtures skip,
 except in CI (``CI`` set), where .ci/run installs it and a missing binary is an error.
 """
 
@@ -13,11 +14,14 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from plancache.tiers.remote import RemoteTier
 
 try:
     import redis
@@ -115,3 +119,25 @@ def own_server(tmp_path: Path) -> Iterator[LocalRedis]:
     server = LocalRedis(tmp_path).start()
     yield server
     server.stop()
+
+
+#: The fleet secret of the tests' tiers.
+SECRET = b"fleet-secret-0123456789abcdef-32"
+
+
+@pytest.fixture
+def make_tier() -> Iterator[Callable[..., RemoteTier]]:
+    """Tiers in a namespace of this test, under ``SECRET`` unless told otherwise, closed at the end."""
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    tiers: list[RemoteTier] = []
+
+    def make(url: str, **options: Any) -> RemoteTier:
+        options.setdefault("secret", SECRET)
+        options.setdefault("namespace", namespace)
+        tier = RemoteTier(url, **options)
+        tiers.append(tier)
+        return tier
+
+    yield make
+    for tier in tiers:
+        tier.close()

@@ -16,7 +16,6 @@ import signal
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import pytest
 
 redis = pytest.importorskip("redis")
 
-from redis_fixtures import LocalRedis, free_port, needs_server  # noqa: E402
+from redis_fixtures import SECRET, LocalRedis, free_port, needs_server  # noqa: E402
 
 from plancache.config import ConfigError  # noqa: E402  (after the importorskip above)
 from plancache.key import KEY_FORMAT, BuildOptions, canonical_json, environment_id  # noqa: E402
@@ -35,7 +34,6 @@ from plancache.testing.plans import graph_blob  # noqa: E402
 from plancache.tiers import breaker, remote  # noqa: E402
 from plancache.tiers.remote import RemoteTier, sign_value  # noqa: E402
 
-SECRET = b"fleet-secret-0123456789abcdef-32"
 OTHER_SECRET = b"another-secret-0123456789abcdef!"
 ENVIRONMENT = {"gpu_name": "test GPU", "cudnn_backend_version": "test"}
 ENV_ID = environment_id(ENVIRONMENT)
@@ -47,24 +45,6 @@ def raw(redis_server: LocalRedis) -> Iterator[Any]:
     client = redis_server.client()
     yield client
     client.close()
-
-
-@pytest.fixture
-def make_tier() -> Iterator[Callable[..., RemoteTier]]:
-    """Tiers in a namespace of this test, closed at the end (warnings are errors here)."""
-    namespace = f"t{uuid.uuid4().hex[:12]}"
-    tiers: list[RemoteTier] = []
-
-    def make(url: str, **options: Any) -> RemoteTier:
-        options.setdefault("secret", SECRET)
-        options.setdefault("namespace", namespace)
-        tier = RemoteTier(url, **options)
-        tiers.append(tier)
-        return tier
-
-    yield make
-    for tier in tiers:
-        tier.close()
 
 
 @pytest.fixture

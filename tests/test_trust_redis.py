@@ -12,7 +12,6 @@ import select
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ import pytest
 
 redis = pytest.importorskip("redis")
 
-from redis_fixtures import LocalRedis, needs_server  # noqa: E402
-from test_remote import ENV_ID, SECRET, warnings_of  # noqa: E402
+from redis_fixtures import SECRET, LocalRedis, needs_server  # noqa: E402
+from test_remote import ENV_ID, warnings_of  # noqa: E402
 
 from plancache import PlanCache, Store  # noqa: E402  (after the importorskip above)
 from plancache.config import ConfigError  # noqa: E402
@@ -34,22 +33,6 @@ from plancache.workflows import templates  # noqa: E402
 
 KEY = "cd" * 32
 MiB = 1 << 20
-
-
-@pytest.fixture
-def tiers() -> Iterator[Callable[..., RemoteTier]]:
-    """Tiers in a namespace of this test, closed at the end."""
-    namespace = f"t{uuid.uuid4().hex[:12]}"
-    made: list[RemoteTier] = []
-
-    def make(url: str, **options: Any) -> RemoteTier:
-        tier = RemoteTier(url, secret=SECRET, namespace=namespace, **options)
-        made.append(tier)
-        return tier
-
-    yield make
-    for tier in made:
-        tier.close()
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +58,9 @@ def output_bytes(client: Any) -> int:
 @needs_server
 @pytest.mark.redis
 def test_a_200_mib_value_is_refused_without_being_read(
-    own_server: LocalRedis, tiers: Callable[..., RemoteTier], caplog: pytest.LogCaptureFixture
+    own_server: LocalRedis, make_tier: Callable[..., RemoteTier], caplog: pytest.LogCaptureFixture
 ) -> None:
-    tier = tiers(own_server.url)
+    tier = make_tier(own_server.url)
     raw = own_server.client()
     raw.setrange(tier.redis_key(KEY, ENV_ID), 200 * MiB - 1, b"x")  # made inside Redis: nothing sent
     before = output_bytes(raw)
@@ -97,16 +80,16 @@ def test_a_200_mib_value_is_refused_without_being_read(
 @needs_server
 @pytest.mark.redis
 def test_the_cap_is_a_setting_and_bounds_what_is_published(
-    redis_server: LocalRedis, tiers: Callable[..., RemoteTier], entry: Entry, caplog: pytest.LogCaptureFixture
+    redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], entry: Entry, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An entry over the cap is not published, since every node would refuse it unread; one
     published under a larger cap is refused, unread, by a node with a smaller one. Too
     small a cap is a clear error."""
-    small = tiers(redis_server.url, max_value="4k")
+    small = make_tier(redis_server.url, max_value="4k")
     assert not small.put(entry) and small.stats()["errors"] == 1
     assert small.get(entry.key, entry.env_id) is None and small.stats()["remote_misses"] == 1, "nothing was stored"
     assert any("not publishing" in w and "PLANCACHE_REDIS_MAX_VALUE" in w for w in warnings_of(caplog))
-    large = tiers(redis_server.url)
+    large = make_tier(redis_server.url)
     assert large.put(entry) and large.get(entry.key, entry.env_id) is not None
     assert small.get(entry.key, entry.env_id) is None and small.stats()["refused"] == 1
     settings = settings_from_env({"PLANCACHE_REDIS_URL": redis_server.url, "PLANCACHE_REDIS_SECRET": SECRET.decode(),
@@ -123,9 +106,9 @@ def test_the_cap_is_a_setting_and_bounds_what_is_published(
 @pytest.mark.redis
 @pytest.mark.parametrize("expiry", ["none", "a year"])
 def test_a_lock_that_would_outlive_lock_ttl_is_taken_over(
-    redis_server: LocalRedis, tiers: Callable[..., RemoteTier], expiry: str, caplog: pytest.LogCaptureFixture
+    redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], expiry: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    tier = tiers(redis_server.url, lock_ttl=5)
+    tier = make_tier(redis_server.url, lock_ttl=5)
     raw = redis_server.client()
     lock = tier.redis_key(KEY, ENV_ID) + ":lock"
     raw.set(lock, b"someone", ex=None if expiry == "none" else 365 * 86400)
@@ -143,10 +126,10 @@ def test_a_lock_that_would_outlive_lock_ttl_is_taken_over(
 @needs_server
 @pytest.mark.redis
 def test_a_miss_under_a_lock_with_no_expiry_builds_without_waiting_lock_timeout(
-    redis_server: LocalRedis, tiers: Callable[..., RemoteTier], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     graph = templates.build("conv_bias_act", n=3, c=8, h=6, w=6, k=8, dtype="float32")
-    with PlanCache(tmp_path / "a", backend=CpuTestBackend(), remote=tiers(redis_server.url), lock_timeout=10) as cache:
+    with PlanCache(tmp_path / "a", backend=CpuTestBackend(), remote=make_tier(redis_server.url), lock_timeout=10) as cache:
         key = cache.key(graph)
         raw = redis_server.client()
         raw.set(cache.remote.redis_key(key.digest, environment_id(key.parts["environment"])) + ":lock", b"stray")
@@ -161,9 +144,9 @@ def test_a_miss_under_a_lock_with_no_expiry_builds_without_waiting_lock_timeout(
 
 @needs_server
 @pytest.mark.redis
-def test_a_live_lock_is_still_waited_for(redis_server: LocalRedis, tiers: Callable[..., RemoteTier]) -> None:
+def test_a_live_lock_is_still_waited_for(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier]) -> None:
     """The counterpart: a lock within lock_ttl is another node's build, not stale."""
-    tier = tiers(redis_server.url, lock_ttl=5)
+    tier = make_tier(redis_server.url, lock_ttl=5)
     raw = redis_server.client()
     lock = tier.redis_key(KEY, ENV_ID) + ":lock"
     raw.set(lock, b"someone", px=4000)
@@ -278,9 +261,9 @@ OPERATIONS: dict[str, tuple[Callable[[RemoteTier, Entry], Any], Any]] = {
 
 @pytest.mark.parametrize("operation", list(OPERATIONS))
 def test_a_server_that_drips_its_reply_is_cut_off_at_the_deadline(
-    dripping: HostileServer, tiers: Callable[..., RemoteTier], entry: Entry, operation: str, caplog: pytest.LogCaptureFixture
+    dripping: HostileServer, make_tier: Callable[..., RemoteTier], entry: Entry, operation: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    tier = tiers(dripping.url, timeout=0.25)
+    tier = make_tier(dripping.url, timeout=0.25)
     run, failed = OPERATIONS[operation]
     finished, result, elapsed = call_in_thread(lambda: run(tier, entry), limit=5.0)
     assert finished, f"{operation} was still reading a dripped reply after {elapsed:.1f} s"
@@ -293,12 +276,12 @@ def test_a_server_that_drips_its_reply_is_cut_off_at_the_deadline(
     assert dripping.closed.wait(2.0), "the half-read connection was dropped, not kept for reuse"
 
 
-def test_a_reply_larger_than_any_value_is_cut_off_unread(tiers: Callable[..., RemoteTier]) -> None:
+def test_a_reply_larger_than_any_value_is_cut_off_unread(make_tier: Callable[..., RemoteTier]) -> None:
     """A hostile server that ignores the size check and streams a huge value as fast as it
     can: the lookup reads at most the cap (and framing), then drops the connection."""
     server = HostileServer(endless(b"\0" * MiB, first=b"$314572800\r\n"), pause=0)  # 300 MiB announced
     try:
-        tier = tiers(server.url, timeout=5)  # a cap of 16 MiB
+        tier = make_tier(server.url, timeout=5)  # a cap of 16 MiB
         finished, result, _ = call_in_thread(lambda: tier.get(KEY, ENV_ID), limit=20.0)
         assert finished and result is None, (finished, result)
         assert server.closed.wait(5.0)
@@ -308,12 +291,12 @@ def test_a_reply_larger_than_any_value_is_cut_off_unread(tiers: Callable[..., Re
         server.close()
 
 
-def test_a_reply_no_redis_sends_is_a_failure_never_an_exception(tiers: Callable[..., RemoteTier]) -> None:
+def test_a_reply_no_redis_sends_is_a_failure_never_an_exception(make_tier: Callable[..., RemoteTier]) -> None:
     """A list where a value or nothing is due: redis-py 8's own handshake raised
     AttributeError on it, out of the lookup."""
     server = HostileServer(endless(b"", first=b"*1\r\n$1\r\nx\r\n"), pause=0.05)
     try:
-        tier = tiers(server.url)
+        tier = make_tier(server.url)
         finished, result, _ = call_in_thread(lambda: tier.get(KEY, ENV_ID), limit=5.0)
         assert finished and result is None, result
         stats = tier.stats()
