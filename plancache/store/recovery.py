@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import StoreBusyError, StoreError
 from .entry import INSERT_SQL, Entry, problem
-from .files import harden, lock_file, open_nofollow
+from .files import check_trusted, harden, open_nofollow
 
 __all__ = ["Recovery", "is_damage", "is_locked", "is_undecodable", "lenient_text", "reads"]
 
@@ -201,9 +201,18 @@ class Recovery:
         the same damage, one moves the file and the others find the new store healthy.
         ``thorough`` re-checks with ``integrity_check`` instead of ``quick_check``.
         Returns ``{"moved_aside": path or None, "salvaged": n}``."""
+        from filelock import FileLock, Timeout  # only on damage
+
+        path = self.path.with_name(DB_NAME + ".repair.lock")
+        # A link, or a file another user owns or can write, is refused before filelock opens
+        # it (filelock 4 opens without following links; earlier releases follow them). Only
+        # who can write the directory could put one there between the two, and the store's
+        # opening refused a directory anyone else can write.
+        check_trusted(path, None)
+        lock = FileLock(str(path), mode=0o600)
         try:
-            lock, _ = lock_file(self.path.with_name(DB_NAME + ".repair.lock"), time.monotonic() + REPAIR_LOCK_TIMEOUT_S)
-        except TimeoutError as exc:
+            lock.acquire(timeout=REPAIR_LOCK_TIMEOUT_S)
+        except Timeout as exc:
             raise StoreBusyError(
                 f"another process kept repairing {self.path} for {REPAIR_LOCK_TIMEOUT_S:.0f} s", path=str(self.path)
             ) from exc
@@ -219,7 +228,7 @@ class Recovery:
             salvaged = self._salvage(aside)
             _drop_empty_sides(aside)
         finally:
-            os.close(lock)  # the lock goes with its descriptor; the file stays, as FileLock left it
+            lock.release()
         if salvaged:
             log.warning("plancache: copied %d intact entries from %s into the new store", salvaged, aside)
         return {"moved_aside": str(aside), "salvaged": salvaged}
