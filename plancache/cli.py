@@ -1135,7 +1135,7 @@ def inspect_plans(obj: _Context, keys: tuple[str, ...], env_id: str | None) -> N
 #: is never changed, and an older plancache reads it as before.
 SQL_VIEWS: dict[str, str] = {
     "entries": "SELECT key, env_id, label, json_extract(environment_json, '$.gpu_name') AS gpu, "
-               "json_extract(engine_json, '$.name') AS engine, policy, backend, blob_size, workspace_size, "
+               "json_extract(engine_json, '$.name') AS engine, policy, backend, length(blob) AS blob_size, workspace_size, "
                "build_seconds, autotune_seconds, hit_count, datetime(created_at, 'unixepoch') AS created, "
                "datetime(last_used_at, 'unixepoch') AS last_used FROM plans",
     "quarantined": "SELECT id, key, reason, datetime(quarantined_at, 'unixepoch') AS quarantined, length(blob) AS blob_size "

@@ -335,6 +335,8 @@ def test_sizes_come_from_the_blobs_not_the_stored_blob_size(make_cache: MakeCach
     conn.execute("UPDATE plans SET blob_size = 0")  # what eviction used to read, and the size total followed
     store = Store()
     assert store.total_size() == sum(lengths.values())
+    assert store.stats()["blob_bytes"] == sum(lengths.values())
+    assert {r["key"]: r["blob_size"] for r in maintenance.list_entries(store)} == lengths
     assert store.evict_to(lengths[keys[2]]) == 2  # the two least recently used, by their blobs' real sizes
     assert store.keys() == [keys[2]] and store.total_size() == lengths[keys[2]]
     store.close()

@@ -375,7 +375,7 @@ class Store(Schema, Recovery, Quarantine):
     def stats(self) -> dict[str, Any]:
         conn = self.connection()
         row = conn.execute(
-            "SELECT count(*) AS entries, coalesce(sum(blob_size), 0) AS blob_bytes, "
+            "SELECT count(*) AS entries, coalesce(sum(length(blob)), 0) AS blob_bytes, "
             "coalesce(sum(hit_count), 0) AS hits, count(DISTINCT env_id) AS environments, "
             "coalesce(sum(build_seconds), 0) AS build_seconds FROM plans"
         ).fetchone()
