@@ -20,6 +20,7 @@ import pytest
 
 import plancache
 from plancache.engines.native.record import OUT_OF_BOUNDS, Fallback, RecordError, parse, refusal
+from plancache.engines.tensors import span
 from plancache.key import TensorSpec
 from plancache.testing import CpuTestBackend
 
@@ -111,6 +112,16 @@ def test_a_replacement_inside_its_source_tensor_passes_the_gate() -> None:
     for path in RECORDED:
         blob, table, memory = recorded(path)
         assert refusal(parse(mutated(blob, table, replacement(lambda element: 0))), table, memory) is None, path.stem
+
+
+def test_a_layouts_span_is_what_its_last_element_reaches() -> None:
+    # The one formula behind every bound the gate and the allocations use.
+    assert span((2, 3), (3, 1)) == 6
+    assert span((2, 3), (1, 2)) == 6  # column-major
+    assert span((2, 3), (8, 1)) == 11  # padded rows: the padding after the last row is not reached
+    assert span((4, 5), (0, 1)) == 5  # broadcast along the first axis
+    assert span((), ()) == 1  # a scalar
+    assert span((4, 0, 3), (3, 3, 1)) == 0  # empty: nothing is reached
 
 
 def test_the_backends_own_workspace_beyond_the_device_is_refused_once_finalized(monkeypatch: pytest.MonkeyPatch) -> None:

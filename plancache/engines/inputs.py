@@ -22,7 +22,7 @@ from typing import Any
 
 from ..config import MemoryBudget, format_size
 from ..key import TensorSpec
-from .tensors import TORCH_DTYPES, storage_geometry
+from .tensors import TORCH_DTYPES, span, storage_geometry
 
 __all__ = ["DTYPE_BYTES", "OUTPUT_COPIES", "Fill", "InputPlan", "materialize", "plan_inputs", "timing_inputs"]
 
@@ -58,8 +58,7 @@ class Fill:
 
     @property
     def elements(self) -> int:
-        dims, strides = _layout(self.spec)
-        return 1 + sum((d - 1) * s for d, s in zip(dims, strides)) if dims else 1
+        return span(*_layout(self.spec))
 
 
 @dataclass
@@ -86,9 +85,7 @@ def _layout(spec: TensorSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _bytes(spec: TensorSpec) -> int:
-    dims, strides = _layout(spec)
-    elements = 1 + sum((d - 1) * s for d, s in zip(dims, strides)) if dims else 1
-    return elements * DTYPE_BYTES.get(spec.dtype or "", 4)
+    return span(*_layout(spec)) * DTYPE_BYTES.get(spec.dtype or "", 4)
 
 
 def plan_inputs(

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import TensorMismatchError
 from ..key import TensorSpec
 
-__all__ = ["DEFAULT_ALIGNMENT", "TORCH_DTYPES", "Expect", "checked_inputs", "storage_geometry", "tensor_problems"]
+__all__ = ["DEFAULT_ALIGNMENT", "TORCH_DTYPES", "Expect", "checked_inputs", "span", "storage_geometry", "tensor_problems"]
 
 #: cuDNN data type -> the torch dtypes a tensor of that type may have. Every data type the
 #: frontend defines is listed: one with no entry could be launched unchecked. FP8_E5M3 has
@@ -45,6 +45,12 @@ _PACKED = frozenset({"data_type.FP4_E2M1", "data_type.INT4"})
 #: graph API declares its tensors 16-byte aligned to cuDNN, and a plan built under that
 #: promise fails or misbehaves on a pointer 2 bytes off (seen on an H200).
 DEFAULT_ALIGNMENT = 16
+
+
+def span(dims: Sequence[int], strides: Sequence[int]) -> int:
+    """Elements from a strided layout's first element to its last, both included: what its
+    storage must hold (1 for a scalar, 0 when a dimension is 0). Non-negative strides."""
+    return 0 if 0 in dims else 1 + sum((d - 1) * s for d, s in zip(dims, strides))
 
 
 def storage_geometry(

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engines.inputs import DTYPE_BYTES
+from ..engines.tensors import span
 from ..key import TensorSpec
 
 __all__ = ["Behaviour", "evaluate", "fault", "scratch_bytes", "stage_outputs"]
@@ -214,7 +215,7 @@ def fault(description: Mapping[str, Any], specs: Sequence[TensorSpec], pack: Map
         if offsets is None or user is None:
             continue
         size = DTYPE_BYTES.get(user.dtype or "", 4) * int(tensor.get("ragged_offset_multiplier") or 1)
-        extent = 1 + sum((d - 1) * s for d, s in zip(user.dims, user.strides))
+        extent = span(user.dims, user.strides)
         if any(o * size % 16 for o in offsets):
             return f"misaligned address: ragged offsets of uid {user.uid} are not 16-byte aligned ({offsets[:4]}...)"
         if any(b < a for a, b in itertools.pairwise(offsets)) or min(offsets) < 0 or max(offsets) > extent:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engines.native import NativeError
-from ..engines.tensors import TORCH_DTYPES, storage_geometry
+from ..engines.tensors import TORCH_DTYPES, span, storage_geometry
 from ..key import TensorSpec, used_tensors
 from . import plans
 from .device import SimulatedCuda
@@ -51,7 +51,7 @@ def tensor_at(pointer: int, spec: TensorSpec) -> Any:
     dims, strides = geometry if geometry is not None else (tuple(spec.dims), tuple(spec.strides))
     if spec.is_pass_by_value or not dims:
         dims, strides = (1,), (1,)
-    extent = 1 + sum((d - 1) * s for d, s in zip(dims, strides)) if all(d > 0 for d in dims) else 0
+    extent = span(dims, strides)
     if extent == 0:
         return torch.empty(dims, dtype=dtype)
     size = extent * torch.empty((), dtype=dtype).element_size()

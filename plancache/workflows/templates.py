@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..engines.tensors import span
 from ..errors import ManifestError
 
 __all__ = ["LAYOUTS", "TEMPLATES", "Template", "TensorLayout", "allocate", "build", "reference"]
@@ -279,7 +280,7 @@ def allocate(name: str, device: str = "cuda", seed: int = 0, **params: Any) -> d
     generator = torch.Generator(device="cpu").manual_seed(seed)
     tensors = {}
     for t in layout(name, **params):
-        size = 1 + sum((d - 1) * s for d, s in zip(t.shape, t.stride))
+        size = span(t.shape, t.stride)
         if t.is_output:
             flat = torch.full((size,), float("nan"), dtype=dtype)
         else:

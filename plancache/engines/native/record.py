@@ -45,7 +45,7 @@ from ...formats.plan_graph import blob_fields
 from ...formats.ubjson import UbjsonError
 from ...key import TensorSpec
 from ..inputs import DTYPE_BYTES
-from ..tensors import storage_geometry
+from ..tensors import span, storage_geometry
 
 __all__ = ["BY_VALUE_TYPES", "MEMORY_CEILING", "OUT_OF_BOUNDS", "TESTED_VERSIONS", "ByValue", "Fallback", "Layout", "PlanRecord",
            "WorkspaceChange", "lowered_layouts", "parse", "refusal", "workspace_fits"]  # fmt: skip
@@ -342,8 +342,7 @@ def _extent(spec: TensorSpec) -> int | None:
     size, geometry = DTYPE_BYTES.get(spec.dtype or ""), storage_geometry(spec.dtype, tuple(spec.dims), tuple(spec.strides))
     if size is None or geometry is None or len(spec.dims) != len(spec.strides) or min((*spec.dims, *spec.strides), default=0) < 0:
         return None
-    dims, strides = geometry
-    return 0 if 0 in dims else size * (1 + sum((d - 1) * s for d, s in zip(dims, strides)))
+    return size * span(*geometry)
 
 
 def _memory_of(spec: TensorSpec) -> tuple[Any, ...]:
