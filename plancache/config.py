@@ -33,7 +33,7 @@ from .errors import PlanCacheError
 __all__ = ["ALLOW_SHARED_DIR", "APP", "AUTOTUNE_BUDGET", "AUTOTUNE_MEMORY", "AUTO_PRIME", "BACKEND", "CACHE_DIR", "MAX_SIZE", "MEMORY_PLANS",
            "PATCH_CUDNN", "RECORD", "REDIS_LOCK_TTL", "REDIS_MAX_STALL", "REDIS_MAX_VALUE", "REDIS_NAMESPACE", "REDIS_SECRET",
            "REDIS_SECRET_FILE", "REDIS_SETTINGS", "REDIS_TIMEOUT", "REDIS_TTL", "REDIS_URL", "SETTINGS", "ConfigError",
-           "MemoryBudget", "Refused", "Setting", "argument", "file_kind", "format_size", "instance_of", "number", "read_regular", "size",
+           "MemoryBudget", "Refused", "Setting", "argument", "file_kind", "format_size", "instance_of", "number", "open_regular", "read_regular", "size",
            "switch", "tag", "whole_number"]  # fmt: skip
 
 log = logging.getLogger("plancache")
@@ -324,23 +324,42 @@ def file_kind(mode: int) -> str:
     return "a special file"
 
 
+class _NotRegular(OSError):
+    """What ``open_regular`` raises for a file that is there but not a regular one."""
+
+
+def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o600, *,
+                 follow: bool = False) -> tuple[int, os.stat_result]:  # fmt: skip
+    """``os.open`` of a regular file, for every file plancache reads or writes beside its
+    store: the descriptor and its ``fstat``, so what the caller judges is the file it uses,
+    however the path changes meanwhile. ``O_NOFOLLOW`` (unless ``follow``): a link is
+    ``OSError`` (ELOOP), never opened through. ``O_NONBLOCK``: a FIFO with no writer does
+    not hang the open; it and any other kind of file is ``OSError`` (EINVAL) naming it."""
+    fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise _NotRegular(errno.EINVAL, f"is {file_kind(status.st_mode)}, not a regular file", os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, status
+
+
 def read_regular(path: str | os.PathLike[str], limit: int, *, follow: bool = False) -> tuple[bytes, int]:
     """The bytes and mode of the regular file at ``path``, for a file a user names beside the
     store (a secret, a bundle, a recording). ``Refused`` says why not: a symbolic link
     (unless ``follow``), a FIFO, a device, a directory, or more than ``limit`` bytes;
-    ``OSError`` when it cannot be opened. ``O_NONBLOCK``: opening a FIFO with no writer
-    returns at once instead of waiting; ``O_NOFOLLOW``: a link is refused, not read through;
-    what ``fstat`` judged is the file that is read, however the path changes meanwhile."""
+    ``OSError`` when it cannot be opened."""
     try:
-        fd = os.open(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, status = open_regular(path, os.O_RDONLY, follow=follow)
+    except _NotRegular as exc:
+        raise _Refused(str(exc.strerror)) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _Refused("is a symbolic link: plancache reads no file through a link here; name the file itself") from None
         raise
     try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise _Refused(f"is {file_kind(status.st_mode)}, not a regular file")
         with open(fd, "rb", closefd=False) as file:
             data = file.read(limit + 1) if status.st_size <= limit else None  # limit + 1: one that grew since fstat too
     finally:

@@ -22,9 +22,10 @@ import stat
 import time
 from pathlib import Path
 
+from ..config import open_regular
 from ..errors import CacheDirError
 
-__all__ = ["check_trusted", "harden", "lock_file", "open_nofollow"]
+__all__ = ["check_trusted", "harden", "lock_file"]
 
 _POLL_S = (0.005, 0.25)  # first and longest sleep between tries of a held file lock
 
@@ -86,16 +87,6 @@ def check_trusted(path: Path, group: str | None, *, follow: bool = False) -> os.
     )
 
 
-def open_nofollow(path: Path, flags: int, mode: int = 0o600) -> int:
-    """``os.open`` of a file beside the store that is never a link and never blocks (a
-    FIFO there would hang the open); a file that is not a regular one is ``OSError``."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    return fd
-
-
 def lock_file(path: Path, deadline: float) -> tuple[int, bool]:
     """Open (never through a link) and ``flock`` ``path`` before ``deadline`` (``time.monotonic``):
     ``(fd, waited)``; ``TimeoutError`` past it, ``CacheDirError`` for a file another user
@@ -104,9 +95,9 @@ def lock_file(path: Path, deadline: float) -> tuple[int, bool]:
     waited = False
     pause = _POLL_S[0]
     while True:
-        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
+        fd, status = open_regular(path, os.O_RDWR | os.O_CREAT)
         try:
-            why = _distrust(os.fstat(fd), None)
+            why = _distrust(status, None)
             if why is not None:
                 raise CacheDirError(f"plancache does not trust lock file {path}: {why}", path=str(path))
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..config import open_regular
 from ..errors import StoreBusyError, StoreError
 from .entry import INSERT_SQL, Entry, problem
-from .files import check_trusted, harden, open_nofollow
+from .files import check_trusted, harden
 
 __all__ = ["Recovery", "is_damage", "is_locked", "is_undecodable", "lenient_text", "reads"]
 
@@ -165,7 +166,7 @@ class Recovery:
 
     def _marker_reason(self) -> str | None:
         try:
-            fd = open_nofollow(self._marker, os.O_RDONLY)
+            fd, _ = open_regular(self._marker, os.O_RDONLY)
         except OSError:
             return None
         try:
@@ -187,7 +188,7 @@ class Recovery:
         if self.read_only or not is_damage(exc):
             return
         with contextlib.suppress(OSError):
-            fd = open_nofollow(self._marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            fd, _ = open_regular(self._marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
                 os.write(fd, f"{time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {exc}\n".encode())
             finally:
