@@ -276,6 +276,18 @@ def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
         obj.as_json = True
 
 
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: eager, so it runs before --json's own callback; whether JSON was asked
+    for is told from the words (``_Group.parse_args``), in either order."""
+    if not value or ctx.resilient_parsing:
+        return
+    from . import __version__
+
+    obj = ctx.find_object(_Context)
+    click.echo(json.dumps({"version": __version__}) if obj is not None and obj.as_json else f"plancache, version {__version__}")
+    ctx.exit()
+
+
 def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     obj = ctx.find_object(_Context)
     if value and obj is not None:
@@ -321,7 +333,14 @@ def _common(func: F) -> F:
 @click.option("--dir", "directory", metavar="PATH", help=_DIR_HELP)
 @click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 @click.option("--debug", is_flag=True, help=_DEBUG_HELP)
-@click.version_option(package_name="plancache")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_show_version,
+    help='Show the version and exit (as {"version": ...} with --json).',
+)
 @click.pass_context
 def cli(ctx: click.Context, directory: str | None, as_json: bool, debug: bool) -> None:
     """plancache: a persistent, autotuning plan cache for cuDNN Frontend graphs."""

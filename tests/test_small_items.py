@@ -1,5 +1,5 @@
 """The smaller things a new user met in the first hour (fourth pass): recording, prewarm
-from Python, `plancache sql`'s errors, names after `tune`, and `dir(plancache)`."""
+from Python, `plancache sql`'s errors, names after `tune`, `--version --json`, and `dir(plancache)`."""
 
 from __future__ import annotations
 
@@ -85,6 +85,14 @@ def test_sql_says_what_it_refused_in_its_own_words(tmp_path: Path) -> None:
     for statement, words in cases.items():
         line = one_line_error(command(*d, statement))
         assert words in line and "not authorized" not in line and "execute()" not in line, (statement, line)
+
+
+def test_version_is_json_with_json_in_either_order() -> None:
+    """--version printed click's text line even with --json, which a script then failed to parse."""
+    for args in (("--json", "--version"), ("--version", "--json")):
+        result = command(*args)
+        assert result.returncode == 0 and json.loads(result.stdout) == {"version": plancache.__version__}, args
+    assert command("--version").stdout == f"plancache, version {plancache.__version__}\n"
 
 
 def test_tune_keeps_the_tensor_names_show_lists(make_cache: Any) -> None:
