@@ -25,7 +25,7 @@ from ..formats.ubjson import decode as decode_ubjson
 from ..formats.ubjson import encode as encode_ubjson
 from ..key import TensorSpec, canonical_json, used_tensors
 
-__all__ = ["FORMAT", "decode", "encode", "graph_blob", "note_build", "payload", "payload_of", "representation"]
+__all__ = ["FORMAT", "decode", "encode", "graph_blob", "note_build", "payload", "payload_of"]
 
 #: The plan format the test backend writes: one the native path was tested on.
 FORMAT = "2.0"
@@ -41,18 +41,18 @@ def payload(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engin
     return found
 
 
-def representation(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
-                   behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> str:  # fmt: skip
+def _representation(description: Mapping[str, Any], tensors: Sequence[TensorSpec], lowered: Sequence[TensorSpec],
+                    engine: EngineChoice, *, behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> str:  # fmt: skip
     """What the simulated library finalizes (a real blob's ``cudnn_backend_data``): the
     ``payload``, ``workspace``, the plan's own workspace in bytes, as a finalized cuDNN
     plan reports it, and the table's tensors as cuDNN's JSON lists them (``operationGraph``),
     which the native gate holds against the table as it does a real plan's: those the
     graph's nodes use (``lowered``)."""
-    lowered = [{"name": str(spec.uid), "dataType": spec.dtype and "CUDNN_DATA_" + spec.dtype.removeprefix("data_type."),
-                "dim": list(spec.dims), "stride": list(spec.strides), "isVirtual": False, "isByValue": spec.is_pass_by_value}
-               for spec in _lowered(description, tensors)]  # fmt: skip
+    backend_tensors = [{"name": str(spec.uid), "dataType": spec.dtype and "CUDNN_DATA_" + spec.dtype.removeprefix("data_type."),
+                        "dim": list(spec.dims), "stride": list(spec.strides), "isVirtual": False,
+                        "isByValue": spec.is_pass_by_value} for spec in lowered]  # fmt: skip
     found = {**payload(description, tensors, engine, behaviour=behaviour), "workspace": int(workspace),
-             "operationGraph": {"tensors": lowered}}  # fmt: skip
+             "operationGraph": {"tensors": backend_tensors}}  # fmt: skip
     if unloadable:
         found["unloadable"] = True  # as a plan the library writes and cannot finalize
     return json.dumps(found, sort_keys=True)
@@ -62,8 +62,9 @@ def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine
            behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> bytes:  # fmt: skip
     """The blob: a frontend plan whose backend plan reads and writes every tensor of the table
     that the graph's nodes use."""
-    backend = representation(description, tensors, engine, behaviour=behaviour, unloadable=unloadable, workspace=workspace)
     lowered = _lowered(description, tensors)
+    backend = _representation(description, tensors, lowered, engine, behaviour=behaviour, unloadable=unloadable,
+                              workspace=workspace)  # fmt: skip
     return encode_ubjson({
         "json_version": FORMAT,
         "cudnn_backend_data": backend,
