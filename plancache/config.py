@@ -568,7 +568,8 @@ def _shared_group(value: object) -> str | None:
 
 ALLOW_SHARED_DIR: Setting[str | None] = Setting(
     "PLANCACHE_ALLOW_SHARED_DIR", "a group (its name) whose members may share the cache directory: its files may be owned "
-    "by any member and writable by the group, never by others", "only the user's own files", None, _shared_group,
+    "by any member and writable by the group, never by others; a directory of that group the group can write must be setgid, "
+    "and what plancache makes there is group-writable", "only the user's own files", None, _shared_group,
     arguments=("Store(allow_shared_dir=)",))  # fmt: skip
 REDIS_URL: Setting[str | None] = Setting(
     "PLANCACHE_REDIS_URL", "the Redis tier of a fleet ([docs/fleet.md](docs/fleet.md))", "no Redis tier", None, _redis_url,

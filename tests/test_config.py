@@ -126,7 +126,7 @@ def _store(directory: Any) -> Store:
 def _shared_store_opens(tmp: Path, allow: Any) -> bool:
     shared = tmp / "shared"
     shared.mkdir(exist_ok=True)
-    shared.chmod(0o770)  # its group's to write (the user's own group: GROUP)
+    shared.chmod(0o2770)  # its group's to write (the user's own group: GROUP), setgid as a shared one must be
     try:
         Store(shared, allow_shared_dir=allow).close()
     except CacheDirError:

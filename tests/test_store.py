@@ -102,7 +102,11 @@ def test_default_directory_is_plancache_dir(store: Store, cache_dir: Path) -> No
 
 def test_created_directory_is_0700_and_database_0600(tmp_path: Path) -> None:
     directory = tmp_path / "a" / "b" / "cache"
-    s = Store(directory)
+    umask = os.umask(0o022)  # the usual one, which would leave the files readable by all
+    try:
+        s = Store(directory)
+    finally:
+        os.umask(umask)
     try:
         s.put(make_entry())  # creates -wal and -shm
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
@@ -177,12 +181,16 @@ def test_shared_directory_is_refused(cache_dir: Path, monkeypatch: pytest.Monkey
     with pytest.raises(CacheDirError):
         Store()
     group = grp.getgrgid(cache_dir.stat().st_gid).gr_name  # the opt-in names the group that shares it
+    with pytest.raises(CacheDirError, match="it is not setgid"):
+        Store(allow_shared_dir=group)
+    cache_dir.chmod(0o2770)  # setgid: what each member creates there is the group's
     Store(allow_shared_dir=group).close()
     monkeypatch.setenv("PLANCACHE_ALLOW_SHARED_DIR", group)
     s = Store()
     s.put(make_entry())
     s.close()
-    cache_dir.chmod(0o777)  # writable by others: never shared
+    assert stat.S_IMODE((cache_dir / DB_NAME).stat().st_mode) == 0o660  # the group's, as the directory is
+    cache_dir.chmod(0o2777)  # writable by others: never shared
     with pytest.raises(CacheDirError, match="writable by other users"):
         Store()
     monkeypatch.setenv("PLANCACHE_ALLOW_SHARED_DIR", "1")  # a switch names no group

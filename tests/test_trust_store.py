@@ -125,8 +125,8 @@ def _as_user(user: str, run: Callable[[], T]) -> T:
     return value  # type: ignore[no-any-return]
 
 
-def _lookup(directory: Path, **env: str) -> dict[str, Any]:
-    """One lookup of SPEC in ``directory``: where the plan came from, whether a store was
+def _lookup(directory: Path, spec: Any = SPEC, **env: str) -> dict[str, Any]:
+    """One lookup of ``spec`` in ``directory``: where the plan came from, whether a store was
     used, and the warnings said."""
     said: list[str] = []
     handler = logging.Handler(logging.WARNING)
@@ -138,7 +138,7 @@ def _lookup(directory: Path, **env: str) -> dict[str, Any]:
     try:
         cache = PlanCache(directory, backend=CpuTestBackend(), auto_prime=False)
         try:
-            plan = cache.get(SPEC.graph())
+            plan = cache.get(spec.graph())
             return {"source": plan.source, "stored": cache.store is not None, "warnings": said}
         finally:
             cache.close()
@@ -227,7 +227,7 @@ def test_a_shared_directory_serves_the_members_of_the_group_it_names_and_no_one_
     _filled(shared)
     team = grp.getgrnam(TEAM).gr_gid
     _give(shared, users[MALLORY], team)
-    shared.chmod(0o770)
+    shared.chmod(0o2770)
     (shared / DB_NAME).chmod(0o660)
     served = _as_user(VICTIM, lambda: _lookup(shared, PLANCACHE_ALLOW_SHARED_DIR=TEAM))
     assert served["source"] == "loaded" and served["stored"], served
@@ -235,6 +235,48 @@ def test_a_shared_directory_serves_the_members_of_the_group_it_names_and_no_one_
     _refused(_as_user(VICTIM, lambda: _lookup(shared, PLANCACHE_ALLOW_SHARED_DIR=VICTIM)), f"or a member of group {VICTIM}")
     (shared / DB_NAME).chmod(0o666)
     _refused(_as_user(VICTIM, lambda: _lookup(shared, PLANCACHE_ALLOW_SHARED_DIR=TEAM)), "writable by other users")
+
+
+def test_members_sharing_a_directory_each_store_plans_the_others_are_served(
+    users: dict[str, pwd.struct_passwd], public_tmp: Path
+) -> None:
+    """What one member of the group made there was that member's alone (0600 under a 077
+    umask): the next member could not open the store, nor take a build lock."""
+    shared = public_tmp / "team"
+    shared.mkdir()
+    team = grp.getgrnam(TEAM).gr_gid
+    os.chown(shared, users[MALLORY].pw_uid, team)
+    shared.chmod(0o2770)  # setgid: what each member creates is the group's
+    other = ConvBiasRelu(n=2)
+    steps = [(MALLORY, SPEC, "built"), (VICTIM, SPEC, "loaded"), (VICTIM, other, "built"), (MALLORY, other, "loaded")]
+    for user, spec, source in steps:
+        result = _as_user(user, lambda spec=spec: _lookup(shared, spec, PLANCACHE_ALLOW_SHARED_DIR=TEAM))
+        assert (result["source"], result["stored"], result["warnings"]) == (source, True, []), (user, result)
+    made = sorted(shared.rglob("*"))  # the build locks are gone with their builds; a warning above said if one failed
+    assert {shared / DB_NAME, shared / "locks"} <= set(made), made
+    for path in made:
+        st = path.lstat()
+        assert st.st_gid == team and stat.S_IMODE(st.st_mode) & 0o070 in (0o060, 0o070) and not st.st_mode & 0o007, (
+            path, stat.filemode(st.st_mode))  # fmt: skip
+
+
+def test_a_group_writable_shared_directory_that_is_not_setgid_is_refused_saying_so(
+    users: dict[str, pwd.struct_passwd], public_tmp: Path
+) -> None:
+    shared = public_tmp / "team"
+    shared.mkdir()
+    os.chown(shared, users[VICTIM].pw_uid, grp.getgrnam(TEAM).gr_gid)
+    shared.chmod(0o770)
+    _refused(_as_user(VICTIM, lambda: _lookup(shared, PLANCACHE_ALLOW_SHARED_DIR=TEAM)), f"run chmod g+s {shared}")
+    assert list(shared.iterdir()) == []
+
+
+def test_naming_a_group_leaves_a_users_own_directory_private(users: dict[str, pwd.struct_passwd], cache_dir: Path) -> None:
+    # A fleet may set the opt-in for every user: their own directories stay theirs alone.
+    result = _lookup(cache_dir, PLANCACHE_ALLOW_SHARED_DIR=TEAM)
+    assert (result["source"], result["stored"], result["warnings"]) == ("built", True, []), result
+    assert {p.name: stat.S_IMODE(p.lstat().st_mode) for p in [cache_dir / DB_NAME, cache_dir / "locks"]} == {
+        DB_NAME: 0o600, "locks": 0o700}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- links

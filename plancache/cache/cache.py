@@ -177,6 +177,7 @@ class PlanCache:
         self.builder_plans: weakref.WeakSet[LRU[Any, Plan]] = weakref.WeakSet()  # of each @builder
         self.remote = remote if remote is not None else _remote_from_env()
         self.flight = SingleFlight(_lock_directory(self.local), timeout=lock_timeout, remote=self.remote, warn=self._warn_once,
+                                   modes=self.local.modes,
                                    count=self.counters.count)  # fmt: skip
         self.lock_timeout = lock_timeout
         self.persist_kernel_cache = persist_kernel_cache

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LockTimeoutError
-from ..store.files import check_trusted, lock_file
+from ..store.files import PRIVATE, Modes, check_trusted, create_directory, lock_file
 
 log = logging.getLogger("plancache")
 
@@ -79,14 +79,15 @@ class SingleFlight:
     """Per-key mutual exclusion across threads, processes and (with ``remote``) machines.
 
     ``lock_dir``: where the file locks live (None: this process only, e.g. a read-only or
-    unopenable store). ``remote``: an object with ``lock(key, env_id, wait)`` yielding
+    unopenable store), made with the store's ``modes`` (a shared store's are its group's). ``remote``: an object with ``lock(key, env_id, wait)`` yielding
     True when this machine should build (the Redis tier). ``warn(topic, message, *args)``
     logs once per topic.
     """
 
-    def __init__(self, lock_dir: Path | None, *, timeout: float, remote: Any = None, warn: Callable[..., None] | None = None,
-                 count: Callable[[str], None] | None = None) -> None:  # fmt: skip
+    def __init__(self, lock_dir: Path | None, *, timeout: float, modes: Modes = PRIVATE, remote: Any = None,
+                 warn: Callable[..., None] | None = None, count: Callable[[str], None] | None = None) -> None:  # fmt: skip
         self.lock_dir = lock_dir
+        self.modes = modes
         self._count = count or (lambda name: None)
         self.timeout = lock_timeout_of(timeout)
         # Build locks this process holds, by descriptor: a forked child closes its copies
@@ -123,10 +124,10 @@ class SingleFlight:
             return
         path = self.lock_dir / f"{key[:32]}.lock"
         try:
-            self.lock_dir.mkdir(mode=0o700, exist_ok=True)
-            check_trusted(self.lock_dir, None)  # a link, or a folder others can write: no lock there (OSError)
+            create_directory(self.lock_dir, self.modes)
+            check_trusted(self.lock_dir, self.modes.group)  # a link, or a folder others can write: no lock there (OSError)
             try:
-                fd, waited = lock_file(path, time.monotonic())  # one try: is another process building it?
+                fd, waited = lock_file(path, time.monotonic(), self.modes)  # one try: is another process building it?
             except TimeoutError:
                 self._count("waits")
                 log.info(
@@ -136,7 +137,7 @@ class SingleFlight:
                     label,
                     path,
                 )
-                fd, waited = lock_file(path, started + self.timeout)
+                fd, waited = lock_file(path, started + self.timeout, self.modes)
                 waited = True
         except TimeoutError as exc:
             raise LockTimeoutError(

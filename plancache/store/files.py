@@ -8,6 +8,10 @@ the store must be owned by the effective user (root included: root's store must 
 and writable by no one else. A shared cache names its group (``PLANCACHE_ALLOW_SHARED_DIR``):
 its files may then be owned by any member of that group and be group-writable, never
 writable by others.
+
+What plancache creates there is the user's alone (0600, 0700), or in a directory shared
+with the named group the group's too (0660, 0770): such a directory must be setgid, so that
+what each member creates in it is the group's, as the others' checks require.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ import sqlite3
 import stat
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from ..config import open_regular
 from ..errors import CacheDirError
 
-__all__ = ["check_trusted", "harden", "lock_file"]
+__all__ = ["PRIVATE", "SHARED", "Modes", "check_trusted", "create_directory", "create_file", "harden", "lock_file", "modes_of"]
 
 _POLL_S = (0.005, 0.25)  # first and longest sleep between tries of a held file lock
 
@@ -87,17 +92,81 @@ def check_trusted(path: Path, group: str | None, *, follow: bool = False) -> os.
     )
 
 
-def lock_file(path: Path, deadline: float) -> tuple[int, bool]:
-    """Open (never through a link) and ``flock`` ``path`` before ``deadline`` (``time.monotonic``):
-    ``(fd, waited)``; ``TimeoutError`` past it, ``CacheDirError`` for a file another user
-    owns or can write. The lock holds only while ``path`` still names the locked file: a
-    holder may remove it when done, and a waiter then retries on the current one."""
+class Modes(NamedTuple):
+    """The modes of what plancache creates in a cache directory, and who else may write there."""
+
+    file: int
+    directory: int
+    group: str | None  # the group whose members' files are trusted (PLANCACHE_ALLOW_SHARED_DIR), or None
+
+
+PRIVATE = Modes(0o600, 0o700, None)
+#: In a directory shared with ``group``; setgid, as its own must be: what is created there is the group's.
+SHARED = Modes(0o660, 0o2770, None)
+
+
+def modes_of(directory: Path, group: str | None) -> Modes:
+    """How files are made in ``directory`` (a trusted one): private, unless ``group`` is
+    named and the directory is that group's and writable by it, when it must be setgid
+    (``CacheDirError`` otherwise: each member's files would be that member's own group's,
+    and refused by the others)."""
+    if group is None:
+        return PRIVATE
+    st = os.stat(directory)
+    if st.st_gid != _group_id(group) or not st.st_mode & stat.S_IWGRP:  # the user's own directory
+        return PRIVATE._replace(group=group)
+    if not st.st_mode & stat.S_ISGID:
+        raise CacheDirError(
+            f"plancache cannot share {directory} with group {group}: it is not setgid, so what each member creates there "
+            f"would belong to that member's own group, which the others do not trust; run chmod g+s {directory}",
+            path=str(directory),
+        )
+    return SHARED._replace(group=group)
+
+
+def create_file(path: Path, modes: Modes) -> None:
+    """Create the empty file ``path`` with ``modes.file`` if there is none; never through a
+    link. SQLite gives a database's ``-wal`` and ``-shm`` the database file's mode, so
+    creating ``plans.db`` first makes all three so."""
+    try:
+        fd, _ = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, modes.file)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, modes.file)  # exactly: the process's umask would take a shared store's group write away
+    finally:
+        os.close(fd)
+
+
+def create_directory(path: Path, modes: Modes) -> None:
+    """Create the directory ``path`` with ``modes.directory`` if there is none."""
+    try:
+        path.mkdir(mode=modes.directory)
+    except FileExistsError:
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, modes.directory)  # mkdir's mode loses the group's write to the umask
+    finally:
+        os.close(fd)
+
+
+def lock_file(path: Path, deadline: float, modes: Modes = PRIVATE) -> tuple[int, bool]:
+    """Open (never through a link) and ``flock`` ``path`` before ``deadline`` (``time.monotonic``),
+    creating it with ``modes.file``: ``(fd, waited)``; ``TimeoutError`` past it,
+    ``CacheDirError`` for a file another user owns or can write (beyond ``modes.group``).
+    The lock holds only while ``path`` still names the locked file: a holder may remove it
+    when done, and a waiter then retries on the current one."""
     waited = False
     pause = _POLL_S[0]
     while True:
-        fd, status = open_regular(path, os.O_RDWR | os.O_CREAT)
+        create_file(path, modes)
         try:
-            why = _distrust(status, None)
+            fd, status = open_regular(path, os.O_RDWR)
+        except FileNotFoundError:  # its holder removed it between the two: make it again
+            continue
+        try:
+            why = _distrust(status, modes.group)
             if why is not None:
                 raise CacheDirError(f"plancache does not trust lock file {path}: {why}", path=str(path))
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..config import open_regular
 from ..errors import StoreBusyError, StoreError
 from .entry import INSERT_SQL, Entry, problem
-from .files import check_trusted, harden
+from .files import Modes, check_trusted, create_file, harden
 
 __all__ = ["Recovery", "is_damage", "is_locked", "is_undecodable", "lenient_text", "reads"]
 
@@ -119,6 +119,8 @@ class Recovery:
 
     path: Path
     read_only: bool
+    modes: Modes
+    _group: str | None
 
     if TYPE_CHECKING:  # provided by Store; declared for type checkers only (no stub may
         # shadow the real method in Store's method resolution order).
@@ -188,7 +190,8 @@ class Recovery:
         if self.read_only or not is_damage(exc):
             return
         with contextlib.suppress(OSError):
-            fd, _ = open_regular(self._marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            create_file(self._marker, self.modes)
+            fd, _ = open_regular(self._marker, os.O_WRONLY | os.O_TRUNC)
             try:
                 os.write(fd, f"{time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {exc}\n".encode())
             finally:
@@ -209,8 +212,9 @@ class Recovery:
         # it (filelock 4 opens without following links; earlier releases follow them). Only
         # who can write the directory could put one there between the two, and the store's
         # opening refused a directory anyone else can write.
-        check_trusted(path, None)
-        lock = FileLock(str(path), mode=0o600)
+        check_trusted(path, self._group)
+        create_file(path, self.modes)  # group-writable in a shared directory, which filelock's umask-bound mode is not
+        lock = FileLock(str(path), mode=self.modes.file)
         try:
             lock.acquire(timeout=REPAIR_LOCK_TIMEOUT_S)
         except Timeout as exc:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import CACHE_DIR
 from ..errors import CacheDirError, SchemaTooNewError, StoreBusyError, StoreError
-from .files import check_trusted
+from .files import Modes, check_trusted, modes_of
 from .recovery import DB_NAME, is_damage, is_locked
 
 __all__ = ["BUSY_TIMEOUT_MS", "Schema", "check_private", "default_cache_dir", "migrations"]
@@ -125,6 +125,7 @@ class Schema:
     read_only: bool
     damage: str | None
     _group: str | None  # the shared group that may own and write the files (PLANCACHE_ALLOW_SHARED_DIR)
+    modes: Modes  # how the files plancache makes in the directory are made: private, or the shared group's
     _directory_writable: bool
     _file_writable: bool
 
@@ -147,6 +148,7 @@ class Schema:
         check_private(directory, group)
         for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):  # a -wal or -shm not made yet is no risk
             check_trusted(directory / name, group)
+        self.modes = modes_of(directory, group)
         self._directory_writable = os.access(directory, os.W_OK)
         writable = self._directory_writable and (not self.path.exists() or os.access(self.path, os.W_OK))
         self._file_writable = writable

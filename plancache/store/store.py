@@ -30,7 +30,7 @@ from ..config import ALLOW_SHARED_DIR, CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, StoreBusyError, StoreError
 from . import bookkeeping
 from .entry import INSERT_SQL, Entry, sha256
-from .files import check_trusted, harden
+from .files import check_trusted, create_file, harden
 from .quarantine import Quarantine
 from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text, reads
 from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir
@@ -121,7 +121,8 @@ def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
 class Store(Schema, Recovery, Quarantine):
     """The SQLite database of one cache directory.
 
-    ``Store(directory)`` creates the directory (mode 0700) and database (0600) if needed,
+    ``Store(directory)`` creates the directory (mode 0700) and database (0600; 0660 in a
+    directory shared with the ``allow_shared_dir`` group) if needed,
     applies pending migrations and moves an unreadable database file aside. A directory
     that cannot be written opens read-only: lookups work, writes raise ``StoreError``.
     A directory or file that another user owns or can write, a link in place of a file, or
@@ -178,8 +179,11 @@ class Store(Schema, Recovery, Quarantine):
         # and after the open: a link, a file not the user's, or another file than the one checked
         # is refused (only someone who can write the directory could swap it, and the check at
         # open refuses a directory anyone else can write).
+        writing = not (self.read_only and not self._file_writable)
+        if writing:
+            create_file(self.path, self.modes)  # SQLite gives its -wal and -shm the same mode
         before = check_trusted(self.path, self._group)
-        if self.read_only and not self._file_writable:
+        if not writing:
             # mode=ro still reads the -wal, so it sees what live writers have committed (a
             # fresh store keeps even its schema there until a checkpoint). Only a directory we
             # cannot write (a baked cache), where no -shm can be created, needs immutable=1,
@@ -189,12 +193,8 @@ class Store(Schema, Recovery, Quarantine):
                 uri += "&immutable=1"
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, factory=_Connection)
         else:
-            old_umask = os.umask(0o077)  # database, -wal and -shm private to the user
-            try:
-                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000,
-                                       factory=_Connection)  # fmt: skip
-            finally:
-                os.umask(old_umask)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000,
+                                   factory=_Connection)  # fmt: skip
         _OPENED.add(conn)
         try:
             after = check_trusted(self.path, self._group)

@@ -20,6 +20,7 @@ from typing import Any
 from ..config import CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreError
 from ..store import Entry, Store, bookkeeping, default_cache_dir
+from ..store.files import PRIVATE, Modes
 
 __all__ = ["HIT_FLUSH_SECONDS", "LocalTier"]
 
@@ -94,6 +95,11 @@ class LocalTier:
     @property
     def read_only(self) -> bool:
         return self.store is None or self.store.read_only
+
+    @property
+    def modes(self) -> Modes:
+        """How files beside the store are made (the build locks): the store's, or private without one."""
+        return self.store.modes if self.store is not None else PRIVATE
 
     # ------------------------------------------------------------------ reads
 
