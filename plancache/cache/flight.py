@@ -79,9 +79,9 @@ class SingleFlight:
     """Per-key mutual exclusion across threads, processes and (with ``remote``) machines.
 
     ``lock_dir``: where the file locks live (None: this process only, e.g. a read-only or
-    unopenable store), made with the store's ``modes`` (a shared store's are its group's). ``remote``: an object with ``lock(key, env_id, wait)`` yielding
-    True when this machine should build (the Redis tier). ``warn(topic, message, *args)``
-    logs once per topic.
+    unopenable store), made with the store's ``modes`` (a shared store's are its group's).
+    ``remote``: an object with ``lock(key, env_id, wait)`` yielding True when this machine
+    should build (the Redis tier). ``warn(topic, message, *args)`` logs once per topic.
     """
 
     def __init__(self, lock_dir: Path | None, *, timeout: float, modes: Modes = PRIVATE, remote: Any = None,

@@ -10,7 +10,7 @@ its files may then be owned by any member of that group and be group-writable, n
 writable by others.
 
 What plancache creates there is the user's alone (0600, 0700), or in a directory shared
-with the named group the group's too (0660, 0770): such a directory must be setgid, so that
+with the named group the group's too (0660, 2770): such a directory must be setgid, so that
 what each member creates in it is the group's, as the others' checks require.
 """
 
@@ -105,15 +105,14 @@ PRIVATE = Modes(0o600, 0o700, None)
 SHARED = Modes(0o660, 0o2770, None)
 
 
-def modes_of(directory: Path, group: str | None) -> Modes:
-    """How files are made in ``directory`` (a trusted one): private, unless ``group`` is
-    named and the directory is that group's and writable by it, when it must be setgid
-    (``CacheDirError`` otherwise: each member's files would be that member's own group's,
-    and refused by the others)."""
+def modes_of(directory: Path, st: os.stat_result | None, group: str | None) -> Modes:
+    """How files are made in ``directory`` (a trusted one, of status ``st``): private, unless
+    ``group`` is named and the directory is that group's and writable by it, when it must be
+    setgid (``CacheDirError`` otherwise: each member's files would be that member's own
+    group's, and refused by the others)."""
     if group is None:
         return PRIVATE
-    st = os.stat(directory)
-    if st.st_gid != _group_id(group) or not st.st_mode & stat.S_IWGRP:  # the user's own directory
+    if st is None or st.st_gid != _group_id(group) or not st.st_mode & stat.S_IWGRP:  # the user's own directory
         return PRIVATE._replace(group=group)
     if not st.st_mode & stat.S_ISGID:
         raise CacheDirError(

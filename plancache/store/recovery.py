@@ -120,7 +120,6 @@ class Recovery:
     path: Path
     read_only: bool
     modes: Modes
-    _group: str | None
 
     if TYPE_CHECKING:  # provided by Store; declared for type checkers only (no stub may
         # shadow the real method in Store's method resolution order).
@@ -212,7 +211,7 @@ class Recovery:
         # it (filelock 4 opens without following links; earlier releases follow them). Only
         # who can write the directory could put one there between the two, and the store's
         # opening refused a directory anyone else can write.
-        check_trusted(path, self._group)
+        check_trusted(path, self.modes.group)
         create_file(path, self.modes)  # group-writable in a shared directory, which filelock's umask-bound mode is not
         lock = FileLock(str(path), mode=self.modes.file)
         try:

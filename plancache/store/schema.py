@@ -72,12 +72,13 @@ def _statements(script: str) -> Iterator[str]:
         raise StoreError(f"incomplete SQL statement in migration: {buffer.strip()[:80]!r}", path=None)
 
 
-def check_private(directory: Path, group: str | None) -> None:
+def check_private(directory: Path, group: str | None) -> os.stat_result | None:
     """Refuse a cache directory that anyone but its owner (or, with ``group``, that shared
-    group's members) could have written: its blobs carry native code."""
+    group's members) could have written: its blobs carry native code. Its status when
+    trusted (None: it went away meanwhile)."""
     if not directory.is_dir():
         raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
-    check_trusted(directory, group, follow=True)
+    return check_trusted(directory, group, follow=True)
 
 
 #: Tables SQLite makes itself (AUTOINCREMENT's counters, ANALYZE's statistics): never run, never foreign.
@@ -124,8 +125,7 @@ class Schema:
     path: Path
     read_only: bool
     damage: str | None
-    _group: str | None  # the shared group that may own and write the files (PLANCACHE_ALLOW_SHARED_DIR)
-    modes: Modes  # how the files plancache makes in the directory are made: private, or the shared group's
+    modes: Modes  # how plancache makes files in the directory, and the shared group whose members' files it trusts
     _directory_writable: bool
     _file_writable: bool
 
@@ -145,10 +145,10 @@ class Schema:
                 raise CacheDirError(
                     f"cannot create cache directory {directory}: {exc.strerror or exc}", path=str(directory)
                 ) from exc
-        check_private(directory, group)
+        status = check_private(directory, group)
         for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):  # a -wal or -shm not made yet is no risk
             check_trusted(directory / name, group)
-        self.modes = modes_of(directory, group)
+        self.modes = modes_of(directory, status, group)
         self._directory_writable = os.access(directory, os.W_OK)
         writable = self._directory_writable and (not self.path.exists() or os.access(self.path, os.W_OK))
         self._file_writable = writable

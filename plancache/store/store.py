@@ -145,12 +145,12 @@ class Store(Schema, Recovery, Quarantine):
     ) -> None:
         self.directory = CACHE_DIR.of(directory, "directory") or default_cache_dir()
         self.path = self.directory / DB_NAME
-        self._group = ALLOW_SHARED_DIR.given_or_env(allow_shared_dir, "allow_shared_dir")
+        group = ALLOW_SHARED_DIR.given_or_env(allow_shared_dir, "allow_shared_dir")
         self._local = threading.local()
         self._closed = False
         #: What is wrong with the file, found at open and left there (``repair=False``); None when sound.
         self.damage: str | None = None
-        self._prepare_directory(read_only, self._group)
+        self._prepare_directory(read_only, group)
         try:
             self._open_and_migrate(repair)
         except BaseException:
@@ -182,7 +182,7 @@ class Store(Schema, Recovery, Quarantine):
         writing = not (self.read_only and not self._file_writable)
         if writing:
             create_file(self.path, self.modes)  # SQLite gives its -wal and -shm the same mode
-        before = check_trusted(self.path, self._group)
+        before = check_trusted(self.path, self.modes.group)
         if not writing:
             # mode=ro still reads the -wal, so it sees what live writers have committed (a
             # fresh store keeps even its schema there until a checkpoint). Only a directory we
@@ -197,7 +197,7 @@ class Store(Schema, Recovery, Quarantine):
                                    factory=_Connection)  # fmt: skip
         _OPENED.add(conn)
         try:
-            after = check_trusted(self.path, self._group)
+            after = check_trusted(self.path, self.modes.group)
             if before is not None and after is not None and (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino):
                 raise CacheDirError(
                     f"plancache does not trust {self.path}: it was replaced while being opened", path=str(self.path)
