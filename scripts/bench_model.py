@@ -11,6 +11,9 @@ block, batch 8, bf16) runs in a fresh process per mode, in this order:
   plancache-cold     through plancache on an empty cache directory: autotunes and stores
   plancache-warm     the same program on the filled directory, auto-prime off (PLANCACHE_AUTO_PRIME=0)
   plancache-primed   the same program and directory, auto-prime on (PLANCACHE_AUTO_PRIME=1)
+  plancache-primed-device-first
+                     the same, in a program whose first CUDA work comes before its weights
+                     (``torch.cuda.set_device`` and a first tensor, as a launcher's rank set-up does)
 
 Every process runs the same program: imports (and opens the cache), loads a checkpoint
 (the model's weights plus a ``--checkpoint-mb`` MiB stand-in for a real model's other
@@ -51,9 +54,13 @@ import benchlib
 
 EXAMPLE_PATH = REPO / "examples" / "resnet_attention.py"
 
-MODES = ["eager", "compile-cold", "compile-warm", "plancache-nocache", "plancache-cold", "plancache-warm", "plancache-primed"]
+MODES = ["eager", "compile-cold", "compile-warm", "plancache-nocache", "plancache-cold", "plancache-warm", "plancache-primed",
+         "plancache-primed-device-first"]  # fmt: skip
+PRIMED_MODES = ("plancache-primed", "plancache-primed-device-first")  # auto-prime at its default (on)
+MODE_WIDTH = max(map(len, MODES))  # the table's first column
 # A warm mode measures nothing without the cold run that fills its cache before it.
-PREREQUISITES = {"compile-warm": "compile-cold", "plancache-warm": "plancache-cold", "plancache-primed": "plancache-cold"}
+PREREQUISITES = {"compile-warm": "compile-cold", "plancache-warm": "plancache-cold", "plancache-primed": "plancache-cold",
+                 "plancache-primed-device-first": "plancache-cold"}  # fmt: skip
 COLD_MODES = ("compile-cold", "plancache-cold")  # run once: a second run would find the cache filled
 APP = "bench_model"  # PLANCACHE_APP of every plancache mode: the primed run primes from what the earlier runs used
 STAND_IN = "embedding"  # the checkpoint's stand-in for a real model's other weights
@@ -121,7 +128,7 @@ def runs_of(mode: str, repeats: int) -> int:
 
 def mode_dir(mode: str, root: Path) -> Path | None:
     """The plan cache directory of a plancache mode (shared by cold, warm and primed)."""
-    return root / "plancache" if mode in ("plancache-cold", "plancache-warm", "plancache-primed") else None
+    return root / "plancache" if mode in ("plancache-cold", "plancache-warm", *PRIMED_MODES) else None
 
 
 def child_env(mode: str, root: Path, base: Mapping[str, str]) -> dict[str, str]:
@@ -138,7 +145,7 @@ def child_env(mode: str, root: Path, base: Mapping[str, str]) -> dict[str, str]:
         env["TRITON_CACHE_DIR"] = str(root / "compile" / "triton")
     if mode.startswith("plancache-"):
         env["PLANCACHE_APP"] = APP
-        if mode != "plancache-primed":  # primed: auto-prime at its default (on)
+        if mode not in PRIMED_MODES:
             env["PLANCACHE_AUTO_PRIME"] = "0"
     return env
 
@@ -180,6 +187,9 @@ def aggregate(mode: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         found = [r[key] for r in runs if r.get(key) is not None]
         if found:
             row[key] = found[-1]
+    primed = [r["primer"] for r in runs if r.get("primer")]
+    if primed:
+        row["primer_done_before_weights"] = [sum(p.get("done_when_weights_loaded") is True for p in primed), len(primed)]
     return row
 
 
@@ -213,7 +223,8 @@ NOTES = [
     "plancache-nocache: the same cuDNN graphs with heuristic builds and no cache (what a program does without plancache)",
     "plancache-cold: plancache on an empty cache directory (autotunes, stores); -warm: the same program on the filled "
     "directory with PLANCACHE_AUTO_PRIME=0; -primed: the same with PLANCACHE_AUTO_PRIME=1, which loads the plans "
-    "of the application's last run on a background thread while the program loads its weights",
+    "of the application's last run on a background thread while the program loads its weights; -primed-device-first: "
+    "the same in a program whose first CUDA work (torch.cuda.set_device, a first tensor) comes before its weights",
     "every process loads the same checkpoint (torch.load, every tensor to the GPU) between its imports and its first step; "
     "the parent wrote it just before, so it is read from the OS page cache",
     "first output after weights: from the weights on the GPU to the first output (input, plans or compile, first step); "
@@ -234,18 +245,18 @@ def format_table(rows: list[dict[str, Any]], header: Mapping[str, Any]) -> str:
         f"{header.get('date')}, {header.get('gpu')}, torch {header.get('torch')}, cuDNN {header.get('cudnn')}, "
         f"cuDNN frontend {header.get('cudnn_frontend')}, checkpoint {header.get('checkpoint_mb')} MiB, "
         f"repeats {header.get('repeats')} (in rounds), CPUs {_cpus(header.get('cpus'))}",
-        f"{'mode':18} {'first output after weights ms':>30} {'first output from start s':>26} {'step ms':>9} "
+        f"{'mode':{MODE_WIDTH}} {'first output after weights ms':>30} {'first output from start s':>26} {'step ms':>9} "
         f"{'captured step ms':>17} {'process s':>10} {'rel err':>9}",
     ]
     for r in rows:
         if r.get("skipped") and not r.get("error"):
-            lines.append(f"{r['mode']:18} {r['skipped']}")
+            lines.append(f"{r['mode']:{MODE_WIDTH}} {r['skipped']}")
             continue
         if r.get("error") and r.get("first_output_s") is None:
-            lines.append(f"{r['mode']:18} failed: {str(r['error']).splitlines()[0][:200]}")
+            lines.append(f"{r['mode']:{MODE_WIDTH}} failed: {str(r['error']).splitlines()[0][:200]}")
             continue
         lines.append(
-            f"{r['mode']:18} {_cell(r.get('first_output_after_weights_s'), 30, '.1f', 1e3)} "
+            f"{r['mode']:{MODE_WIDTH}} {_cell(r.get('first_output_after_weights_s'), 30, '.1f', 1e3)} "
             f"{_cell(r.get('first_output_s'), 26, '.3f')} {_cell(r.get('step_ms'), 9, '.3f')} "
             f"{_cell(r.get('captured_step_ms'), 17, '.3f')} {_cell(r.get('process_s'), 10, '.2f')} "
             f"{_cell(_worst(r), 9, '.1e')}"
@@ -256,13 +267,16 @@ def format_table(rows: list[dict[str, Any]], header: Mapping[str, Any]) -> str:
             notes.append(f"captured step n/a for {r['mode']}: {str(r['capture_error']).splitlines()[0][:300]}")
         if r.get("error") and r.get("first_output_s") is not None:
             notes.append(f"{r['mode']} failed after its step timings: {str(r['error']).splitlines()[0][:300]}")
-        if r.get("input_s") is not None and r["mode"] in ("eager", "plancache-warm", "plancache-primed"):
+        if r.get("input_s") is not None and r["mode"] in ("eager", "plancache-warm", *PRIMED_MODES):
             notes.append(f"{r['mode']}: of its first output after weights, creating the input took {r['input_s'] * 1e3:.1f} ms")
         primer = r.get("primer")
         if primer and primer.get("primed"):
             notes.append(f"{r['mode']}: auto-prime loaded {primer['primed']} plans in {primer['seconds']:.3f} s from the cache's "
                          f"opening; the weights took {primer['weights_s']:.3f} s; primer done when they were loaded: "
                          f"{primer['done_when_weights_loaded']} (last run)")  # fmt: skip
+        if r.get("primer_done_before_weights"):
+            done, runs = r["primer_done_before_weights"]
+            notes.append(f"{r['mode']}: the primer was done when the weights were loaded in {done} of {runs} processes")
     lines += ["notes:"] + [f"  - {n}" for n in notes]
     for r in rows:
         lines += primer_timeline(r)
@@ -270,8 +284,9 @@ def format_table(rows: list[dict[str, Any]], header: Mapping[str, Any]) -> str:
 
 
 def primer_timeline(row: Mapping[str, Any]) -> list[str]:
-    """The primer's timeline of a mode's last run, one line per plan, in ms from the cache's
-    opening: its read (ahead of the device), wait for builds, entry into the guest block,
+    """The primer's timeline of a mode's last run, in ms from the cache's opening: the
+    opening of cuDNN's libraries, each device's readiness and cuDNN handle, then one line
+    per plan: its read (ahead of the device), wait for builds, entry into the guest block,
     judging, finalize, and the first lookup's ask."""
     primer = row.get("primer") or {}
     timeline = primer.get("timeline")
@@ -281,15 +296,17 @@ def primer_timeline(row: Mapping[str, Any]) -> list[str]:
     def ms(value: Any) -> str:
         return "-" if value is None else f"{value * 1e3:.1f}"
 
-    def span(plan: Mapping[str, Any], stage: str) -> str:
-        found = plan.get(stage)
+    def pair(found: Any) -> str:
         return f"{ms(found[0])}-{ms(found[1])}" if found else "-"
 
-    ready = ", ".join(f"device {d} at {ms(t)}" for d, t in timeline.get("device_ready", {}).items()) or "no device"
+    handles = timeline.get("handle", {})
+    ready = ", ".join(f"device {d} at {ms(t)} (its cuDNN handle {pair(handles.get(d))})"
+                      for d, t in timeline.get("device_ready", {}).items()) or "no device"  # fmt: skip
+    ready = f"cuDNN's libraries opened {pair(timeline.get('libraries'))}; {ready}"
     lines = [f"primer timeline of {row['mode']} (last run; ms from the cache's opening): {ready}; weights "
              f"loaded at {ms(primer.get('weights_at_s'))}, first output at {ms(primer.get('first_output_at_s'))}"]  # fmt: skip
     for plan in timeline.get("plans", []):
-        stages = "  ".join(f"{stage} {span(plan, stage):>13}" for stage in ("read", "wait", "enter", "judge", "finalize"))
+        stages = "  ".join(f"{stage} {pair(plan.get(stage)):>13}" for stage in ("read", "wait", "enter", "judge", "finalize"))
         lines.append(
             f"  {plan['key']} {plan['outcome']:8} {stages}  asked {ms(plan.get('asked')):>7}  {plan.get('label', '')[:50]}"
         )
@@ -411,6 +428,10 @@ def run_child(mode: str, directory: str | None, checkpoint: str) -> dict[str, An
 
     if not benchlib.smoke() and not torch.cuda.is_available():
         raise SystemExit(NO_GPU)
+    if mode.endswith("-device-first"):  # a launcher's rank set-up: the device, then a first tensor on it
+        if benchlib.has_cuda(torch):
+            torch.cuda.set_device(0)
+        torch.ones(1, device=benchlib.device())
     plans = open_plans(mode, directory, example)
     t_imported = time.perf_counter()
 

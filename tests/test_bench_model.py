@@ -39,7 +39,7 @@ def run(mode: str, **figures: Any) -> dict[str, Any]:
 def test_all_modes_by_default_in_the_canonical_order() -> None:
     assert bench.select_modes(None) == bench.MODES
     assert bench.MODES == ["eager", "compile-cold", "compile-warm", "plancache-nocache", "plancache-cold", "plancache-warm",
-                           "plancache-primed"]  # fmt: skip
+                           "plancache-primed", "plancache-primed-device-first"]  # fmt: skip
 
 
 def test_a_subset_runs_in_the_canonical_order_with_the_cold_run_each_warm_one_needs() -> None:
@@ -68,7 +68,7 @@ def test_modes_on_the_command_line(tmp_path: Path) -> None:
 
 
 def test_cold_modes_run_once_the_others_repeat() -> None:
-    assert [bench.runs_of(m, 3) for m in bench.MODES] == [3, 1, 3, 3, 1, 3, 3]
+    assert [bench.runs_of(m, 3) for m in bench.MODES] == [3, 1, 3, 3, 1, 3, 3, 3]
     assert bench.runs_of("eager", 1) == 1
 
 
@@ -82,15 +82,16 @@ def test_each_child_environment(tmp_path: Path) -> None:
     assert env["compile-cold"]["TRITON_CACHE_DIR"] == env["compile-warm"]["TRITON_CACHE_DIR"]
     assert Path(env["compile-cold"]["TRITON_CACHE_DIR"]).is_relative_to(tmp_path)
     assert "TRITON_CACHE_DIR" not in env["eager"] and "TORCHINDUCTOR_CACHE_DIR" not in env["plancache-warm"]
-    # every plancache mode records under one application name; only the primed one has
+    # every plancache mode records under one application name; only the primed ones have
     # auto-prime at its default (on), the others turn it off
-    for mode in ("plancache-nocache", "plancache-cold", "plancache-warm", "plancache-primed"):
+    for mode in ("plancache-nocache", "plancache-cold", "plancache-warm", "plancache-primed", "plancache-primed-device-first"):
         assert env[mode]["PLANCACHE_APP"] == "bench_model"
-        assert env[mode].get("PLANCACHE_AUTO_PRIME") == (None if mode == "plancache-primed" else "0")
+        assert env[mode].get("PLANCACHE_AUTO_PRIME") == (None if mode.startswith("plancache-primed") else "0")
     for mode in ("eager", "compile-warm"):
         assert "PLANCACHE_AUTO_PRIME" not in env[mode]
     assert "PLANCACHE_APP" not in env["eager"]
     assert bench.mode_dir("plancache-cold", tmp_path) == bench.mode_dir("plancache-primed", tmp_path) is not None
+    assert bench.mode_dir("plancache-primed-device-first", tmp_path) == bench.mode_dir("plancache-cold", tmp_path)
     assert bench.mode_dir("plancache-nocache", tmp_path) is None and bench.mode_dir("eager", tmp_path) is None
 
 
@@ -114,6 +115,17 @@ def test_repeats_aggregate_to_medians_and_the_worst_error() -> None:
     assert row["counters"] == {"hits": 7} and row["error"] is None and row["weights_match"] is True
     empty = bench.aggregate("eager", [run("eager", captured_step_ms=None, captured_rel_error=None, weights_match=False)])
     assert empty["captured_step_ms"] is None and empty["captured_rel_error"] is None and empty["weights_match"] is False
+
+
+def test_how_often_the_primer_was_done_before_the_weights_is_counted_over_the_processes() -> None:
+    runs = [run("plancache-primed", primer={"primed": 6, "seconds": 0.3, "weights_s": 0.9, "done_when_weights_loaded": done})
+            for done in (True, False, True)]  # fmt: skip
+    row = bench.aggregate("plancache-primed", runs)
+    assert row["primer_done_before_weights"] == [2, 3]
+    assert "plancache-primed: the primer was done when the weights were loaded in 2 of 3 processes" in bench.format_table(
+        [row], HEADER
+    )
+    assert "primer_done_before_weights" not in bench.aggregate("plancache-warm", [run("plancache-warm")])
 
 
 def test_the_table() -> None:

@@ -430,3 +430,25 @@ def test_the_frontends_own_load_is_judged_by_its_exception_types() -> None:
         raise cudnn.cudnnGraphNotSupportedError("CUDNN_STATUS_NOT_SUPPORTED")
     with pytest.raises(KeyError), frontend_failures():
         raise KeyError("not a failure of the load")
+
+
+def test_the_libraries_beside_the_loaded_cudnn_are_opened_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``open_beside`` opens each cuDNN library in the folder of the one this process
+    mapped (real shared objects here: copies of one of Python's own), nothing else there,
+    and only once per process."""
+    import _ctypes
+    import importlib
+    import shutil
+
+    native_library = importlib.import_module("plancache.engines.native.library")  # the package exports library()
+
+    monkeypatch.setattr(native_library, "_opened", [])
+    for name in ("libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9", "libcudnn_heuristic.so.9", "libother.so.1"):
+        shutil.copy(_ctypes.__file__, tmp_path / name)
+    (tmp_path / "libcudnn_notes.txt").write_text("not a library")
+    maps = tmp_path / "maps"
+    maps.write_text(f"7f0000000000-7f0000001000 r-xp 00000000 00:00 1 {tmp_path / 'libcudnn_graph.so.9'}\n")
+    assert native_library.open_beside(maps=str(maps)) == 3
+    assert native_library.open_beside(maps=str(maps)) == 0, "once per process"
+    monkeypatch.setattr(native_library, "_opened", [])
+    assert native_library.open_beside(maps=str(tmp_path / "no-maps")) == 0, "no cuDNN loaded: nothing opened"

@@ -166,6 +166,33 @@ def test_the_primer_sets_up_no_device_the_program_has_not_used(make_cache: MakeC
     assert report["primed"] == 1 and (key, 1) in cache.memory
 
 
+def test_the_primer_opens_the_libraries_before_the_device_and_makes_its_handle_before_any_finalize(
+        make_cache: MakeCache) -> None:  # fmt: skip
+    """Before the program has set its device up, the primer opens what a first load opens
+    (no CUDA call); once it has, it makes the device's cuDNN handle as a stage of its own
+    (it waits for the program's work on the legacy stream), before the first finalize."""
+    fill(make_cache, "app", [1, 2, 3], device=1, devices=2)
+    backend = CpuTestBackend(devices=2, in_use=[0])
+    cache = make_cache(backend=backend, auto_prime=True, app="app")
+    time.sleep(0.2)
+    assert backend.driver.libraries_opened == 1, "opened while the program has no device yet"
+    assert backend.loads == 0 and backend.touched == [] and backend.driver.simulated.handles_created == 0
+    backend.use_device(1)  # the program's own first work on device 1
+    assert primed(cache)["primed"] == 3
+    assert cache.primer is not None
+    timeline = cache.primer.timeline()
+    opened, ready, (made, handle_done) = timeline["libraries"], timeline["device_ready"]["1"], timeline["handle"]["1"]
+    first_finalize = min(plan["finalize"][0] for plan in timeline["plans"])
+    assert opened[1] <= ready <= made <= handle_done <= first_finalize
+    assert backend.driver.libraries_opened == 1
+
+
+def test_a_primer_with_nothing_to_prime_opens_nothing(make_cache: MakeCache) -> None:
+    backend = CpuTestBackend()
+    primed(make_cache(backend=backend, auto_prime=True, app="nothing-used-yet"))
+    assert backend.driver.libraries_opened == 0
+
+
 def test_a_device_the_program_never_uses_is_given_up(make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:
     import plancache.cache.priming
 

@@ -185,6 +185,11 @@ class Backend(Protocol):
         launch inside a CUDA-graph capture creates nothing."""
         ...
 
+    def open_libraries(self) -> int:
+        """Open now, with no CUDA call, the libraries a first load opens; how many (the
+        primer's first step, before the program has set a device up)."""
+        ...
+
     def pointer_order(self, native: Any) -> Sequence[int] | None:
         """The uids whose data pointers a launch of ``native`` reads, in the order it reads
         them (None: it reads the tensors alone)."""

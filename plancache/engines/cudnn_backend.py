@@ -39,7 +39,7 @@ from .driver import FrontendLaunch
 from .filters import outside_filters
 from .guest_backend import GuestBackend
 from .inputs import materialize, timing_inputs
-from .native import libcuda, library
+from .native import libcuda, library, open_beside
 from .tensors import checked_inputs
 
 __all__ = ["CudnnBackend", "CudnnDriver", "cudnn_module", "frontend_failures", "probe_environment"]
@@ -505,6 +505,10 @@ class CudnnDriver:
         return workspace
 
     # ------------------------------------------------------------------ plans
+
+    def open_libraries(self) -> int:
+        self.library()  # cuDNN itself, loaded by the frontend when nothing has yet
+        return open_beside()
 
     def library(self) -> Any:
         found = self._library

@@ -127,6 +127,12 @@ class Driver(Protocol):
         """The C API plans are loaded and launched through (``engines.native.Library``'s calls)."""
         ...
 
+    def open_libraries(self) -> int:
+        """Open now, with no CUDA call and the GIL released, the libraries a first plan
+        load opens (cuDNN's engines); how many. The primer calls it before the program
+        has set a device up."""
+        ...
+
     def deserialize(self, blob: bytes, handle: Handle) -> Any:
         """The frontend's own load of ``blob`` (its warm-up capture on the handle's stream);
         raises ``TransientLoadError`` for a failure that is the process's."""

@@ -131,6 +131,9 @@ class GuestBackend:
         with self.guest(device):
             self.handles.ensure(device)
 
+    def open_libraries(self) -> int:
+        return self.driver.open_libraries()
+
     def after_fork(self) -> None:
         self.handles.forget()
         self._streams = {}

@@ -102,6 +102,7 @@ class CpuDriver:
         self.during_warmup: Callable[[], None] | None = None
         self.touched: list[tuple[str, str, int]] = []  # (thread, call, device) before the program's first use
         self.loads = 0  # plans deserialized through the frontend's path
+        self.libraries_opened = 0  # calls of open_libraries (no CUDA call: never in touched)
         self.launches = 0  # graphs the frontend executed
 
     # ------------------------------------------------------------------ devices
@@ -198,6 +199,10 @@ class CpuDriver:
 
     def library(self) -> SimulatedLibrary:
         return self.simulated
+
+    def open_libraries(self) -> int:
+        self.libraries_opened += 1
+        return 0  # the simulated library is this process's code already
 
     def deserialize(self, blob: bytes, handle: Any) -> FrontendGraph:
         """The frontend's ``deserialize``: the blob read (``ValueError`` for one it cannot

@@ -7,9 +7,9 @@ and its launch. ``engines.guest_backend`` decides which plans go this way and le
 the frontend's path.
 """
 
-from .library import Libcuda, Library, NativeError, libcuda, library
+from .library import Libcuda, Library, NativeError, libcuda, library, open_beside
 from .plan import NativePlan
 from .record import Fallback, Layout, PlanRecord, RecordError, parse, refusal
 
 __all__ = ["Fallback", "Layout", "Libcuda", "Library", "NativeError", "NativePlan", "PlanRecord", "RecordError", "libcuda",
-           "library", "parse", "refusal"]  # fmt: skip
+           "library", "open_beside", "parse", "refusal"]  # fmt: skip

@@ -27,7 +27,7 @@ from typing import Any
 
 from ...errors import PlanCacheError
 
-__all__ = ["TRANSIENT_STATUSES", "Libcuda", "Library", "NativeError", "libcuda", "library"]
+__all__ = ["TRANSIENT_STATUSES", "Libcuda", "Library", "NativeError", "libcuda", "library", "open_beside"]
 
 # cudnnBackendDescriptorType_t
 EXECUTION_PLAN = 5
@@ -95,6 +95,32 @@ def loaded_path(names: Sequence[str], maps: str = "/proc/self/maps") -> str | No
             if os.path.basename(path).startswith(name):
                 return path
     return None
+
+
+_opened: list[int] = []  # handles of the libraries open_beside opened: kept open, as cuDNN keeps them
+_opened_lock = threading.Lock()
+
+
+def open_beside(names: Sequence[str] = _NAMES, maps: str = "/proc/self/maps") -> int:
+    """Open every cuDNN library beside the loaded one (its engines, heuristics and
+    operations, which cuDNN opens at its first plan load) now, once per process: reading
+    and relocating them is host work, no CUDA call. ``dlopen`` is called through ctypes as
+    a foreign function, which releases the GIL for the call (``ctypes.CDLL`` holds it
+    through its own ``dlopen``). Returns how many were opened; 0 without a loaded cuDNN."""
+    path = loaded_path(names, maps)
+    with _opened_lock:
+        if path is None or _opened:
+            return 0
+        libc = ctypes.CDLL(None)
+        dlopen = getattr(libc, "dlopen", None) or ctypes.CDLL("libdl.so.2").dlopen  # in libc from glibc 2.34
+        dlopen.argtypes, dlopen.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_void_p
+        folder = os.path.dirname(path)
+        for name in sorted(os.listdir(folder)):
+            if name.startswith("libcudnn") and ".so" in name:
+                handle = dlopen(os.path.join(folder, name).encode(), os.RTLD_LAZY | os.RTLD_LOCAL)
+                if handle:
+                    _opened.append(handle)
+        return len(_opened)
 
 
 class Libcuda:
