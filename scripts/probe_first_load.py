@@ -25,9 +25,7 @@ primer's do. Prints one JSON line per process, then the median of each stage per
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -45,26 +43,11 @@ CASES = ("alone", "beside-copy", "beside-host-copy", "opened-beside-copy", "made
 COPY_BYTES = 1 << 30
 
 
-def open_libraries() -> tuple[int, float]:
-    """``dlopen`` every library beside the loaded cuDNN, through a ctypes call
-    (which releases the GIL, where ``ctypes.CDLL`` holds it). Returns how many, and seconds."""
-    import cudnn
-
-    from plancache.engines.native.library import loaded_path
-
+def open_libraries(backend: Any) -> tuple[int, float]:
+    """The primer's own first step (``backend.open_libraries``: ``dlopen`` of every cuDNN
+    library beside the loaded one, with the GIL released). Returns how many, and seconds."""
     started = time.perf_counter()
-    cudnn.backend_version()  # loads cuDNN's graph library: nothing of CUDA
-    found = loaded_path(("libcudnn_graph.so", "libcudnn.so"))
-    if found is None:
-        return 0, time.perf_counter() - started
-    folders = [Path(found).parent]
-    libc = ctypes.CDLL(None)
-    dlopen = libc.dlopen
-    dlopen.argtypes, dlopen.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_void_p
-    opened = 0
-    for folder in folders:
-        for path in sorted(folder.glob("lib*.so*")) if folder.is_dir() else ():
-            opened += bool(dlopen(str(path).encode(), os.RTLD_LAZY | os.RTLD_LOCAL))
+    opened = backend.open_libraries()
     return opened, time.perf_counter() - started
 
 
@@ -91,11 +74,12 @@ def child(case: str, directory: str, keys: list[str]) -> dict[str, Any]:
     from plancache.workflows import templates
 
     row: dict[str, Any] = {"case": case}
-    opened = benchlib.gpu_only("opening cuDNN's libraries", open_libraries) if "opened" in case or "init" in case else None
-    if opened is not None:
-        row["libraries_opened"], row["open_ms"] = opened[0], opened[1] * 1e3
-    cache = plancache.PlanCache(directory, backend=benchlib.backend(), auto_prime=False)
+    cache = plancache.PlanCache(directory, backend=benchlib.backend(), auto_prime=False)  # no CUDA call
     backend, lookup = cache.backend, cache.lookup
+    if "opened" in case or "init" in case:
+        opened = benchlib.gpu_only("opening cuDNN's libraries", open_libraries, backend)
+        if opened is not None:
+            row["libraries_opened"], row["open_ms"] = opened[0], opened[1] * 1e3
     entries = [cache.store.get(key) for key in keys]  # host work, before the device (as the primer reads ahead)
     if "init" in case:
         benchlib.gpu_only("a handle made in torch's CUDA initialization", _handle_in_init, torch, backend, row)
