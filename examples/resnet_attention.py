@@ -53,9 +53,11 @@ def set_sizes(n: int = 8, c: int = 64, hw: int = 56, width: int = 128, heads: in
         ("conv1", "conv_bias_act", {"n": n, "c": c, "h": hw, "w": hw, "k": c}),
         ("conv2", "conv_bias_act", {"n": n, "c": c, "h": hw, "w": hw, "k": width, "stride": 2}),
         ("conv3", "conv_bias_act", {"n": n, "c": width, "h": half, "w": half, "k": width}),
-        ("proj", "matmul_bias_act", {"b": n, "m": half * half, "k": width, "n": width, "act": None}),
+        # The projections are one GEMM over the tokens of the whole batch (as PyTorch runs
+        # `tokens @ w`): a batch of n GEMMs would need the weight copied n times each step.
+        ("proj", "matmul_bias_act", {"b": 1, "m": n * half * half, "k": width, "n": width, "act": None}),
         ("attn", "sdpa", {"b": n, "h": heads, "s": half * half, "d": d, "causal": False}),
-        ("out", "matmul_bias_act", {"b": n, "m": half * half, "k": width, "n": width, "act": "relu"}),
+        ("out", "matmul_bias_act", {"b": 1, "m": n * half * half, "k": width, "n": width, "act": "relu"}),
     ]
 
 
@@ -149,11 +151,13 @@ def weights(torch: Any, device: str = "cuda", seed: int = 0) -> dict[str, Any]:
 
 
 def forward(plans: Any, torch: Any, w: dict[str, Any], x: Any) -> Any:
-    """The model through cuDNN plans; every tensor is laid out as its template expects."""
+    """The model through cuDNN plans; every tensor is laid out as its template expects, and
+    the step launches nothing but the plans (no copies: outputs are made in their layout,
+    the weights used as they are)."""
 
     def empty(shape: tuple[int, ...], channels_last: bool = False) -> Any:
-        t = torch.empty(shape, dtype=x.dtype, device=x.device)
-        return t.to(memory_format=torch.channels_last) if channels_last else t
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=layout)
 
     n, _c, s, width, nh = dims()
     h = x
@@ -162,23 +166,21 @@ def forward(plans: Any, torch: Any, w: dict[str, Any], x: Any) -> Any:
         out = empty((n, p["k"], p["h"] // stride, p["w"] // stride), channels_last=True)
         plans.run(layer, name, p, {1: h, 2: w[layer], 3: w[layer + ".b"], 4: out})
         h = out
-    tokens = h.permute(0, 2, 3, 1).reshape(n, s, width)  # NHWC memory: a view, no copy
+    tokens = h.permute(0, 2, 3, 1).reshape(1, n * s, width)  # NHWC memory: a view, no copy
     _, proj, pp = LAYERS[3]
     qkv = {}
     for part in ("q", "k", "v"):
-        qkv[part] = empty((n, s, width))
-        weight = w[part].unsqueeze(0).expand(n, width, width).contiguous()
-        plans.run("proj", proj, pp, {1: tokens, 2: weight, 3: w[part + ".b"], 4: qkv[part]})
+        qkv[part] = empty((1, n * s, width))
+        plans.run("proj", proj, pp, {1: tokens, 2: w[part].unsqueeze(0), 3: w[part + ".b"], 4: qkv[part]})
     heads = {part: t.view(n, s, nh, width // nh).permute(0, 2, 1, 3) for part, t in qkv.items()}  # BSHD memory
     o = empty((n, s, nh, width // nh)).permute(0, 2, 1, 3)
     _, attn, ap = LAYERS[4]
     plans.run("attn", attn, ap, {1: heads["q"], 2: heads["k"], 3: heads["v"], 4: o})
-    attended = o.permute(0, 2, 1, 3).reshape(n, s, width)
-    out = empty((n, s, width))
+    attended = o.permute(0, 2, 1, 3).reshape(1, n * s, width)
+    out = empty((1, n * s, width))
     _, proj_out, op = LAYERS[5]
-    weight = w["out"].unsqueeze(0).expand(n, width, width).contiguous()
-    plans.run("out", proj_out, op, {1: attended, 2: weight, 3: w["out.b"], 4: out})
-    return out
+    plans.run("out", proj_out, op, {1: attended, 2: w["out"].unsqueeze(0), 3: w["out.b"], 4: out})
+    return out.view(n, s, width)
 
 
 def forward_eager(torch: Any, w: dict[str, Any], x: Any) -> Any:

@@ -24,9 +24,7 @@ def load_example():  # type: ignore[no-untyped-def]
 
 def test_example_model_matches_pytorch_and_reuses_plans(tmp_path: Path) -> None:
     example = load_example()
-    example.N = 1  # keep the CPU reference quick; shapes follow N
-    example.LAYERS = [(layer, name, {**p, **({"n": 1} if "n" in p and name == "conv_bias_act" else {}),
-                                     **({"b": 1} if "b" in p else {})}) for layer, name, p in example.LAYERS]  # fmt: skip
+    example.set_sizes(n=1)  # keep the CPU reference quick
     w = example.weights(torch, device="cpu")
     x = torch.randn(1, 64, 56, 56).to(torch.bfloat16).to(memory_format=torch.channels_last)
     plans = example.CachedPlans(str(tmp_path / "cache"), backend=CpuTestBackend())

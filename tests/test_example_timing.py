@@ -18,9 +18,7 @@ def load_example() -> Any:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.N = 1  # keep the CPU run quick; shapes follow N
-    module.LAYERS = [(layer, name, {**p, **({"n": 1} if name == "conv_bias_act" else {}), **({"b": 1} if "b" in p else {})})
-                     for layer, name, p in module.LAYERS]  # fmt: skip
+    module.set_sizes(n=1)  # keep the CPU run quick
     return module
 
 
