@@ -283,6 +283,28 @@ def format_table(rows: list[dict[str, Any]], header: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: What ``per_process`` lists of each process: (label, field, scale, format).
+PER_PROCESS = (("first output after weights ms", "first_output_after_weights_s", 1e3, ".1f"),
+               ("creating the input ms", "input_s", 1e3, ".1f"), ("step ms", "step_ms", 1.0, ".3f"),
+               ("captured step ms", "captured_step_ms", 1.0, ".3f"))  # fmt: skip
+
+
+def per_process(runs: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
+    """Each process's figures behind the medians, in the order the processes ran: a median
+    of a few processes hides whether they agree or fall into two groups."""
+    lines = ["per process, in the order they ran:"]
+    for mode, found in runs.items():
+        if len(found) < 2:
+            continue
+        for label, field, scale, spec in PER_PROCESS:
+            values = [r.get(field) for r in found]
+            if all(v is None for v in values):
+                continue
+            cells = " ".join("-" if v is None else format(v * scale, spec) for v in values)
+            lines.append(f"  {mode:{MODE_WIDTH}} {label:30} {cells}")
+    return lines if len(lines) > 1 else []
+
+
 def primer_timeline(row: Mapping[str, Any]) -> list[str]:
     """The primer's timeline of a mode's last run, in ms from the cache's opening: the
     opening of cuDNN's libraries, each device's readiness and cuDNN handle, then one line
@@ -654,6 +676,7 @@ def main(argv: list[str] | None = None) -> None:
     header["checkpoint_bytes"] = checkpoint_bytes
     header["cpus"] = sorted(cpus) if cpus else "not pinned (the GPU's NUMA node is unknown)"
     print(format_table(rows, header))
+    print("\n".join(per_process(runs)))
     benchlib.report_skipped("bench_model")
     if opts.out:
         Path(opts.out).write_text(json.dumps({"header": header, "rows": rows, "runs": runs}, indent=2, default=str))

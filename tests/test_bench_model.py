@@ -173,3 +173,14 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_1() -> None:
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs an NVIDIA GPU" in lines[0], done.stderr
+
+
+def test_each_process_figures_are_listed_in_the_order_they_ran() -> None:
+    runs = {"eager": [run("eager", step_ms=0.25, input_s=0.021), run("eager", step_ms=0.55, input_s=0.031)],
+            "plancache-cold": [run("plancache-cold")]}  # fmt: skip
+    lines = bench.per_process(runs)
+    assert lines[0] == "per process, in the order they ran:"
+    assert any(line.split()[0] == "eager" and "step ms" in line and line.endswith("0.250 0.550") for line in lines)
+    assert any("creating the input ms" in line and line.endswith("21.0 31.0") for line in lines)
+    assert not any("plancache-cold" in line for line in lines), "a mode run once has no spread to show"
+    assert bench.per_process({"eager": [run("eager")]}) == []
