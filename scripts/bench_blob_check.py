@@ -2,8 +2,9 @@
 """What the blob check costs a store hit.
 
 Every stored entry is judged by ``store.entry.problem`` before its blob is loaded, and part
-of that judgement is ``store.entry.graph_problem``: the blob's own graph (its ``tensors`` and
-``nodes``) read and compared with the description the key is derived from. The blob is
+of that judgement is ``store.judge.judge``: the blob's own graph (its context, ``tensors`` and
+``nodes``) read and compared, field by field, with the frontend form of the description the
+key is derived from (derived once per key and kept, as a store hit does). The blob is
 decoded once per hit (``formats.plan_graph.blob_fields``), for the check and the load
 together, so the check's cost is not the time of the check alone. Printed:
 
@@ -41,7 +42,8 @@ from graphs import ConvBiasRelu  # noqa: E402  (the tests' graphs, after the pat
 
 from plancache import PlanCache  # noqa: E402
 from plancache.key import describe  # noqa: E402
-from plancache.store.entry import graph_problem  # noqa: E402
+from plancache.key.frontend_form import frontend_form  # noqa: E402
+from plancache.store.judge import Judgement, judge  # noqa: E402
 from plancache.testing import CpuTestBackend  # noqa: E402
 
 
@@ -72,8 +74,9 @@ def recorded(runs: int) -> list[tuple[str, int, float]]:
         except AssertionError:  # "Torch not compiled with CUDA enabled": paged attention, MoE
             continue
         blob = (ROOT / "tests" / "data" / "plans" / f"{name}.ubj").read_bytes()
-        assert graph_problem(blob, description) is None, name
-        rows.append((name, len(blob), median_us(lambda b, d=description: graph_problem(b, d), runs, lambda b=blob: fresh(b))))
+        form = frontend_form(description)
+        assert judge(blob, description, form).refusal is None, name
+        rows.append((name, len(blob), median_us(lambda b, d=description, f=form: judge(b, d, f), runs, lambda b=blob: fresh(b))))
     return rows
 
 
@@ -81,7 +84,8 @@ def store_hits(cache: PlanCache, graphs: list[Any], runs: int) -> tuple[float, f
     """Median store hit with the check and without it, timed in alternating turns."""
     from plancache.store import entry as entry_module
 
-    checked = entry_module.graph_problem
+    checked = entry_module.judge
+    accepted = Judgement(None)
     turn = iter(range(10**9))
 
     def store_hit() -> None:
@@ -93,11 +97,11 @@ def store_hits(cache: PlanCache, graphs: list[Any], runs: int) -> tuple[float, f
     for _ in range(50):  # warm up
         store_hit()
     for i in range(2 * runs):
-        entry_module.graph_problem = checked if i % 2 == 0 else (lambda blob, description: None)
+        entry_module.judge = checked if i % 2 == 0 else (lambda blob, description, form=None: accepted)
         started = time.perf_counter()
         store_hit()
         (with_check if i % 2 == 0 else without).append(time.perf_counter() - started)
-    entry_module.graph_problem = checked
+    entry_module.judge = checked
     return statistics.median(with_check) * 1e6, statistics.median(without) * 1e6
 
 
@@ -113,8 +117,9 @@ def main() -> int:
         graphs = [spec.graph() for spec in specs]
         keys = [cache.get(graph).key for graph in graphs]
         entry = cache.store.get(keys[0])
-        assert entry is not None and graph_problem(entry.blob, entry.description) is None
-        check = median_us(lambda b: graph_problem(b, entry.description), args.runs, lambda: fresh(entry.blob))
+        assert entry is not None and judge(entry.blob, entry.description).refusal is None
+        form = frontend_form(entry.description)
+        check = median_us(lambda b: judge(b, entry.description, form), args.runs, lambda: fresh(entry.blob))
         hit, unchecked = store_hits(cache, graphs, args.runs)
         cache.close()
     print(f"{args.backend} backend's blob ({len(entry.blob)} bytes): blob check alone, decoding included, median {check:.1f} us")

@@ -64,7 +64,7 @@ def zeros_strided(dims: list[int], strides: list[int], dtype: str) -> Any:
 
 @dataclass(frozen=True)
 class ConvBiasRelu:
-    """relu(conv_fprop(X, W) + B): X and W NCHW-dimensioned, channels-last in memory."""
+    """relu(conv_fprop(X, W) + B) (or tanh): X and W NCHW-dimensioned, channels-last in memory."""
 
     n: int = 2
     c: int = 8
@@ -76,6 +76,7 @@ class ConvBiasRelu:
     padding: int = 1
     conv_stride: int = 1
     dilation: int = 1
+    act: str = "relu"  # the pointwise op after the bias: relu or tanh
     dtype: str = "FLOAT"
     compute: str = "FLOAT"
     layout: str = "nhwc"  # of X and W; "nchw" for row-major strides
@@ -121,7 +122,7 @@ class ConvBiasRelu:
         pad, stride, dil = [self.padding] * 2, [self.conv_stride] * 2, [self.dilation] * 2
         conv = g.conv_fprop(x, w, padding=pad, stride=stride, dilation=dil, name=p + "conv")
         biased = g.bias(conv, b, name=p + "bias")
-        y = g.relu(biased, name=p + "relu")
+        y = getattr(g, self.act)(biased, name=p + self.act)
         y.set_output(True).set_uid(self.uids[3]).set_name(p + "Y").set_data_type(io)
         y.set_dim(self.y_dims).set_stride(channels_last(self.y_dims))
         return g
@@ -139,7 +140,7 @@ class ConvBiasRelu:
         torch = _torch()
         x, w, b = (pack[u].float() for u in self.uids[:3])
         y = torch.nn.functional.conv2d(x, w, padding=self.padding, stride=self.conv_stride, dilation=self.dilation)
-        return torch.relu(y + b)
+        return getattr(torch, self.act)(y + b)
 
 
 @dataclass(frozen=True)

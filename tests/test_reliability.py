@@ -147,7 +147,9 @@ def test_an_entry_cudnn_refuses_after_an_upgrade_is_rebuilt_without_autotuning(
 
 
 def _truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size * 6 // 10])
+    # Past the pages of the first rows: each blob of the test backend (about 4.9 KB, a frontend
+    # graph with its attributes) spans more than one 4 KiB page.
+    path.write_bytes(path.read_bytes()[: path.stat().st_size * 7 // 10])
 
 
 def _garbage(path: Path) -> None:

@@ -1,52 +1,28 @@
-"""The graph a cuDNN Frontend plan blob carries at its top level, read and written.
+"""The graph a cuDNN Frontend plan blob carries at its top level, read as the frontend wrote it.
 
 Every plan the frontend serializes holds, beside the backend's plan, the graph it was
-built from: ``tensors`` (uid, dims, strides, data type, virtual or not, by value or not)
-and ``nodes`` (the ops, in the order the graph was lowered, each with its ``tag``). The
-store compares that graph with the description an entry's key is derived from, so that a
-row holding another graph's blob is refused before the blob reaches cuDNN.
-
-The frontend's names are not the description's: a description names a data type by the
-Python enum (``data_type.HALF``) and an op by the pygraph's ``NodeType`` (``LAYERNORM``),
-where the blob has the C++ frontend's JSON names (``HALF``, ``LAYER_NORM``). Both tables
-below map them exactly, from the frontend 1.32 headers (``DataType_t``'s JSON names, each
-node's ``tag``) and the blobs recorded on an H200 (``tests/data/plans``); a name with no
-entry maps to nothing, and the store refuses it rather than guess.
+built from, after the frontend normalized it: ``context`` (the graph's data types and
+flags), ``tensors`` (uid, dims, strides, data type, virtual or not, by value or not, ragged
+offset) and ``nodes`` (the ops, in the order the graph was lowered, each with its ``tag``,
+its ports ``inputs`` and ``outputs`` naming tensors by uid, and its attributes: a pointwise
+``mode``, a convolution's ``pre_padding``, attention's ``attn_scale_value``...). The store
+compares that graph with what the key's description says the frontend writes
+(``key.frontend_form``), so that a row holding another graph's blob is refused before the
+blob reaches cuDNN. This module only reads: what the names mean is the form's.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping, Sequence
+import re
+import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
 
 from .ubjson import decode
 
-__all__ = ["DATA_TYPES", "NODE_TAGS", "BlobTensor", "PlanGraph", "PlanGraphError", "blob_fields", "frontend_node",
-           "frontend_tensor", "read_graph"]  # fmt: skip
-
-#: A description's data type -> the frontend's JSON name for it. The Python enum and the
-#: C++ one share their member names; NOT_SET is null in a blob and never a described type.
-DATA_TYPES: dict[str, str] = {
-    f"data_type.{name}": name
-    for name in ("FLOAT", "DOUBLE", "HALF", "INT8", "INT32", "INT8x4", "UINT8", "UINT8x4", "INT8x32", "BFLOAT16", "INT64",
-                 "BOOLEAN", "FP8_E4M3", "FP8_E5M2", "FAST_FLOAT_FOR_FP8", "FP8_E8M0", "FP8_E5M3", "FP4_E2M1", "INT4")
-}  # fmt: skip
-
-#: A description's node type (the pygraph's ``NodeType``) -> the ``tag`` of the node the
-#: frontend lowers it to. Only node types that lower to a cuDNN graph node are here.
-NODE_TAGS: dict[str, str] = {
-    **{name: name for name in ("CONV_FPROP", "CONV_DGRAD", "CONV_WGRAD", "GENSTATS", "RESHAPE", "SLICE", "CONCATENATE",
-                               "TRANSPOSE", "ROPE", "ROPE_BWD", "MATMUL", "MATMUL_FP8", "POINTWISE", "REDUCTION",
-                               "BATCHNORM", "BATCHNORM_INFERENCE", "SDPA", "SDPA_BWD", "SDPA_FP8_BWD", "SDPA_MXFP8_BWD",
-                               "MOE_GROUPED_MATMUL", "MOE_GROUPED_MATMUL_BWD", "BLOCK_SCALE_QUANTIZE",
-                               "BLOCK_SCALE_DEQUANTIZE")},
-    "RMSNORM": "RMS_NORM", "RMSNORM_BWD": "RMS_NORM_BPROP", "LAYERNORM": "LAYER_NORM", "LAYERNORM_BWD": "LAYER_NORM_BPROP",
-    "ADALAYERNORM": "ADA_LAYER_NORM", "ADALAYERNORM_BWD": "ADA_LAYER_NORM_BPROP", "INSTANCENORM": "INSTANCE_NORM",
-    "INSTANCENORM_BWD": "INSTANCE_NORM_BPROP", "BATCHNORM_BWD": "DBN", "SDPA_FP8": "SDPA_FP8_FWD",
-    "SDPA_MXFP8": "SDPA_MXFP8_FWD",
-}  # fmt: skip
+__all__ = ["BlobNode", "BlobTensor", "PlanGraph", "PlanGraphError", "blob_fields", "float_bits", "read_graph"]
 
 _GRAPH_KEYS = frozenset({"tensors", "nodes"})
 
@@ -73,6 +49,22 @@ def blob_fields(blob: bytes) -> Any:
     return fields
 
 
+_HEX_FLOAT = re.compile(r"[0-9A-Fa-f]{1,8}")
+
+
+def float_bits(value: Any) -> int:
+    """The 32 bits of a float as the frontend writes one: the hex digits of its bits
+    (``"3E000000"`` is 0.125, kept bit for bit, NaN payloads included), or a number.
+    ``ValueError`` for anything else."""
+    if isinstance(value, str):
+        if not _HEX_FLOAT.fullmatch(value):
+            raise ValueError(f"a float's bits must be 8 hex digits, not {value[:20]!r}")
+        return int(value, 16)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"a float must be its bits in hex or a number, not {type(value).__name__}")
+    return int(struct.unpack("<I", struct.pack("<f", value))[0])
+
+
 class PlanGraphError(ValueError):
     """The blob carries no graph, or one of the wrong shape."""
 
@@ -86,14 +78,31 @@ class BlobTensor(NamedTuple):
     data_type: str | None  # the frontend's name; None: NOT_SET
     is_virtual: bool
     is_pass_by_value: bool
+    ragged_offset: int | None = None  # the uid of its ragged offset tensor
+    fields: Mapping[str, Any] = {}  # every field as written (reordering, multiplier, value...)
+
+
+class BlobNode(NamedTuple):
+    """One op of a blob's graph: its tag, its ports (port name -> uid, or a list of uids for
+    a list port) and every other field it carries (its attributes), as written."""
+
+    tag: str
+    inputs: Mapping[str, Any]
+    outputs: Mapping[str, Any]
+    attributes: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
 class PlanGraph:
-    """The graph of a blob: its tensors by uid and its ops' tags, in order."""
+    """The graph of a blob: its tensors by uid, its ops in order, its context."""
 
     tensors: dict[int, BlobTensor]
-    tags: tuple[str, ...]
+    nodes: tuple[BlobNode, ...]
+    context: Mapping[str, Any]
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return tuple(node.tag for node in self.nodes)
 
 
 def read_graph(blob: bytes) -> PlanGraph:
@@ -102,8 +111,8 @@ def read_graph(blob: bytes) -> PlanGraph:
     found = blob_fields(blob)
     if not isinstance(found, dict) or not found.keys() >= _GRAPH_KEYS:
         raise PlanGraphError("the blob carries no graph (no tensors and nodes at its top level)")
-    tensors, nodes = found["tensors"], found["nodes"]
-    if not isinstance(tensors, list) or not isinstance(nodes, list):
+    tensors, nodes, context = found["tensors"], found["nodes"], found.get("context") or {}
+    if not isinstance(tensors, list) or not isinstance(nodes, list) or not isinstance(context, dict):
         raise PlanGraphError("the blob's tensors and nodes are not lists")
     read: dict[int, BlobTensor] = {}
     for tensor in tensors:
@@ -111,42 +120,36 @@ def read_graph(blob: bytes) -> PlanGraph:
         if type(uid) is not int or uid in read:
             raise PlanGraphError(f"a tensor of the blob has a missing or repeated uid ({uid!r})")
         read[uid] = _tensor(tensor, uid)
-    tags = tuple(node.get("tag") if isinstance(node, dict) else None for node in nodes)
-    if not all(isinstance(tag, str) for tag in tags):
-        raise PlanGraphError("a node of the blob has no tag")
-    return PlanGraph(read, tags)  # type: ignore[arg-type]  # every tag checked a str just above
+    return PlanGraph(read, tuple(_node(node, i) for i, node in enumerate(nodes)), context)
 
 
 def _tensor(tensor: Mapping[str, Any], uid: int) -> BlobTensor:
     dims, strides, data_type = tensor.get("dim"), tensor.get("stride"), tensor.get("data_type")
-    virtual, by_value = tensor.get("is_virtual"), tensor.get("is_pass_by_value")
+    virtual, by_value, ragged = tensor.get("is_virtual"), tensor.get("is_pass_by_value"), tensor.get("ragged_offset_uid")
     if not (_ints(dims) and _ints(strides) and (data_type is None or isinstance(data_type, str))
-            and type(virtual) is bool and type(by_value) is bool):  # fmt: skip
+            and type(virtual) is bool and type(by_value) is bool and (ragged is None or type(ragged) is int)):  # fmt: skip
         raise PlanGraphError(f"tensor {uid} of the blob has fields of the wrong types")
-    return BlobTensor(tuple(dims), tuple(strides), data_type, virtual, by_value)
+    return BlobTensor(tuple(dims), tuple(strides), data_type, virtual, by_value, ragged, tensor)
+
+
+_PORT_KEYS = frozenset({"tag", "name", "inputs", "outputs"})
+
+
+def _node(node: Any, index: int) -> BlobNode:
+    if not isinstance(node, dict) or not isinstance(node.get("tag"), str):
+        raise PlanGraphError(f"node {index} of the blob has no tag")
+    inputs, outputs = node.get("inputs") or {}, node.get("outputs") or {}
+    if not (isinstance(inputs, dict) and isinstance(outputs, dict)
+            and all(_port(uid) for uid in (*inputs.values(), *outputs.values()))):  # fmt: skip
+        raise PlanGraphError(f"node {index} of the blob has ports of the wrong types")
+    attributes = {name: value for name, value in node.items() if name not in _PORT_KEYS}
+    return BlobNode(node["tag"], inputs, outputs, attributes)
+
+
+def _port(uid: Any) -> bool:
+    """A port holds a uid, a list of uids (concatenation, peer stats), or nothing."""
+    return uid is None or type(uid) is int or _ints(uid)
 
 
 def _ints(values: Any) -> TypeGuard[list[int]]:
     return isinstance(values, list) and all(type(v) is int for v in values)
-
-
-def frontend_tensor(uid: int, dims: Sequence[int], strides: Sequence[int], dtype: str | None, *, virtual: bool,
-                    by_value: bool, name: str) -> dict[str, Any]:  # fmt: skip
-    """A tensor of a blob's graph as the frontend writes one, from a description's fields
-    (``dtype``: the description's name, ``data_type.HALF``); of the frontend's fields, those
-    that say what the tensor is (a by-value tensor's value and a reordering are left out)."""
-    return {
-        "data_type": DATA_TYPES[dtype] if dtype is not None else None,
-        "dim": list(dims),
-        "is_pass_by_value": by_value,
-        "is_virtual": virtual,
-        "name": name,
-        "stride": list(strides),
-        "uid": uid,
-    }
-
-
-def frontend_node(node_type: str, name: str) -> dict[str, Any]:
-    """A node of a blob's graph as the frontend writes one (its tag and name; the CPU
-    test backend writes no op attributes, which no check reads)."""
-    return {"name": name, "tag": NODE_TAGS.get(node_type, node_type)}

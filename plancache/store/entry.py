@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..formats.plan_graph import DATA_TYPES, NODE_TAGS, PlanGraph, read_graph
-from ..key import KEY_FORMAT, canonical_json, environment_id, used_tensors
+from ..key import KEY_FORMAT, canonical_json, environment_id
+from .judge import form_of, judge
 
 __all__ = [
     "CHECK_RULE",
@@ -25,7 +25,6 @@ __all__ = [
     "MAX_WORKSPACE",
     "NEVER_CHECKED",
     "Entry",
-    "graph_problem",
     "load_json",
     "problem",
     "sha256",
@@ -264,7 +263,7 @@ def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str |
     checksum, the metadata checksum (tensor table, engine, workspace size), the environment,
     the key and environment id re-derived from what the row records (a row altered, copied
     under another key, or stored by an older key format), the tensor table against the
-    graph, and the blob's own graph against it (``graph_problem``: a blob of another graph,
+    graph, and the blob's own graph against it (``store.judge``: a blob of another graph,
     its checksum recomputed). Costs a JSON encoding and two SHA-256 hashes of the row, and
     a read of the blob's graph (``scripts/bench_blob_check.py`` prints what that costs).
     An entry whose fields have the wrong shapes (a list where the graph's description
@@ -297,7 +296,7 @@ def _unsound(entry: Entry, environment: Mapping[str, Any] | None) -> str | None:
         return "metadata checksum mismatch (tensor table, engine, workspace size or check record altered)"
     if entry.check is not None and not isinstance(entry.check, dict):
         return f"malformed entry (its check record is a {type(entry.check).__name__})"
-    return _tensor_problem(entry) or graph_problem(entry.blob, entry.description)
+    return _tensor_problem(entry) or judge(entry.blob, entry.description, form_of(entry.key, entry.description)).refusal
 
 
 def _tensor_problem(entry: Entry) -> str | None:
@@ -319,55 +318,6 @@ def _tensor_problem(entry: Entry) -> str | None:
         if stored != (graph_tensor.get("dim"), graph_tensor.get("stride"), graph_tensor.get("dtype")):
             return f"tensor table does not match the graph (uid {spec.get('uid')}: {stored[:2]})"
     return None
-
-
-def graph_problem(blob: bytes, description: Mapping[str, Any]) -> str | None:
-    """Whether ``blob`` is a plan of another graph than ``description``'s: its ops (their
-    tags, in the order the frontend lowered them, which is the description's) and every
-    caller tensor the description has (uid; dims, strides and data type where the
-    description fixes them: outputs may leave dims to inference) must agree with the
-    description. A blob that carries no graph (an older CPU test plan) cannot be proven, so
-    is refused."""
-    try:
-        graph = read_graph(blob)
-    except ValueError as exc:
-        return f"the blob's graph cannot be read ({str(exc)[:200]})"
-    tags = tuple(NODE_TAGS.get(node.get("type"), "") for node in description.get("nodes") or [])
-    if tags != graph.tags:
-        return f"the blob is a plan of another graph (its ops are {'+'.join(graph.tags)[:200]})"
-    described, used = description.get("tensors") or {}, used_tensors(description)
-    transposed = any(tag.startswith("SDPA") for tag in graph.tags)  # attention hands cuDNN K (and V in backward) transposed
-    for tid, tensor in described.items():  # a tensor no node uses is in no plan
-        if tid[0] == "u" and tid in used and (reason := _tensor_disagrees(int(tid[1:]), tensor, graph, transposed)) is not None:
-            return f"the blob is a plan of another graph (tensor {tid[1:]}: {reason})"
-    for uid, found in graph.tensors.items():  # the frontend's own by-value scalars (attention's scale) are its only extras
-        if not found.is_virtual and not found.is_pass_by_value and f"u{uid}" not in described:
-            return f"the blob is a plan of another graph (tensor {uid} is not the key's)"
-    return None
-
-
-def _tensor_disagrees(uid: int, tensor: Mapping[str, Any], graph: PlanGraph, transposed: bool) -> str | None:
-    found = graph.tensors.get(uid)
-    if found is None or found.is_virtual:
-        return "not in the blob"
-    dtype = tensor.get("dtype")
-    if dtype is not None and DATA_TYPES.get(dtype) != found.data_type:
-        return f"data type {found.data_type}, not {dtype}"
-    if found.is_pass_by_value != bool(tensor.get("is_pass_by_value")):
-        return "passed by value in one graph only"
-    dims, strides = tensor.get("dim"), tensor.get("stride")
-    layouts = [(found.dims, found.strides)]
-    if transposed:
-        layouts.append((_swapped(found.dims), _swapped(found.strides)))
-    for blob_dims, blob_strides in layouts:
-        if (dims is None or tuple(dims) == blob_dims) and (strides is None or tuple(strides) == blob_strides):
-            return None
-    return f"dims {list(found.dims)} strides {list(found.strides)}"
-
-
-def _swapped(values: tuple[int, ...]) -> tuple[int, ...]:
-    """``values`` with its last two swapped: the same memory, transposed."""
-    return (*values[:-2], values[-1], values[-2]) if len(values) >= 2 else values
 
 
 _INSERT_COLUMNS = (

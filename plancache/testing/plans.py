@@ -5,10 +5,12 @@ It is UBJSON with the fields a real blob has (``json_version``, ``cudnn_backend_
 parsing, gate and variant-pack layout as a GPU's (``engines.native``). What the simulated
 library finalizes, ``cudnn_backend_data``, is JSON of the graph's description, its tensor
 table and the engine (and how that engine computes, ``kernels.Behaviour``, when it is not
-the reference's way). Its graph (``tensors`` and ``nodes`` at the top level) is written from
-the description in the frontend's format, so the store's check of a blob against its key
-(``store.entry``) reads a CPU blob as it reads a GPU's. A damaged blob is refused, as cuDNN
-refuses one.
+the reference's way). Its graph (``context``, ``tensors`` and ``nodes`` at the top level) is
+the description's frontend form (``key.frontend_form``): the ops with their attributes and
+ports, the tensors laid out as the frontend lays them out (a 1-D ragged offset of attention
+written ``[n, 1, 1, 1]``, K transposed), attention's own by-value scale, so the store's
+judge (``store.judge``) reads a CPU blob as it reads a GPU's. A damaged blob is refused, as
+cuDNN refuses one.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engines.backend import EngineChoice
-from ..formats.plan_graph import frontend_node, frontend_tensor
 from ..formats.ubjson import decode as decode_ubjson
 from ..formats.ubjson import encode as encode_ubjson
 from ..key import TensorSpec, canonical_json, used_tensors
+from ..key.frontend_form import frontend_form, frontend_graph
 
 __all__ = ["FORMAT", "decode", "encode", "graph_blob", "note_build", "payload", "payload_of"]
 
@@ -69,8 +71,7 @@ def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine
         "json_version": FORMAT,
         "cudnn_backend_data": backend,
         "variant_pack_uids": sorted(spec.uid for spec in lowered),
-        "tensors": _graph_tensors(lowered),
-        "nodes": _graph_nodes(description),
+        **_graph(description, tensors),
         "pass_by_values": {},
         "workspace_modifications": {},
         "variant_pack_replacements": [],
@@ -89,24 +90,22 @@ def _lowered(description: Mapping[str, Any], tensors: Sequence[TensorSpec]) -> l
     return [spec for spec in tensors if f"u{spec.uid}" in used]
 
 
-def _graph_nodes(description: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [frontend_node(str(node["type"]), f"node{i}") for i, node in enumerate(description.get("nodes", []))]
-
-
-def _graph_tensors(tensors: Sequence[TensorSpec]) -> list[dict[str, Any]]:
-    """The blob's tensors: the table's, with the shapes the plan runs with (outputs' inferred
-    ones included). The frontend writes its virtual tensors too; no check reads them, and
-    they are left out to keep a test plan small."""
-    return [frontend_tensor(spec.uid, spec.dims, spec.strides, spec.dtype, virtual=False, by_value=spec.is_pass_by_value,
-                            name=spec.name) for spec in tensors]  # fmt: skip
+def _graph(description: Mapping[str, Any], tensors: Sequence[TensorSpec] = ()) -> dict[str, Any]:
+    """The graph fields of the blob: the description's frontend form, with the shapes of the
+    table's tensors where the description leaves them to planning (inferred outputs), and
+    the tensors no node uses left out, as the frontend leaves them out."""
+    form = frontend_form(description)
+    shapes = {f"u{spec.uid}": (list(spec.dims), list(spec.strides)) for spec in tensors}
+    names = {f"u{spec.uid}": spec.name for spec in tensors}
+    return frontend_graph(form, names, shapes)
 
 
 def graph_blob(description: Mapping[str, Any], filler: bytes = b"") -> bytes:
-    """A blob that carries the ops of ``description`` as a frontend plan does (and no
-    tensors), then ``filler``, and nothing a backend could load: what tests of the store and
-    its tiers, which never load a plan, store under a key (the store refuses a blob that
-    carries no graph, or another graph than its key's)."""
-    return encode_ubjson({"tensors": [], "nodes": _graph_nodes(description), "filler": filler.hex()})
+    """A blob that carries the graph of ``description`` as a frontend plan does, then
+    ``filler``, and nothing a backend could load: what tests of the store and its tiers,
+    which never load a plan, store under a key (the store refuses a blob that carries no
+    graph, or another graph than its key's)."""
+    return encode_ubjson({**_graph(description), "filler": filler.hex()})
 
 
 def payload_of(text: str) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...formats.plan_graph import blob_fields
+from ...formats.plan_graph import blob_fields, float_bits
 from ...formats.ubjson import UbjsonError
 from ...key import TensorSpec
 from ..inputs import DTYPE_BYTES
@@ -109,15 +109,11 @@ class RecordError(ValueError):
 
 
 def _float_bits(value: Any) -> int:
-    """The 32 bits of a float as the frontend writes it: an 8-digit hex string of its
-    bits (kept as they are), or a number."""
-    if isinstance(value, str):
-        if not re.fullmatch(r"[0-9A-Fa-f]{1,8}", value):
-            raise RecordError(f"a float's bits must be 8 hex digits, not {value[:20]!r}")
-        return int(value, 16)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RecordError(f"a float must be its bits in hex or a number, not {type(value).__name__}")
-    return int(struct.unpack("<I", struct.pack("<f", value))[0])
+    """The 32 bits of a float as the frontend writes it (``formats.plan_graph.float_bits``)."""
+    try:
+        return float_bits(value)
+    except ValueError as exc:
+        raise RecordError(str(exc)) from None
 
 
 def _float_of(bits: int) -> float:

@@ -1,0 +1,258 @@
+"""The judge: whether a stored blob is a plan of its key's own graph.
+
+A row's checksums say its bytes are the ones written; they cannot say the blob belongs to
+the key (a row holding another graph's blob, its checksum recomputed, passes them). The
+blob says what it is a plan of: the graph the frontend built it from, normalized as the
+frontend normalizes (``formats.plan_graph`` reads it). ``judge`` holds that graph against
+the form the key's description says the frontend writes (``key.frontend_form``), field by
+field:
+
+* the ops, in order: tags, and every attribute a rule derives from the description
+  (pointwise mode and clips, convolution padding, stride and dilation, attention's scale,
+  masks and bounds, norm phases, reduction and MoE modes...) with its default where the
+  description leaves it;
+* the wiring: the tensor at every port of every op (caller tensors by uid, the graph's own
+  intermediate tensors by one consistent pairing);
+* every caller tensor: data type, by-value or not, dims and strides as the frontend lays
+  them out, its ragged offset and that offset's multiplier, its reordering;
+* the graph's data types and flags;
+* and no tensor a caller binds that the key's graph does not have.
+
+What no rule covers is named in ``Judgement.unproven`` rather than guessed either way;
+docs/reliability.md lists both.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..formats.plan_graph import BlobNode, BlobTensor, PlanGraph, float_bits, read_graph
+from ..key.frontend_form import F32, FormNode, FrontendForm, frontend_form, layouts
+
+__all__ = ["ANOTHER_GRAPH", "Judgement", "form_of", "judge"]
+
+#: How every refusal of a readable blob begins.
+ANOTHER_GRAPH = "the blob is a plan of another graph"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The judge's verdict on one blob: ``refusal`` says why it is not a plan of the key's
+    graph (None: it is), ``unproven`` what the description says that nothing in the blob
+    could be held to."""
+
+    refusal: str | None
+    unproven: tuple[str, ...] = ()
+
+
+_FORMS: OrderedDict[str, FrontendForm] = OrderedDict()
+_FORMS_LOCK = threading.Lock()
+_FORMS_KEPT = 256
+
+
+def form_of(key: str, description: Mapping[str, Any]) -> FrontendForm:
+    """The frontend form of ``description``, kept per key: call it only once the key is
+    known to be the hash of this description (``store.entry`` checks that first), so one
+    key has one form."""
+    with _FORMS_LOCK:
+        form = _FORMS.get(key)
+        if form is not None:
+            _FORMS.move_to_end(key)
+            return form
+    form = frontend_form(description)
+    with _FORMS_LOCK:
+        _FORMS[key] = form
+        while len(_FORMS) > _FORMS_KEPT:
+            _FORMS.popitem(last=False)
+    return form
+
+
+def judge(blob: bytes, description: Mapping[str, Any], form: FrontendForm | None = None) -> Judgement:
+    """Whether ``blob`` is a plan of ``description``'s graph (``form``: its frontend form,
+    when the caller has it already). A description of the wrong shape is a refusal."""
+    try:
+        graph = read_graph(blob)
+    except ValueError as exc:
+        return Judgement(f"the blob's graph cannot be read ({str(exc)[:200]})")
+    try:
+        return _Judge(form if form is not None else frontend_form(description), graph).run()
+    except (AttributeError, TypeError, KeyError, ValueError) as exc:
+        return Judgement(f"{ANOTHER_GRAPH} (it cannot be compared: {type(exc).__name__}: {str(exc)[:200]})")
+
+
+class _Refused(Exception):
+    """One difference found: the first one ends the judgement."""
+
+
+def _spelling(name: str) -> str:
+    return name.replace("_", "").lower()
+
+
+class _Judge:
+    """One comparison of a blob's graph with a form."""
+
+    def __init__(self, form: FrontendForm, graph: PlanGraph) -> None:
+        self.form = form
+        self.graph = graph
+        self.uid_of: dict[str, int] = {tid: t.uid for tid, t in form.tensors.items() if t.uid is not None}
+        self.tid_of: dict[int, str] = {uid: tid for tid, uid in self.uid_of.items()}
+        self.notes: list[str] = []
+
+    def run(self) -> Judgement:
+        try:
+            if tuple(node.tag for node in self.form.nodes) != self.graph.tags:
+                raise _Refused(f"its ops are {'+'.join(self.graph.tags)[:200]}")
+            self.context()
+            for node, found in zip(self.form.nodes, self.graph.nodes):
+                self.attributes(node, found)
+                self.ports(node, found)
+            self.tensors()
+        except _Refused as exc:
+            return Judgement(f"{ANOTHER_GRAPH} ({exc})")
+        return Judgement(None, (*self.form.unproven, *self.notes))
+
+    # ------------------------------------------------------------------ the graph and its ops
+
+    def context(self) -> None:
+        context = self.graph.context
+        for name, expected in self.form.context.items():
+            if name not in context or context[name] != expected:
+                raise _Refused(f"its {name} is {context.get(name, 'not said')!r}, not {expected!r}")
+
+    def attributes(self, node: FormNode, found: BlobNode) -> None:
+        for name, expected in node.attributes.items():
+            if name not in found.attributes:
+                raise _Refused(f"node {node.index} ({node.tag}) does not say its {name}")
+            if not _same(expected, found.attributes[name]):
+                raise _Refused(f"node {node.index} ({node.tag}) has {name} {found.attributes[name]!r}, not {_shown(expected)!r}")
+
+    def ports(self, node: FormNode, found: BlobNode) -> None:
+        for side, ports, held in (("input", node.inputs, found.inputs), ("output", node.outputs, found.outputs)):
+            matched: set[str] = set()
+            loose: list[str] = []
+            spelled = {_spelling(name): name for name in held}
+            for port in ports:
+                name = port.name if port.exact else spelled.get(_spelling(port.name))
+                if name is None or name not in held:
+                    if port.exact:
+                        raise _Refused(f"node {node.index} ({node.tag}) has no {side} {port.name}")
+                    loose.append(port.tid)
+                    continue
+                matched.add(name)
+                self.bind(port.tid, held[name], f"{side} {name} of node {node.index} ({node.tag})")
+            for tid in loose:  # a port plancache cannot name in the blob: its tensor must be among the node's
+                uid = self.uid_of.get(tid)
+                if uid is not None and uid not in _uids(held.values()):
+                    raise _Refused(f"node {node.index} ({node.tag}) does not {side} tensor {uid}")
+                self.notes.append(f"node {node.index} ({node.tag}): an {side} port matched by its tensor only")
+            for name, uid in held.items():
+                if name in matched or uid is None:
+                    continue
+                others = {self.tid_of.get(u) for u in _uids([uid])} - {None}
+                if others - set(loose):  # a tensor of the key's graph at a port the key's graph does not have
+                    raise _Refused(f"node {node.index} ({node.tag}) has {side} {name}, which the key's graph does not")
+                if name not in node.extras and not all(self._own(u) for u in _uids([uid])):
+                    raise _Refused(f"node {node.index} ({node.tag}) has {side} {name}, which the key's graph does not")
+
+    def _own(self, uid: int) -> bool:
+        """Whether ``uid`` is a tensor the frontend made itself (virtual, or by value)."""
+        tensor = self.graph.tensors.get(uid)
+        return tensor is not None and (tensor.is_virtual or tensor.is_pass_by_value)
+
+    def bind(self, tid: str, uid: Any, where: str) -> None:
+        """Pair the description's tensor ``tid`` with the blob's ``uid``: a caller tensor
+        with its own uid, the graph's own tensors one to one."""
+        if type(uid) is not int:
+            raise _Refused(f"{where} holds {uid!r}, not one tensor")
+        bound = self.uid_of.get(tid)
+        if bound is None:
+            if uid in self.tid_of:
+                raise _Refused(f"{where} holds tensor {uid}, which is another of the key's graph")
+            self.uid_of[tid], self.tid_of[uid] = uid, tid
+        elif bound != uid:
+            raise _Refused(f"{where} holds tensor {uid}, not {bound}")
+
+    # ------------------------------------------------------------------ tensors
+
+    def tensors(self) -> None:
+        implementations = {n.index: found.attributes.get("implementation")
+                           for n, found in zip(self.form.nodes, self.graph.nodes)}  # fmt: skip
+        laid_out = layouts(self.form, implementations)
+        for tid, tensor in self.form.tensors.items():
+            uid = self.uid_of.get(tid)
+            if uid is None or (tensor.kind == "caller" and tid not in self.form.used):
+                continue  # a tensor no node uses is in no plan; an unpaired intermediate was compared by its ports
+            found = self.graph.tensors.get(uid)
+            if found is None:
+                raise _Refused(f"tensor {uid} is not in the blob")
+            what = f"tensor {uid}" if tensor.kind == "caller" else f"its tensor {uid} ({tid})"
+            if found.is_virtual != (tensor.kind == "virtual"):
+                raise _Refused(f"{what} is {'virtual' if found.is_virtual else 'not virtual'} in one graph only")
+            if found.is_pass_by_value != tensor.by_value:
+                raise _Refused(f"{what} is passed by value in one graph only")
+            if tensor.data_type is not None and found.data_type != tensor.data_type:
+                raise _Refused(f"{what}: data type {found.data_type}, not {tensor.data_type}")
+            if tid in laid_out and (found.dims, found.strides) not in laid_out[tid]:
+                raise _Refused(f"{what}: dims {list(found.dims)} strides {list(found.strides)}")
+            if tensor.kind == "scalar":
+                self.scalar(what, tensor.value, found)
+                continue
+            self.ragged(what, tensor.ragged_offset, found)
+            for name, expected in tensor.fields.items():
+                if found.fields.get(name, _DEFAULTS.get(name)) != expected:
+                    raise _Refused(f"{what}: {name} {found.fields.get(name)!r}, not {expected!r}")
+        for uid, found in self.graph.tensors.items():  # the frontend's own tensors are its only extras
+            if uid not in self.tid_of and not found.is_virtual and not found.is_pass_by_value:
+                raise _Refused(f"tensor {uid} is not the key's")
+
+    def ragged(self, what: str, offset: str | None, found: BlobTensor) -> None:
+        expected = None if offset is None else self.uid_of.get(offset)
+        if offset is not None and expected is None:  # an offset only its tensor names: paired here
+            if found.ragged_offset is None:
+                raise _Refused(f"{what} has no ragged offset")
+            self.bind(offset, found.ragged_offset, f"the ragged offset of {what}")
+        elif found.ragged_offset != expected:
+            raise _Refused(f"{what}: ragged offset {found.ragged_offset}, not {expected}")
+
+    @staticmethod
+    def scalar(what: str, value: F32 | None, found: BlobTensor) -> None:
+        held = found.fields.get("pass_by_value")
+        if value is None or not isinstance(held, dict):
+            return
+        if not _same(value, held.get("value")):
+            raise _Refused(f"{what} holds {held.get('value')!r}, not {value.hex()}")
+
+
+#: What the frontend leaves out of a tensor's JSON when it is the default.
+_DEFAULTS = {"reordering_type": "NONE", "ragged_offset_multiplier": 1}
+
+
+def _uids(values: Any) -> set[int]:
+    found: set[int] = set()
+    for value in values:
+        if type(value) is int:
+            found.add(value)
+        elif isinstance(value, list):
+            found.update(v for v in value if type(v) is int)
+    return found
+
+
+def _same(expected: Any, found: Any) -> bool:
+    if isinstance(expected, F32):
+        try:
+            return found is not None and float_bits(found) == int(expected)
+        except ValueError:
+            return False
+    if isinstance(expected, float) and isinstance(found, (int, float)) and not isinstance(found, bool):
+        return float(found) == expected
+    if type(expected) is bool or type(found) is bool:
+        return type(expected) is type(found) and expected == found
+    return bool(expected == found)
+
+
+def _shown(value: Any) -> Any:
+    return value.hex() if isinstance(value, F32) else value
