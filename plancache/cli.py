@@ -552,7 +552,8 @@ def _difference(path: str, a: Any, b: Any) -> dict[str, Any]:
 @click.pass_obj
 def stats(obj: _Context) -> None:
     """Totals of the store: entries, bytes, hits, quarantined entries, counters (remote
-    hits, misses, publishes and refusals among them, as flushed by every process)."""
+    hits, misses, publishes and refusals among them, as flushed by every process), and the
+    graphs whose plans cannot be stored, and why."""
     store = obj.existing_store()
     undecodable: dict[str, str] = {}
     if store is None:
@@ -586,6 +587,8 @@ def stats(obj: _Context) -> None:
         yield f"build time    {d['build_seconds']:.1f} s stored (saved again on every hit)"
         yield "by policy     " + ", ".join(f"{k}: {v}" for k, v in d["by_policy"].items())
         yield f"quarantined   {d['quarantined']}"
+        for row in d["unstored"]:  # built and not stored: every start of its program builds it again
+            yield f"not stored    {row['key'][:12]} {row['label']} ({row['why']}, {row['times']} time(s)): {row['reason']}"
         if d["undecodable"]:
             yield f"undecodable   {len(d['undecodable'])} ({maintenance.UNDECODABLE_HINT})"
         for name, value in sorted(d["counters"].items()):
@@ -600,7 +603,7 @@ def stats(obj: _Context) -> None:
 def _empty_stats(directory: Path) -> dict[str, Any]:
     """``Store.stats()`` of a cache with nothing stored yet (and no file)."""
     return {"path": str(directory / DB_NAME), "read_only": False, "file_bytes": 0, "entries": 0, "blob_bytes": 0, "hits": 0,
-            "environments": 0, "build_seconds": 0.0, "by_policy": {}, "quarantined": 0, "counters": {}}  # fmt: skip
+            "environments": 0, "build_seconds": 0.0, "by_policy": {}, "quarantined": 0, "unstored": [], "counters": {}}  # fmt: skip
 
 
 @cli.command()

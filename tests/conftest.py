@@ -3,6 +3,7 @@ run real cudnn.pygraph graphs through ``CpuTestBackend``."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sqlite3
@@ -90,6 +91,36 @@ def plancache_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             found = sorted((tmp / "dist").glob("plancache-*.whl"))
     (wheel,) = found
     return wheel
+
+
+class _JudgeDisagreements(logging.Handler):
+    """Keeps every warning that the judge refused a plan the frontend had just built."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "the judge refuses a plan cuDNN Frontend just built" in message:
+            self.seen.append(message)
+
+
+@pytest.fixture(autouse=True)
+def judge_agrees_with_the_frontend(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test in which the judge refuses a plan just built for its own graph fails: that
+    is a defect of the judge (plancache serves such a plan and never stores it, so nothing
+    else in the test may notice). ``@pytest.mark.judge_disagreement``: a test that makes
+    the judge disagree on purpose."""
+    handler = _JudgeDisagreements()
+    logger = logging.getLogger("plancache")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    if handler.seen and request.node.get_closest_marker("judge_disagreement") is None:
+        pytest.fail(f"the judge disagreed with the frontend: {handler.seen[0]}")
 
 
 @pytest.fixture(autouse=True)

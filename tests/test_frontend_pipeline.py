@@ -231,8 +231,10 @@ def test_a_plan_that_cannot_be_loaded_back_is_never_stored(serve: Callable[..., 
     assert fe.frontend_built(mm.g) and frontend.plan_of(mm.g) is None and cache.store.keys() == []
     stats = cache.stats()
     assert stats["process"]["unloadable"] == 1
-    (refused,) = stats["unloadable_plans"].values()
-    assert refused["graph"].startswith("MATMUL") and "unloadable= candidate" in refused["why"]
+    (refused,) = stats["unstored_plans"].values()
+    assert (
+        refused["graph"].startswith("MATMUL") and refused["why"] == "unloadable" and "unloadable= candidate" in refused["reason"]
+    )
 
 
 def test_a_graph_never_runs_a_stored_plan_its_lookup_did_not_choose(serve: Callable[..., PlanCache], fe: CpuFrontend) -> None:

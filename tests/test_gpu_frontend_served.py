@@ -6,7 +6,7 @@ the same cache, and:
 
 * its outputs match a float32 PyTorch reference in both;
 * the cold run stores a plan per graph, or says why it did not (a plan that cannot be loaded
-  back is never stored: ``stats()["unloadable_plans"]``);
+  back is never stored: ``stats()["unstored_plans"]``);
 * the warm run serves every stored plan from the store, loaded by its lookup (a hit) or,
   with auto-prime on as it is by default, by the primer ahead of it (then a memory hit),
   and deserializes each once into the program's graph (``pygraph.deserialize`` counted:
@@ -58,7 +58,7 @@ cudnn.pygraph.deserialize = counting
 runpy.run_path(sys.argv[1], run_name="__main__")
 import plancache.integrations.frontend as frontend
 stats = frontend.current().stats()
-print("CHILD_STATS " + json.dumps({"counters": stats["process"], "unloadable": stats["unloadable_plans"],
+print("CHILD_STATS " + json.dumps({"counters": stats["process"], "unloadable": stats["unstored_plans"],
                                    "deserialized": len(deserialized)}))
 """
 
@@ -90,7 +90,7 @@ def test_this_passes_programs_are_served_stored_and_hit_once_each(tmp_path: Path
     print(f"\n{program}: {graphs} graphs, {len(keys)} stored, refused {json.dumps(refused)}; "
           f"deserialized cold {cold['deserialized']}, warm {warm['deserialized']}")  # fmt: skip
     assert cold["counters"]["misses"] == graphs and len(keys) + len(refused) == graphs, (cold["counters"], refused)
-    assert all(r["why"] for r in refused.values())
+    assert all(r["reason"] for r in refused.values())
     # Auto-prime (the default) may load a plan before the program asks for it: "primed", not a hit.
     served = warm["counters"]["hits"] + warm["counters"]["primed"]
     assert served == len(keys) and warm["counters"]["misses"] == len(refused), warm["counters"]

@@ -24,15 +24,16 @@ def test_a_plan_that_cannot_be_loaded_back_runs_but_is_never_stored(make_cache: 
     assert plan.source == "built"
     assert_runs_correctly(plan, spec)  # the process that built it runs it
     assert cache.store.keys() == [] and cache.counters["unloadable"] == 1
-    refused = cache.stats()["unloadable_plans"][plan.key]
+    refused = cache.stats()["unstored_plans"][plan.key]
     assert refused["graph"].startswith("CONV_FPROP")
-    assert refused["why"] == (
+    assert refused["why"] == "unloadable"
+    assert refused["reason"] == (
         "it could not be loaded back from its blob (NativeError: cudnnBackendFinalize(EXECUTION_PLAN) failed: "
         "CUDNN_STATUS_NOT_SUPPORTED (3000): the test plan of an unloadable= candidate)"
     )
     assert plan.native.__class__.__name__ == "FrontendGraph", "runs as built, through the frontend's path"
     assert [r.message for r in caplog.records].count(
-        f"plancache: not storing the plan of {plan.key[:12]} ({refused['graph']}): {refused['why']}"
+        f"plancache: not storing the plan of {plan.key[:12]} ({refused['graph']}): {refused['reason']}"
     ) == 1
     again = make_cache(backend=CpuTestBackend(unloadable=range(4)))  # a new process: nothing to hit, it builds again
     assert again.get(spec.graph()).source == "built" and again.counters["misses"] == 1
@@ -51,7 +52,7 @@ def test_the_lookups_own_load_decides_what_is_stored(make_cache: MakeCache) -> N
     cache = make_cache()
     plan = cache.get(spec.graph(), load=refusing)
     assert len(calls) == 1 and cache.store.keys() == []
-    assert "RuntimeError: this caller cannot load it" in cache.stats()["unloadable_plans"][plan.key]["why"]
+    assert "RuntimeError: this caller cannot load it" in cache.stats()["unstored_plans"][plan.key]["reason"]
     stored = make_cache().get(spec.graph())  # the backend's own load: stored
     fresh = make_cache()
     loaded: list[Any] = []

@@ -307,13 +307,16 @@ class PlanCache:
     def stats(self) -> dict[str, Any]:
         """This process's counters, the store's totals, and the remote tier's counters;
         ``native_fallbacks``: plans loaded through the frontend's path instead of cuDNN's C
-        API (with the reasons); ``unloadable_plans``: the plans this process built but did
-        not store because they could not be loaded back (key -> graph and why)."""
+        API (with the reasons); ``unstored_plans``: the plans this process built but did not
+        store (key -> graph, why: ``unloadable`` or ``judge_disagreements``, and the reason);
+        ``judge_disagreement``: the first reason the judge gave for refusing a plan just built
+        (None: it refused none)."""
         fallbacks = dict(getattr(self.backend, "native_fallbacks", None) or {})
         data: dict[str, Any] = {"process": {**self.counters, "memory_plans": len(self.memory), "memory_evicted": self.memory.evicted,
                                             "native_fallbacks": sum(fallbacks.values()), "native_fallback_reasons": fallbacks},
                                 "store": self.local.stats()}  # fmt: skip
-        data["unloadable_plans"] = self.lookup.unloadable.report()
+        data["unstored_plans"] = self.lookup.unstored.report()
+        data["judge_disagreement"] = self.lookup.unstored.first_disagreement
         if self.remote is not None:
             data["remote"] = self.remote.stats()
         return data

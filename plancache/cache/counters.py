@@ -14,7 +14,8 @@ __all__ = ["NAMES", "Counters"]
 
 #: Every counter, in the order ``stats`` lists them.
 NAMES = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "store_errors", "waits", "unpersisted",
-         "kernel_cache_restores", "primed", "no_majority", "rechecks", "load_failures", "unloadable")  # fmt: skip
+         "kernel_cache_restores", "primed", "no_majority", "rechecks", "load_failures", "unloadable",
+         "judge_disagreements")  # fmt: skip
 
 
 class Counters(dict[str, int]):

@@ -34,7 +34,7 @@ from .flight import SingleFlight
 from .kernel_cache import KernelCache
 from .keys import GraphKeys
 from .loads import Loads
-from .unloadable import Unloadable
+from .unstored import Unstored, Why
 
 __all__ = ["Lookup", "Unserved", "Verdict"]
 
@@ -91,7 +91,7 @@ class Lookup:
         self._warn_once = warn
         self.kernel_cache = KernelCache(backend, local, counters, warn, persist_kernel_cache)
         self.loads = Loads()
-        self.unloadable = Unloadable(backend, counters, warn)  # plans never stored: they could not be loaded back
+        self.unstored = Unstored(backend, counters, local, warn)  # plans built and never stored, and why
         #: ``record(graph, key)`` for every graph looked up (manifests, ``PLANCACHE_RECORD``).
         self.recorders: list[Callable[[Any, CacheKey], None]] = []
         self.closed = False
@@ -410,13 +410,19 @@ class Lookup:
     def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
                  timing: dict[str, Any], build_seconds: float, autotune_seconds: float,
                  check: dict[str, Any] | None, device: int, load: Load | None) -> Any:  # fmt: skip
-        """Store ``built`` once it loaded back from its blob; returns what this process runs:
-        the plan loaded back (launched as every later process launches it), else the plan
-        as built, which is then never stored."""
-        loaded = self.unloadable.load_back(key, built, device, load)
+        """Store ``built`` once it loaded back from its blob and the judge accepts it as every
+        later lookup will judge it; returns what this process runs: the plan loaded back
+        (launched as every later process launches it), else the plan as built. A plan that
+        cannot be loaded back, or that the judge refuses, is never stored or published
+        (``cache.unstored``): storing it would only make each later start refuse it."""
+        loaded = self.unstored.load_back(key, built, device, load)
         if loaded is None:  # a later lookup could not load it: never stored
             return built.native
         entry = _entry(key, built, self.backend.name, policy, candidates, timing, build_seconds, autotune_seconds, check)
+        refusal = unsound(entry, key.parts["environment"])
+        if refusal is not None:  # what the frontend built for this graph, refused: the judge is wrong
+            self.unstored.note(key, Why.JUDGE_DISAGREES, refusal)
+            return loaded
         if not self.local.put(entry):
             self.counters.count("unpersisted")
         if self.remote is not None:

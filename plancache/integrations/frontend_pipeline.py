@@ -40,6 +40,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..cache.unstored import Why
 from ..errors import InvalidGraphError, TransientLoadError
 from .frontend_adopt import FRONTEND_VERSIONS, AdoptionError, GraphLoad, adopt, missing_state
 
@@ -288,8 +289,9 @@ class Planner:
             if (entry is not None and entry.blob and sha256(entry.blob) == entry.blob_sha256
                     and entry.engine == engine and entry.workspace_size == plan.workspace_size):  # fmt: skip
                 return bytes(entry.blob)
-        why = cache.lookup.unloadable.why(plan.key)
-        if why is not None:  # built here, and not stored: it cannot be loaded back
+        refused = cache.lookup.unstored.why(plan.key)
+        if refused is not None and refused[0] is Why.UNLOADABLE:  # built here, and not stored: it cannot be loaded back
+            why = refused[1]
             raise Refusal(
                 f"unloadable:{why[:60]}", f"plancache: the plan of this graph is not stored ({why}); the frontend plans it"
             )

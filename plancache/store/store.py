@@ -302,6 +302,7 @@ class Store(Schema, Recovery, Quarantine):
         try:
             with self.transaction() as tx:
                 tx.execute(INSERT_SQL, entry.row())
+                tx.execute("DELETE FROM unstored WHERE key = ?", (entry.key,))  # stored now: no longer one that cannot be
                 return _evict(tx, max_bytes, keep=entry.key) if max_bytes is not None else 0
         except sqlite3.Error as exc:
             self.note_damage(exc)
@@ -309,6 +310,17 @@ class Store(Schema, Recovery, Quarantine):
 
     def delete(self, key: str) -> bool:
         return self._write("DELETE FROM plans WHERE key = ?", (key,)) > 0
+
+    def note_unstored(self, key: str, label: str, why: str, reason: str) -> None:
+        """Record that a process built the plan of ``key`` and did not store it (``why``:
+        ``cache.unstored.Why``'s value), for ``plancache stats``; one short write."""
+        now = time.time()
+        self._write(
+            "INSERT INTO unstored (key, label, why, reason, times, first_at, last_at) VALUES (?, ?, ?, ?, 1, ?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET why = excluded.why, reason = excluded.reason, times = times + 1, "
+            "last_at = excluded.last_at",
+            (key, label, why, reason[:500], now, now),
+        )
 
     @reads
     def resolve(self, prefix: str) -> list[str]:
@@ -385,6 +397,11 @@ class Store(Schema, Recovery, Quarantine):
                 policy = policy if "\ufffd" not in str(policy) else "(undecodable)"
                 by_policy[policy] = by_policy.get(policy, 0) + count
         quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+        with lenient_text(conn):
+            unstored = [
+                dict(r)
+                for r in conn.execute("SELECT key, label, why, reason, times, last_at FROM unstored ORDER BY last_at DESC")
+            ]
         return {
             "path": str(self.path),
             "read_only": self.read_only,
@@ -392,5 +409,6 @@ class Store(Schema, Recovery, Quarantine):
             **dict(row),
             "by_policy": by_policy,
             "quarantined": quarantined,
+            "unstored": unstored,
             "counters": self.counters(),
         }

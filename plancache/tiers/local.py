@@ -158,6 +158,16 @@ class LocalTier:
             log.info("plancache: evicted %d least recently used plans to stay under %d bytes", evicted, self.max_bytes)
         return True
 
+    def note_unstored(self, key: str, label: str, why: str, reason: str) -> None:
+        """Record that this process built the plan of ``key`` and did not store it
+        (``Store.note_unstored``); best effort: a store that cannot take it is told once."""
+        if self.store is None or self.store.read_only:
+            return
+        try:
+            self.store.note_unstored(key, label, why, reason)
+        except (StoreError, OSError, sqlite3.Error) as exc:
+            self._warn("unstored", "plancache: could not record why %s was not stored: %s", key[:12], exc)
+
     def quarantine(self, key: str, judged: Entry | None, reason: str) -> None:
         """Take the judged row out of service (matched by key, recorded checksum and
         creation time); a row another process has since rewritten is left alone. None:
