@@ -73,6 +73,7 @@ WARNING_KINDS = (
     ("load_failure", "failed ("),
     ("unloadable", "not storing the plan of"),
     ("unusable", "is unusable"),
+    ("judge_disagrees", "the judge refuses a plan"),
     ("priming", "priming stopped"),
 )
 _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)(?: - (.*))?$")
@@ -234,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--cache-dir", default=None, help="PLANCACHE_DIR of the drop-in runs (default: a fresh temporary one)")
     parser.add_argument("--stats", action="store_true", help="record `plancache stats --json` after each drop-in run")
+    parser.add_argument("--record-corpus", type=Path, default=None,
+                        help="add the stored entries to the judge's corpus there (scripts/record_plans.py)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take")
     parser.add_argument(
         "--parallel", type=int, default=1,
@@ -278,6 +281,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     summary = report(runs)
     print(f"gpu_frontend_tests: {time.perf_counter() - started:.0f} s in all")
+    if args.record_corpus is not None:
+        from record_plans import record
+
+        print(f"gpu_frontend_tests: {record([cache_dir], args.record_corpus, source='frontend-tests')} entries recorded")
     if args.out:
         Path(args.out).write_text(json.dumps({"files": files, "tests": str(tests), "cache_dir": str(cache_dir), "select": args.select,
                                               "summary": summary, "runs": runs}, indent=1, default=str))  # fmt: skip

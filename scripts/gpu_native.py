@@ -325,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", type=Path, default=None, help="write the blobs and facts here")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--record-corpus", type=Path, default=None,
+                        help="add the stored entries to the judge's corpus there (scripts/record_plans.py)")  # fmt: skip
     parser.add_argument("--only", default="", help="comma-separated graph names")
     benchlib.add_smoke_option(parser)
     args = parser.parse_args(argv)
@@ -353,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
                     {"graph": name, "failure": f"{type(exc).__name__}: {str(exc)[:500]}", "trace": traceback.format_exc()[-2000:]}
                 )
         cache.close()
+        if args.record_corpus is not None:
+            from record_plans import record
+
+            print(f"gpu_native: {record([Path(work)], args.record_corpus, source='plancache-native')} entries recorded")
     print(
         f"{'graph':22} {'result':10} {'FE load ms':>10} {'native ms':>10} {'1st launch':>10} {'FE us':>7} {'native us':>9}  notes"
     )
