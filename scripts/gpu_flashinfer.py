@@ -33,6 +33,7 @@ every warm first call was faster than plain; 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -273,7 +274,9 @@ def _spawn(name: str, mode: str, cache_dir: Path, work: Path) -> dict[str, Any]:
     if mode != "plain":
         env.update(PLANCACHE_PATCH_CUDNN="1", PLANCACHE_DIR=str(cache_dir))
     out = work / f"{abs(hash((name, mode, time.time())))}.json"
-    launch = "import sys; sys.path.insert(0, sys.argv.pop(1)); import _plancache_startup, runpy; runpy.run_path(sys.argv[0], run_name='__main__')"
+    # The start-up hook first, as an installed plancache's .pth file runs it (inert without the variable).
+    launch = ("import sys; sys.path.insert(0, sys.argv.pop(1)); sys.argv.pop(0); import _plancache_startup, runpy; "
+              "runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", launch, str(ROOT), __file__, "--child", name, "--child-out", str(out)],
                           env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     if not out.exists():
@@ -287,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", type=Path, help="copy the cold runs' stored entries there (the judge's corpus)")
     parser.add_argument("--warm-runs", type=int, default=1)
     parser.add_argument("--cases", nargs="*", default=list(CASES))
+    parser.add_argument("--jobs", type=int, default=1, help="cases run at once (each case's modes stay in order)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -299,13 +303,18 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         work, cache_dir = Path(tmp), Path(tmp) / "plancache"
-        for name in args.cases:
+
+        def case(name: str) -> dict[str, dict[str, Any]]:
             rows = {"plain": _spawn(name, "plain", cache_dir, work), "cold": _spawn(name, "cold", cache_dir, work)}
             for i in range(args.warm_runs):
                 rows[f"warm{i + 1}" if args.warm_runs > 1 else "warm"] = _spawn(name, "warm", cache_dir, work)
-            report["cases"][name] = rows
-            failures += _checks(name, rows)
             print(_line(name, rows), flush=True)
+            return rows
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            for name, rows in zip(args.cases, pool.map(case, args.cases)):
+                report["cases"][name] = rows
+                failures += _checks(name, rows)
         if args.record is not None:
             from record_plans import record
 
