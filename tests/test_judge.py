@@ -390,3 +390,15 @@ def test_a_wiring_change_is_refused() -> None:
     node["inputs"] = {"IN_0": node["inputs"]["IN_1"], "IN_1": node["inputs"]["IN_0"]}
     assert ANOTHER_GRAPH in str(judge(blob, swapped).refusal)
     assert description != real  # (the CPU graph and the recorded one are other sizes)
+
+
+def test_record_plans_keeps_each_entry_once_and_reads_back_what_the_judge_accepts(make_cache: MakeCache, tmp_path: Path) -> None:
+    import record_plans
+
+    stored(make_cache, [ConvBiasRelu(n=1), ConvBiasRelu(n=2)])
+    directory = Path(Store().directory)
+    assert record_plans.record([directory], tmp_path, source="cpu") == 2
+    assert record_plans.record([directory], tmp_path, source="cpu") == 0  # nothing twice
+    items = record_plans.read(tmp_path / "cpu.jsonl.xz")
+    assert [judge(record_plans.blob_of(i), i["description"]).refusal for i in items] == [None, None]
+    assert record_plans.record([directory], tmp_path, source="small", max_file=100) == 0  # the size cap holds
