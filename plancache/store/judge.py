@@ -144,9 +144,12 @@ class _Judge:
                     continue
                 matched.add(name)
                 self.bind(port.tid, held[name], f"{side} {name} of node {node.index} ({node.tag})")
-            for tid in loose:  # a port plancache cannot name in the blob: its tensor must be among the node's
+            # a port plancache cannot name in the blob: its tensor must be among the node's (a
+            # batch norm's peer statistics are a list beside its ports)
+            among = _uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side == "input" else set())
+            for tid in loose:
                 uid = self.uid_of.get(tid)
-                if uid is not None and uid not in _uids(held.values()):
+                if uid is not None and uid not in among:
                     raise _Refused(f"node {node.index} ({node.tag}) does not {side} tensor {uid}")
                 self.notes.append(f"node {node.index} ({node.tag}): an {side} port matched by its tensor only")
             for name, uid in held.items():
