@@ -20,8 +20,9 @@ a float32 PyTorch reference computed from the same inputs, and the outputs of th
 with each other (cold and warm run the same stored plan). Per drop-in process: plancache's
 counters (hits, misses, quarantines, judge disagreements, plans not stored) and every
 plancache warning. Printed: a table of the cases by mode and one line per check;
-``--out`` writes everything as JSON; ``--record DIR`` copies each cold run's stored
-entries there (``scripts/record_plans.py``: the judge's corpus).
+``--out`` writes everything as JSON; ``--record DIR`` copies the stored entries there
+(``scripts/record_plans.py``: the judge's corpus), and any plan the judge refused
+(``flashinfer-refused``: the judge's defects, with their blobs and descriptions).
 
 Exit status: 0 when every output matched its reference in every mode, cold and warm gave
 the same bits, no plan was refused or quarantined, no judge disagreement was counted, and
@@ -262,6 +263,11 @@ def child(name: str, out: Path) -> int:
             row["counters"] = {k: v for k, v in stats["process"].items() if isinstance(v, int)}
             row["unstored"] = stats["unstored_plans"]
             row["judge_disagreement"] = stats["judge_disagreement"]
+            refused = list(cache.lookup.unstored.disagreements.values())
+            if refused and os.environ.get("GPU_FLASHINFER_RECORD"):  # the judge's defects, for its corpus
+                from record_plans import record_entries
+
+                record_entries(refused, Path(os.environ["GPU_FLASHINFER_RECORD"]), source="flashinfer-refused")
     out.write_text(json.dumps(row))
     return 0
 
@@ -269,8 +275,10 @@ def child(name: str, out: Path) -> int:
 # ---------------------------------------------------------------------------- the parent
 
 
-def _spawn(name: str, mode: str, cache_dir: Path, work: Path) -> dict[str, Any]:
+def _spawn(name: str, mode: str, cache_dir: Path, work: Path, record: Path | None = None) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLANCACHE_")}
+    if record is not None:
+        env["GPU_FLASHINFER_RECORD"] = str(record)
     if mode != "plain":
         env.update(PLANCACHE_PATCH_CUDNN="1", PLANCACHE_DIR=str(cache_dir))
     out = work / f"{abs(hash((name, mode, time.time())))}.json"
@@ -305,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         work, cache_dir = Path(tmp), Path(tmp) / "plancache"
 
         def case(name: str) -> dict[str, dict[str, Any]]:
-            rows = {"plain": _spawn(name, "plain", cache_dir, work), "cold": _spawn(name, "cold", cache_dir, work)}
+            rows = {"plain": _spawn(name, "plain", cache_dir, work), "cold": _spawn(name, "cold", cache_dir, work, args.record)}
             for i in range(args.warm_runs):
-                rows[f"warm{i + 1}" if args.warm_runs > 1 else "warm"] = _spawn(name, "warm", cache_dir, work)
+                rows[f"warm{i + 1}" if args.warm_runs > 1 else "warm"] = _spawn(name, "warm", cache_dir, work, args.record)
             print(_line(name, rows), flush=True)
             return rows
 

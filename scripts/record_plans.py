@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from plancache import Store  # noqa: E402
 from plancache.key import canonical_json  # noqa: E402
+from plancache.store import Entry  # noqa: E402
 
 MAX_BLOB = 160_000
 MAX_FILE = 3_000_000
@@ -50,29 +51,43 @@ def blob_of(item: dict[str, Any]) -> bytes:
     return base64.b64decode(item["blob"])
 
 
-def _entries(stores: Iterable[Path], source: str, max_blob: int) -> Iterator[dict[str, Any]]:
+def _stored(stores: Iterable[Path]) -> Iterator[Entry]:
     for directory in stores:
         store = Store(directory, read_only=True)
         try:
             for key in store.keys():  # noqa: SIM118 - Store is no mapping
                 entry = store.get(key)
-                if entry is None or len(entry.blob) > max_blob:
-                    continue
-                versions = {k: entry.environment.get(k) for k in ("gpu_name", "cudnn_backend_version", "cudnn_frontend_version")}
-                yield {"source": source, "label": entry.label, "key": entry.key, "environment": versions,
-                       "description": entry.description, "blob": base64.b64encode(entry.blob).decode()}  # fmt: skip
+                if entry is not None:
+                    yield entry
         finally:
             store.close()
 
 
+def _items(entries: Iterable[Entry], source: str, max_blob: int) -> Iterator[dict[str, Any]]:
+    for entry in entries:
+        if len(entry.blob) > max_blob:
+            continue
+        versions = {k: entry.environment.get(k) for k in ("gpu_name", "cudnn_backend_version", "cudnn_frontend_version")}
+        yield {"source": source, "label": entry.label, "key": entry.key, "environment": versions,
+               "description": entry.description, "blob": base64.b64encode(entry.blob).decode()}  # fmt: skip
+
+
 def record(stores: Iterable[Path], out: Path, *, source: str, max_blob: int = MAX_BLOB, max_file: int = MAX_FILE) -> int:
     """Add the entries of ``stores`` to ``out/SOURCE.jsonl.xz``; returns how many were added."""
+    return record_entries(_stored(stores), out, source=source, max_blob=max_blob, max_file=max_file)
+
+
+def record_entries(
+    entries: Iterable[Entry], out: Path, *, source: str, max_blob: int = MAX_BLOB, max_file: int = MAX_FILE
+) -> int:
+    """Add ``entries`` (a cache's ``lookup.unstored.disagreements`` too: plans the judge
+    refused, never stored) to ``out/SOURCE.jsonl.xz``; returns how many were added."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{source}.jsonl.xz"
     items = read(path)
     seen = {_identity(item) for item in items}
     added = 0
-    for item in _entries(stores, source, max_blob):
+    for item in _items(entries, source, max_blob):
         if _identity(item) in seen:
             continue
         candidate = [*items, item]

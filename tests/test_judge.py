@@ -246,6 +246,8 @@ def test_a_plan_the_judge_refuses_is_served_not_stored_counted_and_told_once(
     assert ANOTHER_GRAPH in stats["judge_disagreement"] and "RELU_FWD" in stats["judge_disagreement"]
     (unstored,) = stats["unstored_plans"].values()
     assert unstored["why"] == "judge_disagreements"
+    refused = cache.lookup.unstored.disagreements[plan.key]  # kept for a report of the defect (record_plans)
+    assert judge(refused.blob, refused.description).refusal is None  # the real judge accepts what the broken one refused
     cache.get(ConvBiasRelu(n=2).graph())  # a second disagreement: counted, not told again
     told = [r.getMessage() for r in caplog.records if "judge refuses" in r.getMessage()]
     assert cache.counters["judge_disagreements"] == 2 and len(told) == 1 and "defect of plancache" in told[0]

@@ -421,7 +421,7 @@ class Lookup:
         entry = _entry(key, built, self.backend.name, policy, candidates, timing, build_seconds, autotune_seconds, check)
         refusal = unsound(entry, key.parts["environment"])
         if refusal is not None:  # what the frontend built for this graph, refused: the judge is wrong
-            self.unstored.note(key, Why.JUDGE_DISAGREES, refusal)
+            self.unstored.note(key, Why.JUDGE_DISAGREES, refusal, entry)
             return loaded
         if not self.local.put(entry):
             self.counters.count("unpersisted")

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..engines.backend import Backend, BuiltPlan, Load
 from ..key import CacheKey
-from ..store import summarize
+from ..store import Entry, summarize
 from ..tiers.local import LocalTier
 from .counters import Counters
 
@@ -53,6 +53,9 @@ class Unstored:
         self._warn_once = warn
         self._lock = threading.Lock()
         self._refused: OrderedDict[str, tuple[str, Why, str]] = OrderedDict()  # key -> (graph, why, reason)
+        #: The entries the judge refused, the latest ones: the blob and description a report of
+        #: the defect needs (``scripts/record_plans.py`` records them).
+        self.disagreements: OrderedDict[str, Entry] = OrderedDict()
         #: The first reason the judge gave this process for refusing a plan just built.
         self.first_disagreement: str | None = None
 
@@ -66,14 +69,18 @@ class Unstored:
         self.note(key, Why.UNLOADABLE, f"it could not be loaded back from its blob ({cause})")
         return None
 
-    def note(self, key: CacheKey, why: Why, reason: str) -> None:
-        """Count, keep, record in the store and tell once that the plan of ``key`` is not stored."""
+    def note(self, key: CacheKey, why: Why, reason: str, entry: Entry | None = None) -> None:
+        """Count, keep, record in the store and tell once that the plan of ``key`` is not
+        stored (``entry``: the one the judge refused)."""
         label = summarize(key.parts["graph"])
         with self._lock:
             self.counters.count(why.value)
             self._refused[key.digest] = (label, why, reason)
-            while len(self._refused) > KEPT:
-                self._refused.popitem(last=False)
+            if entry is not None:
+                self.disagreements[key.digest] = entry
+            for kept in (self._refused, self.disagreements):
+                while len(kept) > KEPT:
+                    kept.popitem(last=False)
             if why is Why.JUDGE_DISAGREES and self.first_disagreement is None:
                 self.first_disagreement = reason
         self.local.note_unstored(key.digest, label, why.value, reason)
