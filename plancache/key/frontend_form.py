@@ -448,14 +448,20 @@ def _node(index: int, node: Mapping[str, Any], compute: str) -> FormNode:
             unproven.append(f"parameter {name}")
         else:
             attributes.update(found)
+    inputs = node.get("inputs") or {}
+    paged = {"paged_attention_k_table": "K", "paged_attention_v_table": "V"}
+    # A paged K (or V) is a container of pages that the frontend reads through a page table
+    # into a tensor of its own; the container itself is never transposed.
+    transposed = tuple((port, under) for port, under in rule.transposed if not any(
+        inputs.get(table) is not None and held == port for table, held in paged.items()))  # fmt: skip
     return FormNode(
         index=index,
         tag=tag,
-        inputs=_ports(node.get("inputs"), ports),
+        inputs=_ports(inputs, ports),
         outputs=_ports(node.get("outputs"), ports),
         attributes=attributes,
         extras=rule.extras,
-        transposed=rule.transposed,
+        transposed=transposed,
         unproven=tuple(unproven),
     )
 
