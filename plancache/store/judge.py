@@ -134,9 +134,12 @@ class _Judge:
         for side, ports, held in (("input", node.inputs, found.inputs), ("output", node.outputs, found.outputs)):
             matched: set[str] = set()
             loose: list[str] = []
-            spelled = {_spelling(name): name for name in held}
+            spelled: dict[str, str] | None = None  # the blob's ports by spelling, made when first needed
             for port in ports:
-                name = port.name if port.exact else spelled.get(_spelling(port.name))
+                name: str | None = port.name
+                if not port.exact and name not in held:
+                    spelled = spelled if spelled is not None else {_spelling(n): n for n in held}
+                    name = spelled.get(_spelling(port.name))
                 if name is None or name not in held:
                     if port.exact:
                         raise _Refused(f"node {node.index} ({node.tag}) has no {side} {port.name}")
@@ -146,14 +149,15 @@ class _Judge:
                 self.bind(port.tid, held[name], f"{side} {name} of node {node.index} ({node.tag})")
             # a port plancache cannot name in the blob: its tensor must be among the node's (a
             # batch norm's peer statistics are a list beside its ports)
-            among = _uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side == "input" else set())
+            among = (_uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side == "input" else set())
+                     if loose else set())  # fmt: skip
             for tid in loose:
                 uid = self.uid_of.get(tid)
                 if uid is not None and uid not in among:
                     raise _Refused(f"node {node.index} ({node.tag}) does not {side} tensor {uid}")
                 self.notes.append(f"node {node.index} ({node.tag}): an {side} port matched by its tensor only")
             for name, uid in held.items():
-                if name in matched or uid is None:
+                if uid is None or name in matched:
                     continue
                 others = {self.tid_of.get(u) for u in _uids([uid])} - {None}
                 if others - set(loose):  # a tensor of the key's graph at a port the key's graph does not have
@@ -182,9 +186,8 @@ class _Judge:
     # ------------------------------------------------------------------ tensors
 
     def tensors(self) -> None:
-        implementations = {n.index: found.attributes.get("implementation")
-                           for n, found in zip(self.form.nodes, self.graph.nodes)}  # fmt: skip
-        laid_out = layouts(self.form, implementations)
+        implementations = tuple(found.attributes.get("implementation") for found in self.graph.nodes)
+        laid_out = _layouts(self.form, implementations)
         for tid, tensor in self.form.tensors.items():
             uid = self.uid_of.get(tid)
             if uid is None or (tensor.kind == "caller" and tid not in self.form.used):
@@ -228,6 +231,24 @@ class _Judge:
             return
         if not _same(value, held.get("value")):
             raise _Refused(f"{what} holds {held.get('value')!r}, not {value.hex()}")
+
+
+_LAYOUTS: dict[tuple[int, tuple[Any, ...]], tuple[FrontendForm, dict[str, list[Any]]]] = {}
+
+
+def _layouts(form: FrontendForm, implementations: tuple[Any, ...]) -> dict[str, list[Any]]:
+    """``frontend_form.layouts`` of ``form`` under the blob's ``implementations``, kept per
+    form (a hit of a key lays out the same tensors every time; the form is held with them,
+    so its id is not reused while they are kept)."""
+    slot = (id(form), implementations)
+    kept = _LAYOUTS.get(slot)
+    if kept is not None and kept[0] is form:
+        return kept[1]
+    found = layouts(form, dict(enumerate(implementations)))
+    if len(_LAYOUTS) >= 4 * _FORMS_KEPT:
+        _LAYOUTS.clear()
+    _LAYOUTS[slot] = (form, found)
+    return found
 
 
 #: What the frontend leaves out of a tensor's JSON when it is the default.
