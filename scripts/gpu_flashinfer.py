@@ -208,7 +208,7 @@ def _wrapper_call(flashinfer: Any, torch: Any, spec: dict[str, Any], kind: str, 
                   seq_q: Any, seq_kv: Any, workspace: Any, scale: float) -> Callable[[], Any]:  # fmt: skip
     """FlashInfer's prefill wrappers with ``backend="cudnn"``, planned as its tests plan them."""
     h_qo, h_kv, d, causal = spec["h_qo"], spec["h_kv"], spec["d"], spec.get("causal", False)
-    q_indptr = _indptr(torch, seq_q, h_qo * d)  # element offsets, as the wrappers' cuDNN path takes them
+    q_indptr = _indptr(torch, seq_q, 1)  # token offsets, as every backend of the wrappers takes them (0.7)
     if kind == "wrapper_paged":
         page = spec["page"]
         pages = (seq_kv.view(-1) + page - 1) // page
@@ -220,7 +220,7 @@ def _wrapper_call(flashinfer: Any, torch: Any, spec: dict[str, Any], kind: str, 
                      seq_lens=seq_kv, seq_lens_q=seq_q, sm_scale=scale, max_token_per_sequence=spec["s_q"],
                      max_sequence_kv=spec["s_kv"], block_tables=table)  # fmt: skip
         return lambda: wrapper.run(q, (k_cache, v_cache))
-    kv_indptr = _indptr(torch, seq_kv, h_kv * d)
+    kv_indptr = _indptr(torch, seq_kv, 1)
     wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="cudnn")
     wrapper.plan(q_indptr, kv_indptr, h_qo, h_kv, d, causal=causal, q_data_type=q.dtype, seq_lens=seq_kv, seq_lens_q=seq_q,
                  sm_scale=scale, max_token_per_sequence=spec["s_q"], max_sequence_kv=spec["s_kv"])  # fmt: skip

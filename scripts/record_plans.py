@@ -85,18 +85,18 @@ def record_entries(
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{source}.jsonl.xz"
     items = read(path)
+    kept = len(items)
     seen = {_identity(item) for item in items}
-    added = 0
     for item in _items(entries, source, max_blob):
-        if _identity(item) in seen:
-            continue
-        candidate = [*items, item]
-        if len(_encode(candidate)) > max_file:
-            break
-        items, added = candidate, added + 1
-        seen.add(_identity(item))
-    path.write_bytes(_encode(items))
-    return added
+        if _identity(item) not in seen:
+            seen.add(_identity(item))
+            items.append(item)
+    encoded = _encode(items)
+    while len(encoded) > max_file and len(items) > kept:  # the newest ones go first (compressed once per try)
+        items = items[: kept + (len(items) - kept) * 3 // 4]
+        encoded = _encode(items)
+    path.write_bytes(encoded)
+    return len(items) - kept
 
 
 def _identity(item: dict[str, Any]) -> str:
