@@ -394,6 +394,9 @@ for _tag in ("SDPA_FP8", "SDPA_MXFP8", "SDPA_FP8_BWD", "SDPA_MXFP8_BWD"):
 #: (``SDPANodeBase::promote_index_tensors_to_4d``), as it does every ragged offset there.
 _PROMOTED_PORTS = frozenset({"SEQ_LEN_Q", "SEQ_LEN_KV", "CU_SEQ_LEN_Q", "CU_SEQ_LEN_KV"})
 
+#: Attention's page tables, and the port each makes a container of pages.
+_PAGED = {"paged_attention_k_table": "K", "paged_attention_v_table": "V"}
+
 #: Description ports of attention's dropout, by how many elements its tuple had.
 _DROPOUT_PORTS = {3: {"dropout_1": "Seed", "dropout_2": "Offset"}, 2: {"dropout_0": "Dropout_mask", "dropout_1": "Dropout_scale"}}
 
@@ -441,7 +444,8 @@ def _node(index: int, node: Mapping[str, Any], compute: str) -> FormNode:
         attributes["compute_data_type"] = DATA_TYPES.get(node.get("compute_data_type") or compute)
     elif node.get("compute_data_type") is not None:
         unproven.append("its compute data type (the frontend does not write it for this op)")
-    for name in sorted(params, key=lambda p: _order(rule, p)):
+    # in the rule's order (the pybind's: a causal flag wins over an explicit bound), then the rest
+    for name in [*(p for p in rule.params if p in params), *(p for p in params if p not in rule.params)]:
         set_by = rule.params.get(name)
         found = set_by(params[name], params) if set_by is not None else None
         if found is None:
@@ -449,11 +453,10 @@ def _node(index: int, node: Mapping[str, Any], compute: str) -> FormNode:
         else:
             attributes.update(found)
     inputs = node.get("inputs") or {}
-    paged = {"paged_attention_k_table": "K", "paged_attention_v_table": "V"}
     # A paged K (or V) is a container of pages that the frontend reads through a page table
     # into a tensor of its own; the container itself is never transposed.
-    transposed = tuple((port, under) for port, under in rule.transposed if not any(
-        inputs.get(table) is not None and held == port for table, held in paged.items()))  # fmt: skip
+    paged = {port for table, port in _PAGED.items() if inputs.get(table) is not None}
+    transposed = tuple((port, under) for port, under in rule.transposed if port not in paged)
     return FormNode(
         index=index,
         tag=tag,
@@ -464,11 +467,6 @@ def _node(index: int, node: Mapping[str, Any], compute: str) -> FormNode:
         transposed=transposed,
         unproven=tuple(unproven),
     )
-
-
-def _order(rule: _Rule, param: str) -> tuple[int, str]:
-    order = list(rule.params)
-    return (order.index(param), param) if param in rule.params else (len(order), param)
 
 
 def _ports(ports: Any, names: Mapping[str, str]) -> tuple[Port, ...]:
