@@ -41,7 +41,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from graphs import ConvBiasRelu  # noqa: E402  (the tests' graphs, after the path above)
 
 from plancache import PlanCache  # noqa: E402
-from plancache.key import describe  # noqa: E402
 from plancache.key.frontend_form import frontend_form  # noqa: E402
 from plancache.store.judge import Judgement, judge  # noqa: E402
 from plancache.testing import CpuTestBackend  # noqa: E402
@@ -68,12 +67,7 @@ def recorded(runs: int) -> list[tuple[str, int, float]]:
     import gpu_native
 
     rows = []
-    for name, build in gpu_native.CASES.items():
-        try:
-            description = describe(build())
-        except AssertionError:  # "Torch not compiled with CUDA enabled": paged attention, MoE
-            continue
-        blob = (ROOT / "tests" / "data" / "plans" / f"{name}.ubj").read_bytes()
+    for name, (description, blob) in gpu_native.described_here().items():
         form = frontend_form(description)
         assert judge(blob, description, form).refusal is None, name
         rows.append((name, len(blob), median_us(lambda b, d=description, f=form: judge(b, d, f), runs, lambda b=blob: fresh(b))))

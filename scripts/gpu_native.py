@@ -203,6 +203,25 @@ SMOKE_CASES: dict[str, Callable[[], Any]] = {
 }
 
 
+#: Where ``--record`` wrote the blobs the CPU tests read.
+RECORDED = Path(__file__).resolve().parent.parent / "tests" / "data" / "plans"
+
+
+def described_here() -> dict[str, tuple[dict[str, Any], bytes]]:
+    """Each recorded case's description, made on this machine, with its recorded blob; the
+    cases whose graphs need CUDA to be made (paged attention, MoE) are left out on a CPU."""
+    from plancache.key import describe
+
+    found = {}
+    for name, build in CASES.items():
+        try:
+            description = describe(build())
+        except AssertionError:  # "Torch not compiled with CUDA enabled"
+            continue
+        found[name] = (description, (RECORDED / f"{name}.ubj").read_bytes())
+    return found
+
+
 def _bits(tensor: Any) -> bytes:
     return tensor.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
 

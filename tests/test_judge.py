@@ -66,13 +66,7 @@ def _recorded() -> list[Recorded]:
     import gpu_native
     import record_plans
 
-    found = []
-    for name, build in gpu_native.CASES.items():
-        try:
-            description = describe(build())
-        except AssertionError:  # "Torch not compiled with CUDA enabled": paged attention, MoE
-            continue
-        found.append(Recorded(name, description, (DATA / f"{name}.ubj").read_bytes()))
+    found = [Recorded(name, description, blob) for name, (description, blob) in gpu_native.described_here().items()]
     for path in sorted((DATA / "real").glob("*.jsonl.xz")):
         for item in record_plans.read(path):
             found.append(Recorded(f"{item['source']}:{item['label']}:{item['key'][:8]}", item["description"],

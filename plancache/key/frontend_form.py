@@ -74,6 +74,10 @@ class F32(int):
         return f"{int(self):08X}"
 
 
+#: A tensor's possible layouts by description id: ``[(dims, strides), ...]``.
+Layouts = dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]]
+
+
 @dataclass(frozen=True)
 class FormTensor:
     """A tensor as the frontend writes it. ``kind``: ``caller`` (a uid the caller binds),
@@ -136,10 +140,23 @@ class FrontendForm:
     #: The tensors some node reads or writes (``description.used_tensors``): a tensor no
     #: node uses is in no plan.
     used: frozenset[str] = frozenset()
+    #: ``layouts`` by the implementations they were worked out for (a hit of a key lays out
+    #: the same tensors every time).
+    _laid_out: dict[tuple[Any, ...], Layouts] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def unproven(self) -> tuple[str, ...]:
         return tuple(f"node {n.index} ({n.tag}): {what}" for n in self.nodes for what in n.unproven)
+
+    def layouts(self, implementations: tuple[Any, ...]) -> Layouts:
+        """Each tensor's layouts the frontend may write, given each node's ``implementation``
+        attribute (None where it has none): one layout, or two where plancache cannot tell
+        whether a node transposed it. The frontend transposes in place: a tensor that two
+        attention nodes read as K is swapped twice."""
+        found = self._laid_out.get(implementations)
+        if found is None:
+            found = self._laid_out[implementations] = _layouts(self, implementations)
+        return found
 
 
 # ---------------------------------------------------------------------------- values
@@ -545,12 +562,8 @@ def swapped(values: tuple[int, ...]) -> tuple[int, ...]:
     return (*values[:-2], values[-1], values[-2]) if len(values) >= 2 else values
 
 
-def layouts(form: FrontendForm, implementations: Mapping[int, Any]) -> dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]]:
-    """Each tensor's layouts the frontend may write, given the ``implementation`` attribute
-    of each node (by index) that has one: one layout, or two where plancache cannot tell
-    whether a node transposed it. The frontend transposes in place: a tensor that two
-    attention nodes read as K is swapped twice."""
-    found: dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+def _layouts(form: FrontendForm, implementations: tuple[Any, ...]) -> Layouts:
+    found: Layouts = {}
     for tid, tensor in form.tensors.items():
         if tensor.dims is not None and tensor.strides is not None:
             found[tid] = [(tensor.dims, tensor.strides)]
@@ -563,7 +576,7 @@ def layouts(form: FrontendForm, implementations: Mapping[int, Any]) -> dict[str,
                 turned = [(swapped(d), swapped(s)) for d, s in current]
                 if under == "*":
                     found[port.tid] = current + [t for t in turned if t not in current]
-                elif under is None or implementations.get(node.index, under) == under:
+                elif under is None or implementations[node.index] == under:
                     found[port.tid] = turned
     return found
 
@@ -586,8 +599,8 @@ def frontend_graph(form: FrontendForm, names: Mapping[str, str] | None = None,
     for tid in form.tensors:
         if tid not in uids:
             uids[tid], next_uid = next_uid, next_uid + 1
-    implementations = {n.index: "COMPOSITE" for n in form.nodes if n.tag == "SDPA"}
-    laid_out = layouts(form, implementations)
+    implementations = tuple("COMPOSITE" if n.tag == "SDPA" else None for n in form.nodes)
+    laid_out = form.layouts(implementations)
     tensors = []
     for tid, tensor in form.tensors.items():
         if tid not in form.used:
@@ -612,7 +625,7 @@ def frontend_graph(form: FrontendForm, names: Mapping[str, str] | None = None,
     nodes = []
     for node in form.nodes:
         attributes = {k: (v.hex() if isinstance(v, F32) else v) for k, v in node.attributes.items()}
-        if node.index in implementations:
+        if implementations[node.index] is not None:
             attributes["implementation"] = attributes.get("implementation", implementations[node.index])
         inputs = {p.name: uids[p.tid] for p in node.inputs if p.tid in uids}
         scale = node.attributes.get("attn_scale_value")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..formats.plan_graph import BlobNode, BlobTensor, PlanGraph, float_bits, read_graph
-from ..key.frontend_form import F32, FormNode, FrontendForm, frontend_form, layouts
+from ..key.frontend_form import F32, FormNode, FrontendForm, frontend_form
 
 __all__ = ["ANOTHER_GRAPH", "Judgement", "form_of", "judge"]
 
@@ -187,7 +187,7 @@ class _Judge:
 
     def tensors(self) -> None:
         implementations = tuple(found.attributes.get("implementation") for found in self.graph.nodes)
-        laid_out = _layouts(self.form, implementations)
+        laid_out = self.form.layouts(implementations)
         for tid, tensor in self.form.tensors.items():
             uid = self.uid_of.get(tid)
             if uid is None or (tensor.kind == "caller" and tid not in self.form.used):
@@ -231,24 +231,6 @@ class _Judge:
             return
         if not _same(value, held.get("value")):
             raise _Refused(f"{what} holds {held.get('value')!r}, not {value.hex()}")
-
-
-_LAYOUTS: dict[tuple[int, tuple[Any, ...]], tuple[FrontendForm, dict[str, list[Any]]]] = {}
-
-
-def _layouts(form: FrontendForm, implementations: tuple[Any, ...]) -> dict[str, list[Any]]:
-    """``frontend_form.layouts`` of ``form`` under the blob's ``implementations``, kept per
-    form (a hit of a key lays out the same tensors every time; the form is held with them,
-    so its id is not reused while they are kept)."""
-    slot = (id(form), implementations)
-    kept = _LAYOUTS.get(slot)
-    if kept is not None and kept[0] is form:
-        return kept[1]
-    found = layouts(form, dict(enumerate(implementations)))
-    if len(_LAYOUTS) >= 4 * _FORMS_KEPT:
-        _LAYOUTS.clear()
-    _LAYOUTS[slot] = (form, found)
-    return found
 
 
 #: What the frontend leaves out of a tensor's JSON when it is the default.
