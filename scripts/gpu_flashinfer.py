@@ -219,7 +219,10 @@ def _wrapper_call(flashinfer: Any, torch: Any, spec: dict[str, Any], kind: str, 
         wrapper.plan(q_indptr, kv_indptr, kv_indices, last, h_qo, h_kv, d, page, causal=causal, q_data_type=q.dtype,
                      seq_lens=seq_kv, seq_lens_q=seq_q, sm_scale=scale, max_token_per_sequence=spec["s_q"],
                      max_sequence_kv=spec["s_kv"], block_tables=table)  # fmt: skip
-        return lambda: wrapper.run(q, (k_cache, v_cache))
+        # "NHD": each page is (tokens, heads, dim) in memory, as the wrappers take it by default;
+        # the wrapper hands cuDNN a transposed, strided view of it
+        k_nhd, v_nhd = k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous()
+        return lambda: wrapper.run(q, (k_nhd, v_nhd))
     kv_indptr = _indptr(torch, seq_kv, 1)
     wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="cudnn")
     wrapper.plan(q_indptr, kv_indptr, h_qo, h_kv, d, causal=causal, q_data_type=q.dtype, seq_lens=seq_kv, seq_lens_q=seq_q,

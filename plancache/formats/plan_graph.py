@@ -84,7 +84,8 @@ class BlobTensor(NamedTuple):
 
 class BlobNode(NamedTuple):
     """One op of a blob's graph: its tag, its ports (port name -> uid, or a list of uids for
-    a list port) and every other field it carries (its attributes), as written."""
+    a list port) and its attributes, as written: ``attributes`` is the node's whole record
+    (its tag, name and ports among the fields), read by attribute name only."""
 
     tag: str
     inputs: Mapping[str, Any]
@@ -132,24 +133,23 @@ def _tensor(tensor: Mapping[str, Any], uid: int) -> BlobTensor:
     return BlobTensor(tuple(dims), tuple(strides), data_type, virtual, by_value, ragged, tensor)
 
 
-_PORT_KEYS = frozenset({"tag", "name", "inputs", "outputs"})
-
-
 def _node(node: Any, index: int) -> BlobNode:
     if not isinstance(node, dict) or not isinstance(node.get("tag"), str):
         raise PlanGraphError(f"node {index} of the blob has no tag")
     inputs, outputs = node.get("inputs") or {}, node.get("outputs") or {}
-    if not (isinstance(inputs, dict) and isinstance(outputs, dict)
-            and all(_port(uid) for uid in (*inputs.values(), *outputs.values()))):  # fmt: skip
+    if not (type(inputs) is dict and type(outputs) is dict and _ports(inputs) and _ports(outputs)):
         raise PlanGraphError(f"node {index} of the blob has ports of the wrong types")
-    attributes = {name: value for name, value in node.items() if name not in _PORT_KEYS}
-    return BlobNode(node["tag"], inputs, outputs, attributes)
+    return BlobNode(node["tag"], inputs, outputs, node)
 
 
-def _port(uid: Any) -> bool:
-    """A port holds a uid, a list of uids (concatenation, peer stats), or nothing."""
-    return uid is None or type(uid) is int or _ints(uid)
+def _ports(ports: dict[str, Any]) -> bool:
+    """Each port holds a uid, a list of uids (concatenation, peer stats), or nothing."""
+    return {*map(type, ports.values())} <= _UID_TYPES or all(uid is None or type(uid) is int or _ints(uid) for uid in ports.values())
+
+
+_UID_TYPES = {int, type(None)}
+_INT = {int}
 
 
 def _ints(values: Any) -> TypeGuard[list[int]]:
-    return isinstance(values, list) and all(type(v) is int for v in values)
+    return type(values) is list and {*map(type, values)} <= _INT

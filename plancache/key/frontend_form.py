@@ -32,7 +32,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .description import used_tensors
 from .lowering import row_major
@@ -78,8 +78,7 @@ class F32(int):
 Layouts = dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]]
 
 
-@dataclass(frozen=True)
-class FormTensor:
+class FormTensor(NamedTuple):
     """A tensor as the frontend writes it. ``kind``: ``caller`` (a uid the caller binds),
     ``virtual``, or ``scalar`` (a value the graph holds). ``dims``/``strides``: None where
     the description leaves them to the build (an op output's inferred shape)."""
@@ -93,12 +92,11 @@ class FormTensor:
     by_value: bool
     ragged_offset: str | None = None
     #: Other fields the frontend writes, with the value it writes for this tensor.
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, Any] = {}  # shared, never written to: a form is only read
     value: F32 | None = None  # a held float scalar's value
 
 
-@dataclass(frozen=True)
-class Port:
+class Port(NamedTuple):
     """A port of a node: the tensor (description id) there, and the port's name in the
     blob, when plancache knows it (``exact``); otherwise the judge looks for a port of the
     same spelling, then for the tensor anywhere among the node's ports of that side."""
@@ -108,8 +106,7 @@ class Port:
     exact: bool
 
 
-@dataclass(frozen=True)
-class FormNode:
+class FormNode(NamedTuple):
     """An op as the frontend writes it."""
 
     index: int
@@ -462,7 +459,10 @@ def _node(index: int, node: Mapping[str, Any], compute: str) -> FormNode:
     elif node.get("compute_data_type") is not None:
         unproven.append("its compute data type (the frontend does not write it for this op)")
     # in the rule's order (the pybind's: a causal flag wins over an explicit bound), then the rest
-    for name in [*(p for p in rule.params if p in params), *(p for p in params if p not in rule.params)]:
+    names = [p for p in rule.params if p in params]
+    if len(names) < len(params):
+        names += [p for p in params if p not in rule.params]
+    for name in names:
         set_by = rule.params.get(name)
         found = set_by(params[name], params) if set_by is not None else None
         if found is None:
@@ -472,8 +472,10 @@ def _node(index: int, node: Mapping[str, Any], compute: str) -> FormNode:
     inputs = node.get("inputs") or {}
     # A paged K (or V) is a container of pages that the frontend reads through a page table
     # into a tensor of its own; the container itself is never transposed.
-    paged = {port for table, port in _PAGED.items() if inputs.get(table) is not None}
-    transposed = tuple((port, under) for port, under in rule.transposed if port not in paged)
+    transposed = rule.transposed
+    if transposed and rule.attention:
+        paged = {port for table, port in _PAGED.items() if inputs.get(table) is not None}
+        transposed = tuple((port, under) for port, under in transposed if port not in paged)
     return FormNode(
         index=index,
         tag=tag,

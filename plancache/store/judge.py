@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..formats.plan_graph import BlobNode, BlobTensor, PlanGraph, float_bits, read_graph
-from ..key.frontend_form import F32, FormNode, FrontendForm, frontend_form
+from ..key.frontend_form import F32, FormNode, FormTensor, FrontendForm, frontend_form
 
 __all__ = ["ANOTHER_GRAPH", "Judgement", "form_of", "judge"]
 
@@ -124,10 +124,14 @@ class _Judge:
                 raise _Refused(f"its {name} is {context.get(name, 'not said')!r}, not {expected!r}")
 
     def attributes(self, node: FormNode, found: BlobNode) -> None:
+        held = found.attributes
         for name, expected in node.attributes.items():
-            if name not in found.attributes:
+            value = held.get(name, _MISSING)
+            if type(value) is type(expected) and value == expected:  # as written: most attributes, no conversion
+                continue
+            if value is _MISSING:
                 raise _Refused(f"node {node.index} ({node.tag}) does not say its {name}")
-            if not _same(expected, found.attributes[name]):
+            if not _same(expected, value):
                 raise _Refused(f"node {node.index} ({node.tag}) has {name} {found.attributes[name]!r}, not {_shown(expected)!r}")
 
     def ports(self, node: FormNode, found: BlobNode) -> None:
@@ -146,7 +150,7 @@ class _Judge:
                     loose.append(port.tid)
                     continue
                 matched.add(name)
-                self.bind(port.tid, held[name], f"{side} {name} of node {node.index} ({node.tag})")
+                self.bind(port.tid, held[name], side, name, node)
             # a port plancache cannot name in the blob: its tensor must be among the node's (a
             # batch norm's peer statistics are a list beside its ports)
             among = (_uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side == "input" else set())
@@ -170,18 +174,21 @@ class _Judge:
         tensor = self.graph.tensors.get(uid)
         return tensor is not None and (tensor.is_virtual or tensor.is_pass_by_value)
 
-    def bind(self, tid: str, uid: Any, where: str) -> None:
+    def bind(self, tid: str, uid: Any, *where: Any) -> None:
         """Pair the description's tensor ``tid`` with the blob's ``uid``: a caller tensor
-        with its own uid, the graph's own tensors one to one."""
-        if type(uid) is not int:
-            raise _Refused(f"{where} holds {uid!r}, not one tensor")
+        with its own uid, the graph's own tensors one to one. ``where``: the port (side,
+        name, node), or the tensor whose ragged offset this is; spelled out on a refusal only."""
         bound = self.uid_of.get(tid)
+        if bound == uid and type(uid) is int:
+            return
+        if type(uid) is not int:
+            raise _Refused(f"{_where(*where)} holds {uid!r}, not one tensor")
         if bound is None:
             if uid in self.tid_of:
-                raise _Refused(f"{where} holds tensor {uid}, which is another of the key's graph")
+                raise _Refused(f"{_where(*where)} holds tensor {uid}, which is another of the key's graph")
             self.uid_of[tid], self.tid_of[uid] = uid, tid
-        elif bound != uid:
-            raise _Refused(f"{where} holds tensor {uid}, not {bound}")
+        else:
+            raise _Refused(f"{_where(*where)} holds tensor {uid}, not {bound}")
 
     # ------------------------------------------------------------------ tensors
 
@@ -195,42 +202,59 @@ class _Judge:
             found = self.graph.tensors.get(uid)
             if found is None:
                 raise _Refused(f"tensor {uid} is not in the blob")
-            what = f"tensor {uid}" if tensor.kind == "caller" else f"its tensor {uid} ({tid})"
             if found.is_virtual != (tensor.kind == "virtual"):
-                raise _Refused(f"{what} is {'virtual' if found.is_virtual else 'not virtual'} in one graph only")
+                raise _Refused(f"{_what(tensor, uid)} is {'virtual' if found.is_virtual else 'not virtual'} in one graph only")
             if found.is_pass_by_value != tensor.by_value:
-                raise _Refused(f"{what} is passed by value in one graph only")
+                raise _Refused(f"{_what(tensor, uid)} is passed by value in one graph only")
             if tensor.data_type is not None and found.data_type != tensor.data_type:
-                raise _Refused(f"{what}: data type {found.data_type}, not {tensor.data_type}")
+                raise _Refused(f"{_what(tensor, uid)}: data type {found.data_type}, not {tensor.data_type}")
             if tid in laid_out and (found.dims, found.strides) not in laid_out[tid]:
-                raise _Refused(f"{what}: dims {list(found.dims)} strides {list(found.strides)}")
+                raise _Refused(f"{_what(tensor, uid)}: dims {list(found.dims)} strides {list(found.strides)}")
             if tensor.kind == "scalar":
-                self.scalar(what, tensor.value, found)
+                self.scalar(tensor, uid, found)
                 continue
-            self.ragged(what, tensor.ragged_offset, found)
+            self.ragged(tensor, uid, found)
+            written = found.fields
             for name, expected in tensor.fields.items():
-                if found.fields.get(name, _DEFAULTS.get(name)) != expected:
-                    raise _Refused(f"{what}: {name} {found.fields.get(name)!r}, not {expected!r}")
+                if written.get(name, _DEFAULTS.get(name)) != expected:
+                    raise _Refused(f"{_what(tensor, uid)}: {name} {written.get(name)!r}, not {expected!r}")
         for uid, found in self.graph.tensors.items():  # the frontend's own tensors are its only extras
             if uid not in self.tid_of and not found.is_virtual and not found.is_pass_by_value:
                 raise _Refused(f"tensor {uid} is not the key's")
 
-    def ragged(self, what: str, offset: str | None, found: BlobTensor) -> None:
+    def ragged(self, tensor: FormTensor, uid: int, found: BlobTensor) -> None:
+        offset = tensor.ragged_offset
         expected = None if offset is None else self.uid_of.get(offset)
         if offset is not None and expected is None:  # an offset only its tensor names: paired here
             if found.ragged_offset is None:
-                raise _Refused(f"{what} has no ragged offset")
-            self.bind(offset, found.ragged_offset, f"the ragged offset of {what}")
+                raise _Refused(f"{_what(tensor, uid)} has no ragged offset")
+            self.bind(offset, found.ragged_offset, _what(tensor, uid))
         elif found.ragged_offset != expected:
-            raise _Refused(f"{what}: ragged offset {found.ragged_offset}, not {expected}")
+            raise _Refused(f"{_what(tensor, uid)}: ragged offset {found.ragged_offset}, not {expected}")
 
     @staticmethod
-    def scalar(what: str, value: F32 | None, found: BlobTensor) -> None:
-        held = found.fields.get("pass_by_value")
+    def scalar(tensor: FormTensor, uid: int, found: BlobTensor) -> None:
+        held, value = found.fields.get("pass_by_value"), tensor.value
         if value is None or not isinstance(held, dict):
             return
         if not _same(value, held.get("value")):
-            raise _Refused(f"{what} holds {held.get('value')!r}, not {value.hex()}")
+            raise _Refused(f"{_what(tensor, uid)} holds {held.get('value')!r}, not {value.hex()}")
+
+
+_MISSING = object()
+
+
+def _what(tensor: FormTensor, uid: int) -> str:
+    """How a refusal names a tensor: a caller's by its uid, the graph's own with its id too."""
+    return f"tensor {uid}" if tensor.kind == "caller" else f"its tensor {uid} ({tensor.tid})"
+
+
+def _where(*where: Any) -> str:
+    """A port, from ``bind``'s ``(side, name, node)``, or the ragged offset of a tensor."""
+    if len(where) == 1:
+        return f"the ragged offset of {where[0]}"
+    side, name, node = where
+    return f"{side} {name} of node {node.index} ({node.tag})"
 
 
 #: What the frontend leaves out of a tensor's JSON when it is the default.
