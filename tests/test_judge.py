@@ -41,7 +41,7 @@ from plancache import PlanCache, Store
 from plancache.cli import cli
 from plancache.formats.ubjson import decode as decode_ubjson
 from plancache.key import canonical_json, describe
-from plancache.key.frontend_form import POINTWISE_MODES, frontend_form
+from plancache.key.frontend_form import POINTWISE_MODES, FrontendForm, frontend_form
 from plancache.store import problem
 from plancache.store.judge import ANOTHER_GRAPH, judge
 
@@ -165,6 +165,42 @@ def test_any_single_keyed_attribute_changed_is_refused(recorded: Recorded) -> No
                      or (path[-1] == "compute_data_type" and "compute data type" in u)]  # fmt: skip
             assert named, f"{label} changed to {value!r}: still accepted, and not named unproven ({verdict.unproven})"
     assert changed >= 3
+
+
+def _detailed(form: FrontendForm) -> FrontendForm:
+    """``form`` without what lets the judge compare a tensor or a node's ports in one step
+    (``FormTensor.written``, ``FormNode.names``): the judge then compares field by field."""
+    return dataclasses.replace(
+        form,
+        tensors={tid: tensor._replace(written=None) for tid, tensor in form.tensors.items()},
+        nodes=tuple(node._replace(names=(None, None)) for node in form.nodes),
+        _laid_out={},
+    )
+
+
+@pytest.mark.parametrize("recorded", RECORDED, ids=[r.name for r in RECORDED])
+def test_one_step_comparisons_accept_only_what_the_detailed_ones_accept(recorded: Recorded) -> None:
+    """A blob's tensors and ports written exactly as the form predicts are taken in one
+    comparison each; that shortcut must never accept what the field-by-field comparison
+    refuses, nor refuse what it accepts: for this blob against every recorded description
+    and against its own with each keyed attribute changed, the verdicts are the same."""
+    descriptions = [r.description for r in RECORDED]
+    for label, path in _keyed(recorded.description):
+        value = _other(_at(recorded.description, path), str(path[-1]))
+        if value is not None:
+            mutated = copy.deepcopy(recorded.description)
+            _at(mutated, path[:-1])[path[-1]] = value
+            descriptions.append(mutated)
+    differ = []
+    for description in descriptions:
+        try:
+            form = frontend_form(description)
+        except ValueError:
+            continue  # a description no pygraph makes: refused before any comparison
+        quick, detailed = judge(recorded.blob, description, form), judge(recorded.blob, description, _detailed(form))
+        if (quick.refusal is None) != (detailed.refusal is None):
+            differ.append((canonical_json(description)[:200], quick.refusal, detailed.refusal))
+    assert differ == []
 
 
 # ---------------------------------------------------------------------------- graphs that differ in one setting

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, TypeGuard
 
 from .ubjson import decode
 
-__all__ = ["BlobNode", "BlobTensor", "PlanGraph", "PlanGraphError", "blob_fields", "float_bits", "read_graph"]
+__all__ = ["BlobNode", "BlobTensor", "PlanGraph", "PlanGraphError", "blob_fields", "float_bits", "read_graph", "written"]
 
 _GRAPH_KEYS = frozenset({"tensors", "nodes"})
 
@@ -71,7 +71,8 @@ class PlanGraphError(ValueError):
 
 class BlobTensor(NamedTuple):
     """One tensor of a blob's graph, as the frontend wrote it (a tuple: a hit reads one per
-    tensor of its plan, and a tuple is made several times faster than a frozen dataclass)."""
+    tensor of its plan, and a tuple is made several times faster than a frozen dataclass).
+    Its first eight fields, in this order, are ``written``'s."""
 
     dims: tuple[int, ...]
     strides: tuple[int, ...]
@@ -79,7 +80,9 @@ class BlobTensor(NamedTuple):
     is_virtual: bool
     is_pass_by_value: bool
     ragged_offset: int | None = None  # the uid of its ragged offset tensor
-    fields: Mapping[str, Any] = {}  # every field as written (reordering, multiplier, value...)
+    reordering: Any = "NONE"  # reordering_type; the frontend writes NONE when there is none
+    multiplier: Any = 1  # ragged_offset_multiplier; written only when it is not 1
+    fields: Mapping[str, Any] = {}  # every field as written (a held scalar's value...)
 
 
 class BlobNode(NamedTuple):
@@ -95,15 +98,30 @@ class BlobNode(NamedTuple):
 
 @dataclass(frozen=True)
 class PlanGraph:
-    """The graph of a blob: its tensors by uid, its ops in order, its context."""
+    """The graph of a blob: its tensors' records by uid, as written, its ops in order, its
+    context. A tensor's record is checked when it is read as a ``BlobTensor`` (``tensor``):
+    a judge that finds a record exactly as it expects (``written``) need not read it so."""
 
-    tensors: dict[int, BlobTensor]
+    records: dict[int, Mapping[str, Any]]
     nodes: tuple[BlobNode, ...]
     context: Mapping[str, Any]
 
     @property
     def tags(self) -> tuple[str, ...]:
         return tuple(node.tag for node in self.nodes)
+
+    def tensor(self, uid: int) -> BlobTensor | None:
+        """Tensor ``uid`` (None: the blob has none); ``PlanGraphError`` for fields of the wrong types."""
+        record = self.records.get(uid)
+        return None if record is None else _tensor(record, uid)
+
+
+def written(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A tensor's record as ``BlobTensor``'s first eight fields, unchecked (dims and
+    strides the lists they are written as)."""
+    get = record.get
+    return (get("dim"), get("stride"), get("data_type"), get("is_virtual"), get("is_pass_by_value"),
+            get("ragged_offset_uid"), get("reordering_type", "NONE"), get("ragged_offset_multiplier", 1))  # fmt: skip
 
 
 def read_graph(blob: bytes) -> PlanGraph:
@@ -115,13 +133,13 @@ def read_graph(blob: bytes) -> PlanGraph:
     tensors, nodes, context = found["tensors"], found["nodes"], found.get("context") or {}
     if not isinstance(tensors, list) or not isinstance(nodes, list) or not isinstance(context, dict):
         raise PlanGraphError("the blob's tensors and nodes are not lists")
-    read: dict[int, BlobTensor] = {}
+    records: dict[int, Mapping[str, Any]] = {}
     for tensor in tensors:
-        uid = tensor.get("uid") if isinstance(tensor, dict) else None
-        if type(uid) is not int or uid in read:
+        uid = tensor.get("uid") if type(tensor) is dict else None
+        if type(uid) is not int or uid in records:
             raise PlanGraphError(f"a tensor of the blob has a missing or repeated uid ({uid!r})")
-        read[uid] = _tensor(tensor, uid)
-    return PlanGraph(read, tuple(_node(node, i) for i, node in enumerate(nodes)), context)
+        records[uid] = tensor
+    return PlanGraph(records, tuple(_node(node, i) for i, node in enumerate(nodes)), context)
 
 
 def _tensor(tensor: Mapping[str, Any], uid: int) -> BlobTensor:
@@ -130,7 +148,8 @@ def _tensor(tensor: Mapping[str, Any], uid: int) -> BlobTensor:
     if not (_ints(dims) and _ints(strides) and (data_type is None or isinstance(data_type, str))
             and type(virtual) is bool and type(by_value) is bool and (ragged is None or type(ragged) is int)):  # fmt: skip
         raise PlanGraphError(f"tensor {uid} of the blob has fields of the wrong types")
-    return BlobTensor(tuple(dims), tuple(strides), data_type, virtual, by_value, ragged, tensor)
+    return BlobTensor(tuple(dims), tuple(strides), data_type, virtual, by_value, ragged,
+                      tensor.get("reordering_type", "NONE"), tensor.get("ragged_offset_multiplier", 1), tensor)  # fmt: skip
 
 
 def _node(node: Any, index: int) -> BlobNode:
@@ -144,7 +163,9 @@ def _node(node: Any, index: int) -> BlobNode:
 
 def _ports(ports: dict[str, Any]) -> bool:
     """Each port holds a uid, a list of uids (concatenation, peer stats), or nothing."""
-    return {*map(type, ports.values())} <= _UID_TYPES or all(uid is None or type(uid) is int or _ints(uid) for uid in ports.values())
+    return {*map(type, ports.values())} <= _UID_TYPES or all(
+        uid is None or type(uid) is int or _ints(uid) for uid in ports.values()
+    )
 
 
 _UID_TYPES = {int, type(None)}

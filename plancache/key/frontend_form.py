@@ -75,7 +75,9 @@ class F32(int):
 
 
 #: A tensor's possible layouts by description id: ``[(dims, strides), ...]``.
-Layouts = dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]]
+#: Strides None: the description leaves them to the build (an op's output whose dims alone
+#: the caller set), so only the dims are known.
+Layouts = dict[str, list[tuple[tuple[int, ...], tuple[int, ...] | None]]]
 
 
 class FormTensor(NamedTuple):
@@ -91,9 +93,14 @@ class FormTensor(NamedTuple):
     data_type: str | None
     by_value: bool
     ragged_offset: str | None = None
-    #: Other fields the frontend writes, with the value it writes for this tensor.
-    fields: Mapping[str, Any] = {}  # shared, never written to: a form is only read
+    reordering: str = "NONE"  # reordering_type as the frontend writes it
+    multiplier: Any = 1  # ragged_offset_multiplier
     value: F32 | None = None  # a held float scalar's value
+    #: The tensor as the blob must write it (``formats.plan_graph.written``: dims and
+    #: strides as lists, or both None where the description leaves the shape to the
+    #: build), where the description alone says all of that: its data type set, a layout
+    #: no implementation changes, and no ragged offset but a caller's. None otherwise.
+    written: tuple[Any, ...] | None = None
 
 
 class Port(NamedTuple):
@@ -109,7 +116,7 @@ class Port(NamedTuple):
 class FormNode(NamedTuple):
     """An op as the frontend writes it."""
 
-    index: int
+    position: int  # its place among the graph's ops
     tag: str
     inputs: tuple[Port, ...]
     outputs: tuple[Port, ...]
@@ -125,6 +132,9 @@ class FormNode(NamedTuple):
     #: What the description says of this node that no rule expresses: the judge cannot
     #: hold the blob to it.
     unproven: tuple[str, ...] = ()
+    #: The names of ``inputs`` and of ``outputs``: a blob's node with exactly these ports
+    #: holds each where it is named, and nothing else.
+    names: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
 
 
 @dataclass(frozen=True)
@@ -137,13 +147,13 @@ class FrontendForm:
     #: The tensors some node reads or writes (``description.used_tensors``): a tensor no
     #: node uses is in no plan.
     used: frozenset[str] = frozenset()
+    #: What no rule expresses, node by node (``FormNode.unproven``, each named with its node).
+    unproven: tuple[str, ...] = ()
+    #: The uid of every caller's tensor, by description id.
+    uids: Mapping[str, int] = field(default_factory=dict)
     #: ``layouts`` by the implementations they were worked out for (a hit of a key lays out
     #: the same tensors every time).
     _laid_out: dict[tuple[Any, ...], Layouts] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def unproven(self) -> tuple[str, ...]:
-        return tuple(f"node {n.index} ({n.tag}): {what}" for n in self.nodes for what in n.unproven)
 
     def layouts(self, implementations: tuple[Any, ...]) -> Layouts:
         """Each tensor's layouts the frontend may write, given each node's ``implementation``
@@ -196,8 +206,22 @@ def _flag(attributes: Mapping[str, Any]) -> ParamRule:
 
 def _by_ports(_value: Any, _params: Mapping[str, Any]) -> Mapping[str, Any]:
     """A parameter that only says which ports exist (a list port's length, whether a
-    gradient is made): the ports are compared, and that proves it."""
+    gradient is made): the ports are compared, and that proves it, once ``_ports_say``
+    has held the parameter to the described ports."""
     return {}
+
+
+def _ports_say(name: str, node: Mapping[str, Any]) -> Any:
+    """What a ``_by_ports`` parameter must be, given the node's described ports: whether
+    RMSNorm's backward makes ``DBias``, how many tensors a list port ``_n_<port>`` holds
+    (``<port>_0``...), how many elements attention's dropout tuple has (``dropout_0``...,
+    tensors or values). A description whose parameter says otherwise is one no pygraph
+    makes, and a blob's ports cannot prove it."""
+    inputs, params = node.get("inputs") or {}, node.get("params") or {}
+    if name == "has_dbias":
+        return "DBias" in (node.get("outputs") or {})
+    prefix = "dropout" if name == "_dropout_n" else name[3:]
+    return sum(1 for i in range(len(inputs) + len(params)) if f"{prefix}_{i}" in inputs or f"{prefix}_{i}" in params)
 
 
 def _attn_scale(value: Any, _params: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -426,7 +450,9 @@ def frontend_form(description: Mapping[str, Any]) -> FrontendForm:
     compute = context.get("compute_data_type") or "data_type.FLOAT"  # _lower_to_cpp's default
     nodes = tuple(_node(i, node, compute) for i, node in enumerate(description.get("nodes") or []))
     tensors = _tensors(description.get("tensors") or {}, nodes)
-    return FrontendForm(_context(description), nodes, tensors, used_tensors(description))
+    unproven = tuple(f"node {n.position} ({n.tag}): {what}" for n in nodes for what in n.unproven)
+    uids = {tid: t.uid for tid, t in tensors.items() if t.uid is not None}
+    return FrontendForm(_context(description), nodes, tensors, used_tensors(description), unproven, uids)
 
 
 def _context(description: Mapping[str, Any]) -> dict[str, Any]:
@@ -448,10 +474,10 @@ def _node(index: int, node: Mapping[str, Any], compute: str) -> FormNode:
     tag = NODE_TAGS.get(kind, "")
     rule = _RULES.get(kind, _UNRULED)
     params = node.get("params") or {}
-    ports = dict(rule.ports)
+    ports = rule.ports
     dropout = params.get("_dropout_n")
     if dropout in _DROPOUT_PORTS:
-        ports.update(_DROPOUT_PORTS[dropout])
+        ports = {**ports, **_DROPOUT_PORTS[dropout]}
     attributes: dict[str, Any] = dict(rule.defaults)
     unproven = []
     if rule.compute:
@@ -464,6 +490,8 @@ def _node(index: int, node: Mapping[str, Any], compute: str) -> FormNode:
         names += [p for p in params if p not in rule.params]
     for name in names:
         set_by = rule.params.get(name)
+        if set_by is _by_ports and params[name] != _ports_say(name, node):
+            raise ValueError(f"node {index} ({kind}): its parameter {name} {params[name]!r} is not what its ports say")
         found = set_by(params[name], params) if set_by is not None else None
         if found is None:
             unproven.append(f"parameter {name}")
@@ -476,28 +504,25 @@ def _node(index: int, node: Mapping[str, Any], compute: str) -> FormNode:
     if transposed and rule.attention:
         paged = {port for table, port in _PAGED.items() if inputs.get(table) is not None}
         transposed = tuple((port, under) for port, under in transposed if port not in paged)
-    return FormNode(
-        index=index,
-        tag=tag,
-        inputs=_ports(inputs, ports),
-        outputs=_ports(node.get("outputs"), ports),
-        attributes=attributes,
-        extras=rule.extras,
-        transposed=transposed,
-        unproven=tuple(unproven),
-    )
+    (ins, in_names), (outs, out_names) = _ports(inputs, ports), _ports(node.get("outputs"), ports)
+    # positional: a form is made on a key's first hit, and keywords cost a NamedTuple more
+    return FormNode(index, tag, ins, outs, attributes, rule.extras, transposed, tuple(unproven), (in_names, out_names))
 
 
-def _ports(ports: Any, names: Mapping[str, str]) -> tuple[Port, ...]:
-    out = []
+def _ports(ports: Any, names: Mapping[str, str]) -> tuple[tuple[Port, ...], frozenset[str]]:
+    """The described ports with a tensor, and their names in the blob."""
+    out, written = [], []
     for port, tid in (ports or {}).items():
-        if isinstance(tid, str):
-            out.append(Port(names.get(port, port), tid, port in names))
-    return tuple(out)
+        if type(tid) is str:
+            name = names.get(port)
+            written.append(port if name is None else name)
+            out.append(Port(written[-1], tid, name is not None))
+    return tuple(out), frozenset(written)
 
 
 def _tensors(described: Mapping[str, Any], nodes: tuple[FormNode, ...]) -> dict[str, FormTensor]:
     promoted = _promoted(described, nodes)
+    turned = {port.tid for node in nodes for name, _ in node.transposed for port in node.inputs if port.name == name}
     tensors = {}
     for tid, tensor in described.items():
         if tid[:1] == "c":
@@ -510,20 +535,39 @@ def _tensors(described: Mapping[str, Any], nodes: tuple[FormNode, ...]) -> dict[
         if tid in promoted and dims is not None and len(dims) == 1:  # [n] -> [n, 1, 1, 1], stride [s, 1, 1, 1]
             dims, strides = (dims[0], 1, 1, 1), ((strides[0] if strides else 1), 1, 1, 1)
         dtype = tensor.get("dtype")
-        fields = {
-            "reordering_type": _member(tensor.get("reordering_type")) if tensor.get("reordering_type") else "NONE",
-            "ragged_offset_multiplier": tensor.get("ragged_offset_multiplier", 1),  # written only when set; 1 otherwise
-        }
+        data_type = DATA_TYPES.get(dtype) if dtype is not None else None
+        virtual, by_value, ragged = (
+            bool(tensor.get("is_virtual")),
+            bool(tensor.get("is_pass_by_value")),
+            tensor.get("ragged_offset"),
+        )
+        reordering = _member(tensor.get("reordering_type")) if tensor.get("reordering_type") else "NONE"
+        multiplier = tensor.get("ragged_offset_multiplier", 1)  # written only when set; 1 otherwise
+        written = None
+        if data_type is not None and tid not in turned and (ragged is None or ragged[:1] == "u"):
+            shape = (list(dims), list(strides)) if dims is not None and strides is not None else (None, None)
+            if dims is None or shape[0] is not None:  # dims set with strides left to the build: compared by the judge
+                written = (
+                    *shape,
+                    data_type,
+                    virtual,
+                    by_value,
+                    None if ragged is None else int(ragged[1:]),
+                    reordering,
+                    multiplier,
+                )
         tensors[tid] = FormTensor(
             tid=tid,
-            kind="virtual" if tensor.get("is_virtual") else "caller",
+            kind="virtual" if virtual else "caller",
             uid=int(tid[1:]) if tid[:1] == "u" else None,
             dims=dims,
             strides=strides,
-            data_type=DATA_TYPES.get(dtype) if dtype is not None else None,
-            by_value=bool(tensor.get("is_pass_by_value")),
-            ragged_offset=tensor.get("ragged_offset"),
-            fields=fields,
+            data_type=data_type,
+            by_value=by_value,
+            ragged_offset=ragged,
+            reordering=reordering,
+            multiplier=multiplier,
+            written=written,
         )
     return tensors
 
@@ -567,7 +611,7 @@ def swapped(values: tuple[int, ...]) -> tuple[int, ...]:
 def _layouts(form: FrontendForm, implementations: tuple[Any, ...]) -> Layouts:
     found: Layouts = {}
     for tid, tensor in form.tensors.items():
-        if tensor.dims is not None and tensor.strides is not None:
+        if tensor.dims is not None:
             found[tid] = [(tensor.dims, tensor.strides)]
     for node in form.nodes:
         for port_name, under in node.transposed:
@@ -575,10 +619,10 @@ def _layouts(form: FrontendForm, implementations: tuple[Any, ...]) -> Layouts:
                 if port.name != port_name or port.tid not in found:
                     continue
                 current = found[port.tid]
-                turned = [(swapped(d), swapped(s)) for d, s in current]
+                turned = [(swapped(d), None if s is None else swapped(s)) for d, s in current]
                 if under == "*":
                     found[port.tid] = current + [t for t in turned if t not in current]
-                elif under is None or implementations[node.index] == under:
+                elif under is None or implementations[node.position] == under:
                     found[port.tid] = turned
     return found
 
@@ -610,6 +654,8 @@ def frontend_graph(form: FrontendForm, names: Mapping[str, str] | None = None,
         dims, strides = laid_out.get(tid, [(None, None)])[0]
         if dims is None:
             dims, strides = (tuple(x) for x in shapes.get(tid, ([], [])))
+        elif strides is None and tid in shapes:  # dims set by the caller, strides left to the build
+            strides = tuple(shapes[tid][1])
         written = {
             "data_type": tensor.data_type,
             "dim": list(dims),
@@ -619,7 +665,8 @@ def frontend_graph(form: FrontendForm, names: Mapping[str, str] | None = None,
             "pass_by_value": {"index": 3, "value": tensor.value.hex()} if tensor.value is not None else None,
             "uid": uids[tid],
             "name": names.get(tid, tid),
-            **{k: v for k, v in tensor.fields.items() if (k, v) != ("ragged_offset_multiplier", 1)},  # the default is left out
+            "reordering_type": tensor.reordering,
+            **({"ragged_offset_multiplier": tensor.multiplier} if tensor.multiplier != 1 else {}),  # the default is left out
         }
         if tensor.ragged_offset is not None and tensor.ragged_offset in uids:
             written["ragged_offset_uid"] = uids[tensor.ragged_offset]
@@ -627,8 +674,8 @@ def frontend_graph(form: FrontendForm, names: Mapping[str, str] | None = None,
     nodes = []
     for node in form.nodes:
         attributes = {k: (v.hex() if isinstance(v, F32) else v) for k, v in node.attributes.items()}
-        if implementations[node.index] is not None:
-            attributes["implementation"] = attributes.get("implementation", implementations[node.index])
+        if implementations[node.position] is not None:
+            attributes["implementation"] = attributes.get("implementation", implementations[node.position])
         inputs = {p.name: uids[p.tid] for p in node.inputs if p.tid in uids}
         scale = node.attributes.get("attn_scale_value")
         if isinstance(scale, F32) and "Attn_scale" in node.extras:  # the frontend's own by-value scale
@@ -637,6 +684,6 @@ def frontend_graph(form: FrontendForm, names: Mapping[str, str] | None = None,
             tensors.append({"data_type": "FLOAT", "dim": [1, 1, 1, 1], "stride": [1, 1, 1, 1], "is_virtual": False,
                             "is_pass_by_value": True, "pass_by_value": {"index": 3, "value": scale.hex()}, "uid": uid,
                             "name": "attn_scale::IN_1", "reordering_type": "NONE"})  # fmt: skip
-        nodes.append({**attributes, "tag": node.tag, "name": f"node{node.index}", "inputs": inputs,
+        nodes.append({**attributes, "tag": node.tag, "name": f"node{node.position}", "inputs": inputs,
                       "outputs": {p.name: uids[p.tid] for p in node.outputs if p.tid in uids}})  # fmt: skip
     return {"context": dict(form.context), "tensors": tensors, "nodes": nodes}

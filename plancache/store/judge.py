@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..formats.plan_graph import BlobNode, BlobTensor, PlanGraph, float_bits, read_graph
-from ..key.frontend_form import F32, FormNode, FormTensor, FrontendForm, frontend_form
+from ..formats.plan_graph import BlobNode, BlobTensor, PlanGraph, float_bits, read_graph, written
+from ..key.frontend_form import F32, FormNode, FormTensor, FrontendForm, Layouts, frontend_form
 
 __all__ = ["ANOTHER_GRAPH", "Judgement", "form_of", "judge"]
 
@@ -98,7 +98,7 @@ class _Judge:
     def __init__(self, form: FrontendForm, graph: PlanGraph) -> None:
         self.form = form
         self.graph = graph
-        self.uid_of: dict[str, int] = {tid: t.uid for tid, t in form.tensors.items() if t.uid is not None}
+        self.uid_of: dict[str, int] = dict(form.uids)
         self.tid_of: dict[int, str] = {uid: tid for tid, uid in self.uid_of.items()}
         self.notes: list[str] = []
 
@@ -130,12 +130,19 @@ class _Judge:
             if type(value) is type(expected) and value == expected:  # as written: most attributes, no conversion
                 continue
             if value is _MISSING:
-                raise _Refused(f"node {node.index} ({node.tag}) does not say its {name}")
+                raise _Refused(f"node {node.position} ({node.tag}) does not say its {name}")
             if not _same(expected, value):
-                raise _Refused(f"node {node.index} ({node.tag}) has {name} {found.attributes[name]!r}, not {_shown(expected)!r}")
+                raise _Refused(
+                    f"node {node.position} ({node.tag}) has {name} {found.attributes[name]!r}, not {_shown(expected)!r}"
+                )
 
     def ports(self, node: FormNode, found: BlobNode) -> None:
-        for side, ports, held in (("input", node.inputs, found.inputs), ("output", node.outputs, found.outputs)):
+        for side, ports, names, held in (("input", node.inputs, node.names[0], found.inputs),
+                                         ("output", node.outputs, node.names[1], found.outputs)):  # fmt: skip
+            if held.keys() == names:  # every port named as written, and no other: nothing is loose or extra
+                for port in ports:
+                    self.bind(port.tid, held[port.name], side, port.name, node)
+                continue
             matched: set[str] = set()
             loose: list[str] = []
             spelled: dict[str, str] | None = None  # the blob's ports by spelling, made when first needed
@@ -146,7 +153,7 @@ class _Judge:
                     name = spelled.get(_spelling(port.name))
                 if name is None or name not in held:
                     if port.exact:
-                        raise _Refused(f"node {node.index} ({node.tag}) has no {side} {port.name}")
+                        raise _Refused(f"node {node.position} ({node.tag}) has no {side} {port.name}")
                     loose.append(port.tid)
                     continue
                 matched.add(name)
@@ -158,21 +165,21 @@ class _Judge:
             for tid in loose:
                 uid = self.uid_of.get(tid)
                 if uid is not None and uid not in among:
-                    raise _Refused(f"node {node.index} ({node.tag}) does not {side} tensor {uid}")
-                self.notes.append(f"node {node.index} ({node.tag}): an {side} port matched by its tensor only")
+                    raise _Refused(f"node {node.position} ({node.tag}) does not {side} tensor {uid}")
+                self.notes.append(f"node {node.position} ({node.tag}): an {side} port matched by its tensor only")
             for name, uid in held.items():
                 if uid is None or name in matched:
                     continue
                 others = {self.tid_of.get(u) for u in _uids([uid])} - {None}
                 if others - set(loose):  # a tensor of the key's graph at a port the key's graph does not have
-                    raise _Refused(f"node {node.index} ({node.tag}) has {side} {name}, which the key's graph does not")
+                    raise _Refused(f"node {node.position} ({node.tag}) has {side} {name}, which the key's graph does not")
                 if name not in node.extras and not all(self._own(u) for u in _uids([uid])):
-                    raise _Refused(f"node {node.index} ({node.tag}) has {side} {name}, which the key's graph does not")
+                    raise _Refused(f"node {node.position} ({node.tag}) has {side} {name}, which the key's graph does not")
 
     def _own(self, uid: int) -> bool:
         """Whether ``uid`` is a tensor the frontend made itself (virtual, or by value)."""
-        tensor = self.graph.tensors.get(uid)
-        return tensor is not None and (tensor.is_virtual or tensor.is_pass_by_value)
+        record = self.graph.records.get(uid)
+        return record is not None and (record.get("is_virtual") is True or record.get("is_pass_by_value") is True)
 
     def bind(self, tid: str, uid: Any, *where: Any) -> None:
         """Pair the description's tensor ``tid`` with the blob's ``uid``: a caller tensor
@@ -193,33 +200,42 @@ class _Judge:
     # ------------------------------------------------------------------ tensors
 
     def tensors(self) -> None:
-        implementations = tuple(found.attributes.get("implementation") for found in self.graph.nodes)
-        laid_out = self.form.layouts(implementations)
+        laid_out: Layouts | None = None  # worked out for the first tensor not written as the form says
         for tid, tensor in self.form.tensors.items():
             uid = self.uid_of.get(tid)
             if uid is None or (tensor.kind == "caller" and tid not in self.form.used):
                 continue  # a tensor no node uses is in no plan; an unpaired intermediate was compared by its ports
-            found = self.graph.tensors.get(uid)
-            if found is None:
+            record = self.graph.records.get(uid)
+            if record is None:
                 raise _Refused(f"tensor {uid} is not in the blob")
+            expected = tensor.written
+            if expected is not None:  # written as the form says, value for value: what the checks below would find
+                found_written = written(record)
+                if found_written == expected if expected[0] is not None else found_written[2:] == expected[2:]:
+                    continue
+            found = self.graph.tensor(uid)
+            assert found is not None
+            if laid_out is None:
+                laid_out = self.form.layouts(tuple(node.attributes.get("implementation") for node in self.graph.nodes))
             if found.is_virtual != (tensor.kind == "virtual"):
                 raise _Refused(f"{_what(tensor, uid)} is {'virtual' if found.is_virtual else 'not virtual'} in one graph only")
             if found.is_pass_by_value != tensor.by_value:
                 raise _Refused(f"{_what(tensor, uid)} is passed by value in one graph only")
             if tensor.data_type is not None and found.data_type != tensor.data_type:
                 raise _Refused(f"{_what(tensor, uid)}: data type {found.data_type}, not {tensor.data_type}")
-            if tid in laid_out and (found.dims, found.strides) not in laid_out[tid]:
+            layouts = laid_out.get(tid)
+            if layouts is not None and not _laid_out_as(layouts, found):
                 raise _Refused(f"{_what(tensor, uid)}: dims {list(found.dims)} strides {list(found.strides)}")
             if tensor.kind == "scalar":
                 self.scalar(tensor, uid, found)
                 continue
             self.ragged(tensor, uid, found)
-            written = found.fields
-            for name, expected in tensor.fields.items():
-                if written.get(name, _DEFAULTS.get(name)) != expected:
-                    raise _Refused(f"{_what(tensor, uid)}: {name} {written.get(name)!r}, not {expected!r}")
-        for uid, found in self.graph.tensors.items():  # the frontend's own tensors are its only extras
-            if uid not in self.tid_of and not found.is_virtual and not found.is_pass_by_value:
+            if found.reordering != tensor.reordering:
+                raise _Refused(f"{_what(tensor, uid)}: reordering_type {found.reordering!r}, not {tensor.reordering!r}")
+            if found.multiplier != tensor.multiplier:
+                raise _Refused(f"{_what(tensor, uid)}: ragged_offset_multiplier {found.multiplier!r}, not {tensor.multiplier!r}")
+        for uid in self.graph.records:  # the frontend's own tensors are its only extras
+            if uid not in self.tid_of and not self._own(uid):
                 raise _Refused(f"tensor {uid} is not the key's")
 
     def ragged(self, tensor: FormTensor, uid: int, found: BlobTensor) -> None:
@@ -254,11 +270,12 @@ def _where(*where: Any) -> str:
     if len(where) == 1:
         return f"the ragged offset of {where[0]}"
     side, name, node = where
-    return f"{side} {name} of node {node.index} ({node.tag})"
+    return f"{side} {name} of node {node.position} ({node.tag})"
 
 
-#: What the frontend leaves out of a tensor's JSON when it is the default.
-_DEFAULTS = {"reordering_type": "NONE", "ragged_offset_multiplier": 1}
+def _laid_out_as(layouts: list[tuple[tuple[int, ...], tuple[int, ...] | None]], found: BlobTensor) -> bool:
+    """Whether ``found`` has one of ``layouts`` (strides None: any strides of those dims)."""
+    return (found.dims, found.strides) in layouts or any(s is None and d == found.dims for d, s in layouts)
 
 
 def _uids(values: Any) -> set[int]:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engines.backend import EngineChoice
-from ..formats.ubjson import decode as decode_ubjson
+from ..formats.plan_graph import blob_fields
 from ..formats.ubjson import encode as encode_ubjson
 from ..key import TensorSpec, canonical_json, used_tensors
 from ..key.frontend_form import frontend_form, frontend_graph
@@ -123,9 +123,12 @@ def payload_of(text: str) -> dict[str, Any]:
 
 
 def decode(blob: bytes) -> dict[str, Any]:
-    """The payload of a whole blob (``payload_of`` its ``cudnn_backend_data``)."""
+    """The payload of a whole blob (``payload_of`` its ``cudnn_backend_data``), read as the
+    native path reads a frontend plan: the blob decoded whole, once for the store's judge
+    and this load together (``formats.plan_graph.blob_fields``)."""
     try:
-        text = decode_ubjson(blob, keep={"cudnn_backend_data"}).get("cudnn_backend_data")
+        fields = blob_fields(blob)
+        text = fields.get("cudnn_backend_data") if isinstance(fields, dict) else None
     except ValueError as exc:
         raise ValueError(f"not a plancache test plan ({exc})") from exc
     if not isinstance(text, str):
