@@ -20,13 +20,15 @@ together, so the check's cost is not the time of the check alone. Printed:
    does. The target is under 5% of a store hit.
 
 Figures only, no exit status beyond a failed run. ``--runs N`` sets how many of each are
-timed; ``--backend cudnn`` uses the GPU (default: the CPU test backend). Run from anywhere:
+timed; ``--backend cudnn`` uses the GPU, the default where CUDA is (elsewhere the CPU test
+backend); ``--out FILE`` writes the figures as JSON too. Run from anywhere:
 ``python scripts/bench_blob_check.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -115,8 +117,18 @@ def store_hits(cache: PlanCache, graphs: list[Any], runs: int, first_hits: bool)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=2000)
-    parser.add_argument("--backend", choices=("cpu", "cudnn"), default="cpu")
+    parser.add_argument(
+        "--backend",
+        choices=("cpu", "cudnn"),
+        default=None,
+        help="cudnn: the GPU (the default where CUDA is); cpu: the CPU test backend (the default elsewhere)",
+    )
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
+    if args.backend is None:
+        import torch
+
+        args.backend = "cudnn" if torch.cuda.is_available() else "cpu"
     backend = CpuTestBackend() if args.backend == "cpu" else None  # None: PlanCache's default, cuDNN
     specs = [ConvBiasRelu(n=n) for n in (1, 2, 3, 4)]
     with tempfile.TemporaryDirectory() as directory:
@@ -135,8 +147,14 @@ def main() -> int:
         print(f"{label}: store hit median {hit:.1f} us with the check, {unchecked:.1f} us without (alternating turns): "
               f"the check costs {hit - unchecked:.1f} us = {100 * (hit - unchecked) / unchecked:.1f}% of a store hit "
               f"(target < 5%)")  # fmt: skip
-    for name, size, us in recorded(max(100, args.runs // 10)):
+    rows = recorded(max(100, args.runs // 10))
+    for name, size, us in rows:
         print(f"H200 blob {name} ({size} bytes): blob check alone, decoding included, median {us:.1f} us")
+    if args.out is not None:
+        figures = {"later" if not first else "first": {"with_us": hit, "without_us": unchecked, "share": (hit - unchecked) / unchecked}
+                   for first, (hit, unchecked) in hits.items()}  # fmt: skip
+        args.out.write_text(json.dumps({"backend": args.backend, "check_alone_us": check, "store_hit": figures,
+                                        "recorded": {name: us for name, _, us in rows}}, indent=1))  # fmt: skip
     return 0
 
 
