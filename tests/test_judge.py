@@ -185,7 +185,7 @@ def test_one_step_comparisons_accept_only_what_the_detailed_ones_accept(recorded
     refuses, nor refuse what it accepts: for this blob against every recorded description
     and against its own with each keyed attribute changed, the verdicts are the same."""
     descriptions = [r.description for r in RECORDED]
-    for label, path in _keyed(recorded.description):
+    for _label, path in _keyed(recorded.description):
         value = _other(_at(recorded.description, path), str(path[-1]))
         if value is not None:
             mutated = copy.deepcopy(recorded.description)
@@ -434,3 +434,20 @@ def test_record_plans_keeps_each_entry_once_and_reads_back_what_the_judge_accept
     items = record_plans.read(tmp_path / "cpu.jsonl.xz")
     assert [judge(record_plans.blob_of(i), i["description"]).refusal for i in items] == [None, None]
     assert record_plans.record([directory], tmp_path, source="small", max_file=100) == 0  # the size cap holds
+
+
+def test_bench_blob_check_times_first_and_later_hits(tmp_path: Path) -> None:
+    """``scripts/bench_blob_check.py`` (a part of ``gpu-check``'s benchmarks) times a key's
+    first hit (its form derived) and its later hits, with and without the judge, and writes
+    what it prints."""
+    import subprocess
+
+    out = tmp_path / "figures.json"
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve().parent.parent / "scripts" / "bench_blob_check.py"),
+                           "--runs", "20", "--backend", "cpu", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+    assert "a key's later hit (its form kept)" in done.stdout and "first hit of a key (its form derived)" in done.stdout
+    figures = json.loads(out.read_text())
+    assert set(figures["store_hit"]) == {"first", "later"}
+    assert all(row["with_us"] > 0 and row["without_us"] > 0 for row in figures["store_hit"].values())
+    assert figures["recorded"] and all(us > 0 for us in figures["recorded"].values())
