@@ -17,15 +17,17 @@ Wrapper(backend="cudnn")`` wrappers; every case in its own fresh process per mod
 Each case's first call is timed (host wall time to a synchronized output, the graph's
 construction, planning and first execution included), its output (and LSE) compared with
 a float32 PyTorch reference computed from the same inputs, and the outputs of the modes
-with each other (cold and warm run the same stored plan). Per drop-in process: plancache's
-counters (hits, misses, quarantines, judge disagreements, plans not stored) and every
+with each other (cold and warm run the same stored plan). The call is then made once more:
+an engine that does not repeat its own bits (the order of a split reduction) is held to the
+reference alone. Per drop-in process: plancache's counters (hits, misses, quarantines,
+judge disagreements, plans not stored), the engines of the stored plans, and every
 plancache warning. Printed: a table of the cases by mode and one line per check;
 ``--out`` writes everything as JSON; ``--record DIR`` copies the stored entries there
 (``scripts/record_plans.py``: the judge's corpus), and any plan the judge refused
 (``flashinfer-refused``: the judge's defects, with their blobs and descriptions).
 
 Exit status: 0 when every output matched its reference in every mode, cold and warm gave
-the same bits, no plan was refused or quarantined, no judge disagreement was counted, and
+the same bits where the engine repeats its own, no plan was refused or quarantined, no judge disagreement was counted, and
 every warm first call was faster than plain; 1 otherwise.
 
     python3 scripts/gpu_flashinfer.py --out flashinfer.json --record tests/data/plans/real
@@ -191,11 +193,15 @@ def run_case(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     torch.cuda.synchronize()
     first_ms = (time.perf_counter() - started) * 1e3
     out, lse = result if isinstance(result, tuple) else (result, None)
+    first_bits = _digest(out)
+    again = call()  # the same plan on the same inputs: whether its engine gives the same bits twice
+    torch.cuda.synchronize()
+    repeat_bits = _digest(again[0] if isinstance(again, tuple) else again)
     expected, expected_lse = _reference(torch, q_rows, k_rows, v_rows, scale, causal)
     ref = torch.cat(expected)
     worst = float(((out.float().view_as(ref) - ref).abs() / ref.abs().max()).max())
     row: dict[str, Any] = {"first_ms": first_ms, "worst": worst, "ok": worst <= TOLERANCE[spec["dtype"]],
-                           "bits": _digest(out)}  # fmt: skip
+                           "bits": first_bits, "deterministic": repeat_bits == first_bits}  # fmt: skip
     if want_lse and lse is not None:
         ref_lse = torch.cat(expected_lse)  # base 2; a natural-log LSE is compared in its own base
         found = lse.float().reshape(ref_lse.shape)
@@ -266,6 +272,9 @@ def child(name: str, out: Path) -> int:
             row["counters"] = {k: v for k, v in stats["process"].items() if isinstance(v, int)}
             row["unstored"] = stats["unstored_plans"]
             row["judge_disagreement"] = stats["judge_disagreement"]
+            stored = cache.store.keys()
+            entries = (cache.store.get(key) for key in stored)
+            row["engines"] = sorted(str(entry.engine)[:160] for entry in entries if entry is not None)
             refused = list(cache.lookup.unstored.disagreements.values())
             if refused and os.environ.get("GPU_FLASHINFER_RECORD"):  # the judge's defects, for its corpus
                 from record_plans import record_entries
@@ -361,8 +370,12 @@ def _checks(name: str, rows: dict[str, dict[str, Any]]) -> list[str]:
     cold = rows.get("cold", {})
     for mode, row in rows.items():
         if mode.startswith("warm"):
-            if row.get("bits") != cold.get("bits"):
-                failed.append(f"{name} {mode}: output bits differ from the cold run's (the same stored plan)")
+            # Bits say "the same plan" only of an engine that repeats its own bits; one that does
+            # not (a split reduction's order) is held to the reference alone, above.
+            repeatable = row.get("deterministic") and cold.get("deterministic")
+            if repeatable and row.get("bits") != cold.get("bits"):
+                failed.append(f"{name} {mode}: output bits differ from the cold run's, each repeatable in its own "
+                              f"process (the same stored plan?): engines {row.get('engines')} against {cold.get('engines')}")  # fmt: skip
             if "first_ms" in row and "first_ms" in rows["plain"] and row["first_ms"] >= rows["plain"]["first_ms"]:
                 failed.append(
                     f"{name} {mode}: first call {row['first_ms']:.1f} ms, not faster than plain {rows['plain']['first_ms']:.1f} ms"
@@ -374,7 +387,9 @@ def _line(name: str, rows: dict[str, dict[str, Any]]) -> str:
     cells = []
     for mode, row in rows.items():
         if "first_ms" in row:
-            cells.append(f"{mode} {row['first_ms']:.1f} ms (err {row['worst']:.2g})")
+            cells.append(
+                f"{mode} {row['first_ms']:.1f} ms (err {row['worst']:.2g}{'' if row.get('deterministic') else ', bits vary'})"
+            )
         else:
             cells.append(f"{mode} ERROR {row.get('error', '')[:160]}")
     return f"{name:34s} " + " | ".join(cells)
