@@ -209,6 +209,8 @@ def _one_line(exc: BaseException) -> tuple[str, int]:
         return f"{exc.strerror or exc}{where}{other}", EXIT_ERROR
     if isinstance(exc, sqlite3.Error):
         return f"the plan store failed: {exc}", EXIT_ERROR
+    if isinstance(exc, MemoryError):
+        return f"out of memory{f' ({exc})' if str(exc) else ''}", EXIT_ERROR
     return f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc), EXIT_ERROR
 
 
@@ -221,7 +223,8 @@ def _report_json(ctx: click.Context, message: str, code: int) -> None:
 
 class _Group(click.Group):
     """The one place that maps errors to one line on stderr and an exit code (``_one_line``):
-    plancache's own errors, OSError, ValueError and SQLite's errors give exit code 1, a bad
+    plancache's own errors, OSError, ValueError, SQLite's errors, running out of memory and
+    Python's recursion limit give exit code 1, a bad
     setting (``ConfigError``) 2, a manifest refused as a whole (``ManifestError``) or a bundle
     that cannot be imported 3. With ``--json`` the line is also printed on stdout as
     ``{"error": ..., "exit_code": ...}``, click's usage errors too. ``--debug`` shows the
@@ -251,7 +254,7 @@ class _Group(click.Group):
             click.echo("plancache: interrupted", err=True)
             _report_json(ctx, "interrupted", EXIT_INTERRUPTED)
             ctx.exit(EXIT_INTERRUPTED)
-        except (PlanCacheError, OSError, ValueError, sqlite3.Error) as exc:
+        except (PlanCacheError, OSError, ValueError, sqlite3.Error, RecursionError, MemoryError) as exc:
             if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
                 raise  # stdout closed early (`plancache ls | head`): click exits quietly
             if ctx.obj is not None and ctx.obj.debug:

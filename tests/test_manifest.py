@@ -367,3 +367,50 @@ def test_more_malformed_shapes_and_a_module_that_fails_to_import(tmp_path: Path,
     assert "bias must be true or false" in messages[2]
     assert "s must be a positive integer" in messages[3]
     assert "RuntimeError: import-time failure" in messages[4]
+
+
+@pytest.mark.parametrize("case", ["fifo", "device", "deep json", "deep toml", "too large", "expands too far", "many lists"])
+def test_a_hostile_manifest_is_refused_in_one_line_in_bounded_time(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Manifests are files users name: a FIFO or a device is never read, a file over the
+    size cap is refused, nesting thousands deep is one line rather than a RecursionError,
+    and an entry whose lists multiply past ``MAX_GRAPHS`` is refused before any graph is
+    made (four lists of 300 values are 8.1e9 graphs). Each within seconds, exit code 3."""
+    import os
+    import time
+
+    from click.testing import CliRunner
+
+    from plancache.cli import cli
+    from plancache.workflows import manifest as manifest_module
+
+    path = tmp_path / ("m.toml" if case == "deep toml" else "m.json")
+    expected = {
+        "fifo": "is a FIFO, not a regular file",
+        "device": "is a character device, not a regular file",
+        "deep json": "nested too deeply to read as JSON",
+        "deep toml": "nested too deeply to read as TOML",
+        "too large": "is larger than",
+        "expands too far": "more than the 100,000 left of the 100,000 a manifest may hold",
+        "many lists": "expands to 8,100,000,000 graphs",
+    }[case]
+    if case == "fifo":
+        os.mkfifo(path)
+    elif case == "device":
+        path = Path("/dev/zero")
+    elif case == "deep json":
+        path.write_text('{"version": 1, "entries": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    elif case == "deep toml":
+        path.write_text("version = 1\nx = " + "[" * 5_000 + "]" * 5_000 + "\n")
+    elif case == "too large":
+        monkeypatch.setattr(manifest_module, "MAX_MANIFEST_BYTES", 1_000)
+        path.write_text(manifest_text(*[{"template": "conv_bias_relu", "params": CONV}] * 40))
+    else:  # 20**4 = 160,000 graphs, or 300**4
+        values = list(range(1, 21 if case == "expands too far" else 301))
+        path.write_text(manifest_text({"template": "conv_bias_relu", "params": {**CONV, **dict.fromkeys("nchw", values)}}))
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["--dir", str(tmp_path / "cache"), "prewarm", str(path), "--dry-run"])
+    assert time.monotonic() - started < 10
+    assert result.exit_code == 3, result.output
+    assert expected in result.output and "Traceback" not in result.output, result.output

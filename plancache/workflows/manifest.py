@@ -36,6 +36,7 @@ import importlib
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cache.recording import MANIFEST_VERSION, write_json
+from ..config import Refused, read_regular
 from ..errors import ManifestError
 from ..key import HEURISTIC_MODES, POLICIES, BuildOptions
 from . import templates
@@ -55,6 +57,8 @@ __all__ = [
     "code_references",
     "load_manifest",
     "parse_manifest",
+    "MAX_GRAPHS",
+    "MAX_MANIFEST_BYTES",
     "refuse_unusable",
     "resolve_builder",
     "write_manifest",
@@ -63,6 +67,12 @@ __all__ = [
 log = logging.getLogger("plancache")
 
 _ALLOW_CODE = "allowed with --allow-code, or allow_code=True, for a manifest you trust"
+
+#: The most graphs one manifest may expand to, counted before any is made (its lists'
+#: cartesian products): far more than any model's shapes, far fewer than fill a machine.
+MAX_GRAPHS = 100_000
+#: The largest manifest file read (a manifest of 100,000 explicit graphs is a few MB).
+MAX_MANIFEST_BYTES = 64 << 20
 
 _SCALAR = {"type": ["integer", "number", "string", "boolean", "null"]}
 _PARAMS = {"type": "object", "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "minItems": 1, "items": _SCALAR}]}}
@@ -275,6 +285,17 @@ def _schema_problem(schema: Mapping[str, Any], value: Any) -> str | None:
     return f"{where}: {error.message}" if where else error.message
 
 
+def _graphs(kind: str, raw: Mapping[str, Any]) -> int:
+    """How many graphs an entry (already checked against its schema) expands to, counted
+    before any is made: the product of its lists' lengths, per shape of a template."""
+    if kind == "template":
+        return sum(math.prod(len(v) for v in {**raw.get("params", {}), **shape}.values() if isinstance(v, list))
+                   for shape in raw.get("shapes") or [{}])  # fmt: skip
+    if kind == "builder":
+        return math.prod(len(v) for v in raw.get("expand", {}).values())
+    return 1
+
+
 def _product(base: Mapping[str, Any], lists: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
     names = list(lists)
     return [{**base, **dict(zip(names, values))} for values in itertools.product(*(lists[n] for n in names))]
@@ -350,6 +371,8 @@ def _read_document(text: str, where: str, fmt: str) -> tuple[dict[str, Any], lis
             lines = [text.count("\n", 0, offset) + 1 for offset in _entry_offsets(text)]
     except json.JSONDecodeError as exc:
         return fatal(f"not valid JSON: {exc.msg} (column {exc.colno})", exc.lineno)
+    except RecursionError:  # arrays or tables nested thousands deep: no manifest is
+        return fatal(f"nested too deeply to read as {fmt.upper()} (a manifest nests a few levels)")
     except ValueError as exc:  # tomllib.TOMLDecodeError
         return fatal(f"not valid TOML: {exc}")
     except ModuleNotFoundError:
@@ -404,7 +427,7 @@ def parse_manifest(
         try:
             if isinstance(raw, dict) and "builder" in raw and not allow_code and not listing:
                 raise ValueError(f"builder {raw['builder']!r} refused: builder entries import and run code ({_ALLOW_CODE})")
-            entries += _load_entry(index, raw, where, line, resolve=runs_code)
+            entries += _load_entry(index, raw, where, line, resolve=runs_code, room=MAX_GRAPHS - len(entries))
         except Exception as exc:  # one bad entry is reported; the others still load
             known = isinstance(exc, (ValueError, LookupError))
             message = exc.message if isinstance(exc, ManifestError) else str(exc) if known else f"{type(exc).__name__}: {exc}"
@@ -413,7 +436,9 @@ def parse_manifest(
     return entries, errors
 
 
-def _load_entry(index: int, raw: Any, where: str, line: int | None, *, resolve: bool = True) -> list[ManifestEntry]:
+def _load_entry(index: int, raw: Any, where: str, line: int | None, *, resolve: bool = True,
+                room: int = 0) -> list[ManifestEntry]:  # fmt: skip
+    """The graphs of one entry; ``room``: how many more the manifest may hold."""
     kinds = [k for k in _ENTRY_SCHEMAS if isinstance(raw, dict) and k in raw]
     if len(kinds) != 1:
         raise ValueError("an entry is an object with exactly one of 'template', 'builder' or 'graph'")
@@ -421,6 +446,10 @@ def _load_entry(index: int, raw: Any, where: str, line: int | None, *, resolve: 
     problem = _schema_problem(_ENTRY_SCHEMAS[kind], raw)
     if problem:
         raise ValueError(problem)
+    graphs = _graphs(kind, raw)
+    if graphs > room:
+        raise ValueError(f"expands to {graphs:,} graphs, more than the {room:,} left of the {MAX_GRAPHS:,} a manifest "
+                         f"may hold: split it, or list fewer values")  # fmt: skip
     function = resolve_builder(raw["builder"]) if kind == "builder" and resolve else None
     options = dict(raw["options"]) if raw.get("options") else None
     if options:
@@ -431,9 +460,12 @@ def _load_entry(index: int, raw: Any, where: str, line: int | None, *, resolve: 
 
 
 def _read_text(path: str | os.PathLike[str]) -> str | ManifestError:
+    """The manifest's text, read as every file a user names is: a regular file (a link to one
+    is followed: manifests live in projects), never a FIFO or a device, at most
+    ``MAX_MANIFEST_BYTES``."""
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        return read_regular(path, MAX_MANIFEST_BYTES, follow=True)[0].decode("utf-8")
+    except (OSError, UnicodeDecodeError, Refused) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return ManifestError(f"{os.fspath(path)}: cannot read the manifest: {why}", path=os.fspath(path), entry=None, line=None)
 
