@@ -52,13 +52,13 @@ from ..key import HEURISTIC_MODES, POLICIES, BuildOptions
 from . import templates
 
 __all__ = [
+    "MAX_GRAPHS",
+    "MAX_MANIFEST_BYTES",
     "SCHEMA",
     "ManifestEntry",
     "code_references",
     "load_manifest",
     "parse_manifest",
-    "MAX_GRAPHS",
-    "MAX_MANIFEST_BYTES",
     "refuse_unusable",
     "resolve_builder",
     "write_manifest",
