@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import functools
 import inspect
+import itertools
 import json
 import logging
 import os
@@ -1230,18 +1231,19 @@ def sql(obj: _Context, query: str | None, params: tuple[tuple[str, str], ...], a
             data: list[dict[str, Any]] = [{"name": name, "kind": "view" if name in SQL_VIEWS else "table",
                                            "columns": [d[0] for d in db.execute(f"SELECT * FROM [{name}] LIMIT 0").description],
                                            "rows": db[name].count} for name in names]  # fmt: skip
-        else:
-            data = _query(db.conn, query, dict(params), refused, as_json=obj.as_json)
+            _emit(data, lambda d: (f"{t['kind']:5} {t['name']:14} {t['rows']:>7} rows  {', '.join(t['columns'])}" for t in d))
+        else:  # printed as the rows come, with the store still open: a result can be larger than memory
+            columns, rows = _query(db.conn, query, dict(params), refused, as_json=obj.as_json)
+            if obj.as_json:
+                _print_json_rows(rows)
+            elif as_csv:
+                _print_csv(columns, rows)
+            else:
+                _print_table(columns, rows)
     finally:
         db.close()
         if store is not None:
             store.close()
-    if as_csv and not obj.as_json:
-        _print_csv(data)
-    elif query is None:
-        _emit(data, lambda d: (f"{t['kind']:5} {t['name']:14} {t['rows']:>7} rows  {', '.join(t['columns'])}" for t in d))
-    else:
-        _emit(data, lambda d: _table([[str(v) for v in r.values()] for r in d], list(d[0])) if d else ["(no rows)"])
 
 
 #: What reading takes: selects, reads, recursive queries and sqlite-utils' savepoint (functions: ``_PURE``).
@@ -1314,34 +1316,76 @@ def _refused_action(action: int, first: str | None, second: str | None) -> str:
 
 def _query(
     conn: sqlite3.Connection, query: str, params: Mapping[str, str], refused: list[str], *, as_json: bool
-) -> list[dict[str, Any]]:
-    """The rows of the user's one reading statement; a refusal or failure in plancache's
-    words (SQLite says only "not authorized" for a write, and sqlite-utils named its own
-    methods for a statement without rows)."""
+) -> tuple[list[str], Iterator[dict[str, Any]]]:
+    """The column names and the rows, as they are read, of the user's one reading statement;
+    a refusal or failure in plancache's words (SQLite says only "not authorized" for a
+    write, and sqlite-utils named its own methods for a statement without rows)."""
+
+    def failed(exc: sqlite3.Error) -> PlanCacheError:
+        if refused:
+            return PlanCacheError(f"the query failed: it would {', '.join(dict.fromkeys(refused))}, and plancache sql only "
+                                  "reads (the store is opened read-only; the other commands change it)")  # fmt: skip
+        if "one statement at a time" in str(exc):
+            return PlanCacheError("the query failed: it holds more than one statement; give one")
+        return PlanCacheError(f"the query failed: {exc}")
+
     try:
         cursor = conn.execute(query, params)
-        if cursor.description is None:
-            raise PlanCacheError("the query failed: it returns no rows (plancache sql runs one SELECT, or a pragma that "
-                                 "only reads)")  # fmt: skip
-        names = [column[0] for column in cursor.description]
-        return [{name: _cell(value, as_json=as_json) for name, value in zip(names, row)} for row in cursor]
     except sqlite3.Error as exc:
-        if refused:
-            raise PlanCacheError(f"the query failed: it would {', '.join(dict.fromkeys(refused))}, and plancache sql only "
-                                 "reads (the store is opened read-only; the other commands change it)") from exc  # fmt: skip
-        if "one statement at a time" in str(exc):
-            raise PlanCacheError("the query failed: it holds more than one statement; give one") from exc
-        raise PlanCacheError(f"the query failed: {exc}") from exc
+        raise failed(exc) from exc
+    if cursor.description is None:
+        raise PlanCacheError("the query failed: it returns no rows (plancache sql runs one SELECT, or a pragma that "
+                             "only reads)")  # fmt: skip
+    names = [column[0] for column in cursor.description]
+
+    def rows() -> Iterator[dict[str, Any]]:
+        try:
+            for row in cursor:
+                yield {name: _cell(value, as_json=as_json) for name, value in zip(names, row)}
+        except sqlite3.Error as exc:  # a failure part-way (an error a row's value raises)
+            raise failed(exc) from exc
+
+    return names, rows()
 
 
-def _print_csv(rows: list[dict[str, Any]]) -> None:
+#: Rows a table is aligned over: a longer result is printed as it is read, each block of
+#: this many rows aligned as a whole (the widths only grow).
+TABLE_BLOCK = 1000
+
+
+def _print_table(columns: list[str], rows: Iterator[dict[str, Any]]) -> None:
+    widths = [len(name) for name in columns]
+    printed = False
+    for block in iter(lambda: list(itertools.islice(rows, TABLE_BLOCK)), []):
+        cells = [[str(v) for v in row.values()] for row in block]
+        widths = [max(w, *(len(r[i]) for r in cells)) for i, w in enumerate(widths)]
+        if not printed:
+            click.echo("  ".join(h.ljust(w) for h, w in zip(columns, widths)).rstrip())
+            printed = True
+        for row in cells:
+            click.echo("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
+    if not printed:
+        click.echo("(no rows)")
+
+
+def _print_json_rows(rows: Iterator[dict[str, Any]]) -> None:
+    """The rows as one JSON array, written as they are read: the same text as ``_emit``'s."""
+    out = sys.stdout
+    first = True
+    for row in rows:
+        out.write(("[\n" if first else ",\n") + textwrap.indent(json.dumps(row, indent=2, sort_keys=True, default=str), "  "))
+        first = False
+    out.write("[]\n" if first else "\n]\n")
+
+
+def _print_csv(columns: list[str], rows: Iterator[dict[str, Any]]) -> None:
     import csv
 
-    if not rows:
-        return
-    writer = csv.DictWriter(click.get_text_stream("stdout"), fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
+    writer = None
     for row in rows:
+        if writer is None:
+            writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
+            writer.writeheader()
         writer.writerow({k: v if not isinstance(v, list) else ", ".join(v) for k, v in row.items()})
 
 
