@@ -231,7 +231,10 @@ def test_a_redis_hit_refuses_the_other_graphs_blob(make_cache: MakeCache, make_t
     entry, planted = forged(make_cache, pair)
     tier = make_tier(redis_server.url)
     raw = redis_server.client()
-    raw.set(tier.redis_key(planted.key, planted.env_id), sign_value(encode_entry(planted), SECRET))
+    raw.set(
+        tier.redis_key(planted.key, planted.env_id),
+        sign_value(encode_entry(planted), SECRET, tier.redis_key(planted.key, planted.env_id)),
+    )
     assert tier.get(planted.key, planted.env_id) is None
     assert tier.stats()["refused"] == 1
     own = DONORS[pair][0]

@@ -185,9 +185,27 @@ def test_validly_signed_entry_under_another_key_is_refused(
 
 @needs_server
 @pytest.mark.redis
+def test_a_value_copied_into_another_namespace_sharing_the_secret_is_refused(
+    redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any
+) -> None:
+    """Two namespaces (staging, prod) under one secret: a value published in one and copied,
+    byte for byte, to the same plan's name in the other is refused there, since the
+    signature covers the name it was stored under."""
+    staging = make_tier(redis_server.url, namespace="staging")
+    prod = make_tier(redis_server.url, namespace="prod")
+    entry = make_entry()
+    assert staging.put(entry)
+    raw.set(prod.redis_key(entry.key, ENV_ID), raw.get(staging.redis_key(entry.key, ENV_ID)))
+    assert prod.get(entry.key, ENV_ID) is None
+    assert prod.stats()["refused"] == 1 and prod.stats()["remote_hits"] == 0
+    assert staging.get(entry.key, ENV_ID) is not None  # where it was published, it serves
+
+
+@needs_server
+@pytest.mark.redis
 def test_signed_but_undecodable_is_refused(redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any) -> None:
     tier = make_tier(redis_server.url)
-    raw.set(tier.redis_key("ef" * 32, ENV_ID), sign_value(b"not an entry at all", SECRET))
+    raw.set(tier.redis_key("ef" * 32, ENV_ID), sign_value(b"not an entry at all", SECRET, tier.redis_key("ef" * 32, ENV_ID)))
     assert tier.get("ef" * 32, ENV_ID) is None
     assert tier.stats()["refused"] == 1
 

@@ -127,7 +127,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMAT", "SIGNATURE_MAGIC", "RemoteTier", "configured_secret", "secret_id", "settings_from_env", "sign_value"]
 
-FORMAT = 1  # in every key: a new value layout gets new keys instead of refusals
+FORMAT = 2  # in every key: a new value layout gets new keys instead of refusals (2: the tag covers the key)
 SIGNATURE_MAGIC = b"PLANCACHE-SIGNED/1\n"
 _KEY_ID_SIZE = 8
 _TAG_SIZE = 32  # HMAC-SHA256
@@ -165,18 +165,22 @@ def secret_id(secret: bytes) -> bytes:
     return hmac.new(secret, b"plancache-remote-key-id", hashlib.sha256).digest()[:_KEY_ID_SIZE]
 
 
-def _tag(secret: bytes, encoded: bytes) -> bytes:
-    # The magic is MACed too, so a tag made for another purpose or layout never verifies.
-    return hmac.new(secret, SIGNATURE_MAGIC + encoded, hashlib.sha256).digest()
+def _tag(secret: bytes, name: str, encoded: bytes) -> bytes:
+    # The magic is MACed too, so a tag made for another purpose or layout never verifies; and
+    # the Redis key the value is stored under (namespace, format, environment, plan key), so
+    # a value copied under another name (another namespace sharing the secret) never does.
+    where = name.encode("utf-8")
+    return hmac.new(secret, SIGNATURE_MAGIC + len(where).to_bytes(4, "big") + where + encoded, hashlib.sha256).digest()
 
 
-def sign_value(encoded: bytes, secret: bytes) -> bytes:
-    """The Redis value of an encoded entry: magic, key id, HMAC-SHA256 tag, entry."""
-    return SIGNATURE_MAGIC + secret_id(secret) + _tag(secret, encoded) + encoded
+def sign_value(encoded: bytes, secret: bytes, name: str) -> bytes:
+    """The Redis value of an encoded entry stored under ``name``: magic, key id,
+    HMAC-SHA256 tag (over ``name`` and the entry), entry."""
+    return SIGNATURE_MAGIC + secret_id(secret) + _tag(secret, name, encoded) + encoded
 
 
-def _verified_payload(value: bytes, secret: bytes, key_id: bytes) -> bytes:
-    """The encoded entry inside a signed value; raises ``_Refused`` saying why not."""
+def _verified_payload(value: bytes, secret: bytes, key_id: bytes, name: str) -> bytes:
+    """The encoded entry inside a value signed for ``name``; raises ``_Refused`` saying why not."""
     if not value.startswith(SIGNATURE_MAGIC) or len(value) < _HEADER_SIZE:
         raise _Refused("unsigned", "value is not signed (no plancache signature header)")
     offset = len(SIGNATURE_MAGIC)
@@ -189,8 +193,9 @@ def _verified_payload(value: bytes, secret: bytes, key_id: bytes) -> bytes:
             f"signed with another secret (key id {their_id.hex()}, this node's {key_id.hex()}); "
             f"check that every node has the same {REDIS_SECRET.name} or {REDIS_SECRET_FILE.name}",
         )
-    if not hmac.compare_digest(tag, _tag(secret, payload)):
-        raise _Refused("bad-signature", "signature does not match: the value was altered")
+    if not hmac.compare_digest(tag, _tag(secret, name, payload)):
+        raise _Refused("bad-signature", "signature does not match: the value was altered, or signed for another name "
+                       "(another namespace)")  # fmt: skip
     return payload
 
 
@@ -412,8 +417,8 @@ class RemoteTier:
             return False
         # Usage counts are per node; a receiver starts from zero.
         neutral = dataclasses.replace(entry, hit_count=0, last_used_at=0.0)
-        value = sign_value(encode_entry(neutral), self._secret)
         name = self.redis_key(entry.key, entry.env_id)
+        value = sign_value(encode_entry(neutral), self._secret, name)
         if len(value) > self.max_value:  # every node would refuse it unread
             self._breaker.count("errors")
             self._breaker.warn_once("put-too-large", "plancache: not publishing %s: its value is %d bytes, more than %s (%d)",
@@ -452,7 +457,7 @@ class RemoteTier:
     def _open(self, name: str, value: bytes, key: str, env_id: str) -> Entry | None:
         """Verify, then decode; anything doubtful is refused and counted, never raised."""
         try:
-            entry = decode_entry(_verified_payload(value, self._secret, self._key_id))
+            entry = decode_entry(_verified_payload(value, self._secret, self._key_id, name))
             if entry.key != key or entry.env_id != env_id:
                 raise _Refused("wrong-key", f"holds entry {entry.key[:12]}/{entry.env_id}, not the one asked for")
         except _Refused as exc:
