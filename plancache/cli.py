@@ -267,8 +267,17 @@ class _Group(click.Group):
             ctx.exit(code)
 
 
+def _named_dir(value: str | None) -> Path | None:
+    """The directory ``--dir`` names (before or after the command), None when not given. An
+    empty one is refused: it is a variable that expanded to nothing, not the default cache."""
+    if value is not None and not value.strip():
+        raise ConfigError("--dir is empty: name a directory, or leave --dir out for the default cache",
+                          name=CACHE_DIR.name, value=value)  # fmt: skip
+    return CACHE_DIR.of(value, "--dir")
+
+
 def _set_dir(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    directory = CACHE_DIR.of(value, "--dir")
+    directory = _named_dir(value)
     obj = ctx.find_object(_Context)
     if directory is not None and obj is not None:
         obj.directory, obj.named_by = directory, "--dir"
@@ -351,7 +360,7 @@ def cli(ctx: click.Context, directory: str | None, as_json: bool, debug: bool) -
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="%(message)s", stream=sys.stderr)
     obj: _Context = ctx.obj
     obj.debug, obj.as_json = debug, obj.as_json or as_json
-    given = CACHE_DIR.of(directory, "--dir")
+    given = _named_dir(directory)
     if given is not None:
         obj.directory, obj.named_by = given, "--dir"
     else:

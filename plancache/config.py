@@ -91,7 +91,10 @@ class Setting(Generic[T]):
         try:
             return self.parse(value)
         except _Refused as exc:
-            shown = "" if self.secret else f"={value!r}"
+            written = repr(value)
+            shown = (
+                "" if self.secret else f"={written if len(written) <= 300 else written[:60] + f'... ({len(written)} characters)'}"
+            )
             raise ConfigError(f"{where}{shown} {exc}", name=self.name, value=None if self.secret else value) from None
 
     def given_or_env(self, value: object, argument: str) -> T:
@@ -163,7 +166,7 @@ def whole_number(least: int, what: str) -> Callable[[Any], int]:
 
     def read(value: object) -> int:
         text = str(value).strip() if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
-        if not re.fullmatch(r"[+-]?\d+", text) or int(text) < least:
+        if not re.fullmatch(r"[+-]?\d{1,18}", text) or int(text) < least:  # 18 digits: int() of thousands raises
             raise _Refused(f"is not a whole number of {what}, {least} or more")
         return int(text)
 
@@ -270,7 +273,7 @@ def _value_cap(value: object) -> int:
 def _plans(value: object) -> int:
     """A whole number of plans, 1 or more."""
     text = str(value).strip() if not isinstance(value, bool) else ""
-    if not re.fullmatch(r"\+?\d+", text) or int(text) < 1:
+    if not re.fullmatch(r"\+?\d{1,18}", text) or int(text) < 1:  # 18 digits: int() of thousands raises
         raise _Refused("is not a whole number of plans, 1 or more (such as 1024)")
     return int(text)
 

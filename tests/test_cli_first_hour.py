@@ -804,7 +804,7 @@ def test_a_manifest_or_bundle_that_is_missing_or_invalid_is_one_line_exit_3_on_s
     broken.write_text("[1, 2")
     cache = ["--dir", str(tmp_path / "cache")]
     for args, says in [(["prewarm", str(tmp_path / "missing.json")], "missing.json: cannot read the manifest: No such file"),
-                       (["prewarm", str(tmp_path)], "cannot read the manifest: Is a directory"),
+                       (["prewarm", str(tmp_path)], "cannot read the manifest: is a directory, not a regular file"),
                        (["prewarm", str(broken)], "broken.json:1: not valid JSON"),
                        (["prewarm", str(broken), "--dry-run"], "broken.json:1: not valid JSON"),
                        (["import", str(tmp_path / "missing.bundle")], "cannot read bundle"),

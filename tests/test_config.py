@@ -136,6 +136,8 @@ def _shared_store_opens(tmp: Path, allow: Any) -> bool:
 
 def _dir_option(value: str | None) -> Path:
     result = CliRunner().invoke(cli, [*(["--dir", value] if value is not None else []), "stats", "--json"])
+    if result.exit_code == 2:  # refused, in one line, as a bad variable is
+        raise ConfigError(result.stderr.strip().removeprefix("plancache: error: "))
     assert result.exit_code == 0, result.output
     import json
 
@@ -149,7 +151,8 @@ ENTRY_POINTS: dict[str, tuple[Callable[[Path, Any], Any], Cases]] = {
                               Cases(("cache", Path("cache")), None, DEFAULT, Path("nan"), Path("inf"))),
     "Store(directory=)": (lambda tmp, v: _store(v).directory, Cases(("cache", Path("cache")), None, DEFAULT, Path("nan"),
                                                                    Path("inf"))),
-    "--dir": (lambda tmp, v: _dir_option(v), Cases(("cache", Path("cache")), None, DEFAULT, Path("nan"), Path("inf"))),
+    # an empty --dir is a variable that expanded to nothing: refused, where an empty PLANCACHE_DIR is unset
+    "--dir": (lambda tmp, v: _dir_option(v), Cases(("cache", Path("cache")), None, REFUSED, Path("nan"), Path("inf"))),
     "PlanCache(max_size=)": (lambda tmp, v: _cache(tmp, max_size=v).max_size,
                              Cases(("64M", 64 * MIB), 2, DEFAULT, REFUSED, REFUSED)),
     "TimingPolicy(budget=)": (lambda tmp, v: TimingPolicy(budget=v).budget, Cases(("2", 2.0), "0.5", DEFAULT, REFUSED, math.inf)),

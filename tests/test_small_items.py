@@ -104,3 +104,47 @@ def test_tune_keeps_the_tensor_names_show_lists(make_cache: Any) -> None:
     assert [t["name"] for t in cache.store.get(plan.key).tensors] == before == ["X", "W", "B", "Y"]
     shown = json.loads(command("--dir", str(cache.directory), "--json", "show", plan.key).stdout)
     assert [t["name"] for t in shown["tensors"]] == before
+
+
+def test_a_number_of_thousands_of_digits_is_refused_naming_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 5,000-digit PLANCACHE_MEMORY_PLANS gave Python's own int-conversion error, which
+    named no variable; now the one line names it, its value cut short."""
+    monkeypatch.setenv("PLANCACHE_MEMORY_PLANS", "9" * 5000)
+    with pytest.raises(ConfigError, match=r"^PLANCACHE_MEMORY_PLANS='9+\.\.\. \(5002 characters\) is not a whole number"):
+        PlanCache(backend=CpuTestBackend(), directory=None, read_only=True)
+    with pytest.raises(ConfigError, match=r"^max_plans='9+\.\.\. \(5002 characters\)"):
+        PlanCache(backend=CpuTestBackend(), max_plans="9" * 5000)
+
+
+def test_an_empty_dir_option_is_refused_not_read_as_the_default(tmp_path: Path) -> None:
+    """``--dir ''`` (a variable that expanded to nothing) named the default cache silently."""
+    for args in (("--dir", "", "ls"), ("ls", "--dir", " ")):
+        result = command(*args)
+        assert result.returncode == 2 and "--dir is empty" in result.stderr, result
+
+
+def test_a_home_that_does_not_exist_is_never_created(tmp_path: Path) -> None:
+    """HOME=/nonexistent (as services set it) made /nonexistent/.cache/plancache: the
+    default cache is refused instead, the program served from memory, nothing created."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "nonexistent"
+    script = (
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "from graphs import ConvBiasRelu\n"
+        "from plancache import PlanCache\n"
+        "from plancache.testing import CpuTestBackend\n"
+        "cache = PlanCache(backend=CpuTestBackend())\n"
+        "print(cache.get(ConvBiasRelu().graph()).source, cache.store is None)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLANCACHE_", "XDG_"))} | {"HOME": str(home)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["built", "True"], done.stdout
+    assert "does not exist" in done.stderr and str(home) in done.stderr, done.stderr
+    assert not home.exists()
+    result = command("ls", env={"HOME": str(home), "PLANCACHE_DIR": None, "XDG_CACHE_HOME": None})
+    assert one_line_error(result).endswith("set PLANCACHE_DIR, or pass a directory") and not home.exists()

@@ -30,13 +30,24 @@ BUSY_TIMEOUT_MS = 30_000
 
 
 def default_cache_dir() -> Path:
-    """``$PLANCACHE_DIR`` if set, else the platform's per-user cache directory."""
+    """``$PLANCACHE_DIR`` if set, else the platform's per-user cache directory.
+    ``CacheDirError`` when that is in a home directory that does not exist (``HOME`` set to
+    a placeholder, as services and containers do): plancache makes its own directory, never
+    a home directory."""
     named = CACHE_DIR.from_env()
     if named is not None:
         return named
     import platformdirs  # imported here: only needed when no directory is given
 
-    return Path(platformdirs.user_cache_dir("plancache", appauthor=False))
+    path = Path(platformdirs.user_cache_dir("plancache", appauthor=False))
+    try:
+        home = Path.home()
+    except RuntimeError:  # no home directory at all: nothing of one to create
+        return path
+    if home in path.parents and not home.is_dir():
+        raise CacheDirError(f"the default cache directory {path} is in the home directory {home}, which does not exist: "
+                            f"set {CACHE_DIR.name}, or pass a directory", path=str(path))  # fmt: skip
+    return path
 
 
 def migrations() -> list[tuple[int, str, str]]:

@@ -15,6 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from ..config import CACHE_DIR
@@ -50,7 +51,7 @@ class LocalTier:
         count: Callable[[str], None],
         app: str | None = None,
     ) -> None:
-        self.directory = CACHE_DIR.of(directory, "directory") or default_cache_dir()
+        named = CACHE_DIR.of(directory, "directory")
         #: The application whose plan use is recorded for auto-prime (None: not recorded).
         self.app = app
         self._new_run()
@@ -60,9 +61,14 @@ class LocalTier:
         self.store: Store | None = None
         #: Why the store was refused (a newer or foreign schema, a directory or file not the user's); None if not.
         self.refused: str | None = None
+        self.directory: Path = named if named is not None else Path()
         try:
+            if named is None:
+                self.directory = default_cache_dir()
             self.store = Store(self.directory, read_only=read_only)
         except (CacheDirError, SchemaTooNewError) as exc:
+            if named is None and not self.directory.parts:  # the default refused: it is named in the error
+                self.directory = Path(exc.fields.get("path") or ".")
             # Refused for a reason only the user can fix (a directory or file another user owns or
             # can write, a foreign schema, a store of a newer plancache): nothing of it is read;
             # lookups build plans in memory, which are not stored; one warning says why.
