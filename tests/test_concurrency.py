@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -150,6 +151,81 @@ def test_lock_timeout_is_a_number_of_seconds_above_zero_or_infinity(make_cache: 
             make_cache(lock_timeout=bad)
     cache = make_cache(lock_timeout=math.inf)  # waits as long as a build takes
     assert cache.get(ConvBiasRelu(n=2).graph()).source == "built"
+
+
+def _builder_holding_the_lock(directory: Path, build_delay: float) -> subprocess.Popen[str]:
+    """A process whose lookup holds the build lock of ``ConvBiasRelu(n=3)`` while it builds
+    for ``build_delay`` s; returned once the lock is held."""
+    import sys
+    import textwrap
+
+    builder = textwrap.dedent(f"""
+        import sys, threading, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from graphs import ConvBiasRelu
+        from plancache import PlanCache
+        from plancache.testing import CpuTestBackend
+        cache = PlanCache({str(directory)!r}, backend=CpuTestBackend(build_delay={build_delay}), auto_prime=False)
+        threading.Thread(target=lambda: cache.get(ConvBiasRelu(n=3).graph())).start()
+        time.sleep(1.0)  # the thread holds the key's lock and builds
+        print("holding", flush=True)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", builder], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "holding"
+    return process
+
+
+def test_a_stopped_lock_holder_holds_no_one_up(tmp_path: Path, make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """A process stopped while it holds a key's build lock (Ctrl-Z, a debugger): its lock
+    file stops being touched, and a waiter that finds it untouched for STALLED_AFTER_S
+    builds the plan itself, with one warning, instead of waiting out lock_timeout and then
+    raising into the program."""
+    import signal
+
+    from plancache.cache import flight
+
+    monkeypatch.setattr(flight, "STALLED_AFTER_S", 4.0)
+    directory, spec = tmp_path / "cache", ConvBiasRelu(n=3)
+    holder = _builder_holding_the_lock(directory, build_delay=60.0)
+    try:
+        os.kill(holder.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="plancache"):
+            plan = make_cache(directory=directory, lock_timeout=600).get(spec.graph())
+        waited = time.monotonic() - started
+        assert 3.0 <= waited < 15, waited  # the file's age, not the 600 s lock_timeout
+        assert plan.source == "built"
+        assert_runs_correctly(plan, spec)
+        stalled = [r.getMessage() for r in caplog.records if "has not moved" in r.getMessage()]
+        assert len(stalled) == 1 and f"process {holder.pid}" in stalled[0], stalled
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        os.kill(holder.pid, signal.SIGCONT)
+        holder.wait(10)
+        assert holder.stdout is not None
+        holder.stdout.close()
+
+
+def test_a_holder_that_builds_keeps_its_waiters_waiting(tmp_path: Path, make_cache: MakeCache,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A holder that runs touches its lock file every HEARTBEAT_S (2 s): a build longer than
+    STALLED_AFTER_S is waited for, and its plan served from the store, never built twice."""
+    from plancache.cache import flight
+
+    monkeypatch.setattr(flight, "STALLED_AFTER_S", 4.0)
+    directory, spec = tmp_path / "cache", ConvBiasRelu(n=3)
+    holder = _builder_holding_the_lock(directory, build_delay=8.0)
+    try:
+        cache = make_cache(directory=directory, lock_timeout=600)
+        plan = cache.get(spec.graph())
+        assert plan.source == "loaded" and cache.counters["waits"] == 1
+        assert_runs_correctly(plan, spec)
+    finally:
+        holder.kill()
+        holder.wait(10)
+        assert holder.stdout is not None
+        holder.stdout.close()
 
 
 def _held(lock: FileLock) -> bool:

@@ -12,7 +12,10 @@ Three locks, taken in order, each only around the build of its key:
 3. the fleet lock in Redis, when there is a remote tier (machines of a fleet), renewed by
    the tier while held.
 
-Every wait is bounded by ``timeout``: past it, ``LockTimeoutError`` names the lock.
+Every wait is bounded by ``timeout``: past it, ``LockTimeoutError`` names the lock. A holder
+touches its lock file every ``HEARTBEAT_S`` while it builds; a waiter that finds the file
+untouched for ``STALLED_AFTER_S`` (its holder stopped: Ctrl-Z, a debugger, a hung machine)
+stops waiting and builds the plan itself, with one warning, rather than wait out ``timeout``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,14 @@ from ..store.files import PRIVATE, Modes, check_trusted, create_directory, lock_
 
 log = logging.getLogger("plancache")
 
-__all__ = ["SingleFlight", "lock_timeout_of"]
+__all__ = ["HEARTBEAT_S", "STALLED_AFTER_S", "SingleFlight", "lock_timeout_of"]
+
+#: How often a process touches the build-lock files it holds (their modification time).
+HEARTBEAT_S = 2.0
+#: A build-lock file untouched this long has a holder that makes no progress (a process
+#: stopped, or every thread of it stuck): its waiters build the plan themselves. Well above
+#: the longest a build holds the GIL (the heartbeat is a Python thread).
+STALLED_AFTER_S = 60.0
 
 
 class _KeyLocks:
@@ -94,6 +104,10 @@ class SingleFlight:
         # (a flock belongs to the open file, which the child's copy keeps open: the lock
         # would outlive a parent killed mid-build for as long as the child lives).
         self._held: dict[int, int] = {}  # fd -> pid of the process that took it
+        # Guards _held against the heartbeat: a descriptor is touched only while it is held,
+        # never after its close (its number could then be another file's).
+        self._beat_lock = threading.Lock()
+        self._beating = False
         self.remote = remote
         self._warn = warn or (lambda *args: None)
         self._threads = _KeyLocks()
@@ -123,11 +137,12 @@ class SingleFlight:
             yield False
             return
         path = self.lock_dir / f"{key[:32]}.lock"
+        held: int | None
         try:
             create_directory(self.lock_dir, self.modes)
             check_trusted(self.lock_dir, self.modes.group)  # a link, or a folder others can write: no lock there (OSError)
             try:
-                fd, waited = lock_file(path, time.monotonic(), self.modes)  # one try: is another process building it?
+                held, waited = lock_file(path, time.monotonic(), self.modes)  # one try: is another process building it?
             except TimeoutError:
                 self._count("waits")
                 log.info(
@@ -137,8 +152,7 @@ class SingleFlight:
                     label,
                     path,
                 )
-                fd, waited = lock_file(path, started + self.timeout, self.modes)
-                waited = True
+                held, waited = self._wait_for(path, started + self.timeout), True
         except TimeoutError as exc:
             raise LockTimeoutError(
                 f"waited {time.monotonic() - started:.0f} s for another process to build plan {key[:12]} "
@@ -151,22 +165,72 @@ class SingleFlight:
             self._warn("lock", "plancache: cannot take the build lock in %s (%s); building without it", self.lock_dir, exc)
             yield False
             return
-        self._held[fd] = os.getpid()
+        if held is None:  # its holder makes no progress: built here, without the lock
+            yield True
+            return
+        fd = held
+        with contextlib.suppress(OSError):  # who holds it, for a waiter's warning
+            os.ftruncate(fd, 0)
+            os.write(fd, b"%d\n" % os.getpid())
+        with self._beat_lock:
+            self._held[fd] = os.getpid()
+            if not self._beating:
+                self._beating = True
+                threading.Thread(target=self._beat, name="plancache-build-lock-heartbeat", daemon=True).start()
         try:
             yield waited
         finally:
-            if self._held.pop(fd, None) == os.getpid():  # not a child's copy, closed at the fork
-                # Remove before unlocking: a waiter that then locks the removed file sees
-                # that the path no longer names it and retries (see store.files.lock_file).
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                os.close(fd)
+            with self._beat_lock:
+                if self._held.pop(fd, None) == os.getpid():  # not a child's copy, closed at the fork
+                    # Remove before unlocking: a waiter that then locks the removed file sees
+                    # that the path no longer names it and retries (see store.files.lock_file).
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                    os.close(fd)
+
+    def _wait_for(self, path: Path, deadline: float) -> int | None:
+        """The locked descriptor of ``path`` once its holder lets go, or None once the file
+        has gone untouched for ``STALLED_AFTER_S`` (one warning). ``TimeoutError`` past
+        ``deadline``."""
+        while True:
+            try:
+                return lock_file(path, min(deadline, time.monotonic() + HEARTBEAT_S), self.modes)[0]
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+            try:
+                idle = time.time() - os.stat(path).st_mtime
+            except FileNotFoundError:  # let go meanwhile: the next try takes it
+                continue
+            if idle >= STALLED_AFTER_S:
+                try:
+                    holder = path.read_text(errors="replace").strip()[:20] or "unknown"
+                except OSError:
+                    holder = "unknown"
+                self._warn("stalled", "plancache: the build of %s has not moved for %.0f s (lock %s, process %s: "
+                           "stopped?); building it here instead", path.stem, idle, path, holder)  # fmt: skip
+                return None
+
+    def _beat(self) -> None:
+        """Touch every build-lock file this process holds, every ``HEARTBEAT_S``, until it
+        holds none: its waiters read the files' age as the holder's progress."""
+        while True:
+            time.sleep(HEARTBEAT_S)
+            with self._beat_lock:
+                held = [fd for fd, pid in self._held.items() if pid == os.getpid()]
+                if not held:
+                    self._beating = False
+                    return
+                for fd in held:
+                    with contextlib.suppress(OSError):
+                        os.utime(fd)
 
     def after_fork(self) -> None:
         """A forked child starts with no locks held: the parent's threads are gone, and its
         copies of the parent's build-lock descriptors are closed (not unlocked, which would
         unlock the parent's too)."""
         self._threads = _KeyLocks()
+        self._beat_lock, self._beating = threading.Lock(), False  # the parent's heartbeat is not the child's
         inherited, self._held = self._held, {}
         for fd in inherited:
             with contextlib.suppress(OSError):
