@@ -161,9 +161,14 @@ def _age(seconds: float) -> str:
 
 def _table(rows: list[list[str]], header: list[str]) -> Iterable[str]:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    yield "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()
+    yield _row(header, widths)
     for row in rows:
-        yield "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip()
+        yield _row(row, widths)
+
+
+def _row(cells: Iterable[Any], widths: Iterable[int]) -> str:
+    """One line of a table: each cell left-aligned in its column, two spaces between."""
+    return "  ".join(str(x).ljust(w) for x, w in zip(cells, widths)).rstrip()
 
 
 def _entry(store: Store | None, prefix: str, obj: _Context) -> Entry:
@@ -1369,10 +1374,10 @@ def _print_table(columns: list[str], rows: Iterator[dict[str, Any]]) -> None:
         cells = [[str(v) for v in row.values()] for row in block]
         widths = [max(w, *(len(r[i]) for r in cells)) for i, w in enumerate(widths)]
         if not printed:
-            click.echo("  ".join(h.ljust(w) for h, w in zip(columns, widths)).rstrip())
+            click.echo(_row(columns, widths))
             printed = True
         for row in cells:
-            click.echo("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
+            click.echo(_row(row, widths))
     if not printed:
         click.echo("(no rows)")
 

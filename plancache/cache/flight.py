@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..config import Refused, read_regular
 from ..errors import LockTimeoutError
 from ..store.files import PRIVATE, Modes, check_trusted, create_directory, lock_file
 
@@ -203,9 +204,9 @@ class SingleFlight:
             except FileNotFoundError:  # let go meanwhile: the next try takes it
                 continue
             if idle >= STALLED_AFTER_S:
-                try:
-                    holder = path.read_text(errors="replace").strip()[:20] or "unknown"
-                except OSError:
+                try:  # as every file beside the store is read: never through a link, never a FIFO
+                    holder = read_regular(path, 64)[0].decode(errors="replace").strip() or "unknown"
+                except (OSError, Refused):
                     holder = "unknown"
                 self._warn("stalled", "plancache: the build of %s has not moved for %.0f s (lock %s, process %s: "
                            "stopped?); building it here instead", path.stem, idle, path, holder)  # fmt: skip

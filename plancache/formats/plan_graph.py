@@ -143,13 +143,11 @@ def read_graph(blob: bytes) -> PlanGraph:
 
 
 def _tensor(tensor: Mapping[str, Any], uid: int) -> BlobTensor:
-    dims, strides, data_type = tensor.get("dim"), tensor.get("stride"), tensor.get("data_type")
-    virtual, by_value, ragged = tensor.get("is_virtual"), tensor.get("is_pass_by_value"), tensor.get("ragged_offset_uid")
+    dims, strides, data_type, virtual, by_value, ragged, reordering, multiplier = written(tensor)
     if not (_ints(dims) and _ints(strides) and (data_type is None or isinstance(data_type, str))
             and type(virtual) is bool and type(by_value) is bool and (ragged is None or type(ragged) is int)):  # fmt: skip
         raise PlanGraphError(f"tensor {uid} of the blob has fields of the wrong types")
-    return BlobTensor(tuple(dims), tuple(strides), data_type, virtual, by_value, ragged,
-                      tensor.get("reordering_type", "NONE"), tensor.get("ragged_offset_multiplier", 1), tensor)  # fmt: skip
+    return BlobTensor(tuple(dims), tuple(strides), data_type, virtual, by_value, ragged, reordering, multiplier, tensor)
 
 
 def _node(node: Any, index: int) -> BlobNode:

@@ -40,7 +40,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,11 +289,19 @@ def _graphs(kind: str, raw: Mapping[str, Any]) -> int:
     """How many graphs an entry (already checked against its schema) expands to, counted
     before any is made: the product of its lists' lengths, per shape of a template."""
     if kind == "template":
-        return sum(math.prod(len(v) for v in {**raw.get("params", {}), **shape}.values() if isinstance(v, list))
-                   for shape in raw.get("shapes") or [{}])  # fmt: skip
+        return sum(math.prod(map(len, lists.values())) for _, lists in _template_shapes(raw))
     if kind == "builder":
-        return math.prod(len(v) for v in raw.get("expand", {}).values())
+        return math.prod(map(len, raw.get("expand", {}).values()))
     return 1
+
+
+def _template_shapes(raw: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, list[Any]]]]:
+    """A template entry's parameters per shape (``params`` under each of ``shapes``), split
+    into the single values and the lists to expand."""
+    for shape in raw.get("shapes") or [{}]:
+        params = {**raw.get("params", {}), **shape}
+        yield ({k: v for k, v in params.items() if not isinstance(v, list)},
+               {k: v for k, v in params.items() if isinstance(v, list)})  # fmt: skip
 
 
 def _product(base: Mapping[str, Any], lists: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
@@ -332,10 +340,8 @@ def _expand_template(raw: Mapping[str, Any]) -> list[dict[str, Any]]:
     if name not in templates.TEMPLATES:
         raise ValueError(f"unknown template {name!r}; known: {', '.join(templates.TEMPLATES)}")
     combos = []
-    for shape in raw.get("shapes") or [{}]:
-        params = {**raw.get("params", {}), **shape}
-        scalars = {k: v for k, v in params.items() if not isinstance(v, list)}
-        combos += _product(scalars, {k: v for k, v in params.items() if isinstance(v, list)})
+    for scalars, lists in _template_shapes(raw):
+        combos += _product(scalars, lists)
     for params in combos:
         _check_template_params(name, params)
     return [{"template": name, "params": params} for params in combos]
@@ -436,8 +442,8 @@ def parse_manifest(
     return entries, errors
 
 
-def _load_entry(index: int, raw: Any, where: str, line: int | None, *, resolve: bool = True,
-                room: int = 0) -> list[ManifestEntry]:  # fmt: skip
+def _load_entry(index: int, raw: Any, where: str, line: int | None, *, resolve: bool,
+                room: int) -> list[ManifestEntry]:  # fmt: skip
     """The graphs of one entry; ``room``: how many more the manifest may hold."""
     kinds = [k for k in _ENTRY_SCHEMAS if isinstance(raw, dict) and k in raw]
     if len(kinds) != 1:
