@@ -117,6 +117,169 @@ def test_a_child_forked_during_a_build_does_not_keep_its_lock(tmp_path: Path, ma
         process.stdout.close()
 
 
+# ---------------------------------------------------------------------------- forks
+
+_FORK_STORM = """
+import dataclasses, json, logging, os, sys, threading, time
+sys.path.insert(0, {tests!r})
+import torch
+torch.set_num_threads(1)  # torch's CPU thread pool does not survive a fork; one thread makes none
+from graphs import ConvBiasRelu
+from plancache import PlanCache
+from plancache.store import sha256
+from plancache.testing import CpuTestBackend
+
+directory, forks = {directory!r}, {forks}
+cache = PlanCache(directory, backend=CpuTestBackend(), auto_prime=False)
+known = ConvBiasRelu(n=1)
+entry = cache.store.get(cache.get(known.graph()).key)
+big = os.urandom(1 << 20)  # rows a reader spends long inside SQLite on
+rows = [dataclasses.replace(entry, key=f"{{i:064x}}", blob=big, blob_sha256=sha256(big)) for i in range(1, 5)]
+for row in rows:
+    cache.store.put(row)
+stop, built = threading.Event(), []
+
+def hit(key):
+    while not stop.is_set():
+        assert cache.store.get(key) is not None
+
+def miss():
+    n = 100
+    while not stop.is_set():
+        n += 1
+        built.append(cache.get(ConvBiasRelu(n=n).graph()).key)
+
+threads = [threading.Thread(target=hit, args=(row.key,), daemon=True) for row in rows]
+threads.append(threading.Thread(target=miss, daemon=True))
+for thread in threads:
+    thread.start()
+children = []
+for i in range(forks):
+    time.sleep(0.02)
+    read, write = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # a hit and a miss: both must come back, and soon
+        warned = []
+        logging.getLogger("plancache").addHandler(type("H", (logging.Handler,), {{"emit": lambda s, r: warned.append(r.getMessage())}})())
+        hit_source = cache.get(known.graph()).source
+        new = cache.get(ConvBiasRelu(n=1000 + i).graph())
+        os.write(write, json.dumps([hit_source, new.source, new.key, warned]).encode())
+        os._exit(0)
+    os.close(write)
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() - started > 5:  # hung: ended, and reported as such
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            break
+        time.sleep(0.01)
+    seconds = time.monotonic() - started
+    children.append([seconds, *json.loads(os.read(read, 1 << 16) or b'[null, null, null, []]')])
+    os.close(read)
+stop.set()
+for thread in threads:
+    thread.join()
+cache.close()
+print(json.dumps({{"children": children, "built": built}}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forty_children_forked_while_threads_hit_and_miss_each_hit_and_miss_within_5_s(tmp_path: Path) -> None:
+    """Four threads reading 1 MiB rows and one storing new plans while the process forks 40
+    times. A child forked while a thread was inside SQLite closed a connection whose mutex
+    that thread held, and hung forever; one forked inside a write transaction waited the
+    busy timeout (30 s) out, then stored nothing. Each child must get its hit and its miss
+    within 5 s, store its plan, and the parent lose nothing."""
+    import json
+    import sys
+    import textwrap
+
+    directory = tmp_path / "cache"
+    script = textwrap.dedent(_FORK_STORM).format(tests=str(Path(__file__).parent), directory=str(directory), forks=40)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    late = [child for child in report["children"] if child[0] >= 5 or child[1] is None]
+    assert not late, f"{len(late)} of 40 children hung or took 5 s or more: {late[:3]}"
+    assert {(child[1], child[2]) for child in report["children"]} == {("loaded", "built")}
+    assert [child[4] for child in report["children"] if child[4]] == []  # no warning: every child used the store
+    store = Store(directory)
+    try:
+        kept = set(store.keys())
+        assert set(report["built"]) <= kept and report["built"]  # nothing the parent stored is lost
+        assert {child[3] for child in report["children"]} <= kept  # nor anything a child stored
+        assert store.connection().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        store.close()
+
+
+_FORK_INSIDE_A_WAIT = """
+import dataclasses, json, logging, os, sqlite3, sys, threading, time
+sys.path.insert(0, {tests!r})
+import torch
+torch.set_num_threads(1)
+from graphs import ConvBiasRelu
+from plancache import PlanCache
+from plancache.store import DB_NAME
+
+directory = {directory!r}
+from plancache.testing import CpuTestBackend
+cache = PlanCache(directory, backend=CpuTestBackend(), auto_prime=False)
+known = ConvBiasRelu(n=1)
+entry = cache.store.get(cache.get(known.graph()).key)
+holder = sqlite3.connect(os.path.join(directory, DB_NAME), isolation_level=None)
+holder.execute("BEGIN IMMEDIATE")  # another writer holds the write lock
+row = dataclasses.replace(entry, key="f" * 64)
+writer = threading.Thread(target=cache.store.put, args=(row,))  # waits for it, inside SQLite
+writer.start()
+time.sleep(0.5)
+started = time.monotonic()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    warned = []
+    logging.getLogger("plancache").addHandler(type("H", (logging.Handler,), {{"emit": lambda s, r: warned.append(r.getMessage())}})())
+    sources = [cache.get(known.graph()).source, cache.get(ConvBiasRelu(n=2).graph()).source]
+    os.write(write, json.dumps([sources, warned]).encode())
+    os._exit(0)
+forked = time.monotonic() - started
+os.close(write)
+while os.waitpid(pid, os.WNOHANG) == (0, 0):
+    if time.monotonic() - started > 10:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        break
+    time.sleep(0.01)
+child = json.loads(os.read(read, 1 << 16) or b"null")
+seconds = time.monotonic() - started
+holder.execute("ROLLBACK")
+writer.join()
+print(json.dumps({{"child": child, "seconds": seconds, "forked": forked, "stored": cache.store.get("f" * 64) is not None}}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_a_write_waits_inside_sqlite_builds_in_memory_with_one_warning(tmp_path: Path) -> None:
+    """A thread waits inside SQLite for another writer's lock (up to the 30 s busy timeout),
+    longer than a fork waits for it: the child cannot touch any connection it inherited.
+    It must not hang or wait: it builds its plans in memory, says so once, and the parent's
+    write goes through once the lock is free."""
+    import json
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(_FORK_INSIDE_A_WAIT).format(tests=str(Path(__file__).parent), directory=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["child"] is not None and report["seconds"] < 5, report
+    sources, warned = report["child"]
+    assert sources == ["built", "built"]
+    assert len(warned) == 1 and "forked while another thread was inside SQLite" in warned[0], warned
+    assert report["stored"]  # the parent's write, once the other writer let go
+
+
 def test_threads_waiting_for_one_key_each_wait_one_lock_timeout(tmp_path: Path, make_cache: MakeCache) -> None:
     """Another process holds the key's build lock. Four threads of this one look it up: the
     first waits at the lock, the others behind it in this process. Each gives up after

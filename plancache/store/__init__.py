@@ -1,7 +1,7 @@
 """Storage: the SQLite plan store (``store``), what a row holds and the one check of
 whether it may be served (``entry``), recovery from damage (``recovery``), entries taken
-out of service (``quarantine``) and offline maintenance (``maintenance``: verify, prune,
-listings)."""
+out of service (``quarantine``), offline maintenance (``maintenance``: verify, prune,
+listings) and the process's SQLite connections, safe across ``fork`` (``connections``)."""
 
 from .entry import CHECK_RULE, NEVER_CHECKED, Entry, problem, sha256, summarize, unsound
 from .recovery import DB_NAME

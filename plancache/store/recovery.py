@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..config import open_regular
 from ..errors import StoreBusyError, StoreError
+from .connections import connect
 from .entry import INSERT_SQL, Entry, problem
 from .files import Modes, check_trusted, create_file, harden
 
@@ -252,7 +253,7 @@ class Recovery:
         """Copy the entries of a moved-aside file that read back whole, match their
         checksum and their key into this (new) store; 0 when nothing can be read."""
         try:
-            src = sqlite3.connect(f"file:{urllib.parse.quote(str(aside))}?mode=ro", uri=True, isolation_level=None)
+            src = connect(f"file:{urllib.parse.quote(str(aside))}?mode=ro", uri=True, isolation_level=None)
         except sqlite3.Error:
             return 0
         src.row_factory = sqlite3.Row

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import CACHE_DIR
 from ..errors import CacheDirError, SchemaTooNewError, StoreBusyError, StoreError
+from .connections import connect
 from .files import Modes, check_trusted, modes_of
 from .recovery import DB_NAME, is_damage, is_locked
 
@@ -116,7 +117,7 @@ def _version_and_schema(conn: sqlite3.Connection) -> tuple[int, frozenset[tuple[
 def _made_by_migrations() -> dict[int, frozenset[tuple[Any, ...]]]:
     """The schema (``sqlite_master``'s rows) each schema version has when the migrations
     alone made it: applied once per process to a database in memory."""
-    conn = sqlite3.connect(":memory:", isolation_level=None)
+    conn = connect(":memory:", isolation_level=None)
     try:
         made = {0: _schema_of(conn)}
         for number, _name, sql in migrations():

@@ -4,7 +4,8 @@ holds is ``entry.Entry``. Its base classes open the file (``schema.Schema``), ha
 ``verify`` and ``prune`` run in ``maintenance``.
 
 Habits: WAL set once at creation; on every connection a busy timeout and
-``synchronous=NORMAL``; one connection per thread, reopened after ``fork``; writes in short
+``synchronous=NORMAL``; one connection per thread, reopened after ``fork`` (``connections``
+keeps them safe across it); writes in short
 ``BEGIN IMMEDIATE`` transactions; a lookup never writes (hit counts are batched by the
 caller and flushed with ``bookkeeping.record_hits``). Every blob carries a SHA-256 checked by
 ``Entry.checksum_ok`` before it reaches cuDNN.
@@ -22,13 +23,13 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..config import ALLOW_SHARED_DIR, CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, StoreBusyError, StoreError
 from . import bookkeeping
+from .connections import GATE, connect
 from .entry import INSERT_SQL, Entry, sha256
 from .files import check_trusted, create_file, harden
 from .quarantine import Quarantine
@@ -38,54 +39,6 @@ from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir
 __all__ = ["Store"]
 
 log = logging.getLogger("plancache")
-
-
-class _Connection(sqlite3.Connection):
-    """A connection that can be referred to weakly (``sqlite3.Connection`` cannot), so that
-    a forked child can find every connection it inherited."""
-
-
-class _Opened:
-    """Every store connection this process has open, to be closed in a forked child before
-    the child opens its own.
-
-    SQLite records, per process, which file locks the process holds on each database. A
-    forked child inherits that record but not the locks (fcntl locks are never inherited),
-    so while one inherited connection is open, the child's new connections believe they
-    hold the shared lock and take none. A parent that then closes its last connection
-    checkpoints and deletes the -wal and -shm files the child is still writing to: the
-    child's plans are lost while every put reports success, and a later checkpoint of the
-    child can corrupt the file. Closed in the child, the inherited connections take the
-    record with them, and the child's connections take real locks."""
-
-    def __init__(self) -> None:
-        self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._after_fork)
-
-    def _after_fork(self) -> None:
-        self._lock = threading.Lock()  # a parent thread may have held it at the fork
-
-    def close_inherited(self) -> None:
-        """In a forked child, close every connection the parent had open; before the child
-        opens one (a connection joins the process's record of its file when it opens)."""
-        with self._lock:
-            if self._pid == os.getpid():
-                return
-            inherited, self._pid = list(self._connections), os.getpid()
-            self._connections.clear()
-        for old in inherited:
-            with contextlib.suppress(sqlite3.Error):
-                old.close()
-
-    def add(self, conn: _Connection) -> None:
-        with self._lock:
-            self._connections.add(conn)
-
-
-_OPENED = _Opened()
 
 
 def _file_id(path: os.PathLike[str]) -> tuple[int, int] | None:
@@ -173,7 +126,8 @@ class Store(Schema, Recovery, Quarantine):
             local.conn = None
         if self._closed:
             raise StoreError(f"plan store {self.path} is closed", path=str(self.path))
-        _OPENED.close_inherited()
+        if GATE.refusal is not None:
+            raise StoreError(f"plan store {self.path} cannot be used: {GATE.refusal}", path=str(self.path))
         # SQLite follows a link to the database (its SQLITE_OPEN_NOFOLLOW is an open flag the
         # sqlite3 module cannot pass; no URI parameter sets it), so the file is checked before
         # and after the open: a link, a file not the user's, or another file than the one checked
@@ -191,11 +145,9 @@ class Store(Schema, Recovery, Quarantine):
             uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
             if not self._directory_writable:
                 uri += "&immutable=1"
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, factory=_Connection)
+            conn = connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         else:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000,
-                                   factory=_Connection)  # fmt: skip
-        _OPENED.add(conn)
+            conn = connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
         try:
             after = check_trusted(self.path, self.modes.group)
             if before is not None and after is not None and (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino):

@@ -21,6 +21,7 @@ from typing import Any
 from ..config import CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreError
 from ..store import Entry, Store, bookkeeping, default_cache_dir
+from ..store.connections import GATE
 from ..store.files import PRIVATE, Modes
 
 __all__ = ["HIT_FLUSH_SECONDS", "LocalTier"]
@@ -61,6 +62,7 @@ class LocalTier:
         self.store: Store | None = None
         #: Why the store was refused (a newer or foreign schema, a directory or file not the user's); None if not.
         self.refused: str | None = None
+        self._forked_busy: str | None = None  # why a forked child left the store, until told
         self.directory: Path = named if named is not None else Path()
         try:
             if named is None:
@@ -113,6 +115,11 @@ class LocalTier:
         """The whole entry under ``key``; the store's failures are misses. An entry that
         cannot be decoded is a miss too, reported through ``damaged`` for quarantine."""
         if self.store is None:
+            if self._forked_busy is not None:
+                self._count("store_errors")
+                self._warn("open", "plancache: not using the plan store in %s (%s); plans are built and kept in memory",
+                           self.directory, self._forked_busy)  # fmt: skip
+                self._forked_busy = None
             return None
         try:
             return self.store.get(key)
@@ -306,3 +313,8 @@ class LocalTier:
         self._flush_lock = threading.Lock()
         self._flusher = None
         self._stop = threading.Event()
+        if self.store is not None and GATE.refusal is not None:
+            # Forked while another thread was inside SQLite: the store's connections here may
+            # hold a lock no thread of this process will release. Told at the first lookup,
+            # not here: a forked child that never looks a plan up hears nothing of it.
+            self.store, self._forked_busy = None, GATE.refusal

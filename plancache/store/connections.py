@@ -1,0 +1,235 @@
+"""The process's SQLite connections, kept safe across ``fork()``.
+
+SQLite says a connection must not cross a fork. A process that forks while another thread
+is inside SQLite gives its child a copy of a mutex that no thread of the child will ever
+release: closing, or using, the copy hangs the child forever. A process that forks while a
+thread is inside a write transaction gives its child SQLite's record of a lock the child
+does not hold, and the child's own writes wait the busy timeout out. And a child cannot
+just leave what it inherited open: SQLite records per process which file locks the process
+holds on each database, the child inherits that record but not the locks (fcntl locks are
+never inherited), and while one inherited connection is open, the child's own connections
+believe they hold the shared lock and take none. A parent that then closes its last
+connection checkpoints and deletes the -wal and -shm files the child is still writing to:
+the child's plans are lost while every put reports success.
+
+So every call into SQLite through these connections (opening, statements, fetching rows,
+closing) passes one gate (``GATE``). A fork waits, at most ``FORK_WAIT_S``, until no
+thread is inside SQLite or a transaction, and holds the gate across the fork; a thread
+already inside a transaction goes on to finish it, every other thread waits for the fork.
+The child then closes what it inherited, which is safe, before it opens a connection of its
+own. A fork that could not wait that long (a call that outlasts it: a write waiting for
+another process's lock) leaves its child without any SQLite connection: the inherited ones
+are never touched, ``GATE.refusal`` says why, and the child's plans are built and kept in
+memory (``tiers.local`` says so once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["FORK_WAIT_S", "GATE", "GatedConnection", "connect"]
+
+#: The longest a fork waits for SQLite calls and transactions of other threads to end.
+FORK_WAIT_S = 1.0
+
+
+class GatedConnection(sqlite3.Connection):
+    """A connection whose every call into SQLite passes ``GATE``; its cursors too."""
+
+    closed = False
+
+    def cursor(self, factory: Any = None) -> Any:
+        return super().cursor(factory or GatedCursor)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Any:
+        return self.cursor().execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Any, /) -> Any:
+        return self.cursor().executemany(sql, parameters)
+
+    def executescript(self, script: str, /) -> Any:
+        return self.cursor().executescript(script)
+
+    def close(self) -> None:
+        GATE.enter(self)
+        try:
+            super().close()
+            self.closed = True
+        finally:
+            GATE.leave()
+
+    def __del__(self) -> None:
+        # Freed unclosed (its thread ended; the collector frees connections, which sit in a
+        # cycle with their statement cache, at any allocation of any thread): closed at the
+        # next call through the gate, inside it, never here, where the gate may be held.
+        if not self.closed:
+            GATE.retire(self)
+
+
+def _through_gate(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A cursor's method, called inside ``GATE``."""
+
+    @functools.wraps(method)
+    def call(self: sqlite3.Cursor, *args: Any) -> Any:
+        GATE.enter(self.connection)
+        try:
+            return method(self, *args)
+        finally:
+            GATE.leave()
+
+    return call
+
+
+class GatedCursor(sqlite3.Cursor):
+    """A cursor whose statements and row fetches pass ``GATE``. (A cursor freed in the
+    middle of its rows resets its statement outside the gate; plancache reads each
+    statement of a store to its end, as a single-row ``fetchone`` does.)"""
+
+    execute = _through_gate(sqlite3.Cursor.execute)
+    executemany = _through_gate(sqlite3.Cursor.executemany)
+    executescript = _through_gate(sqlite3.Cursor.executescript)
+    fetchone = _through_gate(sqlite3.Cursor.fetchone)
+    fetchmany = _through_gate(sqlite3.Cursor.fetchmany)
+    fetchall = _through_gate(sqlite3.Cursor.fetchall)
+    __next__ = _through_gate(sqlite3.Cursor.__next__)
+    close = _through_gate(sqlite3.Cursor.close)
+
+
+def _in_transaction(conn: sqlite3.Connection) -> bool:
+    try:
+        return conn.in_transaction
+    except sqlite3.Error:  # closed
+        return False
+
+
+def _close(conn: GatedConnection) -> None:
+    """Close without the gate: for the caller already inside it, or a child's copies."""
+    with contextlib.suppress(sqlite3.Error):
+        sqlite3.Connection.close(conn)
+    conn.closed = True
+
+
+class ForkGate:
+    """Counts the threads inside SQLite and holds them off across a fork (module docstring)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._inside = 0  # calls into SQLite under way, every thread's
+        self._forking = False
+        self._depth = threading.local()  # this thread's calls under way (a call may nest another)
+        self._opened: weakref.WeakSet[GatedConnection] = weakref.WeakSet()
+        self._retired: list[GatedConnection] = []  # freed unclosed, to be closed inside the gate
+        self._holding: list[GatedConnection] = []  # strong references across a fork
+        self._inherited: list[GatedConnection] = []  # a child's copies, closed before its first connection
+        self._closing = threading.Lock()
+        self._clean = True  # whether the last fork found no thread inside SQLite or a transaction
+        #: Why this process must not use SQLite (forked while another thread was inside it); None when it may.
+        self.refusal: str | None = None
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(before=self._before_fork, after_in_parent=self._after_in_parent,
+                                after_in_child=self._after_in_child)  # fmt: skip
+
+    # ------------------------------------------------------------------ every call
+
+    def enter(self, conn: sqlite3.Connection | None) -> None:
+        depth = getattr(self._depth, "n", 0)
+        with self._cond:
+            # A thread inside a transaction finishes it: the fork waits for that.
+            while self._forking and depth == 0 and not (conn is not None and _in_transaction(conn)):
+                self._cond.wait()
+            self._inside += 1
+        self._depth.n = depth + 1
+        while self._retired and depth == 0:
+            with contextlib.suppress(IndexError):  # another thread took the last one
+                _close(self._retired.pop())
+
+    def leave(self) -> None:
+        self._depth.n -= 1
+        with self._cond:
+            self._inside -= 1
+            if self._forking:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        """One region of SQLite calls that a fork must not split (a connection's opening)."""
+        self.enter(None)
+        try:
+            yield
+        finally:
+            self.leave()
+
+    def retire(self, conn: GatedConnection) -> None:
+        self._retired.append(conn)  # no lock: this runs wherever the collector does
+
+    def add(self, conn: GatedConnection) -> None:
+        with self._cond:
+            self._opened.add(conn)
+
+    def close_inherited(self) -> None:
+        """In a forked child, close the parent's connections before the child opens one of
+        its own (a connection joins the process's record of its file's locks when it opens)."""
+        if self._inherited:
+            with self._closing:
+                inherited, self._inherited = self._inherited, []
+                with self.inside():
+                    for old in inherited:
+                        _close(old)
+
+    # ------------------------------------------------------------------ fork
+
+    def _busy(self, own: int) -> bool:
+        return self._inside > own or any(_in_transaction(c) for c in list(self._opened))
+
+    def _before_fork(self) -> None:
+        self._cond.acquire()  # held across the fork: no thread enters or leaves SQLite meanwhile
+        self._forking = True
+        own = getattr(self._depth, "n", 0)
+        deadline = time.monotonic() + FORK_WAIT_S
+        while own == 0 and self._busy(own) and (left := deadline - time.monotonic()) > 0:
+            self._cond.wait(left)
+        self._clean = own == 0 and not self._busy(own)
+        self._holding = [*self._opened, *self._retired]  # alive in the child until closed, or kept
+
+    def _after_in_parent(self) -> None:
+        self._holding = []
+        self._forking = False
+        self._cond.notify_all()
+        self._cond.release()
+
+    def _after_in_child(self) -> None:
+        # The parent's other threads are gone, and so are their calls and waits.
+        self._cond, self._closing = threading.Condition(threading.Lock()), threading.Lock()
+        self._inside, self._forking, self._depth = 0, False, threading.local()
+        self._inherited += self._holding
+        self._holding, self._retired, self._opened = [], [], weakref.WeakSet()
+        if not self._clean and self.refusal is None:
+            # Never closed, never freed: any of them may hold a mutex no thread will release.
+            self.refusal = f"this process was forked while another thread was inside SQLite for over {FORK_WAIT_S:g} s"
+            _ABANDONED.extend(self._inherited)
+            self._inherited = []
+
+
+_ABANDONED: list[GatedConnection] = []  # a child's inherited connections it must never touch
+
+GATE = ForkGate()
+
+
+def connect(database: str | os.PathLike[str], **kwargs: Any) -> GatedConnection:
+    """``sqlite3.connect`` through the gate, giving a ``GatedConnection``; refused
+    (``sqlite3.OperationalError``) in a child forked while SQLite was busy."""
+    if GATE.refusal is not None:
+        raise sqlite3.OperationalError(GATE.refusal)
+    GATE.close_inherited()
+    with GATE.inside():
+        conn = sqlite3.connect(database, factory=GatedConnection, **kwargs)
+    GATE.add(conn)
+    return conn
