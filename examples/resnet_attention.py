@@ -290,7 +290,11 @@ def run_once(mode: str, directory: str | None, bundle: str | None) -> dict[str, 
 
 
 def demo(opts_out: str | None = None) -> None:
-    root = Path(tempfile.mkdtemp(prefix="plancache-example-"))
+    with tempfile.TemporaryDirectory(prefix="plancache-example-") as root:  # its caches and bundle: gone at the end
+        _demo(Path(root), opts_out)
+
+
+def _demo(root: Path, opts_out: str | None) -> None:
     warm, imported, bundle = root / "warm", root / "imported", root / "plans.bundle"
 
     def fresh(mode: str, directory: Path | None = None) -> dict[str, Any]:

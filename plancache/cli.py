@@ -44,13 +44,14 @@ from .config import (
 from .errors import BundleError, DamagedEntryError, EntryNotFoundError, ManifestError, PlanCacheError, StoreError
 from .store import DB_NAME, Entry, Store, check_private, default_cache_dir, maintenance
 
-__all__ = ["EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_PROBLEMS = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command Ctrl-C stopped
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as shells report a command whose reader went away (`| head`)
 
 #: Every exit code of every command, and what it means (README.md, "Exit codes", is this).
 EXIT_CODES: dict[int, str] = {
@@ -66,6 +67,8 @@ EXIT_CODES: dict[int, str] = {
                    "problems (also when `--fix` fixed them)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C): one line on stderr, no traceback; `prewarm` first reports the entries it "
                       "finished (as JSON with `--json`), and a run again resumes",
+    EXIT_BROKEN_PIPE: "the reader of the output went away before its end (`plancache show KEY` piped into `head -1`): "
+                      "nothing on stderr, as a command that SIGPIPE stopped",
 }  # fmt: skip
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -174,12 +177,7 @@ def _row(cells: Iterable[Any], widths: Iterable[int]) -> str:
 def _entry(store: Store | None, prefix: str, obj: _Context) -> Entry:
     if store is None:  # nothing cached yet: no key can match
         raise EntryNotFoundError(f"no entry with key {prefix!r}: {obj.nothing_yet()}", key=prefix)
-    keys = store.resolve(prefix)
-    if not keys:
-        raise EntryNotFoundError(f"no entry with key {prefix!r} in {store.path}", key=prefix)
-    if len(keys) > 1:
-        raise EntryNotFoundError(f"key prefix {prefix!r} is ambiguous in {store.path}; give more characters", key=prefix)
-    entry = store.get(keys[0])
+    entry = store.get(store.key_named(prefix))
     if entry is None:  # removed between the two reads
         raise EntryNotFoundError(f"no entry with key {prefix!r} in {store.path}", key=prefix)
     return entry
@@ -250,7 +248,10 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            finally:
+                sys.stdout.flush()  # a reader gone away is met here, not at the interpreter's exit
         except click.ClickException as exc:
             _report_json(ctx, exc.format_message(), exc.exit_code)
             raise
@@ -262,7 +263,12 @@ class _Group(click.Group):
             ctx.exit(EXIT_INTERRUPTED)
         except (PlanCacheError, OSError, ValueError, sqlite3.Error, RecursionError, MemoryError) as exc:
             if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
-                raise  # stdout closed early (`plancache ls | head`): click exits quietly
+                # stdout closed early (`plancache show KEY | head -1`): quietly, with the code
+                # of a command SIGPIPE stopped; what is still buffered goes nowhere.
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+                ctx.exit(EXIT_BROKEN_PIPE)
             if ctx.obj is not None and ctx.obj.debug:
                 raise
             message, code = _one_line(exc)
@@ -497,7 +503,7 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
 @click.option("--explain", is_flag=True, help="Show each part of the key with its own hash.")
 @click.pass_obj
 def show(obj: _Context, key: str, explain: bool) -> None:
-    """Everything stored about one plan (KEY may be a unique prefix)."""
+    """Everything stored about one plan (KEY may be a unique prefix of 4 or more characters)."""
     store = obj.existing_store()
     try:
         entry = _entry(store, key, obj)
@@ -629,8 +635,9 @@ def _empty_stats(directory: Path) -> dict[str, Any]:
 @click.argument("keys", nargs=-1, required=True)
 @click.pass_obj
 def rm(obj: _Context, keys: tuple[str, ...]) -> None:
-    """Remove stored plans (each KEY may be a unique prefix). Every KEY is resolved first:
-    if one is unknown or ambiguous, nothing is removed."""
+    """Remove stored plans (each KEY may be a unique prefix of 4 or more characters).
+    Every KEY is resolved first: if one is too short, unknown or ambiguous, nothing is
+    removed."""
     store = obj.existing_store()
     if store is None:
         raise EntryNotFoundError(f"nothing removed: {obj.nothing_yet()}", key=keys[0])
@@ -638,11 +645,10 @@ def rm(obj: _Context, keys: tuple[str, ...]) -> None:
         chosen: dict[str, str] = {}
         problems: dict[str, str] = {}
         for prefix in keys:
-            found = store.resolve(prefix)
-            if len(found) == 1:
-                chosen.setdefault(found[0], prefix)
-            else:
-                problems[prefix] = f"no entry with key {prefix!r}" if not found else f"key prefix {prefix!r} is ambiguous"
+            try:
+                chosen.setdefault(store.key_named(prefix), prefix)
+            except EntryNotFoundError as exc:
+                problems[prefix] = str(exc).replace(f" in {store.path}", "")
         if problems:
             raise EntryNotFoundError(f"nothing removed: {'; '.join(problems.values())} in {store.path}", key=next(iter(problems)))
         removed = [key for key in chosen if store.delete(key)]
@@ -1054,7 +1060,7 @@ def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--env", "env_id", default=None,
               help="Only entries of this environment id, or a unique prefix of it (see `plancache ls --json`).")  # fmt: skip
-@click.option("--key", "keys", multiple=True, help="Only this entry (a key or unique prefix); repeatable.")
+@click.option("--key", "keys", multiple=True, help="Only this entry (a key or a unique prefix, 4 or more characters); repeatable.")  # fmt: skip
 @click.option("--force", is_flag=True, help="Replace FILE if it exists (a regular file only).")
 @click.pass_obj
 def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, ...], force: bool) -> None:

@@ -372,8 +372,14 @@ def read_regular(path: str | os.PathLike[str], limit: int, *, follow: bool = Fal
     return data, stat.S_IMODE(status.st_mode)
 
 
-def _record_path(value: object) -> Path:
-    """A manifest file to record into: JSON, in a directory that exists."""
+def _record_path(value: object) -> Path | None:
+    """A manifest file to record into: JSON, in a directory that exists; off (``0``,
+    ``false``, ``no``, ``off``, as every switch) is not recording."""
+    word = str(value).strip().lower()
+    if word in _SWITCH_OFF:
+        return None
+    if word in _SWITCH_ON:
+        raise _Refused("is a switch, but a recording needs a file to write: name a .json file")
     path = _path(value)
     if path.suffix.lower() == ".toml":
         raise _Refused("names a TOML file, but a recording is written as JSON (a recorded graph holds nulls, which TOML "
@@ -543,7 +549,7 @@ MAX_SIZE: Setting[int | None] = Setting(
     arguments=("PlanCache(max_size=)",))  # fmt: skip
 RECORD: Setting[Path | None] = Setting(
     "PLANCACHE_RECORD", "a manifest file that every `PlanCache` appends each new graph to, as JSON, in a directory that "
-    "exists ([docs/prewarm.md](docs/prewarm.md))",
+    "exists ([docs/prewarm.md](docs/prewarm.md)); `0`, `off`, `no`, `false`: not recording",
     "not recording", None, _record_path)  # fmt: skip
 BACKEND: Setting[str | None] = Setting(
     "PLANCACHE_BACKEND", "the backend of the `plancache` command (`prewarm`, `verify --deserialize`, `prune "

@@ -106,6 +106,9 @@ def scratch(prefix: str, keep: str | Path | None = None) -> Path:
     (a script's caches and checkpoints are its own: nothing is left in the temporary folder)."""
     if keep is not None:
         root = Path(keep).resolve()
+        if root.exists() and not root.is_dir():
+            print(f"--keep {keep} is not a directory: name a new or empty directory", file=sys.stderr)
+            sys.exit(2)
         root.mkdir(parents=True, exist_ok=True)
         return root
     root = Path(tempfile.mkdtemp(prefix=prefix))

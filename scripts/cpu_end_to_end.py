@@ -152,9 +152,13 @@ def run(out: str | None = None, keep: str | None = None) -> int:
     """The three phases in fresh processes, then the table; the exit code (0: all as
     expected). The cache lives in ``keep`` (kept), else in a temporary directory removed
     at the end, also when a signal stops the run."""
-    if keep is not None and (Path(keep) / "plans.db").exists():
-        print(f"cpu_end_to_end: --keep {keep} holds a cache already: name a new or empty directory", file=sys.stderr)
-        return 2
+    if keep is not None:
+        where = Path(keep)
+        what = ("is not a directory" if where.exists() and not where.is_dir()
+                else "holds a cache already" if (where / "plans.db").exists() else None)  # fmt: skip
+        if what is not None:  # refused before any phase runs
+            print(f"cpu_end_to_end: --keep {keep} {what}: name a new or empty directory", file=sys.stderr)
+            return 2
     try:
         with _stopped_by_signals():
             if keep is not None:

@@ -306,7 +306,7 @@ def test_rm_removes_nothing_when_one_key_is_unknown_or_ambiguous(tmp_path: Path)
     line = one_line_error(plancache("--dir", str(directory), "rm", good[:12], "ffff0000"))
     assert "nothing removed" in line and "'ffff0000'" in line
     line = one_line_error(plancache("--dir", str(directory), "rm", good[:12], shared, "0000ffff"))
-    assert f"key prefix {shared!r} is ambiguous" in line and "'0000ffff'" in line
+    assert f"key prefix {shared!r} is too short: give at least 4 characters" in line and "'0000ffff'" in line
     assert keys_in(directory) == sorted(keys)
     result = plancache("--dir", str(directory), "rm", good[:12], good, "--json")
     assert result.returncode == 0 and json.loads(result.stdout) == {"removed": [good]}
@@ -662,7 +662,8 @@ def test_every_outcome_exits_with_its_documented_code(
             failures.append(f"{what}: exit {result.returncode}, expected {expected}: {result.stderr.strip()[-300:]}")
     assert not failures, "\n".join(failures)
     assert not (tmp_path / "new").exists(), "a command that failed created the cache"
-    assert {expected for *_, expected in cases} == set(EXIT_CODES), "every documented code has a case"
+    # 141 needs a real pipe: test_a_reader_that_goes_away_ends_the_command_quietly_with_141
+    assert {expected for *_, expected in cases} | {141} == set(EXIT_CODES), "every documented code has a case"
 
 
 def test_the_exit_codes_are_documented_once_and_shown_by_help() -> None:

@@ -20,7 +20,7 @@ from graphs import ConvBiasRelu, MatmulBiasRelu, assert_runs_correctly
 from harness import entry_for
 
 import plancache
-from plancache import PlanCache, SchemaTooNewError, Store
+from plancache import EntryNotFoundError, PlanCache, SchemaTooNewError, Store
 from plancache.cli import cli
 from plancache.key import environment_id
 from plancache.store import DB_NAME, maintenance
@@ -504,7 +504,8 @@ def test_values_never_become_sql(store: Store) -> None:
     entry = entry_for(hostile, 1024)
     entry.label = hostile
     store.put(entry)
-    assert store.resolve("'; DROP TABLE plans; --") == []
+    with pytest.raises(EntryNotFoundError, match="no entry"):
+        store.key_named("'; DROP TABLE plans; --")
     assert maintenance.prune(store, env_ids_keep={hostile, entry.env_id}, older_than_s=None, quarantined=False)["removed"] == []
     store.quarantine(entry.key, hostile)
     assert store.quarantined()[0]["reason"] == hostile

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from plancache import CacheDirError, SchemaTooNewError, Store, StoreError
+from plancache import CacheDirError, EntryNotFoundError, SchemaTooNewError, Store, StoreError
 from plancache.config import ConfigError
 from plancache.store import BUSY_TIMEOUT_MS, DB_NAME, Entry, bookkeeping, maintenance, migrations, sha256
 
@@ -339,20 +339,24 @@ def test_checksum_ok_detects_damage_and_empty_blobs() -> None:
     assert not make_entry(blob=b"", blob_sha256=sha256(b"")).checksum_ok()
 
 
-def test_resolve_key_prefixes(store: Store) -> None:
-    keys = [hexkey("abc1"), hexkey("abc2"), hexkey("abd"), hexkey("f0")]
+def test_a_key_is_named_by_a_unique_prefix_of_four_characters_or_more(store: Store) -> None:
+    """``plancache rm 0`` removed whatever key began with 0: a prefix names a key only from
+    four characters on, as git asks of an abbreviation."""
+    keys = [hexkey("abc10"), hexkey("abc20"), hexkey("abd0"), hexkey("f000")]
     for k in keys:
         store.put(make_entry(k))
-    assert store.resolve("abc1") == [keys[0]]
-    assert store.resolve("ABC1") == [keys[0]]  # case-insensitive
-    assert store.resolve("abc") == keys[:2]
-    assert len(store.resolve("ab")) == 2  # at most two: enough to tell ambiguity
-    assert store.resolve("f") == [keys[3]]
-    assert store.resolve(keys[2]) == [keys[2]]
-    assert store.resolve("e") == []
-    assert store.resolve("") == []
-    assert store.resolve("zz") == []  # not hex
-    assert store.resolve("ab%") == []  # never a LIKE pattern
+    assert store.key_named("abc1") == keys[0]
+    assert store.key_named("ABC1") == keys[0]  # case-insensitive
+    assert store.key_named(keys[2]) == keys[2]
+    assert store.key_named("f000") == keys[3]
+    for prefix, why in [("abc", "too short: give at least 4 characters"), ("f", "too short"), ("", "too short"),
+                        ("abc0", "no entry with key 'abc0'"), ("zzzz", "no entry"), ("ab%c", "no entry"),  # never a LIKE pattern
+                        ("0000", "no entry")]:  # fmt: skip
+        with pytest.raises(EntryNotFoundError, match=why):
+            store.key_named(prefix)
+    store.put(make_entry(hexkey("abc11")))
+    with pytest.raises(EntryNotFoundError, match="key prefix 'abc1' is ambiguous"):
+        store.key_named("abc1")
 
 
 def test_record_hits_adds_counts_in_one_transaction(store: Store) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..config import ALLOW_SHARED_DIR, CACHE_DIR
-from ..errors import CacheDirError, DamagedEntryError, StoreBusyError, StoreError
+from ..errors import CacheDirError, DamagedEntryError, EntryNotFoundError, StoreBusyError, StoreError
 from . import bookkeeping
 from .connections import GATE, connect
 from .entry import INSERT_SQL, Entry, sha256
@@ -36,7 +36,10 @@ from .quarantine import Quarantine
 from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text, reads
 from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir
 
-__all__ = ["Store"]
+__all__ = ["MIN_KEY_PREFIX", "Store"]
+
+#: The fewest characters of a key that name it (``rm``, ``show``, ``export --key``).
+MIN_KEY_PREFIX = 4
 
 log = logging.getLogger("plancache")
 
@@ -275,9 +278,24 @@ class Store(Schema, Recovery, Quarantine):
         )
 
     @reads
-    def resolve(self, prefix: str) -> list[str]:
+    def key_named(self, prefix: str) -> str:
+        """The one stored key that ``prefix`` begins: at least ``MIN_KEY_PREFIX`` hex digits
+        (as git asks of an abbreviation: ``rm 0`` must not remove whatever starts with 0);
+        ``EntryNotFoundError`` saying which of too short, unknown or ambiguous it is."""
+        if len(prefix) < MIN_KEY_PREFIX:
+            raise EntryNotFoundError(f"key prefix {prefix!r} is too short: give at least {MIN_KEY_PREFIX} characters of "
+                                     "the key", key=prefix)  # fmt: skip
+        found = self._keys_from(prefix)
+        if not found:
+            raise EntryNotFoundError(f"no entry with key {prefix!r} in {self.path}", key=prefix)
+        if len(found) > 1:
+            raise EntryNotFoundError(f"key prefix {prefix!r} is ambiguous in {self.path}; give more characters", key=prefix)
+        return found[0]
+
+    @reads
+    def _keys_from(self, prefix: str) -> list[str]:
         """Full keys starting with ``prefix`` (at most two, enough to tell ambiguity)."""
-        if not prefix or any(c not in "0123456789abcdef" for c in prefix.lower()):
+        if any(c not in "0123456789abcdef" for c in prefix.lower()):
             return []
         rows = self.connection().execute(
             "SELECT key FROM plans WHERE key >= ? AND key < ? ORDER BY key LIMIT 2", (prefix.lower(), prefix.lower() + "g")

@@ -133,11 +133,7 @@ def _select(
     for prefix in keys:
         if store is None:
             raise EntryNotFoundError(f"{prefix!r} names no entry: nothing is stored yet", key=prefix)
-        found = store.resolve(prefix)
-        if len(found) != 1:
-            problem = "no entry" if not found else "an ambiguous prefix"
-            raise EntryNotFoundError(f"{prefix!r} names {problem} in {store.path}", key=prefix)
-        selected.append(found[0])
+        selected.append(store.key_named(prefix))
     return selected, env_id
 
 

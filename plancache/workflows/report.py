@@ -15,7 +15,9 @@ from ..store import Entry
 
 __all__ = ["entry_report", "report_lines", "speedup"]
 
-_BUILT = ("chosen", "timed", "pruned")
+# Every status of a candidate that built (the heuristic policy keeps the first of them, timed
+# or not: a miss budget may cut the timing short after the comparison of outputs).
+_BUILT = ("chosen", "timed", "pruned", "checked", "rejected")
 
 
 def _dtype(name: Any) -> str:

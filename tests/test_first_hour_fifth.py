@@ -1,0 +1,95 @@
+"""The first hour, fifth pass: what a new user met on a fresh clone. A recording switched
+off, a key named by one character, a speed-up against the chosen plan itself, a command
+whose reader went away, the example's temporary directory, a benchmark's --keep FILE."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from graphs import ConvBiasRelu
+from test_cli_first_hour import ROOT, fill, one_line_error
+from test_cli_first_hour import plancache as command
+
+from plancache import ConfigError, PlanCache
+from plancache.testing import CpuTestBackend
+from plancache.workflows.report import speedup
+
+
+@pytest.mark.parametrize("off", ["0", "off", "no", "False"])
+def test_a_recording_switched_off_records_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, off: str) -> None:
+    """PLANCACHE_RECORD=0 (or off, no) recorded every graph into a file named 0 in the
+    current directory; every other setting reads those words as off."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PLANCACHE_RECORD", off)
+    with PlanCache(tmp_path / "cache", backend=CpuTestBackend()) as cache:
+        cache.get(ConvBiasRelu().graph())
+        assert cache.lookup.recorders == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
+def test_a_recording_switched_on_without_a_file_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PLANCACHE_RECORD", "on")
+    with pytest.raises(ConfigError, match=r"^PLANCACHE_RECORD='on' is a switch, but a recording needs a file"):
+        PlanCache(tmp_path / "cache", backend=CpuTestBackend())
+
+
+def test_rm_refuses_a_key_prefix_shorter_than_four_characters(tmp_path: Path) -> None:
+    """`plancache rm 0` removed whichever plan's key began with 0."""
+    directory = tmp_path / "cache"
+    keys = fill(directory)
+    line = one_line_error(command("--dir", str(directory), "rm", keys[0][0]))
+    assert "too short: give at least 4 characters" in line
+    line = one_line_error(command("--dir", str(directory), "show", keys[0][:3]))
+    assert "too short" in line
+    assert command("--dir", str(directory), "rm", keys[0][:4]).returncode == 0
+
+
+def test_a_speed_up_is_never_taken_against_the_chosen_plan_itself() -> None:
+    """A miss budget that cut the timing short leaves the first candidate that built only
+    checked (its outputs compared, never timed): `inspect` then took the chosen one for the
+    heuristic's choice and reported a 1.00x speed-up of it over itself."""
+
+    def c(index: int, status: str, median: float | None = None) -> dict[str, Any]:
+        return {"index": index, "status": status, "median_ms": median, "first_ms": None}
+
+    assert speedup([c(0, "checked"), c(1, "chosen", 1.0)]) == (None, 0, None)
+    assert speedup([c(0, "rejected"), c(1, "chosen", 1.0)]) == (None, 0, None)
+    assert speedup([c(0, "failed"), c(1, "checked"), c(2, "chosen", 1.0)]) == (None, 1, None)
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly_with_141(tmp_path: Path) -> None:
+    """`plancache show KEY | head -1` exited 1, which the exit-code table keeps for a
+    failure told in one line on stderr, with nothing on stderr."""
+    directory = tmp_path / "cache"
+    key = fill(directory)[0]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    done = subprocess.run([sys.executable, "-m", "plancache", "--dir", str(directory), "show", key], stdout=write,
+                          stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_the_example_leaves_no_temporary_directory(tmp_path: Path) -> None:
+    """Every run of the example left /tmp/plancache-example-* behind."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "resnet_attention.py"), "--smoke"], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_benchmark_keep_that_is_a_file_is_refused_before_any_phase(tmp_path: Path) -> None:
+    """`bench_startup.py --keep FILE` ran three phases (15 s), then a 15-line traceback."""
+    kept = tmp_path / "a-file"
+    kept.write_text("mine")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_startup.py"), "--keep", str(kept)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().count("\n") == 0 and "is not a directory" in done.stderr
+    assert kept.read_text() == "mine"
