@@ -10,6 +10,7 @@ cache: a command that fails early leaves no file behind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import inspect
@@ -18,9 +19,11 @@ import json
 import logging
 import os
 import re
+import signal
 import sqlite3
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -65,8 +68,8 @@ EXIT_CODES: dict[int, str] = {
                    "or running code without `--allow-code`) or had failing entries (`--dry-run` too); `import`'s bundle "
                    "could not be used (missing, not a bundle, truncated, tampered with, newer, unsafe); `verify` found "
                    "problems (also when `--fix` fixed them)",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C): one line on stderr, no traceback; `prewarm` first reports the entries it "
-                      "finished (as JSON with `--json`), and a run again resumes",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C, SIGTERM or SIGHUP): one line on stderr, no traceback; `prewarm` and `tune` "
+                      "first report the entries they finished (as JSON with `--json`), and a run again resumes",
     EXIT_BROKEN_PIPE: "the reader of the output went away before its end (`plancache show KEY` piped into `head -1`): "
                       "nothing on stderr, as a command that SIGPIPE stopped",
 }  # fmt: skip
@@ -955,8 +958,8 @@ def prewarm(
     """
     from .key import BuildOptions
     from .workflows.manifest import refuse_unusable
-    from .workflows.prewarm import Interrupted, record_line, summary_lines
     from .workflows.prewarm import prewarm as run_prewarm
+    from .workflows.prewarm import record_line, summary_lines
     from .workflows.sharding import check_environments
 
     refuse_unusable(manifest, allow_code=allow_code or dry_run)
@@ -986,14 +989,9 @@ def prewarm(
     live = not obj.as_json and _stdout_is_terminal()
     on_record = (lambda record: click.echo(record_line(record))) if live else None
     try:
-        report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code, devices=devices,
-                             on_record=on_record)  # fmt: skip
-    except Interrupted as stopped:
-        if stopped.report is None:  # not a prewarm's own: nothing to report
-            raise
-        _emit(stopped.report, functools.partial(summary_lines, rows=not live))
-        click.echo("plancache: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        with _stoppable(functools.partial(summary_lines, rows=not live)):
+            report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code,
+                                 devices=devices, on_record=on_record)  # fmt: skip
     finally:
         cache.close()
     _emit(report, functools.partial(summary_lines, rows=not live))
@@ -1027,7 +1025,7 @@ def tune(obj: _Context, keys: tuple[str, ...], no_progress: bool) -> None:
         if store is not None:
             store.close()
     if store is None:  # nothing cached yet: nothing to tune, and nothing created
-        _emit({"rows": [], "tuned": 0, "failed": 0}, _tune_text)
+        _emit({"rows": [], "tuned": 0, "failed": 0, "interrupted": False, "not_run": 0}, _tune_text)
         return
     backend = _backend()
     backend.environment()  # no GPU: one line, before anything is opened for writing
@@ -1035,12 +1033,44 @@ def tune(obj: _Context, keys: tuple[str, ...], no_progress: bool) -> None:
     # No auto-prime: a command that replays graphs runs no model.
     cache = PlanCache(obj.directory, backend=backend, auto_prime=False)
     try:
-        report = run_tune(cache, digests, progress=not no_progress)
+        with _stoppable(_tune_text):
+            report = run_tune(cache, digests, progress=not no_progress)
     finally:
         cache.close()
     _emit(report, _tune_text)
     if report["failed"]:
         sys.exit(EXIT_PROBLEMS)
+
+
+@contextlib.contextmanager
+def _stoppable(lines: Callable[[Mapping[str, Any]], Iterable[str]]) -> Iterator[None]:
+    """A long command (``prewarm``, ``tune``) that Ctrl-C, SIGTERM or SIGHUP stops (what
+    ``timeout``, CI runners, Kubernetes and Slurm send: before, it died silently) reports
+    what it finished, as ``lines`` or JSON, then one line, exit 130. The first signal only:
+    a second does not cut the report short."""
+    from .workflows.steps import Interrupted
+
+    def stop(_signum: int, _frame: Any) -> None:
+        for number in _STOPPING:
+            signal.signal(number, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()  # only the main thread sets handlers
+    previous = {number: signal.signal(number, stop) for number in _STOPPING} if main else {}
+    try:
+        yield
+    except Interrupted as stopped:
+        if stopped.report is None:  # not the command's own: nothing to report
+            raise
+        _emit(stopped.report, lines)
+        click.echo("plancache: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+_STOPPING = (signal.SIGTERM, signal.SIGHUP)  # SIGINT raises KeyboardInterrupt already
 
 
 def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
@@ -1052,7 +1082,14 @@ def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
         else:
             yield f"{row['key'][:12]}  failed: {row.get('error')}"
     why = report.get("why")
-    yield why if why else f"{report['tuned']} tuned, {report['failed']} failed" if report["rows"] else "nothing to tune"
+    stopped = f"; interrupted, {report['not_run']} not run (run it again to tune them)" if report.get("interrupted") else ""
+    yield (
+        why
+        if why
+        else f"{report['tuned']} tuned, {report['failed']} failed{stopped}"
+        if report["rows"] or stopped
+        else "nothing to tune"
+    )
 
 
 @cli.command(name="export")

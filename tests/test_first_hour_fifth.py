@@ -93,3 +93,63 @@ def test_a_benchmark_keep_that_is_a_file_is_refused_before_any_phase(tmp_path: P
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().count("\n") == 0 and "is not a directory" in done.stderr
     assert kept.read_text() == "mine"
+
+
+_SIGTERM_BACKEND = """
+import os, signal
+from plancache.testing import CpuTestBackend
+
+
+class TermOnSecond(CpuTestBackend):
+    \"\"\"Sends its own process SIGTERM as the second graph's candidates are asked for.\"\"\"
+
+    asked = 0
+
+    def candidates(self, *args, **kwargs):
+        type(self).asked += 1
+        if type(self).asked == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().candidates(*args, **kwargs)
+"""
+
+
+def _stopped_by_sigterm(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "mods").mkdir(exist_ok=True)
+    (tmp_path / "mods" / "sigterm_backend.py").write_text(_SIGTERM_BACKEND)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path / 'mods'}{os.pathsep}{ROOT}",
+        "PLANCACHE_BACKEND": "sigterm_backend:TermOnSecond",
+    }
+    return subprocess.run([sys.executable, "-m", "plancache", *args, "--json"], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+
+
+def test_sigterm_stops_a_prewarm_that_reports_what_it_finished(tmp_path: Path) -> None:
+    """SIGTERM (what timeout, CI runners, Kubernetes and Slurm send) ended `prewarm` with
+    exit 143 and nothing on stdout or stderr; Ctrl-C reported the entries done."""
+    import json
+
+    entries = [{"template": "matmul_bias_act", "params": {"b": 1, "m": 4, "k": 8, "n": n}} for n in (3, 5, 7)]
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"version": 1, "entries": entries}))
+    done = _stopped_by_sigterm(tmp_path, "--dir", str(tmp_path / "cache"), "prewarm", str(manifest), "--no-progress")
+    assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip() == "plancache: interrupted"
+    report = json.loads(done.stdout)
+    assert report["interrupted"] is True and report["built"] == 1 and report["not_run"] == 2
+
+
+def test_sigterm_stops_a_tune_that_reports_the_rows_it_finished(tmp_path: Path) -> None:
+    """`tune` died silently on SIGTERM, and after Ctrl-C printed only `interrupted`,
+    dropping the rows it had finished."""
+    import json
+
+    directory = tmp_path / "cache"
+    keys = fill(directory, strides=(1, 2, 3))
+    done = _stopped_by_sigterm(tmp_path, "--dir", str(directory), "tune", *keys, "--no-progress")
+    assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip() == "plancache: interrupted"
+    report = json.loads(done.stdout)
+    assert report["interrupted"] is True and report["not_run"] == 2
+    assert [row["status"] for row in report["rows"]] == ["tuned"]

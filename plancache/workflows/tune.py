@@ -16,7 +16,7 @@ from typing import Any
 from ..engines.replay import rebuild_graph
 from ..errors import DamagedEntryError
 from ..key import BuildOptions, environment_id
-from .steps import Progress
+from .steps import Interrupted, Progress
 
 __all__ = ["cut_short", "tune"]
 
@@ -40,10 +40,18 @@ def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = Fals
     """Autotune again, without a budget, the entries of this environment whose miss stopped
     at the budget (or ``keys``, full digests, whatever their record says). Returns
     ``{"rows": [...], "tuned": n, "failed": n}``; each row names the key, the candidates
-    tuned before and after, the plan chosen before and after, and the seconds spent."""
+    tuned before and after, the plan chosen before and after, and the seconds spent. Ctrl-C
+    raises ``Interrupted`` whose ``report`` holds the rows finished (``interrupted`` True)."""
     store = cache.store
     if store is None:
-        return {"rows": [], "tuned": 0, "failed": 0, "why": "no store: plans are not persisted here"}
+        return {
+            "rows": [],
+            "tuned": 0,
+            "failed": 0,
+            "interrupted": False,
+            "not_run": 0,
+            "why": "no store: plans are not persisted here",
+        }
     wanted = list(keys) if keys is not None else None
     env_id = environment_id(cache.environment)
     todo = []
@@ -65,20 +73,30 @@ def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = Fals
         if wanted is not None or cut_short(entry):
             todo.append(entry)
     bar = Progress(len(todo), progress, desc="tune")
-    for entry in todo:
-        started = time.perf_counter()
-        row: dict[str, Any] = {"key": entry.key, "before": _summary(entry)}
-        try:
-            cache.tune(_named_as(rebuild_graph(entry.description), entry), options=_options(entry.options))
-            after = store.get(entry.key)
-            row["after"] = _summary(after) if after is not None else None
-            row["status"] = "tuned"
-        except Exception as exc:  # one graph that cannot be tuned here does not stop the others
-            row["status"], row["error"] = "failed", f"{type(exc).__name__}: {exc}"
-        row["seconds"] = round(time.perf_counter() - started, 3)
-        bar.update(row["status"], row["seconds"])
-        rows.append(row)
-    bar.close()
+    done = 0
+    try:
+        for entry in todo:
+            started = time.perf_counter()
+            row: dict[str, Any] = {"key": entry.key, "before": _summary(entry)}
+            try:
+                cache.tune(_named_as(rebuild_graph(entry.description), entry), options=_options(entry.options))
+                after = store.get(entry.key)
+                row["after"] = _summary(after) if after is not None else None
+                row["status"] = "tuned"
+            except Exception as exc:  # one graph that cannot be tuned here does not stop the others
+                row["status"], row["error"] = "failed", f"{type(exc).__name__}: {exc}"
+            row["seconds"] = round(time.perf_counter() - started, 3)
+            bar.update(row["status"], row["seconds"])
+            rows.append(row)
+            done += 1
+    except KeyboardInterrupt:  # Ctrl-C (or a signal the command maps to it): the rows finished are reported
+        raise Interrupted(rows, {**_report(rows), "interrupted": True, "not_run": len(todo) - done}) from None
+    finally:
+        bar.close()
+    return {**_report(rows), "interrupted": False, "not_run": 0}
+
+
+def _report(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "rows": rows,
         "tuned": sum(r["status"] == "tuned" for r in rows),
