@@ -194,6 +194,22 @@ def test_a_directory_another_user_filled_is_refused_even_for_root_and_nothing_is
     assert _bytes(theirs) == before
 
 
+def test_a_cache_baked_as_root_is_served_read_only_to_an_unprivileged_user(
+    users: dict[str, pwd.struct_passwd], public_tmp: Path
+) -> None:
+    """A cache that root made while building an image (then `chmod -R a+rX`), used by the image's
+    unprivileged user, was refused: "it is owned by root, not by ...". Root can change
+    anything a user runs; pip and OpenSSH trust root's files too."""
+    baked = public_tmp / "baked"
+    before = _filled(baked)
+    assert sorted(before) == [DB_NAME]  # no -wal or -shm left behind by the build
+    subprocess.run(["chmod", "-R", "a+rX", str(baked)], check=True)  # as docs/prewarm.md's Dockerfile does
+    served = _as_user(VICTIM, lambda: _lookup(baked))
+    assert (served["source"], served["stored"]) == ("loaded", True)
+    assert len(served["warnings"]) == 1 and "is read-only: stored plans are served" in served["warnings"][0]
+    assert _bytes(baked) == before
+
+
 @pytest.mark.parametrize("mode", [0o666, 0o660])
 def test_a_plans_db_others_can_write_is_refused_in_the_users_own_directory(cache_dir: Path, mode: int) -> None:
     _root_only()

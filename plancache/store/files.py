@@ -4,8 +4,9 @@ SQLite connection to the store.
 
 Plans carry native code, so a file that another user could have written is never read:
 the directory, ``plans.db`` and its ``-wal``/``-shm``, the build locks and the notes beside
-the store must be owned by the effective user (root included: root's store must be root's)
-and writable by no one else. A shared cache names its group (``PLANCACHE_ALLOW_SHARED_DIR``):
+the store must be owned by the effective user or by root, and writable by no one else. Root
+can already change anything a user runs, so a cache root baked into an image is trusted as
+pip and OpenSSH trust root's files; root itself trusts only root's. A shared cache names its group (``PLANCACHE_ALLOW_SHARED_DIR``):
 its files may then be owned by any member of that group and be group-writable, never
 writable by others.
 
@@ -64,7 +65,7 @@ def _distrust(st: os.stat_result, group: str | None) -> str | None:
     if stat.S_ISLNK(st.st_mode):
         return "it is a symbolic link"
     shared = group is not None and st.st_gid == _group_id(group)
-    if st.st_uid != os.geteuid() and not (shared and group is not None and _is_member(st.st_uid, group)):
+    if st.st_uid not in (os.geteuid(), 0) and not (shared and group is not None and _is_member(st.st_uid, group)):
         members = f" or a member of group {group} (in that group)" if group else ""
         return f"it is owned by {_name(st.st_uid)}, not by {_name(os.geteuid())}{members}"
     if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not shared):
