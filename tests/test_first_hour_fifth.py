@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from graphs import ConvBiasRelu
-from test_cli_first_hour import ROOT, fill, one_line_error
+from test_cli_first_hour import BACKEND, ROOT, fill, one_line_error
 from test_cli_first_hour import plancache as command
 
 from plancache import ConfigError, PlanCache
@@ -153,3 +153,47 @@ def test_sigterm_stops_a_tune_that_reports_the_rows_it_finished(tmp_path: Path) 
     report = json.loads(done.stdout)
     assert report["interrupted"] is True and report["not_run"] == 2
     assert [row["status"] for row in report["rows"]] == ["tuned"]
+
+
+def test_tune_keeps_each_entrys_hit_count_and_last_use(tmp_path: Path) -> None:
+    """`plancache tune` reset every re-tuned entry's hit count and last use (`stats` hits
+    1414 -> 0), which users read to find their hot plans and eviction to find cold ones."""
+    import json
+    import sqlite3
+
+    directory = tmp_path / "cache"
+    keys = fill(directory)
+    with sqlite3.connect(directory / "plans.db") as conn:
+        conn.execute("UPDATE plans SET hit_count = 1414, last_used_at = 1000.0 WHERE key = ?", (keys[0],))
+    conn.close()
+    tuned = command("--dir", str(directory), "tune", keys[0], "--json", env={"PLANCACHE_BACKEND": BACKEND})
+    assert tuned.returncode == 0 and json.loads(tuned.stdout)["tuned"] == 1, tuned.stderr
+    with sqlite3.connect(directory / "plans.db") as conn:
+        kept = conn.execute("SELECT hit_count, last_used_at FROM plans WHERE key = ?", (keys[0],)).fetchone()
+    conn.close()
+    assert kept == (1414, 1000.0)
+
+
+def test_a_damaged_record_of_use_is_not_carried_into_the_plan_that_replaces_it(tmp_path: Path) -> None:
+    """The use kept over a replacement is the old row's only when it reads back: a damaged
+    one would make the new, sound plan unreadable."""
+    import sqlite3
+
+    from plancache import Store
+
+    directory = tmp_path / "cache"
+    key = fill(directory)[0]
+    store = Store(directory)
+    try:
+        entry = store.get(key)
+        assert entry is not None
+        store.connection().execute("UPDATE plans SET hit_count = 'many' WHERE key = ?", (key,))
+        store.put(entry)
+        again = store.get(key)
+        assert again is not None and again.hit_count == entry.hit_count
+        store.connection().execute("UPDATE plans SET hit_count = 7 WHERE key = ?", (key,))
+        store.put(entry)
+        assert store.get(key).hit_count == 7  # type: ignore[union-attr]
+    finally:
+        store.close()
+    assert sqlite3.connect(directory / "plans.db").execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -243,6 +243,14 @@ def _default(name: str) -> Any:
 
 
 _TIMES = ("build_seconds", "autotune_seconds", "created_at", "last_used_at")  # seconds: finite, not negative
+
+
+def sound_use(hit_count: object, last_used_at: object) -> bool:
+    """Whether a row's record of use reads back as an entry's (``Entry.from_fields``'s bounds)."""
+    return (isinstance(hit_count, int) and not isinstance(hit_count, bool) and 0 <= hit_count <= _MAX_COUNT
+            and isinstance(last_used_at, (int, float)) and math.isfinite(last_used_at) and last_used_at >= 0)  # fmt: skip
+
+
 _FIELD_TYPES: dict[str, Any] = {
     **dict.fromkeys(("key", "env_id", "label", "blob_sha256", "policy", "backend"), str),
     **dict.fromkeys(("description", "environment", "options", "timing"), dict),

@@ -30,7 +30,7 @@ from ..config import ALLOW_SHARED_DIR, CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, EntryNotFoundError, StoreBusyError, StoreError
 from . import bookkeeping
 from .connections import GATE, connect
-from .entry import INSERT_SQL, Entry, sha256
+from .entry import INSERT_SQL, Entry, sha256, sound_use
 from .files import check_trusted, create_file, harden
 from .quarantine import Quarantine
 from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text, reads
@@ -251,12 +251,18 @@ class Store(Schema, Recovery, Quarantine):
         least-recently-used entries in that same transaction until the plans total at most
         ``max_bytes`` (the new entry is kept). Returns how many entries were evicted.
 
-        Seals the entry first: one without a metadata checksum gets one."""
+        Seals the entry first: one without a metadata checksum gets one. A plan that replaces
+        another under its key (``tune``, a rebuild) keeps the key's use, its hit count and
+        last use: they tell which plans are hot and which to evict, whatever plan serves."""
         if entry.meta_sha256 is None:
             entry.meta_sha256 = entry.meta_digest()
+        row = entry.row()
         try:
             with self.transaction() as tx:
-                tx.execute(INSERT_SQL, entry.row())
+                used = tx.execute("SELECT hit_count, last_used_at FROM plans WHERE key = ?", (entry.key,)).fetchone()
+                if used is not None and sound_use(used[0], used[1]):  # a damaged record of use is not carried over
+                    row["hit_count"], row["last_used_at"] = used[0], used[1]
+                tx.execute(INSERT_SQL, row)
                 tx.execute("DELETE FROM unstored WHERE key = ?", (entry.key,))  # stored now: no longer one that cannot be
                 return _evict(tx, max_bytes, keep=entry.key) if max_bytes is not None else 0
         except sqlite3.Error as exc:
