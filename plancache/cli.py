@@ -44,7 +44,7 @@ from .config import (
     ConfigError,
     format_size,
 )
-from .errors import BundleError, DamagedEntryError, EntryNotFoundError, ManifestError, PlanCacheError, StoreError
+from .errors import BundleError, CacheDirError, DamagedEntryError, EntryNotFoundError, ManifestError, PlanCacheError, StoreError
 from .store import DB_NAME, Entry, Store, check_private, default_cache_dir, maintenance
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
@@ -100,6 +100,10 @@ class _Context:
         a damaged store, unless ``damaged_ok`` (``verify`` reports it)."""
         directory = self.cache_dir
         if not directory.exists():
+            blocker = next((parent for parent in directory.parents if parent.exists()), None)
+            if blocker is not None and not blocker.is_dir():  # a typo it is not: no cache can ever be there
+                raise CacheDirError(f"{directory} can never be a cache directory: {blocker} is not a directory",
+                                    path=str(directory))  # fmt: skip
             if self.named_by is not None:
                 click.echo(f"plancache: note: {self.named_by} names {directory}, which does not exist: nothing is cached "
                            "there yet", err=True)  # fmt: skip
@@ -352,7 +356,7 @@ def _common(func: F) -> F:
 
     checked = click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug, help=_DEBUG_HELP)(checked)
     checked = click.option("--json", is_flag=True, expose_value=False, callback=_set_json, help=_JSON_HELP)(checked)
-    checked = click.option("--dir", expose_value=False, callback=_set_dir, help=_DIR_HELP)(checked)
+    checked = click.option("--dir", metavar="PATH", expose_value=False, callback=_set_dir, help=_DIR_HELP)(checked)
     return checked  # type: ignore[return-value]
 
 

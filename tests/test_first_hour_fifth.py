@@ -197,3 +197,21 @@ def test_a_damaged_record_of_use_is_not_carried_into_the_plan_that_replaces_it(t
     finally:
         store.close()
     assert sqlite3.connect(directory / "plans.db").execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_a_cache_path_under_a_file_is_refused_not_read_as_empty(tmp_path: Path) -> None:
+    """`--dir FILE/sub ls` said "nothing is cached there yet" for a path that can never
+    exist, where a mistyped directory gets that note."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    line = one_line_error(command("--dir", str(a_file / "sub"), "ls"))
+    assert f"can never be a cache directory: {a_file} is not a directory" in line
+    missing = command("--dir", str(tmp_path / "missing" / "sub"), "ls")
+    assert missing.returncode == 0 and "which does not exist: nothing is cached there yet" in missing.stderr
+
+
+def test_every_command_shows_dir_as_a_path() -> None:
+    """`plancache --help` said `--dir PATH`, each command's help `--dir TEXT`."""
+    for name in ("ls", "stats", "show", "prewarm", "export", "import"):
+        shown = command(name, "--help").stdout
+        assert "--dir PATH" in shown and "--dir TEXT" not in shown, name
