@@ -215,3 +215,21 @@ def test_every_command_shows_dir_as_a_path() -> None:
     for name in ("ls", "stats", "show", "prewarm", "export", "import"):
         shown = command(name, "--help").stdout
         assert "--dir PATH" in shown and "--dir TEXT" not in shown, name
+
+
+def test_without_a_gpu_the_first_error_points_to_the_cpu_test_backend(tmp_path: Path) -> None:
+    """The quick start on a machine without a GPU: the error said a GPU is needed and not
+    what runs instead, and `templates.allocate(..., device="cuda")` raised torch's bare
+    AssertionError."""
+    import torch
+
+    from plancache import NoGpuError
+    from plancache.workflows import templates
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with PlanCache(tmp_path / "cache") as cache, pytest.raises(NoGpuError, match=r"plancache\.testing\.CpuTestBackend"):
+        cache.get(ConvBiasRelu().graph())
+    with pytest.raises(NoGpuError, match=r"no CUDA device is visible; pass device='cpu'"):
+        templates.allocate("conv_bias_act", device="cuda", n=1, c=8, h=6, w=6, k=4)
+    assert set(templates.allocate("conv_bias_act", device="cpu", n=1, c=8, h=6, w=6, k=4)) == {1, 2, 3, 4}

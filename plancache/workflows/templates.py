@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engines.tensors import span
-from ..errors import ManifestError
+from ..errors import ManifestError, NoGpuError
 
 __all__ = ["LAYOUTS", "TEMPLATES", "Template", "TensorLayout", "allocate", "build", "reference"]
 
@@ -273,9 +273,13 @@ def layout(name: str, **params: Any) -> list[TensorLayout]:
 
 
 def allocate(name: str, device: str = "cuda", seed: int = 0, **params: Any) -> dict[int, Any]:
-    """Random inputs (never zero) and an empty output for template ``name``, by uid."""
+    """Random inputs (never zero) and an empty output for template ``name``, by uid, on
+    ``device`` (``"cpu"`` for the CPU test backend)."""
     import torch
 
+    if str(device).startswith("cuda") and not torch.cuda.is_available():  # torch's own is a bare AssertionError
+        raise NoGpuError(f"allocate({name!r}, device={device!r}): no CUDA device is visible; pass device='cpu' for the CPU "
+                         "test backend")  # fmt: skip
     dtype = getattr(torch, params.get("dtype", "bfloat16"))
     generator = torch.Generator(device="cpu").manual_seed(seed)
     tensors = {}
