@@ -1021,6 +1021,7 @@ def tune(obj: _Context, keys: tuple[str, ...], no_progress: bool) -> None:
     """
     from .cache.cache import PlanCache
     from .workflows.tune import tune as run_tune
+    from .workflows.tune import tune_report
 
     store = obj.existing_store()
     try:
@@ -1029,7 +1030,7 @@ def tune(obj: _Context, keys: tuple[str, ...], no_progress: bool) -> None:
         if store is not None:
             store.close()
     if store is None:  # nothing cached yet: nothing to tune, and nothing created
-        _emit({"rows": [], "tuned": 0, "failed": 0, "interrupted": False, "not_run": 0}, _tune_text)
+        _emit(tune_report([]), _tune_text)
         return
     backend = _backend()
     backend.environment()  # no GPU: one line, before anything is opened for writing

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "CPU_INSTEAD",
     "BuildError",
     "BundleError",
     "CacheDirError",
@@ -85,11 +84,6 @@ class BuildError(PlanCacheError, RuntimeError):
 
 class NoGpuError(PlanCacheError, RuntimeError):
     """A GPU operation was asked for on a machine without a usable CUDA device."""
-
-
-#: What a machine without a GPU can run instead (said by every "no GPU" error a user meets first).
-CPU_INSTEAD = ("without one, the CPU test backend runs the cache end to end: PlanCache(backend=plancache.testing."
-               "CpuTestBackend()), or PLANCACHE_BACKEND=plancache.testing:CpuTestBackend for the command")  # fmt: skip
 
 
 class StoreError(PlanCacheError, OSError):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import MemoryBudget, format_size
-from ..errors import CPU_INSTEAD, BuildError, InvalidGraphError, NoGpuError, TransientLoadError
+from ..errors import BuildError, InvalidGraphError, NoGpuError, TransientLoadError
 from ..key import BuildOptions, mark_shared_kernel_cache, tensor_table
 from .backend import BuiltPlan, EngineChoice
 from .bounds import Bound, bounds
@@ -391,8 +391,9 @@ class CudnnDriver:
         if self._gpu is None:
             self._gpu = _gpu_available()
         if not self._gpu:
-            raise NoGpuError("no CUDA device is visible: building, loading and running plans need an NVIDIA GPU "
-                             f"({CPU_INSTEAD})")  # fmt: skip
+            raise NoGpuError("no CUDA device is visible: building, loading and running plans need an NVIDIA GPU (without "
+                             "one, the CPU test backend runs the cache end to end: PlanCache(backend=plancache.testing."
+                             "CpuTestBackend()), or PLANCACHE_BACKEND=plancache.testing:CpuTestBackend for the command)")  # fmt: skip
 
     def ready(self, device: int) -> None:
         _torch().cuda.init()  # a no-op once CUDA is set up

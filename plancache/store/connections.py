@@ -186,17 +186,17 @@ class ForkGate:
 
     # ------------------------------------------------------------------ fork
 
-    def _busy(self, own: int) -> bool:
-        return self._inside > own or any(_in_transaction(c) for c in list(self._opened))
+    def _busy(self) -> bool:
+        return self._inside > 0 or any(_in_transaction(c) for c in list(self._opened))
 
     def _before_fork(self) -> None:
         self._cond.acquire()  # held across the fork: no thread enters or leaves SQLite meanwhile
         self._forking = True
-        own = getattr(self._depth, "n", 0)
+        inside_itself = getattr(self._depth, "n", 0) > 0  # forking from inside SQLite: no wait ends that
         deadline = time.monotonic() + FORK_WAIT_S
-        while own == 0 and self._busy(own) and (left := deadline - time.monotonic()) > 0:
+        while not inside_itself and self._busy() and (left := deadline - time.monotonic()) > 0:
             self._cond.wait(left)
-        self._clean = own == 0 and not self._busy(own)
+        self._clean = not inside_itself and not self._busy()
         self._holding = [*self._opened, *self._retired]  # alive in the child until closed, or kept
 
     def _after_in_parent(self) -> None:

@@ -246,7 +246,7 @@ _TIMES = ("build_seconds", "autotune_seconds", "created_at", "last_used_at")  # 
 
 
 def sound_use(hit_count: object, last_used_at: object) -> bool:
-    """Whether a row's record of use reads back as an entry's (``Entry.from_fields``'s bounds)."""
+    """Whether a row's record of use reads back as an entry's (``Entry.validated``'s bounds)."""
     return (isinstance(hit_count, int) and not isinstance(hit_count, bool) and 0 <= hit_count <= _MAX_COUNT
             and isinstance(last_used_at, (int, float)) and math.isfinite(last_used_at) and last_used_at >= 0)  # fmt: skip
 

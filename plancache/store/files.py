@@ -6,9 +6,9 @@ Plans carry native code, so a file that another user could have written is never
 the directory, ``plans.db`` and its ``-wal``/``-shm``, the build locks and the notes beside
 the store must be owned by the effective user or by root, and writable by no one else. Root
 can already change anything a user runs, so a cache root baked into an image is trusted as
-pip and OpenSSH trust root's files; root itself trusts only root's. A shared cache names its group (``PLANCACHE_ALLOW_SHARED_DIR``):
-its files may then be owned by any member of that group and be group-writable, never
-writable by others.
+pip and OpenSSH trust root's files; root itself trusts only root's. A shared cache names its
+group (``PLANCACHE_ALLOW_SHARED_DIR``): its files may then be owned by any member of that
+group and be group-writable, never writable by others.
 
 What plancache creates there is the user's alone (0600, 0700), or in a directory shared
 with the named group the group's too (0660, 2770): such a directory must be setgid, so that

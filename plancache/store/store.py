@@ -283,7 +283,6 @@ class Store(Schema, Recovery, Quarantine):
             (key, label, why, reason[:500], now, now),
         )
 
-    @reads
     def key_named(self, prefix: str) -> str:
         """The one stored key that ``prefix`` begins: at least ``MIN_KEY_PREFIX`` hex digits
         (as git asks of an abbreviation: ``rm 0`` must not remove whatever starts with 0);

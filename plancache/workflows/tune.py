@@ -18,7 +18,7 @@ from ..errors import DamagedEntryError
 from ..key import BuildOptions, environment_id
 from .steps import Interrupted, Progress
 
-__all__ = ["cut_short", "tune"]
+__all__ = ["cut_short", "tune", "tune_report"]
 
 
 def cut_short(entry: Any) -> bool:
@@ -44,14 +44,7 @@ def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = Fals
     raises ``Interrupted`` whose ``report`` holds the rows finished (``interrupted`` True)."""
     store = cache.store
     if store is None:
-        return {
-            "rows": [],
-            "tuned": 0,
-            "failed": 0,
-            "interrupted": False,
-            "not_run": 0,
-            "why": "no store: plans are not persisted here",
-        }
+        return {**tune_report([]), "why": "no store: plans are not persisted here"}
     wanted = list(keys) if keys is not None else None
     env_id = environment_id(cache.environment)
     todo = []
@@ -73,7 +66,7 @@ def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = Fals
         if wanted is not None or cut_short(entry):
             todo.append(entry)
     bar = Progress(len(todo), progress, desc="tune")
-    done = 0
+    before_tuning = len(rows)  # the named keys refused before any tuning
     try:
         for entry in todo:
             started = time.perf_counter()
@@ -88,19 +81,21 @@ def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = Fals
             row["seconds"] = round(time.perf_counter() - started, 3)
             bar.update(row["status"], row["seconds"])
             rows.append(row)
-            done += 1
     except KeyboardInterrupt:  # Ctrl-C (or a signal the command maps to it): the rows finished are reported
-        raise Interrupted(rows, {**_report(rows), "interrupted": True, "not_run": len(todo) - done}) from None
+        raise Interrupted(rows, tune_report(rows, not_run=len(todo) - (len(rows) - before_tuning))) from None
     finally:
         bar.close()
-    return {**_report(rows), "interrupted": False, "not_run": 0}
+    return tune_report(rows)
 
 
-def _report(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def tune_report(rows: list[dict[str, Any]], *, not_run: int | None = None) -> dict[str, Any]:
+    """``tune``'s report of ``rows``; ``not_run``: the run was interrupted with that many left."""
     return {
         "rows": rows,
         "tuned": sum(r["status"] == "tuned" for r in rows),
         "failed": sum(r["status"] == "failed" for r in rows),
+        "interrupted": not_run is not None,
+        "not_run": not_run or 0,
     }
 
 
