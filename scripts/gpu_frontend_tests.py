@@ -23,8 +23,11 @@ lines that name a failed CUDA graph capture; with ``--stats`` the cache's
 ``plancache stats --json`` after each drop-in run. It prints one line per mode
 (``gpu_frontend_tests: warm 20 runs, 0 failed``), a table of the failing test ids and how
 often each failed per mode, the no-majority warnings (which graph, groups, worst element
-per bound), and writes everything as JSON with ``--out``. Exit status: 0 when no run of
-any mode failed.
+per bound), and writes everything as JSON with ``--out``. Exit status: 0 when every run of the
+drop-in has the frontend's own outcome: with plain runs, each drop-in run fails no test that
+no plain run failed and every test that every plain run failed (a test of the frontend that
+fails without plancache is its own outcome, not plancache's); without plain runs, when no run
+failed. A run that crashed or timed out, without a failed test to name, always fails.
 
     python scripts/gpu_frontend_tests.py --runs 20 --plain-runs 5 --out frontend-tests.json
     python scripts/gpu_frontend_tests.py --runs 20 --parallel 4     # four warm processes at once
@@ -168,6 +171,26 @@ def failed_run(run: Mapping[str, Any]) -> bool:
     return run["exit_code"] not in (0, 5) or bool(run["failed"])  # 5: no test collected (a --select of nothing)
 
 
+def plain_outcome_differs(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each run whose outcome is not the frontend's own (the plain runs'), one line each.
+
+    Without plain runs nothing fails on its own, so any failed test differs."""
+    plain = [set(r["failed"]) for r in runs if r["mode"] == "plain"]
+    always = set.intersection(*plain) if plain else set()
+    ever = set().union(*plain)
+    differs = []
+    for i, run in enumerate(runs):
+        name = f"{run['mode']} #{run.get('index', i)}"
+        failed = set(run["failed"])
+        if failed_run(run) and not failed:
+            differs.append(f"{name}: exit {run['exit_code']} without a failed test")
+        elif run["mode"] != "plain" and (failed - ever or always - failed):
+            differs.append(
+                f"{name}: fails {', '.join(sorted(failed - ever)) or '-'}; passes {', '.join(sorted(always - failed)) or '-'}"
+            )
+    return differs
+
+
 def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Per mode: runs, failed runs, how often each test id failed, and the warnings seen."""
     modes: dict[str, Any] = {}
@@ -288,7 +311,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"files": files, "tests": str(tests), "cache_dir": str(cache_dir), "select": args.select,
                                               "summary": summary, "runs": runs}, indent=1, default=str))  # fmt: skip
-    return 1 if any(failed_run(r) for r in runs) else 0
+    differs = plain_outcome_differs(runs)
+    for line in differs:
+        print(f"gpu_frontend_tests: not the frontend's own outcome: {line}")
+    own = sorted({t for r in runs if r["mode"] == "plain" for t in r["failed"]})
+    if not differs:
+        print(
+            f"gpu_frontend_tests: every run has the frontend's own outcome (failing without plancache too: {', '.join(own) or 'none'})"
+        )
+    return 1 if differs else 0
 
 
 if __name__ == "__main__":

@@ -95,3 +95,46 @@ def test_a_run_is_read_by_what_it_printed() -> None:
     assert run["capture_lines"] == ["FAILED test_b.py::test_flaky[0] - AssertionError: cuda_graph_end_capture failed"]
     assert list(run["warnings"]) == ["left_to_frontend"]
     assert run["summary"] == "1 failed, 3 passed, 1 warning in 2.50s"
+
+
+def _run(mode: str, index: int, failed: dict[str, str], exit_code: int | None = None) -> dict[str, Any]:
+    code = (1 if failed else 0) if exit_code is None else exit_code
+    return {"mode": mode, "index": index, "exit_code": code, "failed": failed}
+
+
+def test_a_test_that_fails_without_plancache_too_is_the_frontends_own_outcome() -> None:
+    # what an H100 gave: one frontend test fails in every run, plain included (cuDNN refuses its engine config)
+    own = {"test_conv_bias.py::test_conv_relu_execution_plan_creation": "cudnnGraphNotSupportedError"}
+    runs = [_run("cold", 0, own), _run("warm", 1, own), _run("warm", 2, own), _run("plain", 3, own)]
+    script = _script()
+    assert script.plain_outcome_differs(runs) == []
+    # a drop-in run that fails another test, or passes the one every plain run fails, differs
+    runs[1] = _run("warm", 1, {**own, "test_a.py::test_ok": "AssertionError"})
+    runs[2] = _run("warm", 2, {})
+    assert script.plain_outcome_differs(runs) == [
+        "warm #1: fails test_a.py::test_ok; passes -",
+        "warm #2: fails -; passes test_conv_bias.py::test_conv_relu_execution_plan_creation",
+    ]
+    # a test that fails in only some plain runs may fail or pass under the drop-in
+    flaky = {"test_b.py::test_flaky[0]": "AssertionError"}
+    runs = [_run("warm", 0, flaky), _run("warm", 1, {}), _run("plain", 2, flaky), _run("plain", 3, {})]
+    assert script.plain_outcome_differs(runs) == []
+    # a crash without a failed test to name differs in any mode; with no plain run, any failure differs
+    assert script.plain_outcome_differs([_run("plain", 0, {}, exit_code=-9)]) == ["plain #0: exit -9 without a failed test"]
+    assert script.plain_outcome_differs([_run("warm", 0, own)]) == [
+        "warm #0: fails test_conv_bias.py::test_conv_relu_execution_plan_creation; passes -"
+    ]
+
+
+def test_the_script_passes_when_the_only_failure_is_the_frontends_own(tmp_path: Path, capsys: Any) -> None:
+    tests = tmp_path / "fe"
+    tests.mkdir()
+    (tests / "test_a.py").write_text(FAKE_PASS)
+    (tests / "test_c.py").write_text("def test_unsupported():\n    raise RuntimeError('CUDNN_STATUS_NOT_SUPPORTED')\n")
+    script = _script()
+    args = ["--tests", str(tests), "--files", "test_a.py,test_c.py", "--runs", "1", "--cache-dir", str(tmp_path / "c")]
+    assert script.main([*args, "--plain-runs", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "every run has the frontend's own outcome (failing without plancache too: test_c.py::test_unsupported)" in printed
+    assert script.main([*args, "--plain-runs", "0"]) == 1  # nothing to compare with: a failure is a failure
+    assert "not the frontend's own outcome: cold #0: fails test_c.py::test_unsupported; passes -" in capsys.readouterr().out
