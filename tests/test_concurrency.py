@@ -329,9 +329,14 @@ def _builder_holding_the_lock(directory: Path, build_delay: float) -> subprocess
         from plancache import PlanCache
         from plancache.testing import CpuTestBackend
         cache = PlanCache({str(directory)!r}, backend=CpuTestBackend(build_delay={build_delay}), auto_prime=False)
-        threading.Thread(target=lambda: cache.get(ConvBiasRelu(n=3).graph())).start()
+        builder = threading.Thread(target=lambda: cache.get(ConvBiasRelu(n=3).graph()))
+        builder.start()
         time.sleep(1.0)  # the thread holds the key's lock and builds
         print("holding", flush=True)
+        # The main thread waits: were it to end, the interpreter's shutdown would begin while
+        # the build imports torch, and that import fails then ("can't register atexit after
+        # shutdown"; torch 2.14 reached concurrent.futures that late), releasing the lock early.
+        builder.join()
     """)
     process = subprocess.Popen([sys.executable, "-c", builder], stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stdout.readline().strip() == "holding"
