@@ -100,14 +100,20 @@ def report_skipped(script: str) -> None:
             print(f"  {what}: {SKIPPED}")
 
 
+def keep_refusal(keep: str | Path) -> str | None:
+    """Why a script's ``--keep DIR`` cannot hold its run (None when it can): a file there."""
+    where = Path(keep)
+    return "is not a directory" if where.exists() and not where.is_dir() else None
+
+
 def scratch(prefix: str, keep: str | Path | None = None) -> Path:
     """The run's working directory: ``keep`` (a script's ``--keep DIR``, made when new) is
     kept after the run; without it, a new temporary directory removed when the script exits
     (a script's caches and checkpoints are its own: nothing is left in the temporary folder)."""
     if keep is not None:
         root = Path(keep).resolve()
-        if root.exists() and not root.is_dir():
-            print(f"--keep {keep} is not a directory: name a new or empty directory", file=sys.stderr)
+        if (why := keep_refusal(root)) is not None:
+            print(f"--keep {keep} {why}: name a new or empty directory", file=sys.stderr)
             sys.exit(2)
         root.mkdir(parents=True, exist_ok=True)
         return root

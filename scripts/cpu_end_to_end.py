@@ -153,9 +153,7 @@ def run(out: str | None = None, keep: str | None = None) -> int:
     expected). The cache lives in ``keep`` (kept), else in a temporary directory removed
     at the end, also when a signal stops the run."""
     if keep is not None:
-        where = Path(keep)
-        what = ("is not a directory" if where.exists() and not where.is_dir()
-                else "holds a cache already" if (where / "plans.db").exists() else None)  # fmt: skip
+        what = benchlib.keep_refusal(keep) or ("holds a cache already" if (Path(keep) / "plans.db").exists() else None)
         if what is not None:  # refused before any phase runs
             print(f"cpu_end_to_end: --keep {keep} {what}: name a new or empty directory", file=sys.stderr)
             return 2

@@ -314,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     differs = plain_outcome_differs(runs)
     for line in differs:
         print(f"gpu_frontend_tests: not the frontend's own outcome: {line}")
-    own = sorted({t for r in runs if r["mode"] == "plain" for t in r["failed"]})
+    own = sorted(summary.get("plain", {}).get("failed_tests", {}))
     if not differs:
         print(
             f"gpu_frontend_tests: every run has the frontend's own outcome (failing without plancache too: {', '.join(own) or 'none'})"
