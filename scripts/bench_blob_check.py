@@ -5,8 +5,8 @@ Every stored entry is judged by ``store.entry.problem`` before its blob is loade
 of that judgement is ``store.judge.judge``: the blob's own graph (its context, ``tensors`` and
 ``nodes``) read and compared, field by field, with the frontend form of the description the
 key is derived from (derived once per key and kept, as a store hit does). The blob is
-decoded once per hit (``formats.plan_graph.blob_fields``), for the check and the load
-together, so the check's cost is not the time of the check alone. Printed:
+decoded once per hit (``formats.plan_blob.PlanBlob``, handed from the check to the load),
+so the check's cost is not the time of the check alone. Printed:
 
 1. the check alone on a blob never read before (its decoding included), on the backend's
    own blob of a conv+bias+relu graph and on each real blob recorded on an H200

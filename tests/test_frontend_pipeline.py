@@ -25,6 +25,7 @@ import plancache.integrations.frontend as frontend
 import plancache.integrations.frontend_adopt as frontend_adopt
 from plancache import PlanCache, PlanCacheNotice
 from plancache.engines.backend import EngineChoice
+from plancache.formats.plan_blob import PlanBlob
 from plancache.key import describe
 from plancache.testing import CpuTestBackend, TwoDeviceCpuTestBackend
 
@@ -701,7 +702,7 @@ def test_the_cudnn_load_deserializes_the_blob_once_with_the_graphs_own_handle_an
     native = load(b"stored blob", stored.tensors, 0)
     plan = Plan(key=stored.key, backend=CpuTestBackend(), native=native, tensors=stored.tensors, workspace_size=4096,
                 engine=EngineChoice(engine_id=5, knobs={"TILE_M": 128}, name="eng5"), source="loaded", device=0)  # fmt: skip
-    frontend_adopt.adopt(load, plan, native, b"stored blob")
+    frontend_adopt.adopt(load, plan, native, PlanBlob(b"stored blob"))
     assert len(made) == 1 and made[0].blobs == [b"stored blob"]  # deserialized once, for this graph
     assert made[0].kwargs == {"name": mm.g._cpp_graph_kwargs["name"], "handle": 0x1234, "kernel_cache": kernel_cache}
     assert mm.g._lowered_graph.backend_graph is made[0] is native._lowered_graph
@@ -757,7 +758,7 @@ def test_an_adopted_graph_takes_the_layouts_the_backend_inferred_for_what_the_pr
     native = load(blob, [], 0)
     plan = Plan(key="k" * 64, backend=CpuTestBackend(), native=native, tensors=[], workspace_size=0,
                 engine=EngineChoice(engine_id=5, knobs={}, name="eng5"), source="loaded", device=0)  # fmt: skip
-    frontend_adopt.adopt(load, plan, native, blob)
+    frontend_adopt.adopt(load, plan, native, PlanBlob(blob))
     assert c.get_stride() == [32, 1, 8] and c.get_dim() == [2, 8, 4]
     assert a.get_stride() == row_major([2, 8, 16]) and b.get_dim() == [2, 16, 4]
 

@@ -17,6 +17,7 @@ import pytest
 
 from plancache import PlanCache
 from plancache.cache.priming import app_name
+from plancache.formats.plan_blob import PlanBlob
 from plancache.store import bookkeeping
 from plancache.testing import CpuTestBackend
 from plancache.workflows import templates
@@ -50,8 +51,8 @@ class SlowLoads(CpuTestBackend):
 
     keys_by_blob: dict[bytes, str] = {}
 
-    def _digest_of(self, blob: bytes) -> str:
-        return self.keys_by_blob.get(blob, "?")
+    def _digest_of(self, blob: PlanBlob | bytes) -> str:
+        return self.keys_by_blob.get(PlanBlob.of(blob).data, "?")
 
 
 def fill(make_cache: MakeCache, app: str, batches: list[int], device: int = 0, devices: int = 1) -> list[str]:

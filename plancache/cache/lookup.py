@@ -26,7 +26,7 @@ from ..engines.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
 from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id
 from ..runtime.plan import Plan
-from ..store import NEVER_CHECKED, Entry, problem, sha256, summarize, unsound
+from ..store import NEVER_CHECKED, Entry, Sound, Unsound, judged, sha256, summarize, unsound
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .counters import Counters
@@ -220,10 +220,11 @@ class Lookup:
         if self.remote is None:
             return None
         entry = self.remote.get(key.digest, env_id)
-        if entry is None or problem(entry, environment) is not None:
+        verdict = judged(entry, environment, env_id) if entry is not None else None
+        if not isinstance(verdict, Sound) or not verdict.entry.checked:
             return None
         self.local.put(entry)
-        loaded = self._load(entry, device, load=load)
+        loaded = self._load(verdict, device, load=load)
         return loaded if isinstance(loaded, Plan) else None
 
     def _repair_or_build(self, graph: Any, key: CacheKey, options: BuildOptions, device: int,
@@ -293,22 +294,23 @@ class Lookup:
                 return Unserved(None, Verdict.UNDECODABLE, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
         if entry is None:
             return _ABSENT
-        reason = unsound(entry, environment)
-        if reason is not None:
-            return Unserved(entry, Verdict.UNSOUND, reason)
+        verdict = judged(entry, environment, self.environment(device)[1])
+        if isinstance(verdict, Unsound):
+            return Unserved(entry, Verdict.UNSOUND, verdict.reason)
         if not entry.checked:
             return Unserved(entry, Verdict.NEVER_CHECKED, NEVER_CHECKED)
         if marks is not None:
             marks["judge" if given else "read"] = (started, time.perf_counter())
-        return self._load(entry, device, count_hit=count_hit, load=load, marks=marks)
+        return self._load(verdict, device, count_hit=count_hit, load=load, marks=marks)
 
-    def _load(self, entry: Entry, device: int, *, count_hit: bool = True, load: Load | None = None,
+    def _load(self, sound: Sound, device: int, *, count_hit: bool = True, load: Load | None = None,
               marks: dict[str, tuple[float, float]] | None = None) -> Plan | Unserved:  # fmt: skip
-        """Deserialize a sound entry onto ``device`` (by ``load``, else the backend): a ``Plan``, or why it failed."""
+        """Deserialize a sound entry onto ``device`` (by ``load``, else the backend), from
+        what its judge read (the blob's decoding, the tensor table): a ``Plan``, or why it failed."""
         started = time.perf_counter()
+        entry, tensors = sound.entry, list(sound.tensors)
         try:
-            tensors = [TensorSpec.from_dict(t) for t in entry.tensors]
-            native = (load or self.backend.load)(entry.blob, tensors, device)
+            native = (load or self.backend.load)(sound.blob, tensors, device)
             if marks is not None:
                 marks["finalize"] = (started, time.perf_counter())
         except TransientLoadError as exc:

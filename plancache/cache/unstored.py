@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engines.backend import Backend, BuiltPlan, Load
+from ..formats.plan_blob import PlanBlob
 from ..key import CacheKey
 from ..store import Entry, summarize
 from ..tiers.local import LocalTier
@@ -63,7 +64,7 @@ class Unstored:
         """``built`` loaded back from its blob as lookups of ``key`` will load it (``load``,
         else the backend's); None, counted, kept and told once, when it cannot be."""
         try:
-            return (load or self.backend.load)(built.blob, built.tensors, device)
+            return (load or self.backend.load)(PlanBlob(built.blob), built.tensors, device)
         except Exception as exc:  # the library refusing the blob it just wrote, or failing for now
             cause = f"{type(exc).__name__}: {str(exc)[:300]}"
         self.note(key, Why.UNLOADABLE, f"it could not be loaded back from its blob ({cause})")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ..config import MemoryBudget
+from ..formats.plan_blob import PlanBlob
 from ..key import BuildOptions, TensorSpec
 from .bounds import Bound
 
@@ -25,7 +26,8 @@ Launch = Callable[[Mapping[int, Any], Sequence[int]], None]
 
 #: How a stored plan is loaded: ``(blob, tensors, device) -> native``, as ``Backend.load``
 #: does (or the frontend drop-in, straight into the caller's graph: ``PlanCache.get(load=...)``).
-Load = Callable[[bytes, Sequence[TensorSpec], int], Any]
+#: The blob is the ``PlanBlob`` the store's judge read: its decoding is the load's.
+Load = Callable[[PlanBlob, Sequence[TensorSpec], int], Any]
 
 
 @dataclass(frozen=True)
@@ -161,9 +163,9 @@ class Backend(Protocol):
         autotuning."""
         ...
 
-    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
+    def load(self, blob: PlanBlob | bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
         """Deserialize a stored plan onto ``device`` (default: the current one) and load its
-        kernels; raises ``TransientLoadError`` for a failure that is not the blob's, and
+        kernels (``blob``: read once by the judge, or bytes); raises ``TransientLoadError`` for a failure that is not the blob's, and
         anything else when the library refuses the blob."""
         ...
 

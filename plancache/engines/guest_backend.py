@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import TransientLoadError
+from ..formats.plan_blob import PlanBlob
 from ..key import TensorSpec
 from .backend import Launch
 from .driver import Driver
@@ -82,6 +83,7 @@ class GuestBackend:
         #: each thread has its own. A replaced one goes back to the caching allocator on its
         #: stream, which hands it out again only behind the work already queued there.
         self._workspaces = threading.local()
+        self._inside = threading.local()  # .device: that of the guest block this thread is in, if any
 
     # ------------------------------------------------------------------ devices
 
@@ -111,13 +113,23 @@ class GuestBackend:
     def guest(self, device: int) -> Iterator[None]:
         """plancache's own CUDA work on ``device``: refused while this thread captures;
         relaxed capture mode; the device current, then the caller's again. Work queued on
-        a stream goes on ``own_stream(device)``."""
+        a stream goes on ``own_stream(device)``. A block inside this thread's block on the
+        same device is that block (a lookup opens one; the load inside it opens none)."""
+        inside = self._inside
+        outer = getattr(inside, "device", None)
+        if outer == device:  # this thread's block on this device already (a lookup's, around its load): one block
+            yield
+            return
         driver = self.driver
         driver.require()
         refuse_while_capturing(driver.capturing(), "loading or building a plan")
         driver.ready(device)  # the capture mode can only be set once CUDA is set up
         with relaxed(driver), driver.on_device(device):
-            yield
+            inside.device = device
+            try:
+                yield
+            finally:
+                inside.device = outer
 
     def own_stream(self, device: int) -> Any:
         """plancache's own stream on ``device`` (asked inside a guest block, made at the
@@ -142,7 +154,7 @@ class GuestBackend:
 
     # ------------------------------------------------------------------ loading
 
-    def route(self, blob: bytes, tensors: Sequence[TensorSpec], memory: int | None) -> tuple[Any, Fallback | None]:
+    def route(self, blob: PlanBlob, tensors: Sequence[TensorSpec], memory: int | None) -> tuple[Any, Fallback | None]:
         """``(record, None)`` for a blob the native path loads on a device of ``memory`` bytes, else ``(None, why)``."""
         if not self.native:
             return None, Fallback.OFF
@@ -157,14 +169,17 @@ class GuestBackend:
         memory = self.driver.environment(device).get("total_memory")
         return memory if isinstance(memory, int) else None
 
-    def load(self, blob: bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
+    def load(self, blob: PlanBlob | bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
         """Load a stored plan onto ``device`` (default: the current one): through the C API
         (no GIL held through the finalize; nothing captured, allocated or synchronized),
         else through the frontend's ``deserialize`` (counted in ``native_fallbacks``).
+        ``blob``: a ``PlanBlob`` the store's judge read (its decoding is the load's), or
+        bytes. Runs inside the caller's guest block where there is one (``guest``).
         Raises ``TransientLoadError`` for a failure that is not the blob's, and
         ``RecordError`` for a blob whose launches no tensor or workspace bounds
         (``OUT_OF_BOUNDS``, counted too: the frontend's path would launch it as it is)."""
         device = self.current_device() if device is None else device
+        blob = PlanBlob.of(blob)
         with self._transient(), self.guest(device):  # a device that cannot be set up is the process's too
             memory = self._memory(device)
             record, why = self.route(blob, tensors, memory)
@@ -180,7 +195,7 @@ class GuestBackend:
             with self._frontend_loads, self.handles.lease(device) as handle:
                 # Never NULL (the frontend would make a blocking stream) and never the caller's.
                 self.driver.set_stream(handle, self.driver.raw_stream(self.own_stream(device)))
-                return self.driver.deserialize(blob, handle)
+                return self.driver.deserialize(blob.data, handle)
 
     @contextlib.contextmanager
     def _transient(self) -> Iterator[None]:

@@ -13,42 +13,17 @@ blob reaches cuDNN. This module only reads: what the names mean is the form's.
 
 from __future__ import annotations
 
-import collections
 import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
 
-from .ubjson import decode
+from .plan_blob import PlanBlob
 
-__all__ = ["BlobNode", "BlobTensor", "PlanGraph", "PlanGraphError", "blob_fields", "float_bits", "read_graph", "written"]
+__all__ = ["BlobNode", "BlobTensor", "PlanGraph", "PlanGraphError", "float_bits", "read_graph", "written"]
 
 _GRAPH_KEYS = frozenset({"tensors", "nodes"})
-
-#: The fields of the blobs read last, with the blobs themselves (so that an identity test
-#: is sound: a blob held here cannot be freed and its id reused).
-_RECENT: collections.deque[tuple[bytes, Any]] = collections.deque(maxlen=4)
-
-
-def blob_fields(blob: bytes) -> Any:
-    """What ``blob`` holds, decoded whole (``ubjson.UbjsonError`` for bytes that are not
-    UBJSON): for a frontend plan, a dict of its top-level fields, which callers only read.
-
-    A hit reads each blob twice, the store checking the graph it carries and the load then
-    reading what a launch needs, and most of either read is walking the same tokens. So the
-    fields of the last few blobs are kept, found again by the identity of the bytes object
-    (the entry's blob is the object the load is handed): the second read costs nothing,
-    and bytes that are merely equal are decoded again, which is never wrong."""
-    for held, fields in tuple(_RECENT):  # a copy: other threads append as this one looks
-        if held is blob:
-            return fields
-    fields = decode(blob)
-    if isinstance(blob, bytes):  # immutable: the fields stay what it holds
-        _RECENT.append((blob, fields))
-    return fields
-
-
 _HEX_FLOAT = re.compile(r"[0-9A-Fa-f]{1,8}")
 
 
@@ -124,10 +99,10 @@ def written(record: Mapping[str, Any]) -> tuple[Any, ...]:
             get("ragged_offset_uid"), get("reordering_type", "NONE"), get("ragged_offset_multiplier", 1))  # fmt: skip
 
 
-def read_graph(blob: bytes) -> PlanGraph:
+def read_graph(blob: PlanBlob) -> PlanGraph:
     """The graph ``blob`` carries; ``PlanGraphError`` (or ``ubjson.UbjsonError``, both
     ``ValueError``) for a blob that is no frontend plan or carries no graph of this shape."""
-    found = blob_fields(blob)
+    found = blob.fields
     if not isinstance(found, dict) or not found.keys() >= _GRAPH_KEYS:
         raise PlanGraphError("the blob carries no graph (no tensors and nodes at its top level)")
     tensors, nodes, context = found["tensors"], found["nodes"], found.get("context") or {}

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TransientLoadError
+from ..formats.plan_blob import PlanBlob
 
 if TYPE_CHECKING:
     from ..engines.backend import Backend, EngineChoice
@@ -194,14 +195,15 @@ class GraphLoad:
         if adopter is None:
             raise AdoptionError(f"plans of the {backend.name!r} backend cannot be put into a cuDNN Frontend graph")
         self.graph, self.backend, self.adopter = graph, backend, adopter
-        self.last: tuple[Any, bytes] | None = None  # (native, blob) of the latest load
+        self.last: tuple[Any, PlanBlob] | None = None  # (native, blob) of the latest load
 
-    def __call__(self, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> Any:
-        if _is_python_plan(blob):  # not the entry's fault: a lookup that can load it keeps it
+    def __call__(self, blob: PlanBlob | bytes, tensors: Sequence[TensorSpec], device: int) -> Any:
+        blob = PlanBlob.of(blob)
+        if _is_python_plan(blob.data):  # not the entry's fault: a lookup that can load it keeps it
             raise TransientLoadError("the plan runs on one of cuDNN Frontend's Python engines, whose plans load only into an "
                                      "empty graph, never into the program's own")  # fmt: skip
-        native = self.adopter.load(self.graph, self.backend, blob, tensors, device)
-        self.last = (native, bytes(blob))
+        native = self.adopter.load(self.graph, self.backend, blob.data, tensors, device)
+        self.last = (native, blob)
         return native
 
 
@@ -227,7 +229,7 @@ def _plan_config(engine: EngineChoice | None) -> Any:
     return PlanConfig(int(engine.engine_id), knobs, cpp_index=0)
 
 
-def _inferred_layouts(graph: Any, blob: bytes) -> list[tuple[Any, str, tuple[int, ...]]]:
+def _inferred_layouts(graph: Any, blob: PlanBlob) -> list[tuple[Any, str, tuple[int, ...]]]:
     """What the frontend's ``build_operation_graph`` would copy into ``graph``'s tensors
     from the backend's layout inference, which an adopted graph never runs: the dims and
     strides the program left unset (a convolution's output then follows its input's
@@ -252,7 +254,7 @@ def _inferred_layouts(graph: Any, blob: bytes) -> list[tuple[Any, str, tuple[int
     return changes
 
 
-def adopt(load: GraphLoad, plan: Plan, native: Any, blob: bytes) -> None:
+def adopt(load: GraphLoad, plan: Plan, native: Any, blob: PlanBlob) -> None:
     """Make the graph of ``load`` (validated, not built) carry ``plan``, whose stored form is
     ``blob`` and which ``load`` deserialized for it as ``native``. Raises
     ``AdoptionError`` with the graph unchanged."""
@@ -260,7 +262,7 @@ def adopt(load: GraphLoad, plan: Plan, native: Any, blob: bytes) -> None:
     missing = missing_state(graph)
     if missing:
         raise AdoptionError(f"this frontend's graphs have no {', '.join(missing)}")
-    lowered = StoredPlanGraph(load.adopter.backend_graph(graph, plan, native), blob)  # nothing of the graph touched yet
+    lowered = StoredPlanGraph(load.adopter.backend_graph(graph, plan, native), blob.data)  # nothing of the graph touched yet
     config = _plan_config(plan.engine)
     layouts = _inferred_layouts(graph, blob)
     vars(graph).update(

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..cache.unstored import Why
 from ..errors import InvalidGraphError, TransientLoadError
+from ..formats.plan_blob import PlanBlob
 from .frontend_adopt import FRONTEND_VERSIONS, AdoptionError, GraphLoad, adopt, missing_state
 
 if TYPE_CHECKING:
@@ -257,7 +258,7 @@ class Planner:
         finally:
             backend.use_device(current)
 
-    def _loaded(self, cache: PlanCache, plan: Plan, load: GraphLoad) -> tuple[Any, bytes]:
+    def _loaded(self, cache: PlanCache, plan: Plan, load: GraphLoad) -> tuple[Any, PlanBlob]:
         """``plan`` deserialized for the caller's graph, and its stored blob: the lookup's
         own load (a hit from the store), or the load that proved a new plan loads back
         before it was stored (a miss); for a plan the lookup did not load (one in memory
@@ -265,7 +266,7 @@ class Planner:
         checksum), else the plan built here, serialized, loaded now."""
         if load.last is not None and (load.last[0] is plan.native or plan.source in ("built", "rebuilt")):
             return load.last
-        blob = self._stored_blob(cache, plan)
+        blob = PlanBlob(self._stored_blob(cache, plan))
         try:
             return load(blob, plan.tensors, plan.device), blob
         except TransientLoadError as exc:  # a Python engine's plan, or a load that failed for now

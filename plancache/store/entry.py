@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..key import KEY_FORMAT, canonical_json, environment_id
+from ..formats.plan_blob import PlanBlob
+from ..key import KEY_FORMAT, TensorSpec, canonical_json, environment_id
 from .judge import form_of, judge
 
 __all__ = [
@@ -25,6 +26,9 @@ __all__ = [
     "MAX_WORKSPACE",
     "NEVER_CHECKED",
     "Entry",
+    "Sound",
+    "Unsound",
+    "judged",
     "load_json",
     "problem",
     "sha256",
@@ -284,27 +288,62 @@ def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str |
 def unsound(entry: Entry, environment: Mapping[str, Any] | None = None) -> str | None:
     """What ``problem`` says but never NEVER_CHECKED: why ``entry`` cannot be trusted at
     all, or None for a sound entry (``Entry.checked`` then says whether it is known right)."""
+    verdict = judged(entry, environment)
+    return verdict.reason if isinstance(verdict, Unsound) else None
+
+
+@dataclass(frozen=True)
+class Sound:
+    """An entry found sound, with what was read to find it so, for its load to use as it
+    is: the blob decoded once (the judge read its graph, the load reads its record) and the
+    tensor table read once. ``unproven``: what the key's graph says that nothing in the
+    blob could be held to (``store.judge.Judgement``)."""
+
+    entry: Entry
+    blob: PlanBlob
+    tensors: tuple[TensorSpec, ...]
+    unproven: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Unsound:
+    """An entry that cannot be trusted at all, and why."""
+
+    reason: str
+
+
+def judged(entry: Entry, environment: Mapping[str, Any] | None = None, env_id: str | None = None) -> Sound | Unsound:
+    """``entry`` judged as ``problem`` describes (but for NEVER_CHECKED: see ``Entry.checked``),
+    for a key of ``environment`` when given; ``env_id``: that environment's id, when the
+    caller knows it (a lookup does: it is not derived again per row)."""
     try:
-        return _unsound(entry, environment)
+        return _judged(entry, environment, env_id)
     except (AttributeError, TypeError, KeyError, ValueError) as exc:
-        return f"malformed entry ({type(exc).__name__}: {exc})"
+        return Unsound(f"malformed entry ({type(exc).__name__}: {exc})")
 
 
-def _unsound(entry: Entry, environment: Mapping[str, Any] | None) -> str | None:
+def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | None) -> Sound | Unsound:
     if not entry.checksum_ok():
-        return "blob checksum mismatch"
+        return Unsound("blob checksum mismatch")
     if environment is not None and entry.environment != environment:
-        return "environment differs from the key's"
-    if entry.env_id != environment_id(entry.environment):
-        return "env_id does not match the recorded environment"
+        return Unsound("environment differs from the key's")
+    if entry.env_id != (env_id if environment is not None and env_id is not None else environment_id(entry.environment)):
+        return Unsound("env_id does not match the recorded environment")
     parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
     if entry.key != sha256(canonical_json(parts).encode()):
-        return "key does not match the recorded graph, environment and options"
+        return Unsound("key does not match the recorded graph, environment and options")
     if entry.meta_sha256 is not None and entry.meta_sha256 != entry.meta_digest():
-        return "metadata checksum mismatch (tensor table, engine, workspace size or check record altered)"
+        return Unsound("metadata checksum mismatch (tensor table, engine, workspace size or check record altered)")
     if entry.check is not None and not isinstance(entry.check, dict):
-        return f"malformed entry (its check record is a {type(entry.check).__name__})"
-    return _tensor_problem(entry) or judge(entry.blob, entry.description, form_of(entry.key, entry.description)).refusal
+        return Unsound(f"malformed entry (its check record is a {type(entry.check).__name__})")
+    refusal = _tensor_problem(entry)
+    if refusal is not None:
+        return Unsound(refusal)
+    blob = PlanBlob(entry.blob)
+    judgement = judge(blob, entry.description, form_of(entry.key, entry.description))
+    if judgement.refusal is not None:
+        return Unsound(judgement.refusal)
+    return Sound(entry, blob, tuple(TensorSpec.from_dict(t) for t in entry.tensors), judgement.unproven)
 
 
 def _tensor_problem(entry: Entry) -> str | None:

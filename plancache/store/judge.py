@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..formats.plan_blob import PlanBlob
 from ..formats.plan_graph import BlobNode, BlobTensor, PlanGraph, float_bits, read_graph, written
 from ..key.frontend_form import F32, FormNode, FormTensor, FrontendForm, Layouts, frontend_form
 
@@ -71,11 +72,12 @@ def form_of(key: str, description: Mapping[str, Any]) -> FrontendForm:
     return form
 
 
-def judge(blob: bytes, description: Mapping[str, Any], form: FrontendForm | None = None) -> Judgement:
+def judge(blob: PlanBlob | bytes, description: Mapping[str, Any], form: FrontendForm | None = None) -> Judgement:
     """Whether ``blob`` is a plan of ``description``'s graph (``form``: its frontend form,
-    when the caller has it already). A description of the wrong shape is a refusal."""
+    when the caller has it already). A description of the wrong shape is a refusal. A
+    ``PlanBlob`` keeps its decoding for whoever loads it next."""
     try:
-        graph = read_graph(blob)
+        graph = read_graph(PlanBlob.of(blob))
     except ValueError as exc:
         return Judgement(f"the blob's graph cannot be read ({str(exc)[:200]})")
     try:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engines.backend import EngineChoice
-from ..formats.plan_graph import blob_fields
+from ..formats.plan_blob import PlanBlob
 from ..formats.ubjson import encode as encode_ubjson
 from ..key import TensorSpec, canonical_json, used_tensors
 from ..key.frontend_form import frontend_form, frontend_graph
@@ -122,12 +122,12 @@ def payload_of(text: str) -> dict[str, Any]:
     return payload
 
 
-def decode(blob: bytes) -> dict[str, Any]:
+def decode(blob: PlanBlob | bytes) -> dict[str, Any]:
     """The payload of a whole blob (``payload_of`` its ``cudnn_backend_data``), read as the
-    native path reads a frontend plan: the blob decoded whole, once for the store's judge
-    and this load together (``formats.plan_graph.blob_fields``)."""
+    native path reads a frontend plan: from the blob's one decoding (``PlanBlob.fields``),
+    which the store's judge read too."""
     try:
-        fields = blob_fields(blob)
+        fields = PlanBlob.of(blob).fields
         text = fields.get("cudnn_backend_data") if isinstance(fields, dict) else None
     except ValueError as exc:
         raise ValueError(f"not a plancache test plan ({exc})") from exc

@@ -41,7 +41,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...formats.plan_graph import blob_fields, float_bits
+from ...formats.plan_blob import PlanBlob
+from ...formats.plan_graph import float_bits
 from ...formats.ubjson import UbjsonError
 from ...key import TensorSpec
 from ..inputs import DTYPE_BYTES
@@ -169,10 +170,11 @@ def _uid_pairs(raw: Any) -> list[tuple[Any, Any]]:
     raise RecordError(f"expected a map by uid, not {type(raw).__name__}")
 
 
-def parse(blob: bytes) -> PlanRecord:
-    """The record of a frontend plan blob; raises ``RecordError`` for anything else."""
+def parse(blob: PlanBlob | bytes) -> PlanRecord:
+    """The record of a frontend plan blob; raises ``RecordError`` for anything else. Reads
+    the blob's decoding (``PlanBlob.fields``): on a store hit, the one the judge read."""
     try:
-        top = blob_fields(blob)  # decoded once for the store's check of its graph and for this
+        top = PlanBlob.of(blob).fields
     except (UbjsonError, UnicodeDecodeError) as exc:
         raise RecordError(f"not a frontend plan: {exc}") from exc
     if not isinstance(top, Mapping) or not isinstance(top.get("cudnn_backend_data"), str):
@@ -273,13 +275,13 @@ def _backend_tensors(text: str) -> dict[int, TensorSpec]:
     return found
 
 
-def lowered_layouts(blob: bytes) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+def lowered_layouts(blob: PlanBlob | bytes) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
     """uid -> (dims, strides) of each non-virtual tensor as the backend lowered it (its own
     layout inference filled what the graph left unset: a convolution's output follows its
     input's channels-last layout), from the blob's ``tensors``; empty for a blob that is not
     a frontend plan or has none. A tensor whose entry is not whole numbers is left out."""
     try:
-        tensors = blob_fields(blob).get("tensors")
+        tensors = PlanBlob.of(blob).fields.get("tensors")
     except (UbjsonError, UnicodeDecodeError, AttributeError):
         return {}
     layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}

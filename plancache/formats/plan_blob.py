@@ -1,0 +1,56 @@
+"""A plan blob: its bytes and what they hold, decoded at most once.
+
+A store hit reads a blob twice over: the judge holds the graph it carries against the key
+(``formats.plan_graph``), and the load reads the plan's record (``engines.native.record``).
+Both read the same decoding, made the first time either asks and kept by the one
+``PlanBlob`` the hit hands from the judge to the load. A blob nobody asks about is never
+decoded (the frontend's own deserialize reads its bytes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .ubjson import decode
+
+__all__ = ["PlanBlob"]
+
+_UNREAD = object()
+
+
+class PlanBlob:
+    """The bytes of one serialized plan, and (``fields``) what they hold."""
+
+    __slots__ = ("data", "_fields")
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self.data = bytes(data)  # the same object when it is bytes already
+        self._fields: Any = _UNREAD
+
+    @classmethod
+    def of(cls, blob: PlanBlob | bytes | bytearray | memoryview) -> PlanBlob:
+        """``blob`` itself when it is a ``PlanBlob`` (its decoding kept), else its bytes as one."""
+        return blob if isinstance(blob, PlanBlob) else cls(blob)
+
+    @property
+    def fields(self) -> Any:
+        """What the bytes hold, decoded whole the first time it is asked (for a frontend plan,
+        a dict of its top-level fields, which callers only read). Bytes that are not UBJSON
+        raise ``ubjson.UbjsonError`` (a ``ValueError``) every time they are asked. Two threads
+        asking at once may both decode: the same value, kept once."""
+        fields = self._fields
+        if fields is _UNREAD:
+            try:
+                fields = decode(self.data)
+            except ValueError as exc:
+                fields = exc
+            self._fields = fields
+        if isinstance(fields, ValueError):
+            raise fields
+        return fields
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __repr__(self) -> str:
+        return f"PlanBlob({len(self.data)} bytes)"
