@@ -131,11 +131,12 @@ def fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
 
 
 def parse_or_run_phase(description: str, phases: dict[str, Any], argv: Sequence[str] | None = None,
-                       script: str | None = None) -> argparse.Namespace | None:  # fmt: skip
+                       script: str | None = None, flags: dict[str, str] | None = None) -> argparse.Namespace | None:  # fmt: skip
     """The command line shared by the benchmarks. With ``--phase``, run that phase here (in
     the fresh process the parent started), print its JSON and return None; else return the
     options of the parent run. ``script``: the benchmark's file, whose phases a smoke run
-    then runs in this process (``run_phase``)."""
+    then runs in this process (``run_phase``). ``flags``: the script's own on/off options
+    and their help."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--phase", choices=sorted(phases))
     parser.add_argument("--args", default="{}")
@@ -143,6 +144,8 @@ def parse_or_run_phase(description: str, phases: dict[str, Any], argv: Sequence[
     parser.add_argument("--keep", metavar="DIR", help="build the cache in DIR (new or empty) and keep it, to explore with "
                         "`plancache --dir DIR ls`; default: a temporary directory, removed at the end")  # fmt: skip
     add_smoke_option(parser)
+    for flag, text in (flags or {}).items():
+        parser.add_argument(flag, action="store_true", help=text)
     opts = parser.parse_args(argv)
     start_smoke(opts.smoke)
     if script is not None:

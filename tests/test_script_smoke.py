@@ -45,6 +45,22 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         True,
     ),
+    "bench_many_plans": (
+        ["--profile"],
+        [
+            "plancache many-plan start-up benchmark",
+            "stored 10 of 10 graphs cold",
+            "served: {'loaded': 10}; frontend fallbacks: none",
+            "plancache's own share per hit: median",
+            "bare cuDNN finalize loop (C API, nothing else):",
+            "frontend deserialize loop: skipped ms",
+            "primed (the default): all in memory",
+            "10 lookups",
+            "profile: own us/hit with callees calls/hit  function",
+            "bench_many_plans smoke run: 1 GPU-only part(s) skipped: needs a GPU",
+        ],
+        True,
+    ),
     "bench_miss": (
         [],
         [

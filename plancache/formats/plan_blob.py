@@ -21,7 +21,7 @@ _UNREAD = object()
 class PlanBlob:
     """The bytes of one serialized plan, and (``fields``) what they hold."""
 
-    __slots__ = ("data", "_fields")
+    __slots__ = ("_fields", "data")
 
     def __init__(self, data: bytes | bytearray | memoryview) -> None:
         self.data = bytes(data)  # the same object when it is bytes already

@@ -8,9 +8,8 @@ specification has them. No PyPI package for UBJSON is maintained today (py-ubjso
 release was in 2020), and the subset is small, so it is decoded here and tested against
 real plans recorded on a GPU (``tests/data/plans``).
 
-``decode(data, keep=...)`` builds Python objects only for the top-level keys it is asked
-for and steps over the others (a plan's graph description can be tens of kilobytes that a
-load does not need). ``encode`` writes what the frontend writes; the CPU test backend
+``decode`` reads the whole value: a store hit's judge reads a plan's graph, its load the
+rest (``formats.plan_blob``). ``encode`` writes what the frontend writes; the CPU test backend
 makes its plan blobs with it, so they go through the same reading as a GPU's.
 """
 
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Collection
 from typing import Any
 
 __all__ = ["UbjsonError", "decode", "encode"]
@@ -43,61 +41,72 @@ class UbjsonError(ValueError):
 
 
 # The reader is a handful of functions over (bytes, position), each returning the value and
-# the position after it: a store hit reads every plan blob's graph before the plan is loaded,
-# and a call per token, with the bounds left to Python's own indexing, costs a third of a
-# reader object's several method calls per token. Running off the end raises IndexError or
-# struct.error, which ``decode`` turns into UbjsonError; only a slice, which never raises,
-# is checked by hand.
+# the position after it: a store hit decodes every plan blob before the plan is loaded. The
+# markers a plan is made of (object keys, strings, small integers, booleans, containers) are
+# read inline in the container loops; everything else goes through ``_other``. Running off
+# the end raises IndexError or struct.error, which ``decode`` turns into UbjsonError; only a
+# slice, which never raises, is checked by hand.
 _NUMBERS = {**_INTEGERS, **_FLOATS}
 _STRING, _ARRAY, _OBJECT, _ARRAY_END, _OBJECT_END = (ord(c) for c in "S[{]}")
 _HIGH_PRECISION, _CHAR, _TYPE, _COUNT = (ord(c) for c in "HC$#")
-
-
-def _marker(data: bytes, pos: int) -> tuple[int, int]:
-    """The marker at ``pos``, no-ops skipped, and the position after it."""
-    marker = data[pos]
-    while marker == _NOOP:
-        pos += 1
-        marker = data[pos]
-    return marker, pos + 1
+_INT8, _UINT8, _TRUE, _FALSE, _NULL = (ord(c) for c in "iUTFZ")
+_OPTIMIZED = (_TYPE, _COUNT)
 
 
 def _length(data: bytes, pos: int) -> tuple[int, int]:
-    marker, pos = _marker(data, pos)
+    """A length (an integer marker, no-ops before it skipped) and the position after it."""
+    marker = data[pos]
+    if marker == _INT8 and data[pos + 1] < 128:  # most lengths: 0..127
+        return data[pos + 1], pos + 2
+    if marker == _UINT8:
+        return data[pos + 1], pos + 2
+    while marker == _NOOP:
+        pos += 1
+        marker = data[pos]
     fmt = _INTEGERS.get(marker)
     if fmt is None:
-        raise UbjsonError(f"a length must be an integer, not {chr(marker)!r} at byte {pos - 1}")
-    return int(fmt.unpack_from(data, pos)[0]), pos + fmt.size
+        raise UbjsonError(f"a length must be an integer, not {chr(marker)!r} at byte {pos}")
+    return int(fmt.unpack_from(data, pos + 1)[0]), pos + 1 + fmt.size
 
 
-def _bytes(data: bytes, pos: int) -> tuple[bytes, int]:
-    """A length and that many bytes."""
+def _text(data: bytes, pos: int) -> tuple[str, int]:
+    """A length and that many bytes of UTF-8."""
     size, pos = _length(data, pos)
     end = pos + size
     if size < 0 or end > len(data):
         raise UbjsonError(f"UBJSON ends early: {size} bytes wanted at byte {pos}")
-    return data[pos:end], end
+    return data[pos:end].decode("utf-8"), end
 
 
-def _value(data: bytes, pos: int, marker: int, build: bool, depth: int) -> tuple[Any, int]:
-    """The value of ``marker`` whose payload starts at ``pos`` (None when not ``build``)."""
+def _value(data: bytes, pos: int, marker: int, depth: int) -> tuple[Any, int]:
+    """The value of ``marker`` whose payload starts at ``pos``."""
+    if marker == _STRING:
+        return _text(data, pos)
+    if marker == _INT8:
+        value = data[pos]
+        return (value - 256 if value > 127 else value), pos + 1
+    if marker == _UINT8:
+        return data[pos], pos + 1
+    if marker == _OBJECT:
+        return _object(data, pos, depth + 1)
+    if marker == _ARRAY:
+        return _array(data, pos, depth + 1)
+    if marker == _TRUE:
+        return True, pos
+    if marker == _FALSE:
+        return False, pos
+    return _other(data, pos, marker)
+
+
+def _other(data: bytes, pos: int, marker: int) -> tuple[Any, int]:
+    """A value of the markers plans rarely hold: wider numbers, null, digits, a char."""
     fmt = _NUMBERS.get(marker)
     if fmt is not None:
         return fmt.unpack_from(data, pos)[0], pos + fmt.size
-    if marker == _STRING:
-        raw, pos = _bytes(data, pos)
-        return (raw.decode("utf-8") if build else None), pos
-    if marker in (_ARRAY, _OBJECT):
-        if depth >= MAX_DEPTH:
-            raise UbjsonError(f"containers nested deeper than {MAX_DEPTH}, at byte {pos - 1}")
-        if marker == _ARRAY:
-            return _array(data, pos, build, depth + 1)
-        return _object(data, pos, build, depth + 1, None, None)
-    if marker in _NO_VALUE:
-        return _NO_VALUE[marker], pos
+    if marker == _NULL:
+        return None, pos
     if marker == _HIGH_PRECISION:  # a number too large for the integer types, as digits
-        raw, pos = _bytes(data, pos)
-        digits = raw.decode("utf-8")
+        digits, pos = _text(data, pos)
         if not _DIGITS.fullmatch(digits):
             raise UbjsonError(f"a high-precision number must be an integer's digits, not {digits[:20]!r}")
         return int(digits), pos
@@ -106,106 +115,117 @@ def _value(data: bytes, pos: int, marker: int, build: bool, depth: int) -> tuple
     raise UbjsonError(f"unknown UBJSON marker {chr(marker)!r} at byte {pos - 1}")
 
 
-def _container(data: bytes, pos: int) -> tuple[int | None, int | None, int]:
+def _container(data: bytes, pos: int, depth: int) -> tuple[int | None, int | None, int]:
     """The ``$`` type and ``#`` count of an optimized container, where present, and the
     position of its first element."""
+    if depth > MAX_DEPTH:
+        raise UbjsonError(f"containers nested deeper than {MAX_DEPTH}, at byte {pos - 1}")
+    if pos >= len(data) or data[pos] not in _OPTIMIZED:
+        return None, None, pos
     kind = count = None
-    if pos < len(data) and data[pos] == _TYPE:
+    if data[pos] == _TYPE:
         kind = data[pos + 1]
         if data[pos + 2] != _COUNT:
             raise UbjsonError(f"a typed container needs a count, at byte {pos + 2}")
         count, pos = _length(data, pos + 3)
         if kind in _NO_VALUE or kind == _NOOP:  # no byte per element: a count alone could ask for 2**62 of them
             raise UbjsonError(f"a typed container of {chr(kind)!r} values, at byte {pos - 1}")
-    elif pos < len(data) and data[pos] == _COUNT:
+    else:
         count, pos = _length(data, pos + 1)
     if count is not None and not 0 <= count <= len(data) - pos:  # every element takes a byte at least
         raise UbjsonError(f"a container of {count} elements in {len(data) - pos} bytes, at byte {pos}")
     return kind, count, pos
 
 
-def _array(data: bytes, pos: int, build: bool, depth: int) -> tuple[list[Any] | None, int]:
-    kind, count, pos = _container(data, pos)
+def _array(data: bytes, pos: int, depth: int) -> tuple[list[Any], int]:
+    kind, count, pos = _container(data, pos, depth)
     items: list[Any] = []
+    append = items.append
     if count is None:
         while True:
-            marker, pos = _marker(data, pos)
-            if marker == _ARRAY_END:
-                return (items if build else None), pos
-            value, pos = _value(data, pos, marker, build, depth)
-            items.append(value)
+            marker = data[pos]
+            pos += 1
+            if marker == _INT8:  # the dims and strides of a plan's tensors, mostly
+                value = data[pos]
+                append(value - 256 if value > 127 else value)
+                pos += 1
+            elif marker == _ARRAY_END:
+                return items, pos
+            elif marker != _NOOP:
+                value, pos = _value(data, pos, marker, depth)
+                append(value)
     fmt = _NUMBERS.get(kind) if kind is not None else None
     if fmt is not None:  # a block of numbers: one unpack
         end = pos + fmt.size * count
         if end > len(data):
             raise UbjsonError(f"UBJSON ends early: {count} numbers wanted at byte {pos}")
-        return ([v for (v,) in fmt.iter_unpack(data[pos:end])] if build else None), end
+        return [v for (v,) in fmt.iter_unpack(data[pos:end])], end
     for _ in range(count):
         if kind is None:
-            marker, pos = _marker(data, pos)
+            marker = data[pos]
+            pos += 1
+            while marker == _NOOP:
+                marker = data[pos]
+                pos += 1
         else:
             marker = kind
-        value, pos = _value(data, pos, marker, build, depth)
-        items.append(value)
-    return (items if build else None), pos
+        value, pos = _value(data, pos, marker, depth)
+        append(value)
+    return items, pos
 
 
-def _object(data: bytes, pos: int, build: bool, depth: int, keep: Collection[str] | None,
-            keys: list[str] | None) -> tuple[dict[str, Any] | None, int]:  # fmt: skip
-    kind, remaining, pos = _container(data, pos)
+def _object(data: bytes, pos: int, depth: int) -> tuple[dict[str, Any], int]:
+    kind, remaining, pos = _container(data, pos, depth)
     found: dict[str, Any] = {}
     end = len(data)
     while True:
         if remaining is None:
-            if pos < end and data[pos] == _OBJECT_END:
-                return (found if build else None), pos + 1
+            if data[pos] == _OBJECT_END:
+                return found, pos + 1
         elif remaining == 0:
-            return (found if build else None), pos
-        # The key's length and bytes, read here rather than by _bytes: keys are most of a
-        # plan's tokens.
+            return found, pos
+        else:
+            remaining -= 1
+        # The key: a length and its bytes (keys are most of a plan's tokens: read here).
         marker = data[pos]
-        while marker == _NOOP:
-            pos += 1
-            marker = data[pos]
-        fmt = _INTEGERS.get(marker)
-        if fmt is None:
-            raise UbjsonError(f"a length must be an integer, not {chr(marker)!r} at byte {pos}")
-        size = fmt.unpack_from(data, pos + 1)[0]
-        pos += 1 + fmt.size
+        if (marker == _INT8 and data[pos + 1] < 128) or marker == _UINT8:
+            size = data[pos + 1]
+            pos += 2
+        else:
+            size, pos = _length(data, pos)
         if size < 0 or pos + size > end:
             raise UbjsonError(f"UBJSON ends early: {size} bytes wanted at byte {pos}")
         key = data[pos : pos + size].decode("utf-8")
         pos += size
-        if keys is not None:
-            keys.append(key)
-        wanted = build and (keep is None or key in keep)
         if kind is None:
             marker = data[pos]
-            while marker == _NOOP:
-                pos += 1
-                marker = data[pos]
             pos += 1
+            while marker == _NOOP:
+                marker = data[pos]
+                pos += 1
         else:
             marker = kind
-        value, pos = _value(data, pos, marker, wanted, depth)
-        if wanted:
-            found[key] = value
-        if remaining is not None:
-            remaining -= 1
+        if marker == _STRING:
+            found[key], pos = _text(data, pos)
+        elif marker == _INT8:
+            value = data[pos]
+            found[key] = value - 256 if value > 127 else value
+            pos += 1
+        else:
+            found[key], pos = _value(data, pos, marker, depth)
 
 
-def decode(data: bytes, keep: Collection[str] | None = None, keys: list[str] | None = None) -> Any:
-    """The value ``data`` holds. For an object at the top, ``keep`` (when given) names the
-    keys to build; the values of the others are read past without being built; ``keys``
-    (when given) receives every top-level key. Raises ``UbjsonError`` for anything that is
-    not well-formed UBJSON, or has bytes after it."""
+def decode(data: bytes) -> Any:
+    """The value ``data`` holds. Raises ``UbjsonError`` for anything that is not
+    well-formed UBJSON, or has bytes after it."""
     data = bytes(data)
     try:
-        marker, pos = _marker(data, 0)
-        if marker == _OBJECT:
-            value, pos = _object(data, pos, True, 1, keep, keys)
-        else:
-            value, pos = _value(data, pos, marker, True, 0)
+        pos = 0
+        marker = data[pos]
+        while marker == _NOOP:
+            pos += 1
+            marker = data[pos]
+        value, pos = _value(data, pos + 1, marker, 0)
     except (IndexError, struct.error) as exc:
         raise UbjsonError(f"UBJSON ends early ({exc})") from None
     if pos != len(data):

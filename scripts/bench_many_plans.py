@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""Many-plan start-up benchmark: what a server with hundreds of shapes pays at every start.
+
+Stores the plans of a few hundred distinct graphs once (convolutions, matmuls and SDPA
+forwards, in shapes as a server's buckets are, the heuristic policy, so the cold fill is
+quick; every stored plan was checked against the other candidates as any is), then times,
+each in fresh processes, alternating rounds:
+
+  warm      plancache's store hits, one after another (auto-prime off): per hit, the
+            lookup's wall time and the part of it inside cuDNN's finalize (the C API's
+            ``load_plan``; the frontend's ``deserialize`` where a plan falls back to it);
+            the rest is plancache's own share (keying the graph, the read, every check, the
+            record, the bookkeeping)
+  bare      a loop of cuDNN C-API finalizes of the same stored plans and nothing else (the
+            plans' records parsed before the loop)
+  frontend  a loop of the frontend's own ``deserialize`` of the same blobs (its warm-up
+            loads the kernels, which a finalize leaves to the first launch)
+  primed    the default: a cache opened with auto-prime loads the plans of the last run on
+            its background threads; the time until all are in memory, then the lookups
+
+``--profile`` adds one warm process under ``cProfile`` and prints where a store hit's own
+time goes (the functions with the most time of their own). ``--out FILE`` writes every
+figure as JSON. ``--smoke`` runs every phase at tiny sizes on the CPU test backend (the
+frontend's loop skipped): it checks the script, not the figures. Needs an NVIDIA GPU
+otherwise.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import benchlib
+
+REPEATS = 3  # fresh processes per phase
+COLD_DEADLINE_S = 150.0  # the cold fill stops starting builds after this (the warm phases use what it stored)
+APP = "bench_many_plans"  # the application name every phase records its plans under (PLANCACHE_APP)
+
+
+def suite(smoke: bool) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(label, template, params)`` of each graph: distinct shapes of three kinds."""
+    if smoke:
+        convs = [{"n": n, "c": 8, "h": h, "w": h, "k": 8} for n in (1, 2) for h in (4, 6)]
+        matmuls = [{"b": 1, "m": m, "k": 16, "n": 8, "bias": False, "act": None} for m in (8, 16, 24, 32)]
+        sdpas = [{"b": 1, "h": 1, "s": s, "d": 16, "causal": False} for s in (8, 16)]
+    else:
+        convs = [{"n": n, "c": c, "h": h, "w": h, "k": k} for n in (1, 2, 4, 8, 16, 32) for c, k in
+                 ((32, 32), (64, 64), (64, 128), (128, 128)) for h in (14, 28, 56)][:72]  # fmt: skip
+        matmuls = [{"b": 1, "m": m, "k": k, "n": k, "bias": False, "act": None} for k in (512, 1024, 2048)
+                   for m in range(64, 64 * 25, 64)][:72]  # fmt: skip
+        sdpas = [{"b": 1, "h": 8, "s": s, "d": d, "causal": False} for d in (64, 128) for s in range(128, 128 * 31, 128)][:60]
+    return ([(f"conv {p['n']}x{p['c']}x{p['h']}x{p['w']} k{p['k']}", "conv_bias_act", p) for p in convs]
+            + [(f"matmul {p['m']}x{p['k']}x{p['n']}", "matmul_bias_act", p) for p in matmuls]
+            + [(f"sdpa s{p['s']} d{p['d']}", "sdpa", p) for p in sdpas])  # fmt: skip
+
+
+def _graphs(args: dict[str, Any]) -> list[Any]:
+    from plancache.workflows import templates
+
+    return [templates.build(name, **params) for _label, name, params in suite(benchlib.smoke())[: args["graphs"]]]
+
+
+def _cache(args: dict[str, Any], auto_prime: bool) -> Any:
+    import plancache
+
+    return plancache.PlanCache(args["dir"], backend=benchlib.backend(), auto_prime=auto_prime,
+                               options=plancache.BuildOptions(policy="heuristic"))  # fmt: skip
+
+
+def _cuda_up(torch: Any) -> None:
+    """The program's own first CUDA work (the primer waits for it; no lookup pays it)."""
+    if benchlib.has_cuda(torch):
+        torch.empty(1, device="cuda")
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------- child phases
+
+
+def phase_cold(args: dict[str, Any]) -> dict[str, Any]:
+    torch = benchlib.require_gpu("bench_many_plans")
+    _cuda_up(torch)
+    cache = _cache(args, auto_prime=False)
+    started = time.perf_counter()
+    sources: dict[str, int] = {}
+    for graph in _graphs(args):
+        if time.perf_counter() - started > COLD_DEADLINE_S:
+            sources["not tried: past the deadline"] = sources.get("not tried: past the deadline", 0) + 1
+            continue
+        try:
+            source = cache.get(graph).source
+        except Exception as exc:  # a shape the GPU cannot plan: left out of the warm phases
+            source = f"failed: {type(exc).__name__}"
+        sources[source] = sources.get(source, 0) + 1
+    seconds = time.perf_counter() - started
+    stored = cache.store.keys() if cache.store is not None else []
+    cache.close()
+    return {"seconds": seconds, "sources": sources, "stored": len(stored)}
+
+
+def _timed_finalizes(cache: Any) -> list[float]:
+    """Seconds inside cuDNN per load from now on: the C API's finalize (``load_plan``) and
+    the frontend's deserialize where a plan falls back to it."""
+    inside: list[float] = []
+    library, driver = cache.backend.driver.library(), cache.backend.driver
+    for owner, name in ((library, "load_plan"), (driver, "deserialize")):
+        original = getattr(owner, name)
+
+        def timed(*a: Any, _original: Any = original, **k: Any) -> Any:
+            begun = time.perf_counter()
+            try:
+                return _original(*a, **k)
+            finally:
+                inside.append(time.perf_counter() - begun)
+
+        setattr(owner, name, timed)
+    return inside
+
+
+def _warm(args: dict[str, Any]) -> dict[str, Any]:
+    torch = benchlib.require_gpu("bench_many_plans")
+    _cuda_up(torch)
+    cache = _cache(args, auto_prime=False)
+    cache.environment  # noqa: B018 - the device's properties, read once per process: not a lookup's
+    cache.backend.prepare(cache.backend.current_device())  # nor is creating the cuDNN handle
+    cache.backend.open_libraries()
+    graphs = _graphs(args)[: args["stored"]]  # built before timing: only the lookups are timed
+    inside = _timed_finalizes(cache)
+    walls: list[float] = []
+    finalizes: list[float] = []
+    sources: dict[str, int] = {}
+    for graph in graphs:
+        before = len(inside)
+        started = time.perf_counter()
+        plan = cache.get(graph)
+        walls.append(time.perf_counter() - started)
+        finalizes.append(sum(inside[before:]))
+        sources[plan.source] = sources.get(plan.source, 0) + 1
+    fallbacks = dict(cache.backend.native_fallbacks)
+    cache.close()
+    return {"walls": walls, "finalizes": finalizes, "sources": sources, "fallbacks": fallbacks}
+
+
+def phase_warm(args: dict[str, Any]) -> dict[str, Any]:
+    return _warm(args)
+
+
+def phase_profile(args: dict[str, Any]) -> dict[str, Any]:
+    """A warm process under cProfile: the functions with the most time of their own."""
+    profile = cProfile.Profile()
+    profile.enable()
+    result = _warm(args)
+    profile.disable()
+    hits = max(1, len(result["walls"]))
+    rows = sorted(pstats.Stats(profile).stats.items(), key=lambda item: -item[1][2])[: args["top"]]  # type: ignore[attr-defined]
+    lines = [f"{'own us/hit':>10} {'with callees':>12} {'calls/hit':>9}  function"]
+    for (path, line, name), (_, calls, own, total, _callers) in rows:
+        where = f"{Path(path).name}:{line}({name})" if line else name
+        lines.append(f"{own / hits * 1e6:10.1f} {total / hits * 1e6:12.1f} {calls / hits:9.1f}  {where}")
+    return {"sources": result["sources"], "lines": lines}
+
+
+def _stored(args: dict[str, Any]) -> list[bytes]:
+    """The stored blob of each graph, in the suite's order (read before any timing)."""
+    from plancache.store import Store
+
+    cache = _cache(args, auto_prime=False)
+    keys = [cache.key(graph).digest for graph in _graphs(args)[: args["stored"]]]
+    cache.close()
+    store = Store(args["dir"], read_only=True)
+    entries = [store.get(key) for key in keys]
+    store.close()
+    return [bytes(entry.blob) for entry in entries if entry is not None]
+
+
+def phase_bare(args: dict[str, Any]) -> dict[str, Any]:
+    """cuDNN's C-API finalize of each stored plan, one after another, and nothing else."""
+    from plancache.engines.native import parse
+
+    torch = benchlib.require_gpu("bench_many_plans")
+    _cuda_up(torch)
+    blobs = _stored(args)
+    cache = _cache(args, auto_prime=False)
+    backend = cache.backend
+    device = backend.current_device()
+    backend.prepare(device)
+    representations = [parse(blob).representation for blob in blobs]
+    library = backend.driver.library()
+    plans, seconds = [], []
+    with backend.handles.lease(device) as handle:
+        for representation in representations:
+            started = time.perf_counter()
+            plans.append(library.load_plan(handle.backend_handle, representation))
+            seconds.append(time.perf_counter() - started)
+    for plan in plans:
+        library.destroy(plan)
+    cache.close()
+    return {"seconds": seconds}
+
+
+def _frontend_loop(torch: Any, blobs: list[bytes]) -> list[float]:
+    import cudnn
+
+    handle = cudnn.create_handle()
+    graphs, seconds = [], []
+    for blob in blobs:
+        started = time.perf_counter()
+        graph = cudnn.pygraph(handle=handle)
+        graph.deserialize(blob)
+        seconds.append(time.perf_counter() - started)
+        graphs.append(graph)
+    torch.cuda.synchronize()
+    return seconds
+
+
+def phase_frontend(args: dict[str, Any]) -> dict[str, Any]:
+    """The frontend's own ``deserialize`` of each stored blob, one after another."""
+    torch = benchlib.require_gpu("bench_many_plans")
+    _cuda_up(torch)
+    blobs = _stored(args)
+    return {"seconds": benchlib.gpu_only("frontend: the frontend's own deserialize loop", _frontend_loop, torch, blobs)}
+
+
+def phase_primed(args: dict[str, Any]) -> dict[str, Any]:
+    """The default: the cache opened with auto-prime, after the program's own CUDA start;
+    the time until every plan of the last run is in memory, then the lookups."""
+    torch = benchlib.require_gpu("bench_many_plans")
+    _cuda_up(torch)
+    graphs = _graphs(args)[: args["stored"]]
+    opened = time.perf_counter()
+    cache = _cache(args, auto_prime=True)
+    primer = cache.primer
+    if primer is not None:
+        primer.join(timeout=600)
+    ready = time.perf_counter() - opened
+    started = time.perf_counter()
+    sources: dict[str, int] = {}
+    for graph in graphs:
+        plan = cache.get(graph)
+        sources[plan.source] = sources.get(plan.source, 0) + 1
+    lookups = time.perf_counter() - started
+    counters = dict(cache.counters)
+    report = dict(primer.report) if primer is not None else {}
+    cache.close()
+    return {"ready": ready, "lookups": lookups, "sources": sources, "memory_hits": counters["memory_hits"],
+            "primed": report.get("primed", 0), "skipped": len(report.get("skipped", {}))}  # fmt: skip
+
+
+PHASES = {"cold": phase_cold, "warm": phase_warm, "profile": phase_profile, "bare": phase_bare, "frontend": phase_frontend,
+          "primed": phase_primed}  # fmt: skip
+
+
+# ---------------------------------------------------------------------- parent
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(args: dict[str, Any], profile: bool) -> dict[str, Any]:
+    cold = benchlib.run_phase(__file__, "cold", **args)
+    args = {**args, "stored": cold["stored"]}
+    rounds: dict[str, list[dict[str, Any]]] = {"warm": [], "bare": [], "frontend": [], "primed": []}
+    for _ in range(REPEATS):  # alternating, so that a machine's slow spell falls on every phase alike
+        for phase in rounds:
+            rounds[phase].append(benchlib.run_phase(__file__, phase, **args))
+    own = [w - f for r in rounds["warm"] for w, f in zip(r["walls"], r["finalizes"])]
+    finalize = [f for r in rounds["warm"] for f in r["finalizes"]]
+    frontend = [sum(r["seconds"]) for r in rounds["frontend"] if r["seconds"] is not None]
+    figures = {
+        "graphs": args["graphs"], "stored": cold["stored"], "cold": cold, "repeats": REPEATS,
+        "warm_sources": [r["sources"] for r in rounds["warm"]], "fallbacks": [r["fallbacks"] for r in rounds["warm"]],
+        "own_per_hit_median_ms": statistics.median(own) * 1e3, "own_per_hit_p90_ms": _pct(own, 0.9) * 1e3,
+        "finalize_per_hit_median_ms": statistics.median(finalize) * 1e3,
+        "warm_total_ms": statistics.median(sum(r["walls"]) for r in rounds["warm"]) * 1e3,
+        "warm_own_total_ms": statistics.median(sum(r["walls"]) - sum(r["finalizes"]) for r in rounds["warm"]) * 1e3,
+        "bare_total_ms": statistics.median(sum(r["seconds"]) for r in rounds["bare"]) * 1e3,
+        "frontend_total_ms": _ms(statistics.median(frontend)) if frontend else None,
+        "primed_ready_ms": statistics.median(r["ready"] for r in rounds["primed"]) * 1e3,
+        "primed_lookups_ms": statistics.median(r["lookups"] for r in rounds["primed"]) * 1e3,
+        "primed_sources": [r["sources"] for r in rounds["primed"]],
+        "primed_memory_hits": [r["memory_hits"] for r in rounds["primed"]],
+    }  # fmt: skip
+    if profile:
+        figures["profile"] = benchlib.run_phase(__file__, "profile", **args, top=30)["lines"]
+    return figures
+
+
+def report(header: dict[str, Any], f: dict[str, Any]) -> None:
+    print(f"plancache many-plan start-up benchmark, {header}")
+    print(f"stored {f['stored']} of {f['graphs']} graphs cold in {f['cold']['seconds']:.1f} s ({f['cold']['sources']})")
+    print(f"store hits one after another (auto-prime off), {f['repeats']} fresh processes; served: {f['warm_sources'][0]}; "
+          f"frontend fallbacks: {f['fallbacks'][0] or 'none'}")  # fmt: skip
+    print(f"  plancache's own share per hit: median {f['own_per_hit_median_ms']:.3f} ms, p90 {f['own_per_hit_p90_ms']:.3f} ms"
+          f" (cuDNN's finalize per hit: median {f['finalize_per_hit_median_ms']:.3f} ms)")  # fmt: skip
+    print(f"  all {f['stored']} hits: {f['warm_total_ms']:.1f} ms, of which plancache's own {f['warm_own_total_ms']:.1f} ms")
+    print(f"bare cuDNN finalize loop (C API, nothing else): {f['bare_total_ms']:.1f} ms")
+    print(f"frontend deserialize loop: {benchlib.fmt(f['frontend_total_ms'], '.1f')} ms")
+    print(f"primed (the default): all in memory {f['primed_ready_ms']:.1f} ms after the cache opened; then "
+          f"{f['stored']} lookups {f['primed_lookups_ms']:.1f} ms ({f['primed_memory_hits'][0]} memory hits)")  # fmt: skip
+    bare = f["bare_total_ms"]
+    print(f"warm / bare finalize: {f['warm_total_ms'] / bare:.2f}x; primed / bare finalize: {f['primed_ready_ms'] / bare:.2f}x"
+          + (f"; warm / frontend deserialize: {f['warm_total_ms'] / f['frontend_total_ms']:.2f}x" if f["frontend_total_ms"]
+             else ""))  # fmt: skip
+    for line in f.get("profile", []):
+        print(f"  profile: {line}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    opts = benchlib.parse_or_run_phase(
+        __doc__.splitlines()[0],
+        PHASES,
+        argv,
+        script=__file__,
+        flags={"--profile": "also profile one warm process and print where a store hit's own time goes"},
+    )
+    if opts is None:
+        return
+    torch = benchlib.require_gpu("bench_many_plans")
+    os.environ["PLANCACHE_APP"] = APP  # every phase's plans under one application: what the primed phase primes
+    for name in ("PLANCACHE_REDIS_URL", "PLANCACHE_RECORD", "PLANCACHE_DIR", "PLANCACHE_AUTO_PRIME"):
+        os.environ.pop(name, None)
+    root = benchlib.scratch("plancache-many-", opts.keep)
+    graphs = len(suite(benchlib.smoke()))
+    figures = run({"dir": str(root / "cache"), "graphs": graphs}, opts.profile)
+    header = benchlib.versions(torch)
+    report(header, figures)
+    benchlib.report_skipped("bench_many_plans")
+    if opts.out:
+        Path(opts.out).write_text(json.dumps({**header, **figures}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
