@@ -511,7 +511,7 @@ def test_store_write_failure_still_returns_a_plan(
 
 
 def test_store_read_failure_is_a_miss(cache: PlanCache, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: Store, key: str) -> Any:
+    def broken(self: Store, key: str, *args: Any) -> Any:
         raise sqlite3.DatabaseError("database disk image is malformed")
 
     monkeypatch.setattr(Store, "get", broken)  # the lookup path reads get

@@ -119,7 +119,7 @@ def test_a_description_altered_on_disk_is_found_by_every_reader(make_cache: Make
     # One check judges every stored entry (store.entry.problem): verify re-derives each key
     # from its row, and so does a hit, which then rebuilds the entry from its engine.
     keys = stored(make_cache)
-    db().execute("UPDATE plans SET graph_json = replace(graph_json, '[3, 8, 6, 6]', '[3, 8, 6, 7]') WHERE key = ?", (keys[2],))
+    db().execute("UPDATE plans SET graph_json = replace(graph_json, '[3,8,6,6]', '[3,8,6,7]') WHERE key = ?", (keys[2],))
     report = maintenance.verify(Store(), fix=False)
     assert "key does not match" in report["foreign"][keys[2]]
     cache = make_cache()

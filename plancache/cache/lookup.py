@@ -26,7 +26,7 @@ from ..engines.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
 from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id
 from ..runtime.plan import Plan
-from ..store import NEVER_CHECKED, Entry, Sound, Unsound, judged, sha256, summarize, unsound
+from ..store import NEVER_CHECKED, Entry, Sound, Unsound, judged, sha256, summarize
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .counters import Counters
@@ -211,7 +211,7 @@ class Lookup:
                            load: Load | None) -> Plan | None:  # fmt: skip
         """A sound stored plan from the local store, else from the fleet (then stored
         locally); None otherwise. Reads only: an unsound entry is just a miss here."""
-        outcome = self.serve_stored(key.digest, environment, device, load=load)
+        outcome = self.serve_stored(key.digest, environment, device, load=load, key=key)
         return outcome if isinstance(outcome, Plan) else self._from_remote(key, environment, env_id, device, load)
 
     def _from_remote(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int,
@@ -232,7 +232,8 @@ class Lookup:
         """Inside the key's single flight: serve what this machine or the fleet stored
         meanwhile, repair an unsound entry, or autotune."""
         environment, env_id = self.environment(device)
-        outcome = self.serve_stored(key.digest, environment, device, load=load)
+        # The whole row: a rebuild of an unsound entry keeps its candidates and timing records.
+        outcome = self.serve_stored(key.digest, environment, device, load=load, key=key, details=True)
         if isinstance(outcome, Plan):
             return outcome
         if outcome.verdict is Verdict.NEVER_CHECKED:  # sound, but its engine was never compared with others
@@ -280,21 +281,23 @@ class Lookup:
 
     def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *, count_hit: bool = True,
                      load: Load | None = None, marks: dict[str, tuple[float, float]] | None = None,
-                     entry: Entry | None = None) -> Plan | Unserved:  # fmt: skip
+                     entry: Entry | None = None, key: CacheKey | None = None, details: bool = False) -> Plan | Unserved:  # fmt: skip
         """The local entry under ``digest`` (``entry``: as read already), judged and loaded
         (by ``load``, else the backend): a ``Plan``, else why it is not served.
         ``count_hit``: whether loading it counts as a hit (priming is not one: it may go
-        unused). ``marks``: see ``prime``."""
+        unused). ``marks``: see ``prime``. ``key``: the lookup's, whose texts the row's
+        columns are compared with rather than decoded; ``details``: read the candidates' and
+        timing records too (a hit needs neither)."""
         started = time.perf_counter()
         given = entry is not None
         if entry is None:
             try:
-                entry = self.local.get(digest)
+                entry = self.local.get(digest, self._known(device, key), details)
             except DamagedEntryError as exc:  # one undecodable row
                 return Unserved(None, Verdict.UNDECODABLE, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
         if entry is None:
             return _ABSENT
-        verdict = judged(entry, environment, self.environment(device)[1])
+        verdict = judged(entry, environment, self.environment(device)[1], key)
         if isinstance(verdict, Unsound):
             return Unserved(entry, Verdict.UNSOUND, verdict.reason)
         if not entry.checked:
@@ -302,6 +305,16 @@ class Lookup:
         if marks is not None:
             marks["judge" if given else "read"] = (started, time.perf_counter())
         return self._load(verdict, device, count_hit=count_hit, load=load, marks=marks)
+
+    def _known(self, device: int, key: CacheKey | None) -> dict[str, tuple[str, Any]]:
+        """The columns of a row that the lookup has decoded already: ``(text, value)`` of the
+        device's environment, and of the key's graph and options (see ``Entry.from_row``)."""
+        environment, env_id = self.environment(device)
+        known = {"environment_json": (self._environment_json[env_id], environment)}
+        if key is not None and key.texts:
+            known["graph_json"] = (key.texts["graph"], key.parts["graph"])
+            known["options_json"] = (key.texts["options"], key.parts["options"])
+        return known
 
     def _load(self, sound: Sound, device: int, *, count_hit: bool = True, load: Load | None = None,
               marks: dict[str, tuple[float, float]] | None = None) -> Plan | Unserved:  # fmt: skip
@@ -421,9 +434,9 @@ class Lookup:
         if loaded is None:  # a later lookup could not load it: never stored
             return built.native
         entry = _entry(key, built, self.backend.name, policy, candidates, timing, build_seconds, autotune_seconds, check)
-        refusal = unsound(entry, key.parts["environment"])
-        if refusal is not None:  # what the frontend built for this graph, refused: the judge is wrong
-            self.unstored.note(key, Why.JUDGE_DISAGREES, refusal, entry)
+        verdict = judged(entry, key.parts["environment"], self.environment(device)[1], key)
+        if isinstance(verdict, Unsound):  # what the frontend built for this graph, refused: the judge is wrong
+            self.unstored.note(key, Why.JUDGE_DISAGREES, verdict.reason, entry)
             return loaded
         if not self.local.put(entry):
             self.counters.count("unpersisted")

@@ -135,7 +135,7 @@ class Primer(threading.Thread):
                 return
             began = time.perf_counter()
             try:
-                entry = self.lookup.local.get(digest)
+                entry = self.lookup.local.get(digest, details=False)  # a hit's read: no candidates or timing records
             except Exception:  # an undecodable row: read again, and judged, when it is primed
                 continue
             if entry is not None:

@@ -137,6 +137,9 @@ class CacheKey:
 
     digest: str
     parts: dict[str, Any] = field(compare=False, repr=False)
+    #: The canonical text of the graph, environment and options parts, as hashed (a store
+    #: hit compares a row's columns with them instead of decoding the columns).
+    texts: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def explain(self) -> dict[str, dict[str, Any]]:
         """Each part with its own hash: two keys that differ show which part differs."""
@@ -175,9 +178,13 @@ def make_key(
         "environment": dict(environment),
         "options": options.to_dict(),
     }
-    env_text = environment_json if environment_json is not None else canonical_json(parts["environment"])
-    text = f'{{"environment":{env_text},"format":{KEY_FORMAT},"graph":{canonical_json(parts["graph"])},"options":{_options_json(options)}}}'
-    return CacheKey(digest=hashlib.sha256(text.encode()).hexdigest(), parts=parts)
+    texts = {
+        "graph": canonical_json(parts["graph"]),
+        "environment": environment_json if environment_json is not None else canonical_json(parts["environment"]),
+        "options": _options_json(options),
+    }
+    text = f'{{"environment":{texts["environment"]},"format":{KEY_FORMAT},"graph":{texts["graph"]},"options":{texts["options"]}}}'
+    return CacheKey(digest=hashlib.sha256(text.encode()).hexdigest(), parts=parts, texts=texts)
 
 
 @functools.lru_cache(maxsize=64)

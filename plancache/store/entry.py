@@ -6,20 +6,17 @@ the Redis tier all ask it. Pure data and hashing: no SQLite connection, nothing 
 
 from __future__ import annotations
 
-import array
 import dataclasses
 import hashlib
-import itertools
 import json
 import math
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..formats.plan_blob import PlanBlob
-from ..key import KEY_FORMAT, TensorSpec, canonical_json, environment_id
+from ..key import KEY_FORMAT, CacheKey, TensorSpec, canonical_json, environment_id
 from .judge import form_of, judge
 
 __all__ = [
@@ -64,11 +61,6 @@ MAX_WORKSPACE = 1 << 40
 _MAX_COUNT = (1 << 63) - 1  # what SQLite's INTEGER holds
 
 
-#: JSON strings (in text ``json.loads`` accepted); what is left of the rest, a step in or out per bracket.
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
-_STEPS = {**dict.fromkeys(range(128)), **dict.fromkeys(map(ord, "[{"), "\x01"), **dict.fromkeys(map(ord, "]}"), "\xff")}
-
-
 def load_json(text: Any, what: str) -> Any:
     """The JSON value of stored ``text``; ``ValueError`` naming ``what`` for anything that
     is not JSON text, or nests deeper than ``MAX_DEPTH``."""
@@ -78,13 +70,15 @@ def load_json(text: Any, what: str) -> Any:
         value = json.loads(text)
     except RecursionError:
         raise ValueError(f"{what} nests deeper than {MAX_DEPTH} levels") from None
-    # Its nesting from the brackets outside its strings (exact: json.loads accepted the
-    # text), one step each, summed in C: no walk of the value, however large.
-    steps = array.array(
-        "b", _STRINGS.sub("", text if isinstance(text, str) else text.decode()).translate(_STEPS).encode("latin-1")
-    )
-    if max(itertools.accumulate(steps), default=0) > MAX_DEPTH:
-        raise ValueError(f"{what} nests deeper than {MAX_DEPTH} levels")
+    opened = text.count("[") + text.count("{") if isinstance(text, str) else text.count(b"[") + text.count(b"{")
+    if opened <= MAX_DEPTH:  # fewer brackets than the limit (strings' own included): no deeper nesting
+        return value
+    pending, depth = [value], 0
+    while pending:  # one level of containers at a time: no recursion, however deep
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise ValueError(f"{what} nests deeper than {MAX_DEPTH} levels")
+        pending = [v for c in pending for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, (dict, list))]
     return value
 
 
@@ -164,9 +158,11 @@ class Entry:
             "key": self.key,
             "env_id": self.env_id,
             "label": self.label,
-            "graph_json": json.dumps(self.description, sort_keys=True),
-            "environment_json": json.dumps(self.environment, sort_keys=True),
-            "options_json": json.dumps(self.options, sort_keys=True),
+            # Canonical, as the key hashes them: a lookup compares these columns with its key's
+            # own texts instead of decoding them (``from_row``'s ``known``).
+            "graph_json": canonical_json(self.description),
+            "environment_json": canonical_json(self.environment),
+            "options_json": canonical_json(self.options),
             "tensors_json": self._meta_columns()[0],
             "blob": self.blob,
             "blob_sha256": self.blob_sha256,
@@ -187,25 +183,37 @@ class Entry:
         }
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Entry:
+    def from_row(cls, row: Mapping[str, Any], known: Mapping[str, tuple[str, Any]] | None = None,
+                 details: bool = True) -> Entry:  # fmt: skip
         """The entry a row of ``plans`` holds; ``ValueError`` for a row with any field of the
-        wrong type, range or depth (``validated``)."""
+        wrong type, range or depth (``validated``). ``known``: column -> (text, value) of
+        columns the caller has decoded already (a lookup: its key's graph, environment and
+        options); a row whose column is that text holds that value, taken without decoding.
+        ``details=False`` leaves the candidates' and the timing records out (empty): what a
+        store hit reads, and never writes back."""
         columns = row.keys()
+        known = known or {}
+
+        def column(name: str) -> Any:
+            text = row[name]
+            found = known.get(name)
+            return found[1] if found is not None and found[0] == text else load_json(text, name)
+
         return cls.validated({
             "key": row["key"],
             "env_id": row["env_id"],
             "label": row["label"],
-            "description": load_json(row["graph_json"], "graph_json"),
-            "environment": load_json(row["environment_json"], "environment_json"),
-            "options": load_json(row["options_json"], "options_json"),
+            "description": column("graph_json"),
+            "environment": column("environment_json"),
+            "options": column("options_json"),
             "tensors": load_json(row["tensors_json"], "tensors_json"),
             "blob": row["blob"],
             "blob_sha256": row["blob_sha256"],
             "engine": load_json(row["engine_json"], "engine_json") if row["engine_json"] else None,
             "workspace_size": row["workspace_size"],
             "policy": row["policy"],
-            "candidates": load_json(row["candidates_json"], "candidates_json"),
-            "timing": load_json(row["timing_json"], "timing_json"),
+            "candidates": load_json(row["candidates_json"], "candidates_json") if details else [],
+            "timing": load_json(row["timing_json"], "timing_json") if details else {},
             "build_seconds": row["build_seconds"],
             "autotune_seconds": row["autotune_seconds"],
             "backend": row["backend"],
@@ -321,17 +329,27 @@ class Unsound:
     reason: str
 
 
-def judged(entry: Entry, environment: Mapping[str, Any] | None = None, env_id: str | None = None) -> Sound | Unsound:
+def judged(entry: Entry, environment: Mapping[str, Any] | None = None, env_id: str | None = None,
+           key: CacheKey | None = None) -> Sound | Unsound:  # fmt: skip
     """``entry`` judged as ``problem`` describes (but for NEVER_CHECKED: see ``Entry.checked``),
     for a key of ``environment`` when given; ``env_id``: that environment's id, when the
-    caller knows it (a lookup does: it is not derived again per row)."""
+    caller knows it (a lookup does: it is not derived again per row). ``key``: the lookup's
+    key, when the entry was read for it (``Entry.from_row``'s ``known``)."""
     try:
-        return _judged(entry, environment, env_id)
+        return _judged(entry, environment, env_id, key)
     except (AttributeError, TypeError, KeyError, ValueError) as exc:
         return Unsound(f"malformed entry ({type(exc).__name__}: {exc})")
 
 
-def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | None) -> Sound | Unsound:
+def _holds(entry: Entry, key: CacheKey | None) -> bool:
+    """Whether ``entry``'s graph and options are ``key``'s own objects, under its digest: a
+    row whose columns were the key's texts (``Entry.from_row``'s ``known``), or an entry made
+    from the key. The key was hashed from those very texts: it need not be derived again."""
+    return (key is not None and entry.key == key.digest and entry.description is key.parts["graph"]
+            and entry.options is key.parts["options"] and entry.environment == key.parts["environment"])  # fmt: skip
+
+
+def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | None, key: CacheKey | None) -> Sound | Unsound:
     if not entry.checksum_ok():
         return Unsound("blob checksum mismatch")
     if environment is not None and entry.environment != environment:
@@ -339,7 +357,7 @@ def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | N
     if entry.env_id != (env_id if environment is not None and env_id is not None else environment_id(entry.environment)):
         return Unsound("env_id does not match the recorded environment")
     parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
-    if entry.key != sha256(canonical_json(parts).encode()):
+    if not _holds(entry, key) and entry.key != sha256(canonical_json(parts).encode()):
         return Unsound("key does not match the recorded graph, environment and options")
     if entry.meta_sha256 is not None and entry.meta_sha256 != entry.meta_digest():
         return Unsound("metadata checksum mismatch (tensor table, engine, workspace size or check record altered)")

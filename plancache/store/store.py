@@ -228,12 +228,13 @@ class Store(Schema, Recovery, Quarantine):
 
     # ------------------------------------------------------------------ plans
 
-    def get(self, key: str) -> Entry | None:
+    def get(self, key: str, known: Mapping[str, tuple[str, Any]] | None = None, details: bool = True) -> Entry | None:
         """The entry stored under ``key``, or None. Reads only; checks no checksum. A read
-        that finds the file damaged leaves a marker for the next open, then raises."""
+        that finds the file damaged leaves a marker for the next open, then raises.
+        ``known`` and ``details``: see ``Entry.from_row``."""
         try:
             row = self.connection().execute("SELECT * FROM plans WHERE key = ?", (key,)).fetchone()
-            return Entry.from_row(row) if row is not None else None
+            return Entry.from_row(row, known, details) if row is not None else None
         except (ValueError, KeyError, TypeError) as exc:  # a field of the wrong type, range or depth (Entry.from_row)
             raise DamagedEntryError(
                 f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key

@@ -111,9 +111,9 @@ class LocalTier:
 
     # ------------------------------------------------------------------ reads
 
-    def get(self, key: str, env_id: str | None = None) -> Entry | None:
-        """The whole entry under ``key``; the store's failures are misses. An entry that
-        cannot be decoded is a miss too, reported through ``damaged`` for quarantine."""
+    def get(self, key: str, known: Mapping[str, tuple[str, Any]] | None = None, details: bool = True) -> Entry | None:
+        """The entry under ``key`` (``known``, ``details``: see ``Entry.from_row``); the
+        store's failures are misses. An entry that cannot be decoded raises ``DamagedEntryError``."""
         if self.store is None:
             if self._forked_busy is not None:
                 self._count("store_errors")
@@ -122,7 +122,7 @@ class LocalTier:
                 self._forked_busy = None
             return None
         try:
-            return self.store.get(key)
+            return self.store.get(key, known, details)
         except DamagedEntryError:
             raise
         except (StoreError, sqlite3.Error, OSError) as exc:  # a damaged or busy store is a miss
