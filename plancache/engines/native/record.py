@@ -355,6 +355,12 @@ def _memory_of(spec: TensorSpec) -> tuple[Any, ...]:
     )
 
 
+def _laid_out_alike(lowered: TensorSpec, spec: TensorSpec) -> bool:
+    """The same type, place and layout, written alike (most tensors): ``_memory_of`` agrees."""
+    return (lowered.dtype == spec.dtype and lowered.is_pass_by_value == spec.is_pass_by_value
+            and tuple(lowered.dims) == tuple(spec.dims) and tuple(lowered.strides) == tuple(spec.strides))  # fmt: skip
+
+
 def _out_of_bounds(
     record: PlanRecord, tensors: Collection[int] | Mapping[int, TensorSpec] | None, memory: int | None
 ) -> Fallback | None:
@@ -380,7 +386,9 @@ def _out_of_bounds(
     handed = set(record.variant_pack_uids)  # a table tensor no node uses is in no plan, and handed to no one
     for uid, spec in tensors.items():
         lowered = backend.get(uid)
-        if uid in handed and (lowered is None or _memory_of(lowered) != _memory_of(spec)):
+        if uid not in handed or (lowered is not None and _laid_out_alike(lowered, spec)):
+            continue
+        if lowered is None or _memory_of(lowered) != _memory_of(spec):
             return Fallback.BACKEND_TENSORS
     return None
 
