@@ -76,6 +76,19 @@ def test_the_decoder_reads_every_marker_and_optimized_containers() -> None:
     assert decode(b"NNU\x07") == 7  # no-ops before a value
 
 
+def test_the_decoder_reads_optimized_and_plain_containers_inside_each_other() -> None:
+    # counted containers have no end marker
+    assert decode(b"{i\x01a[#U\x02[i\x01T]{#U\x01i\x01b{i\x01cZ}i\x01dSi\x01e}") == {
+        "a": [[1, True], {"b": {"c": None}}],
+        "d": "e",
+    }
+    assert decode(b"[" * 40 + b"[#U\x01" * 24 + b"Z" + b"]" * 40) is not None  # 64 levels: the limit
+    with pytest.raises(UbjsonError, match="nested deeper"):
+        decode(b"[" * 40 + b"[#U\x01" * 25 + b"Z" + b"]" * 40)
+    with pytest.raises(UbjsonError, match="ends early"):  # a short string's length running past the end
+        decode(b"{i\x01aSi\x05ab}")
+
+
 @pytest.mark.parametrize(
     ("data", "why"),
     [(b"[U\x01", "ends early"), (b"SU\x05ab", "ends early"), (b"Q", "unknown UBJSON marker"), (ubjson(1) + b"x", "after"),

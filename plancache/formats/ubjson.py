@@ -40,17 +40,20 @@ class UbjsonError(ValueError):
     """The bytes are not UBJSON (or use a part of it this decoder does not read)."""
 
 
-# The reader is a handful of functions over (bytes, position), each returning the value and
-# the position after it: a store hit decodes every plan blob before the plan is loaded. The
-# markers a plan is made of (object keys, strings, small integers, booleans, containers) are
-# read inline in the container loops; everything else goes through ``_other``. Running off
-# the end raises IndexError or struct.error, which ``decode`` turns into UbjsonError; only a
-# slice, which never raises, is checked by hand.
+# The reader works over (bytes, position). Plain containers (all the frontend writes) are
+# read by one loop with a stack of the containers it is in (``_nested``), the markers a plan
+# is made of (keys, short strings, small integers, booleans, null) inline: a store hit decodes
+# every plan blob before its plan loads, and a call per value cost a third of the decode.
+# Optimized containers (a ``$`` type, a ``#`` count) and the rarer markers go through small
+# functions. Running off the end raises IndexError or struct.error, which ``decode`` turns
+# into UbjsonError; only a slice, which never raises, is checked by hand.
 _NUMBERS = {**_INTEGERS, **_FLOATS}
 _STRING, _ARRAY, _OBJECT, _ARRAY_END, _OBJECT_END = (ord(c) for c in "S[{]}")
 _HIGH_PRECISION, _CHAR, _TYPE, _COUNT = (ord(c) for c in "HC$#")
-_INT8, _UINT8, _TRUE, _FALSE, _NULL = (ord(c) for c in "iUTFZ")
+_INT8, _UINT8, _INT32, _TRUE, _FALSE, _NULL = (ord(c) for c in "iUlTFZ")
+_INT32_FORMAT = _INTEGERS[_INT32]
 _OPTIMIZED = (_TYPE, _COUNT)
+_CONTAINERS = (_OBJECT, _ARRAY)
 
 
 def _length(data: bytes, pos: int) -> tuple[int, int]:
@@ -79,32 +82,21 @@ def _text(data: bytes, pos: int) -> tuple[str, int]:
 
 
 def _value(data: bytes, pos: int, marker: int, depth: int) -> tuple[Any, int]:
-    """The value of ``marker`` whose payload starts at ``pos``."""
+    """The value of ``marker`` whose payload starts at ``pos`` (``depth``: of its container)."""
+    if marker in _CONTAINERS:
+        return _nested(data, pos, marker, depth + 1)
     if marker == _STRING:
         return _text(data, pos)
-    if marker == _INT8:
-        value = data[pos]
-        return (value - 256 if value > 127 else value), pos + 1
-    if marker == _UINT8:
-        return data[pos], pos + 1
-    if marker == _OBJECT:
-        return _object(data, pos, depth + 1)
-    if marker == _ARRAY:
-        return _array(data, pos, depth + 1)
-    if marker == _TRUE:
-        return True, pos
-    if marker == _FALSE:
-        return False, pos
+    if marker in _NO_VALUE:
+        return _NO_VALUE[marker], pos
     return _other(data, pos, marker)
 
 
 def _other(data: bytes, pos: int, marker: int) -> tuple[Any, int]:
-    """A value of the markers plans rarely hold: wider numbers, null, digits, a char."""
+    """A value of the markers plans rarely hold: numbers, digits, a char."""
     fmt = _NUMBERS.get(marker)
     if fmt is not None:
         return fmt.unpack_from(data, pos)[0], pos + fmt.size
-    if marker == _NULL:
-        return None, pos
     if marker == _HIGH_PRECISION:  # a number too large for the integer types, as digits
         digits, pos = _text(data, pos)
         if not _DIGITS.fullmatch(digits):
@@ -115,14 +107,115 @@ def _other(data: bytes, pos: int, marker: int) -> tuple[Any, int]:
     raise UbjsonError(f"unknown UBJSON marker {chr(marker)!r} at byte {pos - 1}")
 
 
-def _container(data: bytes, pos: int, depth: int) -> tuple[int | None, int | None, int]:
-    """The ``$`` type and ``#`` count of an optimized container, where present, and the
-    position of its first element."""
+def _nested(data: bytes, pos: int, marker: int, depth: int) -> tuple[Any, int]:
+    """The container whose opening ``marker`` ends before ``pos``, at ``depth``, with every
+    plain container inside it, and the position after it."""
     if depth > MAX_DEPTH:
         raise UbjsonError(f"containers nested deeper than {MAX_DEPTH}, at byte {pos - 1}")
-    if pos >= len(data) or data[pos] not in _OPTIMIZED:
-        return None, None, pos
-    kind = count = None
+    if data[pos] in _OPTIMIZED:
+        return _optimized(data, pos, marker, depth)
+    root: Any = {} if marker == _OBJECT else []
+    current, is_object = root, marker == _OBJECT
+    stack: list[tuple[Any, bool]] = []  # the containers around ``current``
+    end = len(data)
+    while True:
+        if is_object:
+            marker = data[pos]
+            if marker == _OBJECT_END:
+                pos += 1
+                if not stack:
+                    return root, pos
+                current, is_object = stack.pop()
+                continue
+            # The key: a length and its bytes. A one-byte length is 0..255; a slice past the
+            # end is short, and the read after it (there is always one in a container: its
+            # end at least) raises IndexError: "ends early". Wider lengths are checked.
+            size = data[pos + 1]
+            if (marker == _INT8 and size < 128) or marker == _UINT8:
+                pos += 2
+            else:
+                size, pos = _length(data, pos)
+                if size < 0 or pos + size > end:
+                    raise UbjsonError(f"UBJSON ends early: {size} bytes wanted at byte {pos}")
+            key = data[pos : pos + size].decode("utf-8")
+            pos += size
+            marker = data[pos]
+            pos += 1
+            while marker == _NOOP:
+                marker = data[pos]
+                pos += 1
+            if marker == _STRING:  # most values are short names
+                size = data[pos + 1]
+                if data[pos] == _INT8 and size < 128:  # a slice past the end: as for keys
+                    pos += 2
+                    current[key] = data[pos : pos + size].decode("utf-8")
+                    pos += size
+                else:
+                    current[key], pos = _text(data, pos)
+                continue
+            if marker == _INT8:
+                value = data[pos]
+                current[key] = value - 256 if value > 127 else value
+                pos += 1
+                continue
+            if marker == _FALSE:
+                current[key] = False
+                continue
+            if marker == _NULL:
+                current[key] = None
+                continue
+            if marker == _TRUE:
+                current[key] = True
+                continue
+            if marker != _OBJECT and marker != _ARRAY:
+                current[key], pos = _other(data, pos, marker)
+                continue
+        else:
+            marker = data[pos]
+            pos += 1
+            if marker == _INT8:  # the dims and strides of a plan's tensors, mostly
+                value = data[pos]
+                current.append(value - 256 if value > 127 else value)
+                pos += 1
+                continue
+            if marker == _INT32:
+                current.append(_INT32_FORMAT.unpack_from(data, pos)[0])
+                pos += 4
+                continue
+            if marker == _ARRAY_END:
+                if not stack:
+                    return root, pos
+                current, is_object = stack.pop()
+                continue
+            if marker == _NOOP:
+                continue
+            if marker != _OBJECT and marker != _ARRAY:
+                value, pos = _value(data, pos, marker, depth + len(stack))
+                current.append(value)
+                continue
+        # A container inside ``current``: plain ones are read by this loop, in turn.
+        inner = depth + len(stack) + 1
+        if inner > MAX_DEPTH:
+            raise UbjsonError(f"containers nested deeper than {MAX_DEPTH}, at byte {pos - 1}")
+        plain = data[pos] not in _OPTIMIZED
+        inside: Any
+        if plain:
+            inside = {} if marker == _OBJECT else []
+        else:
+            inside, pos = _optimized(data, pos, marker, inner)
+        if is_object:
+            current[key] = inside
+        else:
+            current.append(inside)
+        if plain:
+            stack.append((current, is_object))
+            current, is_object = inside, marker == _OBJECT
+
+
+def _optimized(data: bytes, pos: int, marker: int, depth: int) -> tuple[Any, int]:
+    """A container with a ``$`` type and a ``#`` count, or a ``#`` count alone (the
+    specification's optimized form), whose count starts at ``pos``."""
+    kind = None
     if data[pos] == _TYPE:
         kind = data[pos + 1]
         if data[pos + 2] != _COUNT:
@@ -132,87 +225,32 @@ def _container(data: bytes, pos: int, depth: int) -> tuple[int | None, int | Non
             raise UbjsonError(f"a typed container of {chr(kind)!r} values, at byte {pos - 1}")
     else:
         count, pos = _length(data, pos + 1)
-    if count is not None and not 0 <= count <= len(data) - pos:  # every element takes a byte at least
+    if not 0 <= count <= len(data) - pos:  # every element takes a byte at least
         raise UbjsonError(f"a container of {count} elements in {len(data) - pos} bytes, at byte {pos}")
-    return kind, count, pos
-
-
-def _array(data: bytes, pos: int, depth: int) -> tuple[list[Any], int]:
-    kind, count, pos = _container(data, pos, depth)
-    items: list[Any] = []
-    append = items.append
-    if count is None:
-        while True:
-            marker = data[pos]
-            pos += 1
-            if marker == _INT8:  # the dims and strides of a plan's tensors, mostly
-                value = data[pos]
-                append(value - 256 if value > 127 else value)
-                pos += 1
-            elif marker == _ARRAY_END:
-                return items, pos
-            elif marker != _NOOP:
-                value, pos = _value(data, pos, marker, depth)
-                append(value)
-    fmt = _NUMBERS.get(kind) if kind is not None else None
+    fmt = _NUMBERS.get(kind) if kind is not None and marker == _ARRAY else None
     if fmt is not None:  # a block of numbers: one unpack
         end = pos + fmt.size * count
         if end > len(data):
             raise UbjsonError(f"UBJSON ends early: {count} numbers wanted at byte {pos}")
         return [v for (v,) in fmt.iter_unpack(data[pos:end])], end
-    for _ in range(count):
-        if kind is None:
-            marker = data[pos]
-            pos += 1
-            while marker == _NOOP:
-                marker = data[pos]
-                pos += 1
-        else:
-            marker = kind
-        value, pos = _value(data, pos, marker, depth)
-        append(value)
-    return items, pos
-
-
-def _object(data: bytes, pos: int, depth: int) -> tuple[dict[str, Any], int]:
-    kind, remaining, pos = _container(data, pos, depth)
+    items: list[Any] = []
     found: dict[str, Any] = {}
-    end = len(data)
-    while True:
-        if remaining is None:
-            if data[pos] == _OBJECT_END:
-                return found, pos + 1
-        elif remaining == 0:
-            return found, pos
-        else:
-            remaining -= 1
-        # The key: a length and its bytes (keys are most of a plan's tokens: read here).
-        marker = data[pos]
-        if (marker == _INT8 and data[pos + 1] < 128) or marker == _UINT8:
-            size = data[pos + 1]
-            pos += 2
-        else:
-            size, pos = _length(data, pos)
-        if size < 0 or pos + size > end:
-            raise UbjsonError(f"UBJSON ends early: {size} bytes wanted at byte {pos}")
-        key = data[pos : pos + size].decode("utf-8")
-        pos += size
-        if kind is None:
-            marker = data[pos]
+    for _ in range(count):
+        if marker == _OBJECT:
+            name, pos = _text(data, pos)
+        element = kind
+        if element is None:
+            element = data[pos]
             pos += 1
-            while marker == _NOOP:
-                marker = data[pos]
+            while element == _NOOP:
+                element = data[pos]
                 pos += 1
+        value, pos = _value(data, pos, element, depth)
+        if marker == _OBJECT:
+            found[name] = value
         else:
-            marker = kind
-        if marker == _STRING:
-            found[key], pos = _text(data, pos)
-        elif marker == _INT8:
-            value = data[pos]
-            found[key] = value - 256 if value > 127 else value
-            pos += 1
-        else:
-            found[key], pos = _value(data, pos, marker, depth)
+            items.append(value)
+    return (found if marker == _OBJECT else items), pos
 
 
 def decode(data: bytes) -> Any:
