@@ -240,6 +240,20 @@ def _workspace_change(change: Any, fe_workspace_size: int) -> WorkspaceChange:
     return WorkspaceChange(operation, offset, words, zero_bytes)
 
 
+def _int64s(values: Any, what: str) -> tuple[int, ...]:
+    """A list of int64s as a tuple (None: empty); ``RecordError`` for anything else."""
+    if (
+        type(values) is list
+        and {*map(type, values)} <= _INT_TYPE
+        and (not values or _INT64[0] <= min(values) <= max(values) <= _INT64[1])
+    ):
+        return tuple(values)  # most lists: checked whole, in C
+    return tuple(_int(value, what, *_INT64) for value in values or [])
+
+
+_INT_TYPE = {int}
+
+
 def _backend_tensors(text: str) -> dict[int, TensorSpec]:
     """The non-virtual tensors of a backend plan's JSON by uid: ``operationGraph.tensors``
     (each named by its uid, in cuDNN's data types) and the ragged-offset tensors they name in
@@ -264,8 +278,8 @@ def _backend_tensors(text: str) -> dict[int, TensorSpec]:
         spec = TensorSpec(
             uid=uid,
             name=str(uid),
-            dims=tuple(_int(d, "a backend tensor's dim", *_INT64) for d in raw.get("dim") or []),
-            strides=tuple(_int(d, "a backend tensor's stride", *_INT64) for d in raw.get("stride") or []),
+            dims=_int64s(raw.get("dim"), "a backend tensor's dim"),
+            strides=_int64s(raw.get("stride"), "a backend tensor's stride"),
             dtype="data_type." + dtype.removeprefix("CUDNN_DATA_") if isinstance(dtype, str) else None,
             is_output=False,
             is_pass_by_value=raw.get("isByValue") is True,
