@@ -179,13 +179,39 @@ def variant(i: int) -> Any:
     return ConvBiasRelu(n=1 + i % 10, c=1 + (i // 10) % 10, h=4 + (i // 100) % 10, w=4 + (i // 1000) % 10)
 
 
-def store_indices(entries: int, timed: int, warmup: int) -> tuple[list[int], list[int]]:
+#: Store hits whose Python calls are counted (after the timed ones, never timed themselves).
+COUNTED_HITS = 10
+
+
+def store_indices(entries: int, timed: int, warmup: int) -> tuple[list[int], list[int], list[int]]:
     """Variants looked up by the fresh process: timed ones spread over the store, warm-up
-    ones next to them (in the store, never timed)."""
+    ones next to them (in the store, never timed), and then those whose calls are counted."""
     step = entries // timed
-    if step < 2 or warmup > timed:
+    if step < 2 or warmup + COUNTED_HITS > timed:
         raise ValueError("the store needs at least twice as many entries as timed lookups")
-    return [k * step for k in range(timed)], [k * step + 1 for k in range(warmup)]
+    return ([k * step for k in range(timed)], [k * step + 1 for k in range(warmup)],
+            [k * step + 1 for k in range(warmup, warmup + COUNTED_HITS)])  # fmt: skip
+
+
+def calls_of(fn: Any) -> tuple[int, set[str]]:
+    """The Python calls ``fn()`` makes (``sys.setprofile``'s call events) and the files of
+    plancache they run in."""
+    calls, files = 0, set()
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event == "call":
+            calls += 1
+            name = frame.f_code.co_filename
+            if f"plancache{os.sep}" in name:
+                files.add(name.rsplit(f"plancache{os.sep}", 1)[1])
+
+    sys.setprofile(tracer)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls, files
 
 
 # ---------------------------------------------------------------------- 1. hits under a held write lock
@@ -492,7 +518,7 @@ def phase_store_hits(args: dict[str, Any]) -> dict[str, Any]:
     from plancache import PlanCache
     from plancache.testing import CpuTestBackend
 
-    timed, warmup = store_indices(args["entries"], args["timed"], args["warmup"])
+    timed, warmup, counted = store_indices(args["entries"], args["timed"], args["warmup"])
     cache = PlanCache(args["dir"], backend=CpuTestBackend())
     cache.environment  # noqa: B018 - reading the environment is not part of a lookup
     warm = [variant(i).graph() for i in warmup]
@@ -515,6 +541,12 @@ def phase_store_hits(args: dict[str, Any]) -> dict[str, Any]:
             sources[plan.source] = sources.get(plan.source, 0) + 1
             if len(passes) != seen:
                 collected.append(len(ns) - 1)
+    calls, files = [], set()
+    for i in counted:  # after the timed hits: counting slows each call
+        graph = variant(i).graph()
+        made, ran_in = calls_of(lambda graph=graph: cache.get(graph))
+        calls.append(made)
+        files |= ran_in
     counters = dict(cache.counters)
     # The last plan served runs and matches PyTorch: the rows are servable, not just readable.
     spec = variant(timed[-1])
@@ -529,6 +561,8 @@ def phase_store_hits(args: dict[str, Any]) -> dict[str, Any]:
         "sources": sources,
         "counters": counters,
         "rel_error": error,
+        "calls": calls,
+        "files": sorted(files),
         "gc": gc_pauses.figures("store"),
         "collected": collected,
         "speed": speed,
@@ -541,7 +575,7 @@ def bench_store_hits(workdir: Path, sizes: dict[str, Any]) -> dict[str, Any]:
     result = benchlib.run_phase(__file__, "store_hits", dir=str(directory), entries=sizes["store_entries"],
                                 timed=sizes["store_timed"], warmup=sizes["store_warmup"])  # fmt: skip
     ns, counters = result["ns"], result["counters"]
-    expected_hits = sizes["store_timed"] + sizes["store_warmup"]
+    expected_hits = sizes["store_timed"] + sizes["store_warmup"] + COUNTED_HITS
     if (
         result["sources"] != {"loaded": len(ns)}
         or counters["hits"] != expected_hits
@@ -556,6 +590,8 @@ def bench_store_hits(workdir: Path, sizes: dict[str, Any]) -> dict[str, Any]:
     figures["store_hit_p99_without_gc_ms"] = pct(quiet, 0.99) / 1e6
     figures["store_hit_worst_without_gc_ms"] = max(quiet) / 1e6
     figures["store_hits_with_gc"] = len(collected)
+    figures["store_hit_calls"] = statistics.median(result["calls"])
+    figures["store_hit_files"] = len(result["files"])
     return {**figures, "store_hit_p50_ms": statistics.median(ns) / 1e6, "store_hit_p99_ms": pct(ns, 0.99) / 1e6,
             "store_hit_worst_ms": max(ns) / 1e6, "store_hit_count": len(ns), "speed_check_store_us": result["speed"],
             **result["gc"]}  # fmt: skip
@@ -610,6 +646,8 @@ def report(header: dict[str, Any], f: dict[str, Any]) -> None:
     print(f"{'   get(graph): p50 ms':{w}} {f['store_hit_p50_ms']:7.3f}   {verdict('store_hit_p50_ms', f)}")
     print(f"{'   get(graph): p99 ms':{w}} {f['store_hit_p99_ms']:7.3f}   {verdict('store_hit_p99_ms', f)}")
     print(f"{'   get(graph): worst ms':{w}} {f['store_hit_worst_ms']:7.3f}")
+    print(f"{'   Python calls of a store hit (median of ' + str(COUNTED_HITS) + ') / plancache files they run in':{w}} "
+          f"{f['store_hit_calls']:7.0f} / {f['store_hit_files']}")  # fmt: skip
     print(f"{'   the same without the ' + str(f['store_hits_with_gc']) + ' lookups a GC pass fell in: p99 / worst ms':{w}} "
           f"{f['store_hit_p99_without_gc_ms']:7.3f} / {f['store_hit_worst_without_gc_ms']:.3f}")  # fmt: skip
     print(f"{'   Python GC passes meanwhile: all / full, longest ms':{w}} "

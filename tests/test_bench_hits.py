@@ -18,6 +18,7 @@ FIGURES = (
     "get_repeat_median_us", "get_repeat_p90_us", "memory_tier_median_us", "get_fresh_median_us", "describe_median_us",
     "make_key_median_us",
     "builder_repeat_median_us", "store_entries", "store_hit_p50_ms", "store_hit_p99_ms", "store_hit_count",
+    "store_hit_calls", "store_hit_files",
 )  # fmt: skip
 
 
@@ -35,5 +36,6 @@ def test_quick_run_writes_every_figure_as_a_number(tmp_path: Path) -> None:
     assert figures["lock_hit_counts_written"] == figures["lock_hit_counts_expected"] > 0
     assert figures["lock_flush_attempts"] > 0  # the hit-count writer did try during the lock
     assert data["header"]["cpus"] and data["header"]["python"]
+    assert 100 < figures["store_hit_calls"] < 100_000 and figures["store_hit_files"] > 5  # counted, not left at zero
     for label in ("write lock", "get(graph)", "@cache.builder", "store hits of distinct keys"):
         assert label in done.stdout
