@@ -66,15 +66,19 @@ def fresh(blob: bytes) -> bytes:
     return bytes(bytearray(blob))
 
 
-def recorded(runs: int) -> list[tuple[str, int, float]]:
-    """``(name, blob bytes, median us)`` of the check, decoding included, on each recorded H200 blob."""
+def recorded(runs: int) -> list[tuple[str, int, float, float]]:
+    """``(name, blob bytes, median us of the check, decoding included, median us of the
+    decoding alone)`` on each recorded H200 blob."""
     import gpu_native
+
+    from plancache.formats.ubjson import decode
 
     rows = []
     for name, (description, blob) in gpu_native.described_here().items():
         form = frontend_form(description)
         assert judge(blob, description, form).refusal is None, name
-        rows.append((name, len(blob), median_us(lambda b, d=description, f=form: judge(b, d, f), runs, lambda b=blob: fresh(b))))
+        check = median_us(lambda b, d=description, f=form: judge(b, d, f), runs, lambda b=blob: fresh(b))
+        rows.append((name, len(blob), check, median_us(decode, runs, lambda b=blob: fresh(b))))
     return rows
 
 
@@ -148,13 +152,15 @@ def main() -> int:
               f"the check costs {hit - unchecked:.1f} us = {100 * (hit - unchecked) / unchecked:.1f}% of a store hit "
               f"(target < 5%)")  # fmt: skip
     rows = recorded(max(100, args.runs // 10))
-    for name, size, us in rows:
-        print(f"H200 blob {name} ({size} bytes): blob check alone, decoding included, median {us:.1f} us")
+    for name, size, us, decoding in rows:
+        print(f"H200 blob {name} ({size} bytes): blob check alone, decoding included, median {us:.1f} us; the decoding "
+              f"alone {decoding:.1f} us ({decoding / (size / 1024):.2f} us per KB)")  # fmt: skip
     if args.out is not None:
         figures = {"later" if not first else "first": {"with_us": hit, "without_us": unchecked, "share": (hit - unchecked) / unchecked}
                    for first, (hit, unchecked) in hits.items()}  # fmt: skip
         args.out.write_text(json.dumps({"backend": args.backend, "check_alone_us": check, "store_hit": figures,
-                                        "recorded": {name: us for name, _, us in rows}}, indent=1))  # fmt: skip
+                                        "recorded": {name: us for name, _, us, _ in rows},
+                                        "decoding": {name: us for name, _, _, us in rows}}, indent=1))  # fmt: skip
     return 0
 
 
