@@ -294,7 +294,9 @@ def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str |
     under another key, or stored by an older key format), the tensor table against the
     graph, and the blob's own graph against it (``store.judge``: a blob of another graph,
     its checksum recomputed). Costs a JSON encoding and two SHA-256 hashes of the row, and
-    a read of the blob's graph (``scripts/bench_blob_check.py`` prints what that costs).
+    a read of the blob's graph (``scripts/bench_blob_check.py`` prints what that costs); a
+    lookup's own read (``judged`` with its key) need not encode what its key already hashed.
+    ``judged`` gives the same verdict typed, with what it read for the load.
     An entry whose fields have the wrong shapes (a list where the graph's description
     should be, say: a bundle's or the fleet's bytes are only checksummed by their sender)
     is judged malformed, never an exception of the caller's.
