@@ -79,3 +79,31 @@ def test_the_judge_hands_the_load_the_tensor_table_it_read(make_cache: MakeCache
     refused = Unsound("env_id does not match the recorded environment")
     assert judged(entry, entry.environment) == refused
     assert judged(entry, entry.environment, true_id) == refused  # a lookup's own id of its environment, compared
+
+
+def test_the_memory_tier_evicts_the_least_recently_used_plan_without_calling_back_into_python() -> None:
+    from plancache.tiers.memory import LRU
+
+    lru: LRU[str, object] = LRU(3)
+    for name in "abc":
+        lru.put(name, object())
+    assert lru.get("a") is not None  # a used again: b is now the oldest
+    lru.put("d", object())
+    assert sorted(lru.keys()) == ["a", "c", "d"] and lru.evicted == 1
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        calls += event == "call"
+
+    import sys
+
+    full: LRU[int, int] = LRU(1000)
+    for i in range(1000):
+        full.put(i, i)
+    sys.setprofile(count)
+    try:
+        full.put(1000, 1000)  # past the bound: the oldest (0) goes
+    finally:
+        sys.setprofile(None)
+    assert 0 not in full and 1000 in full and calls < 10, calls  # the scan is C's, not a Python call per plan

@@ -25,14 +25,15 @@ class LRU(Generic[K, V]):
     A read takes no lock and moves nothing: it stamps the entry with the time of its use
     (a number from one counter, drawn atomically), on the path of every repeat lookup and
     builder call. Writes are serialized, and the one that overflows the capacity evicts
-    the entry with the oldest stamp: a scan, paid only by a write past the bound, which is
-    a plan loaded or built, thousands of times dearer."""
+    the entry with the oldest stamp: a scan, paid only by a write past the bound (a plan
+    loaded or built), made in C: each entry is ``[stamp, key, value]``, and stamps are
+    unique, so the smallest list is the oldest entry and no comparison reaches its value."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._items: dict[K, list[Any]] = {}  # key -> [value, stamp of its last use]
+        self._items: dict[K, list[Any]] = {}  # key -> [stamp of its last use, key, value]
         self._clock = itertools.count()
         self._lock = threading.Lock()
         self.evicted = 0
@@ -41,15 +42,15 @@ class LRU(Generic[K, V]):
         entry = self._items.get(key)
         if entry is None:
             return None
-        entry[1] = next(self._clock)
-        return entry[0]
+        entry[0] = next(self._clock)
+        return entry[2]
 
     def put(self, key: K, value: V) -> None:
         with self._lock:
             items = self._items
-            items[key] = [value, next(self._clock)]
+            items[key] = [next(self._clock), key, value]
             while len(items) > self.capacity:
-                del items[min(items, key=lambda k: items[k][1])]
+                del items[min(items.values())[1]]
                 self.evicted += 1
 
     def keys(self) -> list[K]:
