@@ -107,3 +107,29 @@ def test_the_memory_tier_evicts_the_least_recently_used_plan_without_calling_bac
     finally:
         sys.setprofile(None)
     assert 0 not in full and 1000 in full and calls < 10, calls  # the scan is C's, not a Python call per plan
+
+
+def test_a_row_written_before_columns_were_canonical_is_decoded_and_served(make_cache: MakeCache, db: Any) -> None:
+    """Stores written by earlier releases hold the graph, environment and options columns as
+    ``json.dumps(sort_keys=True)`` wrote them (with spaces): not the key's texts, so a hit
+    decodes them, judges them as before, and serves the plan."""
+    import json
+
+    spec = ConvBiasRelu()
+    stored = make_cache().get(spec.graph())
+    conn = db()
+    row = conn.execute("SELECT graph_json, environment_json, options_json FROM plans WHERE key = ?", (stored.key,)).fetchone()
+    spaced = {name: json.dumps(json.loads(row[name]), sort_keys=True) for name in row.keys()}  # noqa: SIM118
+    assert all(spaced[name] != row[name] for name in spaced), "the columns are written canonically now"
+    conn.execute("UPDATE plans SET graph_json = ?, environment_json = ?, options_json = ? WHERE key = ?",
+                 (spaced["graph_json"], spaced["environment_json"], spaced["options_json"], stored.key))  # fmt: skip
+    cache = make_cache(auto_prime=False)
+    plan = cache.get(spec.graph())
+    assert plan.source == "loaded" and cache.counters["corrupt"] == 0
+    assert_runs_correctly(plan, spec)
+    # Altered in its spaced form, the graph no longer hashes to the key: found as before.
+    assert "[2, 8, 6, 6]" in spaced["graph_json"]
+    conn.execute("UPDATE plans SET graph_json = replace(graph_json, '[2, 8, 6, 6]', '[2, 8, 6, 7]') WHERE key = ?",
+                 (stored.key,))  # fmt: skip
+    again = make_cache(auto_prime=False)
+    assert again.get(spec.graph()).source in ("rebuilt", "built") and again.counters["corrupt"] == 1
