@@ -133,3 +133,14 @@ def test_a_row_written_before_columns_were_canonical_is_decoded_and_served(make_
                  (stored.key,))  # fmt: skip
     again = make_cache(auto_prime=False)
     assert again.get(spec.graph()).source in ("rebuilt", "built") and again.counters["corrupt"] == 1
+
+
+def test_a_miss_decodes_the_blob_it_stores_once(make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load back and the judge, before the plan is stored, read one decoding."""
+    backend = CpuTestBackend()
+    cache = make_cache(backend=backend, auto_prime=False)
+    cache.environment  # noqa: B018 - read once per process
+    decoded, _ = _counting(monkeypatch, backend)
+    plan = cache.get(ConvBiasRelu().graph())
+    assert plan.source == "built"
+    assert decoded == [cache.store.get(plan.key).blob]

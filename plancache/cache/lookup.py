@@ -24,6 +24,7 @@ from typing import Any
 from ..engines.autotune import AutotuneResult, TimingPolicy, autotune
 from ..engines.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
+from ..formats.plan_blob import PlanBlob
 from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id
 from ..runtime.plan import Plan
 from ..store import NEVER_CHECKED, Entry, Sound, Unsound, judged, sha256, summarize
@@ -430,11 +431,12 @@ class Lookup:
         (launched as every later process launches it), else the plan as built. A plan that
         cannot be loaded back, or that the judge refuses, is never stored or published
         (``cache.unstored``): storing it would only make each later start refuse it."""
-        loaded = self.unstored.load_back(key, built, device, load)
+        blob = PlanBlob(built.blob)  # decoded once, for the load back and the judge
+        loaded = self.unstored.load_back(key, built, blob, device, load)
         if loaded is None:  # a later lookup could not load it: never stored
             return built.native
         entry = _entry(key, built, self.backend.name, policy, candidates, timing, build_seconds, autotune_seconds, check)
-        verdict = judged(entry, key.parts["environment"], self.environment(device)[1], key)
+        verdict = judged(entry, key.parts["environment"], self.environment(device)[1], key, blob)
         if isinstance(verdict, Unsound):  # what the frontend built for this graph, refused: the judge is wrong
             self.unstored.note(key, Why.JUDGE_DISAGREES, verdict.reason, entry)
             return loaded

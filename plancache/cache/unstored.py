@@ -60,11 +60,12 @@ class Unstored:
         #: The first reason the judge gave this process for refusing a plan just built.
         self.first_disagreement: str | None = None
 
-    def load_back(self, key: CacheKey, built: BuiltPlan, device: int, load: Load | None) -> Any:
-        """``built`` loaded back from its blob as lookups of ``key`` will load it (``load``,
-        else the backend's); None, counted, kept and told once, when it cannot be."""
+    def load_back(self, key: CacheKey, built: BuiltPlan, blob: PlanBlob, device: int, load: Load | None) -> Any:
+        """``built`` loaded back from its blob (``blob``: its bytes, read once for this load
+        and the judge) as lookups of ``key`` will load it (``load``, else the backend's);
+        None, counted, kept and told once, when it cannot be."""
         try:
-            return (load or self.backend.load)(PlanBlob(built.blob), built.tensors, device)
+            return (load or self.backend.load)(blob, built.tensors, device)
         except Exception as exc:  # the library refusing the blob it just wrote, or failing for now
             cause = f"{type(exc).__name__}: {str(exc)[:300]}"
         self.note(key, Why.UNLOADABLE, f"it could not be loaded back from its blob ({cause})")

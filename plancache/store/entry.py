@@ -332,13 +332,16 @@ class Unsound:
 
 
 def judged(entry: Entry, environment: Mapping[str, Any] | None = None, env_id: str | None = None,
-           key: CacheKey | None = None) -> Sound | Unsound:  # fmt: skip
+           key: CacheKey | None = None, blob: PlanBlob | None = None) -> Sound | Unsound:  # fmt: skip
     """``entry`` judged as ``problem`` describes (but for NEVER_CHECKED: see ``Entry.checked``),
     for a key of ``environment`` when given; ``env_id``: that environment's id, when the
     caller knows it (a lookup does: it is not derived again per row). ``key``: the lookup's
-    key, when the entry was read for it (``Entry.from_row``'s ``known``)."""
+    key, when the entry was read for it (``Entry.from_row``'s ``known``). ``blob``: the
+    entry's blob as a ``PlanBlob`` the caller has (a miss loaded it back), its decoding kept."""
+    if blob is not None and blob.data != entry.blob:
+        return Unsound("the blob handed to the judge is not the entry's")
     try:
-        return _judged(entry, environment, env_id, key)
+        return _judged(entry, environment, env_id, key, blob)
     except (AttributeError, TypeError, KeyError, ValueError) as exc:
         return Unsound(f"malformed entry ({type(exc).__name__}: {exc})")
 
@@ -351,7 +354,8 @@ def _holds(entry: Entry, key: CacheKey | None) -> bool:
             and entry.options is key.parts["options"] and entry.environment == key.parts["environment"])  # fmt: skip
 
 
-def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | None, key: CacheKey | None) -> Sound | Unsound:
+def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | None, key: CacheKey | None,
+            blob: PlanBlob | None) -> Sound | Unsound:  # fmt: skip
     if not entry.checksum_ok():
         return Unsound("blob checksum mismatch")
     if environment is not None and entry.environment != environment:
@@ -368,7 +372,7 @@ def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | N
     refusal = _tensor_problem(entry)
     if refusal is not None:
         return Unsound(refusal)
-    blob = PlanBlob(entry.blob)
+    blob = blob if blob is not None else PlanBlob(entry.blob)
     judgement = judge(blob, entry.description, form_of(entry.key, entry.description))
     if judgement.refusal is not None:
         return Unsound(judgement.refusal)
