@@ -61,7 +61,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success; a command that reads a cache that does not exist yet reads an empty one",
     EXIT_ERROR: "the command failed: one line on stderr names what (a cache directory, a file, the store, a key, the "
                 "GPU), or refused what needs `--force` (replacing a bundle, pruning plans used in the last day); "
-                "`prewarm` built plans it could not store; `--debug` shows the traceback",
+                "`prewarm` built plans it could not store; `--debug` shows the traceback; `diff`: the two keys' parts "
+                "differ (as diff(1) exits; the differences on stdout, nothing on stderr)",
     EXIT_USAGE: "bad usage or configuration: an unknown option, a bad argument or option value, or a bad `PLANCACHE_*` "
                 "environment variable (named, with its value), checked before anything is created",
     EXIT_PROBLEMS: "the input has problems: `prewarm`'s manifest could not be used at all (missing, unreadable, invalid, "
@@ -532,7 +533,8 @@ def show(obj: _Context, key: str, explain: bool) -> None:
 def diff(obj: _Context, key_a: str, key_b: str) -> None:
     """Every difference between what two keys hash (graph, environment, options): one line
     per differing path with both values, e.g. ``graph.nodes[0].params.stride: [1, 1] -> [2, 2]``.
-    With --json: a list of {path, a, b} (``absent``: the side that lacks the path)."""
+    With --json: a list of {path, a, b} (``absent``: the side that lacks the path). Exit code
+    0 when the parts are identical, 1 when they differ (as diff(1))."""
     store = obj.existing_store()
     try:
         a, b = _entry(store, key_a, obj), _entry(store, key_b, obj)
@@ -550,6 +552,8 @@ def diff(obj: _Context, key_a: str, key_b: str) -> None:
             yield f"{row['path']}: {va} -> {vb}"
 
     _emit(result, text)
+    if result:
+        sys.exit(EXIT_ERROR)
 
 
 _ABSENT: Any = object()

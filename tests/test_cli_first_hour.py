@@ -326,7 +326,7 @@ def test_dir_json_and_debug_go_before_or_after_the_command(filled: tuple[Path, l
         assert sorted(r["key"] for r in json.loads(result.stdout)) == sorted(keys), args
     for command in (["stats"], ["show", keys[0][:8]], ["inspect"], ["verify"], ["diff", keys[0][:8], keys[1][:8]]):
         result = plancache(*command, "--dir", str(directory), "--json")
-        assert result.returncode == 0, (command, result.stderr)
+        assert result.returncode == (1 if command[0] == "diff" else 0), (command, result.stderr)  # diff: they differ
         json.loads(result.stdout)
 
 
@@ -337,14 +337,14 @@ def test_diff_prints_each_differing_path_with_both_values(tmp_path: Path) -> Non
     directory = tmp_path / "cache"
     one, two = fill(directory, strides=(1, 2))
     result = plancache("--dir", str(directory), "diff", one[:10], two[:10])
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1 and result.stderr == "", result.stderr  # they differ: 1, as diff(1)
     assert "graph.nodes[0].params.stride: [1, 1] -> [2, 2]" in result.stdout.splitlines()
     assert "graph.tensors.u4.dim: [1, 4, 6, 6] -> [1, 4, 3, 3]" in result.stdout.splitlines()
     rows = json.loads(plancache("diff", one[:10], two[:10], "--dir", str(directory), "--json").stdout)
     assert {"path": "graph.nodes[0].params.stride", "a": [1, 1], "b": [2, 2]} in rows
     assert all(set(r) >= {"path", "a", "b"} for r in rows)
     same = plancache("--dir", str(directory), "diff", one[:10], one)
-    assert same.stdout.strip() == "the keys have identical parts"
+    assert same.stdout.strip() == "the keys have identical parts" and same.returncode == 0
     assert json.loads(plancache("--dir", str(directory), "--json", "diff", one, one).stdout) == []
 
 
