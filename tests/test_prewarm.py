@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -171,24 +172,50 @@ def test_duplicates_and_policy_option(tmp_path: Path, make_cache: MakeCache) -> 
     assert sorted(row["policy"] for row in maintenance.list_entries(cache.store)) == ["exhaustive", "heuristic"]
 
 
-def test_progress_line_when_stderr_is_a_terminal() -> None:
-    class Tty(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+class _Terminal(io.StringIO):
+    """stdout and stderr of one terminal: what both write lands in one place."""
 
-    stream = Tty()
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_when_stderr_is_a_terminal() -> None:
+    stream = _Terminal()
     bar = Progress(3, True, stream)
     bar.update("built", 1.5)
     bar.update("hit", 0.01)
     bar.close()
     text = stream.getvalue()
-    assert "prewarm 1/3" in text and "prewarm 2/3  hits 1  failed 0  last 0.01s  ETA" in text
+    assert "prewarm:  67%" in text and "2/3" in text and "built=1, hit=1, last=0.01s" in text
+
+    tune = _Terminal()
+    bar = Progress(2, True, tune, desc="tune")
+    bar.update("tuned", 3.0)
+    bar.close()
+    assert "tuned=1, last=3.00s" in tune.getvalue() and "hit" not in tune.getvalue()  # no count tune has no use for
 
     quiet = io.StringIO()  # not a terminal: nothing
     bar = Progress(3, True, quiet)
     bar.update("built", 1.0)
     bar.close()
     assert quiet.getvalue() == ""
+
+
+def test_rows_printed_during_the_progress_bar_start_at_the_left_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal each entry's row was printed after the bar's text (a carriage return
+    and no clearing): every row then began with the bar. The bar is cleared before a row."""
+    from plancache.workflows.steps import run_each
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    rows = [{"status": "built", "seconds": 0.5}, {"status": "hit", "seconds": 0.01}, {"status": "built", "seconds": 0.2}]
+    records = run_each(rows, lambda row: row, progress=True, on_record=lambda record: print(f"ROW {record['status']}"))
+    assert records == rows
+    for line in terminal.getvalue().split("ROW ")[1:]:
+        assert line.startswith(("built", "hit"))
+    before = [terminal.getvalue()[i - 1] for i in range(len(terminal.getvalue())) if terminal.getvalue().startswith("ROW", i)]
+    assert len(before) == 3 and set(before) == {"\r"}, before  # the bar's line cleared, the row from its start
 
 
 # ---------------------------------------------------------------------------- warm start

@@ -331,7 +331,8 @@ class _Shard:
         self.records[position] = record
         self.bar.update(record["status"], record.get("seconds", 0.0))
         if self.on_record is not None:
-            self.on_record(record)
+            with self.bar.printing():
+                self.on_record(record)
 
     def finished(self) -> list[dict[str, Any]]:
         """The records of the entries finished so far, in the manifest's order, duplicates

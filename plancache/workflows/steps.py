@@ -4,6 +4,8 @@ both judge entries, count them and report them alike."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import hashlib
 import json
 import logging
@@ -62,45 +64,35 @@ def error_record(error: ManifestError) -> dict[str, Any]:
 
 
 class Progress:
-    """done/total, hits skipped, failures, time of the last entry and ETA on stderr: tqdm
-    when installed, else one self-rewritten line. Silent when stderr is not a terminal."""
+    """A tqdm bar on stderr, only when stderr is a terminal: entries done of the total, how
+    many ended in each status so far, the last entry's seconds, tqdm's rate and ETA. A line
+    printed to stdout while it is shown goes through ``printing``: the bar is cleared
+    first and drawn again after, so the line starts at its own left margin."""
 
     def __init__(self, total: int, enabled: bool, stream: TextIO | None = None, desc: str = "prewarm") -> None:
-        self.stream = stream or sys.stderr
-        self.desc = desc
-        self.enabled = enabled and total > 0 and self.stream.isatty()
-        self.total, self.done, self.hits, self.failed = total, 0, 0, 0
-        self.started = time.perf_counter()
+        stream = stream or sys.stderr
+        self.statuses: collections.Counter[str] = collections.Counter()
         self.bar: Any = None
-        if self.enabled:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                return
-            self.bar = tqdm(total=total, file=self.stream, unit="graph", desc=desc, dynamic_ncols=True)
+        if enabled and total > 0 and stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, file=stream, unit="graph", desc=desc, dynamic_ncols=True)
 
     def update(self, status: str, seconds: float) -> None:
-        self.done += 1
-        self.hits += status in ("hit", "stored")
-        self.failed += status == "failed"
-        if not self.enabled:
-            return
+        self.statuses[status] += 1
         if self.bar is not None:
-            self.bar.set_postfix(hits=self.hits, failed=self.failed, last=f"{seconds:.2f}s", refresh=False)
+            self.bar.set_postfix({**self.statuses, "last": f"{seconds:.2f}s"}, refresh=False)
             self.bar.update(1)
-            return
-        elapsed = time.perf_counter() - self.started
-        eta = elapsed / self.done * (self.total - self.done)
-        self.stream.write(f"\r{self.desc} {self.done}/{self.total}  hits {self.hits}  failed {self.failed}  "
-                          f"last {seconds:.2f}s  ETA {eta:.0f}s ")  # fmt: skip
-        self.stream.flush()
+
+    def printing(self) -> contextlib.AbstractContextManager[Any]:
+        """The block in which a caller prints to stdout while the bar may be shown."""
+        if self.bar is None:
+            return contextlib.nullcontext()
+        return self.bar.external_write_mode(file=sys.stdout)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        elif self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def stored(cache: Any, digest: str) -> bool:
@@ -264,7 +256,8 @@ def run_each(todo: list[ManifestEntry], step: Callable[[ManifestEntry], dict[str
             records.append(record)
             bar.update(record["status"], record["seconds"])
             if on_record is not None:
-                on_record(record)
+                with bar.printing():
+                    on_record(record)
     except KeyboardInterrupt as exc:
         raise Interrupted(records) from exc
     finally:
