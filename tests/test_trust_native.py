@@ -187,3 +187,15 @@ def test_a_cpu_plans_backend_json_lists_the_table_as_cudnns_does() -> None:
 
 def test_every_out_of_bounds_kind_is_one_the_gate_returns() -> None:
     assert {why for _, why in MUTATIONS.values()} == OUT_OF_BOUNDS
+
+
+def test_a_backend_uid_past_64_bits_is_unreadable() -> None:
+    """cuDNN's JSON of the plan is read for the gate's bounds (orjson, which reads an
+    integer past 64 bits as a float): such a uid is no uid, and the blob is not read."""
+    blob, table, _ = recorded(PLANS / "conv_bias_relu.ubj")
+
+    def huge_name(top: dict[str, Any], backend: dict[str, Any], table: dict[int, TensorSpec]) -> None:
+        lowered(backend)[1]["name"] = 2**70
+
+    with pytest.raises(RecordError, match="a uid must be an integer"):
+        parse(mutated(blob, table, huge_name))
