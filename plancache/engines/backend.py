@@ -165,8 +165,9 @@ class Backend(Protocol):
 
     def load(self, blob: PlanBlob | bytes, tensors: Sequence[TensorSpec], device: int | None = None) -> Any:
         """Deserialize a stored plan onto ``device`` (default: the current one) and load its
-        kernels (``blob``: read once by the judge, or bytes); raises ``TransientLoadError`` for a failure that is not the blob's, and
-        anything else when the library refuses the blob."""
+        kernels (``blob``: as the judge read it, its decoding kept, or bytes); raises
+        ``TransientLoadError`` for a failure that is not the blob's, and anything else when
+        the library refuses the blob."""
         ...
 
     def capturing(self) -> bool:

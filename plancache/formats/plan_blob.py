@@ -49,8 +49,5 @@ class PlanBlob:
             raise fields
         return fields
 
-    def __len__(self) -> int:
-        return len(self.data)
-
     def __repr__(self) -> str:
         return f"PlanBlob({len(self.data)} bytes)"

@@ -263,8 +263,9 @@ def _backend_tensors(text: str) -> dict[int, TensorSpec]:
     ``RecordError``: which one cuDNN reads could not be told."""
     try:
         # orjson: the JSON is 3-110 KB and read at every load; orjson reads the recorded
-        # plans' in about 40% of the standard library's time (invalid JSON, too deep or with a
-        # number past 64 bits, raises ValueError: no tensors, so the gate refuses the plan).
+        # plans' in about 40% of the standard library's time. Invalid or too deep JSON raises
+        # ValueError: no tensors, so the gate refuses the plan. A number past 64 bits is read
+        # as a float, which no uid, dim or stride check below accepts.
         graph = orjson.loads(text).get("operationGraph")
     except (ValueError, RecursionError, AttributeError):
         return {}
