@@ -10,6 +10,12 @@ value came from (the variable, the argument, the option) and what would be accep
 ``PlanCache(max_size=2)`` is refused as ``PLANCACHE_MAX_SIZE=2`` is. A typo never turns a
 setting, or a safety check, the other way round, and never deletes a stored plan.
 
+One rule for every argument and option: it takes the Python value it stands for (True or
+False, or 0 or 1, for a switch; an int for a count; a number for bytes or seconds) or the
+text its variable takes, read the same way; anything else is a ``ConfigError`` naming it.
+Words are read in any case (``ON``, ``Off``, ``TopK``), and a limit that can be lifted is
+lifted by ``off`` or ``none`` (``PLANCACHE_MAX_SIZE=off``, ``PLANCACHE_AUTOTUNE_BUDGET=off``).
+
 ``SETTINGS`` lists them all in the order README.md's table shows them (a test holds the
 table to it). What a setting's value means for the cache is documented where it is used.
 """
@@ -34,7 +40,7 @@ __all__ = ["ALLOW_SHARED_DIR", "APP", "AUTOTUNE_BUDGET", "AUTOTUNE_MEMORY", "AUT
            "PATCH_CUDNN", "RECORD", "REDIS_LOCK_TTL", "REDIS_MAX_STALL", "REDIS_MAX_VALUE", "REDIS_NAMESPACE", "REDIS_SECRET",
            "REDIS_SECRET_FILE", "REDIS_SETTINGS", "REDIS_TIMEOUT", "REDIS_TTL", "REDIS_URL", "SETTINGS", "ConfigError",
            "MemoryBudget", "Refused", "Setting", "argument", "file_kind", "format_size", "instance_of", "number", "open_regular", "read_regular", "size",
-           "switch", "tag", "whole_number"]  # fmt: skip
+           "switch", "tag", "wait_seconds", "whole_number"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -135,6 +141,8 @@ def _blank(value: object) -> bool:
 
 _SWITCH_ON = ("1", "true", "yes", "on")
 _SWITCH_OFF = ("0", "false", "no", "off")
+#: The words that lift a limit that has a "no limit".
+_NO_LIMIT = ("off", "none")
 
 
 def _switch(value: object) -> bool:
@@ -151,13 +159,13 @@ def _switch(value: object) -> bool:
 
 
 def switch(value: object) -> bool:
-    """The reader of on/off arguments: True or False, or the text a switch variable takes
-    (``"no"`` is off, as ``PLANCACHE_AUTO_PRIME=no`` is); anything else is refused."""
+    """The reader of on/off arguments: True or False, 0 or 1, or the text a switch variable
+    takes (``"no"`` is off, as ``PLANCACHE_AUTO_PRIME=no`` is); anything else is refused."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, str):
-        return _switch(value)
-    raise _Refused("is not a switch: pass True or False (or text: 1, true, yes or on, or 0, false, no or off)")
+    if isinstance(value, str) or (isinstance(value, int) and value in (0, 1)):
+        return _switch(str(value))
+    raise _Refused("is not a switch: pass True or False, 1 or 0 (or text: 1, true, yes or on, or 0, false, no or off)")
 
 
 def whole_number(least: int, what: str) -> Callable[[Any], int]:
@@ -247,8 +255,10 @@ _warned_sizes: set[int] = set()
 
 
 def _size_limit(value: object) -> int | None:
-    """Bytes of plans kept, None for 0 (no limit)."""
-    size = _bytes(value, f"{_SIZE_HINT}, or 0 for no limit")
+    """Bytes of plans kept, None for 0, ``off`` or ``none`` (no limit)."""
+    if isinstance(value, str) and value.strip().lower() in _NO_LIMIT:
+        return None
+    size = _bytes(value, f"{_SIZE_HINT}, or 0 or off for no limit")
     if size == 0:
         return None
     if size < MAX_SIZE_FLOOR:
@@ -293,6 +303,20 @@ def _seconds(value: object) -> float:
     if not 0 < seconds <= MAX_SECONDS:  # NaN too
         raise _Refused(f"is not a number of seconds above 0 and at most {MAX_SECONDS:g}, about 31 years (such as 0.25, "
                        "2 or 60)")  # fmt: skip
+    return seconds
+
+
+def wait_seconds(value: object) -> float:
+    """The reader of a wait: a number of seconds above 0, or text of one; ``math.inf`` (or
+    ``inf``, ``off``, ``none``) waits without a limit."""
+    if isinstance(value, str) and value.strip().lower() in (*_NO_LIMIT, "inf", "infinity"):
+        return math.inf
+    try:
+        seconds = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:  # `not >`: NaN too
+        raise _Refused("is not a number of seconds above 0: give one such as 60, or math.inf for no limit")
     return seconds
 
 
@@ -544,7 +568,7 @@ CACHE_DIR: Setting[Path | None] = Setting(
     "PLANCACHE_DIR", "the cache directory", "the user cache directory (`~/.cache/plancache` on Linux)", None, _path,
     arguments=("PlanCache(directory=)", "Store(directory=)"), option="--dir")  # fmt: skip
 MAX_SIZE: Setting[int | None] = Setting(
-    "PLANCACHE_MAX_SIZE", "bytes of plans kept: `2G`, `500M`, `64k`, `1024` (every unit a power of 1024; `0`: no limit); "
+    "PLANCACHE_MAX_SIZE", "bytes of plans kept: `2G`, `500M`, `64k`, `1024` (every unit a power of 1024; `0` or `off`: no limit); "
     "beyond it the least recently used entries are evicted after each store", "no limit", None, _size_limit,
     arguments=("PlanCache(max_size=)",))  # fmt: skip
 RECORD: Setting[Path | None] = Setting(
@@ -632,7 +656,7 @@ AUTO_PRIME: Setting[bool] = Setting(
 
 def _autotune_budget(value: object) -> float:
     """A multiple of the frontend's own build of at least 1, or ``off`` (no limit)."""
-    if isinstance(value, str) and value.strip().lower() in ("off", "inf", "infinity", "none"):
+    if isinstance(value, str) and value.strip().lower() in (*_NO_LIMIT, "inf", "infinity"):
         return math.inf
     try:
         number = float(value)  # type: ignore[arg-type]

@@ -233,3 +233,57 @@ def test_without_a_gpu_the_first_error_points_to_the_cpu_test_backend(tmp_path: 
     with pytest.raises(NoGpuError, match=r"no CUDA device is visible; pass device='cpu'"):
         templates.allocate("conv_bias_act", device="cuda", n=1, c=8, h=6, w=6, k=4)
     assert set(templates.allocate("conv_bias_act", device="cpu", n=1, c=8, h=6, w=6, k=4)) == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "read"),
+    [
+        ({"max_plans": "10"}, ("max_plans", 10)),  # the text PLANCACHE_MEMORY_PLANS takes
+        ({"max_plans": 10}, ("max_plans", 10)),
+        ({"read_only": "no"}, ("read_only", False)),
+        ({"read_only": 0}, ("read_only", False)),  # 0 and 1 as PLANCACHE_..._=0 and =1 read
+        ({"read_only": 1}, ("read_only", True)),
+        ({"lock_timeout": "60"}, ("lock_timeout", 60.0)),
+        ({"max_size": "off"}, ("max_size", None)),  # as PLANCACHE_AUTOTUNE_BUDGET=off: no limit
+        ({"max_size": "NONE"}, ("max_size", None)),
+    ],
+)
+def test_every_argument_takes_its_python_value_or_its_variables_text(make_cache: Any, arguments: dict[str, Any],
+                                                                      read: tuple[str, Any]) -> None:  # fmt: skip
+    """`max_plans="10"` and `read_only="no"` were accepted while `read_only=1` was refused;
+    `PLANCACHE_MAX_SIZE=off` was refused while `PLANCACHE_AUTOTUNE_BUDGET=off` meant no limit."""
+    make_cache().close()  # a store to open read-only
+    cache = make_cache(**arguments)
+    name, value = read
+    got = {"max_plans": lambda: cache.memory.capacity, "read_only": lambda: cache.local.read_only,
+           "lock_timeout": lambda: cache.lock_timeout, "max_size": lambda: cache.max_size}[name]()  # fmt: skip
+    assert got == value
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"lock_timeout": -1}, r"^PlanCache\(lock_timeout\)=-1 is not a number of seconds above 0"),
+        ({"read_only": 2}, r"^PlanCache\(read_only\)=2 is not a switch"),
+        ({"max_plans": 2.5}, r"^max_plans=2\.5 is not a whole number of plans"),
+        ({"max_plans": True}, r"^max_plans=True is not a whole number of plans"),
+    ],
+)
+def test_an_argument_outside_the_rule_is_a_config_error_naming_it(make_cache: Any, arguments: dict[str, Any],
+                                                                 named: str) -> None:  # fmt: skip
+    """`lock_timeout=-1` was a plain ValueError, unlike every other argument."""
+    with pytest.raises(ConfigError, match=named) as caught:
+        make_cache(**arguments)
+    assert "\n" not in str(caught.value)
+
+
+def test_words_are_read_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Policy names were case-sensitive while switches were not."""
+    from plancache import BuildOptions
+    from plancache.config import AUTO_PRIME, MAX_SIZE
+
+    assert BuildOptions(policy="TopK") == BuildOptions(policy="topk")
+    assert BuildOptions(heuristic_modes=("a", "Fallback")).heuristic_modes == ("A", "FALLBACK")
+    for name, text, value in (("PLANCACHE_AUTO_PRIME", "OFF", False), ("PLANCACHE_MAX_SIZE", "Off", None)):
+        monkeypatch.setenv(name, text)
+        assert (AUTO_PRIME if name == "PLANCACHE_AUTO_PRIME" else MAX_SIZE).from_env() is value

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..config import Refused, read_regular
+from ..config import Refused, argument, read_regular, wait_seconds
 from ..errors import LockTimeoutError
 from ..store.files import PRIVATE, Modes, check_trusted, create_directory, lock_file
 
@@ -78,12 +78,10 @@ class _KeyLocks:
                     self._locks[key] = (lock, users - 1)
 
 
-def lock_timeout_of(value: object) -> float:
+def lock_timeout_of(value: object, where: str = "PlanCache(lock_timeout)") -> float:
     """``lock_timeout`` as seconds: a number above 0, ``math.inf`` for no limit; anything
-    else (0, a negative number, NaN) is a ``ValueError`` naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # `not >`: NaN too
-        raise ValueError(f"lock_timeout must be a number of seconds above 0 (math.inf: no limit), not {value!r}")
-    return float(value)
+    else (0, a negative number, NaN) is a ``ConfigError`` naming ``where``."""
+    return argument(where, value, wait_seconds)
 
 
 class SingleFlight:
@@ -100,7 +98,7 @@ class SingleFlight:
         self.lock_dir = lock_dir
         self.modes = modes
         self._count = count or (lambda name: None)
-        self.timeout = lock_timeout_of(timeout)
+        self.timeout = lock_timeout_of(timeout, "SingleFlight(timeout)")
         # Build locks this process holds, by descriptor: a forked child closes its copies
         # (a flock belongs to the open file, which the child's copy keeps open: the lock
         # would outlive a parent killed mid-build for as long as the child lives).

@@ -68,19 +68,22 @@ class BuildOptions:
 
 def _one_of(choices: tuple[str, ...], what: str) -> Any:
     def read(value: object) -> str:
-        if not isinstance(value, str) or value.strip() not in choices:
+        if not isinstance(value, str) or value.strip().lower() not in choices:
             raise Refused(f"is not a {what}: use one of {', '.join(choices)}")
-        return value.strip()
+        return value.strip().lower()
 
     return read
 
 
 def _modes(value: object) -> tuple[str, ...]:
-    """A non-empty tuple (or list) of heuristic modes, each once; text names one mode."""
+    """A non-empty tuple (or list) of heuristic modes, each once, in any case; text names one mode."""
     modes = (value,) if isinstance(value, str) else value
-    if not isinstance(modes, (tuple, list)) or not modes or any(m not in HEURISTIC_MODES for m in modes):
+    if not isinstance(modes, (tuple, list)) or not modes or not all(isinstance(m, str) for m in modes):
+        modes = ("",)
+    read = tuple(m.strip().upper() for m in modes)
+    if any(m not in HEURISTIC_MODES for m in read):
         raise Refused(f"is not a non-empty sequence of heuristic modes from {', '.join(HEURISTIC_MODES)}")
-    return tuple(modes)
+    return read
 
 
 @functools.lru_cache(maxsize=64)
