@@ -64,7 +64,7 @@ def source(tmp_path: Path, make_cache: MakeCache) -> Iterator[tuple[Path, list[s
 @pytest.fixture
 def bundle(tmp_path: Path, source: tuple[Path, list[str]]) -> Path:
     store = Store(source[0])
-    path = tmp_path / "out" / "plans.bundle"
+    path = tmp_path / "plans.bundle"
     export_bundle(store, path)
     store.close()
     return path

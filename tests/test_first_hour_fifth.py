@@ -287,3 +287,14 @@ def test_words_are_read_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, text, value in (("PLANCACHE_AUTO_PRIME", "OFF", False), ("PLANCACHE_MAX_SIZE", "Off", None)):
         monkeypatch.setenv(name, text)
         assert (AUTO_PRIME if name == "PLANCACHE_AUTO_PRIME" else MAX_SIZE).from_env() is value
+
+
+def test_an_export_into_a_missing_directory_is_refused_and_creates_none(tmp_path: Path) -> None:
+    """`export NEW/DIR/x.bundle` created the missing directories without a word."""
+    fill(tmp_path / "cache")
+    target = tmp_path / "new" / "dir" / "x.bundle"
+    line = one_line_error(command("--dir", str(tmp_path / "cache"), "export", str(target)))
+    assert f"{target.parent} is not a directory; create it first" in line
+    assert not (tmp_path / "new").exists()
+    target.parent.mkdir(parents=True)
+    assert command("--dir", str(tmp_path / "cache"), "export", str(target)).returncode == 0 and target.is_file()

@@ -150,6 +150,9 @@ def _check_target(target: Path) -> None:
     try:
         mode = target.lstat().st_mode
     except FileNotFoundError:
+        if not target.parent.is_dir():  # as cp and tar: a typo in the path makes no directory
+            raise BundleError(f"cannot export to {target}: {target.parent} is not a directory; create it first (an "
+                              "export creates none)", path=str(target), reason="unwritable") from None  # fmt: skip
         return
     except OSError as exc:  # a component is a file (ENOTDIR), a directory cannot be searched (EACCES)...
         raise _cannot_write(target, exc) from exc
@@ -198,8 +201,8 @@ def export_bundle(
     the same directory, renamed over ``path``. ``path`` must be a regular file or not
     exist: a symlink, FIFO, device node or other special file is refused (``BundleError``),
     never replaced. ``replace=False`` also refuses an existing regular file (``BundleError``,
-    reason ``exists``), even one that appears while exporting. Missing parent directories
-    are created. The bundle is signed with ``secret``, by default the one configured
+    reason ``exists``), even one that appears while exporting. A missing parent directory
+    is refused (reason ``unwritable``), never created. The bundle is signed with ``secret``, by default the one configured
     (``PLANCACHE_REDIS_SECRET`` or ``_SECRET_FILE``); with none, it is unsigned. A bundle
     larger than ``MAX_BUNDLE`` is refused (reason ``too large``): no import would read it.
 
@@ -253,7 +256,6 @@ def export_bundle(
                           f"more than the {format_size(MAX_BUNDLE)} an import reads; export fewer plans at a time (--env, --key)",
                           path=str(target), reason="too large")  # fmt: skip
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise _cannot_write(target, exc) from exc
