@@ -532,6 +532,8 @@ def test_numpy_and_tomli_are_declared_and_the_cpu_path_is_pinned() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = [re.split(r"[<>=;\s\[]", d)[0] for d in project["dependencies"]]
     assert "numpy" in names and "tomli" in names
+    # A table ({text = ...}) is deprecated by setuptools, whose builds refuse it from 2027-02-18.
+    assert isinstance(project["license"], str)
     assert any("tomli" in d and "python_version < '3.11'" in d for d in project["dependencies"])
     lines = (ROOT / "constraints-cpu.txt").read_text().splitlines()
     pins = dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
