@@ -13,9 +13,11 @@ kernels, which a warm process would hide), rounds alternating between the modes:
 * ``warm``: ``PlanCache.get`` from that store in a fresh process, then one ``execute``.
 
 Each figure is the first call: from the graph built in Python to its first output
-synchronized; both have their cuDNN handle before the timer starts. For ``cold``, the phases of the miss are shown too: planning (heuristics),
-candidates built (how many, and how many need runtime compilation), launched and compared,
-timed, and the rest (inputs, serialization, the store).
+synchronized; both have their cuDNN handle before the timer starts. For ``cold``, the
+lookup's stages are shown too, in milliseconds, the largest first (``benchlib.MissStages``:
+keying, the build locks, planning, the candidates' builds, inputs, launches and comparisons,
+bounds, timing and serialization, the load back, the judge, the store's write), and what
+none of them covers (``other``).
 
 ``--smoke``: three tiny graphs, one round, on the CPU test backend, every child in this
 process (its result still through JSON); the frontend's own build is reported as skipped.
@@ -81,7 +83,6 @@ def child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
     pack = materialize(inputs, torch, device, torch.Generator(device=device).manual_seed(0))
     benchlib.synchronize(torch)
     row: dict[str, Any] = {"mode": mode, "graph": name}
-    phases: dict[str, float] = defaultdict(float)
     if mode == "frontend":
         row["first_call_s"] = benchlib.gpu_only("frontend: the frontend's own build and execute", _frontend_first_call,
                                                 torch, graph, pack)  # fmt: skip
@@ -89,16 +90,16 @@ def child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
     import plancache
 
     cache = plancache.PlanCache(cache_dir, backend=benchlib.backend(), auto_prime=False)
-    _instrument(cache.backend, phases)
     cache.backend.prepare(cache.backend.current_device())  # its cuDNN handle, as the frontend's run has one before its timer
-    phases.clear()
-    started = time.perf_counter()
-    plan = cache.get(graph)
-    plan.execute(pack)
-    benchlib.synchronize(torch)
-    row["first_call_s"] = time.perf_counter() - started
+    with benchlib.MissStages(cache) as stages:
+        started = time.perf_counter()
+        plan = cache.get(graph)
+        row["lookup_s"] = time.perf_counter() - started
+        plan.execute(pack)
+        benchlib.synchronize(torch)
+        row["first_call_s"] = time.perf_counter() - started
+        row["stages"] = stages.take()
     row["source"] = plan.source
-    row["phases_s"] = dict(phases)
     entry = cache.store.get(plan.key) if cache.store is not None else None
     if entry is not None and mode == "cold":
         row["check"] = entry.check
@@ -128,36 +129,6 @@ def _count(items: Any) -> dict[str, int]:
     for item in items:
         found[item] += 1
     return found
-
-
-CANDIDATE_PHASES = (("build", "build"), ("prepare", "inputs"), ("outputs", "launch_compare"), ("bounds", "bounds"),
-                    ("time", "timing"), ("finish", "serialize"))  # fmt: skip
-
-
-def _instrument(backend: Any, phases: dict[str, float]) -> None:
-    """Time the phases of a miss by wrapping the backend's public seam: its ``candidates``
-    call (planning), and the calls of each candidate set it returns (``CandidateSet``)."""
-
-    def timed(fn: Any, phase: str) -> Any:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                phases[phase] += time.perf_counter() - started
-                phases[phase + "_calls"] += 1
-
-        return wrapper
-
-    plan_candidates = timed(backend.candidates, "planning")
-
-    def candidates(*args: Any, **kwargs: Any) -> Any:
-        found = plan_candidates(*args, **kwargs)
-        for method, phase in CANDIDATE_PHASES:
-            setattr(found, method, timed(getattr(found, method), phase))
-        return found
-
-    backend.candidates = candidates
 
 
 def run_child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
@@ -197,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(run_child("frontend", name, cache_dir))
                 rows.append(run_child("cold", name, cache_dir))
                 rows.append(run_child("warm", name, cache_dir))
-    print(f"{'graph':22} {'frontend s':>10} {'cold s':>8} {'ratio':>6} {'warm s':>8}  cold: phases (s) and candidates")
+    print(f"{'graph':22} {'frontend s':>10} {'cold s':>8} {'ratio':>6} {'warm s':>8}  cold: its lookup's stages and candidates")
     worst: float | None = None
     for name in dict.fromkeys(r["graph"] for r in rows):
         mine = [r for r in rows if r["graph"] == name]
@@ -214,11 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         ratio = None if fe is None or cold is None else cold / fe
         worst = ratio if worst is None or (ratio is not None and ratio > worst) else worst
         last = [r for r in mine if r["mode"] == "cold"][-1]
-        phases = ", ".join(f"{k} {v:.3f}" for k, v in last.get("phases_s", {}).items() if not k.endswith("_calls"))
-        calls = {k[:-6]: int(v) for k, v in last.get("phases_s", {}).items() if k.endswith("_calls")}
+        stages = benchlib.stage_row(last["stages"], last["lookup_s"])
         fmt = benchlib.fmt
-        print(f"{name:22} {fmt(fe, '10.3f')} {fmt(cold, '8.3f')} {fmt(ratio, '6.2f')} {fmt(warm, '8.3f')}  {phases}; "
-              f"calls {calls}; {last.get('statuses')}; warm from {[r.get('source') for r in mine if r['mode'] == 'warm']}")  # fmt: skip
+        print(f"{name:22} {fmt(fe, '10.3f')} {fmt(cold, '8.3f')} {fmt(ratio, '6.2f')} {fmt(warm, '8.3f')}  ms: {stages}; "
+              f"{last.get('statuses')}; warm from {[r.get('source') for r in mine if r['mode'] == 'warm']}")  # fmt: skip
     print(f"bench_miss: worst cold/frontend ratio {benchlib.fmt(worst, '.2f')}")
     benchlib.report_skipped("bench_miss")
     if args.out is not None:

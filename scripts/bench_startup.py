@@ -123,16 +123,19 @@ def _cache_phase(args: dict[str, Any], policy: str) -> dict[str, Any]:
             inside.append(time.perf_counter() - begun)
 
     cache.backend.load = timed_load  # type: ignore[method-assign]
-    times, sources = [], []
-    for _label, name, params in SUITE:
-        graph = templates.build(name, **params)
-        started = time.perf_counter()
-        plan = cache.get(graph)
-        times.append(time.perf_counter() - started)
-        benchlib.synchronize(torch)  # nothing was launched; outside the lookup's time
-        sources.append(plan.source)
+    times, sources, stages = [], [], []
+    with benchlib.MissStages(cache) as timer:  # where a miss's time goes (a hit passes its key and judge only)
+        for _label, name, params in SUITE:
+            graph = templates.build(name, **params)
+            started = time.perf_counter()
+            plan = cache.get(graph)
+            times.append(time.perf_counter() - started)
+            stages.append(timer.take())
+            benchlib.synchronize(torch)  # nothing was launched; outside the lookup's time
+            sources.append(plan.source)
     cache.close()
-    return {"seconds": times, "sources": sources, "counters": cache.counters, "deserialize_seconds": sum(inside)}
+    return {"seconds": times, "sources": sources, "counters": cache.counters, "deserialize_seconds": sum(inside),
+            "stages": stages}  # fmt: skip
 
 
 def phase_exhaustive(args: dict[str, Any]) -> dict[str, Any]:
@@ -482,6 +485,10 @@ def print_table(r: dict[str, Any]) -> None:
         f" vs heuristic build {_ratio(totals['heuristic'], primed)}x faster; vs exhaustive {_ratio(totals['exhaustive'], primed)}x"
     )
     print(f"cold (top-k) wall / exhaustive wall: {_ratio(totals['cold'], totals['exhaustive'], '.2f')}")
+    print("cold misses by stage, ms, the largest first (scripts/benchlib.py MissStages), beside the heuristic build:")
+    for i, label in enumerate(r["suite"]):
+        print(f"  {label:38} {ms(r['cold']['seconds'][i]).strip():>7} vs {ms(r['heuristic']['seconds'][i]).strip():>7}: "
+              f"{benchlib.stage_row(r['cold']['stages'][i], r['cold']['seconds'][i])}")  # fmt: skip
     print(f"repeat lookup: builder {r['exec']['builder_repeat_us']:.2f} us, builder(key=) {r['exec']['builder_key_repeat_us']:.2f} us,"
           f" get(graph) {r['exec']['get_repeat_us']:.1f} us;"
           f" execute host overhead {r['exec']['execute_host_us']:.1f} us")  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -256,3 +257,102 @@ def versions(torch: Any) -> dict[str, Any]:
     cudnn_version = torch.backends.cudnn.version() if has_cuda(torch) else None
     return {"gpu": gpu, "cudnn": cudnn_version, "cudnn_frontend": cudnn.__version__, "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+
+
+#: The stages of a miss ``MissStages`` times, in the order a miss runs them: keying the graph,
+#: the key's build locks, the backend's planning (heuristics), then each candidate set's calls
+#: (``CandidateSet``: build, inputs, launch and compare, bounds, timing, serialize), then the
+#: load back of the stored blob, the judge and the store's write.
+MISS_STAGES = ("key", "lock", "planning", "build", "inputs", "launch_compare", "bounds", "timing", "serialize", "load_back",
+               "judge", "store_write")  # fmt: skip
+_CANDIDATE_STAGES = (("build", "build"), ("prepare", "inputs"), ("outputs", "launch_compare"), ("bounds", "bounds"),
+                     ("time", "timing"), ("finish", "serialize"))  # fmt: skip
+
+
+class MissStages:
+    """Seconds and calls of each stage of a cache's misses (``MISS_STAGES``), by wrapping the
+    seams a miss goes through on the cache's own objects (the backend, its candidate sets,
+    the lookup's keys, flight, load back and store, and the judge the lookup calls): the
+    library is not changed, and a hit passes through only the key and the read. ``take()``
+    returns what was timed since the last ``take()`` and starts again. Used as a context
+    manager: at its end the judge is the lookup module's own again (the cache's objects keep
+    their timers, and are not used after)."""
+
+    def __init__(self, cache: Any) -> None:
+        import plancache.cache.lookup as lookup_module
+
+        self.seconds: dict[str, float] = dict.fromkeys(MISS_STAGES, 0.0)
+        self.calls: dict[str, int] = dict.fromkeys(MISS_STAGES, 0)
+        lookup = cache.lookup
+        lookup.key_and_names = self._timed(lookup.key_and_names, "key")
+        lookup.flight.hold = self._timed_context(lookup.flight.hold, "lock")
+        lookup.unstored.load_back = self._timed(lookup.unstored.load_back, "load_back")
+        lookup.local.put = self._timed(lookup.local.put, "store_write")
+        # The judge is a function the lookup module calls by name.
+        self._module, self._judged = lookup_module, lookup_module.judged
+        lookup_module.judged = self._timed(lookup_module.judged, "judge")
+        planning = self._timed(cache.backend.candidates, "planning")
+
+        def candidates(*args: Any, **kwargs: Any) -> Any:
+            found = planning(*args, **kwargs)
+            for method, stage in _CANDIDATE_STAGES:
+                setattr(found, method, self._timed(getattr(found, method), stage))
+            return found
+
+        cache.backend.candidates = candidates
+
+    def _add(self, stage: str, begun: float) -> None:
+        self.seconds[stage] += time.perf_counter() - begun
+        self.calls[stage] += 1
+
+    def _timed(self, fn: Callable[..., T], stage: str) -> Callable[..., T]:
+        def timed(*args: Any, **kwargs: Any) -> T:
+            begun = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._add(stage, begun)
+
+        return timed
+
+    def _timed_context(self, hold: Callable[..., Any], stage: str) -> Callable[..., Any]:
+        """``hold`` (a context manager's factory), its entry and exit timed: the wait for the
+        locks and their release, not the build the locks are held for."""
+
+        @contextlib.contextmanager
+        def timed(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            begun = time.perf_counter()
+            released: float | None = None
+            try:
+                with hold(*args, **kwargs) as value:
+                    self._add(stage, begun)
+                    try:
+                        yield value
+                    finally:
+                        released = time.perf_counter()
+            finally:
+                if released is not None:
+                    self.seconds[stage] += time.perf_counter() - released
+
+        return timed
+
+    def __enter__(self) -> MissStages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._module.judged = self._judged
+
+    def take(self) -> dict[str, Any]:
+        """``{"seconds": {stage: s}, "calls": {stage: n}}`` since the last ``take()``."""
+        taken = {"seconds": dict(self.seconds), "calls": dict(self.calls)}
+        self.seconds = dict.fromkeys(MISS_STAGES, 0.0)
+        self.calls = dict.fromkeys(MISS_STAGES, 0)
+        return taken
+
+
+def stage_row(stages: dict[str, Any], wall: float) -> str:
+    """A miss's stages in milliseconds, the largest first, and what none of them covers."""
+    seconds = stages["seconds"]
+    shown = sorted((s for s in seconds if seconds[s] > 0), key=lambda s: -seconds[s])
+    parts = [f"{s} {seconds[s] * 1e3:.1f}" + (f" ({stages['calls'][s]}x)" if stages["calls"][s] > 1 else "") for s in shown]
+    return ", ".join([*parts, f"other {(wall - sum(seconds.values())) * 1e3:.1f}"])

@@ -30,6 +30,7 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
             "TOTAL (s)",
             "launch host time",
             "top-K simulated",
+            "cold misses by stage, ms, the largest first",
             "bench_startup smoke run: 4 GPU-only part(s) skipped: needs a GPU",
         ],
         True,
@@ -65,7 +66,10 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
     "bench_miss": (
         [],
         [
-            "cold: phases (s) and candidates",
+            "cold: its lookup's stages and candidates",
+            "ms: ",
+            "judge ",
+            "store_write ",
             "conv_bias_relu            skipped ",
             "sdpa_causal ",
             "warm from ['loaded']",
@@ -251,3 +255,39 @@ def test_the_script_runs_its_gpu_path_on_the_cpu_test_backend(name: str, tmp_pat
     assert "FAILED" not in printed, printed[-3000:]  # a part that failed, printed as a row
     if writes_json:
         json.loads(out.read_text(), parse_constant=pytest.fail)  # strict JSON: no NaN or Infinity
+
+
+def test_miss_stages_time_each_stage_of_a_miss_and_give_the_judge_back(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The benchmarks' stage timer (``benchlib.MissStages``) covers a miss's stages within its
+    wall time, sees a hit pass only its key and judge, and leaves the lookup module as it was."""
+    import time
+
+    from graphs import ConvBiasRelu
+
+    import plancache.cache.lookup as lookup_module
+    from plancache import PlanCache
+    from plancache.testing import CpuTestBackend
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    monkeypatch.delitem(sys.modules, "benchlib", raising=False)
+    import benchlib
+
+    judge = lookup_module.judged
+    cache = PlanCache(tmp_path, backend=CpuTestBackend(), auto_prime=False)
+    with benchlib.MissStages(cache) as stages:
+        started = time.perf_counter()
+        cache.get(ConvBiasRelu(n=2).graph())
+        wall = time.perf_counter() - started
+        miss = stages.take()
+        cache.lookup.memory.clear()
+        cache.get(ConvBiasRelu(n=2).graph())  # from the store
+        hit = stages.take()
+    cache.close()
+    assert lookup_module.judged is judge
+    assert set(miss["seconds"]) == set(benchlib.MISS_STAGES)
+    ran = {stage for stage, calls in miss["calls"].items() if calls}
+    assert {"key", "lock", "planning", "build", "serialize", "load_back", "judge", "store_write"} <= ran, ran
+    assert 0 < sum(miss["seconds"].values()) <= wall
+    assert {stage for stage, calls in hit["calls"].items() if calls} == {"key", "judge"}, hit
+    assert "other " in benchlib.stage_row(miss, wall)
