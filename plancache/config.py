@@ -141,7 +141,8 @@ def _blank(value: object) -> bool:
 
 _SWITCH_ON = ("1", "true", "yes", "on")
 _SWITCH_OFF = ("0", "false", "no", "off")
-#: The words that lift a limit that has a "no limit".
+#: The words that lift a limit that has a "no limit" (where a number may be given, ``inf``
+#: and ``infinity`` are read as the number).
 _NO_LIMIT = ("off", "none")
 
 
@@ -181,14 +182,20 @@ def whole_number(least: int, what: str) -> Callable[[Any], int]:
     return read
 
 
+def _as_float(value: object) -> float:
+    """A number, or text of one (``inf`` too), as a float; NaN for anything else, True and
+    False included."""
+    try:
+        return float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
+    except ValueError:
+        return math.nan
+
+
 def number(least: float, what: str) -> Callable[[Any], float]:
     """The reader of a finite number (``what``) of ``least`` or more: a number, or text of one."""
 
     def read(value: object) -> float:
-        try:
-            got = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
-        except ValueError:
-            got = math.nan
+        got = _as_float(value)
         if not (math.isfinite(got) and got >= least):
             raise _Refused(f"is not {what}: give a number of {least:g} or more")
         return got
@@ -309,12 +316,9 @@ def _seconds(value: object) -> float:
 def wait_seconds(value: object) -> float:
     """The reader of a wait: a number of seconds above 0, or text of one; ``math.inf`` (or
     ``inf``, ``off``, ``none``) waits without a limit."""
-    if isinstance(value, str) and value.strip().lower() in (*_NO_LIMIT, "inf", "infinity"):
+    if isinstance(value, str) and value.strip().lower() in _NO_LIMIT:
         return math.inf
-    try:
-        seconds = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
-    except ValueError:
-        seconds = math.nan
+    seconds = _as_float(value)
     if not seconds > 0:  # `not >`: NaN too
         raise _Refused("is not a number of seconds above 0: give one such as 60, or math.inf for no limit")
     return seconds
@@ -656,7 +660,7 @@ AUTO_PRIME: Setting[bool] = Setting(
 
 def _autotune_budget(value: object) -> float:
     """A multiple of the frontend's own build of at least 1, or ``off`` (no limit)."""
-    if isinstance(value, str) and value.strip().lower() in (*_NO_LIMIT, "inf", "infinity"):
+    if isinstance(value, str) and value.strip().lower() in _NO_LIMIT:
         return math.inf
     try:
         number = float(value)  # type: ignore[arg-type]

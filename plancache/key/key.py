@@ -78,10 +78,10 @@ def _one_of(choices: tuple[str, ...], what: str) -> Any:
 def _modes(value: object) -> tuple[str, ...]:
     """A non-empty tuple (or list) of heuristic modes, each once, in any case; text names one mode."""
     modes = (value,) if isinstance(value, str) else value
-    if not isinstance(modes, (tuple, list)) or not modes or not all(isinstance(m, str) for m in modes):
-        modes = ("",)
-    read = tuple(m.strip().upper() for m in modes)
-    if any(m not in HEURISTIC_MODES for m in read):
+    read: tuple[str, ...] = ()
+    if isinstance(modes, (tuple, list)) and all(isinstance(m, str) for m in modes):
+        read = tuple(m.strip().upper() for m in modes)
+    if not read or any(m not in HEURISTIC_MODES for m in read):
         raise Refused(f"is not a non-empty sequence of heuristic modes from {', '.join(HEURISTIC_MODES)}")
     return read
 
