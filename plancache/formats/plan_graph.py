@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, TypeGuard
 
 from .plan_blob import PlanBlob
 
-__all__ = ["BlobNode", "BlobTensor", "PlanGraph", "PlanGraphError", "float_bits", "read_graph", "written"]
+__all__ = ["BlobNode", "BlobTensor", "PlanGraph", "PlanGraphError", "float_bits", "int_list", "read_graph", "written"]
 
 _GRAPH_KEYS = frozenset({"tensors", "nodes"})
 _HEX_FLOAT = re.compile(r"[0-9A-Fa-f]{1,8}")
@@ -119,7 +119,7 @@ def read_graph(blob: PlanBlob) -> PlanGraph:
 
 def _tensor(tensor: Mapping[str, Any], uid: int) -> BlobTensor:
     dims, strides, data_type, virtual, by_value, ragged, reordering, multiplier = written(tensor)
-    if not (_ints(dims) and _ints(strides) and (data_type is None or isinstance(data_type, str))
+    if not (int_list(dims) and int_list(strides) and (data_type is None or isinstance(data_type, str))
             and type(virtual) is bool and type(by_value) is bool and (ragged is None or type(ragged) is int)):  # fmt: skip
         raise PlanGraphError(f"tensor {uid} of the blob has fields of the wrong types")
     return BlobTensor(tuple(dims), tuple(strides), data_type, virtual, by_value, ragged, reordering, multiplier, tensor)
@@ -137,7 +137,7 @@ def _node(node: Any, index: int) -> BlobNode:
 def _ports(ports: dict[str, Any]) -> bool:
     """Each port holds a uid, a list of uids (concatenation, peer stats), or nothing."""
     return {*map(type, ports.values())} <= _UID_TYPES or all(
-        uid is None or type(uid) is int or _ints(uid) for uid in ports.values()
+        uid is None or type(uid) is int or int_list(uid) for uid in ports.values()
     )
 
 
@@ -145,5 +145,6 @@ _UID_TYPES = {int, type(None)}
 _INT = {int}
 
 
-def _ints(values: Any) -> TypeGuard[list[int]]:
+def int_list(values: Any) -> TypeGuard[list[int]]:
+    """Whether ``values`` is a list of ints and nothing else (no bool, no subclass), checked in C."""
     return type(values) is list and {*map(type, values)} <= _INT

@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 
 from ...formats.plan_blob import PlanBlob
-from ...formats.plan_graph import float_bits
+from ...formats.plan_graph import float_bits, int_list
 from ...formats.ubjson import UbjsonError
 from ...key import TensorSpec
 from ..inputs import DTYPE_BYTES
@@ -243,16 +243,9 @@ def _workspace_change(change: Any, fe_workspace_size: int) -> WorkspaceChange:
 
 def _int64s(values: Any, what: str) -> tuple[int, ...]:
     """A list of int64s as a tuple (None: empty); ``RecordError`` for anything else."""
-    if (
-        type(values) is list
-        and {*map(type, values)} <= _INT_TYPE
-        and (not values or _INT64[0] <= min(values) <= max(values) <= _INT64[1])
-    ):
+    if int_list(values) and (not values or _INT64[0] <= min(values) <= max(values) <= _INT64[1]):
         return tuple(values)  # most lists: checked whole, in C
     return tuple(_int(value, what, *_INT64) for value in values or [])
-
-
-_INT_TYPE = {int}
 
 
 def _backend_tensors(text: str) -> dict[int, TensorSpec]:
