@@ -273,7 +273,7 @@ class MissStages:
     """Seconds and calls of each stage of a cache's misses (``MISS_STAGES``), by wrapping the
     seams a miss goes through on the cache's own objects (the backend, its candidate sets,
     the lookup's keys, flight, load back and store, and the judge the lookup calls): the
-    library is not changed, and a hit passes through only the key and the read. ``take()``
+    library is not changed, and a store hit passes through only the key and the judge. ``take()``
     returns what was timed since the last ``take()`` and starts again. Used as a context
     manager: at its end the judge is the lookup module's own again (the cache's objects keep
     their timers, and are not used after)."""

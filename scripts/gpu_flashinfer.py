@@ -21,10 +21,11 @@ with each other (cold and warm run the same stored plan). The call is then made 
 (``--calls`` in all, each output held to the reference): an engine that does not repeat its
 own bits (the order of a split reduction) is held to the reference alone. Per drop-in
 process: plancache's counters (hits, misses, quarantines, judge disagreements, plans not
-stored), the engines of the stored plans, and every plancache warning. Printed: a table of the cases by mode and one line per check;
-``--out`` writes everything as JSON; ``--record DIR`` copies the stored entries there
-(``scripts/record_plans.py``: the judge's corpus), and any plan the judge refused
-(``flashinfer-refused``: the judge's defects, with their blobs and descriptions).
+stored), the engines of the stored plans, and every plancache warning. Printed: a table
+of the cases by mode and one line per check; ``--out`` writes everything as JSON;
+``--record DIR`` copies the stored entries there (``scripts/record_plans.py``: the judge's
+corpus), and any plan the judge refused (``flashinfer-refused``: the judge's defects, with
+their blobs and descriptions).
 
 Exit status: 0 when every output matched its reference in every mode, cold and warm gave
 the same bits where the engine repeats its own, no plan was refused or quarantined, no
