@@ -518,7 +518,7 @@ def show(obj: _Context, key: str, explain: bool) -> None:
     finally:
         if store is not None:
             store.close()
-    data = {k: v for k, v in vars(entry).items() if k != "blob"}
+    data = entry.header()
     data["blob_size"] = len(entry.blob)
     if explain:
         data["explain"] = _explain(_entry_parts(entry))

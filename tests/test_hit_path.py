@@ -144,3 +144,86 @@ def test_a_miss_decodes_the_blob_it_stores_once(make_cache: MakeCache, monkeypat
     plan = cache.get(ConvBiasRelu().graph())
     assert plan.source == "built"
     assert decoded == [cache.store.get(plan.key).blob]
+
+
+def test_a_store_hit_reads_no_candidates_or_timing_records_and_encodes_no_metadata(
+        make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A hit's row read names only the columns it reads (not the candidates' and timing
+    records, which SQLite would turn into strings at every hit), and its metadata checksum
+    is checked on the row's own texts: nothing encoded again."""
+    from plancache.store import Entry
+    from plancache.store import entry as entry_module
+
+    spec = ConvBiasRelu()
+    make_cache().get(spec.graph())
+    cache = make_cache(auto_prime=False)
+    cache.environment  # noqa: B018 - read once per process
+    statements: list[str] = []
+    cache.store.connection().set_trace_callback(statements.append)
+
+    def no_encoding(self: Entry) -> str:
+        raise AssertionError("the metadata checksum was computed by encoding the entry again")
+
+    monkeypatch.setattr(Entry, "meta_digest", no_encoding)
+    encoded: list[Any] = []
+    canonical = entry_module.canonical_json
+    monkeypatch.setattr(entry_module, "canonical_json", lambda value: encoded.append(value) or canonical(value))
+    plan = cache.get(spec.graph())
+    assert plan.source == "loaded" and cache.counters["corrupt"] == 0
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT") and "FROM plans" in s]
+    assert reads and all("candidates_json" not in s and "timing_json" not in s and "*" not in s for s in reads), reads
+    assert encoded == [], "a hit encodes no column again"
+
+
+def test_a_row_whose_metadata_texts_are_not_canonical_is_checked_on_its_decoding(make_cache: MakeCache, db: Any) -> None:
+    """An older writer's tensor table with spaces: its checksum (over the canonical text)
+    is checked on the decoded table, and the plan served; the same table altered is refused."""
+    import json
+
+    spec = ConvBiasRelu()
+    stored = make_cache().get(spec.graph())
+    conn = db()
+    text = conn.execute("SELECT tensors_json FROM plans WHERE key = ?", (stored.key,)).fetchone()[0]
+    spaced = json.dumps(json.loads(text), sort_keys=True)
+    assert spaced != text
+    conn.execute("UPDATE plans SET tensors_json = ? WHERE key = ?", (spaced, stored.key))
+    cache = make_cache(auto_prime=False)
+    assert cache.get(spec.graph()).source == "loaded" and cache.counters["corrupt"] == 0
+    altered = spaced.replace('"is_output": false', '"is_output": true', 1)
+    assert altered != spaced
+    conn.execute("UPDATE plans SET tensors_json = ? WHERE key = ?", (altered, stored.key))
+    again = make_cache(auto_prime=False)
+    assert again.get(spec.graph()).source in ("rebuilt", "built") and again.counters["corrupt"] == 1
+
+
+def test_json_columns_that_only_the_standard_library_reads_still_decode() -> None:
+    """orjson reads the columns; what it refuses and ``json`` wrote (NaN, an integer past 64
+    bits) is read by ``json`` as before, and text that is no JSON is still a ValueError."""
+    from plancache.store import entry as entry_module
+
+    assert entry_module.load_json('{"a": [1, 2]}', "x") == {"a": [1, 2]}
+    value = entry_module.load_json('{"t": NaN, "n": 123456789012345678901234567890}', "timing_json")
+    assert value["n"] == 123456789012345678901234567890 and value["t"] != value["t"]
+    with pytest.raises(ValueError, match="nests deeper"):
+        entry_module.load_json("[" * 100 + "]" * 100, "check_json")
+    with pytest.raises(ValueError):
+        entry_module.load_json("{not json", "engine_json")
+
+
+def test_what_is_read_from_a_blob_is_read_once_errors_included() -> None:
+    blob = plan_blob.PlanBlob(b"\x00\x01")
+    calls: list[int] = []
+
+    def reader(b: plan_blob.PlanBlob) -> int:
+        calls.append(1)
+        return len(b.data)
+
+    def refusing(b: plan_blob.PlanBlob) -> int:
+        calls.append(2)
+        raise ValueError("not a plan")
+
+    assert blob.read(reader) == 2 and blob.read(reader) == 2
+    for _ in range(2):
+        with pytest.raises(ValueError, match="not a plan"):
+            blob.read(refusing)
+    assert calls == [1, 2]

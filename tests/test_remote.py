@@ -78,7 +78,9 @@ def make_entry(key: str = "ab" * 32, env_id: str = ENV_ID, size: int = 4096) -> 
 def same_plan(a: Entry, b: Entry) -> bool:
     """Equal but for the per-node usage fields and the metadata checksum the store adds."""
     usage = {"hit_count", "last_used_at", "meta_sha256"}
-    return {k: v for k, v in vars(a).items() if k not in usage} == {k: v for k, v in vars(b).items() if k not in usage}
+    return {k: v for k, v in {**a.header(), "blob": a.blob}.items() if k not in usage} == {
+        k: v for k, v in {**b.header(), "blob": b.blob}.items() if k not in usage
+    }
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:

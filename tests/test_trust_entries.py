@@ -324,7 +324,7 @@ def test_a_bundle_or_fleet_entry_with_a_bad_field_is_refused_as_malformed(make_c
     entry = store.get(key)
     store.close()
     assert entry is not None
-    header = {name: v for name, v in vars(entry).items() if name != "blob"}
+    header = entry.header()
     header[field] = {"deep": 1} if field == "description" else value
     raw = json.dumps(header, sort_keys=True).encode().replace(b'{"deep": 1}', DEEP.encode())  # nested beyond any description
     data = ENTRY_MAGIC + struct.pack(">Q", len(raw)) + raw + entry.blob

@@ -22,8 +22,7 @@ _MAX_HEADER = 64 << 20
 
 
 def encode_entry(entry: Entry) -> bytes:
-    header = {name: value for name, value in vars(entry).items() if name != "blob"}
-    raw = json.dumps(header, sort_keys=True).encode()
+    raw = json.dumps(entry.header(), sort_keys=True).encode()
     return ENTRY_MAGIC + _LENGTH.pack(len(raw)) + raw + entry.blob
 
 

@@ -15,12 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from ..formats.plan_blob import PlanBlob
 from ..key import KEY_FORMAT, CacheKey, TensorSpec, canonical_json, environment_id
 from .judge import form_of, judge
 
 __all__ = [
     "CHECK_RULE",
+    "INSERT_COLUMNS",
     "INSERT_SQL",
     "MAX_DEPTH",
     "MAX_WORKSPACE",
@@ -28,6 +31,7 @@ __all__ = [
     "Entry",
     "Sound",
     "Unsound",
+    "held_to",
     "judged",
     "load_json",
     "problem",
@@ -67,9 +71,15 @@ def load_json(text: Any, what: str) -> Any:
     if not isinstance(text, (str, bytes)):
         raise ValueError(f"{what} is a {type(text).__name__}, not JSON text")
     try:
-        value = json.loads(text)
-    except RecursionError:
-        raise ValueError(f"{what} nests deeper than {MAX_DEPTH} levels") from None
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        # What orjson refuses that Python's json reads: NaN and the infinities, integers
+        # past 64 bits, lone surrogates (records written by json.dumps may hold them);
+        # JSON it cannot read either is refused there.
+        try:
+            value = json.loads(text)
+        except RecursionError:
+            raise ValueError(f"{what} nests deeper than {MAX_DEPTH} levels") from None
     opened = text.count("[") + text.count("{") if isinstance(text, str) else text.count(b"[") + text.count(b"{")
     if opened <= MAX_DEPTH:  # fewer brackets than the limit (strings' own included): no deeper nesting
         return value
@@ -132,6 +142,15 @@ class Entry:
     #: How the choice was checked against the other candidates (``engines.autotune``);
     #: None: stored before plancache checked candidates, so not to be served.
     check: dict[str, Any] | None = None
+    #: The texts of the columns the metadata checksum covers, as read from a row (None for
+    #: an entry made any other way, or changed by ``dataclasses.replace``): the checksum of
+    #: a row written as ``row`` writes them is checked on these, nothing encoded again.
+    row_texts: tuple[str, str | None, int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def header(self) -> dict[str, Any]:
+        """Every field but the blob (and not what was kept of the row it was read from):
+        what a bundle, the fleet and ``plancache show`` carry beside the blob."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init and f.name != "blob"}
 
     def checksum_ok(self) -> bool:
         return len(self.blob) > 0 and sha256(self.blob) == self.blob_sha256
@@ -143,9 +162,19 @@ class Entry:
         return isinstance(self.check, dict) and self.check.get("rule") == CHECK_RULE
 
     def meta_digest(self) -> str:
-        """SHA-256 of what the plan executes with besides its blob, over the text the
-        store keeps (so a hit checks it without encoding anything)."""
+        """SHA-256 of what the plan executes with besides its blob, over the canonical text
+        the store keeps of it."""
         return _meta_digest(*self._meta_columns())
+
+    def meta_ok(self) -> bool:
+        """Whether the metadata checksum holds (an entry without one, stored by schema 1,
+        has nothing to check). A row's own texts are hashed as read; only a row whose texts
+        are not the canonical ones ``row`` writes (an older writer's) is encoded again."""
+        if self.meta_sha256 is None:
+            return True
+        if self.row_texts is not None and _meta_digest(*self.row_texts) == self.meta_sha256:
+            return True
+        return self.meta_digest() == self.meta_sha256
 
     def _meta_columns(self) -> tuple[str, str | None, int, str | None]:
         # Canonical (sorted) JSON: the same text whatever order a decoder gave the keys.
@@ -199,7 +228,7 @@ class Entry:
             found = known.get(name)
             return found[1] if found is not None and found[0] == text else load_json(text, name)
 
-        return cls.validated({
+        entry = cls.validated({
             "key": row["key"],
             "env_id": row["env_id"],
             "label": row["label"],
@@ -223,6 +252,9 @@ class Entry:
             "meta_sha256": row["meta_sha256"] if "meta_sha256" in columns else None,
             "check": load_json(row["check_json"], "check_json") if "check_json" in columns and row["check_json"] else None,
         })  # fmt: skip
+        check_json = row["check_json"] if "check_json" in columns else None
+        entry.row_texts = (row["tensors_json"], row["engine_json"], entry.workspace_size, check_json)
+        return entry
 
     @classmethod
     def validated(cls, fields: Mapping[str, Any]) -> Entry:
@@ -254,7 +286,9 @@ class Entry:
 #: Each field of an entry and its default (a bundle written before a field existed lacks
 #: it); MISSING: required.
 _DEFAULTS: dict[str, Any] = {
-    f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory for f in dataclasses.fields(Entry)
+    f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory
+    for f in dataclasses.fields(Entry)
+    if f.init
 }
 
 
@@ -346,6 +380,15 @@ def judged(entry: Entry, environment: Mapping[str, Any] | None = None, env_id: s
         return Unsound(f"malformed entry ({type(exc).__name__}: {exc})")
 
 
+def held_to(verdict: Sound | Unsound, environment: Mapping[str, Any]) -> Sound | Unsound:
+    """A verdict of ``judged(entry)`` (no environment: judged ahead of the device, by the
+    primer) for a key of ``environment``: what ``judged(entry, environment)`` would say of a
+    sound entry. An unsound one stays unsound, for its own reason."""
+    if isinstance(verdict, Sound) and verdict.entry.environment != environment:
+        return Unsound("environment differs from the key's")
+    return verdict
+
+
 def _holds(entry: Entry, key: CacheKey | None) -> bool:
     """Whether ``entry``'s graph and options are ``key``'s own objects, under its digest: a
     row whose columns were the key's texts (``Entry.from_row``'s ``known``), or an entry made
@@ -365,7 +408,7 @@ def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | N
     parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
     if not _holds(entry, key) and entry.key != sha256(canonical_json(parts).encode()):
         return Unsound("key does not match the recorded graph, environment and options")
-    if entry.meta_sha256 is not None and entry.meta_sha256 != entry.meta_digest():
+    if not entry.meta_ok():
         return Unsound("metadata checksum mismatch (tensor table, engine, workspace size or check record altered)")
     if entry.check is not None and not isinstance(entry.check, dict):
         return Unsound(f"malformed entry (its check record is a {type(entry.check).__name__})")
@@ -400,11 +443,11 @@ def _tensor_problem(entry: Entry) -> str | None:
     return None
 
 
-_INSERT_COLUMNS = (
+INSERT_COLUMNS = (
     "key", "env_id", "label", "graph_json", "environment_json", "options_json", "tensors_json",
     "blob", "blob_sha256", "blob_size", "engine_json", "workspace_size", "policy",
     "candidates_json", "timing_json", "build_seconds", "autotune_seconds", "backend",
     "created_at", "last_used_at", "hit_count", "meta_sha256", "check_json",
 )  # fmt: skip
 #: Insert (or replace) one ``Entry.row()``.
-INSERT_SQL = f"INSERT OR REPLACE INTO plans ({', '.join(_INSERT_COLUMNS)}) VALUES ({', '.join(':' + c for c in _INSERT_COLUMNS)})"
+INSERT_SQL = f"INSERT OR REPLACE INTO plans ({', '.join(INSERT_COLUMNS)}) VALUES ({', '.join(':' + c for c in INSERT_COLUMNS)})"

@@ -30,7 +30,7 @@ from ..config import ALLOW_SHARED_DIR, CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, EntryNotFoundError, StoreBusyError, StoreError
 from . import bookkeeping
 from .connections import GATE, connect
-from .entry import INSERT_SQL, Entry, sha256, sound_use
+from .entry import INSERT_COLUMNS, INSERT_SQL, Entry, sha256, sound_use
 from .files import check_trusted, create_file, harden
 from .quarantine import Quarantine
 from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text, reads
@@ -40,6 +40,11 @@ __all__ = ["MIN_KEY_PREFIX", "Store"]
 
 #: The fewest characters of a key that name it (``rm``, ``show``, ``export --key``).
 MIN_KEY_PREFIX = 4
+_READ_ALL = "SELECT * FROM plans WHERE key = ?"
+#: A store hit's read: every column but the candidates' and the timing records, which a
+#: hit never reads (text SQLite would otherwise turn into Python strings at every hit).
+_HIT_COLUMNS = ", ".join(c for c in INSERT_COLUMNS if c not in ("candidates_json", "timing_json"))
+_READ_HIT = f"SELECT {_HIT_COLUMNS} FROM plans WHERE key = ?"
 
 log = logging.getLogger("plancache")
 
@@ -233,7 +238,8 @@ class Store(Schema, Recovery, Quarantine):
         that finds the file damaged leaves a marker for the next open, then raises.
         ``known`` and ``details``: see ``Entry.from_row``."""
         try:
-            row = self.connection().execute("SELECT * FROM plans WHERE key = ?", (key,)).fetchone()
+            sql = _READ_ALL if details else _READ_HIT
+            row = self.connection().execute(sql, (key,)).fetchone()
             return Entry.from_row(row, known, details) if row is not None else None
         except (ValueError, KeyError, TypeError) as exc:  # a field of the wrong type, range or depth (Entry.from_row)
             raise DamagedEntryError(
