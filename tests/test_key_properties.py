@@ -301,3 +301,34 @@ def test_the_oracle_survives_variants_it_cannot_build(tmp_path: Any) -> None:
     comparable = sum(v.comparable for name in ("matmul", "reshape") for v in FAMILIES[name].variants())
     assert payload["summary"]["variants"] == payload["summary"]["skipped"] == comparable
     assert payload["summary"]["collisions"] == 0 and set(payload["results"]) == {"matmul", "reshape"}
+
+
+def test_the_description_text_is_canonical_json_whichever_encoder_writes_it() -> None:
+    """make_key writes a description with orjson where that gives canonical_json's very
+    text, else with canonical_json: every family's every variant, and values orjson would
+    write otherwise (floats, non-ASCII, DEL, escapes, big integers, integer keys, tuples)."""
+    from plancache.key.key import _description_json
+
+    for family in FAMILIES.values():
+        for variant in family.variants():
+            description = describe(variant.build(), tag=variant.tag)
+            assert _description_json(description) == canonical_json(description), variant.label
+    awkward: list[Any] = [1e-05, 1e16, 0.1, -0.0, "é", "\x7f", "\x01", "a\"b\\c\n", "v1.2", 2**70, -(2**63) - 1, (1, 2),
+                          {1: "integer key"}, {"b": None, "a": True}]  # fmt: skip
+    for value in awkward:
+        assert _description_json({"x": value}) == canonical_json({"x": value}), value
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.text(), _JSON_VALUES, max_size=6))
+@settings(max_examples=400, deadline=None)
+def test_any_json_value_is_written_as_canonical_json(value: dict[str, Any]) -> None:
+    from plancache.key.key import _description_json
+
+    assert _description_json(value) == canonical_json(value)

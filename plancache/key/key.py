@@ -9,9 +9,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import orjson
 
 from ..config import Refused, argument, size, switch, whole_number
 
@@ -157,6 +160,30 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False, check_circular=False)
 
 
+#: What orjson writes otherwise than ``canonical_json``: a float (``1e-05`` is its
+#: ``0.00001``), an escape (``\u007f`` is its raw DEL), DEL itself.
+_WRITTEN_OTHERWISE = re.compile(rb"\d[.eE]|\\u|\x7f")
+_ORJSON_STRICT = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | (
+    orjson.OPT_PASSTHROUGH_DATETIME
+)
+
+
+def _description_json(description: Mapping[str, Any]) -> str:
+    """``canonical_json(description)``, the same text, written by orjson (a tenth of the
+    time: every store hit keys its graph) when nothing in it is written otherwise: ASCII
+    text with no escape, string keys, integers of 64 bits, no float. Anything else (and
+    whatever orjson refuses) is ``canonical_json``'s. A description holds no NaN or
+    infinity (``describe`` writes those as ``{"float": ...}``), which orjson would write as
+    null where ``canonical_json`` refuses them."""
+    try:
+        fast = orjson.dumps(description, option=_ORJSON_STRICT)
+    except TypeError:  # a key that is no string, an integer past 64 bits, a subclass...
+        return canonical_json(description)
+    if fast.isascii() and _WRITTEN_OTHERWISE.search(fast) is None:
+        return fast.decode()
+    return canonical_json(description)
+
+
 def _sha256(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
@@ -175,14 +202,15 @@ def make_key(
     own canonical texts (the top-level names sort as environment, format, graph, options),
     so a caller that keys many graphs of one environment passes its text once encoded as
     ``environment_json`` and every lookup encodes only the description."""
+    graph = dict(description)
     parts = {
         "format": KEY_FORMAT,
-        "graph": dict(description),
+        "graph": graph,
         "environment": dict(environment),
         "options": options.to_dict(),
     }
     texts = {
-        "graph": canonical_json(parts["graph"]),
+        "graph": _description_json(graph),
         "environment": environment_json if environment_json is not None else canonical_json(parts["environment"]),
         "options": _options_json(options),
     }
