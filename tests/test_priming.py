@@ -367,3 +367,39 @@ def test_a_failure_on_a_primer_helper_thread_stays_in_plancache(make_cache: Make
     time.sleep(0.1)
     assert escaped == []
     cache.close()
+
+
+def test_the_primer_judges_its_plans_and_reads_their_records_before_the_device_is_ready(
+        make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Ahead of the program's device, each plan is judged (all but its environment) and its
+    load's record read from the blob; once the device is ready, a primed plan is neither
+    judged nor read again: its finalize is what is left."""
+    from plancache.cache import lookup as lookup_module
+    from plancache.engines.native import record
+
+    fill(make_cache, "app", [1, 2, 3], device=1, devices=2)
+    at_lookup: list[Any] = []
+    parsed: list[Any] = []
+    judged, parse = lookup_module.judged, record._parse
+    monkeypatch.setattr(lookup_module, "judged", lambda *a, **k: at_lookup.append(a) or judged(*a, **k))
+    monkeypatch.setattr(record, "_parse", lambda blob: parsed.append(blob) or parse(blob))
+    backend = CpuTestBackend(devices=2, in_use=[0])
+    cache = make_cache(backend=backend, auto_prime=True, app="app")
+    deadline = time.monotonic() + 10
+    while len(parsed) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(parsed) == 3 and backend.loads == 0, "read ahead while the program has no device yet"
+    backend.use_device(1)  # the program's own first work on device 1
+    assert primed(cache)["primed"] == 3
+    assert at_lookup == [] and len(parsed) == 3, "nothing judged or read again once the device was ready"
+
+
+def test_a_plan_judged_ahead_is_still_held_to_the_devices_environment(make_cache: MakeCache) -> None:
+    """Judged ahead without the device, a plan stored for another GPU is still not primed."""
+    stored = make_cache(backend=CpuTestBackend(environment={"gpu_name": "one GPU"}), auto_prime=False, app="app")
+    key = stored.get(conv(1)).key
+    stored.close()
+    cache = make_cache(backend=CpuTestBackend(environment={"gpu_name": "another GPU"}), auto_prime=True, app="app")
+    report = primed(cache)
+    assert report["primed"] == 0 and report["skipped"] == {key: "environment differs from the key's"}
+    assert cache.get(conv(1)).source == "built", "its own environment's key: a miss, the other GPU's entry left alone"

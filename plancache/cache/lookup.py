@@ -27,7 +27,7 @@ from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadErr
 from ..formats.plan_blob import PlanBlob
 from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id
 from ..runtime.plan import Plan
-from ..store import NEVER_CHECKED, Entry, Sound, Unsound, judged, sha256, summarize
+from ..store import NEVER_CHECKED, Entry, Sound, Unsound, held_to, judged, sha256, summarize
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .counters import Counters
@@ -177,13 +177,15 @@ class Lookup:
         return plan.named(names)
 
     def prime(self, digest: str, environment: Mapping[str, Any], device: int, *, stop: threading.Event | None = None,
-              marks: dict[str, tuple[float, float]] | None = None, entry: Entry | None = None) -> str:  # fmt: skip
+              marks: dict[str, tuple[float, float]] | None = None, entry: Entry | None = None,
+              ahead: Sound | Unsound | None = None) -> str:  # fmt: skip
         """Load the stored plan ``digest`` onto ``device`` into memory ahead of its lookup.
         Returns "primed", "loaded" (in memory already, or being loaded by a lookup, which
         then has it), or why it was skipped. Gives way to builds: waits until no lookup
         is autotuning before it starts, and never writes (an unsound entry is left
         for its lookup to quarantine and rebuild). ``stop`` ends that wait ("stopped"): a
-        lookup may be autotuning for minutes while the cache is being closed."""
+        lookup may be autotuning for minutes while the cache is being closed. ``entry`` and
+        ``ahead``: the entry as read ahead of the device, and ``judged(entry)`` of it."""
         slot = (digest, device)
         started = time.perf_counter()
         while not self.loads.wait_until_no_build(timeout=_IDLE_POLL_S):
@@ -199,7 +201,8 @@ class Lookup:
                 with self.backend.guest(device):
                     if marks is not None:
                         marks["enter"] = (entering, time.perf_counter())
-                    outcome = self.serve_stored(digest, environment, device, count_hit=False, marks=marks, entry=entry)
+                    outcome = self.serve_stored(digest, environment, device, count_hit=False, marks=marks, entry=entry,
+                                                ahead=ahead)  # fmt: skip
             except CaptureInProgressError:
                 return "this thread is capturing"
             if isinstance(outcome, Plan):
@@ -282,8 +285,10 @@ class Lookup:
 
     def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *, count_hit: bool = True,
                      load: Load | None = None, marks: dict[str, tuple[float, float]] | None = None,
-                     entry: Entry | None = None, key: CacheKey | None = None, details: bool = False) -> Plan | Unserved:  # fmt: skip
-        """The local entry under ``digest`` (``entry``: as read already), judged and loaded
+                     entry: Entry | None = None, key: CacheKey | None = None, details: bool = False,
+                     ahead: Sound | Unsound | None = None) -> Plan | Unserved:  # fmt: skip
+        """The local entry under ``digest`` (``entry``: as read already; ``ahead``: its
+        verdict, judged ahead without an environment, see ``store.held_to``), judged and loaded
         (by ``load``, else the backend): a ``Plan``, else why it is not served.
         ``count_hit``: whether loading it counts as a hit (priming is not one: it may go
         unused). ``marks``: see ``prime``. ``key``: the lookup's, whose texts the row's
@@ -298,7 +303,10 @@ class Lookup:
                 return Unserved(None, Verdict.UNDECODABLE, f"entry cannot be decoded: {str(exc.__cause__ or exc)[:200]}")
         if entry is None:
             return _ABSENT
-        verdict = judged(entry, environment, self.environment(device)[1], key)
+        if ahead is not None and given:
+            verdict = held_to(ahead, environment)
+        else:
+            verdict = judged(entry, environment, self.environment(device)[1], key)
         if isinstance(verdict, Unsound):
             return Unserved(entry, Verdict.UNSOUND, verdict.reason)
         if not entry.checked:

@@ -29,9 +29,10 @@ A primed plan is loaded exactly as a lookup loads it (judged sound, then deseria
 its device) and kept in the memory tier, so the lookup is a memory hit. What needs no
 device is done before the device is ready: cuDNN's libraries are opened (with the GIL
 released: the device's first query then takes under a millisecond instead of 65-99 ms
-on an H200) and the entries read, decoded and checksummed (``READ_AHEAD``). Once the
-program's device is ready, what is left is cuDNN's handle, made once per device first,
-and each plan's finalize. A lookup of a plan
+on an H200) and the entries read and judged, all but their environment, which needs the
+device (``READ_AHEAD``), with each load's record read from its blob. Once the program's
+device is ready, what is left is cuDNN's handle, made once per device first, and each
+plan's finalize. A lookup of a plan
 being primed waits for that load instead of loading it twice; the primer starts a load
 only while no lookup is loading or building, and never writes to the store.
 """
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import APP
+from ..store import Entry, Sound, Unsound, judged
 
 __all__ = ["DEVICE_WAIT_S", "THREADS", "Primer", "app_name"]
 
@@ -57,11 +59,11 @@ log = logging.getLogger("plancache")
 #: How long the primer waits for the program to set up a device its last run used.
 DEVICE_WAIT_S = 300.0
 _POLL_S = 0.01  # how often it looks (one driver call)
-#: Plans whose stored entries the primer reads before the program's device is ready (the
-#: rest are read as they are loaded): reading, decoding and checking them is host work
+#: Plans whose stored entries the primer reads and judges before the program's device is
+#: ready (the rest as they are loaded): reading, decoding and judging them is host work
 #: that needs no device, taken off the time between the device's readiness and the
 #: weights' end, when the program's own CUDA work slows every CUDA call of the primer.
-READ_AHEAD = 64
+READ_AHEAD = 256  # each holds its decoded blob (about its size again) until its load
 #: Threads the primer loads on. A native load is mostly cuDNN's finalize, which holds no GIL
 #: and runs on the host: on two threads an engine family's first finalize and the next
 #: plan's overlap (an H200 loaded the example model's six plans in 55 ms after its cuDNN
@@ -108,7 +110,8 @@ class Primer(threading.Thread):
         self._libraries: tuple[float, float] | None = None  # when cuDNN's libraries were opened
         #: (key, device, outcome, marks, label) of each plan taken, in order
         self._spans: list[tuple[str, int, str, dict[str, tuple[float, float]], str]] = []
-        self._entries: dict[str, tuple[Any, tuple[float, float]]] = {}  # read ahead: key -> (entry, when)
+        #: read ahead: key -> (entry, its verdict judged without an environment, when)
+        self._entries: dict[str, tuple[Entry, Sound | Unsound, tuple[float, float]]] = {}
 
     def run(self) -> None:
         started = time.perf_counter()
@@ -138,8 +141,15 @@ class Primer(threading.Thread):
                 entry = self.lookup.local.get(digest, details=False)  # a hit's read: no candidates or timing records
             except Exception:  # an undecodable row: read again, and judged, when it is primed
                 continue
-            if entry is not None:
-                self._entries[digest] = (entry, (began, time.perf_counter()))
+            if entry is None:
+                continue
+            # Judged whole but for the environment, which needs the device (``store.held_to``),
+            # and the load's record read from the blob the judge decoded: after the device is
+            # ready, a primed plan costs its finalize and little else.
+            verdict = judged(entry)
+            if isinstance(verdict, Sound):
+                self.lookup.backend.read_ahead(verdict.blob)
+            self._entries[digest] = (entry, verdict, (began, time.perf_counter()))
 
     def _prime(self, plans: list[tuple[str, int]]) -> None:
         """Load ``plans`` in order on ``THREADS`` threads (this one among them): a load
@@ -173,8 +183,8 @@ class Primer(threading.Thread):
                 continue
             lookup.backend.use_device(device)
             marks: dict[str, tuple[float, float]] = {}
-            entry, read = self._entries.pop(digest, (None, None))
-            outcome = lookup.prime(digest, environment, device, stop=self.stopping, marks=marks, entry=entry)
+            entry, verdict, read = self._entries.pop(digest, (None, None, None))
+            outcome = lookup.prime(digest, environment, device, stop=self.stopping, marks=marks, entry=entry, ahead=verdict)
             if read is not None:
                 marks["read"] = read
             with self._lock:
@@ -203,8 +213,8 @@ class Primer(threading.Thread):
         """What the primer did when, in seconds from the cache's opening: the opening of
         cuDNN's libraries, each device's readiness (its environment known, after the
         program set it up) and the making of its cuDNN handle, then each plan in the order
-        the primer took it: its wait for builds to finish, its read (ahead of the device,
-        when it was), its finalize, and when this run's first lookup asked for it (None:
+        the primer took it: its wait for builds to finish, its read and judgement (ahead of
+        the device, when it was), its finalize, and when this run's first lookup asked for it (None:
         not yet)."""
         since = self.opened
         with self._lock:

@@ -170,6 +170,11 @@ class Backend(Protocol):
         the library refuses the blob."""
         ...
 
+    def read_ahead(self, blob: PlanBlob) -> None:
+        """Read now, on the host and with no CUDA call, what a later ``load`` of ``blob``
+        reads of its bytes (kept by the ``PlanBlob``); never raises."""
+        ...
+
     def capturing(self) -> bool:
         """Whether the calling thread's current stream is capturing a CUDA graph (asked
         without setting CUDA up)."""

@@ -164,6 +164,11 @@ class GuestBackend:
             return None, Fallback.UNREADABLE
         return record, refusal(record, {spec.uid: spec for spec in tensors}, memory)
 
+    def read_ahead(self, blob: PlanBlob) -> None:
+        if self.native:
+            with contextlib.suppress(RecordError):  # the load meets the same error and falls back
+                parse(blob)
+
     def _memory(self, device: int) -> int | None:
         """The device's memory in bytes, where its environment says (the bound of a workspace)."""
         memory = self.driver.environment(device).get("total_memory")

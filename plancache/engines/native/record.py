@@ -173,9 +173,14 @@ def _uid_pairs(raw: Any) -> list[tuple[Any, Any]]:
 
 def parse(blob: PlanBlob | bytes) -> PlanRecord:
     """The record of a frontend plan blob; raises ``RecordError`` for anything else. Reads
-    the blob's decoding (``PlanBlob.fields``): on a store hit, the one the judge read."""
+    the blob's decoding (``PlanBlob.fields``): on a store hit, the one the judge read. Read
+    once per ``PlanBlob`` (``PlanBlob.read``): a plan the primer read ahead is not read again."""
+    return PlanBlob.of(blob).read(_parse)
+
+
+def _parse(blob: PlanBlob) -> PlanRecord:
     try:
-        top = PlanBlob.of(blob).fields
+        top = blob.fields
     except (UbjsonError, UnicodeDecodeError) as exc:
         raise RecordError(f"not a frontend plan: {exc}") from exc
     if not isinstance(top, Mapping) or not isinstance(top.get("cudnn_backend_data"), str):
