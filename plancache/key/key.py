@@ -163,8 +163,9 @@ def canonical_json(value: Any) -> str:
 #: What orjson writes otherwise than ``canonical_json``: a float (``1e-05`` is its
 #: ``0.00001``), an escape (``\u007f`` is its raw DEL), DEL itself.
 _WRITTEN_OTHERWISE = re.compile(rb"\d[.eE]|\\u|\x7f")
-_ORJSON_STRICT = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | (
-    orjson.OPT_PASSTHROUGH_DATETIME
+#: Sorted keys; a subclass, dataclass or datetime is refused (TypeError): canonical_json writes or refuses it.
+_ORJSON_STRICT = (
+    orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 )
 
 
