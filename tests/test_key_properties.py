@@ -313,7 +313,7 @@ def test_the_description_text_is_canonical_json_whichever_encoder_writes_it() ->
         for variant in family.variants():
             description = describe(variant.build(), tag=variant.tag)
             assert _description_json(description) == canonical_json(description), variant.label
-    awkward: list[Any] = [1e-05, 1e16, 0.1, -0.0, "é", "\x7f", "\x01", "a\"b\\c\n", "v1.2", 2**70, -(2**63) - 1, (1, 2),
+    awkward: list[Any] = [1e-05, 1e-04, 0.00012, 1e-07, 1e16, 1e15 + 0.5, 0.1, 0.125, 1 / 3, -0.0, 5e-324, 1.5e300, "é", "\x7f", "\x01", "a\"b\\c\n", "v1.2", 2**70, -(2**63) - 1, (1, 2),
                           {1: "integer key"}, {"b": None, "a": True}]  # fmt: skip
     for value in awkward:
         assert _description_json({"x": value}) == canonical_json({"x": value}), value
