@@ -127,8 +127,8 @@ class TensorSpec:
         return cls(
             uid=int(data["uid"]),
             name=str(data["name"]),
-            dims=tuple(int(d) for d in data["dims"]),
-            strides=tuple(int(s) for s in data["strides"]),
+            dims=tuple(map(int, data["dims"])),  # map: a store hit reads a table of these
+            strides=tuple(map(int, data["strides"])),
             dtype=data.get("dtype"),
             is_output=bool(data["is_output"]),
             is_pass_by_value=bool(data.get("is_pass_by_value", False)),
