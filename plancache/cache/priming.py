@@ -214,8 +214,8 @@ class Primer(threading.Thread):
         cuDNN's libraries, each device's readiness (its environment known, after the
         program set it up) and the making of its cuDNN handle, then each plan in the order
         the primer took it: its wait for builds to finish, its read and judgement (ahead of
-        the device, when it was), its finalize, and when this run's first lookup asked for it (None:
-        not yet)."""
+        the device, when it was), its finalize, and when this run's first lookup asked for
+        it (None: not yet)."""
         since = self.opened
         with self._lock:
             spans = list(self._spans)
