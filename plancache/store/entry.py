@@ -222,6 +222,7 @@ class Entry:
         store hit reads, and never writes back."""
         columns = row.keys()
         known = known or {}
+        check_json = row["check_json"] if "check_json" in columns else None  # a row of schema 4 or earlier has none
 
         def column(name: str) -> Any:
             text = row[name]
@@ -250,9 +251,8 @@ class Entry:
             "last_used_at": row["last_used_at"],
             "hit_count": row["hit_count"],
             "meta_sha256": row["meta_sha256"] if "meta_sha256" in columns else None,
-            "check": load_json(row["check_json"], "check_json") if "check_json" in columns and row["check_json"] else None,
+            "check": load_json(check_json, "check_json") if check_json else None,
         })  # fmt: skip
-        check_json = row["check_json"] if "check_json" in columns else None
         entry.row_texts = (row["tensors_json"], row["engine_json"], entry.workspace_size, check_json)
         return entry
 
