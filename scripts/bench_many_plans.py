@@ -17,6 +17,7 @@ each in fresh processes, alternating rounds:
             loads the kernels, which a finalize leaves to the first launch)
   primed    the default: a cache opened with auto-prime loads the plans of the last run on
             its background threads; the time until all are in memory, then the lookups
+            (and the same on 1, 4 and 8 primer threads: the loads' time only)
 
 ``--profile`` adds one warm process under ``cProfile`` and prints where a store hit's own
 time goes (the functions with the most time of their own). ``--out FILE`` writes every
@@ -40,6 +41,8 @@ import benchlib
 
 REPEATS = 3  # fresh processes per phase
 COLD_DEADLINE_S = 150.0  # the cold fill stops starting builds after this (the warm phases use what it stored)
+#: The primer's thread counts timed beside its default (``priming.THREADS``), in the same rounds.
+PRIMER_THREADS = (1, 4, 8)
 APP = "bench_many_plans"  # the application name every phase records its plans under (PLANCACHE_APP)
 
 
@@ -236,9 +239,12 @@ def phase_frontend(args: dict[str, Any]) -> dict[str, Any]:
 def phase_primed(args: dict[str, Any]) -> dict[str, Any]:
     """The default: the cache opened with auto-prime, after the program's own CUDA start;
     the time until every plan of the last run is in memory, then the lookups."""
+    from plancache.cache import priming
+
     torch = benchlib.require_gpu("bench_many_plans")
     _cuda_up(torch)
     graphs = _graphs(args)[: args["stored"]]
+    priming.THREADS = args.get("threads", priming.THREADS)
     opened = time.perf_counter()
     cache = _cache(args, auto_prime=True)
     primer = cache.primer
@@ -287,9 +293,12 @@ def run(args: dict[str, Any], profile: bool) -> dict[str, Any]:
     cold = benchlib.run_phase(__file__, "cold", **args)
     args = {**args, "stored": cold["stored"]}
     rounds: dict[str, list[dict[str, Any]]] = {"warm": [], "bare": [], "frontend": [], "primed": []}
+    rounds.update({f"primed {n}": [] for n in PRIMER_THREADS})
     for _ in range(REPEATS):  # alternating, so that a machine's slow spell falls on every phase alike
-        for phase in rounds:
-            rounds[phase].append(benchlib.run_phase(__file__, phase, **args))
+        for name in rounds:
+            phase, _, threads = name.partition(" ")
+            extra = {"threads": int(threads)} if threads else {}
+            rounds[name].append(benchlib.run_phase(__file__, phase, **args, **extra))
     own = [w - f for r in rounds["warm"] for w, f in zip(r["walls"], r["finalizes"])]
     finalize = [f for r in rounds["warm"] for f in r["finalizes"]]
     frontend = [sum(r["seconds"]) for r in rounds["frontend"] if r["seconds"] is not None]
@@ -308,6 +317,9 @@ def run(args: dict[str, Any], profile: bool) -> dict[str, Any]:
         "primed_lookups_ms": statistics.median(r["lookups"] for r in rounds["primed"]) * 1e3,
         "primed_sources": [r["sources"] for r in rounds["primed"]],
         "primed_memory_hits": [r["memory_hits"] for r in rounds["primed"]],
+        "primed_loading_ms_by_threads": {n: _ms(statistics.median(r["loading"] for r in rounds[f"primed {n}"]
+                                                                  if r["loading"] is not None))
+                                         for n in PRIMER_THREADS if any(r["loading"] is not None for r in rounds[f"primed {n}"])},
     }  # fmt: skip
     if profile:
         figures["profile"] = benchlib.run_phase(__file__, "profile", **args, top=30)["lines"]
@@ -336,6 +348,11 @@ def report(header: dict[str, Any], f: dict[str, Any]) -> None:
     print(f"warm / bare finalize: {f['warm_total_ms'] / bare:.2f}x; {primed}"
           + (f"; warm / frontend deserialize: {f['warm_total_ms'] / f['frontend_total_ms']:.2f}x" if f["frontend_total_ms"]
              else ""))  # fmt: skip
+    for threads, loading in f["primed_loading_ms_by_threads"].items():
+        plural = "s" if threads != 1 else ""
+        print(
+            f"primed on {threads} thread{plural}: the loads {loading:.1f} ms after its handle, {loading / bare:.2f}x the bare loop"
+        )
     for line in f.get("profile", []):
         print(f"  profile: {line}")
 
