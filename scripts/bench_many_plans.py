@@ -17,7 +17,7 @@ each in fresh processes, alternating rounds:
             loads the kernels, which a finalize leaves to the first launch)
   primed    the default: a cache opened with auto-prime loads the plans of the last run on
             its background threads; the time until all are in memory, then the lookups
-            (and the same on 1, 4 and 8 primer threads: the loads' time only)
+            (and the same on 4 primer threads: the loads' time only)
 
 ``--profile`` adds one warm process under ``cProfile`` and prints where a store hit's own
 time goes (the functions with the most time of their own). ``--out FILE`` writes every
@@ -41,8 +41,9 @@ import benchlib
 
 REPEATS = 3  # fresh processes per phase
 COLD_DEADLINE_S = 150.0  # the cold fill stops starting builds after this (the warm phases use what it stored)
-#: The primer's thread counts timed beside its default (``priming.THREADS``), in the same rounds.
-PRIMER_THREADS = (1, 4, 8)
+#: The primer's thread counts timed beside its default (``priming.THREADS``), in the same
+#: rounds (each adds a fresh process per round: a few seconds).
+PRIMER_THREADS = (4,)
 APP = "bench_many_plans"  # the application name every phase records its plans under (PLANCACHE_APP)
 
 
