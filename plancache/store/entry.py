@@ -384,9 +384,15 @@ def held_to(verdict: Sound | Unsound, environment: Mapping[str, Any]) -> Sound |
     """A verdict of ``judged(entry)`` (no environment: judged ahead of the device, by the
     primer) for a key of ``environment``: what ``judged(entry, environment)`` would say of a
     sound entry. An unsound one stays unsound, for its own reason."""
-    if isinstance(verdict, Sound) and verdict.entry.environment != environment:
-        return Unsound("environment differs from the key's")
+    if isinstance(verdict, Sound):
+        return _other_environment(verdict.entry, environment) or verdict
     return verdict
+
+
+def _other_environment(entry: Entry, environment: Mapping[str, Any]) -> Unsound | None:
+    """The rule that a key's environment is its entry's (the plan is of its GPU, driver and
+    library versions): the judge's, and ``held_to``'s for a verdict judged without one."""
+    return Unsound("environment differs from the key's") if entry.environment != environment else None
 
 
 def _holds(entry: Entry, key: CacheKey | None) -> bool:
@@ -401,8 +407,9 @@ def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | N
             blob: PlanBlob | None) -> Sound | Unsound:  # fmt: skip
     if not entry.checksum_ok():
         return Unsound("blob checksum mismatch")
-    if environment is not None and entry.environment != environment:
-        return Unsound("environment differs from the key's")
+    other = _other_environment(entry, environment) if environment is not None else None
+    if other is not None:
+        return other
     if entry.env_id != (env_id if environment is not None and env_id is not None else environment_id(entry.environment)):
         return Unsound("env_id does not match the recorded environment")
     parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
