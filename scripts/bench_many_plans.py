@@ -285,6 +285,12 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
+def _loading_ms(primed: list[dict[str, Any]]) -> float | None:
+    """The median of primed processes' loading times (``_loading``), ms; None if none had one."""
+    loadings = [r["loading"] for r in primed if r["loading"] is not None]
+    return statistics.median(loadings) * 1e3 if loadings else None
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -293,12 +299,12 @@ def _pct(values: list[float], q: float) -> float:
 def run(args: dict[str, Any], profile: bool) -> dict[str, Any]:
     cold = benchlib.run_phase(__file__, "cold", **args)
     args = {**args, "stored": cold["stored"]}
-    rounds: dict[str, list[dict[str, Any]]] = {"warm": [], "bare": [], "frontend": [], "primed": []}
-    rounds.update({f"primed {n}": [] for n in PRIMER_THREADS})
+    # name -> (phase, its extra arguments)
+    runs: dict[str, tuple[str, dict[str, Any]]] = {name: (name, {}) for name in ("warm", "bare", "frontend", "primed")}
+    runs.update({f"primed {n}": ("primed", {"threads": n}) for n in PRIMER_THREADS})
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
     for _ in range(REPEATS):  # alternating, so that a machine's slow spell falls on every phase alike
-        for name in rounds:
-            phase, _, threads = name.partition(" ")
-            extra = {"threads": int(threads)} if threads else {}
+        for name, (phase, extra) in runs.items():
             rounds[name].append(benchlib.run_phase(__file__, phase, **args, **extra))
     own = [w - f for r in rounds["warm"] for w, f in zip(r["walls"], r["finalizes"])]
     finalize = [f for r in rounds["warm"] for f in r["finalizes"]]
@@ -313,14 +319,11 @@ def run(args: dict[str, Any], profile: bool) -> dict[str, Any]:
         "bare_total_ms": statistics.median(sum(r["seconds"]) for r in rounds["bare"]) * 1e3,
         "frontend_total_ms": _ms(statistics.median(frontend)) if frontend else None,
         "primed_ready_ms": statistics.median(r["ready"] for r in rounds["primed"]) * 1e3,
-        "primed_loading_ms": _ms(statistics.median(r["loading"] for r in rounds["primed"] if r["loading"] is not None))
-        if any(r["loading"] is not None for r in rounds["primed"]) else None,
+        "primed_loading_ms": _loading_ms(rounds["primed"]),
         "primed_lookups_ms": statistics.median(r["lookups"] for r in rounds["primed"]) * 1e3,
         "primed_sources": [r["sources"] for r in rounds["primed"]],
         "primed_memory_hits": [r["memory_hits"] for r in rounds["primed"]],
-        "primed_loading_ms_by_threads": {n: _ms(statistics.median(r["loading"] for r in rounds[f"primed {n}"]
-                                                                  if r["loading"] is not None))
-                                         for n in PRIMER_THREADS if any(r["loading"] is not None for r in rounds[f"primed {n}"])},
+        "primed_loading_ms_by_threads": {n: _loading_ms(rounds[f"primed {n}"]) for n in PRIMER_THREADS},
     }  # fmt: skip
     if profile:
         figures["profile"] = benchlib.run_phase(__file__, "profile", **args, top=30)["lines"]
@@ -350,6 +353,8 @@ def report(header: dict[str, Any], f: dict[str, Any]) -> None:
           + (f"; warm / frontend deserialize: {f['warm_total_ms'] / f['frontend_total_ms']:.2f}x" if f["frontend_total_ms"]
              else ""))  # fmt: skip
     for threads, loading in f["primed_loading_ms_by_threads"].items():
+        if loading is None:
+            continue
         plural = "s" if threads != 1 else ""
         print(
             f"primed on {threads} thread{plural}: the loads {loading:.1f} ms after its handle, {loading / bare:.2f}x the bare loop"
