@@ -283,6 +283,8 @@ class MissStages:
 
         self.seconds: dict[str, float] = dict.fromkeys(MISS_STAGES, 0.0)
         self.calls: dict[str, int] = dict.fromkeys(MISS_STAGES, 0)
+        #: Each candidate build: its index, seconds, and whether cuDNN compiles it at run time.
+        self.builds: list[tuple[int, float, bool]] = []
         lookup = cache.lookup
         lookup.key_and_names = self._timed(lookup.key_and_names, "key")
         lookup.flight.hold = self._timed_context(lookup.flight.hold, "lock")
@@ -295,6 +297,7 @@ class MissStages:
 
         def candidates(*args: Any, **kwargs: Any) -> Any:
             found = planning(*args, **kwargs)
+            found.build = self._each_build(found.build, found.compiles)
             for method, stage in _CANDIDATE_STAGES:
                 setattr(found, method, self._timed(getattr(found, method), stage))
             return found
@@ -314,6 +317,18 @@ class MissStages:
                 self._add(stage, begun)
 
         return timed
+
+    def _each_build(self, build: Callable[[int], T], compiles: Callable[[int], bool]) -> Callable[[int], T]:
+        """``build`` with each call's index and seconds kept (inside the build stage's timer)."""
+
+        def each(index: int) -> T:
+            begun = time.perf_counter()
+            try:
+                return build(index)
+            finally:
+                self.builds.append((index, time.perf_counter() - begun, compiles(index)))
+
+        return each
 
     def _timed_context(self, hold: Callable[..., Any], stage: str) -> Callable[..., Any]:
         """``hold`` (a context manager's factory), its entry and exit timed: the wait for the
@@ -343,8 +358,11 @@ class MissStages:
         self._module.judged = self._judged
 
     def take(self) -> dict[str, Any]:
-        """``{"seconds": {stage: s}, "calls": {stage: n}}`` since the last ``take()``."""
-        taken = {"seconds": dict(self.seconds), "calls": dict(self.calls)}
+        """``{"seconds": {stage: s}, "calls": {stage: n}, "builds": [{index, seconds, compiles}]}``
+        since the last ``take()``."""
+        taken = {"seconds": dict(self.seconds), "calls": dict(self.calls),
+                 "builds": [{"index": i, "seconds": s, "compiles": c} for i, s, c in self.builds]}  # fmt: skip
+        self.builds = []
         self.seconds = dict.fromkeys(MISS_STAGES, 0.0)
         self.calls = dict.fromkeys(MISS_STAGES, 0)
         return taken
@@ -355,4 +373,9 @@ def stage_row(stages: dict[str, Any], wall: float) -> str:
     seconds = stages["seconds"]
     shown = sorted((s for s in seconds if seconds[s] > 0), key=lambda s: -seconds[s])
     parts = [f"{s} {seconds[s] * 1e3:.1f}" + (f" ({stages['calls'][s]}x)" if stages["calls"][s] > 1 else "") for s in shown]
-    return ", ".join([*parts, f"other {(wall - sum(seconds.values())) * 1e3:.1f}"])
+    row = ", ".join([*parts, f"other {(wall - sum(seconds.values())) * 1e3:.1f}"])
+    builds = stages.get("builds") or []
+    if len(builds) > 1 or any(b["compiles"] for b in builds):  # which candidates the builds' time went to
+        row += "; builds " + ", ".join(f"#{b['index']} {b['seconds'] * 1e3:.1f}" + (" rtc" if b["compiles"] else "")
+                                       for b in builds)  # fmt: skip
+    return row

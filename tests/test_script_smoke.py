@@ -205,6 +205,17 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         False,
     ),
+    "probe_first_miss": (
+        ["--rows", "5"],
+        [
+            "first miss conv_bias_act {'n': 1, 'c': 8, 'h': 6, 'w': 6, 'k': 8}: ",
+            "second miss conv_bias_act ",
+            "Ordered by: cumulative time",
+            "Ordered by: internal time",
+            "probe_first_miss smoke run: 0 GPU-only part(s) skipped: needs a GPU",
+        ],
+        False,
+    ),
     "probe_first_load": (
         [],
         [
@@ -291,3 +302,7 @@ def test_miss_stages_time_each_stage_of_a_miss_and_give_the_judge_back(tmp_path:
     assert 0 < sum(miss["seconds"].values()) <= wall
     assert {stage for stage, calls in hit["calls"].items() if calls} == {"key", "judge"}, hit
     assert "other " in benchlib.stage_row(miss, wall)
+    # Each build is kept with its candidate, and the builds' seconds are the build stage's.
+    assert len(miss["builds"]) == miss["calls"]["build"] and not hit["builds"]
+    assert sum(b["seconds"] for b in miss["builds"]) <= miss["seconds"]["build"]
+    assert all(b["compiles"] is False for b in miss["builds"])  # the CPU test backend compiles nothing at run time
