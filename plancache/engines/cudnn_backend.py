@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import re
@@ -47,7 +48,11 @@ __all__ = ["CudnnBackend", "CudnnDriver", "cudnn_module", "frontend_failures", "
 log = logging.getLogger("plancache")
 
 _INNER = 3  # launches per careful measurement
-_SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock: enough for the host to queue _INNER launches
+#: GPU clock cycles the stream is held busy for per launch the host queues behind it (about
+#: 50 us at 2 GHz, where a launch takes the host 10-30 us), and at least.
+_HOLD_CYCLES_PER_LAUNCH = 100_000
+_HOLD_CYCLES_MIN = 200_000
+_HOLD_CYCLES_ONE_RUN = 2_000_000  # ~1 ms, per run where the host could not keep up with the above
 _NODE_IN_MESSAGE = re.compile(r"[Nn]ode '([^']+)'")
 
 
@@ -148,6 +153,49 @@ def probe_environment() -> dict[str, Any]:
         info["driver_version"] = driver_version()
         info["gpu"] = "none: no CUDA device is visible; plans can be inspected but not built or run here"
     return info
+
+
+# ---------------------------------------------------------------------- timing
+
+
+def event_times(cuda: Any, launch: Callable[[], None], runs: int, inner: int) -> list[float]:
+    """Milliseconds per ``launch`` on the current stream, ``runs`` measurements of ``inner``
+    launches each, with CUDA events (``cuda``: ``torch.cuda``).
+
+    The stream is held busy (``cuda._sleep``) while the host queues every run's launches
+    and events behind it, so that a kernel shorter than the host's launch overhead is timed
+    on the GPU alone, not on the launch rate, and the runs cost one wait, not one each. If
+    the hold ended before the host had queued the last launch, the GPU may have waited for
+    the host between launches: the runs are measured again one at a time, each behind a
+    hold of its own.
+    """
+    sleep = getattr(cuda, "_sleep", None)
+    if sleep is not None:
+        marks = [cuda.Event(enable_timing=True) for _ in range(runs + 1)]
+        held = cuda.Event()
+        sleep(max(_HOLD_CYCLES_MIN, _HOLD_CYCLES_PER_LAUNCH * runs * inner))
+        held.record()
+        marks[0].record()
+        for mark in marks[1:]:
+            for _ in range(inner):
+                launch()
+            mark.record()
+        hold_over = held.query()  # before the last launch was queued: the GPU may have waited
+        marks[-1].synchronize()
+        if not hold_over:
+            return [float(start.elapsed_time(end)) / inner for start, end in itertools.pairwise(marks)]
+    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(runs):
+        if sleep is not None:
+            sleep(_HOLD_CYCLES_ONE_RUN)
+        start.record()
+        for _ in range(inner):
+            launch()
+        end.record()
+        end.synchronize()
+        times.append(float(start.elapsed_time(end)) / inner)
+    return times
 
 
 # ---------------------------------------------------------------------- candidates
@@ -296,37 +344,21 @@ class _Candidates:
         return self.pack
 
     def time(self, position: int, runs: int) -> list[float]:
-        """Milliseconds per launch, ``runs`` times, measured with CUDA events.
-
-        Before each measurement the stream is held busy (``torch.cuda._sleep``) while the
-        host queues the launches, so a kernel shorter than the host's launch overhead
-        (tens of microseconds) is timed on the GPU alone, not on the launch rate. A single
-        run (the pruning pass) times one launch; careful runs time ``_INNER`` each.
-        """
+        """Milliseconds per launch, ``runs`` times, measured with CUDA events
+        (``event_times``). A single run (the pruning pass) times one launch; careful runs
+        time ``_INNER`` each."""
         torch = _torch()
         pack = self._ready(torch)
         with torch.cuda.stream(self.stream), self.backend.handles.lease(self.device) as handle:
             _cudnn().set_stream(handle=handle, stream=self.stream.cuda_stream)
-            return self._time(torch, handle, self.indices[position], pack, runs)
+            index = self.indices[position]
+            workspace = self._workspace(torch, index)
 
-    def _time(self, torch: Any, handle: Any, index: int, pack: dict[int, Any], runs: int) -> list[float]:
-        launch = self.graph.execute_plan_at_index
-        workspace = self._workspace(torch, index)
-        launch(pack, workspace, index, handle)  # warm-up
-        inner = 1 if runs == 1 else _INNER
-        sleep = getattr(torch.cuda, "_sleep", None)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(runs):
-            if sleep is not None:
-                sleep(_SLEEP_CYCLES)
-            start.record()
-            for _ in range(inner):
-                launch(pack, workspace, index, handle)
-            end.record()
-            end.synchronize()
-            times.append(float(start.elapsed_time(end)) / inner)
-        return times
+            def launch() -> None:
+                self.graph.execute_plan_at_index(pack, workspace, index, handle)
+
+            launch()  # warm-up
+            return event_times(torch.cuda, launch, runs, 1 if runs == 1 else _INNER)
 
     def finish(self, position: int) -> BuiltPlan:
         index = self.indices[position]
