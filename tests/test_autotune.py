@@ -359,6 +359,29 @@ def test_the_check_asks_another_engine_that_compiles_nothing_first() -> None:
     assert result.check["status"] == "agreed" and result.winner == 0
 
 
+def test_tuning_passes_over_a_candidate_whose_build_would_outlast_the_budget() -> None:
+    # As matmul 8x1024x1024x1024 on an H100: planning 71 ms, the heuristics' first plan built
+    # in 0.2 ms, the check's other engine compiled at run time in 31 ms; the next candidate
+    # compiles too (217 ms), past the budget. A runtime compilation is expected to take as
+    # long as the longest seen in the miss; a build that compiles nothing, no time.
+    cands = FakeCandidates([1.0, 0.9, 0.8, 0.7, 0.6], engines=[7, 8, 9, 7, 7], compiling=[1, 2],
+                           build_seconds=[0.01, 0.4, 3.0, 0.01, 0.01])  # fmt: skip
+    result = autotune(cands, BuildOptions(policy="topk", top_k=3), TimingPolicy(budget=1.5, prune_factor=100.0), started=-1.0,
+                      clock=cands.clock)  # fmt: skip
+    assert cands.build_calls == [0, 1, 3]  # the check (0 and 1), then 3, not 2
+    assert result.candidates[2].status == "not_built" and result.timing["stopped"] == "budget"
+    assert result.winner == 3 and result.timing["tuned"] == 3
+
+
+def test_a_runtime_compilation_not_seen_yet_is_expected_to_cost_the_frontend_s_whole_build() -> None:
+    cands = FakeCandidates([1.0, 0.9, 0.8], engines=[7, 8, 9], compiling=[2], build_seconds=[0.01, 0.01, 0.01])
+    tight = autotune(cands, BuildOptions(policy="topk", top_k=3), TimingPolicy(budget=1.5), started=-1.0, clock=cands.clock)
+    assert cands.build_calls == [0, 1] and tight.timing["stopped"] == "budget"
+    cands = FakeCandidates([1.0, 0.9, 0.8], engines=[7, 8, 9], compiling=[2], build_seconds=[0.01, 0.01, 0.01])
+    ample = autotune(cands, BuildOptions(policy="topk", top_k=3), TimingPolicy(budget=3.0), started=-1.0, clock=cands.clock)
+    assert cands.build_calls == [0, 1, 2] and "stopped" not in ample.timing
+
+
 def test_a_graph_of_one_engine_is_checked_by_two_of_its_variants_not_all() -> None:
     cands = FakeCandidates([1.0] * 30, engines=[5] * 30)
     result = autotune(cands, BuildOptions(policy="heuristic"), TimingPolicy(budget=1.5), started=0.0, clock=cands.clock)

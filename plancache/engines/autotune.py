@@ -22,7 +22,9 @@ Then, per policy: ``heuristic`` keeps the first candidate of the majority and ti
 ``topk`` and ``exhaustive`` launch more candidates (``top_k`` in all, or every one) and time
 the majority (one run each drops the hopeless: on an H200 the slowest were 1,400x slower
 than the best; the rest get the median of several runs; ties go to the lower index), as
-long as the budget lasts. Where it ran out, the record says how far tuning got
+long as the budget lasts. A candidate compiled at run time is launched only where its build
+is expected to end within the budget (as long as the longest compilation the miss saw, the
+reference where it saw none); the next one is asked instead. Where it ran out, the record says how far tuning got
 (``tuned``/``candidates``, ``stopped``), and ``plancache tune`` finishes it offline.
 
 Where no majority forms, the result is the frontend's own choice (the first candidate that
@@ -211,10 +213,14 @@ class _Tuning:
         self.launched: list[int] = []
         self.stopped: str | None = None
         self.engines = {_engine_of(r) for r in reports}
+        self.longest_compile: float | None = None  # the longest build compiled at run time in this miss
 
     def _launch(self, report: CandidateReport) -> bool:
         """Build and launch one candidate; whether it joined the comparison."""
+        begun = self.clock()
         error = self.cands.build(report.index)
+        if self.cands.compiles(report.index):
+            self.longest_compile = max(self.longest_compile or 0.0, self.clock() - begun)
         if error is not None:
             report.status, report.error = "failed", error
             return False
@@ -273,15 +279,30 @@ class _Tuning:
             self._launch(order[0])
         return self.majority() if len(self.launched) >= 2 or not self._untried() else None
 
+    def _expected_build(self, report: CandidateReport) -> float:
+        """How long building ``report`` is expected to take. A build that compiles nothing at
+        run time takes milliseconds at most (none is predicted); one that compiles takes 25
+        to 300 ms on an H100: as long as the longest seen in this miss, or where none was
+        seen yet, as long as the frontend's whole build (the reference)."""
+        if not self.cands.compiles(report.index):
+            return 0.0
+        return self.longest_compile if self.longest_compile is not None else self.reference or 0.0
+
     def widen(self, want: int) -> Group | None:
         """Launch more candidates, in the heuristics' order, until ``want`` were compared or
-        the budget is spent; the majority then."""
+        the budget is spent; the majority then. A candidate whose build is expected to end
+        past the budget is passed over for the next (a runtime compilation can outlast the
+        whole budget, where the next candidate builds in a millisecond)."""
         for report in self._untried():
             if len(self.launched) >= want:
                 break
-            if self.clock() >= self.deadline:
+            now = self.clock()
+            if now >= self.deadline:
                 self.stopped = "budget"
                 break
+            if now + self._expected_build(report) > self.deadline:
+                self.stopped = "budget"
+                continue
             self._launch(report)
         return self.majority()
 
