@@ -43,7 +43,7 @@ REPEATS = 3  # fresh processes per phase
 COLD_DEADLINE_S = 150.0  # the cold fill stops starting builds after this (the warm phases use what it stored)
 #: The primer's thread counts timed beside its default (``priming.THREADS``), in the same
 #: rounds (each adds a fresh process per round: a few seconds).
-PRIMER_THREADS = (4,)
+PRIMER_THREADS = (4, 8)
 APP = "bench_many_plans"  # the application name every phase records its plans under (PLANCACHE_APP)
 
 
