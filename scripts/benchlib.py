@@ -369,7 +369,8 @@ class MissStages:
 
 
 def stage_row(stages: dict[str, Any], wall: float) -> str:
-    """A miss's stages in milliseconds, the largest first, and what none of them covers."""
+    """A miss's stages in milliseconds, the largest first, and what none of them covers;
+    then each build of a candidate (``rtc``: compiled at run time)."""
     seconds = stages["seconds"]
     shown = sorted((s for s in seconds if seconds[s] > 0), key=lambda s: -seconds[s])
     parts = [f"{s} {seconds[s] * 1e3:.1f}" + (f" ({stages['calls'][s]}x)" if stages["calls"][s] > 1 else "") for s in shown]

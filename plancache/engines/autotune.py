@@ -24,8 +24,9 @@ the majority (one run each drops the hopeless: on an H200 the slowest were 1,400
 than the best; the rest get the median of several runs; ties go to the lower index), as
 long as the budget lasts. A candidate compiled at run time is launched only where its build
 is expected to end within the budget (as long as the longest compilation the miss saw, the
-reference where it saw none); the next one is asked instead. Where it ran out, the record says how far tuning got
-(``tuned``/``candidates``, ``stopped``), and ``plancache tune`` finishes it offline.
+reference where it saw none); the next one is asked instead. Where it ran out, the record
+says how far tuning got (``tuned``/``candidates``, ``stopped``), and ``plancache tune``
+finishes it offline.
 
 Where no majority forms, the result is the frontend's own choice (the first candidate that
 builds), marked not to be persisted. Where nothing may be launched (a tensor of unknown
@@ -281,9 +282,10 @@ class _Tuning:
 
     def _expected_build(self, report: CandidateReport) -> float:
         """How long building ``report`` is expected to take. A build that compiles nothing at
-        run time takes milliseconds at most (none is predicted); one that compiles takes 25
-        to 300 ms on an H100: as long as the longest seen in this miss, or where none was
-        seen yet, as long as the frontend's whole build (the reference)."""
+        run time takes milliseconds at most (none is predicted); one that compiles takes tens
+        to hundreds of them (25 to 550 ms on an H100): as long as the longest seen in this
+        miss, or where none was seen yet, as long as the frontend's whole build (the
+        reference)."""
         if not self.cands.compiles(report.index):
             return 0.0
         return self.longest_compile if self.longest_compile is not None else self.reference or 0.0
