@@ -17,7 +17,8 @@ each in fresh processes, alternating rounds:
             loads the kernels, which a finalize leaves to the first launch)
   primed    the default: a cache opened with auto-prime loads the plans of the last run on
             its background threads; the time until all are in memory, then the lookups
-            (and the same on 4 primer threads: the loads' time only)
+            (and the same on each of ``PRIMER_THREADS``' counts of primer threads, 4 and 8:
+            the loads' time only)
 
 ``--profile`` adds one warm process under ``cProfile`` and prints where a store hit's own
 time goes (the functions with the most time of their own). ``--out FILE`` writes every
