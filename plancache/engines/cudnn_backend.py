@@ -23,6 +23,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import os
 import re
 import sys
@@ -51,7 +52,7 @@ log = logging.getLogger("plancache")
 
 _INNER = 3  # launches per careful measurement
 #: The hold of the stream a measurement's launches queue behind: twice the time the host
-#: took for the warm-up launch, for each launch (a launch took the host 15-30 us on one H100
+#: took for its faster warm-up launch, for each launch (a launch took the host 15-30 us on one H100
 #: host and up to about 70 us on a slower one), in GPU clock cycles at 2 GHz (about the
 #: H100's and H200's boost clock; a slower clock holds longer), within these bounds.
 _HOLD_MARGIN = 2.0
@@ -178,19 +179,23 @@ class EventTimes:
 def event_times(cuda: Any, launch: Callable[[], None], runs: int, inner: int,
                 clock: Callable[[], float] = time.perf_counter) -> EventTimes:  # fmt: skip
     """Milliseconds per ``launch`` on the current stream, ``runs`` measurements of ``inner``
-    launches each, after one warm-up launch, with CUDA events (``cuda``: ``torch.cuda``).
+    launches each, after warm-up launches, with CUDA events (``cuda``: ``torch.cuda``).
 
     The stream is held busy (``cuda._sleep``) while the host queues every run's launches
     and events behind it, so that a kernel shorter than the host's launch overhead is timed
     on the GPU alone, not on the launch rate, and the runs cost one wait, not one each. The
-    hold is sized by the host's time for the warm-up launch (``clock``, in seconds). If the
-    hold ended before the host had queued the last launch, the GPU may have waited for the
-    host between launches: the runs are measured again one at a time, each behind a hold of
-    its own.
+    hold is sized by the host's time for a warm-up launch (``clock``, in seconds). If the hold
+    ended before the host had queued the last launch, the GPU may have waited for the host
+    between launches: the runs are measured again one at a time, each behind a hold of its
+    own.
     """
-    begun = clock()
-    launch()  # warm-up
-    per_launch = clock() - begun
+    per_launch = math.inf
+    # Warm-up. A kernel's first launch may load it: the faster of two says the host's rate
+    # (one launch, whose hold is the shortest anyway, is warmed up once).
+    for _ in range(1 if runs * inner == 1 else 2):
+        begun = clock()
+        launch()
+        per_launch = min(per_launch, clock() - begun)
     sleep = getattr(cuda, "_sleep", None)
     cycles = int(min(_HOLD_CYCLES_MAX, max(_HOLD_CYCLES_MIN, _HOLD_MARGIN * per_launch * runs * inner * _GPU_CYCLES_PER_SECOND)))
     if sleep is not None:
