@@ -272,14 +272,16 @@ _CANDIDATE_STAGES = (("build", "build"), ("prepare", "inputs"), ("outputs", "lau
 class MissStages:
     """Seconds and calls of each stage of a cache's misses (``MISS_STAGES``), by wrapping the
     seams a miss goes through on the cache's own objects (the backend, its candidate sets,
-    the lookup's keys, flight, load back and store, and the judge the lookup calls): the
+    the lookup's keys, flight, load back and store, the judge the lookup calls, and the GPU
+    timing's measurements, counting those taken run by run): the
     library is not changed, and a store hit passes through only the key and the judge. ``take()``
     returns what was timed since the last ``take()`` and starts again. Used as a context
-    manager: at its end the judge is the lookup module's own again (the cache's objects keep
+    manager: at its end the judge and the GPU timing are their modules' own again (the cache's objects keep
     their timers, and are not used after)."""
 
     def __init__(self, cache: Any) -> None:
         import plancache.cache.lookup as lookup_module
+        import plancache.engines.cudnn_backend as cudnn_backend_module
 
         self.seconds: dict[str, float] = dict.fromkeys(MISS_STAGES, 0.0)
         self.calls: dict[str, int] = dict.fromkeys(MISS_STAGES, 0)
@@ -293,6 +295,16 @@ class MissStages:
         # The judge is a function the lookup module calls by name.
         self._module, self._judged = lookup_module, lookup_module.judged
         lookup_module.judged = self._timed(lookup_module.judged, "judge")
+        # As is the GPU's timing: how many of its measurements had to be taken run by run.
+        self.one_by_one = 0
+        self._cudnn_backend, self._event_times = cudnn_backend_module, cudnn_backend_module.event_times
+
+        def event_times(*args: Any, **kwargs: Any) -> Any:
+            measured = self._event_times(*args, **kwargs)
+            self.one_by_one += measured.one_by_one
+            return measured
+
+        cudnn_backend_module.event_times = event_times
         planning = self._timed(cache.backend.candidates, "planning")
 
         def candidates(*args: Any, **kwargs: Any) -> Any:
@@ -356,13 +368,15 @@ class MissStages:
 
     def __exit__(self, *exc: object) -> None:
         self._module.judged = self._judged
+        self._cudnn_backend.event_times = self._event_times
 
     def take(self) -> dict[str, Any]:
-        """``{"seconds": {stage: s}, "calls": {stage: n}, "builds": [{index, seconds, compiles}]}``
-        since the last ``take()``."""
+        """``{"seconds": {stage: s}, "calls": {stage: n}, "builds": [{index, seconds, compiles}],
+        "timed_one_by_one": n}`` since the last ``take()``."""
         taken = {"seconds": dict(self.seconds), "calls": dict(self.calls),
-                 "builds": [{"index": i, "seconds": s, "compiles": c} for i, s, c in self.builds]}  # fmt: skip
-        self.builds = []
+                 "builds": [{"index": i, "seconds": s, "compiles": c} for i, s, c in self.builds],
+                 "timed_one_by_one": self.one_by_one}  # fmt: skip
+        self.builds, self.one_by_one = [], 0
         self.seconds = dict.fromkeys(MISS_STAGES, 0.0)
         self.calls = dict.fromkeys(MISS_STAGES, 0)
         return taken
@@ -374,6 +388,8 @@ def stage_row(stages: dict[str, Any], wall: float) -> str:
     seconds = stages["seconds"]
     shown = sorted((s for s in seconds if seconds[s] > 0), key=lambda s: -seconds[s])
     parts = [f"{s} {seconds[s] * 1e3:.1f}" + (f" ({stages['calls'][s]}x)" if stages["calls"][s] > 1 else "") for s in shown]
+    if stages.get("timed_one_by_one"):  # the host queued slower than the hold lasted: measured again run by run
+        parts = [p + f" [{stages['timed_one_by_one']} run by run]" if p.startswith("timing ") else p for p in parts]
     row = ", ".join([*parts, f"other {(wall - sum(seconds.values())) * 1e3:.1f}"])
     builds = stages.get("builds") or []
     if len(builds) > 1 or any(b["compiles"] for b in builds):  # which candidates the builds' time went to

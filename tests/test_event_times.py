@@ -5,8 +5,8 @@ reaches it. A hold (``_sleep``) keeps the stream busy while the host queues.
 
 The model shows what the timing must get right: a kernel shorter than the host's launch
 overhead is timed on the GPU alone (not on the launch rate), the runs of a measurement wait
-behind one hold (not one each), and a host too slow for the hold is caught and measured
-again run by run.
+behind one hold (not one each) sized by the host's time for a launch, and a host slower
+than that is caught and measured again run by run.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ GHZ = 2.0  # the modelled GPU clock: cycles per nanosecond
 class Stream:
     """One stream and the host that queues on it; times in milliseconds."""
 
-    def __init__(self, host_per_launch: float, kernel: float) -> None:
+    def __init__(self, host_per_launch: float, kernel: float, later_per_launch: float | None = None) -> None:
         self.host = 0.0  # the host's clock
         self.busy_until = 0.0  # when the stream's queued work ends
         self.host_per_launch, self.kernel = host_per_launch, kernel
+        self.later_per_launch = host_per_launch if later_per_launch is None else later_per_launch  # after the first
         self.holds: list[int] = []
         self.waits = 0  # host synchronizations
 
@@ -34,7 +35,12 @@ class Stream:
 
     def launch(self) -> None:
         self.host += self.host_per_launch
+        self.host_per_launch = self.later_per_launch
         self.busy_until = max(self.busy_until, self.host) + self.kernel
+
+    def clock(self) -> float:
+        """The host's clock in seconds, as ``time.perf_counter``."""
+        return self.host / 1e3
 
     def Event(self, enable_timing: bool = False) -> Event:
         return Event(self)
@@ -64,8 +70,8 @@ class Event:
 
 def test_a_short_kernel_is_timed_on_the_gpu_behind_one_hold() -> None:
     stream = Stream(host_per_launch=0.025, kernel=0.010)  # a launch costs the host more than the kernel runs
-    times = event_times(stream, stream.launch, runs=7, inner=3)
-    assert times == pytest.approx([0.010] * 7)
+    measured = event_times(stream, stream.launch, runs=7, inner=3, clock=stream.clock)
+    assert measured.times == pytest.approx([0.010] * 7) and not measured.one_by_one
     assert len(stream.holds) == 1 and stream.waits == 1
     assert stream.host < 1.5  # one hold of about a millisecond, not seven
 
@@ -78,19 +84,45 @@ def test_without_a_hold_the_launch_rate_would_be_timed() -> None:
             self.Event = stream.Event
 
     stream = Stream(host_per_launch=0.025, kernel=0.010)
-    times = event_times(NoHold(stream), stream.launch, runs=3, inner=3)
-    assert min(times) > 0.015  # a launch's host time, not the kernel's 0.010
+    measured = event_times(NoHold(stream), stream.launch, runs=3, inner=3, clock=stream.clock)
+    assert min(measured.times) > 0.015  # a launch's host time, not the kernel's 0.010
     assert stream.holds == [] and stream.waits == 3
 
 
-def test_a_host_slower_than_the_hold_is_measured_again_run_by_run() -> None:
-    stream = Stream(host_per_launch=0.080, kernel=0.010)  # past the hold's 50 us per launch
-    times = event_times(stream, stream.launch, runs=7, inner=3)
-    assert times == pytest.approx([0.010] * 7)  # each run behind a hold of its own
+def test_the_hold_is_sized_by_the_host_s_launch_so_a_slow_host_waits_once() -> None:
+    # A host that takes 80 us per launch (an H100 host read 70 us): the hold covers its 21
+    # launches, and the runs still cost one wait.
+    stream = Stream(host_per_launch=0.080, kernel=0.010)
+    measured = event_times(stream, stream.launch, runs=7, inner=3, clock=stream.clock)
+    assert measured.times == pytest.approx([0.010] * 7) and not measured.one_by_one
+    assert len(stream.holds) == 1 and stream.waits == 1
+    assert stream.host < 0.080 * 22 * 2 + 0.5  # the launches and a hold of twice their time, not seven holds
+    fast = Stream(host_per_launch=0.015, kernel=0.010)
+    event_times(fast, fast.launch, runs=7, inner=3, clock=fast.clock)
+    assert fast.holds[0] < stream.holds[0] / 4  # a fast host is held for less
+
+
+def test_a_host_slower_than_its_warm_up_is_measured_again_run_by_run() -> None:
+    stream = Stream(host_per_launch=0.020, kernel=0.010, later_per_launch=0.120)  # slowed after the warm-up
+    measured = event_times(stream, stream.launch, runs=7, inner=3, clock=stream.clock)
+    assert measured.times == pytest.approx([0.010] * 7) and measured.one_by_one  # each run behind a hold of its own
     assert len(stream.holds) == 1 + 7 and stream.waits == 1 + 7
 
 
 def test_one_run_of_one_launch_holds_briefly() -> None:
     stream = Stream(host_per_launch=0.025, kernel=2.0)
-    assert event_times(stream, stream.launch, runs=1, inner=1) == pytest.approx([2.0])
+    assert event_times(stream, stream.launch, runs=1, inner=1, clock=stream.clock).times == pytest.approx([2.0])
     assert len(stream.holds) == 1 and stream.holds[0] / (GHZ * 1e6) <= 0.2  # a tenth of a millisecond, not one
+
+
+def test_a_first_launch_that_loads_its_kernel_does_not_size_the_hold() -> None:
+    stream = Stream(host_per_launch=5.0, kernel=0.010, later_per_launch=0.020)  # the first launch loaded a module
+    measured = event_times(stream, stream.launch, runs=7, inner=3, clock=stream.clock)
+    assert measured.times == pytest.approx([0.010] * 7) and not measured.one_by_one
+    assert stream.holds[0] / (GHZ * 1e6) < 2 * 0.020 * 21 + 0.1  # sized by the second launch, not the first
+
+
+def test_a_warm_up_slowed_by_something_else_holds_the_stream_at_most_20_ms() -> None:
+    stream = Stream(host_per_launch=50.0, kernel=0.010)  # every launch took 50 ms (another process, say)
+    event_times(stream, stream.launch, runs=7, inner=3, clock=stream.clock)
+    assert stream.holds[0] / (GHZ * 1e6) <= 20.0

@@ -284,7 +284,9 @@ def test_miss_stages_time_each_stage_of_a_miss_and_give_the_judge_back(tmp_path:
     monkeypatch.delitem(sys.modules, "benchlib", raising=False)
     import benchlib
 
-    judge = lookup_module.judged
+    import plancache.engines.cudnn_backend as cudnn_backend_module
+
+    judge, timing = lookup_module.judged, cudnn_backend_module.event_times
     cache = PlanCache(tmp_path, backend=CpuTestBackend(), auto_prime=False)
     with benchlib.MissStages(cache) as stages:
         started = time.perf_counter()
@@ -295,7 +297,7 @@ def test_miss_stages_time_each_stage_of_a_miss_and_give_the_judge_back(tmp_path:
         cache.get(ConvBiasRelu(n=2).graph())  # from the store
         hit = stages.take()
     cache.close()
-    assert lookup_module.judged is judge
+    assert lookup_module.judged is judge and cudnn_backend_module.event_times is timing
     assert set(miss["seconds"]) == set(benchlib.MISS_STAGES)
     ran = {stage for stage, calls in miss["calls"].items() if calls}
     assert {"key", "lock", "planning", "build", "serialize", "load_back", "judge", "store_write"} <= ran, ran
@@ -306,3 +308,6 @@ def test_miss_stages_time_each_stage_of_a_miss_and_give_the_judge_back(tmp_path:
     assert len(miss["builds"]) == miss["calls"]["build"] and not hit["builds"]
     assert sum(b["seconds"] for b in miss["builds"]) <= miss["seconds"]["build"]
     assert all(b["compiles"] is False for b in miss["builds"])  # the CPU test backend compiles nothing at run time
+    assert miss["timed_one_by_one"] == 0  # the CPU test backend times without CUDA events
+    assert "run by run" in benchlib.stage_row({**miss, "timed_one_by_one": 1, "calls": {**miss["calls"], "timing": 1},
+                                               "seconds": {**miss["seconds"], "timing": 0.001}}, wall)  # fmt: skip

@@ -23,11 +23,14 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import os
 import re
 import sys
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +51,14 @@ __all__ = ["CudnnBackend", "CudnnDriver", "cudnn_module", "frontend_failures", "
 log = logging.getLogger("plancache")
 
 _INNER = 3  # launches per careful measurement
-#: GPU clock cycles the stream is held busy for per launch the host queues behind it (about
-#: 50 us at 2 GHz, where a launch takes the host 10-30 us), and at least.
-_HOLD_CYCLES_PER_LAUNCH = 100_000
-_HOLD_CYCLES_MIN = 200_000
+#: The hold of the stream a measurement's launches queue behind: twice the time the host
+#: took for its faster warm-up launch, for each launch (a launch took the host 15-30 us on one H100
+#: host and up to about 70 us on a slower one), in GPU clock cycles at 2 GHz (about the
+#: H100's and H200's boost clock; a slower clock holds longer), within these bounds.
+_HOLD_MARGIN = 2.0
+_GPU_CYCLES_PER_SECOND = 2e9
+_HOLD_CYCLES_MIN = 200_000  # 0.1 ms
+_HOLD_CYCLES_MAX = 40_000_000  # 20 ms: a warm-up slowed by something else must not stall the miss
 _HOLD_CYCLES_ONE_RUN = 2_000_000  # ~1 ms, per run where the host could not keep up with the above
 _NODE_IN_MESSAGE = re.compile(r"[Nn]ode '([^']+)'")
 
@@ -158,22 +165,43 @@ def probe_environment() -> dict[str, Any]:
 # ---------------------------------------------------------------------- timing
 
 
-def event_times(cuda: Any, launch: Callable[[], None], runs: int, inner: int) -> list[float]:
+@dataclass(frozen=True)
+class EventTimes:
+    """A measurement: milliseconds per launch of each run; whether the runs had to be
+    measured one by one (the host queued them more slowly than the hold lasted); the hold's
+    GPU clock cycles."""
+
+    times: list[float]
+    one_by_one: bool
+    hold_cycles: int
+
+
+def event_times(cuda: Any, launch: Callable[[], None], runs: int, inner: int,
+                clock: Callable[[], float] = time.perf_counter) -> EventTimes:  # fmt: skip
     """Milliseconds per ``launch`` on the current stream, ``runs`` measurements of ``inner``
-    launches each, with CUDA events (``cuda``: ``torch.cuda``).
+    launches each, after warm-up launches, with CUDA events (``cuda``: ``torch.cuda``).
 
     The stream is held busy (``cuda._sleep``) while the host queues every run's launches
     and events behind it, so that a kernel shorter than the host's launch overhead is timed
-    on the GPU alone, not on the launch rate, and the runs cost one wait, not one each. If
-    the hold ended before the host had queued the last launch, the GPU may have waited for
-    the host between launches: the runs are measured again one at a time, each behind a
-    hold of its own.
+    on the GPU alone, not on the launch rate, and the runs cost one wait, not one each. The
+    hold is sized by the host's time for a warm-up launch (``clock``, in seconds). If the hold
+    ended before the host had queued the last launch, the GPU may have waited for the host
+    between launches: the runs are measured again one at a time, each behind a hold of its
+    own.
     """
+    per_launch = math.inf
+    # Warm-up. A kernel's first launch may load it: the faster of two says the host's rate
+    # (one launch, whose hold is the shortest anyway, is warmed up once).
+    for _ in range(1 if runs * inner == 1 else 2):
+        begun = clock()
+        launch()
+        per_launch = min(per_launch, clock() - begun)
     sleep = getattr(cuda, "_sleep", None)
+    cycles = int(min(_HOLD_CYCLES_MAX, max(_HOLD_CYCLES_MIN, _HOLD_MARGIN * per_launch * runs * inner * _GPU_CYCLES_PER_SECOND)))
     if sleep is not None:
         marks = [cuda.Event(enable_timing=True) for _ in range(runs + 1)]
         held = cuda.Event()
-        sleep(max(_HOLD_CYCLES_MIN, _HOLD_CYCLES_PER_LAUNCH * runs * inner))
+        sleep(cycles)
         held.record()
         marks[0].record()
         for mark in marks[1:]:
@@ -183,7 +211,8 @@ def event_times(cuda: Any, launch: Callable[[], None], runs: int, inner: int) ->
         hold_over = held.query()  # before the last launch was queued: the GPU may have waited
         marks[-1].synchronize()
         if not hold_over:
-            return [float(start.elapsed_time(end)) / inner for start, end in itertools.pairwise(marks)]
+            return EventTimes([float(start.elapsed_time(end)) / inner for start, end in itertools.pairwise(marks)], False,
+                              cycles)  # fmt: skip
     start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
     times = []
     for _ in range(runs):
@@ -195,7 +224,7 @@ def event_times(cuda: Any, launch: Callable[[], None], runs: int, inner: int) ->
         end.record()
         end.synchronize()
         times.append(float(start.elapsed_time(end)) / inner)
-    return times
+    return EventTimes(times, True, cycles)
 
 
 # ---------------------------------------------------------------------- candidates
@@ -357,8 +386,7 @@ class _Candidates:
             def launch() -> None:
                 self.graph.execute_plan_at_index(pack, workspace, index, handle)
 
-            launch()  # warm-up
-            return event_times(torch.cuda, launch, runs, 1 if runs == 1 else _INNER)
+            return event_times(torch.cuda, launch, runs, 1 if runs == 1 else _INNER).times
 
     def finish(self, position: int) -> BuiltPlan:
         index = self.indices[position]
