@@ -45,6 +45,9 @@ COLD_DEADLINE_S = 150.0  # the cold fill stops starting builds after this (the w
 #: The primer's thread counts timed beside its default (``priming.THREADS``), in the same
 #: rounds (each adds a fresh process per round: a few seconds).
 PRIMER_THREADS = (4, 8)
+#: How many of the longest finalizes are listed (the bare loop's, and the primer's on its
+#: default threads): an engine family's first load is tens of milliseconds, the rest under one.
+SLOWEST = 6
 APP = "bench_many_plans"  # the application name every phase records its plans under (PLANCACHE_APP)
 
 
@@ -261,10 +264,20 @@ def phase_primed(args: dict[str, Any]) -> dict[str, Any]:
     lookups = time.perf_counter() - started
     counters = dict(cache.counters)
     report = dict(primer.report) if primer is not None else {}
-    loading = _loading(primer.timeline()) if primer is not None else None
+    timeline = primer.timeline() if primer is not None else None
     cache.close()
-    return {"ready": ready, "loading": loading, "lookups": lookups, "sources": sources, "memory_hits": counters["memory_hits"],
-            "primed": report.get("primed", 0), "skipped": len(report.get("skipped", {}))}  # fmt: skip
+    return {"ready": ready, "loading": _loading(timeline) if timeline else None, "lookups": lookups, "sources": sources,
+            "memory_hits": counters["memory_hits"], "primed": report.get("primed", 0),
+            "skipped": len(report.get("skipped", {})), "slowest": _slowest_finalizes(timeline) if timeline else []}  # fmt: skip
+
+
+def _slowest_finalizes(timeline: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """The primer's ``SLOWEST`` longest finalizes: (label, start, end), ms from its handle,
+    in the order they started: whether an engine family's first load overlapped another's."""
+    handle = max((end for _start, end in timeline["handle"].values()), default=0.0)
+    spans = [(plan["label"], plan["finalize"]) for plan in timeline["plans"] if "finalize" in plan]
+    longest = sorted(spans, key=lambda span: span[1][0] - span[1][1])[:SLOWEST]
+    return sorted(((label, (start - handle) * 1e3, (end - handle) * 1e3) for label, (start, end) in longest), key=lambda s: s[1])
 
 
 def _loading(timeline: dict[str, Any]) -> float | None:
@@ -325,10 +338,21 @@ def run(args: dict[str, Any], profile: bool) -> dict[str, Any]:
         "primed_sources": [r["sources"] for r in rounds["primed"]],
         "primed_memory_hits": [r["memory_hits"] for r in rounds["primed"]],
         "primed_loading_ms_by_threads": {n: _loading_ms(rounds[f"primed {n}"]) for n in PRIMER_THREADS},
+        "bare_slowest": _bare_slowest(rounds["bare"], [label for label, _name, _params in suite(benchlib.smoke())]),
+        "primed_slowest": rounds["primed"][-1]["slowest"],
     }  # fmt: skip
     if profile:
         figures["profile"] = benchlib.run_phase(__file__, "profile", **args, top=30)["lines"]
     return figures
+
+
+def _bare_slowest(bare: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
+    """The last bare process's ``SLOWEST`` longest finalizes (position, label, ms) and the
+    total of the others, ms."""
+    seconds = bare[-1]["seconds"]
+    order = sorted(range(len(seconds)), key=lambda i: -seconds[i])
+    return {"slowest": [(i, labels[i] if i < len(labels) else "?", seconds[i] * 1e3) for i in sorted(order[:SLOWEST])],
+            "others": len(order[SLOWEST:]), "others_ms": sum(seconds[i] for i in order[SLOWEST:]) * 1e3}  # fmt: skip
 
 
 def report(header: dict[str, Any], f: dict[str, Any]) -> None:
@@ -360,6 +384,12 @@ def report(header: dict[str, Any], f: dict[str, Any]) -> None:
         print(
             f"primed on {threads} thread{plural}: the loads {loading:.1f} ms after its handle, {loading / bare:.2f}x the bare loop"
         )
+    slow = f["bare_slowest"]
+    print(f"bare loop, its {len(slow['slowest'])} longest finalizes: "
+          + ", ".join(f"#{i} {label} {ms:.1f} ms" for i, label, ms in slow["slowest"])
+          + f"; the other {slow['others']}: {slow['others_ms']:.1f} ms in all")  # fmt: skip
+    print(f"primed, its {len(f['primed_slowest'])} longest finalizes, ms from its handle: "
+          + ", ".join(f"{label} {start:.1f}-{end:.1f}" for label, start, end in f["primed_slowest"]))  # fmt: skip
     for line in f.get("profile", []):
         print(f"  profile: {line}")
 
