@@ -272,15 +272,14 @@ _CANDIDATE_STAGES = (("build", "build"), ("prepare", "inputs"), ("outputs", "lau
 class MissStages:
     """Seconds and calls of each stage of a cache's misses (``MISS_STAGES``), by wrapping the
     seams a miss goes through on the cache's own objects (the backend, its candidate sets,
-    the lookup's keys, flight, load back and store, the judge the lookup calls, and the GPU
-    timing's measurements, counting those taken run by run): the
-    library is not changed, and a store hit passes through only the key and the judge. ``take()``
-    returns what was timed since the last ``take()`` and starts again. Used as a context
-    manager: at its end the judge and the GPU timing are their modules' own again (the cache's objects keep
-    their timers, and are not used after)."""
+    the lookup's keys, flight, load back, judging and store, and the GPU timing's
+    measurements, counting those taken run by run): the library is not changed, and a store
+    hit passes through only the key and the judge. ``take()`` returns what was timed since
+    the last ``take()`` and starts again. Used as a context manager: at its end the GPU
+    timing is its module's own again (the cache's objects keep their timers, and are not
+    used after)."""
 
     def __init__(self, cache: Any) -> None:
-        import plancache.cache.lookup as lookup_module
         import plancache.engines.cudnn_backend as cudnn_backend_module
 
         self.seconds: dict[str, float] = dict.fromkeys(MISS_STAGES, 0.0)
@@ -292,9 +291,7 @@ class MissStages:
         lookup.flight.hold = self._timed_context(lookup.flight.hold, "lock")
         lookup.unstored.load_back = self._timed(lookup.unstored.load_back, "load_back")
         lookup.local.put = self._timed(lookup.local.put, "store_write")
-        # The judge is a function the lookup module calls by name.
-        self._module, self._judged = lookup_module, lookup_module.judged
-        lookup_module.judged = self._timed(lookup_module.judged, "judge")
+        lookup.judging.judge = self._timed(lookup.judging.judge, "judge")
         # As is the GPU's timing: how many of its measurements had to be taken run by run.
         self.one_by_one = 0
         self._cudnn_backend, self._event_times = cudnn_backend_module, cudnn_backend_module.event_times
@@ -367,7 +364,6 @@ class MissStages:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._module.judged = self._judged
         self._cudnn_backend.event_times = self._event_times
 
     def take(self) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from graphs import ConvBiasRelu, assert_runs_correctly
 from test_trust_entries import DONORS, GRAPH_DONORS, forged, stored
 
 from plancache import PlanCache, Store
+from plancache.cache import judging
 from plancache.cli import cli
 from plancache.formats.ubjson import decode as decode_ubjson
 from plancache.key import canonical_json, describe
@@ -310,6 +311,7 @@ def test_an_entry_quarantined_and_rebuilt_to_the_same_verdict_is_not_stored_agai
     spec = ConvBiasRelu(n=1)
     [key] = stored(make_cache, [spec])
     monkeypatch.setattr(entry_module, "judge", lambda blob, description, form=None: Judgement(f"{ANOTHER_GRAPH} (made so)"))
+    monkeypatch.setattr(judging, "code_version", lambda: "another judge")  # a judge changed is other code: nothing kept holds
     cache = make_cache()
     plan = cache.get(spec.graph())
     assert plan.source == "rebuilt" and cache.counters["corrupt"] == 1 and cache.counters["judge_disagreements"] == 1

@@ -369,29 +369,35 @@ def test_a_failure_on_a_primer_helper_thread_stays_in_plancache(make_cache: Make
     cache.close()
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["judged", "kept"])
 def test_the_primer_judges_its_plans_and_reads_their_records_before_the_device_is_ready(
-        make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        make_cache: MakeCache, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, kept: bool) -> None:  # fmt: skip
     """Ahead of the program's device, each plan is judged (all but its environment) and its
-    load's record read from the blob; once the device is ready, a primed plan is neither
-    judged nor read again: its finalize is what is left."""
-    from plancache.cache import lookup as lookup_module
-    from plancache.engines.native import record
+    load's record read, from the blob or from the judgement kept in its row; once the device
+    is ready, a primed plan is neither judged nor read again: its finalize is what is left."""
+    from plancache.cache import judging
+    from plancache.formats import plan_blob
 
     fill(make_cache, "app", [1, 2, 3], device=1, devices=2)
-    at_lookup: list[Any] = []
-    parsed: list[Any] = []
-    judged, parse = lookup_module.judged, record._parse
-    monkeypatch.setattr(lookup_module, "judged", lambda *a, **k: at_lookup.append(a) or judged(*a, **k))
-    monkeypatch.setattr(record, "_parse", lambda blob: parsed.append(blob) or parse(blob))
+    if not kept:  # rows of an older plancache, or of other code
+        with sqlite3.connect(cache_dir / "plans.db") as conn:
+            conn.execute("UPDATE plans SET judgement = NULL")
+    judgings: list[Any] = []
+    decoded: list[bytes] = []
+    judged, decode = judging.judged, plan_blob.decode
+    monkeypatch.setattr(judging, "judged", lambda *a, **k: judgings.append(a) or judged(*a, **k))
+    monkeypatch.setattr(plan_blob, "decode", lambda data, *a, **k: decoded.append(bytes(data)) or decode(data, *a, **k))
     backend = CpuTestBackend(devices=2, in_use=[0])
     cache = make_cache(backend=backend, auto_prime=True, app="app")
+    assert cache.primer is not None
     deadline = time.monotonic() + 10
-    while len(parsed) < 3 and time.monotonic() < deadline:
+    while len(cache.primer._entries) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert len(parsed) == 3 and backend.loads == 0, "read ahead while the program has no device yet"
+    assert len(judgings) == 3 and backend.loads == 0, "judged ahead while the program has no device yet"
+    assert len(decoded) == (0 if kept else 3), "each blob decoded once, or none where its judgement was kept"
     backend.use_device(1)  # the program's own first work on device 1
     assert primed(cache)["primed"] == 3
-    assert at_lookup == [] and len(parsed) == 3, "nothing judged or read again once the device was ready"
+    assert len(judgings) == 3 and len(decoded) == (0 if kept else 3), "nothing judged or read again once the device was ready"
 
 
 def test_a_plan_judged_ahead_is_still_held_to_the_devices_environment(make_cache: MakeCache) -> None:

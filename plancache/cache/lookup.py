@@ -27,11 +27,12 @@ from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadErr
 from ..formats.plan_blob import PlanBlob
 from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id
 from ..runtime.plan import Plan
-from ..store import NEVER_CHECKED, Entry, Sound, Unsound, held_to, judged, sha256, summarize
+from ..store import NEVER_CHECKED, Entry, Sound, Unsound, held_to, sha256, summarize
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .counters import Counters
 from .flight import SingleFlight
+from .judging import Judging
 from .kernel_cache import KernelCache
 from .keys import GraphKeys
 from .loads import Loads
@@ -93,6 +94,7 @@ class Lookup:
         self.kernel_cache = KernelCache(backend, local, counters, warn, persist_kernel_cache)
         self.loads = Loads()
         self.unstored = Unstored(backend, counters, local, warn)  # plans built and never stored, and why
+        self.judging = Judging(backend, local)  # with the judgements kept in the store, and keeping them
         #: ``record(graph, key)`` for every graph looked up (manifests, ``PLANCACHE_RECORD``).
         self.recorders: list[Callable[[Any, CacheKey], None]] = []
         self.closed = False
@@ -185,7 +187,7 @@ class Lookup:
         is autotuning before it starts, and never writes (an unsound entry is left
         for its lookup to quarantine and rebuild). ``stop`` ends that wait ("stopped"): a
         lookup may be autotuning for minutes while the cache is being closed. ``entry`` and
-        ``ahead``: the entry as read ahead of the device, and ``judged(entry)`` of it."""
+        ``ahead``: the entry as read ahead of the device, and its verdict judged without an environment."""
         slot = (digest, device)
         started = time.perf_counter()
         while not self.loads.wait_until_no_build(timeout=_IDLE_POLL_S):
@@ -224,7 +226,7 @@ class Lookup:
         if self.remote is None:
             return None
         entry = self.remote.get(key.digest, env_id)
-        verdict = judged(entry, environment, env_id) if entry is not None else None
+        verdict = self.judging.judge(entry, environment, env_id) if entry is not None else None
         if not isinstance(verdict, Sound) or not verdict.entry.checked:
             return None
         self.local.put(entry)
@@ -306,7 +308,7 @@ class Lookup:
         if ahead is not None and given:
             verdict = held_to(ahead, environment)
         else:
-            verdict = judged(entry, environment, self.environment(device)[1], key)
+            verdict = self.judging.judge(entry, environment, self.environment(device)[1], key)
         if isinstance(verdict, Unsound):
             return Unserved(entry, Verdict.UNSOUND, verdict.reason)
         if not entry.checked:
@@ -344,6 +346,7 @@ class Lookup:
             return Unserved(entry, Verdict.LOAD_FAILED, f"{Verdict.LOAD_FAILED.value}: {type(exc).__name__}: {str(exc)[:300]}")
         except Exception as exc:  # the library refusing the blob: a check of the entry, which failed
             return Unserved(entry, Verdict.REFUSED, f"{Verdict.REFUSED.value}: {type(exc).__name__}: {str(exc)[:300]}")
+        self.judging.loaded(sound)
         if count_hit:
             self.counters.count("hits")
             self.local.note_hit(entry.key)
@@ -444,12 +447,14 @@ class Lookup:
         if loaded is None:  # a later lookup could not load it: never stored
             return built.native
         entry = _entry(key, built, self.backend.name, policy, candidates, timing, build_seconds, autotune_seconds, check)
-        verdict = judged(entry, key.parts["environment"], self.environment(device)[1], key, blob)
+        verdict = self.judging.judge(entry, key.parts["environment"], self.environment(device)[1], key, blob)
         if isinstance(verdict, Unsound):  # what the frontend built for this graph, refused: the judge is wrong
             self.unstored.note(key, Why.JUDGE_DISAGREES, verdict.reason, entry)
             return loaded
         if not self.local.put(entry):
             self.counters.count("unpersisted")
+        else:
+            self.judging.loaded(verdict)  # judged as a later lookup judges it: kept for that lookup
         if self.remote is not None:
             self.remote.put(entry)  # inside the fleet lock: nodes waiting on it find the plan
         return loaded

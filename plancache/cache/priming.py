@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import APP
-from ..store import Entry, Sound, Unsound, judged
+from ..store import Entry, Sound, Unsound
 
 __all__ = ["DEVICE_WAIT_S", "THREADS", "Primer", "app_name"]
 
@@ -146,7 +146,7 @@ class Primer(threading.Thread):
             # Judged whole but for the environment, which needs the device (``store.held_to``),
             # and the load's record read from the blob the judge decoded: after the device is
             # ready, a primed plan costs its finalize and little else.
-            verdict = judged(entry)
+            verdict = self.lookup.judging.judge(entry)
             if isinstance(verdict, Sound):
                 self.lookup.backend.read_ahead(verdict.blob)
             self._entries[digest] = (entry, verdict, (began, time.perf_counter()))

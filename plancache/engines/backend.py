@@ -175,6 +175,16 @@ class Backend(Protocol):
         reads of its bytes (kept by the ``PlanBlob``); never raises."""
         ...
 
+    def kept_record(self, blob: PlanBlob) -> Mapping[str, Any] | None:
+        """What a store keeps of the record a ``load`` of ``blob`` read (``store.kept``),
+        None where the load read none (the frontend's own path loaded it)."""
+        ...
+
+    def keep_record(self, blob: PlanBlob, kept: Mapping[str, Any]) -> bool:
+        """Take a kept record (``kept_record``) as what a ``load`` of ``blob`` reads of its
+        bytes; False, taking nothing, for one this code cannot read."""
+        ...
+
     def capturing(self) -> bool:
         """Whether the calling thread's current stream is capturing a CUDA graph (asked
         without setting CUDA up)."""

@@ -40,7 +40,7 @@ from .driver import Driver
 from .guest import refuse_while_capturing, relaxed
 from .handles import Handles
 from .native import NativeError, NativePlan, RecordError, parse, refusal
-from .native.record import OUT_OF_BOUNDS, Fallback, workspace_fits
+from .native.record import OUT_OF_BOUNDS, Fallback, keep, kept_form, workspace_fits
 
 __all__ = ["GuestBackend", "pinned_plans"]
 
@@ -168,6 +168,18 @@ class GuestBackend:
         if self.native:
             with contextlib.suppress(RecordError):  # the load meets the same error and falls back
                 parse(blob)
+
+    def kept_record(self, blob: PlanBlob) -> Mapping[str, Any] | None:
+        return kept_form(blob) if self.native else None
+
+    def keep_record(self, blob: PlanBlob, kept: Mapping[str, Any]) -> bool:
+        if not self.native:
+            return False
+        try:
+            keep(blob, kept)
+        except RecordError:
+            return False
+        return True
 
     def _memory(self, device: int) -> int | None:
         """The device's memory in bytes, where its environment says (the bound of a workspace)."""

@@ -77,5 +77,15 @@ class PlanBlob:
             raise found.error
         return cast(T, found)
 
+    def know(self, reader: Callable[[PlanBlob], T], value: T) -> None:
+        """Take ``value`` as what ``reader`` would find (a store's kept judgement carries a
+        load's record): a later ``read(reader)`` returns it without reading the bytes."""
+        self._read[reader] = value
+
+    def known(self, reader: Callable[[PlanBlob], T]) -> T | None:
+        """What ``read(reader)`` found already, or None where it was not asked or raised."""
+        found = self._read.get(reader)
+        return None if found is None or isinstance(found, _Raised) else cast(T, found)
+
     def __repr__(self) -> str:
         return f"PlanBlob({len(self.data)} bytes)"

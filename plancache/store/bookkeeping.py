@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import StoreBusyError, StoreError
 from .schema import BUSY_TIMEOUT_MS
 
-__all__ = ["RETENTION_SECONDS", "latest_run", "record", "record_counters", "record_hits", "record_usage"]
+__all__ = ["RETENTION_SECONDS", "latest_run", "record", "record_counters", "record_hits", "record_judgements", "record_usage"]
 
 #: Rows of runs older than this (relative to the run being recorded) are dropped: an
 #: application that stopped using a plan a month ago does not need it primed.
@@ -76,6 +76,16 @@ def record_hits(store: Any, hits: Mapping[str, tuple[int, float]], *, wait: bool
     rows = [(count, used, key) for key, (count, used) in hits.items()]
     sql = "UPDATE plans SET hit_count = hit_count + ?, last_used_at = max(last_used_at, ?) WHERE key = ?"
     return record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="hits")
+
+
+def record_judgements(store: Any, judgements: Mapping[str, tuple[str, str]], *, wait: bool = True) -> bool:
+    """Keep judgements in their rows: ``{key: (blob_sha256, text)}`` (``store.kept``); a row
+    written again since, with another blob, is left alone (see ``record`` for ``wait``)."""
+    if not judgements:
+        return True
+    rows = [(text, key, blob) for key, (blob, text) in judgements.items()]
+    sql = "UPDATE plans SET judgement = ? WHERE key = ? AND blob_sha256 = ?"
+    return record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="judgements")
 
 
 def record_counters(store: Any, deltas: Mapping[str, int], *, wait: bool) -> bool:

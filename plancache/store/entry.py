@@ -20,6 +20,7 @@ import orjson
 from ..formats.plan_blob import PlanBlob
 from ..key import KEY_FORMAT, CacheKey, TensorSpec, canonical_json, environment_id
 from .judge import form_of, judge
+from .kept import Kept
 
 __all__ = [
     "CHECK_RULE",
@@ -146,6 +147,8 @@ class Entry:
     #: an entry made any other way, or changed by ``dataclasses.replace``): the checksum of
     #: a row written as ``row`` writes them is checked on these, nothing encoded again.
     row_texts: tuple[str, str | None, int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
+    #: The row's kept judgement, as read (``store.kept``); None for an entry made any other way.
+    judgement: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def header(self) -> dict[str, Any]:
         """Every field but the blob (and not what was kept of the row it was read from):
@@ -254,6 +257,7 @@ class Entry:
             "check": load_json(check_json, "check_json") if check_json else None,
         })  # fmt: skip
         entry.row_texts = (row["tensors_json"], row["engine_json"], entry.workspace_size, check_json)
+        entry.judgement = row["judgement"] if "judgement" in columns else None
         return entry
 
     @classmethod
@@ -356,6 +360,7 @@ class Sound:
     blob: PlanBlob
     tensors: tuple[TensorSpec, ...]
     unproven: tuple[str, ...] = ()
+    kept: bool = False  # the judgement kept in its row stood in for the judge's reading of the blob
 
 
 @dataclass(frozen=True)
@@ -366,16 +371,19 @@ class Unsound:
 
 
 def judged(entry: Entry, environment: Mapping[str, Any] | None = None, env_id: str | None = None,
-           key: CacheKey | None = None, blob: PlanBlob | None = None) -> Sound | Unsound:  # fmt: skip
+           key: CacheKey | None = None, blob: PlanBlob | None = None, kept: Kept | None = None) -> Sound | Unsound:  # fmt: skip
     """``entry`` judged as ``problem`` describes (but for NEVER_CHECKED: see ``Entry.checked``),
     for a key of ``environment`` when given; ``env_id``: that environment's id, when the
     caller knows it (a lookup does: it is not derived again per row). ``key``: the lookup's
     key, when the entry was read for it (``Entry.from_row``'s ``known``). ``blob``: the
-    entry's blob as a ``PlanBlob`` the caller has (a miss loaded it back), its decoding kept."""
+    entry's blob as a ``PlanBlob`` the caller has (a miss loaded it back), its decoding kept.
+    ``kept``: the judgement kept in the entry's row (``store.kept``, taken by the caller for
+    this row and its own code), which stands in for the judge's reading of the blob; every
+    other check is made."""
     if blob is not None and blob.data != entry.blob:
         return Unsound("the blob handed to the judge is not the entry's")
     try:
-        return _judged(entry, environment, env_id, key, blob)
+        return _judged(entry, environment, env_id, key, blob, kept)
     except (AttributeError, TypeError, KeyError, ValueError) as exc:
         return Unsound(f"malformed entry ({type(exc).__name__}: {exc})")
 
@@ -404,7 +412,7 @@ def _holds(entry: Entry, key: CacheKey | None) -> bool:
 
 
 def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | None, key: CacheKey | None,
-            blob: PlanBlob | None) -> Sound | Unsound:  # fmt: skip
+            blob: PlanBlob | None, kept: Kept | None) -> Sound | Unsound:  # fmt: skip
     if not entry.checksum_ok():
         return Unsound("blob checksum mismatch")
     other = _other_environment(entry, environment) if environment is not None else None
@@ -423,10 +431,14 @@ def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | N
     if refusal is not None:
         return Unsound(refusal)
     blob = blob if blob is not None else PlanBlob(entry.blob)
-    judgement = judge(blob, entry.description, form_of(entry.key, entry.description))
-    if judgement.refusal is not None:
-        return Unsound(judgement.refusal)
-    return Sound(entry, blob, tuple(TensorSpec.from_dict(t) for t in entry.tensors), judgement.unproven)
+    if kept is not None:
+        unproven = kept.unproven
+    else:
+        judgement = judge(blob, entry.description, form_of(entry.key, entry.description))
+        if judgement.refusal is not None:
+            return Unsound(judgement.refusal)
+        unproven = judgement.unproven
+    return Sound(entry, blob, tuple(TensorSpec.from_dict(t) for t in entry.tensors), unproven, kept is not None)
 
 
 def _tensor_problem(entry: Entry) -> str | None:

@@ -43,7 +43,7 @@ MIN_KEY_PREFIX = 4
 _READ_ALL = "SELECT * FROM plans WHERE key = ?"
 #: A store hit's read: every column but the candidates' and the timing records, which a
 #: hit never reads (text SQLite would otherwise turn into Python strings at every hit).
-_HIT_COLUMNS = ", ".join(c for c in INSERT_COLUMNS if c not in ("candidates_json", "timing_json"))
+_HIT_COLUMNS = ", ".join([*(c for c in INSERT_COLUMNS if c not in ("candidates_json", "timing_json")), "judgement"])
 _READ_HIT = f"SELECT {_HIT_COLUMNS} FROM plans WHERE key = ?"
 
 log = logging.getLogger("plancache")

@@ -82,6 +82,7 @@ class LocalTier:
             warn("open", "plancache: cannot open the plan store in %s (%s); plans work but are not stored", self.directory, exc)
         self._hits: dict[str, tuple[int, float]] = {}
         self._uses: dict[tuple[str, int], int] = {}  # (key, device) -> order of first use, not yet written
+        self._judgements: dict[str, tuple[str, str]] = {}  # key -> (blob_sha256, judgement to keep), not yet written
         self._hits_lock = threading.Lock()
         # One flush at a time: a flush takes the whole batch out before writing it, so a
         # second flush running beside it would find nothing and return before the first
@@ -235,6 +236,13 @@ class LocalTier:
             self._uses.setdefault((key, device), self._use_seq)
             self._start_flusher()
 
+    def note_judgement(self, key: str, blob_sha256: str, text: str) -> None:
+        """Keep ``text``, the judgement of the row of ``key`` with blob ``blob_sha256``
+        (``store.kept``), in that row: written in the background with the hit counts."""
+        with self._hits_lock:
+            self._judgements[key] = (blob_sha256, text)
+            self._start_flusher()
+
     def _start_flusher(self) -> None:
         if self._flusher is None and self.store is not None and not self.store.read_only:
             self._flusher = threading.Thread(target=self._flush_loop, name="plancache-hits", daemon=True)
@@ -255,7 +263,8 @@ class LocalTier:
         with self._hits_lock:
             hits, self._hits = self._hits, {}
             uses, self._uses = self._uses, {}
-        if (not hits and not uses) or self.store is None or self.store.read_only:
+            judgements, self._judgements = self._judgements, {}
+        if (not hits and not uses and not judgements) or self.store is None or self.store.read_only:
             return True
         # A write that fails (a busy or full store) keeps its batch for the next try:
         # nothing counted is lost.
@@ -268,6 +277,10 @@ class LocalTier:
             written_uses = bookkeeping.record_usage(self.store, self.app or "", self.run, self.run_started, uses, wait=wait)
         except (StoreError, sqlite3.Error, OSError) as exc:
             self._warn("hits", "plancache: could not record plan use yet: %s", exc)
+        try:  # kept judgements only save later lookups work: one that cannot be written now is dropped
+            bookkeeping.record_judgements(self.store, judgements, wait=wait)
+        except (StoreError, sqlite3.Error, OSError) as exc:
+            self._warn("hits", "plancache: could not keep judgements: %s", exc)
         if not written_hits:
             self._merge_back(hits)
         if not written_uses:
@@ -308,6 +321,7 @@ class LocalTier:
         none of the parent's pending counts (the parent writes those)."""
         self._hits = {}
         self._uses = {}
+        self._judgements = {}
         self._new_run()  # the child is a run of its own
         self._hits_lock = threading.Lock()
         self._flush_lock = threading.Lock()

@@ -50,7 +50,7 @@ from ..inputs import DTYPE_BYTES
 from ..tensors import span, storage_geometry
 
 __all__ = ["BY_VALUE_TYPES", "MEMORY_CEILING", "OUT_OF_BOUNDS", "TESTED_VERSIONS", "ByValue", "Fallback", "Layout", "PlanRecord",
-           "WorkspaceChange", "lowered_layouts", "parse", "refusal", "workspace_fits"]  # fmt: skip
+           "WorkspaceChange", "keep", "kept_form", "lowered_layouts", "parse", "refusal", "workspace_fits"]  # fmt: skip
 
 #: Plan formats (``json_version``) the native path was tested on, against real blobs
 #: recorded on a GPU (tests/data/plans).
@@ -220,6 +220,62 @@ def _parse(blob: PlanBlob) -> PlanRecord:
         raise
     except (TypeError, ValueError, ArithmeticError, KeyError, IndexError, RecursionError, struct.error) as exc:
         raise RecordError(f"a frontend plan this code cannot read: {type(exc).__name__}: {exc}") from exc
+
+
+def kept_form(blob: PlanBlob) -> dict[str, Any] | None:
+    """The record ``parse`` read of ``blob`` already, as a store keeps it (``store.kept``),
+    its representation by where it lies in the blob; None where none was read."""
+    record = blob.known(_parse)
+    if record is None:
+        return None
+    text = record.representation.encode()
+    start = blob.data.find(text)
+    if start < 0:  # the frontend escaped it in the blob: not kept, read from the blob each time
+        return None
+    return {
+        "version": record.version,
+        "representation": [start, start + len(text)],
+        "variant_pack_uids": list(record.variant_pack_uids),
+        "by_value": [[uid, value.kind, value.data.hex()] for uid, value in record.by_value.items()],
+        "workspace": [[uid, c.operation, c.offset, list(c.words), c.zero_bytes] for uid, c in record.workspace.items()],
+        "replacements": [[source, *target] for source, target in record.replacements.items()],
+        "fe_workspace_size": record.fe_workspace_size,
+        "aligned": [[uid, alignment] for uid, alignment in record.aligned.items()],
+        "fields": sorted(record.fields),
+        "dumps": record.dumps,
+        "backend_tensors": [spec.to_dict() for spec in record.backend_tensors.values()],
+    }
+
+
+def keep(blob: PlanBlob, kept: Mapping[str, Any]) -> None:
+    """Take the record a store kept of ``blob`` (``kept_form``) as its record: ``parse``
+    then reads nothing. Raises ``RecordError`` for a kept form this code cannot read."""
+    try:
+        start, end = kept["representation"]
+        if not 0 <= start <= end <= len(blob.data):
+            raise RecordError(f"a kept representation at bytes {start}-{end} of a blob of {len(blob.data)}")
+        backend_tensors = [TensorSpec.from_dict(t) for t in kept["backend_tensors"]]
+        record = PlanRecord(
+            version=str(kept["version"]),
+            representation=blob.data[start:end].decode(),
+            variant_pack_uids=tuple(int(u) for u in kept["variant_pack_uids"]),
+            by_value={int(uid): ByValue(str(kind), bytes.fromhex(data)) for uid, kind, data in kept["by_value"]},
+            workspace={
+                int(uid): WorkspaceChange(int(op), int(offset), tuple(int(w) for w in words), int(zero))
+                for uid, op, offset, words, zero in kept["workspace"]
+            },
+            replacements={int(source): (int(target), int(offset)) for source, target, offset in kept["replacements"]},
+            fe_workspace_size=int(kept["fe_workspace_size"]),
+            aligned={int(uid): int(alignment) for uid, alignment in kept["aligned"]},
+            fields=frozenset(str(f) for f in kept["fields"]),
+            dumps=int(kept["dumps"]),
+            backend_tensors={spec.uid: spec for spec in backend_tensors},
+        )
+    except RecordError:
+        raise
+    except (TypeError, ValueError, KeyError) as exc:
+        raise RecordError(f"a kept record this code cannot read: {type(exc).__name__}: {exc}") from exc
+    blob.know(_parse, record)
 
 
 def _workspace_change(change: Any, fe_workspace_size: int) -> WorkspaceChange:
