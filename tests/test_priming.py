@@ -107,6 +107,28 @@ def test_the_next_start_primes_exactly_the_latest_runs_plans_in_order(make_cache
     assert cache.counters["hits"] == 1
 
 
+def test_the_first_plan_of_each_family_is_primed_first(make_cache: MakeCache, cache_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A family's first finalize loads its kernels (tens of milliseconds on a GPU, the others
+    well under one): the primer begins each family's first load before the rest, so that the
+    families' loads overlap rather than keep every thread waiting on one family at a time."""
+    from graphs import MatmulBiasRelu
+
+    from plancache.cache import priming
+
+    def matmul(m: int) -> Any:
+        return MatmulBiasRelu(m=m).graph()
+
+    cache = make_cache(auto_prime=False, app="app")
+    used = [cache.get(g).key for g in (conv(1), conv(2), matmul(8), conv(3), matmul(16))]
+    cache.close()
+    remember_blobs(cache_dir)
+    monkeypatch.setattr(priming, "THREADS", 1)  # one thread: the loads start in the order handed out
+    backend = SlowLoads()
+    assert primed(make_cache(backend=backend, auto_prime=True, app="app"))["primed"] == 5
+    assert backend.loaded == [used[0], used[2], used[1], used[3], used[4]], "conv(1) and matmul(8) first, the rest in order"
+
+
 def test_the_switch_turns_priming_off_and_use_is_still_recorded(make_cache: MakeCache, cache_dir: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     fill(make_cache, "app", [1])
