@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -151,3 +152,23 @@ def test_a_kept_record_is_the_record_read_from_the_blob(recorded: Any) -> None:
     record.keep(fresh, orjson.loads(orjson.dumps(kept)))  # as stored: JSON
     assert record.parse(fresh) == parsed
     assert fresh._fields is plan_blob._UNREAD, "the kept record was read, not the blob"
+
+
+def test_the_code_version_covers_every_module_the_judge_and_the_record_reader_import() -> None:
+    """A change to any plancache module the judge, the frontend form or the record reader
+    runs is another version: each of their plancache imports is among the digested modules."""
+    import ast
+    import importlib
+
+    covered = set(judging.JUDGING_MODULES)
+    for name in ("plancache.store.judge", "plancache.key.frontend_form", "plancache.formats.plan_graph",
+                 "plancache.formats.plan_blob", "plancache.store.kept"):  # fmt: skip
+        module = importlib.import_module(name)
+        tree = ast.parse(Path(module.__file__).read_text())
+        package = name.rsplit(".", 1)[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+                assert target in covered or target == "plancache.key", (name, target)
+    assert judging.code_version() is not None and len(judging.code_version() or "") == 64

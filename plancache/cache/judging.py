@@ -28,10 +28,11 @@ from ..tiers.local import LocalTier
 __all__ = ["JUDGING_MODULES", "Judging", "code_version"]
 
 #: The modules whose code decides a judgement: the blob's decoding, the judge and the
-#: frontend form it holds a blob to, the kept judgement's own form, and the reader of the
-#: load's record.
+#: frontend form it holds a blob to (and what that form is derived with), the kept
+#: judgement's own form, and the reader of the load's record (and the tensor specs it keeps).
 JUDGING_MODULES = ("plancache.formats.ubjson", "plancache.formats.plan_blob", "plancache.formats.plan_graph",
-                   "plancache.key.frontend_form", "plancache.store.judge", "plancache.store.kept",
+                   "plancache.key.frontend_form", "plancache.key.description", "plancache.key.lowering",
+                   "plancache.key.key", "plancache.store.judge", "plancache.store.kept",
                    "plancache.engines.native.record")  # fmt: skip
 
 
