@@ -18,7 +18,7 @@ FIGURES = (
     "get_repeat_median_us", "get_repeat_p90_us", "memory_tier_median_us", "get_fresh_median_us", "describe_median_us",
     "make_key_median_us",
     "builder_repeat_median_us", "store_entries", "store_hit_p50_ms", "store_hit_p99_ms", "store_hit_count",
-    "store_hit_calls", "store_hit_files",
+    "store_hit_calls", "store_hit_files", "kept_store_hit_p50_ms", "kept_store_hit_p99_ms", "kept_store_hit_calls",
 )  # fmt: skip
 
 
@@ -37,5 +37,7 @@ def test_quick_run_writes_every_figure_as_a_number(tmp_path: Path) -> None:
     assert figures["lock_flush_attempts"] > 0  # the hit-count writer did try during the lock
     assert data["header"]["cpus"] and data["header"]["python"]
     assert 100 < figures["store_hit_calls"] < 100_000 and figures["store_hit_files"] > 5  # counted, not left at zero
+    # The next process takes each row's kept judgement: no blob decoded or judged, fewer calls.
+    assert 100 < figures["kept_store_hit_calls"] < figures["store_hit_calls"]
     for label in ("write lock", "get(graph)", "@cache.builder", "store hits of distinct keys"):
         assert label in done.stdout
