@@ -73,8 +73,10 @@ class Judging:
         """After ``sound`` loaded: its judgement and record, queued to be kept in its row
         (written in the background with the hit counts), unless they were read from there."""
         version = code_version()
-        record = self.backend.kept_record(sound.blob) if not sound.kept and version is not None else None
-        if record is None or version is None:
+        if sound.kept or version is None:
+            return
+        record = self.backend.kept_record(sound.blob)
+        if record is None:
             return
         entry = sound.entry
         text = keep(entry.key, entry.blob_sha256, entry.meta_sha256, version, sound.unproven, record)

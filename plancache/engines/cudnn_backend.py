@@ -167,13 +167,11 @@ def probe_environment() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class EventTimes:
-    """A measurement: milliseconds per launch of each run; whether the runs had to be
-    measured one by one (the host queued them more slowly than the hold lasted); the hold's
-    GPU clock cycles."""
+    """A measurement: milliseconds per launch of each run, and whether the runs had to be
+    measured one by one (the host queued them more slowly than the hold lasted)."""
 
     times: list[float]
     one_by_one: bool
-    hold_cycles: int
 
 
 def event_times(cuda: Any, launch: Callable[[], None], runs: int, inner: int,
@@ -211,8 +209,7 @@ def event_times(cuda: Any, launch: Callable[[], None], runs: int, inner: int,
         hold_over = held.query()  # before the last launch was queued: the GPU may have waited
         marks[-1].synchronize()
         if not hold_over:
-            return EventTimes([float(start.elapsed_time(end)) / inner for start, end in itertools.pairwise(marks)], False,
-                              cycles)  # fmt: skip
+            return EventTimes([float(start.elapsed_time(end)) / inner for start, end in itertools.pairwise(marks)], False)
     start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
     times = []
     for _ in range(runs):
@@ -224,7 +221,7 @@ def event_times(cuda: Any, launch: Callable[[], None], runs: int, inner: int,
         end.record()
         end.synchronize()
         times.append(float(start.elapsed_time(end)) / inner)
-    return EventTimes(times, True, cycles)
+    return EventTimes(times, True)
 
 
 # ---------------------------------------------------------------------- candidates
