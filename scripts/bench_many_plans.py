@@ -385,10 +385,10 @@ def report(header: dict[str, Any], f: dict[str, Any]) -> None:
             f"primed on {threads} thread{plural}: the loads {loading:.1f} ms after its handle, {loading / bare:.2f}x the bare loop"
         )
     slow = f["bare_slowest"]
-    print(f"bare loop, its {len(slow['slowest'])} longest finalizes: "
+    print(f"bare loop (its last process), its {len(slow['slowest'])} longest finalizes: "
           + ", ".join(f"#{i} {label} {ms:.1f} ms" for i, label, ms in slow["slowest"])
           + f"; the other {slow['others']}: {slow['others_ms']:.1f} ms in all")  # fmt: skip
-    print(f"primed, its {len(f['primed_slowest'])} longest finalizes, ms from its handle: "
+    print(f"primed (its last process), its {len(f['primed_slowest'])} longest finalizes, ms from its handle: "
           + ", ".join(f"{label} {start:.1f}-{end:.1f}" for label, start, end in f["primed_slowest"]))  # fmt: skip
     for line in f.get("profile", []):
         print(f"  profile: {line}")
