@@ -20,8 +20,9 @@ each in fresh processes, alternating rounds:
             (and the same on each of ``PRIMER_THREADS``' counts of primer threads, 4 and 8:
             the loads' time only)
 
-``--profile`` adds one warm process under ``cProfile`` and prints where a store hit's own
-time goes (the functions with the most time of their own). ``--out FILE`` writes every
+``--profile`` adds two warm processes: one times the stages of a hit's own share
+(``STAGES``, unprofiled, and the garbage collector's passes), one runs under ``cProfile``
+and prints the functions with the most time of their own. ``--out FILE`` writes every
 figure as JSON. ``--smoke`` runs every phase at tiny sizes on the CPU test backend (the
 frontend's loop skipped): it checks the script, not the figures. Needs an NVIDIA GPU
 otherwise.
@@ -30,6 +31,7 @@ otherwise.
 from __future__ import annotations
 
 import cProfile
+import gc
 import json
 import os
 import pstats
@@ -131,7 +133,52 @@ def _timed_finalizes(cache: Any) -> list[float]:
     return inside
 
 
-def _warm(args: dict[str, Any], profile: cProfile.Profile | None = None) -> dict[str, Any]:
+class _GcPauses:
+    """The garbage collector's passes while enabled: how many, and the seconds they took."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def __call__(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.passes += 1
+            self.seconds += time.perf_counter() - self._began
+
+
+#: The stages of a store hit timed by ``--profile``'s unprofiled process: (label, module,
+#: class, method); each one's time includes what it calls (a load's finalize is taken out).
+STAGES = (("describe and key the graph", "plancache.cache.lookup", "Lookup", "key_and_names"),
+          ("read the row", "plancache.tiers.local", "LocalTier", "get"),
+          ("judge (kept judgement or blob)", "plancache.cache.judging", "Judging", "judge"),
+          ("load, cuDNN's finalize left out", "plancache.engines.guest_backend", "GuestBackend", "load"),
+          ("make the Plan", "plancache.cache.lookup", "Lookup", "_plan"))  # fmt: skip
+
+
+def _timed_stages() -> dict[str, float]:
+    """Seconds spent in each of ``STAGES`` from now on (wrapping the methods), by label."""
+    import importlib
+
+    spent = dict.fromkeys((label for label, *_ in STAGES), 0.0)
+    for label, module, cls, name in STAGES:
+        owner = getattr(importlib.import_module(module), cls)
+        original = getattr(owner, name)
+
+        def timed(*a: Any, _original: Any = original, _label: str = label, **k: Any) -> Any:
+            begun = time.perf_counter()
+            try:
+                return _original(*a, **k)
+            finally:
+                spent[_label] += time.perf_counter() - begun
+
+        setattr(owner, name, timed)
+    return spent
+
+
+def _warm(args: dict[str, Any], profile: cProfile.Profile | None = None, stages: bool = False) -> dict[str, Any]:
     torch = benchlib.require_gpu("bench_many_plans")
     _cuda_up(torch)
     cache = _cache(args, auto_prime=False)
@@ -139,7 +186,10 @@ def _warm(args: dict[str, Any], profile: cProfile.Profile | None = None) -> dict
     cache.backend.prepare(cache.backend.current_device())  # nor is creating the cuDNN handle
     cache.backend.open_libraries()
     graphs = _graphs(args)[: args["stored"]]  # built before timing: only the lookups are timed
+    spent = _timed_stages() if stages else {}
     inside = _timed_finalizes(cache)
+    gc_pauses = _GcPauses()
+    gc.callbacks.append(gc_pauses)
     walls: list[float] = []
     finalizes: list[float] = []
     sources: dict[str, int] = {}
@@ -154,13 +204,30 @@ def _warm(args: dict[str, Any], profile: cProfile.Profile | None = None) -> dict
         sources[plan.source] = sources.get(plan.source, 0) + 1
     if profile is not None:
         profile.disable()
+    gc.callbacks.remove(gc_pauses)
     fallbacks = dict(cache.backend.native_fallbacks)
     cache.close()
-    return {"walls": walls, "finalizes": finalizes, "sources": sources, "fallbacks": fallbacks}
+    if stages:  # a load's time inside cuDNN is cuDNN's, not the load's own
+        spent["load, cuDNN's finalize left out"] -= sum(finalizes)
+    return {"walls": walls, "finalizes": finalizes, "sources": sources, "fallbacks": fallbacks,
+            "gc_passes": gc_pauses.passes, "gc_seconds": gc_pauses.seconds, "stages": spent}  # fmt: skip
 
 
 def phase_warm(args: dict[str, Any]) -> dict[str, Any]:
     return _warm(args)
+
+
+def phase_stages(args: dict[str, Any]) -> dict[str, Any]:
+    """A warm process's lookups, unprofiled, with the time of each of ``STAGES`` per hit."""
+    result = _warm(args, stages=True)
+    hits = max(1, len(result["walls"]))
+    own = sum(result["walls"]) - sum(result["finalizes"])
+    rows = [(label, seconds / hits) for label, seconds in result["stages"].items()]
+    rows.append(("the rest (claims, guest block, bookkeeping)", own / hits - sum(seconds for _, seconds in rows)))
+    rows.append(("  the garbage collector, inside the above", result["gc_seconds"] / hits))
+    lines = [f"{seconds * 1e6:10.1f}  {label}" for label, seconds in rows]
+    return {"lines": [f"{'us/hit':>10}  stage of a store hit's own share (mean of {hits} hits; "
+                      f"{result['gc_passes']} garbage-collector passes)", *lines]}  # fmt: skip
 
 
 def phase_profile(args: dict[str, Any]) -> dict[str, Any]:
@@ -288,7 +355,7 @@ def _loading(timeline: dict[str, Any]) -> float | None:
     return max(ends) - max(handles) if handles and ends else None
 
 
-PHASES = {"cold": phase_cold, "warm": phase_warm, "profile": phase_profile, "bare": phase_bare, "frontend": phase_frontend,
+PHASES = {"cold": phase_cold, "warm": phase_warm, "stages": phase_stages, "profile": phase_profile, "bare": phase_bare, "frontend": phase_frontend,
           "primed": phase_primed}  # fmt: skip
 
 
@@ -341,7 +408,10 @@ def run(args: dict[str, Any], profile: bool) -> dict[str, Any]:
         "bare_slowest": _bare_slowest(rounds["bare"], [label for label, _name, _params in suite(benchlib.smoke())]),
         "primed_slowest": rounds["primed"][-1]["slowest"],
     }  # fmt: skip
+    figures["warm_gc_ms"] = statistics.median(r["gc_seconds"] for r in rounds["warm"]) * 1e3
+    figures["warm_gc_passes"] = statistics.median(r["gc_passes"] for r in rounds["warm"])
     if profile:
+        figures["stages"] = benchlib.run_phase(__file__, "stages", **args)["lines"]
         figures["profile"] = benchlib.run_phase(__file__, "profile", **args, top=30)["lines"]
     return figures
 
@@ -362,7 +432,8 @@ def report(header: dict[str, Any], f: dict[str, Any]) -> None:
           f"frontend fallbacks: {f['fallbacks'][0] or 'none'}")  # fmt: skip
     print(f"  plancache's own share per hit: median {f['own_per_hit_median_ms']:.3f} ms, p90 {f['own_per_hit_p90_ms']:.3f} ms"
           f" (cuDNN's finalize per hit: median {f['finalize_per_hit_median_ms']:.3f} ms)")  # fmt: skip
-    print(f"  all {f['stored']} hits: {f['warm_total_ms']:.1f} ms, of which plancache's own {f['warm_own_total_ms']:.1f} ms")
+    print(f"  all {f['stored']} hits: {f['warm_total_ms']:.1f} ms, of which plancache's own {f['warm_own_total_ms']:.1f} ms"
+          f" (the garbage collector's {f['warm_gc_passes']:.0f} passes: {f['warm_gc_ms']:.1f} ms)")
     print(f"bare cuDNN finalize loop (C API, nothing else): {f['bare_total_ms']:.1f} ms")
     print(f"frontend deserialize loop: {benchlib.fmt(f['frontend_total_ms'], '.1f')} ms")
     print(f"primed (the default): all in memory {f['primed_ready_ms']:.1f} ms after the cache opened (its cuDNN handle "
@@ -390,6 +461,8 @@ def report(header: dict[str, Any], f: dict[str, Any]) -> None:
           + f"; the other {slow['others']}: {slow['others_ms']:.1f} ms in all")  # fmt: skip
     print(f"primed (its last process), its {len(f['primed_slowest'])} longest finalizes, ms from its handle: "
           + ", ".join(f"{label} {start:.1f}-{end:.1f}" for label, start, end in f["primed_slowest"]))  # fmt: skip
+    for line in f.get("stages", []):
+        print(f"  stages: {line}")
     for line in f.get("profile", []):
         print(f"  profile: {line}")
 
