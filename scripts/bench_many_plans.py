@@ -432,8 +432,10 @@ def report(header: dict[str, Any], f: dict[str, Any]) -> None:
           f"frontend fallbacks: {f['fallbacks'][0] or 'none'}")  # fmt: skip
     print(f"  plancache's own share per hit: median {f['own_per_hit_median_ms']:.3f} ms, p90 {f['own_per_hit_p90_ms']:.3f} ms"
           f" (cuDNN's finalize per hit: median {f['finalize_per_hit_median_ms']:.3f} ms)")  # fmt: skip
-    print(f"  all {f['stored']} hits: {f['warm_total_ms']:.1f} ms, of which plancache's own {f['warm_own_total_ms']:.1f} ms"
-          f" (the garbage collector's {f['warm_gc_passes']:.0f} passes: {f['warm_gc_ms']:.1f} ms)")
+    print(
+        f"  all {f['stored']} hits: {f['warm_total_ms']:.1f} ms, of which plancache's own {f['warm_own_total_ms']:.1f} ms"
+        f" (the garbage collector's {f['warm_gc_passes']:.0f} passes: {f['warm_gc_ms']:.1f} ms)"
+    )
     print(f"bare cuDNN finalize loop (C API, nothing else): {f['bare_total_ms']:.1f} ms")
     print(f"frontend deserialize loop: {benchlib.fmt(f['frontend_total_ms'], '.1f')} ms")
     print(f"primed (the default): all in memory {f['primed_ready_ms']:.1f} ms after the cache opened (its cuDNN handle "
