@@ -328,7 +328,11 @@ def test_the_primer_gives_way_while_a_lookup_builds(make_cache: MakeCache, cache
     assert primer.report["primed"] == 2
 
 
-def test_closing_the_cache_stops_the_primer_between_plans(make_cache: MakeCache, cache_dir: Path) -> None:
+def test_closing_the_cache_stops_the_primer_between_plans(make_cache: MakeCache, cache_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from plancache.cache import priming
+
+    monkeypatch.setattr(priming, "THREADS", 2)  # fewer threads than plans: some are left to stop before
     fill(make_cache, "app", [1, 2, 3, 4])
     remember_blobs(cache_dir)
     backend = SlowLoads(delay=0.2)
@@ -336,10 +340,8 @@ def test_closing_the_cache_stops_the_primer_between_plans(make_cache: MakeCache,
     time.sleep(0.05)
     cache.close()
     report = primed(cache)
-    from plancache.cache.priming import THREADS
-
     # the loads under way (one per primer thread) finish; none starts after close()
-    assert report["primed"] <= THREADS and len(backend.loaded) <= THREADS < 4
+    assert report["primed"] <= 2 and len(backend.loaded) <= 2
 
 
 def test_closing_the_cache_while_a_lookup_builds_stops_the_primer_at_once(make_cache: MakeCache, cache_dir: Path) -> None:

@@ -23,7 +23,7 @@ import plancache
 from plancache import EntryNotFoundError, PlanCache, SchemaTooNewError, Store
 from plancache.cli import cli
 from plancache.key import environment_id
-from plancache.store import DB_NAME, maintenance
+from plancache.store import DB_NAME, maintenance, schema
 from plancache.testing import CpuTestBackend
 
 MakeCache = Callable[..., PlanCache]
@@ -293,8 +293,11 @@ def test_a_full_disk_still_gives_working_plans_one_warning_and_an_intact_store(
 
 
 def test_a_full_disk_while_quarantining_a_damaged_entry_still_gives_a_plan(
-    make_cache: MakeCache, db: Connect, caplog: pytest.LogCaptureFixture
+    make_cache: MakeCache, db: Connect, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A store of 4 KB pages (as plancache made them before): the quarantined row overflows
+    # its table's one page, so the full disk refuses it (16 KB pages would hold it).
+    monkeypatch.setattr(schema, "PAGE_SIZE", 4096)
     keys = stored(make_cache)
     db().execute("UPDATE plans SET blob = zeroblob(length(blob)) WHERE key = ?", (keys[0],))
     cache = make_cache()
@@ -516,7 +519,7 @@ def test_values_never_become_sql(store: Store) -> None:
 def test_sql_text_is_built_only_from_constants() -> None:
     # Every SQL string the store and the cache run is a literal, a module constant or an
     # f-string of these few known, non-value parts; values always go in as parameters.
-    allowed = {"BUSY_TIMEOUT_MS", "int(number)", "pragma", "where"}
+    allowed = {"BUSY_TIMEOUT_MS", "PAGE_SIZE", "int(number)", "pragma", "where"}
     source_dir = Path(plancache.__file__).parent
     sources = (
         "store/store.py",

@@ -17,7 +17,8 @@ import pytest
 
 from plancache import CacheDirError, EntryNotFoundError, SchemaTooNewError, Store, StoreError
 from plancache.config import ConfigError
-from plancache.store import BUSY_TIMEOUT_MS, DB_NAME, Entry, bookkeeping, maintenance, migrations, sha256
+from plancache.store import BUSY_TIMEOUT_MS, DB_NAME, Entry, bookkeeping, maintenance, migrations, schema, sha256
+from plancache.store.schema import PAGE_SIZE
 
 IS_ROOT = os.geteuid() == 0
 
@@ -75,6 +76,26 @@ def test_wal_mode_is_persistent(store: Store, db: Callable[[], sqlite3.Connectio
     conn = db()  # a plain connection sees what the file says, not what the store set
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA user_version").fetchone()[0] == len(migrations())
+
+
+def test_a_new_store_has_large_pages_and_an_old_one_keeps_its_own(store: Store, db: Callable[[], sqlite3.Connection],
+                                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A plan blob is read one page at a time: a store plancache creates has 16 KB pages; a
+    store made with SQLite's default 4 KB pages (as plancache made them before) is used as
+    it is, never rewritten."""
+    store.close()
+    assert db().execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 16384
+    old = tmp_path / "old"
+    monkeypatch.setattr(schema, "PAGE_SIZE", 4096)
+    Store(old).close()
+    monkeypatch.undo()
+    again = Store(old)
+    try:
+        again.put(make_entry())
+        assert again.get(make_entry().key) == make_entry()
+        assert again.connection().execute("PRAGMA page_size").fetchone()[0] == 4096
+    finally:
+        again.close()
 
 
 def test_migrations_are_numbered_from_one() -> None:

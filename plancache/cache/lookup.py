@@ -144,12 +144,13 @@ class Lookup:
         if plan is not None:
             self.counters.count("memory_hits")
             self.local.note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
+            plan = plan.named(names)
         else:
-            plan = self.resolve(graph, key, names, options, device, inputs, load)
+            plan = self.resolve(graph, key, names, options, device, inputs, load)  # under these names
         if slot not in self._used:  # once per run: what the next start of this application primes
             self._used.add(slot)
             self.local.note_use(key.digest, device)
-        return plan.named(names)
+        return plan
 
     def after_fork(self) -> None:
         """In a forked child: the parent's loaded plans, claims and locks are not ours."""
@@ -176,7 +177,8 @@ class Lookup:
                             plan = self.memory.get(slot) or self._repair_or_build(graph, key, options, device, inputs, load)
                 plan = plan.named(names)
                 self.memory.put(slot, plan)
-        return plan.named(names)
+                return plan
+        return plan.named(names)  # another thread's, under its graph's names
 
     def prime(self, digest: str, environment: Mapping[str, Any], device: int, *, stop: threading.Event | None = None,
               marks: dict[str, tuple[float, float]] | None = None, entry: Entry | None = None,

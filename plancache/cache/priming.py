@@ -67,9 +67,12 @@ READ_AHEAD = 256  # each holds its decoded blob (about its size again) until its
 #: Threads the primer loads on. A native load is mostly cuDNN's finalize, which holds no GIL
 #: and runs on the host: on two threads an engine family's first finalize and the next
 #: plan's overlap (an H200 loaded the example model's six plans in 55 ms after its cuDNN
-#: handle, against 77 ms on one; docs/priming.md); more compete with the program's own
-#: start-up for the CPU.
-THREADS = 2
+#: handle, against 77 ms on one; docs/priming.md). With hundreds of plans of several
+#: families, each family's first finalize (tens of ms, its kernels loaded) holds up the
+#: plans of its family only: four threads loaded bench_many_plans' 204 plans in 0.66x the
+#: bare loop's time where two took 0.76x (H100, docs/priming.md). Four where the process
+#: may use 16 CPUs or more, else two: more compete with the program's own start-up.
+THREADS = 4 if len(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)) >= 16 else 2
 
 
 def app_name() -> str:

@@ -27,6 +27,12 @@ __all__ = ["BUSY_TIMEOUT_MS", "Schema", "check_private", "default_cache_dir", "m
 
 log = logging.getLogger("plancache")
 
+#: The page size of a store plancache creates. A plan blob (2-120 KB) lies on overflow
+#: pages, read one system call each: a store hit reading an 80 KB blob spent 58 us in
+#: SQLite on 4 KB pages (its default) and 37 us on 16 KB ones (CPU, 300 rows read once in
+#: a fresh process, the file in the OS page cache). A store made earlier keeps its pages.
+PAGE_SIZE = 16384
+
 BUSY_TIMEOUT_MS = 30_000
 
 
@@ -249,6 +255,7 @@ class Schema:
         if self.read_only:
             raise StoreError(f"read-only store {self.path} has schema {found}, older than {latest}", path=str(self.path))
         if found == 0:
+            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # a new file only: before WAL and the first table
             conn.execute("PRAGMA journal_mode=WAL")
         with self.transaction() as tx:
             found = tx.execute("PRAGMA user_version").fetchone()[0]  # another process may have migrated
