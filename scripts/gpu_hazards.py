@@ -20,6 +20,12 @@ parent counts, per case: CUDA errors, invalidated captures, wrong outputs, and h
 plans were primed. The races are timing-dependent (the GIL mostly serializes the threads),
 so several processes run at once and every case has many runs. Needs an NVIDIA GPU.
 
+What priming costs the program is told per process as well as pooled: how many of its
+iterations fell while the primer ran, and those iterations without each process's first
+(the one that sets CUDA and cuBLAS up, slow with or without priming). ``--threads N`` runs
+the primer on N threads instead of its default (``priming.THREADS``): the same script with
+two and with four tells what more threads cost the program.
+
 ``--smoke``: the start-up suite at tiny sizes on the CPU test backend, one run per case,
 each child in this process (under the child's environment, its report still through its
 file), the main thread's work shrunk to tensors on the CPU; the CUDA-graph captures are
@@ -203,11 +209,15 @@ class Work:
         thread.join(120)
 
 
-def child(case: str, out: str) -> None:
+def child(case: str, out: str, threads: int | None = None) -> None:
     started = time.perf_counter()
     import torch
 
     import plancache
+    from plancache.cache import priming
+
+    if threads is not None:
+        priming.THREADS = threads
 
     cache = plancache.PlanCache(backend=benchlib.backend())  # auto-prime at its default (on)
     primer = cache.primer
@@ -231,22 +241,22 @@ def child(case: str, out: str) -> None:
         "primed": primer.report["primed"] if primer is not None else None, "primer_seconds": primer.report["seconds"] if primer else None,
         "skipped": primer.report["skipped"] if primer is not None else None, "during_ms": [1e3 * s for s in work.during],
         "after_ms": [1e3 * s for s in work.after], "counters": dict(cache.counters), "process_s": time.perf_counter() - started,
+        "primer_threads": priming.THREADS,
     }  # fmt: skip
     cache.close()
     Path(out).write_text(json.dumps(report))
 
 
-def run_child(case: str, index: int, directory: Path, work: Path) -> dict[str, Any]:
+def run_child(case: str, index: int, directory: Path, work: Path, threads: int | None = None) -> dict[str, Any]:
     out = work / f"{case}-{index}.json"
     env = {**os.environ, "PLANCACHE_DIR": str(directory), "PLANCACHE_APP": APP, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
     env.pop("PLANCACHE_AUTO_PRIME", None)  # what is measured: priming at its default, beside the program's work
     if benchlib.smoke():
-        return _run_child_here(case, out, env)
+        return _run_child_here(case, out, env, threads)
+    command = [sys.executable, __file__, "--child", case, str(out)] + (["--threads", str(threads)] if threads else [])
     try:
-        done = subprocess.run(
-            [sys.executable, __file__, "--child", case, str(out)], env=env, capture_output=True, text=True, timeout=240
-        )
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     except subprocess.TimeoutExpired:
         return {
             "case": case,
@@ -272,7 +282,7 @@ def run_child(case: str, index: int, directory: Path, work: Path) -> dict[str, A
     return report
 
 
-def _run_child_here(case: str, out: Path, env: dict[str, str]) -> dict[str, Any]:
+def _run_child_here(case: str, out: Path, env: dict[str, str], threads: int | None) -> dict[str, Any]:
     """A smoke run's child: ``child`` in this process under the child's environment
     (restored afterwards), its report read back from its file as the parent reads a child's."""
     saved = dict(os.environ)
@@ -280,7 +290,7 @@ def _run_child_here(case: str, out: Path, env: dict[str, str]) -> dict[str, Any]
     os.environ.update(env)
     failure = None
     try:
-        child(case, str(out))
+        child(case, str(out), threads)
     except Exception as exc:
         failure = f"{type(exc).__name__}: {str(exc)[:600]}"
     finally:
@@ -294,6 +304,10 @@ def _run_child_here(case: str, out: Path, env: dict[str, str]) -> dict[str, Any]
 
 def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:
     during = [ms for r in reports for ms in r.get("during_ms", [])]
+    # Each process's first iteration sets CUDA up (and cuBLAS, for the matmuls): slow with or
+    # without priming, and while priming whenever the primer outlasts it.
+    later = [ms for r in reports for ms in r.get("during_ms", [])[1:]]
+    counts = [len(r["during_ms"]) for r in reports if "during_ms" in r]
     after = [ms for r in reports for ms in r.get("after_ms", [])]
     primed = [r["primed"] for r in reports if r.get("primed") is not None]
     return {
@@ -306,8 +320,16 @@ def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:
         "primed_all": sum(1 for p in primed if p == len(SUITE)),
         "iteration_ms_during": (statistics.median(during), max(during)) if during else None,
         "iteration_ms_after": (statistics.median(after), max(after)) if after else None,
+        "iteration_ms_during_later": (statistics.median(later), max(later)) if later else None,
+        "iterations_during_per_process": statistics.median(counts) if counts else None,
         "errors": sorted({e[:160] for r in reports for e in r.get("errors", [])})[:8],
     }
+
+
+def _threads(reports: list[dict[str, Any]]) -> str:
+    """The primer threads the children ran (one number where all ran alike)."""
+    counts = sorted({r["primer_threads"] for r in reports if r.get("primer_threads") is not None})
+    return "/".join(map(str, counts)) or "?"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                         "whose children run in this process)")  # fmt: skip
     parser.add_argument("--cases", default=",".join(CASES), help=f"a subset of {','.join(CASES)}")
     parser.add_argument("--out", help="write every run's report and the summary as JSON here")
+    parser.add_argument("--threads", type=int, help="the primer's threads (default: plancache's own, priming.THREADS)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     benchlib.add_smoke_option(parser)
     args = parser.parse_args(argv)
@@ -324,8 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         _smoke_sizes()
         args.parallel = 1  # each child sets this process's environment while it runs
     args.runs = args.runs or (1 if benchlib.smoke() else 40)
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, not {args.threads}")
     if args.child:
-        child(*args.child)
+        child(*args.child, args.threads)
         return 0
     work = benchlib.scratch("plancache-hazards-")
     directory = work / "cache"
@@ -335,10 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in args.cases.split(",") if c]
     jobs = [(case, i) for i in range(args.runs) for case in cases]  # interleaved: cases share the machine alike
     with ThreadPoolExecutor(args.parallel) as pool:
-        reports = list(pool.map(lambda job: run_child(job[0], job[1], directory, work), jobs))
+        reports = list(pool.map(lambda job: run_child(job[0], job[1], directory, work, args.threads), jobs))
     summary = {case: summarize([r for r in reports if r["case"] == case]) for case in cases}
     print(f"\nplan loads beside the program's work: {args.runs} fresh processes per case, {args.parallel} at once, "
-          f"{len(SUITE)} plans primed per process ({time.perf_counter() - began:.0f} s)")  # fmt: skip
+          f"{len(SUITE)} plans primed per process on {_threads(reports)} primer thread(s) ({time.perf_counter() - began:.0f} s)")  # fmt: skip
     print(f"{'case':<9} {'runs':>4} {'CUDA err':>8} {'failed':>6} {'invalid':>7} {'wrong':>5} {'all primed':>10}  "
           f"{'iteration ms during priming (median/max)':<42} after")  # fmt: skip
     ok = True
@@ -347,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         after = "{:.2f} / {:.1f}".format(*s["iteration_ms_after"]) if s["iteration_ms_after"] else "-"
         print(f"{case:<9} {s['runs']:>4} {s['cuda_errors']:>8} {s['failed_runs']:>6} {s['invalidated']:>7} {s['wrong']:>5} "
               f"{s['primed_all']:>6}/{s['runs']:<3}  {during:<42} {after}")  # fmt: skip
+        if s["iterations_during_per_process"] is not None:
+            later = "{:.2f} / {:.1f}".format(*s["iteration_ms_during_later"]) if s["iteration_ms_during_later"] else "-"
+            print(f"          per process: {s['iterations_during_per_process']:g} iterations during priming (median); "
+                  f"without each one's first (CUDA's set-up): {later} ms (median/max)")  # fmt: skip
         for error in s["errors"]:
             print(f"          {error}")
         ok &= s["cuda_errors"] == 0 and s["failed_runs"] == 0 and s["invalidated"] == 0 and s["wrong"] == 0

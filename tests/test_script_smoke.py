@@ -133,6 +133,8 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
             "kernels      1        0      0       0     0 ",
             "captures     1        0      0       0     0 ",
             "lookups      1        0      0       0     0 ",
+            "per process: ",
+            "iterations during priming (median); without each one's first (CUDA's set-up): ",
             "gpu_hazards smoke run: 2 GPU-only part(s) skipped: needs a GPU",
             "gpu_hazards: PASSED",
         ],
