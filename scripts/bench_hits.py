@@ -111,32 +111,6 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-class GcPauses:
-    """Python's garbage-collector passes while it is entered (``gc.callbacks``): a long
-    lookup that coincides with a full collection is the runtime pausing, not a wait."""
-
-    def __init__(self) -> None:
-        self.pauses: list[tuple[int, int]] = []  # (generation, ns)
-        self._started = 0
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._started = time.perf_counter_ns()
-        else:
-            self.pauses.append((int(info["generation"]), time.perf_counter_ns() - self._started))
-
-    def __enter__(self) -> GcPauses:
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self)
-
-    def figures(self, prefix: str) -> dict[str, Any]:
-        return {f"{prefix}_gc_passes": len(self.pauses), f"{prefix}_gc_full_passes": sum(1 for g, _ in self.pauses if g == 2),
-                f"{prefix}_gc_longest_ms": max((ns for _, ns in self.pauses), default=0) / 1e6}  # fmt: skip
-
-
 def calibrate() -> float:
     """Microseconds of a fixed pure-Python loop (median of 21 batches): on a shared or
     throttled machine, compare it across runs before comparing their figures."""
@@ -287,7 +261,7 @@ def bench_lock(workdir: Path, sizes: dict[str, Any]) -> dict[str, Any]:
         window_start = clock()
         end = window_start + int(sizes["lock_loop_s"] * 1e9)
         i = 0
-        with GcPauses() as gc_pauses:
+        with benchlib.GcPauses() as gc_pauses:
             while clock() < end:
                 t0 = clock()
                 memory_cache.get(memory_graph)
@@ -534,7 +508,7 @@ def phase_store_hits(args: dict[str, Any]) -> dict[str, Any]:
     ns, sources = [], {}
     collected: list[int] = []  # lookups during which the garbage collector ran
     plan = None
-    with GcPauses() as gc_pauses:
+    with benchlib.GcPauses() as gc_pauses:
         passes = gc_pauses.pauses
         for g in graphs:
             seen = len(passes)

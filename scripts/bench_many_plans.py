@@ -31,12 +31,12 @@ otherwise.
 from __future__ import annotations
 
 import cProfile
-import gc
 import json
 import os
 import pstats
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,39 +114,27 @@ def phase_cold(args: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": seconds, "sources": sources, "stored": len(stored)}
 
 
+def _time_calls(owner: Any, name: str, took: Callable[[float], None]) -> None:
+    """From now on, ``took(seconds)`` after each call of ``owner.name`` (returned or raised)."""
+    original = getattr(owner, name)
+
+    def timed(*a: Any, **k: Any) -> Any:
+        begun = time.perf_counter()
+        try:
+            return original(*a, **k)
+        finally:
+            took(time.perf_counter() - begun)
+
+    setattr(owner, name, timed)
+
+
 def _timed_finalizes(cache: Any) -> list[float]:
     """Seconds inside cuDNN per load from now on: the C API's finalize (``load_plan``) and
     the frontend's deserialize where a plan falls back to it."""
     inside: list[float] = []
-    library, driver = cache.backend.driver.library(), cache.backend.driver
-    for owner, name in ((library, "load_plan"), (driver, "deserialize")):
-        original = getattr(owner, name)
-
-        def timed(*a: Any, _original: Any = original, **k: Any) -> Any:
-            begun = time.perf_counter()
-            try:
-                return _original(*a, **k)
-            finally:
-                inside.append(time.perf_counter() - begun)
-
-        setattr(owner, name, timed)
+    _time_calls(cache.backend.driver.library(), "load_plan", inside.append)
+    _time_calls(cache.backend.driver, "deserialize", inside.append)
     return inside
-
-
-class _GcPauses:
-    """The garbage collector's passes while enabled: how many, and the seconds they took."""
-
-    def __init__(self) -> None:
-        self.passes = 0
-        self.seconds = 0.0
-        self._began = 0.0
-
-    def __call__(self, phase: str, _info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._began = time.perf_counter()
-        else:
-            self.passes += 1
-            self.seconds += time.perf_counter() - self._began
 
 
 #: The stages of a store hit timed by ``--profile``'s unprofiled process: (label, module,
@@ -164,17 +152,11 @@ def _timed_stages() -> dict[str, float]:
 
     spent = dict.fromkeys((label for label, *_ in STAGES), 0.0)
     for label, module, cls, name in STAGES:
-        owner = getattr(importlib.import_module(module), cls)
-        original = getattr(owner, name)
 
-        def timed(*a: Any, _original: Any = original, _label: str = label, **k: Any) -> Any:
-            begun = time.perf_counter()
-            try:
-                return _original(*a, **k)
-            finally:
-                spent[_label] += time.perf_counter() - begun
+        def took(seconds: float, label: str = label) -> None:
+            spent[label] += seconds
 
-        setattr(owner, name, timed)
+        _time_calls(getattr(importlib.import_module(module), cls), name, took)
     return spent
 
 
@@ -188,29 +170,28 @@ def _warm(args: dict[str, Any], profile: cProfile.Profile | None = None, stages:
     graphs = _graphs(args)[: args["stored"]]  # built before timing: only the lookups are timed
     spent = _timed_stages() if stages else {}
     inside = _timed_finalizes(cache)
-    gc_pauses = _GcPauses()
-    gc.callbacks.append(gc_pauses)
     walls: list[float] = []
     finalizes: list[float] = []
     sources: dict[str, int] = {}
     if profile is not None:
         profile.enable()
-    for graph in graphs:
-        before = len(inside)
-        started = time.perf_counter()
-        plan = cache.get(graph)
-        walls.append(time.perf_counter() - started)
-        finalizes.append(sum(inside[before:]))
-        sources[plan.source] = sources.get(plan.source, 0) + 1
+    with benchlib.GcPauses() as gc_pauses:
+        for graph in graphs:
+            before = len(inside)
+            started = time.perf_counter()
+            plan = cache.get(graph)
+            walls.append(time.perf_counter() - started)
+            finalizes.append(sum(inside[before:]))
+            sources[plan.source] = sources.get(plan.source, 0) + 1
     if profile is not None:
         profile.disable()
-    gc.callbacks.remove(gc_pauses)
     fallbacks = dict(cache.backend.native_fallbacks)
     cache.close()
     if stages:  # a load's time inside cuDNN is cuDNN's, not the load's own
         spent["load, cuDNN's finalize left out"] -= sum(finalizes)
     return {"walls": walls, "finalizes": finalizes, "sources": sources, "fallbacks": fallbacks,
-            "gc_passes": gc_pauses.passes, "gc_seconds": gc_pauses.seconds, "stages": spent}  # fmt: skip
+            "gc_passes": len(gc_pauses.pauses), "gc_seconds": sum(ns for _, ns in gc_pauses.pauses) / 1e9,
+            "stages": spent}  # fmt: skip
 
 
 def phase_warm(args: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -392,3 +393,29 @@ def stage_row(stages: dict[str, Any], wall: float) -> str:
         row += "; builds " + ", ".join(f"#{b['index']} {b['seconds'] * 1e3:.1f}" + (" rtc" if b["compiles"] else "")
                                        for b in builds)  # fmt: skip
     return row
+
+
+class GcPauses:
+    """Python's garbage-collector passes while it is entered (``gc.callbacks``): a long
+    lookup that coincides with a full collection is the runtime pausing, not a wait."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, int]] = []  # (generation, ns)
+        self._started = 0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        else:
+            self.pauses.append((int(info["generation"]), time.perf_counter_ns() - self._started))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+    def figures(self, prefix: str) -> dict[str, Any]:
+        return {f"{prefix}_gc_passes": len(self.pauses), f"{prefix}_gc_full_passes": sum(1 for g, _ in self.pauses if g == 2),
+                f"{prefix}_gc_longest_ms": max((ns for _, ns in self.pauses), default=0) / 1e6}  # fmt: skip
