@@ -242,6 +242,34 @@ def test_flush_writes_the_counts_the_background_writer_has_in_hand(
     cache.close()
 
 
+def test_a_store_hit_leaves_per_process_work_to_the_cache_opening(make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The judging code's version (its source read and hashed) and the start of the
+    hit-count writer are done on a thread as the cache opens: the first store hit starts
+    no thread and reads no source."""
+    spec = EXAMPLES["conv_bias_relu"]
+    build_and_close(make_cache, spec)
+    plancache.cache.judging.code_version.cache_clear()
+    cache = make_cache()
+    for thread in threading.enumerate():
+        if thread.name == "plancache-prepare":
+            thread.join(10)
+    assert plancache.cache.judging.code_version.cache_info().currsize == 1
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def noted_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", noted_start)
+    read: list[str] = []
+    real_read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda path: read.append(str(path)) or real_read(path))
+    assert cache.get(spec.graph()).source == "loaded"
+    assert started == [] and read == []
+    cache.close()
+
+
 def test_context_manager_flushes_on_exit(make_cache: MakeCache, db: Connect) -> None:
     spec = EXAMPLES["causal_sdpa"]
     build_and_close(make_cache, spec)

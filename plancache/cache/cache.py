@@ -21,9 +21,11 @@ into a failure: the caller gets a working plan, or a clear error about their own
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -196,6 +198,8 @@ class PlanCache:
         if auto_prime and self.local.available:
             self.primer = Primer(self.lookup)
             self.primer.start()
+        if self.local.available:
+            _beside(self.lookup.prepare, self.options)
 
     # ------------------------------------------------------------------ public
 
@@ -391,6 +395,13 @@ def _lock_directory(local: LocalTier) -> Path | None:
         local.refused is None and os.access(local.directory, os.W_OK) and not (local.store is not None and local.store.read_only)
     )
     return local.directory / "locks" if writable else None
+
+
+def _beside(work: Callable[..., None], *args: Any) -> None:
+    """Run ``work(*args)`` on a daemon thread beside the program. Where no thread can be
+    started (a limit on threads), nothing is lost: the first lookup does that work."""
+    with contextlib.suppress(RuntimeError):
+        threading.Thread(target=work, args=args, name="plancache-prepare", daemon=True).start()
 
 
 def _watch_process(cache: PlanCache) -> None:

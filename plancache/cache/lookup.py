@@ -25,14 +25,14 @@ from ..engines.autotune import AutotuneResult, TimingPolicy, autotune
 from ..engines.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
 from ..formats.plan_blob import PlanBlob
-from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id
+from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id, options_json
 from ..runtime.plan import Plan
 from ..store import NEVER_CHECKED, Entry, Sound, Unsound, held_to, sha256, summarize
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .counters import Counters
 from .flight import SingleFlight
-from .judging import Judging
+from .judging import Judging, code_version
 from .kernel_cache import KernelCache
 from .keys import GraphKeys
 from .loads import Loads
@@ -104,6 +104,15 @@ class Lookup:
         #: (key, device) -> ``time.perf_counter()`` of this run's first lookup of it (the primer's timeline).
         self.first_asked: dict[Slot, float] = {}
         self._keys = GraphKeys()
+
+    def prepare(self, options: BuildOptions) -> None:
+        """Once-per-process work that a first store hit would otherwise do, done by the
+        cache as it opens, on a thread beside the program: the judging code's version (its
+        source read and hashed), the canonical text of the cache's options, and the start
+        of the thread that writes hit counts (a thread's start waits for it to run)."""
+        code_version()
+        options_json(options)
+        self.local.start_flusher()
 
     # ------------------------------------------------------------------ the key and memory
 

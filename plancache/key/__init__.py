@@ -23,6 +23,7 @@ from .key import (
     canonical_json,
     environment_id,
     make_key,
+    options_json,
 )
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "environment_id",
     "make_key",
     "mark_shared_kernel_cache",
+    "options_json",
     "tensor_table",
     "used_tensors",
 ]

@@ -220,12 +220,13 @@ def make_key(
     texts = {
         "graph": _description_json(graph),
         "environment": environment_json if environment_json is not None else canonical_json(parts["environment"]),
-        "options": _options_json(options),
+        "options": options_json(options),
     }
     text = f'{{"environment":{texts["environment"]},"format":{KEY_FORMAT},"graph":{texts["graph"]},"options":{texts["options"]}}}'
     return CacheKey(digest=hashlib.sha256(text.encode()).hexdigest(), parts=parts, texts=texts)
 
 
 @functools.lru_cache(maxsize=64)
-def _options_json(options: BuildOptions) -> str:
+def options_json(options: BuildOptions) -> str:
+    """The canonical text of ``options`` as keys hash it, made once per options value."""
     return canonical_json(_options_dict(options))

@@ -243,6 +243,12 @@ class LocalTier:
             self._judgements[key] = (blob_sha256, text)
             self._start_flusher()
 
+    def start_flusher(self) -> None:
+        """Start the thread that writes hit counts now, not at the first hit: starting a
+        thread waits for it to run, which a lookup should not."""
+        with self._hits_lock:
+            self._start_flusher()
+
     def _start_flusher(self) -> None:
         if self._flusher is None and self.store is not None and not self.store.read_only:
             self._flusher = threading.Thread(target=self._flush_loop, name="plancache-hits", daemon=True)
