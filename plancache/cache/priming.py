@@ -72,7 +72,7 @@ READ_AHEAD = 256  # each holds its decoded blob (about its size again) until its
 #: plans of its family only: four threads loaded bench_many_plans' 204 plans in 0.66x the
 #: bare loop's time where two took 0.76x (H100, docs/priming.md). Four where the process
 #: may use 16 CPUs or more, else two: more compete with the program's own start-up.
-THREADS = 4 if len(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)) >= 16 else 2
+THREADS = 4 if (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) >= 16 else 2
 
 
 def app_name() -> str:
