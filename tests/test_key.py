@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -303,6 +304,18 @@ def test_tensor_spec_alignment_defaults_to_16_bytes_and_reads_old_tables() -> No
     old = {k: v for k, v in spec.to_dict().items() if k != "alignment"}  # a table stored before the field
     assert type(spec).from_dict(old) == spec
     assert type(spec).from_dict({**old, "alignment": 256}).alignment == 256
+
+
+def test_a_tensor_spec_read_from_a_table_is_the_one_its_constructor_makes() -> None:
+    """``from_dict`` sets the fields itself (a store hit reads two tables of specs): the
+    spec is the frozen dataclass its constructor makes, each value converted alike."""
+    spec = tensor_table(ConvBiasRelu().graph())[0]
+    read = type(spec).from_dict({**spec.to_dict(), "uid": str(spec.uid), "dims": [str(d) for d in spec.dims], "is_output": 0})
+    assert read == spec and hash(read) == hash(spec) and repr(read) == repr(spec)
+    assert type(read.uid) is int and type(read.dims) is tuple and all(type(d) is int for d in read.dims)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        read.uid = 9  # type: ignore[misc]
+    assert dataclasses.replace(read, uid=9).uid == 9 and pickle.loads(pickle.dumps(read)) == spec
 
 
 # ---------------------------------------------------------------------------- invalid graphs

@@ -105,7 +105,7 @@ def test_the_decoder_refuses_what_is_not_ubjson(data: bytes, why: str) -> None:
 def test_a_frontend_blob_is_read_field_by_field() -> None:
     record = parse(frontend_blob())
     assert refusal(record) is None
-    assert record.version == "2.0" and record.representation == '{"engineId": 7}'
+    assert record.version == "2.0" and record.representation == b'{"engineId": 7}'
     assert record.variant_pack_uids == (1, 3, 5, 9)
     assert record.by_value[9].kind == "float" and struct.unpack("<f", record.by_value[9].data) == (0.125,)
     assert record.by_value[10].kind == "bfloat16" and record.by_value[10].data == struct.pack("<f", 1.5)[2:]
@@ -268,7 +268,7 @@ class FakeLibrary:
         self.live.add(self.next)
         return self.next
 
-    def load_plan(self, handle: int, representation: str) -> int:
+    def load_plan(self, handle: int, representation: bytes) -> int:
         plan = self._new()
         self.calls.append(("load_plan", handle, representation))
         return plan
@@ -304,7 +304,7 @@ def native_plan(library: FakeLibrary, **changes: Any) -> NativePlan:
 def test_a_load_finalizes_the_plan_and_nothing_else() -> None:
     library = FakeLibrary()
     plan = native_plan(library)
-    assert library.calls == [("load_plan", 7, '{"engineId": 7}')]
+    assert library.calls == [("load_plan", 7, b'{"engineId": 7}')]
     assert plan.workspace_size == 1024 + 4096  # the frontend's part in front of cuDNN's
     assert plan.user_uids == (1, 3, 5)
 

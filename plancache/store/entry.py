@@ -267,24 +267,29 @@ class Entry:
         bytes are judged by ``problem``; this only makes sure nothing read from them can
         raise anything else later (a workspace size of 2**62 or infinity, a list where a
         mapping belongs)."""
-        unknown = fields.keys() - _DEFAULTS.keys()
-        missing = {name for name, default in _DEFAULTS.items() if default is dataclasses.MISSING} - fields.keys()
-        if unknown or missing:
-            raise ValueError(f"entry fields unknown ({sorted(unknown)}) or missing ({sorted(missing)})")
-        fields = {**{name: _default(name) for name in _DEFAULTS.keys() - fields.keys()}, **fields}
+        read = dict(fields)
+        if read.keys() != _DEFAULTS.keys():  # a row has every field: only a bundle's may lack some
+            unknown = read.keys() - _DEFAULTS.keys()
+            missing = _REQUIRED - read.keys()
+            if unknown or missing:
+                raise ValueError(f"entry fields unknown ({sorted(unknown)}) or missing ({sorted(missing)})")
+            read.update((name, _default(name)) for name in _DEFAULTS.keys() - fields.keys())
         for name, kinds in _FIELD_TYPES.items():
-            if not isinstance(fields[name], kinds) or isinstance(fields[name], bool):
-                raise ValueError(f"entry field {name} is a {type(fields[name]).__name__}")
+            value = read[name]
+            if not isinstance(value, kinds) or type(value) is bool:  # bool has no subclasses
+                raise ValueError(f"entry field {name} is a {type(value).__name__}")
         for name in ("tensors", "candidates"):
-            if not all(isinstance(item, dict) for item in fields[name]):
+            if not all(isinstance(item, dict) for item in read[name]):
                 raise ValueError(f"entry field {name} holds something other than mappings")
         for name, high in (("workspace_size", MAX_WORKSPACE), ("hit_count", _MAX_COUNT)):
-            if not 0 <= fields[name] <= high:
-                raise ValueError(f"entry field {name} is {fields[name]}, outside 0..{high}")
+            if not 0 <= read[name] <= high:
+                raise ValueError(f"entry field {name} is {read[name]}, outside 0..{high}")
         for name in _TIMES:
-            if not (math.isfinite(fields[name]) and fields[name] >= 0):
+            value = read[name] = float(read[name])
+            if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"entry field {name} is {fields[name]}, not a time")
-        return cls(**{**fields, "blob": bytes(fields["blob"]), **{name: float(fields[name]) for name in _TIMES}})
+        read["blob"] = bytes(read["blob"])
+        return cls(**read)
 
 
 #: Each field of an entry and its default (a bundle written before a field existed lacks
@@ -294,6 +299,9 @@ _DEFAULTS: dict[str, Any] = {
     for f in dataclasses.fields(Entry)
     if f.init
 }
+
+
+_REQUIRED = frozenset(name for name, default in _DEFAULTS.items() if default is dataclasses.MISSING)
 
 
 def _default(name: str) -> Any:

@@ -145,7 +145,7 @@ class SimulatedLibrary:
                               status=_BAD_PARAM)  # fmt: skip
         self.destroyed += 1
 
-    def load_plan(self, handle: int, representation: str) -> int:
+    def load_plan(self, handle: int, representation: bytes) -> int:
         """Finalize a plan from its representation on the handle's device: host work only."""
         call = "cudnnBackendFinalize(EXECUTION_PLAN)"
         state = self._handle(handle, call)

@@ -108,12 +108,12 @@ def graph_blob(description: Mapping[str, Any], filler: bytes = b"") -> bytes:
     return encode_ubjson({**_graph(description), "filler": filler.hex()})
 
 
-def payload_of(text: str) -> dict[str, Any]:
+def payload_of(text: bytes | str) -> dict[str, Any]:
     """The payload of a backend plan's representation; ``ValueError`` for one that is not a
     test plan, or is the plan of an ``unloadable=`` candidate."""
     try:
         payload = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"not a plancache test plan ({exc})") from exc
     if not isinstance(payload, dict) or not {"description", "tensors", "engine"} <= set(payload):
         raise ValueError("not a plancache test plan (fields missing)")

@@ -285,7 +285,7 @@ class Library:
     def finalize(self, descriptor: int, what: str) -> None:
         self._check(self._cudnn.cudnnBackendFinalize(descriptor), f"cudnnBackendFinalize({what})")
 
-    def load_plan(self, handle: int, representation: str) -> int:
+    def load_plan(self, handle: int, representation: bytes) -> int:
         """An execution plan finalized from its JSON representation (what the frontend
         serializes as ``cudnn_backend_data``); the caller owns it (``destroy``). The GIL is
         released through the finalize, the long part."""
@@ -293,9 +293,8 @@ class Library:
         try:
             raw = ctypes.c_void_p(handle)
             self.set(plan, PLAN_HANDLE, TYPE_HANDLE, 1, ctypes.byref(raw), "EXECUTION_PLAN_HANDLE")
-            text = representation.encode()
-            buffer = ctypes.create_string_buffer(text, len(text))
-            self.set(plan, PLAN_JSON, TYPE_CHAR, len(text), buffer, "EXECUTION_PLAN_JSON_REPRESENTATION")
+            # The bytes themselves (their buffer outlives the finalize): no copy of a plan's JSON.
+            self.set(plan, PLAN_JSON, TYPE_CHAR, len(representation), representation, "EXECUTION_PLAN_JSON_REPRESENTATION")
             self.finalize(plan, "EXECUTION_PLAN")
         except BaseException:
             self.destroy(plan)

@@ -92,7 +92,7 @@ class PlanRecord:
     """Everything a native load and launch needs of a frontend plan blob."""
 
     version: str
-    representation: str
+    representation: bytes  # UTF-8 JSON, handed to cuDNN as it is
     variant_pack_uids: tuple[int, ...]
     by_value: Mapping[int, ByValue]
     workspace: Mapping[int, WorkspaceChange]
@@ -205,7 +205,7 @@ def _parse(blob: PlanBlob) -> PlanRecord:
             aligned[_uid(uid)] = alignment
         return PlanRecord(
             version=version,
-            representation=top["cudnn_backend_data"],
+            representation=top["cudnn_backend_data"].encode(),
             variant_pack_uids=tuple(sorted(_int(u, "a uid", *_INT64) for u in top.get("variant_pack_uids") or [])),
             by_value={_uid(uid): _by_value(raw) for uid, raw in _uid_pairs(top.get("pass_by_values") or {})},
             workspace=workspace,
@@ -228,7 +228,7 @@ def kept_form(blob: PlanBlob) -> dict[str, Any] | None:
     record = blob.known(_parse)
     if record is None:
         return None
-    text = record.representation.encode()
+    text = record.representation
     start = blob.data.find(text)
     if start < 0:  # the frontend escaped it in the blob: not kept, read from the blob each time
         return None
@@ -257,7 +257,7 @@ def keep(blob: PlanBlob, kept: Mapping[str, Any]) -> None:
         backend_tensors = [TensorSpec.from_dict(t) for t in kept["backend_tensors"]]
         record = PlanRecord(
             version=str(kept["version"]),
-            representation=blob.data[start:end].decode(),
+            representation=blob.data[start:end],
             variant_pack_uids=tuple(int(u) for u in kept["variant_pack_uids"]),
             by_value={int(uid): ByValue(str(kind), bytes.fromhex(data)) for uid, kind, data in kept["by_value"]},
             workspace={
