@@ -151,11 +151,17 @@ def parse_or_run_phase(description: str, phases: dict[str, Any], argv: Sequence[
     opts = parser.parse_args(argv)
     start_smoke(opts.smoke)
     if script is not None:
-        _phases[Path(script).name] = phases
+        register_phases(script, phases)
     if opts.phase:
         print(json.dumps(phases[opts.phase](json.loads(opts.args))))
         return None
     return opts
+
+
+def register_phases(script: str, phases: dict[str, Any]) -> None:
+    """The phases of ``script`` (name -> function of its arguments), which a smoke run's
+    ``run_phase`` then calls in this process."""
+    _phases[Path(script).name] = phases
 
 
 def run_phase(script: str, phase: str, **args: Any) -> dict[str, Any]:

@@ -221,6 +221,17 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         False,
     ),
+    "probe_miss_warm": (
+        [],
+        [
+            "conv_bias_relu     none    lookup ",
+            "conv_bias_relu     before  lookup ",
+            'warm {"inputs": ',
+            "sdpa_causal        thread  lookup ",
+            "probe_miss_warm smoke run: 0 GPU-only part(s) skipped: needs a GPU",
+        ],
+        False,
+    ),
     "probe_first_load": (
         [],
         [
