@@ -229,6 +229,20 @@ def test_the_layout_is_the_frontends_variant_pack_template() -> None:
         layout.pointers([0x1008, 0x2000, 0x3000], 0x10000, [0xA0, 0xB0, 0xC0])
 
 
+def test_a_plan_with_nothing_of_the_frontends_own_lays_out_every_slot_as_the_callers() -> None:
+    # No by-value scalar, workspace change or replacement (most plans): the uids once each,
+    # sorted; every slot the caller's and handed to cuDNN; the alignments kept.
+    record = parse(frontend_blob(variant_pack_uids=[5, 1, 9, 5], pass_by_values={}, workspace_modifications={},
+                                 variant_pack_replacements=[], aligned_operands={"9": [32, 2], "1": [1, 2]}))  # fmt: skip
+    layout = Layout.of(record)
+    assert layout.uids == layout.user_uids == (1, 5, 9)
+    assert layout.backend == (0, 1, 2) and not layout.fixed and not layout.workspace and not layout.replacements
+    assert layout.aligned == ((2, 32),)  # an alignment of 1 asks nothing
+    assert layout.pointers([0x1000, 0x2000, 0x3000], 0, []) == [0x1000, 0x2000, 0x3000]
+    with pytest.raises(ValueError, match=r"uid 9: .* 32-byte aligned"):
+        layout.pointers([0x1000, 0x2000, 0x3010], 0, [])
+
+
 # ------------------------------------------------------------------ real plans recorded on a GPU
 
 

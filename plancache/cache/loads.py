@@ -37,7 +37,10 @@ class Loads:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._busy: dict[Slot, threading.Event] = {}
+        #: Who loads what: the event a waiting thread waits on, made by the first thread that
+        #: waits (None until one does: most loads are nobody else's wait, and an Event is a
+        #: Condition and a lock to make).
+        self._busy: dict[Slot, threading.Event | None] = {}
         self._builds = 0  # lookups autotuning now
 
     @contextlib.contextmanager
@@ -61,12 +64,14 @@ class Loads:
         started = time.monotonic()
         while True:
             with self._cond:
-                event = self._busy.get(slot)
-                if event is None:
+                if slot not in self._busy:
                     plan = memory.get(slot)  # finished while this lookup was on its way here
                     if plan is None:
-                        self._busy[slot] = threading.Event()
+                        self._busy[slot] = None
                     return plan
+                event = self._busy[slot]
+                if event is None:
+                    event = self._busy[slot] = threading.Event()
             # The other thread always sets it, whatever happened to its load or build.
             if not event.wait(None if math.isinf(deadline) else max(0.0, deadline - time.monotonic())):
                 waited = time.monotonic() - started
@@ -85,7 +90,7 @@ class Loads:
             if slot in self._busy or memory.get(slot) is not None:
                 mine = False
             else:
-                self._busy[slot] = threading.Event()
+                self._busy[slot] = None
                 mine = True
         if not mine:
             yield False
@@ -114,8 +119,9 @@ class Loads:
 
     def _release(self, slot: Slot) -> None:
         with self._cond:
-            self._busy.pop(slot).set()
-            self._cond.notify_all()
+            event = self._busy.pop(slot)
+        if event is not None:  # set outside the lock: a waiter it wakes takes the lock at once
+            event.set()
 
     def after_fork(self) -> None:
         """In a forked child: loads under way belong to the parent's threads."""

@@ -58,6 +58,19 @@ class GatedConnection(sqlite3.Connection):
     def executescript(self, script: str, /) -> Any:
         return self.cursor().executescript(script)
 
+    def one(self, sql: str, parameters: Any = (), /) -> dict[str, Any] | None:
+        """The first row of ``sql`` as a dict by column name (None: no row), read in one pass
+        through ``GATE``: what a store hit reads, where a ``Row``'s lookups by name (each a
+        search of the column names) and a second pass cost a few microseconds."""
+        GATE.enter(self)
+        try:
+            cursor = sqlite3.Cursor(self)
+            cursor.row_factory = None
+            row = cursor.execute(sql, parameters).fetchone()
+            return None if row is None else dict(zip([column[0] for column in cursor.description], row))
+        finally:
+            GATE.leave()
+
     def close(self) -> None:
         GATE.enter(self)
         try:

@@ -446,7 +446,7 @@ def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | N
         if judgement.refusal is not None:
             return Unsound(judgement.refusal)
         unproven = judgement.unproven
-    return Sound(entry, blob, tuple(TensorSpec.from_dict(t) for t in entry.tensors), unproven, kept is not None)
+    return Sound(entry, blob, tuple(map(TensorSpec.from_dict, entry.tensors)), unproven, kept is not None)
 
 
 def _tensor_problem(entry: Entry) -> str | None:

@@ -29,7 +29,7 @@ from typing import Any
 from ..config import ALLOW_SHARED_DIR, CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, EntryNotFoundError, StoreBusyError, StoreError
 from . import bookkeeping
-from .connections import GATE, connect
+from .connections import GATE, GatedConnection, connect
 from .entry import INSERT_COLUMNS, INSERT_SQL, Entry, sha256, sound_use
 from .files import check_trusted, create_file, harden
 from .quarantine import Quarantine
@@ -120,7 +120,7 @@ class Store(Schema, Recovery, Quarantine):
 
     # ------------------------------------------------------------------ opening
 
-    def connection(self) -> sqlite3.Connection:
+    def connection(self) -> GatedConnection:
         """This thread's connection, opened on first use, again after a fork, and again
         when the file was replaced (a repair in another process moved it aside: a
         connection to the old file would store plans where no other process looks)."""
@@ -238,8 +238,7 @@ class Store(Schema, Recovery, Quarantine):
         that finds the file damaged leaves a marker for the next open, then raises.
         ``known`` and ``details``: see ``Entry.from_row``."""
         try:
-            sql = _READ_ALL if details else _READ_HIT
-            row = self.connection().execute(sql, (key,)).fetchone()
+            row = self.connection().one(_READ_ALL if details else _READ_HIT, (key,))
             return Entry.from_row(row, known, details) if row is not None else None
         except (ValueError, KeyError, TypeError) as exc:  # a field of the wrong type, range or depth (Entry.from_row)
             raise DamagedEntryError(

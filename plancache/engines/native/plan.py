@@ -82,14 +82,15 @@ class NativePlan:
         self.workspace_size = record.fe_workspace_size + library.plan_workspace(plan)
         self._by_value = [ctypes.create_string_buffer(v.data, len(v.data)) for v in record.by_value.values()]
         self._fixed = [ctypes.addressof(b) for b in self._by_value]
+        changes = record.workspace.values()  # most plans have none: no comprehension runs
         self._copies = [
             (change.offset, (ctypes.c_uint32 * len(change.words))(*change.words))  # the bits, as the frontend copies them
-            for change in record.workspace.values()
+            for change in changes
             if change.operation == 0
-        ]
-        self._zeros = [(change.offset, change.zero_bytes) for change in record.workspace.values() if change.operation == 1]
+        ] if changes else []  # fmt: skip
+        self._zeros = [(change.offset, change.zero_bytes) for change in changes if change.operation == 1] if changes else []
         backend = self.layout.backend
-        self._uids = (ctypes.c_int64 * len(backend))(*(self.layout.uids[slot] for slot in backend))
+        self._uids = (ctypes.c_int64 * len(backend))(*map(self.layout.uids.__getitem__, backend))
         self._count = len(backend)
         self._local = threading.local()  # .packs: this thread's variant packs (the same dict as in _Owned)
 

@@ -249,28 +249,36 @@ def kept_form(blob: PlanBlob) -> dict[str, Any] | None:
 
 def keep(blob: PlanBlob, kept: Mapping[str, Any]) -> None:
     """Take the record a store kept of ``blob`` (``kept_form``) as its record: ``parse``
-    then reads nothing. Raises ``RecordError`` for a kept form this code cannot read."""
+    then reads nothing. Raises ``RecordError`` for a kept form this code cannot read.
+
+    Every store hit of a kept row runs this: each value is converted as ``PlanRecord``'s
+    types say, but an empty list (most plans have no by-value scalar, workspace change or
+    replacement) makes no comprehension, and the frozen record's fields are set at once,
+    not by its ``__init__``'s eleven ``object.__setattr__`` calls."""
     try:
         start, end = kept["representation"]
         if not 0 <= start <= end <= len(blob.data):
             raise RecordError(f"a kept representation at bytes {start}-{end} of a blob of {len(blob.data)}")
-        backend_tensors = [TensorSpec.from_dict(t) for t in kept["backend_tensors"]]
-        record = PlanRecord(
+        by_value, workspace, replacements, aligned = (kept["by_value"], kept["workspace"], kept["replacements"],
+                                                      kept["aligned"])  # fmt: skip
+        record = object.__new__(PlanRecord)
+        record.__dict__.update(
             version=str(kept["version"]),
             representation=blob.data[start:end],
-            variant_pack_uids=tuple(int(u) for u in kept["variant_pack_uids"]),
-            by_value={int(uid): ByValue(str(kind), bytes.fromhex(data)) for uid, kind, data in kept["by_value"]},
+            variant_pack_uids=tuple(map(int, kept["variant_pack_uids"])),
+            by_value={int(uid): ByValue(str(kind), bytes.fromhex(data)) for uid, kind, data in by_value} if by_value else {},
             workspace={
-                int(uid): WorkspaceChange(int(op), int(offset), tuple(int(w) for w in words), int(zero))
-                for uid, op, offset, words, zero in kept["workspace"]
-            },
-            replacements={int(source): (int(target), int(offset)) for source, target, offset in kept["replacements"]},
+                int(uid): WorkspaceChange(int(op), int(offset), tuple(map(int, words)), int(zero))
+                for uid, op, offset, words, zero in workspace
+            } if workspace else {},
+            replacements={int(source): (int(target), int(offset)) for source, target, offset in replacements}
+            if replacements else {},
             fe_workspace_size=int(kept["fe_workspace_size"]),
-            aligned={int(uid): int(alignment) for uid, alignment in kept["aligned"]},
-            fields=frozenset(str(f) for f in kept["fields"]),
+            aligned={int(uid): int(alignment) for uid, alignment in aligned} if aligned else {},
+            fields=frozenset(map(str, kept["fields"])),
             dumps=int(kept["dumps"]),
-            backend_tensors={spec.uid: spec for spec in backend_tensors},
-        )
+            backend_tensors={spec.uid: spec for spec in map(TensorSpec.from_dict, kept["backend_tensors"])},
+        )  # fmt: skip
     except RecordError:
         raise
     except (TypeError, ValueError, KeyError) as exc:
@@ -509,6 +517,15 @@ class Layout:
 
     @classmethod
     def of(cls, record: PlanRecord) -> Layout:
+        if not (record.by_value or record.workspace or record.replacements):
+            # Most plans (every store hit makes a layout): the caller fills every slot, and
+            # every slot goes to cuDNN. The same layout as below, without its searches.
+            ordered = tuple(sorted(set(record.variant_pack_uids)))
+            every = tuple(range(len(ordered)))
+            alignment = record.aligned
+            return cls(uids=ordered, user=every, fixed={}, workspace=(), replacements=(), backend=every,
+                       aligned=tuple((i, alignment[uid]) for i, uid in enumerate(ordered) if alignment.get(uid, 0) > 1)
+                       if alignment else ())  # fmt: skip
         uids = sorted(set(record.variant_pack_uids) | set(record.replacements))
         slot = {uid: i for i, uid in enumerate(uids)}
         fixed: dict[int, int] = {}
