@@ -232,6 +232,16 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         False,
     ),
+    "probe_hit_parts": (
+        [],
+        [
+            "plancache store hit by part, us per call (best of 5 runs of 3)",
+            "whole hit below the key",
+            "sum of the parts after the key",
+            "probe_hit_parts smoke run: 0 GPU-only part(s) skipped: needs a GPU",
+        ],
+        False,
+    ),
     "probe_first_load": (
         [],
         [
