@@ -12,11 +12,12 @@ each (``timeit``), per graph:
   key             ``make_key``: the description's canonical text and SHA-256
   row             the store hit's SELECT of the row (``Store.get`` less the entry)
   entry           ``Entry.from_row``: the row's fields decoded and checked
-  checksum        SHA-256 of the blob (every hit checks it)
   kept            ``store.kept.kept``: the kept judgement's digest and decoding
   record          ``engines.native.record.keep``: the load's record from the kept form
   judged          ``store.entry.judged`` with that judgement (checksums, environment,
-                  key, tensor table against the graph, the table's specs)
+                  key, tensor table against the graph, the table's specs); of which the
+                  blob's checksum (SHA-256 of the blob: every hit checks it) is printed
+                  below it and counted once in the sum
   gate            ``engines.native.record.refusal``: every pointer bounded
   layout          ``engines.native.record.Layout.of``: the variant pack's slots
   plan            ``runtime.plan.Plan``: the caller's tensor checks, resolved once
@@ -24,9 +25,10 @@ each (``timeit``), per graph:
 then the whole hit below its key (``Lookup.resolve``: the load claim, the guest block, the
 read, the judge, the load, the ``Plan``, the memory tier), the best of 5 runs of ``calls``
 calls timed one by one, each less its time inside cuDNN's finalize and with the plan it
-replaces destroyed outside its timing, and the sum of the parts after the key beside it. ``--cpu``: on plancache's
-CPU test backend (host work is the same code; its finalize is a simulation, left out
-like cuDNN's). ``--smoke``: that, with 3 calls a run: checks the script, measures nothing.
+replaces destroyed outside its timing, and the sum of the parts after the key beside it.
+``--cpu``: on plancache's CPU test backend (host work is the same code; its finalize is a
+simulation, left out like cuDNN's). ``--smoke``: that, with 3 calls a run: checks the
+script, measures nothing.
 """
 
 from __future__ import annotations
@@ -105,10 +107,10 @@ def parts(cache: Any, graph: Any, calls: int) -> dict[str, float]:
         "key": best_us(lambda: make_key(description, environment, cache.options, environment_json=env_json), calls),
         "row": best_us(lambda: connection.one(_READ_HIT, (key.digest,)), calls),
         "entry": best_us(lambda: Entry.from_row(row, known, False), calls),
-        "checksum": best_us(lambda: hashlib.sha256(entry.blob).hexdigest(), calls),
         "kept": best_us(lambda: kept(entry.judgement, entry.key, entry.blob_sha256, entry.meta_sha256, code_version()), calls),
         "record": best_us(lambda: keep(PlanBlob(entry.blob), judgement.record), calls),
         "judged": best_us(lambda: judged(entry, environment, env_id, key, blob=blob, kept=judgement), calls),
+        "  of which the blob's checksum": best_us(lambda: hashlib.sha256(entry.blob).hexdigest(), calls),
         "gate": best_us(lambda: refusal(record, table, None), calls),
         "layout": best_us(lambda: Layout.of(record), calls),
         "plan": best_us(make_plan, calls),
@@ -174,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'part':30}" + "".join(f"{name:>18}" for name in rows))
     for label in labels:
         print(f"{label:30}" + "".join(f"{figures[label]:18.1f}" for figures in rows.values()))
-    listed = [label for label in labels if label not in ("whole hit below the key", "blob bytes", "describe", "key")]
+    listed = [label for label in labels if label not in ("whole hit below the key", "blob bytes", "describe", "key")
+              and not label.startswith(" ")]  # fmt: skip
     print(f"{'sum of the parts after the key':30}" + "".join(f"{sum(f[p] for p in listed):18.1f}" for f in rows.values()))
     if opts.smoke:
         benchlib.report_skipped("probe_hit_parts")
