@@ -268,11 +268,12 @@ def versions(torch: Any) -> dict[str, Any]:
 
 #: The stages of a miss ``MissStages`` times, in the order a miss runs them: keying the graph,
 #: the key's build locks, the backend's planning (heuristics), then each candidate set's calls
-#: (``CandidateSet``: build, inputs, launch and compare, bounds, timing, serialize), then the
-#: load back of the stored blob, the judge and the store's write.
-MISS_STAGES = ("key", "lock", "planning", "build", "inputs", "launch_compare", "bounds", "timing", "serialize", "load_back",
-               "judge", "store_write")  # fmt: skip
-_CANDIDATE_STAGES = (("build", "build"), ("prepare", "inputs"), ("outputs", "launch_compare"), ("bounds", "bounds"),
+#: (``CandidateSet``: build, inputs, a candidate's launch and the copy of its outputs, bounds,
+#: timing, serialize) and the comparison of each candidate's outputs with the others'
+#: (``engines.consensus``), then the load back of the stored blob, the judge and the store's write.
+MISS_STAGES = ("key", "lock", "planning", "build", "inputs", "launch", "bounds", "compare", "timing", "serialize",
+               "load_back", "judge", "store_write")  # fmt: skip
+_CANDIDATE_STAGES = (("build", "build"), ("prepare", "inputs"), ("outputs", "launch"), ("bounds", "bounds"),
                      ("time", "timing"), ("finish", "serialize"))  # fmt: skip
 
 
@@ -280,14 +281,15 @@ class MissStages:
     """Seconds and calls of each stage of a cache's misses (``MISS_STAGES``), by wrapping the
     seams a miss goes through on the cache's own objects (the backend, its candidate sets,
     the lookup's keys, flight, load back, judging and store, and the GPU timing's
-    measurements, counting those taken run by run): the library is not changed, and a store
-    hit passes through only the key and the judge. ``take()`` returns what was timed since
-    the last ``take()`` and starts again. Used as a context manager: at its end the GPU
-    timing is its module's own again (the cache's objects keep their timers, and are not
-    used after)."""
+    measurements, counting those taken run by run, and the consensus's comparisons): the
+    library is not changed, and a store hit passes through only the key and the judge.
+    ``take()`` returns what was timed since the last ``take()`` and starts again. Used as a
+    context manager: at its end the GPU timing and the comparisons are their module's own
+    again (the cache's objects keep their timers, and are not used after)."""
 
     def __init__(self, cache: Any) -> None:
         import plancache.engines.cudnn_backend as cudnn_backend_module
+        from plancache.engines.consensus import Consensus
 
         self.seconds: dict[str, float] = dict.fromkeys(MISS_STAGES, 0.0)
         self.calls: dict[str, int] = dict.fromkeys(MISS_STAGES, 0)
@@ -309,6 +311,10 @@ class MissStages:
             return measured
 
         cudnn_backend_module.event_times = event_times
+        # The comparisons, which the autotuner runs between the candidate set's calls: the
+        # class's own method, made its own again at the end (a consensus is made per miss).
+        self._consensus, self._add_candidate = Consensus, Consensus.add
+        Consensus.add = self._timed(Consensus.add, "compare")  # type: ignore[method-assign]
         planning = self._timed(cache.backend.candidates, "planning")
 
         def candidates(*args: Any, **kwargs: Any) -> Any:
@@ -372,6 +378,7 @@ class MissStages:
 
     def __exit__(self, *exc: object) -> None:
         self._cudnn_backend.event_times = self._event_times
+        self._consensus.add = self._add_candidate  # type: ignore[method-assign]
 
     def take(self) -> dict[str, Any]:
         """``{"seconds": {stage: s}, "calls": {stage: n}, "builds": [{index, seconds, compiles}],

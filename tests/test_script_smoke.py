@@ -311,8 +311,9 @@ def test_miss_stages_time_each_stage_of_a_miss_and_give_the_timing_back(tmp_path
     import benchlib
 
     import plancache.engines.cudnn_backend as cudnn_backend_module
+    from plancache.engines.consensus import Consensus
 
-    timing = cudnn_backend_module.event_times
+    timing, add = cudnn_backend_module.event_times, Consensus.add
     cache = PlanCache(tmp_path, backend=CpuTestBackend(), auto_prime=False)
     with benchlib.MissStages(cache) as stages:
         started = time.perf_counter()
@@ -323,10 +324,12 @@ def test_miss_stages_time_each_stage_of_a_miss_and_give_the_timing_back(tmp_path
         cache.get(ConvBiasRelu(n=2).graph())  # from the store
         hit = stages.take()
     cache.close()
-    assert cudnn_backend_module.event_times is timing
+    assert cudnn_backend_module.event_times is timing and Consensus.add is add
     assert set(miss["seconds"]) == set(benchlib.MISS_STAGES)
     ran = {stage for stage, calls in miss["calls"].items() if calls}
-    assert {"key", "lock", "planning", "build", "serialize", "load_back", "judge", "store_write"} <= ran, ran
+    assert {"key", "lock", "planning", "build", "launch", "compare", "serialize", "load_back", "judge",
+            "store_write"} <= ran, ran  # fmt: skip
+    assert miss["calls"]["compare"] == miss["calls"]["launch"]  # each candidate launched is compared
     assert 0 < sum(miss["seconds"].values()) <= wall
     assert {stage for stage, calls in hit["calls"].items() if calls} == {"key", "judge"}, hit
     assert "other " in benchlib.stage_row(miss, wall)
