@@ -22,10 +22,15 @@ each (``timeit``), per graph:
   layout          ``engines.native.record.Layout.of``: the variant pack's slots
   plan            ``runtime.plan.Plan``: the caller's tensor checks, resolved once
 
-then the whole hit below its key (``Lookup.resolve``: the load claim, the guest block, the
+then the same parts called one after another in one function (as a hit calls them, with
+nothing around them: no load claim, guest block, wrapper or native load), and the whole
+hit below its key (``Lookup.resolve``: the load claim, the guest block, the
 read, the judge, the load, the ``Plan``, the memory tier), the best of 5 runs of ``calls``
 calls timed one by one, each less its time inside cuDNN's finalize and with the plan it
-replaces destroyed outside its timing, and the sum of the parts after the key beside it.
+replaces destroyed outside its timing; and the sum of the parts after the key (each timed
+alone) beside them. A part timed alone runs with its code and data hot in the CPU's
+caches; the sequence tells how much more the same parts cost one after another, the whole
+what the lookup's layers and the native load's own set-up add to that.
 ``--cpu``: on plancache's CPU test backend (host work is the same code; its finalize is a
 simulation, left out like cuDNN's). ``--smoke``: that, with 3 calls a run: checks the
 script, measures nothing.
@@ -115,6 +120,22 @@ def parts(cache: Any, graph: Any, calls: int) -> dict[str, float]:
         "layout": best_us(lambda: Layout.of(record), calls),
         "plan": best_us(make_plan, calls),
     }
+
+    def sequence() -> None:  # the parts after the key one after another, as a hit calls them
+        read = Entry.from_row(connection.one(_READ_HIT, (key.digest,)), known, False)
+        taken = kept(read.judgement, read.key, read.blob_sha256, read.meta_sha256, code_version())
+        assert taken is not None  # the row keeps a judgement (checked above)
+        fresh = PlanBlob(read.blob)
+        keep(fresh, taken.record)
+        found = judged(read, environment, env_id, key, blob=fresh, kept=taken)
+        specs = list(getattr(found, "tensors", ()))
+        loaded = parse(fresh)
+        refusal(loaded, {spec.uid: spec for spec in specs}, None)
+        Layout.of(loaded)
+        Plan(key=key.digest, backend=backend, native=native, tensors=specs, workspace_size=read.workspace_size,
+             engine=None, source="loaded", device=device, names=names)  # fmt: skip
+
+    figures["the same parts in one sequence"] = best_us(sequence, calls)
     inside: list[float] = []
     library = backend.driver.library()
     finalize = library.load_plan
@@ -176,8 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'part':30}" + "".join(f"{name:>18}" for name in rows))
     for label in labels:
         print(f"{label:30}" + "".join(f"{figures[label]:18.1f}" for figures in rows.values()))
-    listed = [label for label in labels if label not in ("whole hit below the key", "blob bytes", "describe", "key")
-              and not label.startswith(" ")]  # fmt: skip
+    listed = [label for label in labels if label not in ("whole hit below the key", "blob bytes", "describe", "key",
+                                                         "the same parts in one sequence") and not label.startswith(" ")]  # fmt: skip
     print(f"{'sum of the parts after the key':30}" + "".join(f"{sum(f[p] for p in listed):18.1f}" for f in rows.values()))
     if opts.smoke:
         benchlib.report_skipped("probe_hit_parts")

@@ -237,6 +237,7 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         [
             "plancache store hit by part, us per call (best of 5 runs of 3)",
             "  of which the blob's checksum",
+            "the same parts in one sequence",
             "whole hit below the key",
             "sum of the parts after the key",
             "probe_hit_parts smoke run: 0 GPU-only part(s) skipped: needs a GPU",
