@@ -36,7 +36,6 @@ import os
 import pstats
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,26 +113,12 @@ def phase_cold(args: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": seconds, "sources": sources, "stored": len(stored)}
 
 
-def _time_calls(owner: Any, name: str, took: Callable[[float], None]) -> None:
-    """From now on, ``took(seconds)`` after each call of ``owner.name`` (returned or raised)."""
-    original = getattr(owner, name)
-
-    def timed(*a: Any, **k: Any) -> Any:
-        begun = time.perf_counter()
-        try:
-            return original(*a, **k)
-        finally:
-            took(time.perf_counter() - begun)
-
-    setattr(owner, name, timed)
-
-
 def _timed_finalizes(cache: Any) -> list[float]:
     """Seconds inside cuDNN per load from now on: the C API's finalize (``load_plan``) and
     the frontend's deserialize where a plan falls back to it."""
     inside: list[float] = []
-    _time_calls(cache.backend.driver.library(), "load_plan", inside.append)
-    _time_calls(cache.backend.driver, "deserialize", inside.append)
+    benchlib.time_calls(cache.backend.driver.library(), "load_plan", inside.append)
+    benchlib.time_calls(cache.backend.driver, "deserialize", inside.append)
     return inside
 
 
@@ -156,7 +141,7 @@ def _timed_stages() -> dict[str, float]:
         def took(seconds: float, label: str = label) -> None:
             spent[label] += seconds
 
-        _time_calls(getattr(importlib.import_module(module), cls), name, took)
+        benchlib.time_calls(getattr(importlib.import_module(module), cls), name, took)
     return spent
 
 

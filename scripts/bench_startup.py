@@ -113,16 +113,7 @@ def _cache_phase(args: dict[str, Any], policy: str) -> dict[str, Any]:
     # Time spent inside cuDNN's deserialize, so that what remains of a hit is plancache's
     # own share: describe, key, read, check, bookkeeping.
     inside: list[float] = []
-    load = cache.backend.load
-
-    def timed_load(*a: Any, **k: Any) -> Any:
-        begun = time.perf_counter()
-        try:
-            return load(*a, **k)
-        finally:
-            inside.append(time.perf_counter() - begun)
-
-    cache.backend.load = timed_load  # type: ignore[method-assign]
+    benchlib.time_calls(cache.backend, "load", inside.append)
     times, sources, stages = [], [], []
     with benchlib.MissStages(cache) as timer:  # where a miss's time goes (a hit passes its key and judge only)
         for _label, name, params in SUITE:

@@ -266,6 +266,22 @@ def versions(torch: Any) -> dict[str, Any]:
             "date": time.strftime("%Y-%m-%d")}  # fmt: skip
 
 
+def time_calls(owner: Any, name: str, took: Callable[[float], None]) -> Callable[..., Any]:
+    """From now on, ``took(seconds)`` after each call of ``owner.name`` (returned or raised);
+    returns what ``owner.name`` was, for a caller that puts it back."""
+    original = getattr(owner, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        begun = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            took(time.perf_counter() - begun)
+
+    setattr(owner, name, timed)
+    return original
+
+
 #: The stages of a miss ``MissStages`` times, in the order a miss runs them: keying the graph,
 #: the key's build locks, the backend's planning (heuristics), then each candidate set's calls
 #: (``CandidateSet``: build, inputs, a candidate's launch and the copy of its outputs, bounds,

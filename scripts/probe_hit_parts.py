@@ -138,17 +138,7 @@ def parts(cache: Any, graph: Any, calls: int) -> dict[str, float]:
     figures["the same parts in one sequence"] = best_us(sequence, calls)
     inside: list[float] = []
     library = backend.driver.library()
-    finalize = library.load_plan
-
-    def timed_finalize(*args: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return finalize(*args)
-        finally:
-            inside.append(time.perf_counter() - started)
-
-    library.load_plan = timed_finalize
-
+    finalize = benchlib.time_calls(library, "load_plan", inside.append)
     walls: list[float] = []
     try:
         for _ in range(5 * calls):  # the lookup below its key, the plan it replaces destroyed outside the timing
