@@ -3,9 +3,10 @@ the test."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
@@ -51,6 +52,7 @@ class FakeCandidates:
         self.time_calls: list[tuple[int, int]] = []
         self.output_calls: list[int] = []
         self.prepared = False
+        self.streaming = False
         self.closed = False
 
     def __len__(self) -> int:
@@ -77,8 +79,18 @@ class FakeCandidates:
     def bounds(self) -> dict[int, Bound]:
         return {1: Bound(relative=0.0025, absolute=0.0)}  # 1% of the value, at FAR = 4 bounds
 
+    @contextlib.contextmanager
+    def streamed(self) -> Iterator[None]:
+        assert self.prepared, "streamed before the inputs were prepared"
+        self.streaming = True
+        try:
+            yield
+        finally:
+            self.streaming = False
+
     def outputs(self, index: int) -> dict[int, object]:
         assert self.prepared and index in self.build_calls and index not in self.failing
+        assert self.streaming, "launched outside the candidates' own stream"
         self.output_calls.append(index)
         return {1: torch.full((4,), self.results[index])}
 

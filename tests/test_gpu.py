@@ -114,6 +114,28 @@ def replay_error(graph: Any, tensors: dict[int, Any], name: str, params: dict[st
     return relative_error(tensors[4], templates.reference(name, tensors, **params))
 
 
+def test_a_miss_compares_its_candidates_on_its_own_stream(cache: plancache.PlanCache,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from plancache.engines import consensus
+
+    compared_on: list[int] = []
+    compare = consensus.compare
+
+    def recording(*args: Any) -> Any:
+        compared_on.append(torch.cuda.current_stream().cuda_stream)
+        return compare(*args)
+
+    monkeypatch.setattr(consensus, "compare", recording)
+    name, params = CASES["conv_bias_relu"]
+    program = torch.cuda.Stream()
+    with torch.cuda.stream(program):
+        plan = cache.get(templates.build(name, **params))
+        assert torch.cuda.current_stream() == program
+    assert plan.source == "built" and run_and_check(plan, name, params) <= TOLERANCE
+    assert compared_on, "the miss compared no candidates"
+    assert program.cuda_stream not in compared_on and torch.cuda.default_stream().cuda_stream not in compared_on
+
+
 def test_cuda_graph_capture_replays(cache: plancache.PlanCache) -> None:
     name, params = CASES["conv_bias_relu"]
     plan = cache.get(templates.build(name, **params)).prepare()

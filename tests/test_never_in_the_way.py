@@ -162,6 +162,31 @@ def test_the_callers_stream_device_mode_and_generator_are_as_they_were(tmp_path:
     assert torch.equal(torch.get_rng_state(), rng)
 
 
+def test_a_miss_compares_its_candidates_on_plancaches_own_stream_not_the_programs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The comparisons are device work of the miss as the launches are: on the program's
+    stream they would queue behind its work and allocate from its pool."""
+    from plancache.engines import consensus
+
+    backend = CpuTestBackend()
+    cache = PlanCache(tmp_path, backend=backend, auto_prime=False)
+    compared_on: list[int] = []
+    compare = consensus.compare
+
+    def recording(*args: Any) -> Any:
+        compared_on.append(backend.cuda.current_stream())
+        return compare(*args)
+
+    monkeypatch.setattr(consensus, "compare", recording)
+    program = backend.cuda.new_stream(blocking=False)
+    with backend.cuda.stream(program):
+        assert cache.get(SPECS[0].graph()).source == "built"
+        assert backend.cuda.current_stream() == program
+    assert compared_on, "the miss compared no candidates"
+    assert set(compared_on) == {backend.own_stream(0)}, f"compared on streams {compared_on}, the program's is {program}"
+
+
 def test_no_handle_is_created_while_a_capture_plancache_runs(tmp_path: Path) -> None:
     cache = loading_cache(tmp_path)
     created_at: list[float] = []

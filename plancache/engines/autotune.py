@@ -137,7 +137,16 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
         winner = _first_buildable(cands, reports)
         check: dict[str, Any] = {"status": "not run", "rule": RULE, "why": why}
         return AutotuneResult(winner, reports, options.policy, clock() - started, {"method": f"not timed: {why}"}, check)
-    tuning = _Tuning(cands, reports, timing, started, clock)
+    # From here on, the miss's device work (the comparisons as much as the launches) is
+    # queued on the candidates' own stream, never behind the program's work on its stream.
+    with cands.streamed():
+        return _tuned(_Tuning(cands, reports, timing, started, clock), options)
+
+
+def _tuned(tuning: _Tuning, options: BuildOptions) -> AutotuneResult:
+    """``autotune`` once the candidates' inputs are ready: the check, then the policy."""
+    cands, reports, timing, started, clock = tuning.cands, tuning.reports, tuning.timing, tuning.started, tuning.clock
+    count = len(cands)
     majority = tuning.check()
     if not tuning.launched:
         if not _built(reports):

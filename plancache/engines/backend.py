@@ -89,6 +89,13 @@ class CandidateSet(Protocol):
         CUDA-graph capture on this thread), and then nothing is allocated or launched."""
         ...
 
+    def streamed(self) -> AbstractContextManager[None]:
+        """After ``prepare``: a block whose device work (the comparison of two candidates'
+        outputs) is queued where the launches are, on the candidates' own stream. On the
+        caller's current stream it would wait behind the program's work there and
+        allocate from the program's pool."""
+        ...
+
     def bounds(self) -> Mapping[int, Bound]:
         """How far each element of each output of two right candidates may differ, by
         output uid (``engines.bounds``), for the inputs ``prepare`` made."""

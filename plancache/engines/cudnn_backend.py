@@ -341,6 +341,11 @@ class _Candidates:
         self.outputs_of = [s.uid for s in plan.outputs]
         return None
 
+    def streamed(self) -> contextlib.AbstractContextManager[Any]:
+        if self.stream is None:
+            raise RuntimeError("candidates compared before their inputs were prepared")
+        return _torch().cuda.stream(self.stream)
+
     def _workspace(self, torch: Any, index: int) -> Any:
         size = int(self.graph.get_workspace_size_plan_at_index(index))
         if size > self.spare:

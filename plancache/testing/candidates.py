@@ -128,6 +128,10 @@ class CpuCandidates:
             raise RuntimeError("a CUDA-graph capture began on this thread")
         return self.pack
 
+    def streamed(self) -> contextlib.AbstractContextManager[Any]:
+        self._ready()
+        return self.backend.cuda.stream(self.backend.own_stream(self.device))
+
     def outputs(self, index: int) -> dict[int, Any]:
         if index not in self.built:
             raise RuntimeError(f"candidate {index} was not built")
