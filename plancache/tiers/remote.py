@@ -48,19 +48,11 @@ Interface (what PlanCache uses; nothing here raises after construction)
     tier.key_id -> str          # 16 hex chars; equal on two nodes iff their secrets are equal
     tier.close() -> None
 
-Wiring into PlanCache._lookup_or_build (env_id = environment_id(key.parts["environment"]), from .key)::
-
-    plan = self._load(graph, key, options)                  # 1. local SQLite
-    if plan is None and self.remote is not None:           # 2. read-through
-        entry = self.remote.get(key.digest, env_id)
-        if entry is not None:
-            self.store.put(entry); plan = self._load(graph, key, options)
-    ... take the local file lock, _load again, then:
-    with self.remote.lock(key.digest, env_id, wait=self.lock_timeout) as mine:
-        if not mine and (entry := self.remote.get(key.digest, env_id)) is not None:
-            self.store.put(entry); plan = self._load(...)  # built by another node
-        if plan is None:
-            plan = self._build(...)    # _persist calls self.remote.put(entry) after store.put
+Where the cache uses it: ``cache.lookup.Lookup`` reads through it when the local store
+has no sound entry (``_from_remote``: the entry is judged as a local one is, then stored
+locally and loaded), ``cache.flight.SingleFlight`` takes its ``lock`` after the local file
+lock, and a plan built inside that flight is published with ``put`` before the lock is
+released, so that nodes waiting on it find the plan.
 
 Bounded delay
 -------------
