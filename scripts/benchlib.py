@@ -266,19 +266,24 @@ def versions(torch: Any) -> dict[str, Any]:
             "date": time.strftime("%Y-%m-%d")}  # fmt: skip
 
 
+def timed(fn: Callable[..., T], took: Callable[[float], None]) -> Callable[..., T]:
+    """``fn``, calling ``took(seconds)`` after each call (returned or raised)."""
+
+    def timed_fn(*args: Any, **kwargs: Any) -> T:
+        begun = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            took(time.perf_counter() - begun)
+
+    return timed_fn
+
+
 def time_calls(owner: Any, name: str, took: Callable[[float], None]) -> Callable[..., Any]:
     """From now on, ``took(seconds)`` after each call of ``owner.name`` (returned or raised);
     returns what ``owner.name`` was, for a caller that puts it back."""
     original = getattr(owner, name)
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        begun = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            took(time.perf_counter() - begun)
-
-    setattr(owner, name, timed)
+    setattr(owner, name, timed(original, took))
     return original
 
 
@@ -312,11 +317,11 @@ class MissStages:
         #: Each candidate build: its index, seconds, and whether cuDNN compiles it at run time.
         self.builds: list[tuple[int, float, bool]] = []
         lookup = cache.lookup
-        lookup.key_and_names = self._timed(lookup.key_and_names, "key")
+        time_calls(lookup, "key_and_names", self._took("key"))
         lookup.flight.hold = self._timed_context(lookup.flight.hold, "lock")
-        lookup.unstored.load_back = self._timed(lookup.unstored.load_back, "load_back")
-        lookup.local.put = self._timed(lookup.local.put, "store_write")
-        lookup.judging.judge = self._timed(lookup.judging.judge, "judge")
+        time_calls(lookup.unstored, "load_back", self._took("load_back"))
+        time_calls(lookup.local, "put", self._took("store_write"))
+        time_calls(lookup.judging, "judge", self._took("judge"))
         # As is the GPU's timing: how many of its measurements had to be taken run by run.
         self.one_by_one = 0
         self._cudnn_backend, self._event_times = cudnn_backend_module, cudnn_backend_module.event_times
@@ -329,32 +334,26 @@ class MissStages:
         cudnn_backend_module.event_times = event_times
         # The comparisons, which the autotuner runs between the candidate set's calls: the
         # class's own method, made its own again at the end (a consensus is made per miss).
-        self._consensus, self._add_candidate = Consensus, Consensus.add
-        Consensus.add = self._timed(Consensus.add, "compare")  # type: ignore[method-assign]
-        planning = self._timed(cache.backend.candidates, "planning")
+        self._consensus, self._add_candidate = Consensus, time_calls(Consensus, "add", self._took("compare"))
+        planning = timed(cache.backend.candidates, self._took("planning"))
 
         def candidates(*args: Any, **kwargs: Any) -> Any:
             found = planning(*args, **kwargs)
             found.build = self._each_build(found.build, found.compiles)
             for method, stage in _CANDIDATE_STAGES:
-                setattr(found, method, self._timed(getattr(found, method), stage))
+                time_calls(found, method, self._took(stage))
             return found
 
         cache.backend.candidates = candidates
 
-    def _add(self, stage: str, begun: float) -> None:
-        self.seconds[stage] += time.perf_counter() - begun
-        self.calls[stage] += 1
+    def _took(self, stage: str) -> Callable[[float], None]:
+        """What a timed call of ``stage`` reports its seconds to."""
 
-    def _timed(self, fn: Callable[..., T], stage: str) -> Callable[..., T]:
-        def timed(*args: Any, **kwargs: Any) -> T:
-            begun = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._add(stage, begun)
+        def took(seconds: float) -> None:
+            self.seconds[stage] += seconds
+            self.calls[stage] += 1
 
-        return timed
+        return took
 
     def _each_build(self, build: Callable[[int], T], compiles: Callable[[int], bool]) -> Callable[[int], T]:
         """``build`` with each call's index and seconds kept (inside the build stage's timer)."""
@@ -378,7 +377,7 @@ class MissStages:
             released: float | None = None
             try:
                 with hold(*args, **kwargs) as value:
-                    self._add(stage, begun)
+                    self._took(stage)(time.perf_counter() - begun)
                     try:
                         yield value
                     finally:
