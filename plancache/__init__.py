@@ -39,8 +39,8 @@ from .integrations.startup import patch_cudnn_from_env as _patch_cudnn_from_env
 # The rest loads on first use (PEP 562): ``import plancache`` stays a few milliseconds,
 # and a process pays for the cache's modules only when it uses them.
 _LAZY = {
-    "TimingPolicy": "engines.autotune", "ConfigError": "config", "MemoryBudget": "config", "RemoteTier": "tiers.remote",
-    "Backend": "engines.backend", "BuiltPlan": "engines.backend", "CandidateSet": "engines.backend", "EngineChoice": "engines.backend",
+    "TimingPolicy": "autotuning.autotune", "ConfigError": "config", "MemoryBudget": "config", "RemoteTier": "tiers.remote",
+    "Backend": "guest.backend", "BuiltPlan": "guest.backend", "CandidateSet": "autotuning.candidates", "EngineChoice": "guest.backend",
     "PlanCache": "cache.cache",
     "BuildOptions": "key", "CacheKey": "key", "TensorSpec": "key", "describe": "key", "make_key": "key",
     "Plan": "runtime.plan",
@@ -51,14 +51,15 @@ _LAZY = {
 }  # fmt: skip
 #: The package's own folders and root modules, loaded on first use as attributes
 #: (``plancache.testing``, ``plancache.workflows``) like the names above.
-_SUBMODULES = frozenset({"cache", "cli", "config", "engines", "errors", "integrations", "key", "runtime", "store", "testing",
+_SUBMODULES = frozenset({"autotuning", "cache", "cli", "config", "cudnn", "errors", "guest", "integrations", "key", "runtime", "store", "testing",
                          "tiers", "workflows"})  # fmt: skip
 
 if TYPE_CHECKING:
+    from .autotuning.autotune import TimingPolicy
+    from .autotuning.candidates import CandidateSet
     from .cache.cache import PlanCache
     from .config import ConfigError, MemoryBudget
-    from .engines.autotune import TimingPolicy
-    from .engines.backend import Backend, BuiltPlan, CandidateSet, EngineChoice
+    from .guest.backend import Backend, BuiltPlan, EngineChoice
     from .integrations.frontend import graph_cache, install, jit, plan_of, uninstall
     from .key import BuildOptions, CacheKey, TensorSpec, describe, make_key
     from .runtime.capturing import CapturedStep, capture

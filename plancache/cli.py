@@ -400,7 +400,7 @@ cli.help = (cli.help or "") + _exit_code_help()
 @_common
 def env() -> None:
     """The environment fingerprint that keys every plan on this machine, and the start-up hook."""
-    from .engines.cudnn_backend import probe_environment
+    from .cudnn.backend import probe_environment
     from .integrations.startup import startup_hook_status
 
     data = probe_environment()
@@ -480,7 +480,7 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
     yield from ("  " + line for line in _table(
         [[str(t["uid"]), t["name"], "out" if t["is_output"] else "in", str(t["dims"]), str(t["strides"]), str(t["dtype"])]
          for t in data["tensors"]], ["UID", "NAME", "IO", "DIMS", "STRIDES", "DTYPE"]))  # fmt: skip
-    from .engines.autotune import check_summary
+    from .autotuning.autotune import check_summary
 
     check = data.get("check") or {}
     yield f"check          {check_summary(check)}"
@@ -677,7 +677,7 @@ def _backend_from_env() -> Any:
     ref = BACKEND.from_env()
     if ref is None:
         return None
-    from .engines.backend import Backend
+    from .guest.backend import Backend
     from .workflows.manifest import resolve_builder
 
     hint = "set it to module:Class, e.g. plancache.testing:CpuTestBackend, or unset it for cuDNN"
@@ -706,7 +706,7 @@ def _backend() -> Any:
     """The ``PLANCACHE_BACKEND`` backend, else cuDNN's."""
     backend = _backend_from_env()
     if backend is None:
-        from .engines.cudnn_backend import CudnnBackend
+        from .cudnn.backend import CudnnBackend
 
         backend = CudnnBackend()
     return backend

@@ -649,7 +649,7 @@ AUTOTUNE_MEMORY: Setting[MemoryBudget] = Setting(
     "memory (`25%`) or a size (`4G`); `0` launches no candidate; a graph that needs more is not timed, and its entry says "
     "why ([docs/checking.md](docs/checking.md))", "`25%`", MemoryBudget(), _budget,
     arguments=("TimingPolicy(memory=)", "MemoryBudget(share=, limit=)"))  # fmt: skip
-#: On: plans load through cuDNN's C API (``engines.native``), which holds no GIL and
+#: On: plans load through cuDNN's C API (``guest.native``), which holds no GIL and
 #: captures, allocates and synchronizes nothing, so priming beside the program's own work
 #: broke none of it on an H200 (docs/priming.md has the runs).
 AUTO_PRIME: Setting[bool] = Setting(

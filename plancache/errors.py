@@ -18,6 +18,7 @@ __all__ = [
     "InvalidGraphError",
     "LockTimeoutError",
     "ManifestError",
+    "NativeError",
     "NoGpuError",
     "PlanCacheError",
     "PlanCacheNotice",
@@ -145,6 +146,30 @@ class TransientLoadError(PlanCacheError, RuntimeError):
     """A stored plan could not be loaded for a reason outside its entry (a CUDA-graph
     capture on another thread, no memory for the warm-up): the entry is kept and loaded
     again later. Raised by backends; a lookup turns it into an unstored build."""
+
+
+#: cuDNN statuses that say nothing about the plan being loaded: host or device memory ran
+#: out, or CUDA failed underneath (``CUDNN_STATUS_INTERNAL_ERROR_*_ALLOCATION_FAILED``, the
+#: ``CUDNN_STATUS_EXECUTION_FAILED`` family). Every other status is cuDNN's word on the plan.
+TRANSIENT_STATUSES = frozenset({4003, 4004, *range(5000, 5010)})
+
+
+class NativeError(PlanCacheError, RuntimeError):
+    """A call into cuDNN's C API or the CUDA driver failed: ``call`` names it, ``status``
+    is its status code, ``library`` says whose ("cudnn" or "cuda")."""
+
+    call: str
+    status: int
+    library: str
+
+    def __init__(self, message: str, *, call: str, status: int, library: str = "cudnn") -> None:
+        super().__init__(message, call=call, status=status, library=library)
+
+    @property
+    def transient(self) -> bool:
+        """Whether the failure is the process's, not the plan's: any CUDA driver failure,
+        or a cuDNN status of ``TRANSIENT_STATUSES``."""
+        return self.library == "cuda" or self.status in TRANSIENT_STATUSES
 
 
 class PlanCacheNotice(RuntimeWarning):

@@ -127,7 +127,7 @@ def _timed_finalizes(cache: Any) -> list[float]:
 STAGES = (("describe and key the graph", "plancache.cache.lookup", "Lookup", "key_and_names"),
           ("read the row", "plancache.tiers.local", "LocalTier", "get"),
           ("judge (kept judgement or blob)", "plancache.cache.judging", "Judging", "judge"),
-          ("load, cuDNN's finalize left out", "plancache.engines.guest_backend", "GuestBackend", "load"),
+          ("load, cuDNN's finalize left out", "plancache.guest.guest_backend", "GuestBackend", "load"),
           ("make the Plan", "plancache.cache.lookup", "Lookup", "_plan"))  # fmt: skip
 
 
@@ -228,7 +228,7 @@ def _stored(args: dict[str, Any]) -> list[bytes]:
 
 def phase_bare(args: dict[str, Any]) -> dict[str, Any]:
     """cuDNN's C-API finalize of each stored plan, one after another, and nothing else."""
-    from plancache.engines.native import parse
+    from plancache.guest.native import parse
 
     torch = benchlib.require_gpu("bench_many_plans")
     _cuda_up(torch)

@@ -69,7 +69,7 @@ def builders() -> dict[str, Any]:
 def child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
     import torch
 
-    from plancache.engines.inputs import materialize, plan_inputs
+    from plancache.autotuning.inputs import materialize, plan_inputs
     from plancache.key import describe, tensor_table
 
     device = benchlib.device()

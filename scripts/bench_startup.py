@@ -228,7 +228,7 @@ def _eager(torch: Any, name: str, t: dict[int, Any], params: dict[str, Any]) -> 
 
 def phase_exec(args: dict[str, Any]) -> dict[str, Any]:
     import plancache
-    from plancache.engines.backend import EngineChoice
+    from plancache.guest.backend import EngineChoice
     from plancache.workflows import templates
 
     torch, _ = _setup()

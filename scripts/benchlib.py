@@ -291,11 +291,11 @@ def time_calls(owner: Any, name: str, took: Callable[[float], None]) -> Callable
 #: the key's build locks, the backend's planning (heuristics), then each candidate set's calls
 #: (``CandidateSet``: build, inputs, a candidate's launch and the copy of its outputs, bounds,
 #: timing, serialize) and the comparison of each candidate's outputs with the others'
-#: (``engines.consensus``), then the load back of the stored blob, the judge and the store's write.
+#: (``autotuning.consensus``), then the load back of the stored blob, the judge and the store's write.
 MISS_STAGES = ("key", "lock", "planning", "build", "inputs", "launch", "bounds", "compare", "timing", "serialize",
                "load_back", "judge", "store_write")  # fmt: skip
-_CANDIDATE_STAGES = (("build", "build"), ("prepare", "inputs"), ("outputs", "launch"), ("bounds", "bounds"),
-                     ("time", "timing"), ("finish", "serialize"))  # fmt: skip
+_CANDIDATE_STAGES = (("prepare", "inputs"), ("outputs", "launch"), ("bounds", "bounds"), ("time", "timing"),
+                     ("finish", "serialize"))  # fmt: skip
 
 
 class MissStages:
@@ -309,8 +309,9 @@ class MissStages:
     again (the cache's objects keep their timers, and are not used after)."""
 
     def __init__(self, cache: Any) -> None:
-        import plancache.engines.cudnn_backend as cudnn_backend_module
-        from plancache.engines.consensus import Consensus
+        import plancache.cudnn.backend as cudnn_backend_module
+        from plancache.autotuning.candidates import Candidates
+        from plancache.autotuning.consensus import Consensus
 
         self.seconds: dict[str, float] = dict.fromkeys(MISS_STAGES, 0.0)
         self.calls: dict[str, int] = dict.fromkeys(MISS_STAGES, 0)
@@ -335,16 +336,19 @@ class MissStages:
         # The comparisons, which the autotuner runs between the candidate set's calls: the
         # class's own method, made its own again at the end (a consensus is made per miss).
         self._consensus, self._add_candidate = Consensus, time_calls(Consensus, "add", self._took("compare"))
-        planning = timed(cache.backend.candidates, self._took("planning"))
+        # The candidates' own stages: their class's methods, made its own again at the end.
+        self._candidates = Candidates
+        self._candidate_methods = {
+            method: time_calls(Candidates, method, self._took(stage)) for method, stage in _CANDIDATE_STAGES
+        }
+        planning = timed(cache.backend.plans, self._took("planning"))
 
-        def candidates(*args: Any, **kwargs: Any) -> Any:
+        def plans(*args: Any, **kwargs: Any) -> Any:
             found = planning(*args, **kwargs)
             found.build = self._each_build(found.build, found.compiles)
-            for method, stage in _CANDIDATE_STAGES:
-                time_calls(found, method, self._took(stage))
             return found
 
-        cache.backend.candidates = candidates
+        cache.backend.plans = plans
 
     def _took(self, stage: str) -> Callable[[float], None]:
         """What a timed call of ``stage`` reports its seconds to."""
@@ -356,14 +360,17 @@ class MissStages:
         return took
 
     def _each_build(self, build: Callable[[int], T], compiles: Callable[[int], bool]) -> Callable[[int], T]:
-        """``build`` with each call's index and seconds kept (inside the build stage's timer)."""
+        """``build`` timed as the build stage, with each call's index, seconds and whether
+        it compiles at run time kept."""
 
         def each(index: int) -> T:
             begun = time.perf_counter()
             try:
                 return build(index)
             finally:
-                self.builds.append((index, time.perf_counter() - begun, compiles(index)))
+                seconds = time.perf_counter() - begun
+                self._took("build")(seconds)
+                self.builds.append((index, seconds, compiles(index)))
 
         return each
 
@@ -394,6 +401,8 @@ class MissStages:
     def __exit__(self, *exc: object) -> None:
         self._cudnn_backend.event_times = self._event_times
         self._consensus.add = self._add_candidate  # type: ignore[method-assign]
+        for method, original in self._candidate_methods.items():
+            setattr(self._candidates, method, original)
 
     def take(self) -> dict[str, Any]:
         """``{"seconds": {stage: s}, "calls": {stage: n}, "builds": [{index, seconds, compiles}],

@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import benchlib
 
 import plancache
-from plancache.engines.inputs import DTYPE_BYTES
-from plancache.engines.native import NativePlan, parse, refusal
-from plancache.engines.native.record import Fallback, RecordError
+from plancache.autotuning.inputs import DTYPE_BYTES
 from plancache.formats.ubjson import decode, encode
+from plancache.guest.native import NativePlan, parse, refusal
+from plancache.guest.native.record import Fallback, RecordError
 from plancache.key import TensorSpec
 
 PLANS = Path(__file__).resolve().parent.parent / "tests" / "data" / "plans"
@@ -156,7 +156,7 @@ def launch_once(cache: Any, native: NativePlan, entry: Any, device: int) -> None
     """One native launch of a built plan on inputs that fit its graph."""
     import torch
 
-    from plancache.engines.inputs import materialize, plan_inputs
+    from plancache.autotuning.inputs import materialize, plan_inputs
 
     found = plan_inputs(entry.description, [TensorSpec.from_dict(t) if isinstance(t, dict) else t for t in entry.tensors], {})
     if isinstance(found, str):

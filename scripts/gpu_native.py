@@ -6,7 +6,7 @@ the CPU tests read.
 For every graph kind (convolution, matmul with epilogues, SDPA forward with a by-value
 scale and stats, SDPA backward, ragged and paged SDPA, layer and RMS norms, MoE): the graph
 is planned by ``PlanCache.get`` (heuristic policy), its stored blob is loaded twice, by the
-frontend (``deserialize``) and by plancache's native path (``engines.native``: cuDNN's C
+frontend (``deserialize``) and by plancache's native path (``guest.native``: cuDNN's C
 API), and both launch on the same role-valid inputs. Their outputs must be bit-identical.
 Printed per graph: identical or not, the native gate's refusal if any, the time to load
 each way, and the host time of a launch each way (median of 200, pointers repeating).
@@ -21,7 +21,7 @@ Exit status: 0 when every graph loaded natively gave the frontend's bits, 1 othe
 causal, ragged and paged, MoE) at tiny sizes, through the same
 code: ``PlanCache.get``, the stored entry, role-valid inputs, ``parse``, ``refusal`` and
 ``NativePlan`` over the backend's C library (``backend.driver.library()``, which on a GPU is
-``engines.native.library()``), its launch, the table and JSON. The frontend's own
+``cudnn.library()``), its launch, the table and JSON. The frontend's own
 ``deserialize`` and ``execute``, and so the bit-identical comparison, are skipped.
 """
 
@@ -47,8 +47,8 @@ import cudnn
 import torch
 
 import plancache
-from plancache.engines.inputs import materialize, plan_inputs
-from plancache.engines.native import NativePlan, parse, refusal
+from plancache.autotuning.inputs import materialize, plan_inputs
+from plancache.guest.native import NativePlan, parse, refusal
 from plancache.key import TensorSpec
 from plancache.workflows import templates
 
@@ -297,7 +297,7 @@ def check(name: str, build: Callable[[], Any], cache: Any, record: Path | None) 
     want = None if frontend is None else frontend.pop("want")
     row.update(frontend or {"frontend_load_ms": None, "frontend_launch_us": None})
 
-    # The native path: cuDNN's C API (the process's engines.native.library() on a GPU).
+    # The native path: cuDNN's C API (the process's cudnn.library() on a GPU).
     record_ = parse(blob)
     row["refusal"] = refusal(record_)
     row["fields"] = sorted(record_.fields)

@@ -12,7 +12,7 @@ inputs. Each candidate is judged twice:
 * **the oracle**: a float32 PyTorch reference. An element is wrong when it is further from
   the reference than two ulps of the output's type at its size plus 1e-3 of the
   reference's root mean square; a candidate with one wrong element is wrong.
-* **plancache's check** (``engines.bounds``, ``engines.consensus``): the candidates are
+* **plancache's check** (``autotuning.bounds``, ``autotuning.consensus``): the candidates are
   grouped as autotuning groups them, and those outside the majority are rejected.
 
 Printed: every graph where some engine is wrong (to add to ``gpu_right_result.py``), the
@@ -21,8 +21,8 @@ false rejections (right by the oracle, rejected by the check: must be 0) and the
 candidate used (its worst element's difference over its bound).
 
 ``--smoke``: a few epilogues after the small matmul and convolution in bfloat16, judged by
-the same code (plancache's synthetic inputs, the oracle, ``engines.bounds`` and
-``engines.consensus``, the summary and JSON), on the CPU test backend, one worker in this
+the same code (plancache's synthetic inputs, the oracle, ``autotuning.bounds`` and
+``autotuning.consensus``, the summary and JSON), on the CPU test backend, one worker in this
 process. The candidates are the CPU test backend's (its public candidate set, built and
 launched on the sweep's inputs; one of them computes wrongly, as some cuDNN engines do);
 the frontend's own candidates of modes A, B and FALLBACK are skipped.
@@ -139,9 +139,9 @@ def sweep_one(op: str, dtype: str, size: str, name: str) -> dict[str, Any]:
     import cudnn
     import torch
 
-    from plancache.engines.bounds import bounds
-    from plancache.engines.consensus import Consensus, compare
-    from plancache.engines.inputs import materialize, plan_inputs
+    from plancache.autotuning.bounds import bounds
+    from plancache.autotuning.consensus import Consensus, compare
+    from plancache.autotuning.inputs import materialize, plan_inputs
     from plancache.key import describe, tensor_table
 
     method, attrs = next((m, a) for n, m, a in EPILOGUES if n == name)
@@ -248,10 +248,11 @@ def _backend_candidates(graph: Any, description: Any, pack: dict[int, Any]) -> l
     and launched once on ``pack`` through the backend's public seam (candidate
     ``SMOKE_WRONG`` computes wrongly); as ``_frontend_candidates``."""
     import plancache
+    from plancache.autotuning.candidates import Candidates
     from plancache.testing import CpuTestBackend
 
     backend = CpuTestBackend(wrong=[SMOKE_WRONG])
-    found = backend.candidates(graph, plancache.BuildOptions(), description, inputs=pack)
+    found = Candidates.of(backend, graph, plancache.BuildOptions(), description, inputs=pack)
     launched: list[tuple[dict[str, Any], Any]] = []
     try:
         why = found.prepare(plancache.MemoryBudget())

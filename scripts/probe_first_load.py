@@ -52,7 +52,7 @@ def open_libraries(backend: Any) -> tuple[int, float]:
 
 
 def _handle_in_init(torch: Any, backend: Any, row: dict[str, Any]) -> None:
-    from plancache.engines.native import libcuda
+    from plancache.cudnn.library import libcuda
 
     def made() -> None:
         cuda = libcuda()

@@ -13,13 +13,13 @@ each (``timeit``), per graph:
   row             the store hit's SELECT of the row (``Store.get`` less the entry)
   entry           ``Entry.from_row``: the row's fields decoded and checked
   kept            ``store.kept.kept``: the kept judgement's digest and decoding
-  record          ``engines.native.record.keep``: the load's record from the kept form
+  record          ``guest.native.record.keep``: the load's record from the kept form
   judged          ``store.entry.judged`` with that judgement (checksums, environment,
                   key, tensor table against the graph, the table's specs); of which the
                   blob's checksum (SHA-256 of the blob: every hit checks it) is printed
                   below it and counted once in the sum
-  gate            ``engines.native.record.refusal``: every pointer bounded
-  layout          ``engines.native.record.Layout.of``: the variant pack's slots
+  gate            ``guest.native.record.refusal``: every pointer bounded
+  layout          ``guest.native.record.Layout.of``: the variant pack's slots
   plan            ``runtime.plan.Plan``: the caller's tensor checks, resolved once
 
 then the same parts called one after another in one function (as a hit calls them, with
@@ -72,8 +72,8 @@ def best_us(fn: Any, calls: int) -> float:
 def parts(cache: Any, graph: Any, calls: int) -> dict[str, float]:
     """Microseconds per call of each part of a store hit of ``graph``, and of the whole."""
     from plancache.cache.judging import code_version
-    from plancache.engines.native.record import Layout, keep, parse, refusal
     from plancache.formats.plan_blob import PlanBlob
+    from plancache.guest.native.record import Layout, keep, parse, refusal
     from plancache.key import describe, make_key
     from plancache.runtime.plan import Plan
     from plancache.store import judged

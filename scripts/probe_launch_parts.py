@@ -89,8 +89,8 @@ def _cudnn_parts(torch: Any, plan: Any, blob: bytes, checked: Any, tensors: dict
     ``blob`` deserialized by the frontend into a graph of its own, one workspace allocation."""
     import cudnn
 
-    from plancache.engines.cudnn_backend import _loaded_backend_graph
-    from plancache.engines.native import NativePlan
+    from plancache.cudnn.backend import _loaded_backend_graph
+    from plancache.guest.native import NativePlan
 
     stream = torch.cuda.current_stream().cuda_stream
     cudnn.set_stream(handle=handle, stream=stream)

@@ -10,7 +10,7 @@ miss (as ``bench_miss.py``'s ``cold``, its stages by ``benchlib.MissStages``), i
 three modes, in the order none, before, thread, none, thread per graph:
 
 * ``none``: the lookup alone;
-* ``before``: the check's code (``engines.inputs``, ``engines.bounds``, ``engines.consensus``)
+* ``before``: the check's code (``autotuning.inputs``, ``autotuning.bounds``, ``autotuning.consensus``)
   run first on a copy of the graph's description cut to dimensions of at most 4, its time
   printed, then the lookup;
 * ``thread``: that run on a thread started with the lookup, on a stream of its own.
@@ -65,9 +65,9 @@ def warm(description: dict[str, Any], specs: list[Any], device: str, stream: Any
     seconds since its start in ``marks`` after the inputs, the bounds and the comparison."""
     import torch
 
-    from plancache.engines.bounds import bounds
-    from plancache.engines.consensus import compare
-    from plancache.engines.inputs import materialize, plan_inputs
+    from plancache.autotuning.bounds import bounds
+    from plancache.autotuning.consensus import compare
+    from plancache.autotuning.inputs import materialize, plan_inputs
 
     started = time.perf_counter()
     small, small_specs = tiny(description, specs)

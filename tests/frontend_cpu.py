@@ -30,7 +30,7 @@ from cudnn.engines.base import PlanConfig
 import plancache.integrations.frontend as frontend
 import plancache.integrations.frontend_adopt as frontend_adopt
 import plancache.integrations.frontend_pipeline as frontend_pipeline
-from plancache.engines.tensors import TORCH_DTYPES
+from plancache.guest.tensors import TORCH_DTYPES
 
 
 class CpuPlanGraph:

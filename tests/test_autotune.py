@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from plancache import BuildError, BuildOptions, BuiltPlan, EngineChoice, TensorSpec, TimingPolicy
-from plancache.engines.autotune import autotune
-from plancache.engines.bounds import Bound
+from plancache.autotuning.autotune import autotune
+from plancache.autotuning.bounds import Bound
 
 
 class FakeCandidates:
@@ -426,7 +426,7 @@ def test_attention_with_the_io_type_left_unset_is_bounded_as_with_it_set() -> No
     so two right implementations were judged apart and nothing was stored."""
     import cudnn
 
-    from plancache.engines.bounds import bounds
+    from plancache.autotuning.bounds import bounds
     from plancache.key import describe
 
     dt = cudnn.data_type

@@ -827,7 +827,7 @@ def test_the_cudnn_backend_shares_one_kernel_cache_per_device(monkeypatch: pytes
     frontend's kernel cache, and the current device set by the test."""
     import types
 
-    from plancache.engines import cudnn_backend
+    from plancache.cudnn import backend as cudnn_backend
 
     class KernelCache:
         def __init__(self) -> None:

@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from plancache import PlanCache, Store
+from plancache.autotuning.autotune import TimingPolicy
 from plancache.cli import cli
 from plancache.config import (
     AUTO_PRIME,
@@ -36,7 +37,6 @@ from plancache.config import (
     MemoryBudget,
     Setting,
 )
-from plancache.engines.autotune import TimingPolicy
 from plancache.errors import CacheDirError
 from plancache.testing import CpuTestBackend
 from plancache.workflows import templates

@@ -1,4 +1,4 @@
-"""Comparing two candidates' outputs element by element (``engines.consensus.compare``).
+"""Comparing two candidates' outputs element by element (``autotuning.consensus.compare``).
 
 The comparison takes a path without masks for the common case, outputs whose elements are
 all finite, and the masked path only where non-finite values occur. Both are held here to
@@ -16,9 +16,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plancache.engines import consensus
-from plancache.engines.bounds import Bound
-from plancache.engines.consensus import Agreement, compare
+from plancache.autotuning import consensus
+from plancache.autotuning.bounds import Bound
+from plancache.autotuning.consensus import Agreement, compare
 
 
 def plain(got: torch.Tensor, expected: torch.Tensor, bound: Bound) -> Agreement:

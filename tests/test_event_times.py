@@ -1,4 +1,4 @@
-"""How a candidate is timed on the GPU (``engines.cudnn_backend.event_times``), on a model of
+"""How a candidate is timed on the GPU (``cudnn.backend.event_times``), on a model of
 one CUDA stream: the host queues work and records events; the GPU runs each piece of work
 when it is queued and the work before it is done; an event completes when the stream
 reaches it. A hold (``_sleep``) keeps the stream busy while the host queues.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from plancache.engines.cudnn_backend import event_times
+from plancache.cudnn.backend import event_times
 
 GHZ = 2.0  # the modelled GPU clock: cycles per nanosecond
 

@@ -105,11 +105,11 @@ class TermOnSecond(CpuTestBackend):
 
     asked = 0
 
-    def candidates(self, *args, **kwargs):
+    def plans(self, *args, **kwargs):
         type(self).asked += 1
         if type(self).asked == 2:
             os.kill(os.getpid(), signal.SIGTERM)
-        return super().candidates(*args, **kwargs)
+        return super().plans(*args, **kwargs)
 """
 
 

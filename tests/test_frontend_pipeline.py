@@ -24,8 +24,8 @@ import plancache
 import plancache.integrations.frontend as frontend
 import plancache.integrations.frontend_adopt as frontend_adopt
 from plancache import PlanCache, PlanCacheNotice
-from plancache.engines.backend import EngineChoice
 from plancache.formats.plan_blob import PlanBlob
+from plancache.guest.backend import EngineChoice
 from plancache.key import describe
 from plancache.testing import CpuTestBackend, TwoDeviceCpuTestBackend
 
@@ -180,7 +180,7 @@ def test_every_graph_gets_its_own_backend_graph(serve: Callable[..., PlanCache])
 def test_the_plan_list_names_the_stored_engine_and_knobs(
     serve: Callable[..., PlanCache], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("plancache.testing.candidates.CpuCandidates.engine",
+    monkeypatch.setattr("plancache.testing.candidates.CpuPlans.engine",
                         lambda self, index: EngineChoice(engine_id=40 + index, knobs={"TILE_M": 64, "STAGES": 3}, name=f"eng{index}"))  # fmt: skip
     serve()
     mm = Matmul()
@@ -281,9 +281,9 @@ class Recording(CpuTestBackend):
         super().__init__(**options)
         self.graphs: list[Any] = []
 
-    def candidates(self, graph: Any, options: Any, description: Any = None, inputs: Any = None) -> Any:
+    def plans(self, graph: Any, options: Any, description: Any = None) -> Any:
         self.graphs.append(graph)
-        return super().candidates(graph, options, description, inputs)
+        return super().plans(graph, options, description)
 
 
 def test_a_workspace_limit_plancache_cannot_key_is_left_to_the_frontend(serve: Callable[..., PlanCache], fe: CpuFrontend) -> None:
@@ -382,8 +382,8 @@ class PipelineDrivingBackend(CpuTestBackend):
     """A backend whose miss path drives the frontend's pipeline on the graph it autotunes
     (as the cuDNN backend drives validate and planning)."""
 
-    def candidates(self, graph: Any, options: Any, description: Any = None, inputs: Any = None) -> Any:
-        found = super().candidates(graph, options, description, inputs)
+    def plans(self, graph: Any, options: Any, description: Any = None) -> Any:
+        found = super().plans(graph, options, description)
         graph._planning_done = False
         graph.build_plans()
         graph.build()
@@ -518,7 +518,7 @@ def _not_rebuildable(monkeypatch: pytest.MonkeyPatch) -> Any:
     def refuse(description: Any, **kwargs: Any) -> Any:
         raise plancache.InvalidGraphError("the rebuilt graph differs (stand-in)", node=None, reason="inexact replay")
 
-    monkeypatch.setattr("plancache.engines.replay.rebuild_graph", refuse)
+    monkeypatch.setattr("plancache.cudnn.replay.rebuild_graph", refuse)
     return Matmul().g
 
 
@@ -793,7 +793,7 @@ def test_a_drop_in_load_warms_up_on_plancaches_own_stream_and_gives_the_callers_
 
     caller = types.SimpleNamespace(_cpp_graph_kwargs={}, _handle=Handle())
     monkeypatch.setitem(sys.modules, "cudnn", types.SimpleNamespace(pygraph=Fresh, set_stream=set_stream))
-    monkeypatch.setattr("plancache.engines.cudnn_backend.frontend_failures", contextlib.nullcontext)
+    monkeypatch.setattr("plancache.cudnn.backend.frontend_failures", contextlib.nullcontext)
     with backend.guest(0):
         own = backend.own_stream(0)
         frontend_adopt._load_cudnn(caller, backend, b"blob", [], 0)

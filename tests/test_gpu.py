@@ -116,7 +116,7 @@ def replay_error(graph: Any, tensors: dict[int, Any], name: str, params: dict[st
 
 def test_a_miss_compares_its_candidates_on_its_own_stream(cache: plancache.PlanCache,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    from plancache.engines import consensus
+    from plancache.autotuning import consensus
 
     compared_on: list[int] = []
     compare = consensus.compare

@@ -34,6 +34,7 @@ needs_two_gpus = pytest.mark.skipif(
 )
 
 import plancache  # noqa: E402
+from plancache.autotuning.candidates import Candidates  # noqa: E402
 from plancache.workflows import templates  # noqa: E402
 
 #: Relative error (norm) of bf16 outputs against a float32 PyTorch reference.
@@ -123,7 +124,7 @@ def workspace_case(tmp_path_factory: pytest.TempPathFactory) -> WorkspaceCase:
                 return WorkspaceCase(params, options, f"autotuned {shape} ({options.policy})", plan.workspace_size, directory)
         # No autotuned plan needed a workspace: take the candidate that needs the most.
         params, options = WORKSPACE_ATTEMPTS[0]
-        candidates = builder.backend.candidates(templates.build("matmul_bias_act", **params), options)
+        candidates = Candidates.of(builder.backend, templates.build("matmul_bias_act", **params), options, {})
         best = None
         try:
             for index in range(len(candidates)):

@@ -1,6 +1,6 @@
 """GPU tests of the launch path, whole-step capture and auto-prime on real cuDNN plans.
 
-* A stored plan loads and launches through cuDNN's C API (``engines.native``); its outputs
+* A stored plan loads and launches through cuDNN's C API (``guest.native``); its outputs
   must equal, bit for bit, those of the frontend's own ``execute`` of the same engine, for
   every template, and a plan this process autotuned (which keeps the frontend's path) too.
 * The example model's step captured with ``plancache.capture`` gives the eager step's
@@ -68,7 +68,7 @@ def frontend_output(blob: bytes, workspace_size: int, name: str, params: dict[st
 @pytest.mark.parametrize(("name", "params"), GRAPHS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(GRAPHS)])
 def test_a_loaded_plan_launches_through_cudnns_api_exactly_as_the_frontend_executes_it(tmp_path: Path, name: str,
                                                                                       params: dict[str, Any]) -> None:  # fmt: skip
-    from plancache.engines.native import NativePlan
+    from plancache.guest.native import NativePlan
 
     builder = plancache.PlanCache(tmp_path, auto_prime=False)
     built = builder.get(templates.build(name, **params))
@@ -199,7 +199,7 @@ TWO_DEVICE_CHILD = textwrap.dedent(
     import torch
     import plancache
     from plancache.workflows import templates
-    from plancache.engines.native import libcuda
+    from plancache.cudnn.library import libcuda
     name, params = json.loads(sys.argv[2])
     if sys.argv[3] == "record":  # the last run: it used device 1
         torch.cuda.set_device(1)

@@ -22,9 +22,9 @@ from test_judge import RECORDED
 
 from plancache import PlanCache
 from plancache.cache import judging
-from plancache.engines.native import record
 from plancache.formats import plan_blob
 from plancache.formats.plan_blob import PlanBlob
+from plancache.guest.native import record
 from plancache.store import entry as store_entry
 from plancache.store import kept as store_kept
 from plancache.testing import CpuTestBackend

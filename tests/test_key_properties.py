@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from key_families import FAMILIES, Family, Variant
 
 from plancache import BuildOptions, InvalidGraphError, describe, make_key
-from plancache.engines.replay import rebuild_graph
+from plancache.cudnn.replay import rebuild_graph
 from plancache.key import (
     NODE_ATTRS_DENIED,
     NODE_ATTRS_KEYED,

@@ -17,16 +17,30 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "plancache"
 
 #: Top to bottom. A module may import its own layer and the layers below it, never one
-#: above. ``testing`` is a backend (the CPU one) and sits with the engines' seam below it.
-LAYERS = ("__main__", "cli", "workflows", "integrations", "cache", "runtime", "tiers", "testing", "engines", "store",
-          "key", "formats", "config", "errors")  # fmt: skip
+#: above. ``testing`` and ``cudnn`` are the two backends, over autotuning (the candidate
+#: plumbing written once) and the guest (the seam, the driver and what runs over it).
+LAYERS = ("__main__", "cli", "workflows", "integrations", "cache", "runtime", "tiers", "testing", "cudnn", "autotuning",
+          "guest", "store", "key", "formats", "config", "errors")  # fmt: skip
 
 #: What the package root holds: the public names, and a folder per layer.
 ROOT_MODULES = {"__init__.py", "__main__.py", "cli.py", "config.py", "errors.py"}
-ROOT_FOLDERS = {"cache", "engines", "formats", "integrations", "key", "runtime", "store", "testing", "tiers", "workflows"}
+ROOT_FOLDERS = {
+    "autotuning",
+    "cache",
+    "cudnn",
+    "formats",
+    "guest",
+    "integrations",
+    "key",
+    "runtime",
+    "store",
+    "testing",
+    "tiers",
+    "workflows",
+}
 
 #: Modules that import cuDNN (lazily: none at module level).
-CUDNN_IMPORTERS = ("engines.cudnn_backend", "integrations.")
+CUDNN_IMPORTERS = ("cudnn.backend", "integrations.")
 
 
 def _modules() -> dict[str, Path]:
@@ -53,7 +67,7 @@ def _imports(module: str) -> Iterator[tuple[str, str, int]]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 name = alias.name
-                yield (name.removeprefix("plancache.") if name.startswith("plancache.") else name), "", node.lineno
+                yield (name.removeprefix("plancache.") if name.startswith("plancache.") else f"<outside>{name}"), "", node.lineno
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".") if package else []
@@ -132,12 +146,14 @@ def test_only_the_backend_and_the_frontend_integration_import_cudnn() -> None:
     found = []
     for module in MODULES:
         for target, _, line in _imports(module):
+            if not target.startswith("<outside>"):  # plancache.cudnn is the package's own folder
+                continue
             outside = target.removeprefix("<outside>")
             if outside == "cudnn" or outside.startswith("cudnn."):
                 found.append((module, line))
     strays = [f"plancache.{m}:{line}" for m, line in found if not m.startswith(CUDNN_IMPORTERS)]
-    assert not strays, f"cuDNN imported outside engines/cudnn_backend.py and integrations/: {strays}"
-    assert any(m == "engines.cudnn_backend" for m, _ in found)
+    assert not strays, f"cuDNN imported outside cudnn/backend.py and integrations/: {strays}"
+    assert any(m == "cudnn.backend" for m, _ in found)
 
 
 def test_no_module_imports_torch_or_cudnn_at_import() -> None:

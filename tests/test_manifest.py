@@ -16,7 +16,7 @@ from graphs import EXAMPLES, assert_runs_correctly
 
 from plancache import BuildOptions, InvalidGraphError, ManifestError, PlanCache
 from plancache.cache.recording import record_to
-from plancache.engines.replay import rebuild_graph
+from plancache.cudnn.replay import rebuild_graph
 from plancache.key import describe
 from plancache.workflows import templates
 from plancache.workflows.manifest import SCHEMA, ManifestEntry, load_manifest, parse_manifest, write_manifest

@@ -1,4 +1,4 @@
-"""The native load and launch path (``plancache.engines.native``) without a GPU.
+"""The native load and launch path (``plancache.guest.native``) without a GPU.
 
 The blob parser and the variant-pack layout are checked against real plans recorded on an
 H200 (``tests/data/plans``, written by ``scripts/gpu_native.py --record``), and against
@@ -22,10 +22,10 @@ import torch
 from ubjson_writer import ubjson
 
 import plancache
-from plancache.engines.native import record as records
-from plancache.engines.native.plan import NativePlan
-from plancache.engines.native.record import Fallback, Layout, RecordError, parse, refusal
 from plancache.formats.ubjson import UbjsonError, decode
+from plancache.guest.native import record as records
+from plancache.guest.native.plan import NativePlan
+from plancache.guest.native.record import Fallback, Layout, RecordError, parse, refusal
 
 PLANS = Path(__file__).parent / "data" / "plans"
 RECORDED = sorted(PLANS.glob("*.ubj"))
@@ -268,7 +268,7 @@ def test_a_recorded_plan_parses_passes_the_gate_and_lays_out_as_on_the_gpu(path:
 
 
 class FakeLibrary:
-    """The calls ``engines.native.library.Library`` offers, recorded; nothing else exists,
+    """The calls ``cudnn.library.Library`` offers, recorded; nothing else exists,
     so a load that captured, synchronized or allocated would fail with AttributeError."""
 
     def __init__(self) -> None:
@@ -340,7 +340,7 @@ def test_a_launch_does_the_frontends_work_then_executes_with_the_engines_workspa
 
 
 def test_variant_packs_are_made_once_per_set_of_pointers_and_the_oldest_destroyed() -> None:
-    from plancache.engines.native.plan import PACKS_PER_PLAN
+    from plancache.guest.native.plan import PACKS_PER_PLAN
 
     library = FakeLibrary()
     plan = native_plan(library)
@@ -362,17 +362,17 @@ def test_a_plan_is_destroyed_exactly_once_when_its_last_reference_goes() -> None
 
 
 def test_a_plan_a_captured_graph_may_replay_lives_as_long_as_the_process() -> None:
-    # Through the launcher every plan runs by (engines.guest_backend), over the CPU test
+    # Through the launcher every plan runs by (guest.guest_backend), over the CPU test
     # driver: a launch on a capturing stream pins the plan, whose descriptors then outlive
     # every reference to it.
     from graphs import EXAMPLES
 
-    from plancache.engines.guest_backend import pinned_plans
-    from plancache.engines.native.plan import NativePlan as Loaded
+    from plancache.guest.guest_backend import pinned_plans
+    from plancache.guest.native.plan import NativePlan as Loaded
     from plancache.testing import CpuTestBackend
 
     spec = EXAMPLES["conv_bias_relu"]
-    built = CpuTestBackend().candidates(spec.graph(), plancache.BuildOptions(), {})
+    built = CpuTestBackend().plans(spec.graph(), plancache.BuildOptions(), {})
     blob = built.finish(0).blob
     backend = CpuTestBackend()
     native = backend.load(blob, built.tensors, 0)
@@ -417,7 +417,7 @@ def test_tensor_dumps_are_left_to_the_frontend_only_when_its_logging_writes_them
 def test_a_load_that_failed_for_a_reason_outside_the_blob_keeps_the_entry(status: int, library: str) -> None:
     # Judged by the status, never by the message: memory ran out, or CUDA failed underneath.
     from plancache import TransientLoadError
-    from plancache.engines.native import NativeError
+    from plancache.errors import NativeError
     from plancache.testing import CpuTestBackend
 
     backend = CpuTestBackend()
@@ -427,7 +427,7 @@ def test_a_load_that_failed_for_a_reason_outside_the_blob_keeps_the_entry(status
 
 @pytest.mark.parametrize("status", [1002, 1003, 2000, 3000, 4000])
 def test_a_load_the_library_refuses_is_not_called_transient(status: int) -> None:
-    from plancache.engines.native import NativeError
+    from plancache.errors import NativeError
     from plancache.testing import CpuTestBackend
 
     backend = CpuTestBackend()
@@ -441,7 +441,7 @@ def test_the_frontends_own_load_is_judged_by_its_exception_types() -> None:
     import cudnn
 
     from plancache import TransientLoadError
-    from plancache.engines.cudnn_backend import frontend_failures
+    from plancache.cudnn.backend import frontend_failures
 
     with pytest.raises(TransientLoadError), frontend_failures():
         raise RuntimeError("cuda_graph_end_capture failed: operation not permitted when stream is capturing")
@@ -461,7 +461,7 @@ def test_the_libraries_beside_the_loaded_cudnn_are_opened_once(tmp_path: Path, m
     import importlib
     import shutil
 
-    native_library = importlib.import_module("plancache.engines.native.library")  # the package exports library()
+    native_library = importlib.import_module("plancache.cudnn.library")  # the package exports library()
 
     monkeypatch.setattr(native_library, "_opened", [])
     for name in ("libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9", "libcudnn_heuristic.so.9", "libother.so.1"):

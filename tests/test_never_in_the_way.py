@@ -26,7 +26,7 @@ from graphs import ConvBiasRelu
 
 import plancache
 from plancache import CaptureInProgressError, PlanCache
-from plancache.engines.guest import known_captures
+from plancache.guest.block import known_captures
 from plancache.testing import LEGACY, CpuTestBackend, CudaError
 from plancache.testing.driver import Handle as _Handle
 
@@ -167,7 +167,7 @@ def test_a_miss_compares_its_candidates_on_plancaches_own_stream_not_the_program
 ) -> None:
     """The comparisons are device work of the miss as the launches are: on the program's
     stream they would queue behind its work and allocate from its pool."""
-    from plancache.engines import consensus
+    from plancache.autotuning import consensus
 
     backend = CpuTestBackend()
     cache = PlanCache(tmp_path, backend=backend, auto_prime=False)

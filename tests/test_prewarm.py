@@ -310,7 +310,7 @@ def no_gpu_work(monkeypatch: pytest.MonkeyPatch) -> None:
     initializes CUDA through torch."""
     import torch
 
-    from plancache.engines import cudnn_backend
+    from plancache.cudnn import backend as cudnn_backend
 
     def refuse(*_args: Any, **_kwargs: Any) -> Any:
         raise AssertionError("a dry run touched the GPU")

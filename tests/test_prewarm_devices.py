@@ -61,10 +61,10 @@ class DiesBuildingOnDeviceOne(TwoDeviceCpuTestBackend):
     def __init__(self) -> None:
         super().__init__(candidates=2, build_delay=0.2)
 
-    def candidates(self, graph: Any, options: Any, description: Any = None, inputs: Any = None) -> Any:
+    def plans(self, graph: Any, options: Any, description: Any = None) -> Any:
         if self.current_device() == 1:
             os._exit(7)
-        return super().candidates(graph, options, description, inputs)
+        return super().plans(graph, options, description)
 
 
 class CannotUseDeviceOne(TwoDeviceCpuTestBackend):

@@ -20,7 +20,7 @@ import torch
 
 import plancache
 from plancache import BuildOptions, TensorMismatchError
-from plancache.engines.inputs import materialize, plan_inputs
+from plancache.autotuning.inputs import materialize, plan_inputs
 from plancache.formats.ubjson import decode as decode_ubjson
 from plancache.formats.ubjson import encode as encode_ubjson
 from plancache.key import describe, tensor_table
@@ -541,7 +541,7 @@ def test_a_norm_backward_gets_the_statistics_of_its_input() -> None:
     uses sum(x - mean) = 0, as the forward guarantees, and one that does not), so right
     engines could disagree, nothing was stored, and every later run autotuned the graph
     again. The statistics are now those of the input, as the forward computes them."""
-    from plancache.engines.bounds import coarse_tolerance
+    from plancache.autotuning.bounds import coarse_tolerance
 
     n, c, h, w = 2, 4, 16, 16
     g = _instancenorm_backward(n, c, h, w)

@@ -311,8 +311,8 @@ def test_miss_stages_time_each_stage_of_a_miss_and_give_the_timing_back(tmp_path
     monkeypatch.delitem(sys.modules, "benchlib", raising=False)
     import benchlib
 
-    import plancache.engines.cudnn_backend as cudnn_backend_module
-    from plancache.engines.consensus import Consensus
+    import plancache.cudnn.backend as cudnn_backend_module
+    from plancache.autotuning.consensus import Consensus
 
     timing, add = cudnn_backend_module.event_times, Consensus.add
     cache = PlanCache(tmp_path, backend=CpuTestBackend(), auto_prime=False)

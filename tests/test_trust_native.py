@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import plancache
-from plancache.engines.native.record import OUT_OF_BOUNDS, Fallback, RecordError, parse, refusal
-from plancache.engines.tensors import span
+from plancache.guest.native.record import OUT_OF_BOUNDS, Fallback, RecordError, parse, refusal
+from plancache.guest.tensors import span
 from plancache.key import TensorSpec
 from plancache.testing import CpuTestBackend
 
@@ -43,7 +43,7 @@ def recorded(path: Path) -> tuple[bytes, dict[int, TensorSpec], int]:
 def cpu_plan() -> tuple[bytes, list[TensorSpec]]:
     from graphs import EXAMPLES
 
-    built = CpuTestBackend().candidates(EXAMPLES["conv_bias_relu"].graph(), plancache.BuildOptions(), {})
+    built = CpuTestBackend().plans(EXAMPLES["conv_bias_relu"].graph(), plancache.BuildOptions(), {})
     return built.finish(0).blob, built.tensors
 
 

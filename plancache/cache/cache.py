@@ -13,7 +13,7 @@ The life of a lookup (``get``), top to bottom, each step in the module named aft
 5. ``cache.flight``: the key's single flight (thread, then file, then fleet lock). Inside
    it, look again (someone may have built it meanwhile); an unsound entry is quarantined
    (that row, not whatever the key holds by then) and rebuilt from its engine and knobs on
-   a replayed graph; otherwise ``engines.autotune`` picks a plan, which is stored.
+   a replayed graph; otherwise ``autotuning.autotune`` picks a plan, which is stored.
 
 A busy, full, read-only or damaged store turns into misses and unpersisted plans, never
 into a failure: the caller gets a working plan, or a clear error about their own input.
@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..autotuning.autotune import TimingPolicy
 from ..config import (
     APP,
     AUTO_PRIME,
@@ -45,9 +46,8 @@ from ..config import (
     whole_number,
 )
 from ..config import tag as config_tag
-from ..engines.autotune import TimingPolicy
-from ..engines.backend import Backend, Load
 from ..errors import PlanCacheError
+from ..guest.backend import Backend, Load
 from ..key import BuildOptions, CacheKey
 from ..runtime.plan import Plan
 from ..tiers.local import LocalTier
@@ -66,7 +66,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _default_backend() -> Backend:
-    from ..engines.cudnn_backend import CudnnBackend  # the only cuDNN import, and only when used
+    from ..cudnn.backend import CudnnBackend  # the only cuDNN import, and only when used
 
     return CudnnBackend()
 
@@ -95,7 +95,7 @@ def _keys_of(keys: Any) -> list[str]:
 #: A device index, as ``key(device=)`` takes one.
 _DEVICE = whole_number(0, "a device index")
 #: What a backend must have: an instance, not its class or its name.
-_BACKEND_METHODS = ("environment", "current_device", "candidates", "load")
+_BACKEND_METHODS = ("environment", "current_device", "plans", "load")
 
 
 def _backend_of(backend: Any) -> None:

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..engines.backend import Backend
 from ..formats.plan_blob import PlanBlob
+from ..guest.backend import Backend
 from ..key import CacheKey
 from ..store import Entry, Sound, Unsound, judged
 from ..store.kept import keep, kept
@@ -33,7 +33,7 @@ __all__ = ["JUDGING_MODULES", "Judging", "code_version"]
 JUDGING_MODULES = ("plancache.formats.ubjson", "plancache.formats.plan_blob", "plancache.formats.plan_graph",
                    "plancache.key.frontend_form", "plancache.key.description", "plancache.key.lowering",
                    "plancache.key.key", "plancache.store.judge", "plancache.store.kept",
-                   "plancache.engines.native.record")  # fmt: skip
+                   "plancache.guest.native.record")  # fmt: skip
 
 
 @functools.cache

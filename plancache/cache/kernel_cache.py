@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..engines.backend import Backend
+from ..guest.backend import Backend
 from ..store import sha256
 from ..tiers.local import LocalTier
 from .counters import Counters

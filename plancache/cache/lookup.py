@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ..engines.autotune import AutotuneResult, TimingPolicy, autotune
-from ..engines.backend import Backend, BuiltPlan, EngineChoice, Load
+from ..autotuning.autotune import AutotuneResult, TimingPolicy, autotune
+from ..autotuning.candidates import Candidates
 from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
 from ..formats.plan_blob import PlanBlob
+from ..guest.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id, options_json
 from ..runtime.plan import Plan
 from ..store import NEVER_CHECKED, Entry, Sound, Unsound, held_to, sha256, summarize
@@ -378,7 +379,7 @@ class Lookup:
             return None
         started = time.perf_counter()
         try:
-            from ..engines.replay import rebuild_graph
+            from ..cudnn.replay import rebuild_graph
 
             built = self.backend.rebuild(rebuild_graph(key.parts["graph"]), engine, options)
         except Exception as exc:
@@ -410,7 +411,7 @@ class Lookup:
         if dynamic:
             self.kernel_cache.restore(environment_id(key.parts["environment"]))
         with self.loads.building():  # the primer waits meanwhile: its host work would disturb the timings
-            cands = self.backend.candidates(graph, options, key.parts["graph"], inputs)
+            cands = Candidates.of(self.backend, graph, options, key.parts["graph"], inputs)
             try:
                 timing = self.timing if budget is None else dataclasses.replace(self.timing, budget=budget)
                 result = autotune(cands, options, timing, started=started)

@@ -24,8 +24,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from ..engines.backend import Backend, BuiltPlan, Load
 from ..formats.plan_blob import PlanBlob
+from ..guest.backend import Backend, BuiltPlan, Load
 from ..key import CacheKey
 from ..store import Entry, summarize
 from ..tiers.local import LocalTier

@@ -1,7 +1,7 @@
 """A plan blob: its bytes and what they hold, decoded at most once.
 
 A store hit reads a blob twice over: the judge holds the graph it carries against the key
-(``formats.plan_graph``), and the load reads the plan's record (``engines.native.record``).
+(``formats.plan_graph``), and the load reads the plan's record (``guest.native.record``).
 Both read the same decoding, made the first time either asks and kept by the one
 ``PlanBlob`` the hit hands from the judge to the load; what is read from the decoding (the
 load's record) is kept the same way (``read``). A blob nobody asks about is never

@@ -50,7 +50,7 @@ from ..errors import TransientLoadError
 from ..formats.plan_blob import PlanBlob
 
 if TYPE_CHECKING:
-    from ..engines.backend import Backend, EngineChoice
+    from ..guest.backend import Backend, EngineChoice
     from ..key import TensorSpec
     from ..runtime.plan import Plan
 
@@ -132,7 +132,7 @@ def _load_cudnn(graph: Any, backend: Backend, blob: bytes, tensors: Sequence[Ten
     pointed at plancache's own non-blocking stream for the load, then back at the stream it
     had. On the caller's stream the warm-up would capture the program's work; on a blocking
     stream another thread's legacy-stream work breaks the capture."""
-    from ..engines.cudnn_backend import frontend_failures
+    from ..cudnn.backend import frontend_failures
 
     cudnn = sys.modules["cudnn"]
     kwargs = graph._cpp_graph_kwargs
@@ -237,7 +237,7 @@ def _inferred_layouts(graph: Any, blob: PlanBlob) -> list[tuple[Any, str, tuple[
     tensors, from the stored plan's lowered tensors. A program that allocates an output
     from ``get_stride()`` must see the layout the plan writes. As ``(tensor, field,
     value)``, applied only once adoption cannot fail any more."""
-    from ..engines.native.record import lowered_layouts
+    from ..guest.native.record import lowered_layouts
 
     by_uid = getattr(graph, "_tensor_by_uid", None) or {}
     changes: list[tuple[Any, str, tuple[int, ...]]] = []

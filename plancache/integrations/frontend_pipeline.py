@@ -10,7 +10,7 @@ compiles into the cache the program shares across its builds), and that graph is
 with the caller's graph's own load (``frontend_adopt.GraphLoad``): a hit checks the stored
 entry and deserializes it once, straight for the caller's graph; a miss autotunes among the
 candidates of the caller's heuristic modes, within its workspace limit and filters
-(``engines.filters``), and stores the winner only once it was loaded back that way (the
+(``autotuning.filters``), and stores the winner only once it was loaded back that way (the
 load the caller's graph then adopts). The object the caller holds is the one that runs, on
 its own handle, and never holds a candidate's plan, so no losing candidate stays with it.
 
@@ -157,7 +157,7 @@ class Planner:
             except AdoptionError as exc:
                 raise Refusal("adopt:backend", f"plancache: not persisting graphs here ({exc})") from exc
             try:
-                plan = cache.get(replay, options=options, load=load)  # role-valid timing inputs: engines.inputs
+                plan = cache.get(replay, options=options, load=load)  # role-valid timing inputs: autotuning.inputs
             except Exception as exc:  # autotuning or the store failing keeps the frontend's way
                 log.debug("plancache: lookup failed", exc_info=True)
                 raise Refusal(f"lookup:{type(exc).__name__}", f"plancache: not persisting this graph: {exc}") from exc
@@ -230,7 +230,7 @@ class Planner:
         """A graph of plancache's own, keyed alike: the cache autotunes it on a miss. It
         builds against the caller's kernel cache, if any: the frontend shares one kernel
         cache across a program's dynamic-shape builds, and so does plancache."""
-        from ..engines.replay import rebuild_graph
+        from ..cudnn.replay import rebuild_graph
 
         try:
             return rebuild_graph(description, kernel_cache=graph._cpp_graph_kwargs.get("kernel_cache"))

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..engines.guest import known_captures
 from ..errors import NoGpuError
+from ..guest.block import known_captures
 
 __all__ = ["CapturedStep", "capture"]
 

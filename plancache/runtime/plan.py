@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..engines.backend import Backend, EngineChoice, Launch
-from ..engines.tensors import Expect, tensor_problems
 from ..errors import ExecutionError, TensorMismatchError
+from ..guest.backend import Backend, EngineChoice, Launch
+from ..guest.tensors import Expect, tensor_problems
 from ..key import TensorSpec
 
 __all__ = ["Plan", "names_of"]

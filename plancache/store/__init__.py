@@ -3,14 +3,13 @@ whether it may be served (``entry``), recovery from damage (``recovery``), entri
 out of service (``quarantine``), offline maintenance (``maintenance``: verify, prune,
 listings) and the process's SQLite connections, safe across ``fork`` (``connections``)."""
 
-from .entry import CHECK_RULE, NEVER_CHECKED, Entry, Sound, Unsound, held_to, judged, problem, sha256, summarize, unsound
+from .entry import NEVER_CHECKED, Entry, Sound, Unsound, held_to, judged, problem, sha256, summarize, unsound
 from .recovery import DB_NAME
 from .schema import BUSY_TIMEOUT_MS, check_private, default_cache_dir, migrations
 from .store import Store
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
-    "CHECK_RULE",
     "DB_NAME",
     "NEVER_CHECKED",
     "Entry",

@@ -17,13 +17,13 @@ from typing import Any
 
 import orjson
 
+from ..formats.check import CHECK_RULE
 from ..formats.plan_blob import PlanBlob
 from ..key import KEY_FORMAT, CacheKey, TensorSpec, canonical_json, environment_id
 from .judge import form_of, judge
 from .kept import Kept
 
 __all__ = [
-    "CHECK_RULE",
     "INSERT_COLUMNS",
     "INSERT_SQL",
     "MAX_DEPTH",
@@ -41,11 +41,6 @@ __all__ = [
     "unsound",
 ]
 
-#: The rule by which a stored choice must have been checked against the other candidates
-#: to be served (``engines.consensus``, which records it with each check): 1 compared each
-#: output's largest difference with its largest value, and could not see an engine wrong
-#: on part of the output; 2 compares every element with its own bound.
-CHECK_RULE = 2
 
 #: What ``problem`` says of an entry stored before plancache checked candidates against
 #: each other element by element (never checked, or checked under rule 1). It is sound
@@ -140,7 +135,7 @@ class Entry:
     last_used_at: float = 0.0
     hit_count: int = 0
     meta_sha256: str | None = None  # None: written by schema 1, before this checksum existed
-    #: How the choice was checked against the other candidates (``engines.autotune``);
+    #: How the choice was checked against the other candidates (``autotuning.autotune``);
     #: None: stored before plancache checked candidates, so not to be served.
     check: dict[str, Any] | None = None
     #: The texts of the columns the metadata checksum covers, as read from a row (None for

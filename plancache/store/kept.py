@@ -3,7 +3,7 @@ stored plan, written once so that later lookups of the same row do not decode an
 its blob again.
 
 The judge (``store.judge``: is the blob a plan of its key's graph?) and the reader of the
-load's record (``engines.native.record``) are pure functions of the blob, of the row's
+load's record (``guest.native.record``) are pure functions of the blob, of the row's
 graph (its key) and tensor table, and of plancache's code that runs them. A kept judgement
 names each of them: the row's key, its blob's and its metadata's checksums, and the
 version of that code (a digest of its source, which the caller gives), and it carries a

@@ -8,7 +8,7 @@ implements the backend seam with PyTorch on the CPU:
   the index), so autotuning picks the same winner every time;
 * a plan blob: a cuDNN Frontend plan blob (UBJSON) whose backend plan is the graph's
   canonical description and the chosen engine, loaded through the same code a GPU runs
-  (``engines.guest_backend``) over a simulated driver and C API (``testing.driver``,
+  (``guest.guest_backend``) over a simulated driver and C API (``testing.driver``,
   ``testing.library``) that read tensors by pointer;
 * execution: a reference implementation of convolution, matmul, pointwise ops and SDPA,
   so users can test code that runs plans on CPU-only CI.

@@ -7,11 +7,11 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..engines.backend import BuiltPlan, EngineChoice
-from ..engines.guest_backend import GuestBackend
+from ..guest.backend import BuiltPlan, EngineChoice
+from ..guest.guest_backend import GuestBackend
 from ..key import BuildOptions, TensorSpec
 from . import plans
-from .candidates import CpuCandidates, candidate_workspace
+from .candidates import CpuPlans, candidate_workspace
 from .device import SimulatedCuda
 from .driver import CpuDriver, Devices, FrontendGraph, Handle
 from .kernels import Behaviour, evaluate, fault, scratch_bytes, stage_outputs
@@ -29,7 +29,7 @@ def summary_of_ops(description: Mapping[str, Any]) -> str:
 
 
 class CpuTestBackend(GuestBackend):
-    """The backend seam on the CPU: the guest backend (``engines.guest_backend``, the very
+    """The backend seam on the CPU: the guest backend (``guest.guest_backend``, the very
     loads, handles and launches a GPU runs) over the simulated driver (``testing.driver``),
     with candidates and kernels in PyTorch (see ``plancache.testing``).
 
@@ -166,13 +166,12 @@ class CpuTestBackend(GuestBackend):
         """``planning.plan_once`` on this backend's simulated device."""
         return plan_once(graph, self.cuda)
 
-    def candidates(self, graph: Any, options: BuildOptions, description: Mapping[str, Any] | None = None,
-                   inputs: Mapping[int, Any] | None = None) -> CpuCandidates:  # fmt: skip
+    def plans(self, graph: Any, options: BuildOptions, description: Mapping[str, Any] | None = None) -> CpuPlans:
         self.handles.ensure(self.current_device())  # as cuDNN's: plans built here launch from any thread later
         described, tensors = self._plan_once(graph)
         if described["flags"].get("dynamic_shape") and options.kernel_cache:
             self.kernels.add(summary_of_ops(described))
-        return CpuCandidates(self, described, tensors, inputs, options)
+        return CpuPlans(self, described, tensors)
 
     def kernel_cache_blob(self) -> bytes | None:
         return json.dumps(sorted(self.kernels)).encode() if self.kernels else None
@@ -219,11 +218,11 @@ class CpuTestBackend(GuestBackend):
         self.run(description, tensors, pack, behaviour=behaviour, workspace=workspace, stream=stream)
 
     def run(self, description: Mapping[str, Any], tensors: Sequence[TensorSpec], pack: Mapping[int, Any], *,
-            behaviour: Behaviour = _RIGHT, workspace: Any = None, stream: int | None = None) -> None:  # fmt: skip
+            behaviour: Behaviour = _RIGHT, workspace: Any = None, stream: int | None = None, took: float = 0.0) -> None:  # fmt: skip
         """Evaluate the graph on ``pack`` on ``stream`` (default: the current one), as a
-        kernel would: a bad steering value poisons the device; on a capturing stream the
-        work is recorded, not run. ``workspace``: the launch's own (default: scratch of
-        this launch alone)."""
+        kernel would, taking ``took`` milliseconds of the stream's clock: a bad steering
+        value poisons the device; on a capturing stream the work is recorded, not run.
+        ``workspace``: the launch's own (default: scratch of this launch alone)."""
         import torch
 
         reason = fault(description, tensors, pack)
@@ -237,7 +236,7 @@ class CpuTestBackend(GuestBackend):
                 evaluate(description, values)
                 stage_outputs(torch, tensors, values, pack, scratch, behaviour)
 
-        self.cuda.launch(work, stream)
+        self.cuda.launch(work, stream, took)
 
 
 class TwoDeviceCpuTestBackend(CpuTestBackend):

@@ -49,6 +49,7 @@ class Capture:
 class _Stream:
     blocking: bool
     capture: Capture | None = None
+    clock: float = 0.0  # milliseconds of work run on it
 
 
 @dataclass
@@ -128,10 +129,10 @@ class SimulatedCuda:
 
     # ---------------------------------------------------------------- work
 
-    def launch(self, work: Callable[[], None], sid: int | None = None) -> None:
-        """Run ``work`` on ``sid`` (default: the current stream) as a kernel would: recorded
-        (not run) on a capturing stream, refused on the legacy stream beside a capture of a
-        blocking stream."""
+    def launch(self, work: Callable[[], None], sid: int | None = None, took: float = 0.0) -> None:
+        """Run ``work`` on ``sid`` (default: the current stream) as a kernel would, ``took``
+        milliseconds on the stream's clock: recorded (not run) on a capturing stream,
+        refused on the legacy stream beside a capture of a blocking stream."""
         sid = self.current_stream() if sid is None else sid
         with self._lock:
             self._check()
@@ -146,7 +147,13 @@ class SimulatedCuda:
                         raise self._error(
                             "cudaErrorStreamCaptureImplicit: work on the legacy stream while a blocking stream captures"
                         )
+            self._streams[sid].clock += took
         work()
+
+    def elapsed(self) -> float:
+        """Milliseconds of work run so far on this thread's current stream (what two CUDA
+        events around it measure)."""
+        return self._streams[self.current_stream()].clock
 
     def unsafe(self, call: str) -> None:
         """A call that a global-mode capture forbids (``cudaMalloc``, ``cudaFree``, a sync):

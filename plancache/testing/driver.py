@@ -1,7 +1,7 @@
-"""``CpuDriver``: the driver seam (``engines.driver``) simulated on the CPU.
+"""``CpuDriver``: the driver seam (``guest.driver``) simulated on the CPU.
 
 It holds no logic of plancache's: the guest block, handle leasing, load routing and
-launches above it are ``engines.guest_backend``'s, the same code a GPU runs. What it
+launches above it are ``guest.guest_backend``'s, the same code a GPU runs. What it
 simulates is what cuDNN, CUDA and the caching allocator do where bugs hide:
 
 * devices: environments, each thread's current device, which ones the program set up;
@@ -177,6 +177,25 @@ class CpuDriver:
         current = self.cuda.current_stream
         return lambda device: current()
 
+    def on_stream(self, stream: Any) -> contextlib.AbstractContextManager[int]:
+        return self.cuda.stream(int(stream))
+
+    def follow(self, stream: Any, device: int) -> None:
+        """Nothing to queue: the test device runs each launch as it is made, in order."""
+
+    def synchronize(self, stream: Any) -> None:
+        self.cuda.check()  # a sticky error surfaces at the next synchronization, as CUDA's does
+
+    def time(self, launch: Callable[[], None], runs: int) -> list[float]:
+        """The stream's clock around each run, after one warm-up launch (as CUDA events)."""
+        launch()
+        times = []
+        for _ in range(runs):
+            begun = self.cuda.elapsed()
+            launch()
+            times.append(self.cuda.elapsed() - begun)
+        return times
+
     # ------------------------------------------------------------------ handles and memory
 
     def create_handle(self, device: int) -> Handle:
@@ -186,6 +205,18 @@ class CpuDriver:
     def set_stream(self, handle: Any, stream: int) -> None:
         self.simulated.set_stream(handle.backend_handle, stream)
         handle.stream = stream
+
+    def tensor_device(self, device: int) -> str:
+        return "cpu"
+
+    def free_memory(self, device: int) -> int:
+        return self.cuda.free_memory - self.cuda.allocated
+
+    def hold(self, size: int) -> None:
+        if size >= 0:
+            self.cuda.allocate(size)
+        else:
+            self.cuda.release(-size, sync=False)  # back to the caching allocator's pool
 
     def workspace_getter(self) -> Callable[[int, int], Any]:
         import torch

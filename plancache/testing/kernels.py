@@ -11,7 +11,7 @@ without an engine for it refuses it, never computed as if it were not there.
 every value that steers addressing (ragged offsets, sequence lengths, page tables, MoE token
 offsets and indices) and says how a kernel would fault on it (a misaligned or out-of-range
 address). The backend then poisons itself, as a sticky CUDA error kills a process's CUDA
-context. It is written apart from ``plancache.engines.inputs`` on purpose: it checks the
+context. It is written apart from ``plancache.autotuning.inputs`` on purpose: it checks the
 values that module makes instead of trusting them.
 """
 
@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..engines.inputs import DTYPE_BYTES
-from ..engines.tensors import span
+from ..autotuning.inputs import DTYPE_BYTES
+from ..guest.tensors import span
 from ..key import TensorSpec
 
 __all__ = ["Behaviour", "evaluate", "fault", "scratch_bytes", "stage_outputs"]

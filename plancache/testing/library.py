@@ -1,5 +1,5 @@
-"""cuDNN's C API, simulated on the CPU test device: the calls ``engines.native.Library``
-offers, so that ``engines.native.NativePlan`` (loads, variant packs, the frontend's
+"""cuDNN's C API, simulated on the CPU test device: the calls ``cudnn.library.Library``
+offers, so that ``guest.native.NativePlan`` (loads, variant packs, the frontend's
 workspace changes, launches) runs in the CPU suite exactly as it runs on a GPU.
 
 It is faithful where bugs hide:
@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..engines.native import NativeError
-from ..engines.tensors import TORCH_DTYPES, span, storage_geometry
+from ..errors import NativeError
+from ..guest.tensors import TORCH_DTYPES, span, storage_geometry
 from ..key import TensorSpec, used_tensors
 from . import plans
 from .device import SimulatedCuda

@@ -2,7 +2,7 @@
 
 It is UBJSON with the fields a real blob has (``json_version``, ``cudnn_backend_data``,
 ``variant_pack_uids``, ``fe_workspace_size``...), so loading it goes through the same
-parsing, gate and variant-pack layout as a GPU's (``engines.native``). What the simulated
+parsing, gate and variant-pack layout as a GPU's (``guest.native``). What the simulated
 library finalizes, ``cudnn_backend_data``, is JSON of the graph's description, its tensor
 table and the engine (and how that engine computes, ``kernels.Behaviour``, when it is not
 the reference's way). Its graph (``context``, ``tensors`` and ``nodes`` at the top level) is
@@ -21,9 +21,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..engines.backend import EngineChoice
 from ..formats.plan_blob import PlanBlob
 from ..formats.ubjson import encode as encode_ubjson
+from ..guest.backend import EngineChoice
 from ..key import TensorSpec, canonical_json, used_tensors
 from ..key.frontend_form import frontend_form, frontend_graph
 

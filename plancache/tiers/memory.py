@@ -3,7 +3,7 @@
 Bounded because a dynamic-shape server meets new shapes for as long as it runs: every plan
 holds a loaded cuDNN graph (host and device memory). Workspaces are not plans' own: each
 launching thread holds one per stream, as large as the largest plan it launched there needs
-(``engines.guest_backend``), so the bound on plans bounds the process.
+(``guest.guest_backend``), so the bound on plans bounds the process.
 """
 
 from __future__ import annotations

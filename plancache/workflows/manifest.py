@@ -186,7 +186,7 @@ class ManifestEntry:
         if self.kind == "template":
             return templates.build(self.spec["template"], **self.spec["params"])
         if self.kind == "graph":
-            from ..engines.replay import rebuild_graph
+            from ..cudnn.replay import rebuild_graph
 
             return rebuild_graph(self.spec["graph"])
         if self.listed_only:

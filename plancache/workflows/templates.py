@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..engines.tensors import span
 from ..errors import ManifestError, NoGpuError
+from ..guest.tensors import span
 
 __all__ = ["LAYOUTS", "TEMPLATES", "Template", "TensorLayout", "allocate", "build", "reference"]
 
@@ -35,7 +35,7 @@ class TensorLayout:
 
 
 def _cudnn() -> Any:
-    from ..engines.cudnn_backend import cudnn_module
+    from ..cudnn.backend import cudnn_module
 
     return cudnn_module()
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..engines.replay import rebuild_graph
+from ..cudnn.replay import rebuild_graph
 from ..errors import DamagedEntryError
 from ..key import BuildOptions, environment_id
 from .steps import Interrupted, Progress

@@ -21,18 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import MemoryBudget, format_size
+from ..guest.tensors import DTYPE_BYTES, TORCH_DTYPES, span, storage_geometry
 from ..key import TensorSpec
-from .tensors import TORCH_DTYPES, span, storage_geometry
 
-__all__ = ["DTYPE_BYTES", "OUTPUT_COPIES", "Fill", "InputPlan", "materialize", "plan_inputs", "timing_inputs"]
+__all__ = ["OUTPUT_COPIES", "Fill", "InputPlan", "materialize", "plan_inputs", "timing_inputs"]
 
-#: Bytes per element of each cuDNN data type (4-bit types: see ``storage_geometry``).
-DTYPE_BYTES = {
-    "data_type.HALF": 2, "data_type.BFLOAT16": 2, "data_type.FLOAT": 4, "data_type.DOUBLE": 8,
-    "data_type.INT8": 1, "data_type.UINT8": 1, "data_type.INT32": 4, "data_type.INT64": 8,
-    "data_type.BOOLEAN": 1, "data_type.FP8_E4M3": 1, "data_type.FP8_E5M2": 1, "data_type.FP8_E8M0": 1,
-    "data_type.FP8_E5M3": 1, "data_type.FP4_E2M1": 1, "data_type.INT4": 1,
-}  # fmt: skip
 _INTEGERS = frozenset({"data_type.INT8", "data_type.UINT8", "data_type.INT32", "data_type.INT64", "data_type.INT4"})
 _ATTENTION = frozenset({"SDPA", "SDPA_BWD", "SDPA_FP8", "SDPA_FP8_BWD", "SDPA_MXFP8", "SDPA_MXFP8_BWD"})
 #: Node ports whose integer or boolean values are arithmetic data, never addresses.

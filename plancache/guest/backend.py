@@ -1,10 +1,11 @@
 """The narrow seam between the cache and whatever builds and runs plans.
 
-The cache core (``cache/``, ``autotune.py``, ``runtime/plan.py``) only talks to these Protocols.
-Both implementations are ``engines.guest_backend.GuestBackend`` over a driver
-(``engines.driver``): ``cudnn_backend.CudnnBackend`` on a GPU, ``testing.CpuTestBackend``
-on a machine without one, so the whole cache runs the same loads and launches in the CPU
-suite as on a GPU. No cuDNN, torch or CUDA import here.
+The cache (``cache/``, ``autotuning/``, ``runtime/``) only talks to these Protocols. Both
+implementations are ``guest.guest_backend.GuestBackend`` over a driver (``guest.driver``):
+``cudnn.backend.CudnnBackend`` on a GPU, ``testing.CpuTestBackend`` on a machine without
+one, so the CPU suite runs the same loads, launches and candidate plumbing as a GPU. What
+differs is the library's list of candidate plans for a graph (``GraphPlans``). No cuDNN,
+torch or CUDA import here.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ..config import MemoryBudget
 from ..formats.plan_blob import PlanBlob
 from ..key import BuildOptions, TensorSpec
-from .bounds import Bound
+from .driver import Driver
+from .handles import Handles
 
-__all__ = ["Backend", "BuiltPlan", "CandidateSet", "EngineChoice", "Launch", "Load"]
+__all__ = ["Backend", "BuiltPlan", "EngineChoice", "GraphPlans", "Launch", "Load"]
 
 #: A plan's launch: ``(tensors by uid, their data pointers in the backend's order)``.
 Launch = Callable[[Mapping[int, Any], Sequence[int]], None]
@@ -59,21 +60,25 @@ class BuiltPlan:
     engine: EngineChoice | None
 
 
-class CandidateSet(Protocol):
-    """The candidate plans of one graph, in the heuristics' order (best guess first).
+class GraphPlans(Protocol):
+    """The candidate plans a library lists for one graph, in its heuristics' order (best
+    guess first): what differs between libraries. ``autotuning.candidates`` launches,
+    checks and times them, the same code on every backend."""
 
-    Autotuning builds candidates, launches each once on the same inputs to compare their
-    outputs (``outputs``), then times those that agree (``time``). Nothing is launched
-    before ``prepare`` said the inputs are ready."""
+    @property
+    def description(self) -> Mapping[str, Any]:
+        """The graph's canonical description (what its key was made of)."""
+        ...
+
+    @property
+    def tensors(self) -> Sequence[TensorSpec]:
+        """The graph's tensors."""
+        ...
 
     def __len__(self) -> int: ...
 
     def engine(self, index: int) -> EngineChoice:
         """The engine and knobs of candidate ``index``."""
-        ...
-
-    def build(self, index: int) -> str | None:
-        """Build candidate ``index``; None on success, else why it failed."""
         ...
 
     def compiles(self, index: int) -> bool:
@@ -82,40 +87,18 @@ class CandidateSet(Protocol):
         building it."""
         ...
 
-    def prepare(self, budget: MemoryBudget) -> str | None:
-        """Make the inputs every launch uses: the caller's own tensors, else synthetic ones
-        valid for the role each plays (``engines.inputs``), within ``budget``. None when
-        candidates may be launched; else why not (a tensor of unknown role, the budget, a
-        CUDA-graph capture on this thread), and then nothing is allocated or launched."""
+    def build(self, index: int) -> int:
+        """Build candidate ``index``; its workspace bytes. Raises ``BuildError`` (its
+        ``reason`` the library's words) when the library cannot build it."""
         ...
 
-    def streamed(self) -> AbstractContextManager[None]:
-        """After ``prepare``: a block whose device work (the comparison of two candidates'
-        outputs) is queued where the launches are, on the candidates' own stream. On the
-        caller's current stream it would wait behind the program's work there and
-        allocate from the program's pool."""
-        ...
-
-    def bounds(self) -> Mapping[int, Bound]:
-        """How far each element of each output of two right candidates may differ, by
-        output uid (``engines.bounds``), for the inputs ``prepare`` made."""
-        ...
-
-    def outputs(self, index: int) -> Mapping[int, Any]:
-        """Launch built candidate ``index`` once on the prepared inputs (outputs cleared
-        first) and return copies of its outputs, by uid."""
-        ...
-
-    def time(self, index: int, runs: int) -> list[float]:
-        """Run built candidate ``index`` ``runs`` times after one warm-up; milliseconds each."""
+    def launch(self, index: int, pack: Mapping[int, Any], workspace: Any, handle: Any) -> None:
+        """Queue one launch of built candidate ``index`` on the tensors by uid, on the
+        stream ``handle`` is set to."""
         ...
 
     def finish(self, index: int) -> BuiltPlan:
         """Make candidate ``index`` the graph's plan and serialize it."""
-        ...
-
-    def close(self) -> None:
-        """Free what timing allocated (inputs, workspaces)."""
         ...
 
 
@@ -130,6 +113,16 @@ class Backend(Protocol):
     name: str
     #: torch device type the plan's tensors must live on ("cuda" or "cpu").
     device_type: str
+
+    @property
+    def driver(self) -> Driver:
+        """The machine beneath (``guest.driver``)."""
+        ...
+
+    @property
+    def handles(self) -> Handles:
+        """The cuDNN handles leased on it (``guest.handles``)."""
+        ...
 
     def environment(self, device: int | None = None) -> dict[str, Any]:
         """Everything outside the graph that changes a plan on ``device`` (default: the
@@ -154,15 +147,11 @@ class Backend(Protocol):
         that loading a plan there creates nothing the program did not create itself."""
         ...
 
-    def candidates(
-        self, graph: Any, options: BuildOptions, description: Mapping[str, Any], inputs: Mapping[int, Any] | None = None
-    ) -> CandidateSet:
+    def plans(self, graph: Any, options: BuildOptions, description: Mapping[str, Any]) -> GraphPlans:
         """Validate ``graph`` on the current device and list its candidate plans. Raises
         ``InvalidGraphError`` naming the node when the library rejects the graph.
         ``description``: the graph's canonical description (what its key was made of),
-        from which the roles of its tensors are read. ``inputs`` (by uid): the caller's
-        tensors, launched on instead of synthetic ones (checked as ``Plan.execute``
-        checks tensors, and never written)."""
+        from which the roles of its tensors are read."""
         ...
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
@@ -199,10 +188,14 @@ class Backend(Protocol):
 
     def guest(self, device: int) -> AbstractContextManager[None]:
         """The block in which plancache does CUDA work of its own on ``device`` (loads,
-        builds, timing, handles; ``engines.guest``): raises ``CaptureInProgressError`` when
+        builds, timing, handles; ``guest.block``): raises ``CaptureInProgressError`` when
         this thread captures; runs in relaxed capture mode, its queued work on a
         non-blocking stream of plancache's own; leaves the caller's device and streams as
         they were."""
+        ...
+
+    def own_stream(self, device: int) -> Any:
+        """plancache's own non-blocking stream on ``device`` (inside a guest block)."""
         ...
 
     def prepare(self, device: int) -> None:

@@ -3,7 +3,7 @@ library here.
 
 A miss builds candidates through the ``CandidateSet`` seam and launches each once on the
 same inputs (``prepare``: the caller's tensors, else synthetic ones valid for each tensor's
-role). Their outputs are compared element by element (``engines.consensus``): a candidate
+role). Their outputs are compared element by element (``autotuning.consensus``): a candidate
 outside the majority is rejected, with how far it is measured, and never chosen.
 
 **The budget.** A miss costs what the frontend's own build costs plus what choosing and
@@ -48,7 +48,7 @@ from typing import Any, NoReturn
 from ..config import AUTOTUNE_BUDGET, AUTOTUNE_MEMORY, MemoryBudget, argument, number, whole_number
 from ..errors import BuildError
 from ..key import BuildOptions
-from .backend import CandidateSet
+from .candidates import CandidateSet
 from .consensus import FAR, RULE, Agreement, Consensus, Group
 
 __all__ = ["CHECK_LIMIT", "AutotuneResult", "CandidateReport", "TimingPolicy", "autotune"]
@@ -99,7 +99,7 @@ class CandidateReport:
     median_ms: float | None = None
     times_ms: list[float] = field(default_factory=list)
     error: str | None = None
-    #: Against the majority's outputs (``engines.consensus.Agreement``): the largest
+    #: Against the majority's outputs (``autotuning.consensus.Agreement``): the largest
     #: difference of any element in units of its bound (None: infinite), and how many
     #: elements, and what fraction of them, lie outside their bound.
     deviation: float | None = None

@@ -15,7 +15,16 @@ from typing import Any
 from ..errors import TensorMismatchError
 from ..key import TensorSpec
 
-__all__ = ["DEFAULT_ALIGNMENT", "TORCH_DTYPES", "Expect", "checked_inputs", "span", "storage_geometry", "tensor_problems"]
+__all__ = [
+    "DEFAULT_ALIGNMENT",
+    "DTYPE_BYTES",
+    "TORCH_DTYPES",
+    "Expect",
+    "checked_inputs",
+    "span",
+    "storage_geometry",
+    "tensor_problems",
+]
 
 #: cuDNN data type -> the torch dtypes a tensor of that type may have. Every data type the
 #: frontend defines is listed: one with no entry could be launched unchecked. FP8_E5M3 has
@@ -39,6 +48,13 @@ TORCH_DTYPES: dict[str, tuple[str, ...]] = {
     "data_type.INT4": ("uint8", "int8"),
     "data_type.FAST_FLOAT_FOR_FP8": (),
 }
+#: Bytes per element of each cuDNN data type (4-bit types: see ``storage_geometry``).
+DTYPE_BYTES = {
+    "data_type.HALF": 2, "data_type.BFLOAT16": 2, "data_type.FLOAT": 4, "data_type.DOUBLE": 8,
+    "data_type.INT8": 1, "data_type.UINT8": 1, "data_type.INT32": 4, "data_type.INT64": 8,
+    "data_type.BOOLEAN": 1, "data_type.FP8_E4M3": 1, "data_type.FP8_E5M2": 1, "data_type.FP8_E8M0": 1,
+    "data_type.FP8_E5M3": 1, "data_type.FP4_E2M1": 1, "data_type.INT4": 1,
+}  # fmt: skip
 #: Types stored two elements per byte along their unit-stride axis.
 _PACKED = frozenset({"data_type.FP4_E2M1", "data_type.INT4"})
 #: Bytes every data pointer must be aligned to when a spec does not say: the frontend's

@@ -25,7 +25,7 @@ does not know (an exp, a division, a normalization, a backward pass) leaves its 
 to the coarse bound: ``m`` is then the output's largest magnitude and ``absolute``
 also covers ``4 ulp`` of every rounding, the rule plancache used before this one.
 
-The bound is an estimate of rounding, not a proof; ``engines.consensus`` holds a candidate
+The bound is an estimate of rounding, not a proof; ``autotuning.consensus`` holds a candidate
 outside the consensus only when some element is ``FAR`` times beyond it.
 """
 

@@ -7,7 +7,7 @@ and its outputs are compared with the others': a candidate outside the majority 
 rejected and never chosen.
 
 **Comparing two candidates.** Every element of every output is held against its own bound
-(``engines.bounds``: one ulp of the output's type relative to the element, plus the
+(``autotuning.bounds``: one ulp of the output's type relative to the element, plus the
 rounding accumulated over the reduction, scaled by the magnitudes that went into the
 element). What is recorded of a comparison (``Agreement``) is how many elements lie
 outside their bound, what fraction of the output that is, and the worst ratio of an
@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store import CHECK_RULE
+from ..formats.check import CHECK_RULE
 from .bounds import Bound
 
 __all__ = ["FAR", "RULE", "Agreement", "Consensus", "Group", "compare"]

@@ -1,4 +1,4 @@
-"""The driver seam: what the guest backend (``engines.guest_backend``) needs of a machine.
+"""The driver seam: what the guest backend (``guest.guest_backend``) needs of a machine.
 
 It is as small as cuDNN's own C API: devices, streams and their capture state, the
 calling thread's capture mode, handles, workspaces, the C library that loads and launches
@@ -6,7 +6,7 @@ plans, and the frontend's own deserialize and execute for the plans that path ke
 Everything above it, the guest discipline, handle leasing, load routing and launch
 composition, is written once (``GuestBackend``) and runs unchanged on both drivers:
 
-* ``engines.cudnn_backend.CudnnDriver`` calls CUDA, cuDNN and torch;
+* ``cudnn.backend.CudnnDriver`` calls CUDA, cuDNN and torch;
 * ``testing.driver.CpuDriver`` simulates them on the CPU, where bugs hide (loads that
   capture, streams and capture modes, alignment, sticky errors, plans read by pointer),
   and holds no logic of its own.
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-__all__ = ["Driver", "FrontendLaunch", "Handle"]
+__all__ = ["CLibrary", "Driver", "FrontendLaunch", "Handle"]
 
 #: The frontend's own launch of a graph it loaded: ``(tensors by uid, workspace or None,
 #: handle)``, on the stream the handle is set to.
@@ -33,6 +33,22 @@ class Handle(Protocol):
 
     stream: Any
     backend_handle: int
+
+
+class CLibrary(Protocol):
+    """cuDNN's C API as plans are loaded and launched through it (``guest.native.plan``):
+    ctypes on a GPU (``cudnn.library.Library``), simulated on the CPU
+    (``testing.library.SimulatedLibrary``). Integers are C pointers and descriptors."""
+
+    def create_handle(self) -> int: ...
+    def set_stream(self, handle: int, stream: int) -> None: ...
+    def destroy(self, descriptor: int) -> None: ...
+    def load_plan(self, handle: int, representation: bytes) -> int: ...
+    def plan_workspace(self, plan: int) -> int: ...
+    def variant_pack(self, uids: Any, pointers: Any, count: int, workspace: int) -> int: ...
+    def execute(self, handle: int, plan: int, pack: int) -> None: ...
+    def copy_to_device(self, destination: int, source: Any, size: int, stream: int) -> None: ...
+    def zero(self, destination: int, size: int, stream: int) -> None: ...
 
 
 class Driver(Protocol):
@@ -105,6 +121,24 @@ class Driver(Protocol):
         """The cheapest ``device -> the calling thread's current raw stream`` (every launch)."""
         ...
 
+    def on_stream(self, stream: Any) -> AbstractContextManager[Any]:
+        """``stream`` (one of ``new_stream``'s) the calling thread's current one for the block."""
+        ...
+
+    def follow(self, stream: Any, device: int) -> None:
+        """Queue on ``stream`` a wait for the work queued so far on the calling thread's
+        current stream of ``device`` (the caller's tensors are ready behind it)."""
+        ...
+
+    def synchronize(self, stream: Any) -> None:
+        """Wait for the work queued on ``stream``."""
+        ...
+
+    def time(self, launch: Callable[[], None], runs: int) -> list[float]:
+        """Milliseconds per ``launch`` on the current stream, measured ``runs`` times on the
+        device's own clock (after warm-up launches)."""
+        ...
+
     # ------------------------------------------------------------------ handles and memory
 
     def create_handle(self, device: int) -> Handle:
@@ -115,6 +149,19 @@ class Driver(Protocol):
         """Point ``handle`` at ``stream`` (and remember it in ``handle.stream``)."""
         ...
 
+    def tensor_device(self, device: int) -> str:
+        """The torch device tensors of ``device`` are made on (``cuda:1``)."""
+        ...
+
+    def free_memory(self, device: int) -> int:
+        """Bytes free on ``device`` for plancache's own tensors."""
+        ...
+
+    def hold(self, size: int) -> None:
+        """Note ``size`` bytes (negative: given back) that plancache's own tensors took
+        from the caching allocator's pool (a GPU's allocator keeps this itself)."""
+        ...
+
     def workspace_getter(self) -> Callable[[int, int], Any]:
         """The cheapest ``(size, device) -> size bytes on device`` from the caching
         allocator, on the current stream (an object with ``data_ptr()``): a stream's
@@ -123,8 +170,8 @@ class Driver(Protocol):
 
     # ------------------------------------------------------------------ plans
 
-    def library(self) -> Any:
-        """The C API plans are loaded and launched through (``engines.native.Library``'s calls)."""
+    def library(self) -> CLibrary:
+        """The C API plans are loaded and launched through."""
         ...
 
     def open_libraries(self) -> int:

@@ -1,6 +1,6 @@
 """What a serialized cuDNN Frontend plan holds, and how a launch lays out its variant pack.
 
-A frontend plan blob (UBJSON, ``engines.native.ubjson``) carries the backend plan's JSON
+A frontend plan blob (UBJSON, ``guest.native.ubjson``) carries the backend plan's JSON
 representation (``cudnn_backend_data``) and what the frontend adds around the backend at
 every launch:
 
@@ -46,8 +46,7 @@ from ...formats.plan_blob import PlanBlob
 from ...formats.plan_graph import float_bits, int_list
 from ...formats.ubjson import UbjsonError
 from ...key import TensorSpec
-from ..inputs import DTYPE_BYTES
-from ..tensors import span, storage_geometry
+from ..tensors import DTYPE_BYTES, span, storage_geometry
 
 __all__ = ["BY_VALUE_TYPES", "MEMORY_CEILING", "OUT_OF_BOUNDS", "TESTED_VERSIONS", "ByValue", "Fallback", "Layout", "PlanRecord",
            "WorkspaceChange", "keep", "kept_form", "lowered_layouts", "parse", "refusal", "workspace_fits"]  # fmt: skip

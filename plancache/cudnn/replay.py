@@ -28,7 +28,7 @@ _BUILDER_OUTPUTS = {"SDPA": {"O", "Stats"}, "SDPA_FP8": {"O", "Stats", "Amax_S",
 
 
 def _cudnn() -> Any:
-    from .cudnn_backend import cudnn_module  # only when replaying: building pygraphs needs no GPU
+    from .backend import cudnn_module  # only when replaying: building pygraphs needs no GPU
 
     return cudnn_module()
 

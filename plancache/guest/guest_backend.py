@@ -1,15 +1,15 @@
-"""The backend written once, as a guest, over a driver (``engines.driver``).
+"""The backend written once, as a guest, over a driver (``guest.driver``).
 
 Everything a stored plan goes through between the cache and the machine lives here, and
 runs unchanged over cuDNN's driver on a GPU and over the CPU test driver in the suite:
 
-* **the guest block** (``guest``, ``engines.guest``): plancache's own CUDA work is refused
+* **the guest block** (``guest``, ``guest.block``): plancache's own CUDA work is refused
   on a capturing thread, runs in relaxed capture mode on a non-blocking stream of its own,
   and leaves the caller's device as it was;
-* **handle leasing** (``engines.handles``): a pool per device, filled at load, so that a
+* **handle leasing** (``guest.handles``): a pool per device, filled at load, so that a
   launch inside a capture creates nothing;
 * **load routing** (``load``): a blob the native path reads and was tested on is finalized
-  through the C API (``engines.native``); any other goes to the frontend's own
+  through the C API (``guest.native``); any other goes to the frontend's own
   deserialize, its warm-up pointed at plancache's stream, one at a time, counted in
   ``native_fallbacks`` by kind; one whose launches no tensor or workspace would bound
   (``native.record.OUT_OF_BOUNDS``) is counted there and refused. A failure that is the
@@ -32,14 +32,14 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import TransientLoadError
+from ..errors import NativeError, TransientLoadError
 from ..formats.plan_blob import PlanBlob
 from ..key import TensorSpec
 from .backend import Launch
+from .block import refuse_while_capturing, relaxed
 from .driver import Driver
-from .guest import refuse_while_capturing, relaxed
 from .handles import Handles
-from .native import NativeError, NativePlan, RecordError, parse, refusal
+from .native import NativePlan, RecordError, parse, refusal
 from .native.record import OUT_OF_BOUNDS, Fallback, keep, kept_form, workspace_fits
 
 __all__ = ["GuestBackend", "pinned_plans"]
@@ -62,7 +62,7 @@ def _pin(native: Any) -> None:
 
 
 class GuestBackend:
-    """The backend seam (``engines.backend.Backend``) over a ``Driver``: the guest block,
+    """The backend seam (``guest.backend.Backend``) over a ``Driver``: the guest block,
     handles, loads and launches. Subclasses add candidates and rebuilds."""
 
     def __init__(self, driver: Driver, *, native: bool = True) -> None:

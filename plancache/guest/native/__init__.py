@@ -3,13 +3,11 @@
 ``record`` takes what a launch needs out of a frontend plan blob (``formats.ubjson``
 reads its bytes) and refuses what this path was not tested on, ``library`` owns the C
 libraries (ctypes; the GIL is released through every call), ``plan`` is a loaded plan
-and its launch. ``engines.guest_backend`` decides which plans go this way and leaves the others to
+and its launch. ``guest.guest_backend`` decides which plans go this way and leaves the others to
 the frontend's path.
 """
 
-from .library import Libcuda, Library, NativeError, libcuda, library, open_beside
 from .plan import NativePlan
 from .record import Fallback, Layout, PlanRecord, RecordError, parse, refusal
 
-__all__ = ["Fallback", "Layout", "Libcuda", "Library", "NativeError", "NativePlan", "PlanRecord", "RecordError", "libcuda",
-           "library", "open_beside", "parse", "refusal"]  # fmt: skip
+__all__ = ["Fallback", "Layout", "NativePlan", "PlanRecord", "RecordError", "parse", "refusal"]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .guest import known_captures
+from .block import known_captures
 
 __all__ = ["Handles"]
 

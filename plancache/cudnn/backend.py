@@ -3,15 +3,15 @@
 Both ``cudnn`` and ``torch`` are imported inside functions, so importing plancache stays
 cheap and works without a GPU.
 
-``CudnnDriver`` is the driver seam (``engines.driver``) on CUDA, cuDNN and torch: devices
+``CudnnDriver`` is the driver seam (``guest.driver``) on CUDA, cuDNN and torch: devices
 and streams through torch, the capture mode and device state through the CUDA driver
-(``engines.native.library``), handles made through cuDNN's C API and wrapped as the
+(``cudnn.library``), handles made through cuDNN's C API and wrapped as the
 frontend's own ``Handle``, workspaces from torch's caching allocator on the launching
 stream (as PyTorch does for its own cuDNN calls: stream-ordered reuse, never one buffer
 shared by two streams, inside a capture from the capture's private pool), and the
 frontend's ``deserialize`` and execute for the plans the native path leaves to it.
 
-``CudnnBackend`` is the guest backend (``engines.guest_backend``: the guest block,
+``CudnnBackend`` is the guest backend (``guest.guest_backend``: the guest block,
 handles, load routing, launches, written once) over that driver, plus what only cuDNN
 does: the candidates of a graph (``_Candidates``), rebuilds from an engine id and knobs,
 and the shared kernel cache of dynamic-shape builds.
@@ -21,45 +21,27 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import logging
-import math
 import os
 import re
 import sys
-import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import MemoryBudget, format_size
 from ..errors import BuildError, InvalidGraphError, NoGpuError, TransientLoadError
+from ..guest.backend import BuiltPlan, EngineChoice
+from ..guest.driver import FrontendLaunch
+from ..guest.guest_backend import GuestBackend
 from ..key import BuildOptions, mark_shared_kernel_cache, tensor_table
-from .backend import BuiltPlan, EngineChoice
-from .bounds import Bound, bounds
-from .driver import FrontendLaunch
-from .filters import outside_filters
-from .guest_backend import GuestBackend
-from .inputs import materialize, timing_inputs
-from .native import libcuda, library, open_beside
-from .tensors import checked_inputs
+from .library import libcuda, library, open_beside
+from .timing import INNER, event_times
 
 __all__ = ["CudnnBackend", "CudnnDriver", "cudnn_module", "frontend_failures", "probe_environment"]
 
 log = logging.getLogger("plancache")
 
-_INNER = 3  # launches per careful measurement
-#: The hold of the stream a measurement's launches queue behind: twice the time the host
-#: took for its faster warm-up launch, for each launch (a launch took the host 15-30 us on one H100
-#: host and up to about 70 us on a slower one), in GPU clock cycles at 2 GHz (about the
-#: H100's and H200's boost clock; a slower clock holds longer), within these bounds.
-_HOLD_MARGIN = 2.0
-_GPU_CYCLES_PER_SECOND = 2e9
-_HOLD_CYCLES_MIN = 200_000  # 0.1 ms
-_HOLD_CYCLES_MAX = 40_000_000  # 20 ms: a warm-up slowed by something else must not stall the miss
-_HOLD_CYCLES_ONE_RUN = 2_000_000  # ~1 ms, per run where the host could not keep up with the above
 _NODE_IN_MESSAGE = re.compile(r"[Nn]ode '([^']+)'")
 
 
@@ -162,68 +144,6 @@ def probe_environment() -> dict[str, Any]:
     return info
 
 
-# ---------------------------------------------------------------------- timing
-
-
-@dataclass(frozen=True)
-class EventTimes:
-    """A measurement: milliseconds per launch of each run, and whether the runs had to be
-    measured one by one (the host queued them more slowly than the hold lasted)."""
-
-    times: list[float]
-    one_by_one: bool
-
-
-def event_times(cuda: Any, launch: Callable[[], None], runs: int, inner: int,
-                clock: Callable[[], float] = time.perf_counter) -> EventTimes:  # fmt: skip
-    """Milliseconds per ``launch`` on the current stream, ``runs`` measurements of ``inner``
-    launches each, after warm-up launches, with CUDA events (``cuda``: ``torch.cuda``).
-
-    The stream is held busy (``cuda._sleep``) while the host queues every run's launches
-    and events behind it, so that a kernel shorter than the host's launch overhead is timed
-    on the GPU alone, not on the launch rate, and the runs cost one wait, not one each. The
-    hold is sized by the host's time for a warm-up launch (``clock``, in seconds). If the hold
-    ended before the host had queued the last launch, the GPU may have waited for the host
-    between launches: the runs are measured again one at a time, each behind a hold of its
-    own.
-    """
-    per_launch = math.inf
-    # Warm-up. A kernel's first launch may load it: the faster of two says the host's rate
-    # (one launch, whose hold is the shortest anyway, is warmed up once).
-    for _ in range(1 if runs * inner == 1 else 2):
-        begun = clock()
-        launch()
-        per_launch = min(per_launch, clock() - begun)
-    sleep = getattr(cuda, "_sleep", None)
-    cycles = int(min(_HOLD_CYCLES_MAX, max(_HOLD_CYCLES_MIN, _HOLD_MARGIN * per_launch * runs * inner * _GPU_CYCLES_PER_SECOND)))
-    if sleep is not None:
-        marks = [cuda.Event(enable_timing=True) for _ in range(runs + 1)]
-        held = cuda.Event()
-        sleep(cycles)
-        held.record()
-        marks[0].record()
-        for mark in marks[1:]:
-            for _ in range(inner):
-                launch()
-            mark.record()
-        hold_over = held.query()  # before the last launch was queued: the GPU may have waited
-        marks[-1].synchronize()
-        if not hold_over:
-            return EventTimes([float(start.elapsed_time(end)) / inner for start, end in itertools.pairwise(marks)], False)
-    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(runs):
-        if sleep is not None:
-            sleep(_HOLD_CYCLES_ONE_RUN)
-        start.record()
-        for _ in range(inner):
-            launch()
-        end.record()
-        end.synchronize()
-        times.append(float(start.elapsed_time(end)) / inner)
-    return EventTimes(times, True)
-
-
 # ---------------------------------------------------------------------- candidates
 
 
@@ -246,21 +166,14 @@ def _knobs_from_json(knobs: Mapping[str, int]) -> dict[Any, int]:
     return {knob_type[name]: int(value) for name, value in knobs.items()}
 
 
-class _Candidates:
-    """Candidates of one cuDNN graph, de-duplicated across heuristic modes.
+class _Plans:
+    """The candidate plans of one cuDNN graph (``guest.backend.GraphPlans``), de-duplicated
+    across heuristic modes; ``autotuning.candidates`` launches, checks and times them."""
 
-    Launches run on a stream of plancache's own (non-blocking), never on the caller's, and
-    never while the calling thread captures a CUDA graph; what they allocate comes from
-    that stream's pool of torch's caching allocator and is synchronized before returning.
-    """
-
-    def __init__(self, backend: CudnnBackend, graph: Any, options: BuildOptions, description: Mapping[str, Any],
-                 inputs: Mapping[int, Any] | None) -> None:  # fmt: skip
-        self.backend = backend
+    def __init__(self, graph: Any, description: Mapping[str, Any]) -> None:
         self.graph = graph
-        self.options = options
         self.description = description
-        self.given = dict(inputs or {})
+        self.tensors = tensor_table(graph)
         self.indices: list[int] = []  # position -> index in the graph's plan list
         names: set[str] = set()
         for index in range(graph.get_execution_plan_count()):
@@ -268,13 +181,6 @@ class _Candidates:
             if name not in names:  # modes A and B often propose the same engine config
                 names.add(name)
                 self.indices.append(index)
-        self.tensors = tensor_table(graph)
-        self.device = int(_torch().cuda.current_device())
-        self.caller_stream = _torch().cuda.current_stream(self.device)  # made before any guest block
-        self.outputs_of: list[int] = []
-        self.pack: dict[int, Any] | None = None
-        self.stream: Any = None
-        self.spare = 0  # bytes of the budget left for a candidate's workspace
         self._compiles: dict[int, bool] = {}
 
     def __len__(self) -> int:
@@ -299,109 +205,23 @@ class _Candidates:
             found = self._compiles[position] = _cudnn().behavior_note.RUNTIME_COMPILATION in list(notes or [])
         return found
 
-    def build(self, position: int) -> str | None:
-        cudnn = _cudnn()
+    def build(self, position: int) -> int:
         index = self.indices[position]
         try:
             self.graph.build_plan_at_index(index)
-            plan, workspace = self.graph.get_plan_name_at_index(index), int(self.graph.get_workspace_size_plan_at_index(index))
-        except (cudnn.cudnnGraphNotSupportedError, RuntimeError, ValueError) as exc:
-            return f"{type(exc).__name__}: {str(exc)[:300]}"
-        return outside_filters(plan, workspace, self.description, self.options)  # the program's workspace limit and filters
+            return int(self.graph.get_workspace_size_plan_at_index(index))
+        except (_cudnn().cudnnGraphNotSupportedError, RuntimeError, ValueError) as exc:
+            raise BuildError(f"{type(exc).__name__}: {str(exc)[:300]}", reason="not built") from exc
 
-    def bounds(self) -> Mapping[int, Bound]:
-        torch = _torch()
-        with torch.cuda.stream(self.stream):
-            found = bounds(self.description, self.tensors, self._ready(torch))
-        self.stream.synchronize()
-        return found
-
-    def prepare(self, budget: MemoryBudget) -> str | None:
-        torch = _torch()
-        if torch.cuda.is_current_stream_capturing():
-            return "a CUDA-graph capture is in progress on this thread"
-        given = checked_inputs(self.given, self.tensors, "cuda", self.device)
-        found = timing_inputs(self.description, self.tensors, given, budget, int(torch.cuda.mem_get_info(self.device)[0]))
-        if isinstance(found, str):
-            return found
-        plan, _need, spare = found
-        stream = self.backend.own_stream(self.device)  # non-blocking: never ordered with the legacy stream
-        stream.wait_stream(self.caller_stream)  # the caller's tensors are ready
-        # A generator of our own: autotuning must not move the caller's random number
-        # stream (a miss would otherwise change every random tensor the program draws next).
-        generator = torch.Generator(device=f"cuda:{self.device}")
-        generator.manual_seed(0)
-        try:
-            with torch.cuda.stream(stream):
-                pack = materialize(plan, torch, f"cuda:{self.device}", generator)
-            stream.synchronize()
-        except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
-            return f"allocating the inputs to launch candidates on failed: {type(exc).__name__}: {str(exc)[:200]}"
-        self.pack, self.stream, self.spare = pack, stream, spare
-        self.outputs_of = [s.uid for s in plan.outputs]
-        return None
-
-    def streamed(self) -> contextlib.AbstractContextManager[Any]:
-        if self.stream is None:
-            raise RuntimeError("candidates compared before their inputs were prepared")
-        return _torch().cuda.stream(self.stream)
-
-    def _workspace(self, torch: Any, index: int) -> Any:
-        size = int(self.graph.get_workspace_size_plan_at_index(index))
-        if size > self.spare:
-            raise MemoryError(
-                f"its workspace of {format_size(size)} is over what is left of the timing budget ({format_size(self.spare)})"
-            )
-        return torch.empty(size, dtype=torch.uint8, device=f"cuda:{self.device}") if size > 0 else None
-
-    def outputs(self, position: int) -> dict[int, Any]:
-        torch = _torch()
-        index, pack = self.indices[position], self._ready(torch)
-        with torch.cuda.stream(self.stream), self.backend.handles.lease(self.device) as handle:
-            _cudnn().set_stream(handle=handle, stream=self.stream.cuda_stream)
-            workspace = self._workspace(torch, index)
-            for uid in self.outputs_of:
-                pack[uid].zero_()  # a region no candidate writes compares equal
-            self.graph.execute_plan_at_index(pack, workspace, index, handle)
-            copies = {uid: pack[uid].clone(memory_format=torch.contiguous_format) for uid in self.outputs_of}
-        self.stream.synchronize()
-        return copies
-
-    def _ready(self, torch: Any) -> dict[int, Any]:
-        if self.pack is None:
-            raise RuntimeError("candidates launched before their inputs were prepared")
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("a CUDA-graph capture began on this thread")
-        return self.pack
-
-    def time(self, position: int, runs: int) -> list[float]:
-        """Milliseconds per launch, ``runs`` times, measured with CUDA events
-        (``event_times``). A single run (the pruning pass) times one launch; careful runs
-        time ``_INNER`` each."""
-        torch = _torch()
-        pack = self._ready(torch)
-        with torch.cuda.stream(self.stream), self.backend.handles.lease(self.device) as handle:
-            _cudnn().set_stream(handle=handle, stream=self.stream.cuda_stream)
-            index = self.indices[position]
-            workspace = self._workspace(torch, index)
-
-            def launch() -> None:
-                self.graph.execute_plan_at_index(pack, workspace, index, handle)
-
-            return event_times(torch.cuda, launch, runs, 1 if runs == 1 else _INNER).times
+    def launch(self, position: int, pack: Mapping[int, Any], workspace: Any, handle: Any) -> None:
+        self.graph.execute_plan_at_index(pack, workspace, self.indices[position], handle)
 
     def finish(self, position: int) -> BuiltPlan:
         index = self.indices[position]
         self.graph.build_plan_at_index(index)  # selects it: serialize() writes the selected plan
         blob = bytes(self.graph.serialize(as_bytes=True))
         workspace = int(self.graph.get_workspace_size_plan_at_index(index))
-        return BuiltPlan(self.graph, blob, tensor_table(self.graph), workspace, self.engine(position))
-
-    def close(self) -> None:
-        if self.stream is not None:
-            self.stream.synchronize()  # nothing of ours is in flight when the caller goes on
-        self.pack = None
-        self.stream = None
+        return BuiltPlan(self.graph, blob, self.tensors, workspace, self.engine(position))
 
 
 # ---------------------------------------------------------------------- kernel caches
@@ -430,7 +250,7 @@ class _KernelCaches:
 
 
 class CudnnDriver:
-    """The driver seam (``engines.driver.Driver``) on CUDA, cuDNN and torch."""
+    """The driver seam (``guest.driver.Driver``) on CUDA, cuDNN and torch."""
 
     name = "cudnn"
     device_type = "cuda"
@@ -439,7 +259,7 @@ class CudnnDriver:
         self._environments: dict[int, dict[str, Any]] = {}
         self._gpu: bool | None = None
         self._transient: tuple[type[BaseException], ...] | None = None
-        self._library: Any = None  # engines.native.Library, once cuDNN is loaded (launches ask it without a lock)
+        self._library: Any = None  # cudnn.library.Library, once cuDNN is loaded (launches ask it without a lock)
 
     @property
     def transient_errors(self) -> tuple[type[BaseException], ...]:
@@ -544,6 +364,20 @@ class CudnnDriver:
     def stream_getter(self) -> Callable[[int], int]:
         return _raw_stream_getter(_torch())
 
+    def on_stream(self, stream: Any) -> Any:
+        return _torch().cuda.stream(stream)
+
+    def follow(self, stream: Any, device: int) -> None:
+        stream.wait_stream(_torch().cuda.current_stream(device))
+
+    def synchronize(self, stream: Any) -> None:
+        stream.synchronize()
+
+    def time(self, launch: Callable[[], None], runs: int) -> list[float]:
+        """CUDA events (``event_times``): a single run (the pruning pass) times one launch,
+        careful runs ``INNER`` each."""
+        return event_times(_torch().cuda, launch, runs, 1 if runs == 1 else INNER).times
+
     # ------------------------------------------------------------------ handles and memory
 
     def create_handle(self, device: int) -> Any:
@@ -558,6 +392,15 @@ class CudnnDriver:
     def set_stream(self, handle: Any, stream: int) -> None:
         self.library().set_stream(handle.backend_handle, stream)
         handle.stream = stream  # the frontend's Handle remembers it, as cudnn.set_stream does
+
+    def tensor_device(self, device: int) -> str:
+        return f"cuda:{device}"
+
+    def free_memory(self, device: int) -> int:
+        return int(_torch().cuda.mem_get_info(device)[0])
+
+    def hold(self, size: int) -> None:
+        """Nothing to note: torch's caching allocator keeps its own account."""
 
     def workspace_getter(self) -> Callable[[int, int], Any]:
         torch = _torch()
@@ -725,8 +568,7 @@ class CudnnBackend(GuestBackend):
         if options.workspace_limit is not None:
             graph.deselect_workspace_greater_than(options.workspace_limit)
 
-    def candidates(self, graph: Any, options: BuildOptions, description: Mapping[str, Any],
-                   inputs: Mapping[int, Any] | None = None) -> _Candidates:  # fmt: skip
+    def plans(self, graph: Any, options: BuildOptions, description: Mapping[str, Any]) -> _Plans:
         self.driver.require()
         cudnn = _cudnn()
         self.handles.ensure(self.current_device())  # plans built here launch from any thread later
@@ -739,7 +581,7 @@ class CudnnBackend(GuestBackend):
             graph.check_support()
         except (cudnn.cudnnGraphNotSupportedError, ValueError, RuntimeError) as exc:
             _raise_invalid(exc, "planning", graph)
-        return _Candidates(self, graph, options, description, inputs)
+        return _Plans(graph, description)
 
     def rebuild(self, graph: Any, engine: EngineChoice, options: BuildOptions) -> BuiltPlan:
         self.driver.require()

@@ -24,7 +24,7 @@ candidates, creating handles) runs inside ``guest``:
 ``known_captures`` counts the captures plancache itself runs (``plancache.capture``): no
 handle is created while one is running.
 
-The thread's capture mode is set through the driver (``engines.driver``): the same code
+The thread's capture mode is set through the driver (``guest.driver``): the same code
 runs over cuDNN's driver on a GPU and over the CPU test driver in the test suite.
 """
 
@@ -47,7 +47,7 @@ RELAXED = 2
 @contextlib.contextmanager
 def relaxed(driver: Any) -> Iterator[None]:
     """This thread in relaxed capture mode for the block, then as it was (``driver``: an
-    ``engines.driver.Driver``)."""
+    ``guest.driver.Driver``)."""
     previous = driver.exchange_capture_mode(RELAXED)
     try:
         yield

@@ -12,7 +12,7 @@ Lifetimes: a plan owns its backend descriptor, its variant packs and the host bu
 the backend reads (by-value scalars, the floats copied into the workspace). A CUDA graph
 captured from a launch keeps pointing at all of them, and cuDNN releases a
 runtime-compiled plan's code with the plan, so a plan launched on a capturing stream is
-kept for the rest of the process (the launcher pins it, ``engines.guest_backend``); any
+kept for the rest of the process (the launcher pins it, ``guest.guest_backend``); any
 other is destroyed, exactly once, when its last reference goes.
 """
 
@@ -24,7 +24,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from .library import Library
+from ..driver import CLibrary
 from .record import Layout, PlanRecord
 
 __all__ = ["PACKS_PER_PLAN", "NativePlan"]
@@ -37,7 +37,7 @@ PACKS_PER_PLAN = 8
 class _Owned:
     """What a plan's finalizer destroys: the plan descriptor and every thread's variant packs."""
 
-    def __init__(self, library: Library, plan: int) -> None:
+    def __init__(self, library: CLibrary, plan: int) -> None:
         self.library = library
         self.plan = plan
         self.packs: list[tuple[weakref.ref[threading.Thread], OrderedDict[tuple[int, ...], int]]] = []
@@ -67,7 +67,7 @@ class _Owned:
 class NativePlan:
     """A frontend plan blob loaded through cuDNN's C API, launched by uid."""
 
-    def __init__(self, library: Library, record: PlanRecord, handle: int, device: int) -> None:
+    def __init__(self, library: CLibrary, record: PlanRecord, handle: int, device: int) -> None:
         self.library = library
         self.record = record
         self.device = device

@@ -25,9 +25,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...errors import PlanCacheError
+from ..errors import NativeError
 
-__all__ = ["TRANSIENT_STATUSES", "Libcuda", "Library", "NativeError", "libcuda", "library", "open_beside"]
+__all__ = ["Libcuda", "Library", "libcuda", "library", "open_beside"]
 
 # cudnnBackendDescriptorType_t
 EXECUTION_PLAN = 5
@@ -47,36 +47,6 @@ TYPE_CHAR = 24
 
 _c_void_p_p = ctypes.POINTER(ctypes.c_void_p)
 _c_int64_p = ctypes.POINTER(ctypes.c_int64)
-
-
-#: cuDNN statuses that say nothing about the plan being loaded: host or device memory ran
-#: out, or CUDA failed underneath (``CUDNN_STATUS_INTERNAL_ERROR_*_ALLOCATION_FAILED``, the
-#: ``CUDNN_STATUS_EXECUTION_FAILED`` family). Every other status is cuDNN's word on the plan.
-TRANSIENT_STATUSES = frozenset({4003, 4004, *range(5000, 5010)})
-
-
-class NativeError(PlanCacheError, RuntimeError):
-    """A call into cuDNN's C API or the CUDA driver failed: ``call`` names it, ``status``
-    is its status code, ``library`` says whose ("cudnn" or "cuda")."""
-
-    def __init__(self, message: str, *, call: str, status: int, library: str = "cudnn") -> None:
-        super().__init__(message)
-        self.call = call
-        self.status = status
-        self.library = library
-
-    @property
-    def transient(self) -> bool:
-        """Whether the failure is the process's, not the plan's: any CUDA driver failure,
-        or a cuDNN status of ``TRANSIENT_STATUSES``."""
-        return self.library == "cuda" or self.status in TRANSIENT_STATUSES
-
-    def __reduce__(self) -> Any:
-        return (_rebuild_native_error, (str(self), self.call, self.status, self.library))
-
-
-def _rebuild_native_error(message: str, call: str, status: int, library: str = "cudnn") -> NativeError:
-    return NativeError(message, call=call, status=status, library=library)
 
 
 _NAMES = ("libcudnn_graph.so", "libcudnn.so")
