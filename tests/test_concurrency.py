@@ -29,6 +29,7 @@ from harness import (
 )
 
 from plancache import LockTimeoutError, PlanCache, Store
+from plancache.cache.flight import lock_name
 from plancache.store import DB_NAME
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ MakeCache = Callable[..., PlanCache]
 
 
 def lock_path(cache: PlanCache, graph: object) -> Path:
-    return cache.directory / "locks" / f"{cache.key(graph).digest[:32]}.lock"
+    return cache.directory / "locks" / lock_name(cache.key(graph).digest)
 
 
 # ---------------------------------------------------------------------------- 1. single flight

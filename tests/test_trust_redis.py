@@ -303,3 +303,26 @@ def test_a_reply_no_redis_sends_is_a_failure_never_an_exception(make_tier: Calla
         assert stats["remote_hits"] == 0 and stats["errors"] + stats["refused"] == 1
     finally:
         server.close()
+
+
+def test_every_way_redis_py_reads_a_connection_is_bounded() -> None:
+    """Where hiredis is installed redis-py's parser reads with recv_into and peeks with
+    recv(1, MSG_PEEK): the first went around both bounds, and the second failed every call
+    on a pooled connection (TypeError), so the tier backed off after each Redis restart."""
+    from plancache.tiers.bounded import BoundedSocket, within
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        bounded, buffer = BoundedSocket(ours), bytearray(64)
+        theirs.sendall(b"x" * 100)
+        with within(5.0, max_bytes=10):
+            assert bounded.recv(1, socket.MSG_PEEK) == b"x"
+            assert bounded.recv_into(buffer) == 9 and buffer[:9] == b"x" * 9  # the peeked byte counted
+            with pytest.raises(OSError, match="larger than"):
+                bounded.recv_into(buffer)
+        with within(0.3, max_bytes=MiB):
+            assert bounded.recv_into(buffer) == 64 and bounded.recv(64) == b"x" * 27
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                bounded.recv_into(buffer)  # nothing more comes: the deadline ends the wait
+            assert time.monotonic() - started < 1.0

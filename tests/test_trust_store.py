@@ -35,7 +35,7 @@ from click.testing import CliRunner
 from graphs import ConvBiasRelu
 
 from plancache import CacheDirError, PlanCache, Store, StoreError
-from plancache.cache.flight import SingleFlight
+from plancache.cache.flight import SingleFlight, lock_name
 from plancache.cli import cli
 from plancache.store import DB_NAME, migrations
 from plancache.testing import CpuTestBackend
@@ -268,7 +268,7 @@ def test_members_sharing_a_directory_each_store_plans_the_others_are_served(
     for user, spec, source in steps:
         result = _as_user(user, lambda spec=spec: _lookup(shared, spec, PLANCACHE_ALLOW_SHARED_DIR=TEAM))
         assert (result["source"], result["stored"], result["warnings"]) == (source, True, []), (user, result)
-    made = sorted(shared.rglob("*"))  # the build locks are gone with their builds; a warning above said if one failed
+    made = sorted(shared.rglob("*"))  # the build locks' files among them; a warning above said if one failed
     assert {shared / DB_NAME, shared / "locks"} <= set(made), made
     for path in made:
         st = path.lstat()
@@ -358,12 +358,12 @@ def test_no_lock_file_is_opened_through_a_link_or_used_when_another_user_owns_it
     flight = SingleFlight(locks, timeout=5, warn=lambda topic, message, *args: warned.append(message % args))
     target = tmp_path / "elsewhere"
     key = "ab" * 32
-    (locks / f"{key[:32]}.lock").symlink_to(target)
+    (locks / lock_name(key)).symlink_to(target)
     with flight.hold(key, "env"):
         pass
     assert not target.exists() and len(warned) == 1 and "cannot take the build lock" in warned[0]
-    (locks / f"{key[:32]}.lock").unlink()
-    theirs = locks / f"{key[:32]}.lock"
+    (locks / lock_name(key)).unlink()
+    theirs = locks / lock_name(key)
     theirs.write_bytes(b"")
     os.chown(theirs, users[MALLORY].pw_uid, users[MALLORY].pw_gid)
     with flight.hold(key, "env"):

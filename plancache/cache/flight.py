@@ -4,11 +4,13 @@ builds it and the others wait for it, while lookups of every other key go on.
 Three locks, taken in order, each only around the build of its key:
 
 1. a thread lock per key (threads of this process);
-2. a file lock per key in ``<cache>/locks/`` (processes of this machine), held with
-   ``flock`` and removed by its holder after the build, so locks/ does not keep a file per
-   key ever seen. A waiter that wakes up holding a file that was meanwhile removed (or
-   replaced) retries on the current one: two holders of one key are impossible. A lock
-   file is never opened through a link, and one another user owns or can write is not used;
+2. a file lock in ``<cache>/locks/`` (processes of this machine): filelock's ``FileLock``
+   (``flock``) on one of ``STRIPES`` files, chosen by a hash of the key. The files are
+   never removed, as a lock file that is removed while held lets one process lock the
+   removed file while another locks a new one; striping keeps their number bounded. Two
+   keys of one stripe build one after the other, never at once; a lookup never waits. A
+   lock file is never opened through a link, and one another user owns or can write is not
+   used;
 3. the fleet lock in Redis, when there is a remote tier (machines of a fleet), renewed by
    the tier while held.
 
@@ -26,17 +28,26 @@ import math
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Refused, argument, read_regular, wait_seconds
 from ..errors import LockTimeoutError
-from ..store.files import PRIVATE, Modes, check_trusted, create_directory, lock_file
+from ..store.files import PRIVATE, Modes, check_trusted, create_directory, file_lock
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
 
 log = logging.getLogger("plancache")
 
-__all__ = ["HEARTBEAT_S", "STALLED_AFTER_S", "SingleFlight", "lock_timeout_of"]
+__all__ = ["HEARTBEAT_S", "STALLED_AFTER_S", "STRIPES", "SingleFlight", "lock_name", "lock_timeout_of"]
+
+#: How many build-lock files ``locks/`` holds at most. More stripes make it rarer that two
+#: builds of different plans at once wait for each other (of 8 such builds, two share a
+#: stripe with a chance of about 1 in 10).
+STRIPES = 256
 
 #: How often a process touches the build-lock files it holds (their modification time).
 HEARTBEAT_S = 2.0
@@ -99,13 +110,12 @@ class SingleFlight:
         self.modes = modes
         self._count = count or (lambda name: None)
         self.timeout = lock_timeout_of(timeout, "SingleFlight(timeout)")
-        # Build locks this process holds, by descriptor: a forked child closes its copies
-        # (a flock belongs to the open file, which the child's copy keeps open: the lock
-        # would outlive a parent killed mid-build for as long as the child lives).
-        self._held: dict[int, int] = {}  # fd -> pid of the process that took it
-        # Guards _held against the heartbeat: a descriptor is touched only while it is held,
-        # never after its close (its number could then be another file's).
-        self._beat_lock = threading.Lock()
+        # Build-lock files this process holds, for the heartbeat. A forked child holds none:
+        # filelock closes its copies of the descriptors at the fork (a flock belongs to the
+        # open file, which a copy keeps open: the lock would outlive a parent killed
+        # mid-build for as long as the child lives).
+        self._held: dict[Path, int] = {}  # path -> pid of the process that took it
+        self._beat_lock = threading.Lock()  # guards _held against the heartbeat
         self._beating = False
         self.remote = remote
         self._warn = warn or (lambda *args: None)
@@ -135,28 +145,24 @@ class SingleFlight:
         if self.lock_dir is None:
             yield False
             return
-        path = self.lock_dir / f"{key[:32]}.lock"
-        held: int | None
+        path = self.lock_dir / lock_name(key)
         try:
             create_directory(self.lock_dir, self.modes)
             check_trusted(self.lock_dir, self.modes.group)  # a link, or a folder others can write: no lock there (OSError)
+            lock = file_lock(path, self.modes, then=_note_holder)
             try:
-                held, waited = lock_file(path, time.monotonic(), self.modes)  # one try: is another process building it?
+                lock.acquire(timeout=0)  # one try: is another process building in this stripe?
+                held, waited = True, False
             except TimeoutError:
                 self._count("waits")
-                log.info(
-                    "plancache: waiting up to %.0f s for another process to build %s (%s); lock %s",
-                    self.timeout,
-                    key[:12],
-                    label,
-                    path,
-                )
-                held, waited = self._wait_for(path, started + self.timeout), True
+                log.info("plancache: waiting up to %.0f s for another process to build %s (%s); lock %s",
+                         self.timeout, key[:12], label, path)  # fmt: skip
+                held, waited = self._wait_for(lock, path, started + self.timeout, key), True
         except TimeoutError as exc:
             raise LockTimeoutError(
-                f"waited {time.monotonic() - started:.0f} s for another process to build plan {key[:12]} "
-                f"(lock {path}); the lock goes when its holder exits, so that process is still "
-                "building or hung. Raise lock_timeout for very long autotuning",
+                f"waited {time.monotonic() - started:.0f} s for another process to build plan {key[:12]} (lock {path}, "
+                "which the builds of a few other plans share); the lock goes when its holder exits, so that process is "
+                "still building or hung. Raise lock_timeout for very long autotuning",
                 key=key,
                 waited_s=time.monotonic() - started,
             ) from exc
@@ -164,15 +170,11 @@ class SingleFlight:
             self._warn("lock", "plancache: cannot take the build lock in %s (%s); building without it", self.lock_dir, exc)
             yield False
             return
-        if held is None:  # its holder makes no progress: built here, without the lock
+        if not held:  # its holder makes no progress: built here, without the lock
             yield True
             return
-        fd = held
-        with contextlib.suppress(OSError):  # who holds it, for a waiter's warning
-            os.ftruncate(fd, 0)
-            os.write(fd, b"%d\n" % os.getpid())
         with self._beat_lock:
-            self._held[fd] = os.getpid()
+            self._held[path] = os.getpid()
             if not self._beating:
                 self._beating = True
                 threading.Thread(target=self._beat, name="plancache-build-lock-heartbeat", daemon=True).start()
@@ -180,35 +182,29 @@ class SingleFlight:
             yield waited
         finally:
             with self._beat_lock:
-                if self._held.pop(fd, None) == os.getpid():  # not a child's copy, closed at the fork
-                    # Remove before unlocking: a waiter that then locks the removed file sees
-                    # that the path no longer names it and retries (see store.files.lock_file).
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-                    os.close(fd)
+                mine = self._held.pop(path, None) == os.getpid()
+            if mine:  # a forked child's copy is not: filelock closed it at the fork, and the parent's lock holds
+                lock.release()
 
-    def _wait_for(self, path: Path, deadline: float) -> int | None:
-        """The locked descriptor of ``path`` once its holder lets go, or None once the file
-        has gone untouched for ``STALLED_AFTER_S`` (one warning). ``TimeoutError`` past
-        ``deadline``."""
+    def _wait_for(self, lock: BaseFileLock, path: Path, deadline: float, key: str) -> bool:
+        """True once ``lock`` is held, False once its file has gone untouched for
+        ``STALLED_AFTER_S`` (one warning). ``TimeoutError`` past ``deadline``."""
         while True:
             try:
-                return lock_file(path, min(deadline, time.monotonic() + HEARTBEAT_S), self.modes)[0]
+                lock.acquire(timeout=max(0.0, min(deadline, time.monotonic() + HEARTBEAT_S) - time.monotonic()))
+                return True
             except TimeoutError:
                 if time.monotonic() >= deadline:
                     raise
-            try:
-                idle = time.time() - os.stat(path).st_mtime
-            except FileNotFoundError:  # let go meanwhile: the next try takes it
-                continue
+            idle = time.time() - os.lstat(path).st_mtime
             if idle >= STALLED_AFTER_S:
                 try:  # as every file beside the store is read: never through a link, never a FIFO
                     holder = read_regular(path, 64)[0].decode(errors="replace").strip() or "unknown"
                 except (OSError, Refused):
                     holder = "unknown"
                 self._warn("stalled", "plancache: the build of %s has not moved for %.0f s (lock %s, process %s: "
-                           "stopped?); building it here instead", path.stem, idle, path, holder)  # fmt: skip
-                return None
+                           "stopped?); building it here instead", key[:12], idle, path, holder)  # fmt: skip
+                return False
 
     def _beat(self) -> None:
         """Touch every build-lock file this process holds, every ``HEARTBEAT_S``, until it
@@ -216,21 +212,33 @@ class SingleFlight:
         while True:
             time.sleep(HEARTBEAT_S)
             with self._beat_lock:
-                held = [fd for fd, pid in self._held.items() if pid == os.getpid()]
+                held = [path for path, pid in self._held.items() if pid == os.getpid()]
                 if not held:
                     self._beating = False
                     return
-                for fd in held:
+                for path in held:
                     with contextlib.suppress(OSError):
-                        os.utime(fd)
+                        os.utime(path, follow_symlinks=False)
 
     def after_fork(self) -> None:
-        """A forked child starts with no locks held: the parent's threads are gone, and its
-        copies of the parent's build-lock descriptors are closed (not unlocked, which would
-        unlock the parent's too)."""
+        """A forked child starts with no locks held: the parent's threads are gone, and
+        filelock closed the child's copies of the parent's build-lock descriptors at the
+        fork (not unlocked them, which would unlock the parent's too)."""
         self._threads = _KeyLocks()
         self._beat_lock, self._beating = threading.Lock(), False  # the parent's heartbeat is not the child's
-        inherited, self._held = self._held, {}
-        for fd in inherited:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._held = {}
+
+
+def lock_name(key: str) -> str:
+    """The name, in ``locks/``, of the file whose lock stands for ``key``'s build: one of
+    ``STRIPES``, chosen by a hash of the key."""
+    return f"build-{zlib.crc32(key.encode()) % STRIPES:03d}.lock"
+
+
+def _note_holder(fd: int) -> None:
+    """Freshly touched, with this process's id in it: a file a holder left long ago would
+    otherwise look stalled to the waiters, who name the holder in their warning."""
+    with contextlib.suppress(OSError):
+        os.utime(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"%d\n" % os.getpid(), 0)

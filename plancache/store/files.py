@@ -17,23 +17,22 @@ what each member creates in it is the group's, as the others' checks require.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import grp
 import os
 import pwd
 import sqlite3
 import stat
-import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..config import open_regular
 from ..errors import CacheDirError
 
-__all__ = ["PRIVATE", "SHARED", "Modes", "check_trusted", "create_directory", "create_file", "harden", "lock_file", "modes_of"]
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
 
-_POLL_S = (0.005, 0.25)  # first and longest sleep between tries of a held file lock
+__all__ = ["PRIVATE", "SHARED", "Modes", "check_trusted", "create_directory", "create_file", "file_lock", "harden", "modes_of"]
 
 
 def _group_id(group: str) -> int | None:
@@ -151,44 +150,29 @@ def create_directory(path: Path, modes: Modes) -> None:
         os.close(fd)
 
 
-def lock_file(path: Path, deadline: float, modes: Modes = PRIVATE) -> tuple[int, bool]:
-    """Open (never through a link) and ``flock`` ``path`` before ``deadline`` (``time.monotonic``),
-    creating it with ``modes.file``: ``(fd, waited)``; ``TimeoutError`` past it,
-    ``CacheDirError`` for a file another user owns or can write (beyond ``modes.group``).
-    The lock holds only while ``path`` still names the locked file: a holder may remove it
-    when done, and a waiter then retries on the current one."""
-    waited = False
-    pause = _POLL_S[0]
-    while True:
-        create_file(path, modes)
-        try:
-            fd, status = open_regular(path, os.O_RDWR)
-        except FileNotFoundError:  # its holder removed it between the two: make it again
-            continue
-        try:
-            why = _distrust(status, modes.group)
-            if why is not None:
-                raise CacheDirError(f"plancache does not trust lock file {path}: {why}", path=str(path))
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if isinstance(exc, CacheDirError) or exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            waited = True
-            if time.monotonic() >= deadline:
-                raise TimeoutError(str(path)) from exc
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, _POLL_S[1])
-            continue
-        try:
-            current = os.lstat(path)
-        except FileNotFoundError:
-            current = None
-        mine = os.fstat(fd)
-        if current is not None and (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
-            return fd, waited
-        os.close(fd)  # its holder removed it after building: lock the file there now
-        waited = True
+def file_lock(path: Path, modes: Modes = PRIVATE, then: Callable[[int], None] | None = None) -> BaseFileLock:
+    """filelock's ``FileLock`` on ``path``, a lock file beside the store that is never
+    removed: a process could lock a removed file while another creates a new one. The file
+    is made here first, as every file beside the store is (``create_file``: never through a
+    link, with exactly ``modes.file`` whatever the umask), and refused (``CacheDirError``)
+    when it is a link or not trusted, both before filelock opens it and on the descriptor it
+    locked, which must also be a regular file. ``then(fd)`` runs on that descriptor once it
+    is locked (filelock's ``on_acquired``)."""
+    from filelock import FileLock  # on a miss only: plancache's import stays cheap
+
+    check_trusted(path, modes.group)
+    create_file(path, modes)
+
+    def claim(fd: int) -> None:  # raising lets the lock go again (filelock's on_acquired)
+        status = os.fstat(fd)
+        why = _distrust(status, modes.group) if stat.S_ISREG(status.st_mode) else "it is not a regular file"
+        if why is not None:
+            raise CacheDirError(f"plancache does not trust lock file {path}: {why}", path=str(path))
+        if then is not None:
+            then(fd)
+
+    # preserve_lock_file: filelock promises never to remove it (no soft fallback, which would).
+    return FileLock(path, mode=modes.file, preserve_lock_file=True, on_acquired=claim)
 
 
 def harden(conn: sqlite3.Connection) -> None:

@@ -24,7 +24,7 @@ from ..config import open_regular
 from ..errors import StoreBusyError, StoreError
 from .connections import connect
 from .entry import INSERT_SQL, Entry, problem
-from .files import Modes, check_trusted, create_file, harden
+from .files import Modes, create_file, file_lock, harden
 
 __all__ = ["Recovery", "is_damage", "is_locked", "is_undecodable", "lenient_text", "reads"]
 
@@ -205,16 +205,9 @@ class Recovery:
         the same damage, one moves the file and the others find the new store healthy.
         ``thorough`` re-checks with ``integrity_check`` instead of ``quick_check``.
         Returns ``{"moved_aside": path or None, "salvaged": n}``."""
-        from filelock import FileLock, Timeout  # only on damage
+        from filelock import Timeout  # only on damage
 
-        path = self.path.with_name(DB_NAME + ".repair.lock")
-        # A link, or a file another user owns or can write, is refused before filelock opens
-        # it (filelock 4 opens without following links; earlier releases follow them). Only
-        # who can write the directory could put one there between the two, and the store's
-        # opening refused a directory anyone else can write.
-        check_trusted(path, self.modes.group)
-        create_file(path, self.modes)  # group-writable in a shared directory, which filelock's umask-bound mode is not
-        lock = FileLock(str(path), mode=self.modes.file)
+        lock = file_lock(self.path.with_name(DB_NAME + ".repair.lock"), self.modes)
         try:
             lock.acquire(timeout=REPAIR_LOCK_TIMEOUT_S)
         except Timeout as exc:

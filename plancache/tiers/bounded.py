@@ -1,13 +1,14 @@
 """Bounds on one Redis operation as a whole: a deadline, and the bytes its replies may take.
 
-A socket timeout bounds one ``recv``: a server that sends one byte just before each
-timeout keeps a call going for as long as it likes, and a value of any size is read whole
-before plancache sees how large it is. So every command the tier makes runs ``within`` an
-operation's bounds (the breaker opens them around each call), and each connection's
-socket is a ``BoundedSocket`` that checks them before every read and write: the socket
-timeout shrinks to what is left of the deadline, and a reply larger than the operation
-may read is cut off. Either ends the call with an error redis-py handles as a broken
-connection: the connection is dropped, never reused half-read.
+redis-py has neither: its ``socket_timeout`` bounds one read, so a server that sends one byte
+just before each timeout keeps a call going for as long as it likes, and a value of any size
+is read whole before plancache sees how large it is. So every command the tier makes runs
+``within`` an operation's bounds (the breaker opens them around each call), and each
+connection's socket is a ``BoundedSocket`` that checks them before every read and write
+(``recv``, and ``recv_into`` for redis-py's hiredis parser): the socket timeout shrinks to
+what is left of the deadline, and a reply larger than the operation may read is cut off.
+Either ends the call with an error redis-py handles as a broken connection: the connection
+is dropped, never reused half-read.
 """
 
 from __future__ import annotations
@@ -64,16 +65,18 @@ class BoundedSocket:
     def gettimeout(self) -> float | None:
         return self._timeout
 
-    def recv(self, size: int) -> bytes:
-        bounds = self._bound()
-        if bounds is not None:
-            if bounds.bytes_left <= 0:
-                raise OSError(errno.EMSGSIZE, "the reply is larger than a Redis operation of plancache may read")
-            size = min(size, bounds.bytes_left)
-        data: bytes = self._sock.recv(size)
-        if bounds is not None:
-            bounds.bytes_left -= len(data)
+    # recv_into and flags: how redis-py's hiredis parser (its choice where hiredis is
+    # installed) reads, and peeks (MSG_PEEK, counted as read: a byte at most) at a pooled
+    # connection to see whether the server closed it.
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        data: bytes = self._sock.recv(self._readable(size), flags)
+        self._spent(len(data))
         return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        count: int = self._sock.recv_into(buffer, self._readable(nbytes or len(buffer)), flags)
+        self._spent(count)
+        return count
 
     def sendall(self, data: Any) -> None:
         self._bound()
@@ -81,6 +84,20 @@ class BoundedSocket:
 
     def __getattr__(self, name: str) -> Any:  # fileno, shutdown, close...: the socket's own
         return getattr(self._sock, name)
+
+    def _readable(self, size: int) -> int:
+        """``size`` cut to what the operation may still read."""
+        bounds = self._bound()
+        if bounds is None:
+            return size
+        if bounds.bytes_left <= 0:
+            raise OSError(errno.EMSGSIZE, "the reply is larger than a Redis operation of plancache may read")
+        return min(size, bounds.bytes_left)
+
+    def _spent(self, size: int) -> None:
+        bounds: _Bounds | None = getattr(_current, "bounds", None)
+        if bounds is not None:
+            bounds.bytes_left -= size
 
     def _bound(self) -> _Bounds | None:
         bounds: _Bounds | None = getattr(_current, "bounds", None)

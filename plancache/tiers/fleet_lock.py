@@ -1,14 +1,18 @@
 """The fleet lock: cross-node single flight for one plan key, kept in the shared Redis.
 
-``FleetLock.hold(entry_name, wait)`` is what ``RemoteTier.lock`` returns. It takes the
-lock ``<entry_name>:lock`` with a random token, or learns that the entry already exists,
-or gives up after ``wait`` seconds, or finds Redis unusable (down, backing off, full) and
-says "build locally". While the with-block runs and this node holds the lock, a daemon
-thread renews it every ``lock_ttl / 3`` seconds, so an autotune may take longer than the
-lock's expiry, and a holder that dies stops renewing, so its lock is gone one expiry later.
-A lock key with no expiry, or with one beyond ``lock_ttl``, was set by no holder (a holder
-sets and renews ``lock_ttl`` at most): it is stale and taken over as an expired one would
-be, with one warning, so that a stray key cannot make every miss wait out its ``wait``.
+``FleetLock.hold(entry_name, wait)`` is what ``RemoteTier.lock`` returns: redis-py's lock
+(``redis.lock.Lock``) on ``<entry_name>:lock``, whose scripts compare its random token first,
+so only the holder renews (``reacquire``) or releases it: after a lock expired and another
+node took it, a late renewal or release of the first holder does nothing. It is taken by an
+attempt of plancache's own (``_ACQUIRE_LUA``; redis-py's is a plain ``SET NX``), which also
+learns that the entry exists, or takes over a stale lock (below); the attempts give up after
+``wait`` seconds, or find Redis unusable (down, backing off, full) and say "build locally".
+
+While the with-block runs and this node holds the lock, a daemon thread renews it every
+``lock_ttl / 3`` seconds, so an autotune may take longer than the lock's expiry, and a holder
+that dies stops renewing, so its lock is gone one expiry later. A lock key with no expiry, or
+with one beyond ``lock_ttl``, was set by no holder: it is stale and taken over as an expired
+one would be, with one warning, so that a stray key cannot make every miss wait out its ``wait``.
 
 Releasing is never skipped: the release at the end of the block is attempted even while
 the tier backs off (it is counted against ``max_stall``, so the documented delay bound
@@ -16,10 +20,6 @@ holds), and when Redis does not answer, the same thread retries it until Redis a
 or the lock would have expired anyway. A Redis that restarts from its append-only file
 keeps the lock; without the retry the next node that needs the plan would wait out its
 whole ``wait`` on a healthy Redis.
-
-Every script compares the token first, so only the holder extends or deletes its lock:
-after a lock expired and another node took it, a late renewal or release of the first
-holder does nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ log = logging.getLogger("plancache.remote")
 # switched off; "background" comes from the lock's own thread: it delays no caller, so it is
 # made whatever the tier's state and is not counted against max_stall.
 CallMode = Literal["normal", "always", "background"]
-# (what, operation, mode) -> the script's integer reply, or None when the call failed.
+# (what, operation, mode) -> the operation's integer reply, or None when the call failed.
 ScriptCall = Callable[[str, Callable[[], Any], CallMode], int | None]
 
 _POLL_FIRST, _POLL_MAX = 0.02, 0.25  # lock polling: quick for short builds, cheap for long ones
@@ -62,18 +62,6 @@ if left == -1 or left > tonumber(ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
   return 3
 end
-return 0
-"""
-# Extend the lock only while it holds our token: never revive or extend another node's.
-# PEXPIRE needs no memory, so a full Redis still accepts it.
-_RENEW_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-# Delete the lock only if it still holds our token: after our lock expired and another
-# node took it, a plain DEL would release theirs.
-_RELEASE_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
@@ -96,13 +84,12 @@ class FleetLock:
     ) -> None:
         self.lock_ttl = lock_ttl
         self.renew_every = lock_ttl / 3  # two renewals may fail before the lock expires
-        self._px = str(max(1, int(lock_ttl * 1000)))
+        self._px = max(1, int(lock_ttl * 1000))
+        self._client = client
         self._call = call
         self._count = count
         self._warn_once = warn_once
         self._acquire = client.register_script(_ACQUIRE_LUA)
-        self._renew = client.register_script(_RENEW_LUA)
-        self._release = client.register_script(_RELEASE_LUA)
         self._holds: set[_Hold] = set()
         self._holds_lock = threading.Lock()
         self.closed = threading.Event()
@@ -111,16 +98,16 @@ class FleetLock:
     def hold(self, entry_name: str, wait: float) -> Iterator[bool]:
         """True: build now (this node holds the lock, or Redis cannot coordinate). False:
         the entry exists, or ``wait`` ran out."""
-        lock_name = entry_name + ":lock"
-        token = secrets.token_hex(16)  # only the owner's token renews or releases the lock
-        outcome, taken_at = self._take(entry_name, lock_name, token, wait)
+        # Not thread-local: the lock's own thread renews it, and may retry its release.
+        lock = self._client.lock(entry_name + ":lock", timeout=self._px / 1000, thread_local=False)
+        outcome, taken_at = self._take(entry_name, lock, wait)
         if outcome != "mine":
             yield outcome == "down"
             return
-        hold = _Hold(self, lock_name, token, expires_at=taken_at + self.lock_ttl)
+        hold = _Hold(self, lock, expires_at=taken_at + self.lock_ttl)
         with self._holds_lock:
             self._holds.add(hold)
-        hold.start()
+        hold.thread.start()
         try:
             yield True
         finally:
@@ -134,31 +121,33 @@ class FleetLock:
         with self._holds_lock:
             holds = list(self._holds)
         for hold in holds:
-            hold.wake()
+            hold.woken.set()
             if hold.pending:
                 hold.release("always")
 
     # ------------------------------------------------------------------ internals
 
-    def _take(self, entry_name: str, lock_name: str, token: str, wait: float) -> tuple[str, float]:
+    def _take(self, entry_name: str, lock: Any, wait: float) -> tuple[str, float]:
         """('mine' | 'built' | 'timeout' | 'down', when the winning attempt was sent).
 
         Real time, not the tier's backoff clock: the wait is bounded by ``wait`` plus one
         attempt (a round trip, or ``timeout`` per round trip when Redis fails) whatever the
         backoff state."""
         deadline = time.monotonic() + max(0.0, wait)
+        token = secrets.token_hex(16).encode()  # only the owner's token renews or releases the lock
         pause = _POLL_FIRST
         waited = False
         while True:
             sent = time.monotonic()
-            result = self._call("lock", lambda: self._acquire(keys=[entry_name, lock_name], args=[token, self._px]), "normal")
+            result = self._call("lock", lambda: self._acquire(keys=[entry_name, lock.name], args=[token, self._px]), "normal")
             if result is None:  # down, backing off, or refused (a full Redis): no coordination
                 return "down", sent
             if result == 3:
                 self._warn_once("lock-stale", "plancache: took over the fleet lock %s: it had no expiry or one beyond "
                                 "lock_ttl (%.0f s), which no holder sets; give every node the same %s",
-                                lock_name, self.lock_ttl, REDIS_LOCK_TTL.name)  # fmt: skip
+                                lock.name, self.lock_ttl, REDIS_LOCK_TTL.name)  # fmt: skip
             if result in (1, 3):
+                lock.local.token = token  # held: redis-py's lock renews and releases it by this token
                 return "mine", sent
             if result == 2:
                 return "built", sent
@@ -177,42 +166,47 @@ class FleetLock:
             self._holds.discard(hold)
 
 
+def _answered(operation: Callable[[], Any]) -> int:
+    """1 when one of redis-py's lock scripts acted, 0 when it found the lock no longer ours
+    (expired, evicted, or another node's): either way Redis answered."""
+    from redis.exceptions import LockNotOwnedError
+
+    try:
+        operation()
+    except LockNotOwnedError:
+        return 0
+    return 1
+
+
 class _Hold:
     """One lock this node holds: renewed by a daemon thread while the with-block runs, then
     released by the block's owner, or by the thread when that release could not reach Redis."""
 
-    def __init__(self, owner: FleetLock, name: str, token: str, expires_at: float) -> None:
+    def __init__(self, owner: FleetLock, lock: Any, expires_at: float) -> None:
         self.owner = owner
-        self.name = name
-        self.token = token
+        self.lock = lock
+        self.token = lock.local.token
         self.expires_at = expires_at  # monotonic; by then Redis has dropped the lock anyway
         self.pending = False  # the block is over but the release has not reached Redis
         self._leaving = False  # set before the release, so a failed renewal is not "lost"
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"plancache-lock-{name.split(':')[-2][:12]}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def wake(self) -> None:
-        self._wake.set()
+        self.woken = threading.Event()  # the block is over, or the tier closed
+        self.thread = threading.Thread(target=self._run, name=f"plancache-lock-{lock.name.split(':')[-2][:12]}", daemon=True)
 
     def leave(self) -> None:
         """End of the with-block: release now, or leave it to the thread (never blocks on
         Redis for more than one attempt, and not at all once the tier is switched off)."""
         self._leaving = True
-        if self.owner.closed.is_set():  # the tier is closed: the lock expires by itself
-            self._wake.set()
-            return
-        self.pending = not self.release("always")
-        if not self.pending:
-            self.owner._forget(self)
-        self._wake.set()
+        if not self.owner.closed.is_set():  # once the tier is closed the lock expires by itself
+            self.pending = not self.release("always")
+            if not self.pending:
+                self.owner._forget(self)
+        self.woken.set()
 
     def release(self, mode: Literal["always", "background"]) -> bool:
         """True once Redis answered: released, or already not ours (expired, taken)."""
-        result = self.owner._call("unlock", lambda: self.owner._release(keys=[self.name], args=[self.token]), mode)
-        if result is None:
+        # do_release with the token kept here: redis-py's release() forgets the token first,
+        # and a release that Redis did not answer is retried.
+        if self.owner._call("unlock", lambda: _answered(lambda: self.lock.do_release(self.token)), mode) is None:
             return False
         self.pending = False
         return True
@@ -222,19 +216,17 @@ class _Hold:
             self._renew_while_held()
             self._retry_release()
         except Exception as exc:  # a daemon thread must not die with a traceback; the lock expires
-            log.debug("plancache: fleet lock thread for %s stopped: %r", self.name, exc)
+            log.debug("plancache: fleet lock thread for %s stopped: %r", self.lock.name, exc)
         finally:
             if not self.pending:
                 self.owner._forget(self)
 
     def _renew_while_held(self) -> None:
-        while not self._wake.wait(self.owner.renew_every):
+        while not self.woken.wait(self.owner.renew_every):
             if self._leaving or self.owner.closed.is_set():
                 return
             sent = time.monotonic()
-            result = self.owner._call(
-                "renew", lambda: self.owner._renew(keys=[self.name], args=[self.token, self.owner._px]), "background"
-            )
+            result = self.owner._call("renew", lambda: _answered(self.lock.reacquire), "background")
             if result == 1:
                 self.expires_at = sent + self.owner.lock_ttl
             elif result == 0 and not self._leaving:
@@ -243,13 +235,13 @@ class _Hold:
                 self.owner._warn_once(
                     "lock-lost",
                     "plancache: lost the fleet lock %s while building (expired or evicted); another node may build the same plan",
-                    self.name,
+                    self.lock.name,
                 )
                 return
             # None: Redis did not answer; try again next period while the lock may still exist.
 
     def _retry_release(self) -> None:
-        self._wake.wait()  # the block is over (or the tier closed)
+        self.woken.wait()
         pause = _RETRY_FIRST
         while self.pending and not self.owner.closed.is_set():
             remaining = self.expires_at - time.monotonic()
@@ -259,6 +251,6 @@ class _Hold:
             if self.owner.closed.wait(min(pause, remaining)):
                 return
             if self.release("background"):
-                log.info("plancache: released the fleet lock %s once Redis answered again", self.name)
+                log.info("plancache: released the fleet lock %s once Redis answered again", self.lock.name)
                 return
             pause = min(pause * 2, _RETRY_MAX)
