@@ -19,9 +19,10 @@ import math
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..errors import LockTimeoutError
+from ..runtime.plan import Plan
 
 __all__ = ["Loads"]
 
@@ -29,7 +30,7 @@ Slot = tuple[str, int]  # (key, device)
 
 
 class _Memory(Protocol):
-    def get(self, key: Slot) -> Any: ...
+    def get(self, key: Slot) -> Plan | None: ...
 
 
 class Loads:
@@ -44,7 +45,7 @@ class Loads:
         self._builds = 0  # lookups autotuning now
 
     @contextlib.contextmanager
-    def claim(self, slot: Slot, memory: _Memory, deadline: float = math.inf) -> Iterator[Any]:
+    def claim(self, slot: Slot, memory: _Memory, deadline: float = math.inf) -> Iterator[Plan | None]:
         """For a lookup: yields the plan when another thread put it in ``memory`` (waiting
         for one that is loading it), else None, and then this thread loads or builds it
         while later claims of ``slot`` wait. Waiting past ``deadline`` (``time.monotonic``)
@@ -58,7 +59,7 @@ class Loads:
         finally:
             self._release(slot)
 
-    def _wait_or_take(self, slot: Slot, memory: _Memory, deadline: float) -> Any:
+    def _wait_or_take(self, slot: Slot, memory: _Memory, deadline: float) -> Plan | None:
         """The plan once another thread has put it in ``memory``; None once this thread
         holds ``slot`` (nobody else loading it, and it is not in memory)."""
         started = time.monotonic()

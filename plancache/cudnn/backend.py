@@ -288,7 +288,8 @@ class CudnnDriver:
         on every call, that CUDA is set up: the launches that ask have set it up)."""
         torch = _torch()
         query = getattr(torch._C, "_cuda_getDevice", None)
-        return query if callable(query) else torch.cuda.current_device
+        found: Callable[[], int] = query if callable(query) else torch.cuda.current_device
+        return found
 
     def use_device(self, index: int) -> None:
         """Make ``index`` this thread's current device (new threads start on device 0)."""
@@ -349,7 +350,8 @@ class CudnnDriver:
         torch's; a ctypes driver call costs ten times as much)."""
         torch = _torch()
         query = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-        return query if callable(query) else torch.cuda.is_current_stream_capturing
+        found: Callable[[], bool] = query if callable(query) else torch.cuda.is_current_stream_capturing
+        return found
 
     def exchange_capture_mode(self, mode: int) -> int | None:
         cuda = libcuda()
@@ -492,7 +494,7 @@ def _raw_stream_getter(torch: Any) -> Callable[[int], int]:
     """``device -> current stream`` as the integer cuDNN takes. torch's own compiled code
     reads it through ``torch._C._cuda_getCurrentRawStream`` (0.1 us); the public
     ``current_stream(device).cuda_stream`` builds a Stream object first (1.6 us)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    raw: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if callable(raw):
         return raw
     return lambda device: torch.cuda.current_stream(device).cuda_stream

@@ -57,7 +57,7 @@ def capture(step: Callable[[], Any], *, warmup: int = 3, pool: Any = None) -> Ca
         raise NoGpuError("capturing a step needs an NVIDIA GPU: no CUDA device is visible")
     if warmup < 1:
         raise ValueError(f"warmup must be at least 1, not {warmup}: the warm-up calls look plans up and create handles")
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch's Stream.__new__ has no annotations
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):

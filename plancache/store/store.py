@@ -125,7 +125,7 @@ class Store(Schema, Recovery, Quarantine):
         when the file was replaced (a repair in another process moved it aside: a
         connection to the old file would store plans where no other process looks)."""
         local = self._local
-        conn = getattr(local, "conn", None)
+        conn: GatedConnection | None = getattr(local, "conn", None)
         if conn is not None and local.pid == os.getpid():
             if _file_id(self.path) in (local.file_id, None):  # None: mid-repair, no file yet
                 return conn

@@ -23,8 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..autotuning.inputs import DTYPE_BYTES
-from ..guest.tensors import span
+from ..guest.tensors import DTYPE_BYTES, span
 from ..key import TensorSpec
 
 __all__ = ["Behaviour", "evaluate", "fault", "scratch_bytes", "stage_outputs"]

@@ -43,7 +43,8 @@ class LRU(Generic[K, V]):
         if entry is None:
             return None
         entry[0] = next(self._clock)
-        return entry[2]
+        value: V = entry[2]
+        return value
 
     def put(self, key: K, value: V) -> None:
         with self._lock:

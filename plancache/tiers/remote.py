@@ -330,7 +330,7 @@ class RemoteTier:
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        redis = self._redis
+        module = self._redis
         ours = {
             "socket_timeout": self.timeout,
             "socket_connect_timeout": self.timeout,
@@ -340,7 +340,7 @@ class RemoteTier:
             "protocol": 2,  # redis-py 8 speaks RESP3 by default: a HELLO round trip more per connect
         }
         try:
-            pool = redis.ConnectionPool.from_url(url, **ours, **_quiet_handshake())
+            pool = module.ConnectionPool.from_url(url, **ours, **_quiet_handshake())
         except ValueError as exc:  # what redis-py refuses beyond the scheme (a port that is no number, say)
             raise ConfigError(f"{REDIS_URL.name} (or url=) {_redact(url)} is not a Redis URL: {exc}", name=REDIS_URL.name,
                               value=None) from exc  # fmt: skip
@@ -349,7 +349,8 @@ class RemoteTier:
         # value bytes, so they are set again.
         pool.connection_kwargs.update(ours)
         pool.connection_class = bounded_connection(pool.connection_class)
-        return redis.Redis(connection_pool=pool)
+        client: redis.Redis = module.Redis(connection_pool=pool)
+        return client
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RemoteTier | None:

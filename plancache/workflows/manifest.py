@@ -232,7 +232,8 @@ def resolve_builder(ref: str, what: str = "builder") -> Callable[..., Any]:
         target = getattr(target, part)
     if not callable(target):
         raise LookupError(f"{what} {ref!r} is a {type(target).__name__}, not callable")
-    return target
+    found: Callable[..., Any] = target
+    return found
 
 
 # ---------------------------------------------------------------------- loading

@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, TextIO
 
+from ..cache.recording import MANIFEST_VERSION
 from ..errors import ManifestError
 from ..key import BuildOptions, canonical_json, describe, make_key
 from ..store import problem
-from .manifest import MANIFEST_VERSION, ManifestEntry, load_manifest, parse_manifest
+from .manifest import ManifestEntry, load_manifest, parse_manifest
 
 __all__ = ["Entries", "Interrupted", "KeySet", "OnRecord", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
            "load_entries", "run_here", "timed"]  # fmt: skip
@@ -88,7 +89,8 @@ class Progress:
         """The block in which a caller prints to stdout while the bar may be shown."""
         if self.bar is None:
             return contextlib.nullcontext()
-        return self.bar.external_write_mode(file=sys.stdout)
+        block: contextlib.AbstractContextManager[Any] = self.bar.external_write_mode(file=sys.stdout)
+        return block
 
     def close(self) -> None:
         if self.bar is not None:
