@@ -25,7 +25,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -170,16 +170,12 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def _table(rows: list[list[str]], header: list[str]) -> Iterable[str]:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    yield _row(header, widths)
-    for row in rows:
-        yield _row(row, widths)
+def _table(rows: list[list[str]], header: Sequence[str] = ()) -> list[str]:
+    """A table's lines: each cell left-aligned in its column, as given (no number
+    re-formatted, no space trimmed), under ``header`` unless it is empty."""
+    from tabulate import tabulate  # ~75 ms to import: paid only by a command that prints a table
 
-
-def _row(cells: Iterable[Any], widths: Iterable[int]) -> str:
-    """One line of a table: each cell left-aligned in its column, two spaces between."""
-    return "  ".join(str(x).ljust(w) for x, w in zip(cells, widths)).rstrip()
+    return tabulate(rows, header, tablefmt="plain", disable_numparse=True, preserve_whitespace=True).splitlines()
 
 
 def _entry(store: Store | None, prefix: str, obj: _Context) -> Entry:
@@ -1415,22 +1411,17 @@ def _query(
 
 
 #: Rows a table is aligned over: a longer result is printed as it is read, each block of
-#: this many rows aligned as a whole (the widths only grow).
+#: this many rows aligned on its own (a table is aligned over all of its rows, which a
+#: result larger than memory cannot wait for), the header above the first.
 TABLE_BLOCK = 1000
 
 
 def _print_table(columns: list[str], rows: Iterator[dict[str, Any]]) -> None:
-    widths = [len(name) for name in columns]
-    printed = False
+    header: Sequence[str] = columns
     for block in iter(lambda: list(itertools.islice(rows, TABLE_BLOCK)), []):
-        cells = [[str(v) for v in row.values()] for row in block]
-        widths = [max(w, *(len(r[i]) for r in cells)) for i, w in enumerate(widths)]
-        if not printed:
-            click.echo(_row(columns, widths))
-            printed = True
-        for row in cells:
-            click.echo(_row(row, widths))
-    if not printed:
+        click.echo("\n".join(_table([[str(v) for v in row.values()] for row in block], header)))
+        header = ()
+    if header:
         click.echo("(no rows)")
 
 
