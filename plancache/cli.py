@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
@@ -75,18 +75,27 @@ EXIT_CODES: dict[int, str] = {
                       "nothing on stderr, as a command that SIGPIPE stopped",
 }  # fmt: skip
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 class _Context:
     """What the options before and after the command name chose."""
 
     def __init__(self) -> None:
+        #: What the last ``--dir`` said, before or after the command name (None: not given).
+        self.dir_option: str | None = None
         self.directory: Path | None = None  # None: the default one
         #: What named the directory ("--dir", "PLANCACHE_DIR"), None for the default one.
         self.named_by: str | None = None
         self.debug = False
         self.as_json = False
+
+    def choose_directory(self) -> None:
+        """The directory ``--dir`` names, else ``PLANCACHE_DIR``'s, else the default one."""
+        given = _named_dir(self.dir_option)
+        if given is not None:
+            self.directory, self.named_by = given, "--dir"
+        else:
+            self.directory = CACHE_DIR.from_env()
+            self.named_by = CACHE_DIR.name if self.directory is not None else None
 
     @property
     def cache_dir(self) -> Path:
@@ -222,64 +231,15 @@ def _one_line(exc: BaseException) -> tuple[str, int]:
     return f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc), EXIT_ERROR
 
 
-def _report_json(ctx: click.Context, message: str, code: int) -> None:
-    """With ``--json``, an error is data on stdout too, so a script always reads JSON."""
+def _report_json(ctx: click.Context, message: str, code: int, words: Sequence[str] = ()) -> None:
+    """With ``--json``, an error is data on stdout too, so a script always reads JSON.
+    ``words``: those click failed to read (an unknown option, an option without its value,
+    an unknown command). It stops before it reads any option, ``--json`` too, so whether
+    JSON was asked for is told from the words themselves (up to a ``--``)."""
     obj = ctx.find_object(_Context)
-    if obj is not None and obj.as_json:
+    words = words[: words.index("--")] if "--" in words else words
+    if (obj is not None and obj.as_json) or "--json" in words:
         click.echo(json.dumps({"error": message, "exit_code": code}, indent=2, sort_keys=True))
-
-
-class _Group(click.Group):
-    """The one place that maps errors to one line on stderr and an exit code (``_one_line``):
-    plancache's own errors, OSError, ValueError, SQLite's errors, running out of memory and
-    Python's recursion limit give exit code 1, a bad
-    setting (``ConfigError``) 2, a manifest refused as a whole (``ManifestError``) or a bundle
-    that cannot be imported 3. With ``--json`` the line is also printed on stdout as
-    ``{"error": ..., "exit_code": ...}``, click's usage errors too. ``--debug`` shows the
-    traceback instead."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if ctx.obj is None:
-            ctx.obj = _Context()
-        # A mistyped option fails before any option is read, so whether its error must be
-        # JSON too is told from the words themselves (up to a "--").
-        ctx.obj.as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
-        try:
-            return super().parse_args(ctx, args)
-        except click.ClickException as exc:
-            _report_json(ctx, exc.format_message(), exc.exit_code)
-            raise
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            try:
-                return super().invoke(ctx)
-            finally:
-                sys.stdout.flush()  # a reader gone away is met here, not at the interpreter's exit
-        except click.ClickException as exc:
-            _report_json(ctx, exc.format_message(), exc.exit_code)
-            raise
-        except KeyboardInterrupt:  # click would print "Aborted!" and exit 1
-            if ctx.obj is not None and ctx.obj.debug:
-                raise
-            click.echo("plancache: interrupted", err=True)
-            _report_json(ctx, "interrupted", EXIT_INTERRUPTED)
-            ctx.exit(EXIT_INTERRUPTED)
-        except (PlanCacheError, OSError, ValueError, sqlite3.Error, RecursionError, MemoryError) as exc:
-            if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
-                # stdout closed early (`plancache show KEY | head -1`): quietly, with the code
-                # of a command SIGPIPE stopped; what is still buffered goes nowhere.
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
-                os.close(devnull)
-                ctx.exit(EXIT_BROKEN_PIPE)
-            if ctx.obj is not None and ctx.obj.debug:
-                raise
-            message, code = _one_line(exc)
-            message = " ".join(message.split())
-            click.echo(f"plancache: error: {message}", err=True)
-            _report_json(ctx, message, code)
-            ctx.exit(code)
 
 
 def _named_dir(value: str | None) -> Path | None:
@@ -292,21 +252,26 @@ def _named_dir(value: str | None) -> Path | None:
 
 
 def _set_dir(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    directory = _named_dir(value)
-    obj = ctx.find_object(_Context)
-    if directory is not None and obj is not None:
-        obj.directory, obj.named_by = directory, "--dir"
+    """Kept as given: it is checked when the command runs (``_Command.invoke``), where its
+    error is one line and exit code 2, whichever side of the command name it stood on."""
+    if value is not None:
+        ctx.ensure_object(_Context).dir_option = value
 
 
 def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    obj = ctx.find_object(_Context)
-    if value and obj is not None:
-        obj.as_json = True
+    if value:
+        ctx.ensure_object(_Context).as_json = True
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(_Context).debug = True
+        logging.getLogger().setLevel(logging.DEBUG)
 
 
 def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    """``--version``: eager, so it runs before --json's own callback; whether JSON was asked
-    for is told from the words (``_Group.parse_args``), in either order."""
+    """``--version``: not eager, so it runs after --json (eager) and prints JSON when asked
+    for, on either side of it (click's version_option prints its text line only)."""
     if not value or ctx.resilient_parsing:
         return
     from . import __version__
@@ -316,16 +281,18 @@ def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
     ctx.exit()
 
 
-def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    obj = ctx.find_object(_Context)
-    if value and obj is not None:
-        obj.debug = True
-        logging.getLogger().setLevel(logging.DEBUG)
-
-
-_DIR_HELP = "Cache directory (default: $PLANCACHE_DIR, else the user cache directory)."
-_JSON_HELP = 'Print JSON: the command\'s data, or {"error", "exit_code"} when it fails.'
-_DEBUG_HELP = "Show tracebacks and debug logs."
+def _shared_options() -> list[click.Parameter]:
+    """``--dir``, ``--json`` and ``--debug``, which the root group and every command take
+    (``_Command``), so they go before or after the command name; the last one given counts.
+    ``--json`` is eager: read first, so that the error of any other option or argument is
+    JSON too."""
+    return [
+        click.Option(["--dir"], metavar="PATH", expose_value=False, callback=_set_dir,
+                     help="Cache directory (default: $PLANCACHE_DIR, else the user cache directory)."),
+        click.Option(["--json"], is_flag=True, is_eager=True, expose_value=False, callback=_set_json,
+                     help='Print JSON: the command\'s data, or {"error", "exit_code"} when it fails.'),
+        click.Option(["--debug"], is_flag=True, expose_value=False, callback=_set_debug, help="Show tracebacks and debug logs."),
+    ]  # fmt: skip
 
 
 def _check_settings() -> None:
@@ -342,45 +309,80 @@ def _check_settings() -> None:
     settings_from_env()  # the Redis tier's, when PLANCACHE_REDIS_URL is set
 
 
-def _common(func: F) -> F:
-    """``--dir``, ``--json`` and ``--debug`` after the command name too (``plancache ls
-    --dir X``), and the settings checked before the command runs."""
+class _Command(click.Command):
+    """A plancache command: it takes the shared options after its name too, and reads the
+    cache directory they chose and every setting before it runs."""
 
-    @functools.wraps(func)
-    def checked(*args: Any, **kwargs: Any) -> Any:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params[:0] = _shared_options()
+
+    def invoke(self, ctx: click.Context) -> Any:
+        ctx.ensure_object(_Context).choose_directory()
         _check_settings()
-        return func(*args, **kwargs)
-
-    checked = click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug, help=_DEBUG_HELP)(checked)
-    checked = click.option("--json", is_flag=True, expose_value=False, callback=_set_json, help=_JSON_HELP)(checked)
-    checked = click.option("--dir", metavar="PATH", expose_value=False, callback=_set_dir, help=_DIR_HELP)(checked)
-    return checked  # type: ignore[return-value]
+        return super().invoke(ctx)
 
 
-@click.group(cls=_Group)
-@click.option("--dir", "directory", metavar="PATH", help=_DIR_HELP)
-@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
-@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
-@click.option(
-    "--version",
-    is_flag=True,
-    expose_value=False,
-    is_eager=True,
-    callback=_show_version,
-    help='Show the version and exit (as {"version": ...} with --json).',
-)
-@click.pass_context
-def cli(ctx: click.Context, directory: str | None, as_json: bool, debug: bool) -> None:
+class _Group(click.Group):
+    """The one place that maps errors to one line on stderr and an exit code (``_one_line``):
+    plancache's own errors, OSError, ValueError, SQLite's errors, running out of memory and
+    Python's recursion limit give exit code 1, a bad
+    setting (``ConfigError``) 2, a manifest refused as a whole (``ManifestError``) or a bundle
+    that cannot be imported 3. With ``--json`` the line is also printed on stdout as
+    ``{"error": ..., "exit_code": ...}``, click's usage errors too. ``--debug`` shows the
+    traceback instead."""
+
+    command_class = _Command
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        words = list(args)  # click's parser consumes the list it reads
+        try:
+            return super().parse_args(ctx, args)
+        except click.ClickException as exc:  # before the root command runs: its invoke never sees it
+            _report_json(ctx, exc.format_message(), exc.exit_code, words)
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        obj = ctx.ensure_object(_Context)
+        words = list(ctx.args)  # the words after the command name, which click reads only now
+        try:
+            try:
+                return super().invoke(ctx)
+            finally:
+                sys.stdout.flush()  # a reader gone away is met here, not at the interpreter's exit
+        except click.ClickException as exc:
+            _report_json(ctx, exc.format_message(), exc.exit_code, words)
+            raise
+        except KeyboardInterrupt:  # click would print "Aborted!" and exit 1
+            if obj.debug:
+                raise
+            click.echo("plancache: interrupted", err=True)
+            _report_json(ctx, "interrupted", EXIT_INTERRUPTED)
+            ctx.exit(EXIT_INTERRUPTED)
+        except (PlanCacheError, OSError, ValueError, sqlite3.Error, RecursionError, MemoryError) as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
+                # stdout closed early (`plancache show KEY | head -1`): quietly, with the code
+                # of a command SIGPIPE stopped; what is still buffered goes nowhere.
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+                ctx.exit(EXIT_BROKEN_PIPE)
+            if obj.debug:
+                raise
+            message, code = _one_line(exc)
+            message = " ".join(message.split())
+            click.echo(f"plancache: error: {message}", err=True)
+            _report_json(ctx, message, code)
+            ctx.exit(code)
+
+
+@click.group(cls=_Group, params=_shared_options())
+@click.option("--version", is_flag=True, expose_value=False, callback=_show_version,
+              help='Show the version and exit (as {"version": ...} with --json).')  # fmt: skip
+@click.pass_obj
+def cli(obj: _Context) -> None:
     """plancache: a persistent, autotuning plan cache for cuDNN Frontend graphs."""
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="%(message)s", stream=sys.stderr)
-    obj: _Context = ctx.obj
-    obj.debug, obj.as_json = debug, obj.as_json or as_json
-    given = _named_dir(directory)
-    if given is not None:
-        obj.directory, obj.named_by = given, "--dir"
-    else:
-        obj.directory = CACHE_DIR.from_env()
-        obj.named_by = CACHE_DIR.name if obj.directory is not None else None
+    logging.basicConfig(level=logging.DEBUG if obj.debug else logging.INFO, format="%(message)s", stream=sys.stderr)
 
 
 def _exit_code_help() -> str:
@@ -393,7 +395,6 @@ cli.help = (cli.help or "") + _exit_code_help()
 
 
 @cli.command()
-@_common
 def env() -> None:
     """The environment fingerprint that keys every plan on this machine, and the start-up hook."""
     from .engines.cudnn_backend import probe_environment
@@ -410,7 +411,6 @@ def env() -> None:
 
 
 @cli.command(name="ls")
-@_common
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id, or a unique prefix of it.")
 @click.pass_obj
 def list_entries(obj: _Context, env_id: str | None) -> None:
@@ -502,7 +502,6 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
 
 
 @cli.command()
-@_common
 @click.argument("key")
 @click.option("--explain", is_flag=True, help="Show each part of the key with its own hash.")
 @click.pass_obj
@@ -522,7 +521,6 @@ def show(obj: _Context, key: str, explain: bool) -> None:
 
 
 @cli.command()
-@_common
 @click.argument("key_a")
 @click.argument("key_b")
 @click.pass_obj
@@ -579,7 +577,6 @@ def _difference(path: str, a: Any, b: Any) -> dict[str, Any]:
 
 
 @cli.command()
-@_common
 @click.pass_obj
 def stats(obj: _Context) -> None:
     """Totals of the store: entries, bytes, hits, quarantined entries, counters (remote
@@ -638,7 +635,6 @@ def _empty_stats(directory: Path) -> dict[str, Any]:
 
 
 @cli.command()
-@_common
 @click.argument("keys", nargs=-1, required=True)
 @click.pass_obj
 def rm(obj: _Context, keys: tuple[str, ...]) -> None:
@@ -739,7 +735,6 @@ def _verify_text(d: dict[str, Any]) -> Iterable[str]:
 
 
 @cli.command()
-@_common
 @click.option("--fix", is_flag=True, help="Quarantine bad entries; move a damaged file aside (kept) and copy its intact entries.")
 @click.option("--deserialize", is_flag=True, help="Also load every blob of this machine's environment (needs the GPU).")
 @click.pass_obj
@@ -821,7 +816,6 @@ def _refuse_recent(report: Mapping[str, Any], days: float) -> None:
 
 
 @cli.command()
-@_common
 @click.option("--other-environments", is_flag=True, help="Entries of any other GPU, driver, CUDA, cuDNN or frontend version.")
 @click.option("--older-than", "days", type=_Days(), default=None,
               help="Entries unused for more than DAYS days (0.5: 12 hours). Below 1 day, removing entries used in the "
@@ -912,7 +906,6 @@ def _resolve_devices(backend: Any, spec: str | list[int]) -> list[int]:
 
 
 @cli.command()
-@_common
 @click.argument("manifest", type=click.Path(path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Check the manifest on any machine (no GPU needed): build nothing, write nothing.")
 @click.option("--policy", type=click.Choice(["topk", "exhaustive", "heuristic"]), default=None,
@@ -1006,7 +999,6 @@ def prewarm(
 
 
 @cli.command()
-@_common
 @click.argument("keys", nargs=-1)
 @click.option("--no-progress", is_flag=True, help="No progress bar (shown only when stderr is a terminal).")
 @click.pass_obj
@@ -1098,7 +1090,6 @@ def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
 
 
 @cli.command(name="export")
-@_common
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--env", "env_id", default=None,
               help="Only entries of this environment id, or a unique prefix of it (see `plancache ls --json`).")  # fmt: skip
@@ -1136,7 +1127,6 @@ def export_cmd(obj: _Context, file: Path, env_id: str | None, keys: tuple[str, .
 
 
 @cli.command(name="import")
-@_common
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--replace", is_flag=True, help="Replace plans the cache already has (default: keep the sound ones).")
 @click.option("--env", "env_id", default=None, help="Only import entries of this environment id, or a unique prefix of it.")
@@ -1182,7 +1172,6 @@ def _readable(store: Store, key: str) -> Entry | None:
 
 
 @cli.command(name="inspect")
-@_common
 @click.argument("keys", nargs=-1)
 @click.option("--env", "env_id", default=None, help="Only entries of this environment id, or a unique prefix of it.")
 @click.pass_obj
@@ -1255,7 +1244,6 @@ def _cell(value: Any, *, as_json: bool) -> Any:
 
 
 @cli.command()
-@_common
 @click.argument("query", required=False)
 @click.option("-p", "--param", "params", nargs=2, multiple=True, metavar="NAME VALUE",
               help="A value for :NAME in QUERY (repeatable).")  # fmt: skip
