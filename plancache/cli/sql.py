@@ -87,7 +87,10 @@ def sql(obj: Context, query: str | None, params: tuple[tuple[str, str], ...], as
             db.execute(f"CREATE TEMP VIEW {name} AS {select}")
         db.execute("PRAGMA query_only = ON")
         # query_only refuses writes to tables, not a pragma that changes the file (a journal
-        # mode, say): the user's query may read, and ask the pragmas that only read.
+        # mode, say): the user's query may read, and ask the pragmas that only read. Opening
+        # the file read-only (a mode=ro URI) would not do instead: such a connection still
+        # runs ATTACH, which creates the file it names, and functions with side effects
+        # (sqlite_log, fts3_tokenizer), and leaves -wal and -shm beside plans.db when it closes.
         refused: list[str] = []  # what the authorizer refused, to say so (SQLite says only "not authorized")
         db.conn.set_authorizer(functools.partial(_reads_only, refused))
         if query is None:
