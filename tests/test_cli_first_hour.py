@@ -349,7 +349,7 @@ def test_diff_prints_each_differing_path_with_both_values(tmp_path: Path) -> Non
 
 
 def test_diff_names_paths_only_one_side_has() -> None:
-    from plancache.cli import _difference, _differences
+    from plancache.cli.inspection import _difference, _differences
 
     a = {"graph": {"nodes": [{"params": {"mode": "relu"}}], "flags": {"x": 1}}, "options": {"policy": "topk"}}
     b = {"graph": {"nodes": [{"params": {"mode": "relu"}}, {"params": {}}], "flags": {}}, "options": {"policy": "topk", "k": 4}}

@@ -19,7 +19,8 @@ import pytest
 from test_cli_first_hour import ROOT, TEMPLATE_ENTRY, write_manifest
 from test_cli_first_hour import plancache as command
 
-import plancache.cli
+import plancache.cli.building
+import plancache.cli.common
 import plancache.workflows.steps
 from plancache.cli import EXIT_CODES, EXIT_INTERRUPTED
 
@@ -69,7 +70,7 @@ def test_an_interrupted_prewarm_prints_its_rows_and_says_how_to_resume(tmp_path:
 
 
 def test_on_a_terminal_prewarm_prints_each_row_as_its_entry_finishes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plancache.cli, "_stdout_is_terminal", lambda: True)
+    monkeypatch.setattr(plancache.cli.building, "_stdout_is_terminal", lambda: True)
     manifest = write_manifest(tmp_path / "m.json", *entries(3))
     result = command("--dir", str(tmp_path / "cache"), "prewarm", str(manifest), env=BACKEND)
     assert result.returncode == 0, result
@@ -83,7 +84,7 @@ def test_ctrl_c_in_any_command_exits_130_in_one_line(tmp_path: Path, monkeypatch
         raise KeyboardInterrupt
 
     (tmp_path / "cache").mkdir(mode=0o700)
-    monkeypatch.setattr(plancache.cli._Context, "existing_store", interrupted)
+    monkeypatch.setattr(plancache.cli.common.Context, "existing_store", interrupted)
     result = command("--dir", str(tmp_path / "cache"), "ls")
     assert result.returncode == 130 and result.stderr == "plancache: interrupted\n" and result.exception is None
     as_json = command("--dir", str(tmp_path / "cache"), "--json", "stats")
@@ -144,7 +145,7 @@ def test_an_interrupted_prewarm_across_devices_reports_every_devices_finished_en
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sharding._Shard, "run", two_then_ctrl_c)
-    monkeypatch.setattr(plancache.cli, "_stdout_is_terminal", lambda: True)
+    monkeypatch.setattr(plancache.cli.building, "_stdout_is_terminal", lambda: True)
     manifest = write_manifest(tmp_path / "m.json", *entries(4))
     two = {"PLANCACHE_BACKEND": "plancache.testing:TwoDeviceCpuTestBackend"}
     result = command("--dir", str(tmp_path / "cache"), "prewarm", str(manifest), "--devices", "all", env=two)
