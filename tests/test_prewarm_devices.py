@@ -280,8 +280,8 @@ def test_no_worker_left_fails_every_entry_without_hanging(tmp_path: Path) -> Non
     report = prewarm(cache, path, devices=[0, 1], progress=False)
     assert report["failed"] == 2 and all(r["device"] is None for r in report["entries"])
     error = report["entries"][0]["error"]
-    assert "not built: no worker left (device 0: exit code 1: RuntimeError: device 0 is broken; " in error
-    assert "device 1: exit code 1: RuntimeError: device 1 is broken)" in error
+    assert "not built: no worker left (device 0: RuntimeError: device 0 is broken; " in error
+    assert "device 1: RuntimeError: device 1 is broken)" in error
     cache.close()
 
 

@@ -13,14 +13,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from ..errors import ManifestError
 from ..key import BuildOptions, canonical_json, describe, make_key
 from ..store import problem
 from .manifest import MANIFEST_VERSION, ManifestEntry, load_manifest, parse_manifest
 
-__all__ = ["Entries", "Interrupted", "KeySet", "OnRecord", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
+__all__ = ["Entries", "Interrupted", "OnRecord", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
            "load_entries", "run_here", "timed"]  # fmt: skip
 
 log = logging.getLogger("plancache")
@@ -119,15 +119,7 @@ def describe_failure(entry: ManifestEntry, exc: Exception) -> str:
     return f"{entry.where}: {type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
 
 
-class KeySet(Protocol):
-    """The keys met so far: a set in one process; with several devices, the parent's claims."""
-
-    def __contains__(self, digest: object) -> bool: ...
-
-    def add(self, digest: str) -> None: ...
-
-
-def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: KeySet) -> dict[str, Any]:
+def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: set[str]) -> dict[str, Any]:
     record: dict[str, Any] = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None}
     if entry.listed_only:  # a dry run lists builder entries without importing them: no graph, no key
         record["status"] = "listed"
@@ -154,7 +146,7 @@ def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bo
 
 
 def check_one(
-    entry: ManifestEntry, options: BuildOptions, environment: Mapping[str, Any] | None, store: Any, seen: KeySet
+    entry: ManifestEntry, options: BuildOptions, environment: Mapping[str, Any] | None, store: Any, seen: set[str]
 ) -> dict[str, Any]:
     """A dry run's step, without a cache or a backend: build the entry's graph and describe
     it (a graph that cannot be keyed fails here, as it would in a prewarm). Given an
@@ -178,7 +170,7 @@ def check_one(
     return record
 
 
-def attempt(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: KeySet) -> dict[str, Any]:
+def attempt(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: set[str]) -> dict[str, Any]:
     """``run_one``, timed; an exception becomes a failed record (the caller logs it)."""
     return timed(entry, lambda: run_one(cache, entry, options, dry_run, seen))
 
