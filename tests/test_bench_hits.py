@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the benchmark itself, at its --quick sizes
+
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_hits.py"
 
 FIGURES = (

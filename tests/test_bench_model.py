@@ -165,6 +165,7 @@ def test_what_fails_the_bench() -> None:
     assert bench.problems([bench.aggregate("eager", [run("eager", captured_rel_error=None, capture_error="x")])], 2e-2) == []
 
 
+@pytest.mark.slow
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_1() -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, str(SCRIPT), "--checkpoint-mb", "1"], capture_output=True, text=True, timeout=120,

@@ -276,6 +276,7 @@ def test_other_user_errors_are_one_line_and_debug_shows_the_traceback(filled: tu
     assert usage.returncode == 2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="checks the message of a machine without a GPU")
 def test_the_example_without_a_gpu_says_so_in_one_line(tmp_path: Path) -> None:
     import torch
@@ -945,6 +946,7 @@ def test_sql_reads_a_cache_not_created_yet_as_an_empty_one(tmp_path: Path) -> No
     assert not missing.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["table", "--json", "--csv"])
 def test_sql_prints_a_large_result_as_it_reads_it(tmp_path: Path, form: str) -> None:
     """A result larger than memory is printed as it is read, as the sqlite3 shell prints

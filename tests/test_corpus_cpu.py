@@ -96,6 +96,7 @@ def run_program(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     return json.loads(line.removeprefix("CORPUS_RESULT ")), notices, cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_each_corpus_program_runs_through_plancache(on_cpu: CpuFrontend, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                     name: str) -> None:  # fmt: skip

@@ -1,5 +1,6 @@
-"""The documents themselves: one coherent CHANGELOG, and the GPU run logs of docs/runs/
-that the documents cite (each cited log exists, each kept log is cited and indexed)."""
+"""The documents themselves: one coherent CHANGELOG, the GPU run logs of docs/runs/ that
+the documents cite (each cited log exists, each kept log is cited and indexed), and README's
+test command, the one CI runs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,16 @@ def test_the_changelog_has_one_unreleased_section_at_the_top() -> None:
     headings = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text(), re.M)
     assert headings and headings[0] == "Unreleased", headings
     assert sum("unreleased" in h.lower() for h in headings) == 1, f"more than one unreleased section: {headings}"
+
+
+def test_ci_runs_readmes_test_command_and_it_selects_every_test() -> None:
+    """A plain ``pytest`` leaves out the tests marked slow (pyproject's addopts): README's
+    command selects them again, and CI (.ci/run, scripts/check-newest) runs that command."""
+    found = re.search(r"^python -m pytest(.*)$", (ROOT / "README.md").read_text(), re.M)
+    assert found, "README.md gives no test command"
+    assert found.group(1) == ' -m "slow or not slow"', found.group(0)
+    for path in (".ci/run", "scripts/check-newest"):
+        assert f"-m pytest -q{found.group(1)}\n" in (ROOT / path).read_text(), path
 
 
 RUNS = ROOT / "docs" / "runs"

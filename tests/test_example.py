@@ -6,9 +6,12 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from plancache.testing import CpuTestBackend
+
+pytestmark = pytest.mark.slow  # the whole example model, end to end
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "resnet_attention.py"
 

@@ -75,6 +75,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_with_141(tmp_path: Pat
     assert (done.returncode, done.stderr) == (141, "")
 
 
+@pytest.mark.slow
 def test_the_example_leaves_no_temporary_directory(tmp_path: Path) -> None:
     """Every run of the example left /tmp/plancache-example-* behind."""
     env = {**os.environ, "TMPDIR": str(tmp_path)}
@@ -84,6 +85,7 @@ def test_the_example_leaves_no_temporary_directory(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_benchmark_keep_that_is_a_file_is_refused_before_any_phase(tmp_path: Path) -> None:
     """`bench_startup.py --keep FILE` ran three phases (15 s), then a 15-line traceback."""
     kept = tmp_path / "a-file"
@@ -125,6 +127,7 @@ def _stopped_by_sigterm(tmp_path: Path, *args: str) -> subprocess.CompletedProce
                           timeout=300, cwd=tmp_path)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_prewarm_that_reports_what_it_finished(tmp_path: Path) -> None:
     """SIGTERM (what timeout, CI runners, Kubernetes and Slurm send) ended `prewarm` with
     exit 143 and nothing on stdout or stderr; Ctrl-C reported the entries done."""
@@ -140,6 +143,7 @@ def test_sigterm_stops_a_prewarm_that_reports_what_it_finished(tmp_path: Path) -
     assert report["interrupted"] is True and report["built"] == 1 and report["not_run"] == 2
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_tune_that_reports_the_rows_it_finished(tmp_path: Path) -> None:
     """`tune` died silently on SIGTERM, and after Ctrl-C printed only `interrupted`,
     dropping the rows it had finished."""

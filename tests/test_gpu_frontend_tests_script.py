@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,6 +44,7 @@ def test_flaky(p):
 """
 
 
+@pytest.mark.slow
 def test_the_script_runs_every_mode_and_reports_failures(tmp_path: Path, capsys: Any) -> None:
     tests = tmp_path / "fe"
     tests.mkdir()
@@ -126,6 +129,7 @@ def test_a_test_that_fails_without_plancache_too_is_the_frontends_own_outcome() 
     ]
 
 
+@pytest.mark.slow
 def test_the_script_passes_when_the_only_failure_is_the_frontends_own(tmp_path: Path, capsys: Any) -> None:
     tests = tmp_path / "fe"
     tests.mkdir()

@@ -441,6 +441,7 @@ def test_record_plans_keeps_each_entry_once_and_reads_back_what_the_judge_accept
     assert record_plans.record([directory], tmp_path, source="small", max_file=100) == 0  # the size cap holds
 
 
+@pytest.mark.slow
 def test_bench_blob_check_times_first_and_later_hits(tmp_path: Path) -> None:
     """``scripts/bench_blob_check.py`` (a part of ``gpu-check``'s benchmarks) times a key's
     first hit (its form derived) and its later hits, with and without the judge, and writes

@@ -3,7 +3,7 @@ the environment check, the report of a sharded run (the one-device report, plus 
 resume, duplicates, failing entries, workers that die, and the CLI's --devices.
 
 Tests that spawn workers cost a few seconds each (every worker imports torch): they are
-few, and the logic they rely on is tested as pure functions."""
+few, marked slow, and the logic they rely on is tested as pure functions."""
 
 from __future__ import annotations
 
@@ -130,6 +130,7 @@ def test_resolve_devices_against_the_machine() -> None:
         resolve_devices("all", 0)
 
 
+@pytest.mark.slow
 def test_devices_of_different_environments_are_refused_before_anything_runs(tmp_path: Path) -> None:
     same = {"gpu_name": "H200", "driver_version": "580"}
     assert check_environments({0: same, 1: dict(same)}) == check_environments({0: same})
@@ -187,6 +188,7 @@ def test_one_device_runs_in_this_process_with_the_same_keys(tmp_path: Path) -> N
 # ---------------------------------------------------------------------------- worker processes
 
 
+@pytest.mark.slow
 def test_sharded_prewarm_reports_what_one_device_reports_then_resumes(tmp_path: Path) -> None:
     path = manifest(
         tmp_path, CONV, MATMUL, BAD_AT_LOAD, SDPA, MATMUL, BAD_AT_BUILD, {**CONV, "params": {**CONV["params"], "n": 2}}
@@ -214,6 +216,7 @@ def test_sharded_prewarm_reports_what_one_device_reports_then_resumes(tmp_path: 
     cache.close()
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_mid_build_fails_its_entry_and_the_others_finish(tmp_path: Path) -> None:
     path = manifest(tmp_path, {**CONV, "params": {**CONV["params"], "n": [1, 2, 3, 4]}})
     cache = open_cache(tmp_path / "cache", DiesBuildingOnDeviceOne())
@@ -227,6 +230,7 @@ def test_a_worker_that_dies_mid_build_fails_its_entry_and_the_others_finish(tmp_
     cache.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "why"), [(CannotUseDeviceOne, "device 1 is broken"),
                                               (CannotReadDeviceOne, "cannot read device 1")])  # fmt: skip
 def test_a_worker_that_cannot_start_leaves_its_entries_to_the_others(
@@ -243,6 +247,7 @@ def test_a_worker_that_cannot_start_leaves_its_entries_to_the_others(
     cache.close()
 
 
+@pytest.mark.slow
 def test_a_builder_of_an_interactive_main_fails_its_entries_with_a_reason_and_kills_no_worker(tmp_path: Path) -> None:
     """A builder defined in ``python -c`` (or a notebook) pickled by reference to a
     ``__main__`` that a spawned worker cannot import: every worker died unpickling it."""
@@ -274,17 +279,19 @@ print(json.dumps([(r["status"], r.get("error") or "") for r in report["entries"]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_no_worker_left_fails_every_entry_without_hanging(tmp_path: Path) -> None:
     path = manifest(tmp_path, MATMUL, SDPA)
     cache = open_cache(tmp_path / "cache", CannotUseAnyDevice())
     report = prewarm(cache, path, devices=[0, 1], progress=False)
     assert report["failed"] == 2 and all(r["device"] is None for r in report["entries"])
     error = report["entries"][0]["error"]
-    assert "not built: no worker left (device 0: exit code 1: RuntimeError: device 0 is broken; " in error
-    assert "device 1: exit code 1: RuntimeError: device 1 is broken)" in error
+    assert "not built: no worker left (device 0: RuntimeError: device 0 is broken; " in error
+    assert "device 1: RuntimeError: device 1 is broken)" in error
     cache.close()
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_the_workers_publish_to_the_callers_own_redis_tier(tmp_path: Path, redis_server: Any) -> None:
     """A tier passed to ``PlanCache(remote=)`` reaches the workers: each built one from the
@@ -305,6 +312,7 @@ def test_the_workers_publish_to_the_callers_own_redis_tier(tmp_path: Path, redis
 # ---------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_cli_prewarm_devices_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PLANCACHE_BACKEND", TWO)
     path = manifest(tmp_path, CONV, MATMUL, MATMUL)

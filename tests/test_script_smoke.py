@@ -269,6 +269,7 @@ def load(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_the_script_runs_its_gpu_path_on_the_cpu_test_backend(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip

@@ -3,18 +3,11 @@
 Keys depend on the GPU model, driver and library versions, never on a device index, so a
 plan built on device 1 is the plan device 0 would have built, provided both devices have
 one environment (each worker reports its device's; nothing is built until all agree). Entries go to the workers one at a
-time, each worker asking for the next when it is done: build times differ by 100x between
-graphs, so a fixed split would leave devices idle. Workers are spawned, never forked (a
-forked CUDA context is unusable), and each makes its device current before any CUDA work.
-
-Protocol, over one pipe per worker. Nothing is shared between workers, so a worker that
-dies, even halfway through a message, cannot block the others::
-
-    worker -> parent   ("ready", env)      set up, on a device of environment ``env``
-                       ("claim", digest)   may this entry build that key? (answer: a bool)
-                       ("record", record)  the entry is done; send the next
-                       ("error", text)     could not set up (then it exits)
-    parent -> worker   position | None (no more work) | bool (a claim's answer)
+time, each worker getting the next when it is done: build times differ by 100x between
+graphs, so a fixed split would leave devices idle. Each device has a ``ProcessPoolExecutor``
+of one spawned process (a forked CUDA context is unusable) whose initializer makes the
+device current before any CUDA work. An entry is a dry run first, then a build only for the
+first entry to reach a key that is not stored (the parent decides), so no key is built twice.
 """
 
 from __future__ import annotations
@@ -30,6 +23,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,53 +134,45 @@ def settle_duplicates(records: list[dict[str, Any]], claims: Mapping[int, str], 
 
 # ---------------------------------------------------------------------- the worker
 
-
-class _Claims:
-    """The keys seen so far, as ``_run_one`` asks: ``digest in claims`` asks the parent,
-    which answers False only to the first entry that reaches the key. Claiming at that
-    question (not after the build) is what keeps two workers from building one key."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    def __contains__(self, digest: object) -> bool:
-        self.conn.send(("claim", digest))
-        return not self.conn.recv()
-
-    def add(self, digest: str) -> None:
-        """Nothing to do: the key was claimed when it was first asked about."""
+_here: dict[str, Any] = {}  # this worker process's cache, entries and options (or why it has none), set by _set_up
 
 
-def _worker_main(device: int, conn: Any, factory: Callable[[], Any], config: dict[str, Any],
-                 entries: list[ManifestEntry], options: BuildOptions) -> None:  # fmt: skip
-    """A worker process: device ``device`` current, its own cache on the shared directory,
-    then entries until the parent says stop."""
+def _set_up(device: int, factory: Callable[[], Any], config: dict[str, Any], entries: list[ManifestEntry],
+            options: BuildOptions) -> None:  # fmt: skip
+    """The initializer of device ``device``'s worker: the device current, then its own cache
+    on the shared directory. A failure is kept for ``_ready`` to report: an initializer that
+    raises leaves only a traceback on stderr and a pool that says it broke, not why."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
+    _here.update(entries=entries, options=options)
     try:
         backend = factory()
         backend.use_device(device)  # torch.cuda.set_device for cuDNN: before the cache does any CUDA work
-        environment = backend.environment(device)
+        _here["environment"] = backend.environment(device)
         from ..cache.cache import PlanCache
+        from ..tiers.remote import RemoteTier  # redis itself only once a tier connects
 
-        remote_arguments = config.pop("remote")
-        remote = None
-        if remote_arguments is not None:
-            from ..tiers.remote import RemoteTier
+        remote = config.pop("remote")
+        _here["cache"] = PlanCache(backend=backend, remote=RemoteTier(**remote) if remote else None, **config)
+    except Exception as exc:  # the parent reports it, and leaves this device's entries to the others
+        _here["error"] = f"{type(exc).__name__}: {exc}"
 
-            remote = RemoteTier(**remote_arguments)
-        cache = PlanCache(backend=backend, remote=remote, **config)
-    except Exception as exc:  # reported by the parent with this worker's exit code
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-        raise SystemExit(1) from exc
-    claims = _Claims(conn)
-    try:
-        conn.send(("ready", environment))
-        while (position := conn.recv()) is not None:
-            conn.send(("record", attempt(cache, entries[position], options, False, claims)))
-    except (EOFError, BrokenPipeError):
-        pass  # the parent is gone: nobody to build for
-    finally:
-        cache.close()
+
+def _ready() -> tuple[str, Any]:
+    """("ready", the device's environment), or ("error", why the worker could not set up)."""
+    return ("error", _here["error"]) if "error" in _here else ("ready", _here["environment"])
+
+
+def _attempt(position: int, spent: float | None = None) -> dict[str, Any]:
+    """First a dry run of the entry (``spent`` None): its key, and whether it is stored
+    (hit) or not (would_build). Then, for the first entry to reach a key not stored, its
+    build, timed with the ``spent`` seconds of the dry run. The parent decides between the
+    two, which is what keeps two workers from building one key."""
+    record = attempt(_here["cache"], _here["entries"][position], _here["options"], spent is None, set())
+    return {**record, "seconds": record["seconds"] + (spent or 0.0)}
+
+
+def _close() -> None:
+    _here["cache"].close()  # writes what is pending (hit counters) before the process exits
 
 
 # ---------------------------------------------------------------------- the parent
@@ -194,18 +180,17 @@ def _worker_main(device: int, conn: Any, factory: Callable[[], Any], config: dic
 
 @dataclass
 class _Worker:
-    """The parent's view of one worker process."""
+    """The parent's view of one device's worker: a pool of one process."""
 
     device: int
-    process: Any
-    conn: Any
+    pool: ProcessPoolExecutor
+    future: Future[Any] | None  # the task in flight
+    process: Any = None  # the pool's process (its exit code says how it died; ending it stops a build in flight)
     position: int | None = None  # the entry it is on
     ready: bool = False
-    stopped: bool = False  # told there is no more work
     alive: bool = True
-    environment: dict[str, Any] | None = None  # its device's, from its "ready"
-    error: str | None = None  # why it could not set up
-    reason: str = ""  # how it ended, once it has
+    environment: dict[str, Any] | None = None  # its device's, from _ready
+    reason: str = ""  # why it could not set up, or how it ended
 
 
 def _exit_text(code: int | None) -> str:
@@ -219,8 +204,9 @@ def _exit_text(code: int | None) -> str:
 
 
 class _Shard:
-    """Starts one worker per device, hands out entries as workers ask, answers claims,
-    and turns a worker's death into failed records instead of a hang."""
+    """Starts one single-process pool per device, hands out entries as workers finish them,
+    settles which entry builds a key, and turns a worker's death (a broken pool) into a
+    failed record instead of a hang."""
 
     def __init__(self, todo: list[ManifestEntry], devices: list[int], bar: Progress, on_record: OnRecord | None = None) -> None:
         self.todo = todo
@@ -229,7 +215,7 @@ class _Shard:
         self.on_record = on_record
         self.pending: deque[int] = deque(range(len(todo)))
         self.records: dict[int, dict[str, Any]] = {}
-        self.claims: dict[int, str] = {}  # position -> the key it asked about
+        self.claims: dict[int, str] = {}  # position -> its key, in the order keys came back
         self.owners: dict[str, int] = {}  # key -> the position that builds it
         self.workers: list[_Worker] = []
         self.env_id: str | None = None  # once every worker that started agrees
@@ -238,62 +224,65 @@ class _Shard:
         self, factory: Callable[[], Any], config: dict[str, Any], portable: list[ManifestEntry], options: BuildOptions
     ) -> list[dict[str, Any]]:
         import multiprocessing
-        from multiprocessing.connection import wait
 
         # Spawned, not forked: a child forked from a process that has set up CUDA cannot use it.
         ctx = multiprocessing.get_context("spawn")
         try:
             for device in self.devices:
-                here, there = ctx.Pipe()
-                process = ctx.Process(target=_worker_main, args=(device, there, factory, config, portable, options),
-                                      name=f"plancache-prewarm-{device}")  # fmt: skip
-                process.start()
-                there.close()  # the worker holds the only other end: its exit is an EOF here
-                self.workers.append(_Worker(device, process, here))
+                # A pool per device: the initializer makes one device current for the life of
+                # the process, and a worker that dies breaks its own device's pool only.
+                before = set(multiprocessing.active_children())
+                pool = ProcessPoolExecutor(1, ctx, initializer=_set_up, initargs=(device, factory, config, portable, options))
+                w = _Worker(device, pool, pool.submit(_ready))
+                self.workers.append(w)
+                # The pool does not expose its process: it is the child its first submit started.
+                started = set(multiprocessing.active_children()) - before
+                w.process = started.pop() if len(started) == 1 else None
             while len(self.records) < len(self.todo):
-                live = [w for w in self.workers if w.alive]
-                if not live:
+                running = {w.future: w for w in self.workers if w.future is not None}
+                if not running:
                     self._orphan_pending()
                     break
-                ready = set(wait([w.conn for w in live] + [w.process.sentinel for w in live]))
-                for w in live:
-                    if w.conn in ready or w.process.sentinel in ready:
-                        self._serve(w)
+                for future in wait(running, return_when=FIRST_COMPLETED).done:
+                    self._serve(running[future], future)
         finally:
             self._stop()
         return [self.records[p] for p in range(len(self.todo))]
 
-    def _serve(self, w: _Worker) -> None:
-        """Every message ``w`` has sent; its end when it has exited."""
-        while w.alive:
-            try:
-                if not w.conn.poll():
-                    if not w.process.is_alive():
-                        self._lost(w)
-                    return
-                message = w.conn.recv()
-            except (EOFError, OSError):
-                self._lost(w)
-                return
-            self._handle(w, message)
-
-    def _handle(self, w: _Worker, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "claim":
-            digest, position = message[1], w.position
-            assert position is not None, "a claim comes from a worker on an entry"
-            self.claims[position] = digest
-            owner = self.owners.setdefault(digest, position)
-            self._send(w, owner == position)
-        elif kind == "record" and w.position is not None:
-            self._done(w.position, {**message[1], "device": w.device})
+    def _serve(self, w: _Worker, future: Future[Any]) -> None:
+        """What ``w``'s finished task says: set up, a key to claim, or an entry done."""
+        w.future = None
+        error = future.exception()
+        if isinstance(error, BrokenExecutor):
+            self._lost(w)
+            return
+        if not w.ready:
+            self._started(w, future.result())
+            return
+        assert w.position is not None, "an entry's task"
+        if error is not None:  # raised past timed(), a builder's sys.exit say: the entry failed, the worker goes on
+            self._failed(w.position, f"{type(error).__name__}: {error}", w.device)
             w.position = None
             self._next(w)
-        elif kind == "ready":
-            w.ready, w.environment = True, message[1]
-            self._start_when_all_ready()
-        elif kind == "error":
-            w.error = message[1]
+            return
+        record = {**future.result(), "device": w.device}
+        if record["key"] is not None:  # the first entry to reach a key builds it; a later one is its duplicate
+            self.claims[w.position] = record["key"]
+            if self.owners.setdefault(record["key"], w.position) != w.position:
+                record["status"] = "duplicate"
+            elif record["status"] == "would_build":  # the dry run's answer: now the build
+                self._submit(w, w.position, record["seconds"])
+                return
+        self._done(w.position, record)
+        w.position = None
+        self._next(w)
+
+    def _started(self, w: _Worker, answer: tuple[str, Any]) -> None:
+        if answer[0] == "error":
+            self._end(w, answer[1])
+            return
+        w.ready, w.environment = True, answer[1]
+        self._start_when_all_ready()
 
     def _start_when_all_ready(self) -> None:
         """Once every live worker is set up: check that their devices share one environment
@@ -311,17 +300,14 @@ class _Shard:
     def _next(self, w: _Worker) -> None:
         if self.pending:
             w.position = self.pending.popleft()
-            self._send(w, w.position)
-        else:
-            w.stopped = True
-            self._send(w, None)
+            self._submit(w, w.position)
 
-    def _send(self, w: _Worker, message: Any) -> None:
+    def _submit(self, w: _Worker, position: int, spent: float | None = None) -> None:
         try:
-            w.conn.send(message)
-        except OSError:  # it died since its last message
-            if isinstance(message, int) and not isinstance(message, bool):
-                self.pending.appendleft(message)  # it never started this one
+            w.future = w.pool.submit(_attempt, position, spent)
+        except BrokenExecutor:  # it died since its last task
+            if spent is None:
+                self.pending.appendleft(position)  # it never started this one
                 w.position = None
             self._lost(w)
 
@@ -349,16 +335,19 @@ class _Shard:
                               "status": "failed", "error": f"{entry.where}: {error}", "seconds": 0.0, "device": device})  # fmt: skip
 
     def _lost(self, w: _Worker) -> None:
-        """``w`` has exited (or closed its pipe): its entry, if it was on one, failed."""
-        w.alive = False
-        self._start_when_all_ready()  # the others may have been waiting for this one
-        w.process.join(5)
-        w.reason = _exit_text(w.process.exitcode) + (f": {w.error}" if w.error else "")
+        """``w``'s process has exited: its pool is broken."""
+        w.pool.shutdown()  # the pool has reaped its process by then: the exit code is known
+        self._end(w, _exit_text(w.process.exitcode if w.process is not None else None))
+
+    def _end(self, w: _Worker, reason: str) -> None:
+        """``w`` does no more work: its entry, if it was on one, failed; the others go on."""
+        w.alive, w.reason = False, reason
         if w.position is not None:
             self._failed(w.position, f"the worker of device {w.device} died while building this entry ({w.reason})", w.device)
             w.position = None
-        elif not w.stopped:
+        else:
             log.warning("plancache: prewarm: the worker of device %d stopped (%s); the others go on", w.device, w.reason)
+        self._start_when_all_ready()  # the others may have been waiting for this one
 
     def _orphan_pending(self) -> None:
         ends = "; ".join(f"device {w.device}: {w.reason}" for w in self.workers)
@@ -366,17 +355,20 @@ class _Shard:
             self._failed(self.pending.popleft(), f"not built: no worker left ({ends})", None)
 
     def _stop(self) -> None:
-        """Let finished workers exit; end the others (an interrupt, or still starting up)."""
+        """Let idle workers close their caches and exit; end the others (an interrupt, or
+        still starting up): a pool's shutdown waits for the task in flight, a build included."""
         for w in self.workers:
-            if w.stopped:
-                w.process.join(10)
-            if w.process.is_alive():
+            if w.future is not None and w.process is not None:
                 w.process.terminate()
+            elif w.alive and w.ready:
+                with contextlib.suppress(BrokenExecutor):
+                    w.pool.submit(_close)
+        for w in self.workers:
+            if w.future is not None and w.process is not None:
                 w.process.join(5)
-            if w.process.is_alive():
-                w.process.kill()
-                w.process.join()
-            w.conn.close()
+                if w.process.is_alive():
+                    w.process.kill()
+            w.pool.shutdown()
 
 
 def _worker_config(cache: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from ..cache.recording import MANIFEST_VERSION
 from ..errors import ManifestError
@@ -21,7 +21,7 @@ from ..key import BuildOptions, canonical_json, describe, make_key
 from ..store import problem
 from .manifest import ManifestEntry, load_manifest, parse_manifest
 
-__all__ = ["Entries", "Interrupted", "KeySet", "OnRecord", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
+__all__ = ["Entries", "Interrupted", "OnRecord", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
            "load_entries", "run_here", "timed"]  # fmt: skip
 
 log = logging.getLogger("plancache")
@@ -121,15 +121,7 @@ def describe_failure(entry: ManifestEntry, exc: Exception) -> str:
     return f"{entry.where}: {type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
 
 
-class KeySet(Protocol):
-    """The keys met so far: a set in one process; with several devices, the parent's claims."""
-
-    def __contains__(self, digest: object) -> bool: ...
-
-    def add(self, digest: str) -> None: ...
-
-
-def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: KeySet) -> dict[str, Any]:
+def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: set[str]) -> dict[str, Any]:
     record: dict[str, Any] = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None}
     if entry.listed_only:  # a dry run lists builder entries without importing them: no graph, no key
         record["status"] = "listed"
@@ -156,7 +148,7 @@ def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bo
 
 
 def check_one(
-    entry: ManifestEntry, options: BuildOptions, environment: Mapping[str, Any] | None, store: Any, seen: KeySet
+    entry: ManifestEntry, options: BuildOptions, environment: Mapping[str, Any] | None, store: Any, seen: set[str]
 ) -> dict[str, Any]:
     """A dry run's step, without a cache or a backend: build the entry's graph and describe
     it (a graph that cannot be keyed fails here, as it would in a prewarm). Given an
@@ -180,7 +172,7 @@ def check_one(
     return record
 
 
-def attempt(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: KeySet) -> dict[str, Any]:
+def attempt(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: set[str]) -> dict[str, Any]:
     """``run_one``, timed; an exception becomes a failed record (the caller logs it)."""
     return timed(entry, lambda: run_one(cache, entry, options, dry_run, seen))
 
