@@ -204,6 +204,8 @@ def test_no_handle_is_created_while_a_capture_plancache_runs(tmp_path: Path) -> 
         ended = time.monotonic()
     thread.join()
     assert cache.backend.driver.simulated.handles_created == 1 and created_at[0] >= ended
+    # Woken when the capture ended: not after the pool's 30 s wait ran out (a stall).
+    assert created_at[0] - ended < 10, f"the lookup went on {created_at[0] - ended:.1f} s after the capture ended"
 
 
 # ------------------------------------------------------------------ cache problems

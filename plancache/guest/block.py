@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import CaptureInProgressError
@@ -57,22 +58,36 @@ def relaxed(driver: Any) -> Iterator[None]:
 
 
 class KnownCaptures:
-    """How many captures plancache runs now (``plancache.capture``), process-wide."""
+    """How many captures plancache runs now (``plancache.capture``), process-wide, and who
+    waits for the last one to end (``watch``)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._active = 0
+        self._watchers: list[weakref.WeakMethod[Callable[[], None]]] = []
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (a bound method, held weakly) each time a capture ends: a handle
+        pool's waiters, which wait on a condition of their own for a handle or for no
+        capture, must hear that the capture is over."""
+        with self._lock:
+            self._watchers = [w for w in self._watchers if w() is not None]
+            self._watchers.append(weakref.WeakMethod(wake))
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        with self._cond:
+        with self._lock:
             self._active += 1
         try:
             yield
         finally:
-            with self._cond:
+            with self._lock:
                 self._active -= 1
-                self._cond.notify_all()
+                watchers = list(self._watchers)
+            for watcher in watchers:
+                wake = watcher()
+                if wake is not None:
+                    wake()
 
     @property
     def active(self) -> int:

@@ -40,6 +40,12 @@ class Handles:
         self._count: dict[int, int] = {}
         self._cond = threading.Condition()
         self._waiting = 0
+        known_captures.watch(self._wake)
+
+    def _wake(self) -> None:
+        """A capture of plancache's ended: a thread waiting for a handle may now make one."""
+        with self._cond:
+            self._cond.notify_all()
 
     def ensure(self, device: int) -> None:
         with self._cond:
