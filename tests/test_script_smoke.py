@@ -177,17 +177,6 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
         ],
         False,
     ),
-    "probe_first_output": (
-        [],
-        [
-            '{"mode": "cold", ',
-            '"misses": 6, "builds": 6,',
-            '{"mode": "warm", ',
-            '"misses": 0, "builds": 0,',
-            "probe_first_output smoke run: 0 GPU-only part(s) skipped: needs a GPU",
-        ],
-        False,
-    ),
     "resnet_attention": (
         [],
         [
@@ -207,28 +196,6 @@ RUNS: dict[str, tuple[list[str], list[str], bool]] = {
             '{"graph": "conv_bias_act", "source": "loaded"',
             '{"graph": "sdpa", "source": "loaded"',
             "probe_launch_parts smoke run:",
-        ],
-        False,
-    ),
-    "probe_first_miss": (
-        ["--rows", "5"],
-        [
-            "first miss conv_bias_act {'n': 1, 'c': 8, 'h': 6, 'w': 6, 'k': 8}: ",
-            "second miss conv_bias_act ",
-            "Ordered by: cumulative time",
-            "Ordered by: internal time",
-            "probe_first_miss smoke run: 0 GPU-only part(s) skipped: needs a GPU",
-        ],
-        False,
-    ),
-    "probe_miss_warm": (
-        [],
-        [
-            "conv_bias_relu     none    lookup ",
-            "conv_bias_relu     before  lookup ",
-            'warm {"inputs": ',
-            "sdpa_causal        thread  lookup ",
-            "probe_miss_warm smoke run: 0 GPU-only part(s) skipped: needs a GPU",
         ],
         False,
     ),
