@@ -13,8 +13,9 @@ frontend's ``deserialize`` and execute for the plans the native path leaves to i
 
 ``CudnnBackend`` is the guest backend (``guest.guest_backend``: the guest block,
 handles, load routing, launches, written once) over that driver, plus what only cuDNN
-does: the candidates of a graph (``_Candidates``), rebuilds from an engine id and knobs,
-and the shared kernel cache of dynamic-shape builds.
+does: a graph's plans as cuDNN lists them (``_Plans``; ``autotuning.candidates`` launches,
+checks and times them, as it does the CPU test backend's), rebuilds from an engine id and
+knobs, and the shared kernel cache of dynamic-shape builds.
 """
 
 from __future__ import annotations
@@ -511,7 +512,7 @@ def _forget_in_child(ref: weakref.ref[CudnnBackend]) -> None:
 
 class CudnnBackend(GuestBackend):
     """Builds, times, serializes, loads and executes cuDNN Frontend graphs: the guest
-    backend over ``CudnnDriver``, with cuDNN's candidates and rebuilds."""
+    backend over ``CudnnDriver``, with cuDNN's plans of a graph and rebuilds."""
 
     driver: CudnnDriver
 

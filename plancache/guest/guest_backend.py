@@ -20,8 +20,9 @@ runs unchanged over cuDNN's driver on a GPU and over the CPU test driver in the 
   capture's pool), a leased handle pointed at that stream, the caller's pointers in the
   plan's uid order, and a plan that a capture may replay kept for the rest of the process.
 
-What differs between machines, building candidates and rebuilding plans, is the
-subclass's (``CudnnBackend``, ``CpuTestBackend``).
+What differs between machines, a graph's candidate plans (``plans``) and rebuilding one,
+is the subclass's (``CudnnBackend``, ``CpuTestBackend``); the candidates are launched,
+checked and timed over the driver by ``autotuning.candidates``, the same code on both.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _pin(native: Any) -> None:
 
 class GuestBackend:
     """The backend seam (``guest.backend.Backend``) over a ``Driver``: the guest block,
-    handles, loads and launches. Subclasses add candidates and rebuilds."""
+    handles, loads and launches. Subclasses add a graph's plans and rebuilds."""
 
     def __init__(self, driver: Driver, *, native: bool = True) -> None:
         self.driver = driver
