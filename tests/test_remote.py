@@ -660,6 +660,32 @@ def test_a_failed_publish_never_strands_the_lock(
         assert admin.exists(lock_name) == 0, "the holder's lock outlived its release"
 
 
+@needs_server
+@pytest.mark.redis
+def test_a_take_whose_reply_was_lost_leaves_no_lock(own_server: LocalRedis, make_tier: Callable[..., RemoteTier]) -> None:
+    """The take reaches a Redis that stalls: the node times out, builds locally, and Redis then
+    runs the take and sets the lock. Nobody holds it, so the node releases it by its token once
+    Redis answers; otherwise every other node would wait on it until it expires."""
+    node, other = make_tier(own_server.url, timeout=0.1), make_tier(own_server.url)
+    entry = make_entry()
+    with node.lock(make_entry("cd" * 32).key, ENV_ID, wait=0):  # a connection open, the take's script loaded
+        pass
+    assert own_server.process is not None
+    os.kill(own_server.process.pid, signal.SIGSTOP)
+    try:
+        with node.lock(entry.key, ENV_ID, wait=0) as mine:
+            assert mine is True  # Redis did not answer: build locally
+    finally:
+        os.kill(own_server.process.pid, signal.SIGCONT)
+    lock_name = node.redis_key(entry.key, ENV_ID) + ":lock"
+    started = time.monotonic()
+    with other.lock(entry.key, ENV_ID, wait=10) as theirs:
+        waited = time.monotonic() - started
+    assert theirs is True and waited < 3, f"the next node waited {waited:.1f} s on a lock nobody held"
+    with own_server.client() as admin:
+        assert admin.exists(lock_name) == 0
+
+
 @pytest.mark.parametrize("wait", [0.0, 1.0])
 @pytest.mark.parametrize("state", ["healthy", "hung", "down", "hangs-while-waiting"])
 def test_lock_wait_is_bounded(

@@ -137,10 +137,19 @@ class FleetLock:
         token = secrets.token_hex(16).encode()  # only the owner's token renews or releases the lock
         pause = _POLL_FIRST
         waited = False
+        attempted: list[bool] = []  # whether the last attempt was sent (not skipped while backing off)
+
+        def acquire() -> Any:
+            attempted.append(True)
+            return self._acquire(keys=[entry_name, lock.name], args=[token, self._px])
+
         while True:
             sent = time.monotonic()
-            result = self._call("lock", lambda: self._acquire(keys=[entry_name, lock.name], args=[token, self._px]), "normal")
+            attempted.clear()
+            result = self._call("lock", acquire, "normal")
             if result is None:  # down, backing off, or refused (a full Redis): no coordination
+                if attempted:
+                    self._unclaim(lock, token, sent)
                 return "down", sent
             if result == 3:
                 self._warn_once("lock-stale", "plancache: took over the fleet lock %s: it had no expiry or one beyond "
@@ -160,6 +169,20 @@ class FleetLock:
                 return "timeout", sent
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, _POLL_MAX)
+
+    def _unclaim(self, lock: Any, token: bytes, sent: float) -> None:
+        """An attempt whose reply was lost may still have set the lock in Redis (a reply that
+        timed out, a connection reset after the script ran): release it by its token, on the
+        lock's own thread, retried until Redis answers or the lock would have expired, so
+        that no other node waits on a lock nobody holds. A release of a lock never set does
+        nothing: the token is this attempt's alone."""
+        lock.local.token = token
+        hold = _Hold(self, lock, expires_at=sent + self.lock_ttl)
+        hold.pending = True
+        hold.leave_to_thread()
+        with self._holds_lock:
+            self._holds.add(hold)
+        hold.thread.start()
 
     def _forget(self, hold: _Hold) -> None:
         with self._holds_lock:
@@ -200,6 +223,11 @@ class _Hold:
             self.pending = not self.release("always")
             if not self.pending:
                 self.owner._forget(self)
+        self.woken.set()
+
+    def leave_to_thread(self) -> None:
+        """The block is over without a release of its own: the thread retries it."""
+        self._leaving = True
         self.woken.set()
 
     def release(self, mode: Literal["always", "background"]) -> bool:
