@@ -204,9 +204,11 @@ class ManifestEntry:
         if not self.options:
             return default
         changes = {k: v for k, v in self.options.items() if not (k == "top_k" and v is None)}
-        if "heuristic_modes" in changes:
-            changes["heuristic_modes"] = tuple(changes["heuristic_modes"])
         return dataclasses.replace(default, **changes)
+
+    def record(self, **fields: Any) -> dict[str, Any]:
+        """The start of this entry's record in a prewarm report, with ``fields``."""
+        return {"index": self.index, "line": self.line, "label": self.label, "key": None, **fields}
 
     def to_dict(self) -> dict[str, Any]:
         """This (expanded) entry as a manifest entry."""
