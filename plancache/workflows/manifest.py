@@ -273,11 +273,6 @@ def _entry_offsets(text: str) -> list[int]:
     return []
 
 
-def _toml_lines(text: str) -> list[int]:
-    """Lines of the ``[[entries]]`` tables of a TOML manifest, in order."""
-    return [i + 1 for i, line in enumerate(text.splitlines()) if re.match(r"\s*\[\[\s*entries\s*\]\]", line)]
-
-
 def _schema_problem(schema: Mapping[str, Any], value: Any) -> str | None:
     import jsonschema  # only when loading a manifest
 
@@ -374,7 +369,8 @@ def _read_document(text: str, where: str, fmt: str) -> tuple[dict[str, Any], lis
             except ModuleNotFoundError:  # Python 3.10
                 import tomli as tomllib  # type: ignore[no-redef]
             document: Any = tomllib.loads(text)
-            lines: list[int | None] = list(_toml_lines(text))
+            lines: list[int | None] = [i + 1 for i, line in enumerate(text.splitlines())
+                                       if re.match(r"\s*\[\[\s*entries\s*\]\]", line)]  # its [[entries]] tables  # fmt: skip
         else:
             document = json.loads(text)
             lines = [text.count("\n", 0, offset) + 1 for offset in _entry_offsets(text)]
