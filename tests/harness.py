@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from plancache import BuildOptions, EntryNotFoundError, PlanCache, Store
+from plancache.formats.ubjson import encode as encode_ubjson
 from plancache.key import KEY_FORMAT, canonical_json, environment_id
+from plancache.key.frontend_form import frontend_form, frontend_graph
 from plancache.store import DB_NAME, Entry, bookkeeping, maintenance, sha256
 from plancache.testing import CpuTestBackend
-from plancache.testing.plans import graph_blob
 
 CTX = multiprocessing.get_context("forkserver")
 CTX.set_forkserver_preload(["torch", "torch.distributed.tensor", "cudnn", "plancache", "plancache.testing", "graphs", "harness"])
@@ -109,6 +110,14 @@ def entry_for(tag: str, blob_max: int) -> Entry:
                  engine={"engine_id": 1, "knobs": {}, "name": "harness"}, workspace_size=0, policy="heuristic",
                  candidates=[], timing={}, build_seconds=0.0, autotune_seconds=0.0, backend="harness",
                  created_at=now, last_used_at=now, check={"status": "single", "rule": 2, "compared": 1, "agreeing": 1})  # fmt: skip
+
+
+def graph_blob(description: dict[str, Any], filler: bytes = b"") -> bytes:
+    """A blob that carries the graph of ``description`` as a frontend plan does, then
+    ``filler``, and nothing a backend could load: what tests of the store and its tiers,
+    which never load a plan, store under a key (the store refuses a blob that carries no
+    graph, or another graph than its key's)."""
+    return encode_ubjson({**frontend_graph(frontend_form(description), {}, {}), "filler": filler.hex()})
 
 
 def expected_blob(key: str, blob_max: int) -> bytes:

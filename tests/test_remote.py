@@ -24,13 +24,13 @@ import pytest
 
 redis = pytest.importorskip("redis")
 
+from harness import graph_blob  # noqa: E402
 from redis_fixtures import SECRET, LocalRedis, free_port, needs_server  # noqa: E402
 
 from plancache.config import ConfigError  # noqa: E402  (after the importorskip above)
 from plancache.key import KEY_FORMAT, BuildOptions, canonical_json, environment_id  # noqa: E402
 from plancache.store import Entry, Store, sha256  # noqa: E402
 from plancache.store.codec import encode_entry  # noqa: E402
-from plancache.testing.plans import graph_blob  # noqa: E402
 from plancache.tiers import breaker, remote  # noqa: E402
 from plancache.tiers.remote import RemoteTier, sign_value  # noqa: E402
 

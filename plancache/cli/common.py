@@ -21,7 +21,7 @@ from ..errors import CacheDirError, EntryNotFoundError, StoreError
 from ..store import DB_NAME, Entry, Store, check_private, default_cache_dir
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "Command",
-           "Context", "age", "backend_from_env", "chosen_backend", "current_backend", "emit", "entry_named", "shared_options",
+           "Context", "backend_from_env", "chosen_backend", "current_backend", "emit", "entry_named", "shared_options",
            "table"]  # fmt: skip
 
 EXIT_OK = 0
@@ -137,13 +137,6 @@ def emit(data: Any, text: Callable[[Any], Iterable[str]]) -> None:
     else:
         for line in text(data):
             click.echo(line)
-
-
-def age(seconds: float) -> str:
-    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= span:
-            return f"{seconds / span:.0f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 def table(rows: list[list[str]], header: Sequence[str] = ()) -> list[str]:

@@ -17,7 +17,8 @@ import click
 from ..config import MAX_SIZE, format_size
 from ..errors import DamagedEntryError, EntryNotFoundError
 from ..store import DB_NAME, Entry, Store, maintenance
-from .common import EXIT_ERROR, Command, Context, age, emit, entry_named, table
+from ..workflows.report import age
+from .common import EXIT_ERROR, Command, Context, emit, entry_named, table
 
 __all__ = ["diff", "env", "inspect_plans", "list_entries", "show", "stats"]
 

@@ -15,7 +15,8 @@ import click
 from ..config import format_size
 from ..errors import EntryNotFoundError, PlanCacheError
 from ..store import DB_NAME, maintenance
-from .common import EXIT_PROBLEMS, Command, Context, age, current_backend, emit
+from ..workflows.report import age
+from .common import EXIT_PROBLEMS, Command, Context, current_backend, emit
 
 __all__ = ["RECENT_DAYS", "prune", "rm", "verify"]
 

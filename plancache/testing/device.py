@@ -14,7 +14,7 @@ plancache must never trip over inside a program it did not write (each seen on a
 * **Sticky errors.** A kernel that reads through a bad address poisons the context: every
   later call fails, as after "CUDA error: misaligned address".
 * **Memory.** A device has so much free memory; what autotuning allocates is tracked.
-* **Device synchronization.** ``cudaFree`` waits for every stream; each is counted.
+* **Device synchronization.** ``cudaFree`` waits for every stream.
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ class SimulatedCuda:
 
     free_memory: int = 64 << 30
     poisoned: str | None = None
-    syncs: int = 0  # device-wide synchronizations (each cudaFree)
     allocated: int = 0
     peak: int = 0
     errors: list[str] = field(default_factory=list)  # every CUDA error raised, in order
@@ -123,10 +122,6 @@ class SimulatedCuda:
         """Whether ``sid`` (default: this thread's current stream) is capturing."""
         return self._streams.get(self.current_stream() if sid is None else sid, _Stream(True)).capture is not None
 
-    def captures(self) -> list[Capture]:
-        with self._lock:
-            return [s.capture for s in self._streams.values() if s.capture is not None]
-
     # ---------------------------------------------------------------- work
 
     def launch(self, work: Callable[[], None], sid: int | None = None, took: float = 0.0) -> None:
@@ -185,7 +180,6 @@ class SimulatedCuda:
                     if stream.capture is not None:
                         stream.capture.invalidated = "a device synchronization during the capture"
                         raise self._error("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing")
-            self.syncs += 1
 
     # ---------------------------------------------------------------- memory and faults
 
@@ -198,7 +192,7 @@ class SimulatedCuda:
             self.peak = max(self.peak, self.allocated)
 
     def release(self, size: int, *, sync: bool = True) -> None:
-        """``cudaFree`` (``sync``: it waits for the whole device, counted in ``syncs``), or
+        """``cudaFree`` (``sync``: it waits for the whole device), or
         a block handed back to a caching allocator's pool (no CUDA call)."""
         if sync:
             self.synchronize_device()

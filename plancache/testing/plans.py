@@ -27,7 +27,7 @@ from ..guest.backend import EngineChoice
 from ..key import TensorSpec, canonical_json, used_tensors
 from ..key.frontend_form import frontend_form, frontend_graph
 
-__all__ = ["FORMAT", "decode", "encode", "graph_blob", "note_build", "payload", "payload_of"]
+__all__ = ["FORMAT", "decode", "encode", "note_build", "payload", "payload_of"]
 
 #: The plan format the test backend writes: one the native path was tested on.
 FORMAT = "2.0"
@@ -98,14 +98,6 @@ def _graph(description: Mapping[str, Any], tensors: Sequence[TensorSpec] = ()) -
     shapes = {f"u{spec.uid}": (list(spec.dims), list(spec.strides)) for spec in tensors}
     names = {f"u{spec.uid}": spec.name for spec in tensors}
     return frontend_graph(form, names, shapes)
-
-
-def graph_blob(description: Mapping[str, Any], filler: bytes = b"") -> bytes:
-    """A blob that carries the graph of ``description`` as a frontend plan does, then
-    ``filler``, and nothing a backend could load: what tests of the store and its tiers,
-    which never load a plan, store under a key (the store refuses a blob that carries no
-    graph, or another graph than its key's)."""
-    return encode_ubjson({**_graph(description), "filler": filler.hex()})
 
 
 def payload_of(text: bytes | str) -> dict[str, Any]:

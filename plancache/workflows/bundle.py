@@ -75,8 +75,8 @@ BUNDLE_FORMAT = 1
 _LENGTH = struct.Struct(">Q")
 _PRELUDE = len(BUNDLE_MAGIC) + _LENGTH.size + 32
 _MAX_HEADER = 256 << 20
-_KEY = re.compile(r"^[0-9a-f]{64}$")
-_ENV_ID = re.compile(r"^[0-9a-f]{16}$")
+_KEY = re.compile(r"^[0-9a-f]{64}$")  # a plan key, and a signature's tag
+_ENV_ID = re.compile(r"^[0-9a-f]{16}$")  # an environment id, and a secret's key id
 #: The largest bundle import reads (whole, into memory) and export writes: 2 GiB is tens of
 #: thousands of plans, more than any fleet's graphs; a larger store ships as several
 #: bundles (``--env``, ``--key``), so no setting is needed.
@@ -86,8 +86,6 @@ _SIGNED = b"PLANCACHE-BUNDLE-SIGNED/1\n"
 _SIGNATURE = "hmac-sha256"
 _UNSIGNED_HINT = (f"export it with the same {REDIS_SECRET_FILE.name} or {REDIS_SECRET.name} set on both machines, or pass "
                   "--allow-unsigned (allow_unsigned=True) if you trust where it came from")  # fmt: skip
-_KEY_ID = re.compile(r"^[0-9a-f]{16}$")
-_TAG = re.compile(r"^[0-9a-f]{64}$")
 #: The ``reason`` of a ``BundleError`` that refuses the file an export would write (it
 #: exists, is not a regular file, cannot be written, would be too large); every other
 #: reason is a bundle that cannot be read or trusted.
@@ -104,12 +102,6 @@ class Bundle:
     header: dict[str, Any]
     entries: list[Entry]
     signature: str
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 def _env_summary(environment: Mapping[str, Any]) -> str:
@@ -210,6 +202,8 @@ def export_bundle(
     Returns ``{"path", "entries", "keys", "bytes", "environments", "skipped", "key_id"}``
     (``key_id``: the signing secret's fingerprint, None for an unsigned bundle).
     """
+    from .. import __version__
+
     started = time.perf_counter()
     target = Path(path)
     _check_target(target)  # before any work; again just before the rename
@@ -243,7 +237,7 @@ def export_bundle(
         environments[entry.env_id] = entry.environment
         payload += data
     fields: dict[str, Any] = {"format": BUNDLE_FORMAT, "key_format": KEY_FORMAT, "created_at": time.time(),
-                              "plancache_version": _version(), "environments": environments, "payload_size": len(payload),
+                              "plancache_version": __version__, "environments": environments, "payload_size": len(payload),
                               "entries": members}  # fmt: skip
     secret = configured_secret() if secret is None else secret
     key_id = None if secret is None else secret_id(secret).hex()
@@ -309,7 +303,7 @@ def _signature(data: bytes, header: Mapping[str, Any], where: str, secret: bytes
             return "unsigned"
         raise _refuse(where, f"it is unsigned, so nothing proves who made it: {_UNSIGNED_HINT}", reason="unsigned")
     if (not isinstance(signature, dict) or signature.get("algorithm") != _SIGNATURE
-            or not _KEY_ID.match(str(signature.get("key_id"))) or not _TAG.match(str(signature.get("tag")))):  # fmt: skip
+            or not _ENV_ID.match(str(signature.get("key_id"))) or not _KEY.match(str(signature.get("tag")))):  # fmt: skip
         raise _refuse(where, "its signature is malformed", reason="malformed")
     secret = configured_secret() if secret is None else secret
     mine = None if secret is None else secret_id(secret).hex()

@@ -204,9 +204,11 @@ class ManifestEntry:
         if not self.options:
             return default
         changes = {k: v for k, v in self.options.items() if not (k == "top_k" and v is None)}
-        if "heuristic_modes" in changes:
-            changes["heuristic_modes"] = tuple(changes["heuristic_modes"])
         return dataclasses.replace(default, **changes)
+
+    def record(self, **fields: Any) -> dict[str, Any]:
+        """The start of this entry's record in a prewarm report, with ``fields``."""
+        return {"index": self.index, "line": self.line, "label": self.label, "key": None, **fields}
 
     def to_dict(self) -> dict[str, Any]:
         """This (expanded) entry as a manifest entry."""
@@ -269,11 +271,6 @@ def _entry_offsets(text: str) -> list[int]:
         _, pos = decoder.raw_decode(text, pos)
         pos = skip(pos, ",")
     return []
-
-
-def _toml_lines(text: str) -> list[int]:
-    """Lines of the ``[[entries]]`` tables of a TOML manifest, in order."""
-    return [i + 1 for i, line in enumerate(text.splitlines()) if re.match(r"\s*\[\[\s*entries\s*\]\]", line)]
 
 
 def _schema_problem(schema: Mapping[str, Any], value: Any) -> str | None:
@@ -372,7 +369,8 @@ def _read_document(text: str, where: str, fmt: str) -> tuple[dict[str, Any], lis
             except ModuleNotFoundError:  # Python 3.10
                 import tomli as tomllib  # type: ignore[no-redef]
             document: Any = tomllib.loads(text)
-            lines: list[int | None] = list(_toml_lines(text))
+            lines: list[int | None] = [i + 1 for i, line in enumerate(text.splitlines())
+                                       if re.match(r"\s*\[\[\s*entries\s*\]\]", line)]  # its [[entries]] tables  # fmt: skip
         else:
             document = json.loads(text)
             lines = [text.count("\n", 0, offset) + 1 for offset in _entry_offsets(text)]

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..store import Entry
 
-__all__ = ["entry_report", "report_lines", "speedup"]
+__all__ = ["age", "entry_report", "report_lines", "speedup"]
 
 # Every status of a candidate that built (the heuristic policy keeps the first of them, timed
 # or not: a miss budget may cut the timing short after the comparison of outputs).
@@ -85,7 +85,7 @@ def entry_report(entry: Entry, now: float | None = None) -> dict[str, Any]:
     }
 
 
-def _age(seconds: float | None) -> str:
+def age(seconds: float | None) -> str:
     if seconds is None:
         return "never"
     for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -114,7 +114,7 @@ def report_lines(report: Mapping[str, Any]) -> Iterable[str]:
             if report["policy"] == "heuristic"
             else "  speed-up   -"
         )
-    yield (f"  hits {report['hits']}, age {_age(report['age_s'])}, last used {_age(report['last_used_s'])} ago, "
+    yield (f"  hits {report['hits']}, age {age(report['age_s'])}, last used {age(report['last_used_s'])} ago, "
            f"build {report['build_seconds']:.2f}s (timing {report['autotune_seconds']:.2f}s)")  # fmt: skip
     rows = [c for c in report["candidates"] if c["status"] != "not_built"]
     if rows:

@@ -331,8 +331,7 @@ class _Shard:
 
     def _failed(self, position: int, error: str, device: int | None) -> None:
         entry = self.todo[position]
-        self._done(position, {"index": entry.index, "line": entry.line, "label": entry.label, "key": None,
-                              "status": "failed", "error": f"{entry.where}: {error}", "seconds": 0.0, "device": device})  # fmt: skip
+        self._done(position, entry.record(status="failed", error=f"{entry.where}: {error}", seconds=0.0, device=device))
 
     def _lost(self, w: _Worker) -> None:
         """``w``'s process has exited: its pool is broken."""

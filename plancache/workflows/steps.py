@@ -97,13 +97,9 @@ class Progress:
             self.bar.close()
 
 
-def stored(cache: Any, digest: str) -> bool:
-    """Whether a usable entry is stored under ``digest`` (read without counting a hit)."""
-    return stored_in(cache.store, digest)
-
-
 def stored_in(store: Any, digest: str) -> bool:
-    """``stored`` for a ``Store`` (None: nothing stored)."""
+    """Whether a usable entry is stored under ``digest`` in ``store`` (None: nothing
+    stored), read without counting a hit."""
     if store is None:
         return False
     try:
@@ -122,7 +118,7 @@ def describe_failure(entry: ManifestEntry, exc: Exception) -> str:
 
 
 def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: set[str]) -> dict[str, Any]:
-    record: dict[str, Any] = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None}
+    record = entry.record()
     if entry.listed_only:  # a dry run lists builder entries without importing them: no graph, no key
         record["status"] = "listed"
         return record
@@ -132,7 +128,7 @@ def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bo
     record["key"] = key.digest
     if key.digest in seen:
         record["status"] = "duplicate"
-    elif stored(cache, key.digest):
+    elif stored_in(cache.store, key.digest):
         record["status"] = "hit"
     elif dry_run:
         record["status"] = "would_build"
@@ -141,7 +137,7 @@ def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bo
         cache.get(graph, options=opts)
         built = cache.counters["builds"] + cache.counters["rebuilds"] - before["builds"] - before["rebuilds"]
         record["status"] = "built" if built else "hit"  # another process may have built it meanwhile
-        if not stored(cache, key.digest):  # no majority, not loadable back, a full disk: nothing kept
+        if not stored_in(cache.store, key.digest):  # no majority, not loadable back, a full disk: nothing kept
             record["status"] = "unpersisted"
     seen.add(key.digest)
     return record
@@ -155,7 +151,7 @@ def check_one(
     ``environment``, its key and whether ``store`` holds it (``hit`` or ``would_build``);
     without one (keys depend on the GPU), status ``checked`` and no key. Duplicates are
     found either way (same graph and options)."""
-    record: dict[str, Any] = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None}
+    record = entry.record()
     if entry.listed_only:
         record["status"] = "listed"
         return record
@@ -184,18 +180,14 @@ def timed(entry: ManifestEntry, step: Callable[[], dict[str, Any]]) -> dict[str,
     try:
         record = step()
     except Exception as exc:  # one bad entry is reported; the rest still run
-        record = {"index": entry.index, "line": entry.line, "label": entry.label, "key": None, "status": "failed",
-                  "error": describe_failure(entry, exc)}  # fmt: skip
+        record = entry.record(status="failed", error=describe_failure(entry, exc))
     record["seconds"] = time.perf_counter() - t0
     return record
 
 
 def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str | None, started: float) -> dict[str, Any]:
     """The report of a run from its records (the same with one device or several)."""
-    count = {
-        s: sum(r["status"] == s for r in records)
-        for s in ("built", "hit", "failed", "would_build", "checked", "listed", "duplicate", "unpersisted")
-    }
+    count = collections.Counter(r["status"] for r in records)
     return {
         "total": len(records),
         "built": count["built"] + count["unpersisted"],

@@ -28,12 +28,8 @@ def cut_short(entry: Any) -> bool:
 
 def _options(recorded: dict[str, Any]) -> BuildOptions:
     """The build options an entry was keyed with (as ``key.options_dict`` wrote them)."""
-    fields: dict[str, Any] = {n: recorded[n] for n in ("policy", "top_k", "workspace_limit", "kernel_cache") if n in recorded}
-    if fields.get("top_k") is None:
-        fields.pop("top_k", None)
-    if "heuristic_modes" in recorded:
-        fields["heuristic_modes"] = tuple(recorded["heuristic_modes"])
-    return BuildOptions(**fields)
+    names = ("policy", "top_k", "heuristic_modes", "workspace_limit", "kernel_cache")
+    return BuildOptions(**{n: recorded[n] for n in names if n in recorded and not (n == "top_k" and recorded[n] is None)})
 
 
 def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = False) -> dict[str, Any]:
