@@ -6,54 +6,16 @@ environment fetches it instead of autotuning. Entries travel in the portable for
 a plan blob can carry native code: an entry that is unsigned, signed with another secret,
 altered, undecodable or stored under the wrong key is refused, counted and never returned.
 
-Interface (what PlanCache uses; nothing here raises after construction)
------------------------------------------------------------------------
-::
-
-    RemoteTier(url: str, *, secret: bytes, namespace: str = "plancache", timeout: float = 0.25,
-               ttl: int | None = None, lock_ttl: float = 60, backoff_max: float = 60,
-               max_stall: float = 2.0, max_value: int = 16 << 20)
-        # Connects lazily: constructing touches no network. Every argument but backoff_max
-        # is read by its setting's declaration (plancache.config, PLANCACHE_REDIS_*): a bad
-        # value is a ConfigError naming the argument (a secret shorter than 16 bytes, a URL
-        # that is not redis://, rediss:// or unix://, a number of seconds that is not above
-        # 0 and finite). RemoteError when redis-py is missing.
-    RemoteTier.from_env(environ: Mapping[str, str] | None = None) -> RemoteTier | None
-        # None when PLANCACHE_REDIS_URL is unset. Secret from PLANCACHE_REDIS_SECRET or the
-        # file named by PLANCACHE_REDIS_SECRET_FILE (exactly one); a ConfigError without
-        # one. Optional: PLANCACHE_REDIS_NAMESPACE, _TIMEOUT, _TTL, _LOCK_TTL, _MAX_STALL,
-        # _MAX_VALUE.
-        # settings_from_env(environ) reads and checks them all without constructing a tier.
-    tier.get(key: str, env_id: str) -> Entry | None
-        # A verified entry, or None on a miss, a refusal or an outage. Its usage fields are
-        # this node's: hit_count 0, last_used_at now. Ready for Store.put. A value larger
-        # than max_value is refused by Redis's own count of its length, before it is sent.
-    tier.put(entry: Entry) -> bool
-        # Publish signed (with the TTL if any). False on an outage, a full Redis (also with
-        # allkeys-lru: a value larger than its free memory), an entry whose blob fails its
-        # checksum, or one whose value would be larger than max_value.
-    tier.lock(key: str, env_id: str, wait: float) -> ContextManager[bool]
-        # Cross-node single flight (plancache.fleet_lock). True: build now (this node holds
-        # the lock, or Redis is unreachable or full so there is no one to coordinate with).
-        # False: the entry appeared, or `wait` seconds ran out; call get() again and build
-        # only if it is still None. Publish with put() INSIDE the with-block, so that waiters
-        # find the entry. The lock is renewed while the block runs and expires `lock_ttl`
-        # after its holder dies; its release is retried until Redis answers. A lock key
-        # with no expiry, or one beyond lock_ttl, no holder set: it is taken over (one warning).
-    tier.stats() -> dict[str, Any]
-        # remote_hits, remote_misses, publishes, refused, errors, lock_waits, skipped (ints),
-        # plus available (bool), url (password hidden), namespace, key_id (secret fingerprint).
-    tier.available -> bool      # False while backing off or after max_stall was spent
-    tier.redis_key(key, env_id) -> str   # f"{namespace}:v{FORMAT}:{env_id}:{key}"
-    tier.key_id -> str          # 16 hex chars; equal on two nodes iff their secrets are equal
-    tier.close() -> None
-
-Where the cache uses it: ``cache.lookup.Lookup`` reads through it when the local store
-has no sound entry (``_from_remote``: the entry is judged as a local one is, then stored
-locally and loaded), ``cache.flight.SingleFlight`` takes its ``lock`` after the local file
-lock, and a plan built inside that flight is published with ``put`` before the lock is
-released, so that nodes waiting on it find the plan.
-
+Every argument of ``RemoteTier`` but ``backoff_max`` is read by its setting
+(``PLANCACHE_REDIS_*`` in plancache.config), so a bad value is a ``ConfigError`` naming the
+argument. Construction touches no network, and nothing raises after it: ``get`` returns a
+verified entry (its usage fields this node's) or None on a miss, a refusal or an outage;
+``put`` returns False on an outage, a full Redis, a blob that fails its checksum or a value
+over ``max_value``. ``lock`` is cross-node single flight: True means build now (this node
+holds the lock, or Redis cannot coordinate); False means the entry appeared or the wait ran
+out, so call ``get`` again. Publish with ``put`` inside the with-block, so that waiters find
+the entry. A lock key with no expiry, or one beyond ``lock_ttl``, is taken over (one
+warning).
 Bounded delay
 -------------
 Every call (made through ``breaker.Breaker``) makes at most one attempt, with no
