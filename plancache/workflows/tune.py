@@ -27,7 +27,7 @@ def cut_short(entry: Any) -> bool:
 
 
 def _options(recorded: dict[str, Any]) -> BuildOptions:
-    """The build options an entry was keyed with (as ``key.options_dict`` wrote them)."""
+    """The build options an entry was keyed with (as ``BuildOptions.to_dict`` wrote them)."""
     fields: dict[str, Any] = {n: recorded[n] for n in ("policy", "top_k", "workspace_limit", "kernel_cache") if n in recorded}
     if fields.get("top_k") is None:
         fields.pop("top_k", None)
