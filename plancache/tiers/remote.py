@@ -67,11 +67,13 @@ from ..config import (
     REDIS_TTL,
     REDIS_URL,
     ConfigError,
+    Refused,
     Setting,
 )
 from ..errors import RemoteError
 from ..store import Entry, problem
 from ..store.codec import decode_entry, encode_entry
+from ..store.files import read_secret_file
 from .bounded import bounded_connection
 from .breaker import FAILED, Breaker
 from .fleet_lock import FleetLock
@@ -176,7 +178,14 @@ def configured_secret(environ: Mapping[str, str] | None = None) -> bytes | None:
     if REDIS_SECRET.is_set(env) and REDIS_SECRET_FILE.is_set(env):
         raise ConfigError(f"{REDIS_SECRET.name} and {REDIS_SECRET_FILE.name} are both set: set one of them",
                           name=REDIS_SECRET.name, value=None)  # fmt: skip
-    return REDIS_SECRET_FILE.from_env(env) or REDIS_SECRET.from_env(env)
+    path = REDIS_SECRET_FILE.from_env(env)
+    if path is None:
+        return REDIS_SECRET.from_env(env)
+    try:  # the setting reads the path; the file is read as every file a user names is
+        return read_secret_file(path)
+    except Refused as exc:
+        text = env[REDIS_SECRET_FILE.name]
+        raise ConfigError(f"{REDIS_SECRET_FILE.name}={text!r} {exc}", name=REDIS_SECRET_FILE.name, value=text) from None
 
 
 def _secret_from_env(env: Mapping[str, str]) -> bytes:

@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from ..cache.recording import MANIFEST_VERSION, write_json
-from ..config import Refused, read_regular
+from ..config import Refused
 from ..errors import ManifestError
 from ..key import HEURISTIC_MODES, POLICIES, BuildOptions
+from ..store.files import read_regular
 from . import templates
 
 __all__ = [
