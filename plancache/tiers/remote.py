@@ -16,28 +16,22 @@ holds the lock, or Redis cannot coordinate); False means the entry appeared or t
 out, so call ``get`` again. Publish with ``put`` inside the with-block, so that waiters find
 the entry. A lock key with no expiry, or one beyond ``lock_ttl``, is taken over (one
 warning).
+
 Bounded delay
 -------------
-Every call (made through ``breaker.Breaker``) makes at most one attempt, with no
-client-side retries. An attempt costs at most ``timeout`` per round trip: connect +
-command (+ AUTH with a password, + SELECT with a database number other than 0, + CLIENT
-SETNAME with a client name), so 0.5 s with the defaults and no password. That is one
-deadline for the whole call (``bounded``), not a timeout per read: a server that drips its
-reply a byte at a time is cut off there as one that never answers is (a healthy Redis
-that lost a script reloads it well within it). A reply is also cut off past ``max_value``
-bytes and its framing, which only a server that ignores the size check sends. Either way
-the call fails like a timeout and its connection is dropped. After a failure the tier is skipped (calls
-return at once, counted as ``skipped``) for 1, 2, 4 ... ``backoff_max`` seconds, with ONE
-warning per outage and an info line when Redis answers again. Time spent in failed calls
-adds up per process; once it reaches ``max_stall`` the tier switches itself off for the
-rest of the process (one more warning). So an unreachable, black-holed or hung Redis delays
-a process by at most ``max_stall`` plus one attempt (2.5 s with the defaults and no
-password) in total, however many lookups it makes. A dead Redis on a live host refuses
-connections in about a millisecond. ``lock(wait=...)`` waits on a healthy Redis are the
-caller's choice and not counted: ``lock(wait=W)`` returns within W plus one attempt.
-Releasing a lock is the one call made while backing off (counted like the others, so the
-bound holds; skipped once the tier is switched off); renewals and release retries run on
-the lock's own daemon thread and delay no caller. Hostnames are resolved by the OS
+Every call (through ``breaker.Breaker``) is one attempt, with no client-side retries, held
+to one deadline for the whole call (``bounded``; a healthy Redis that lost a script reloads
+it well within it): ``timeout`` per round trip (connect + command, + AUTH with a password,
++ SELECT with a database other than 0, + CLIENT SETNAME with a client name), so 0.5 s with
+the defaults and no password. After a failure the tier is skipped for 1, 2, 4 ...
+``backoff_max`` seconds, with one warning per outage and an info line when Redis answers
+again; once failed calls have cost ``max_stall`` the tier is off for the rest of the
+process. So an unreachable, black-holed or hung Redis delays a process by at most
+``max_stall`` plus one attempt (2.5 s with the defaults and no password) in total, however
+many lookups it makes. ``lock(wait=W)`` returns within W plus one attempt: its waits on a
+healthy Redis are the caller's choice and not counted. Releasing a lock is the one call
+made while backing off (counted like the others, so the bound holds); renewals and release
+retries run on the lock's own thread and delay no caller. Hostnames are resolved by the OS
 resolver, which these timeouts do not bound: give an IP address or a name in /etc/hosts on
 nodes whose DNS may hang.
 """
