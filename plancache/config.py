@@ -17,12 +17,13 @@ Words are read in any case (``ON``, ``Off``, ``TopK``), and a limit that can be 
 lifted by ``off`` or ``none`` (``PLANCACHE_MAX_SIZE=off``, ``PLANCACHE_AUTOTUNE_BUDGET=off``).
 
 ``SETTINGS`` lists them all in the order README.md's table shows them (a test holds the
-table to it). What a setting's value means for the cache is documented where it is used.
+table to it). What a setting's value means for the cache is documented where it is used,
+and a file a setting names is read there too (``store.files``: ``PLANCACHE_REDIS_SECRET_FILE``
+is a path here).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
@@ -36,11 +37,11 @@ from typing import Any, Generic, TypeVar
 
 from .errors import PlanCacheError
 
-__all__ = ["ALLOW_SHARED_DIR", "APP", "AUTOTUNE_BUDGET", "AUTOTUNE_MEMORY", "AUTO_PRIME", "BACKEND", "CACHE_DIR", "MAX_SIZE", "MEMORY_PLANS",
-           "PATCH_CUDNN", "RECORD", "REDIS_LOCK_TTL", "REDIS_MAX_STALL", "REDIS_MAX_VALUE", "REDIS_NAMESPACE", "REDIS_SECRET",
-           "REDIS_SECRET_FILE", "REDIS_SETTINGS", "REDIS_TIMEOUT", "REDIS_TTL", "REDIS_URL", "SETTINGS", "ConfigError",
-           "MemoryBudget", "Refused", "Setting", "argument", "file_kind", "format_size", "instance_of", "number", "open_regular", "read_regular", "size",
-           "switch", "tag", "wait_seconds", "whole_number"]  # fmt: skip
+__all__ = ["ALLOW_SHARED_DIR", "APP", "AUTOTUNE_BUDGET", "AUTOTUNE_MEMORY", "AUTO_PRIME", "BACKEND", "CACHE_DIR", "MAX_SIZE",
+           "MEMORY_PLANS", "MIN_SECRET_BYTES", "PATCH_CUDNN", "RECORD", "REDIS_LOCK_TTL", "REDIS_MAX_STALL", "REDIS_MAX_VALUE",
+           "REDIS_NAMESPACE", "REDIS_SECRET", "REDIS_SECRET_FILE", "REDIS_SETTINGS", "REDIS_TIMEOUT", "REDIS_TTL", "REDIS_URL",
+           "SECRET_HINT", "SETTINGS", "ConfigError", "MemoryBudget", "Refused", "Setting", "argument", "file_kind",
+           "format_size", "instance_of", "number", "size", "switch", "tag", "wait_seconds", "whole_number"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -355,51 +356,6 @@ def file_kind(mode: int) -> str:
     return "a special file"
 
 
-class _NotRegular(OSError):
-    """What ``open_regular`` raises for a file that is there but not a regular one."""
-
-
-def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o600, *,
-                 follow: bool = False) -> tuple[int, os.stat_result]:  # fmt: skip
-    """``os.open`` of a regular file, for every file plancache reads or writes beside its
-    store: the descriptor and its ``fstat``, so what the caller judges is the file it uses,
-    however the path changes meanwhile. ``O_NOFOLLOW`` (unless ``follow``): a link is
-    ``OSError`` (ELOOP), never opened through. ``O_NONBLOCK``: a FIFO with no writer does
-    not hang the open; it and any other kind of file is ``OSError`` (EINVAL) naming it."""
-    fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise _NotRegular(errno.EINVAL, f"is {file_kind(status.st_mode)}, not a regular file", os.fspath(path))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, status
-
-
-def read_regular(path: str | os.PathLike[str], limit: int, *, follow: bool = False) -> tuple[bytes, int]:
-    """The bytes and mode of the regular file at ``path``, for a file a user names beside the
-    store (a secret, a bundle, a recording). ``Refused`` says why not: a symbolic link
-    (unless ``follow``), a FIFO, a device, a directory, or more than ``limit`` bytes;
-    ``OSError`` when it cannot be opened."""
-    try:
-        fd, status = open_regular(path, os.O_RDONLY, follow=follow)
-    except _NotRegular as exc:
-        raise _Refused(str(exc.strerror)) from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _Refused("is a symbolic link: plancache reads no file through a link here; name the file itself") from None
-        raise
-    try:
-        with open(fd, "rb", closefd=False) as file:
-            data = file.read(limit + 1) if status.st_size <= limit else None  # limit + 1: one that grew since fstat too
-    finally:
-        os.close(fd)
-    if data is None or len(data) > limit:
-        raise _Refused(f"is larger than {format_size(limit)}, the most plancache reads of such a file")
-    return data, stat.S_IMODE(status.st_mode)
-
-
 def _record_path(value: object) -> Path | None:
     """A manifest file to record into: JSON, in a directory that exists; off (``0``,
     ``false``, ``no``, ``off``, as every switch) is not recording."""
@@ -456,7 +412,7 @@ def _redis_url(value: object) -> str:
 
 #: A shorter secret can be guessed offline from one signed value.
 MIN_SECRET_BYTES = 16
-_SECRET_HINT = f"use at least {MIN_SECRET_BYTES} bytes (for example the output of `openssl rand -hex 32`), the same on every node"
+SECRET_HINT = f"use at least {MIN_SECRET_BYTES} bytes (for example the output of `openssl rand -hex 32`), the same on every node"
 
 
 def _secret(value: object) -> bytes:
@@ -465,26 +421,8 @@ def _secret(value: object) -> bytes:
     if not isinstance(value, (bytes, bytearray)):
         raise _Refused(f"is not bytes but {type(value).__name__}")
     if len(value) < MIN_SECRET_BYTES:
-        raise _Refused(f"is {len(value)} byte{'s' if len(value) != 1 else ''}: {_SECRET_HINT}")
+        raise _Refused(f"is {len(value)} byte{'s' if len(value) != 1 else ''}: {SECRET_HINT}")
     return bytes(value)
-
-
-#: A secret is a line of text; a file far larger is not a secret file, and is never read whole.
-MAX_SECRET_FILE = 64 << 10
-
-
-def _secret_file(value: object) -> bytes:
-    path = _path(value)
-    try:
-        # Files usually end with a newline that is not part of the secret.
-        # Followed through a link: secrets are mounted as links to the file that holds them (a
-        # Kubernetes secret volume), and a link cannot make a secret of what is not one.
-        secret = read_regular(path, MAX_SECRET_FILE, follow=True)[0].rstrip(b"\r\n")
-    except OSError as exc:
-        raise _Refused(f"cannot be read: {exc.strerror or exc}") from None
-    if len(secret) < MIN_SECRET_BYTES:
-        raise _Refused(f"holds {len(secret)} byte{'s' if len(secret) != 1 else ''}: {_SECRET_HINT}")
-    return secret
 
 
 def _namespace(value: object) -> str:
@@ -611,9 +549,10 @@ ALLOW_SHARED_DIR: Setting[str | None] = Setting(
 REDIS_URL: Setting[str | None] = Setting(
     "PLANCACHE_REDIS_URL", "the Redis tier of a fleet ([docs/fleet.md](docs/fleet.md))", "no Redis tier", None, _redis_url,
     arguments=("RemoteTier(url)",), secret=True)  # fmt: skip
-REDIS_SECRET_FILE: Setting[bytes | None] = Setting(
+#: The path alone: ``tiers.remote.configured_secret`` reads the secret in it (``store.files``).
+REDIS_SECRET_FILE: Setting[Path | None] = Setting(
     "PLANCACHE_REDIS_SECRET_FILE", "file holding the secret that signs Redis entries, 16 bytes or more (this or the next "
-    "one is required with a URL)", "none", None, _secret_file)  # fmt: skip
+    "one is required with a URL)", "none", None, _path)  # fmt: skip
 REDIS_SECRET: Setting[bytes | None] = Setting(
     "PLANCACHE_REDIS_SECRET", "the secret itself (prefer the file)", "none", None, _secret,
     arguments=("RemoteTier(secret=)",), secret=True)  # fmt: skip

@@ -39,6 +39,7 @@ from plancache.config import (
 )
 from plancache.errors import CacheDirError
 from plancache.testing import CpuTestBackend
+from plancache.tiers.remote import configured_secret
 from plancache.workflows import templates
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,9 +83,8 @@ VARIABLES: dict[str, Cases] = {
     ),
     "PLANCACHE_ALLOW_SHARED_DIR": Cases((GROUP, GROUP), "maybe", None, REFUSED, REFUSED),
     "PLANCACHE_REDIS_URL": Cases((URL, URL), "http://127.0.0.1:1", None, REFUSED, REFUSED),
-    "PLANCACHE_REDIS_SECRET_FILE": Cases(
-        (lambda tmp: _secret_file(tmp, 32), b"k" * 32), lambda tmp: _secret_file(tmp, 1), None, REFUSED, REFUSED
-    ),
+    # the path: the secret in it is read by tiers.remote.configured_secret (see the test below)
+    "PLANCACHE_REDIS_SECRET_FILE": Cases(("secret", Path("secret")), None, None, Path("nan"), Path("inf")),
     "PLANCACHE_REDIS_SECRET": Cases((SECRET, SECRET.encode()), "short", None, REFUSED, REFUSED),
     "PLANCACHE_REDIS_NAMESPACE": Cases(("fleet1", "fleet1"), "a:b", "plancache", "nan", "inf"),
     "PLANCACHE_REDIS_TIMEOUT": Cases(("0.5", 0.5), "-1", 0.25, REFUSED, REFUSED),
@@ -275,8 +275,6 @@ def test_every_bad_variable_is_one_line_and_exit_2_from_any_command_before_anyth
         pytest.skip("every value is valid here")
     env = {"PLANCACHE_REDIS_URL": URL, "PLANCACHE_REDIS_SECRET": SECRET} if "REDIS" in name else {}
     env = {**env, name: bad(tmp_path) if callable(bad) else bad}
-    if name in ("PLANCACHE_REDIS_SECRET_FILE",):
-        env.pop("PLANCACHE_REDIS_SECRET")
     manifest = tmp_path / "m.json"
     manifest.write_text('{"version": 1, "entries": []}')
     command = ["prewarm", str(manifest), "--dry-run"] if name == "PLANCACHE_BACKEND" else ["ls"]
@@ -284,6 +282,31 @@ def test_every_bad_variable_is_one_line_and_exit_2_from_any_command_before_anyth
     assert result.exit_code == 2, result.output
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"plancache: error: {name}"), result.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("size", [1, 32])
+def test_a_secret_file_is_read_before_anything_is_created_and_a_bad_one_is_one_line_and_exit_2(
+    size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``PLANCACHE_REDIS_SECRET_FILE`` names the file; the secret in it is read with the Redis
+    tier's other settings (``tiers.remote.configured_secret``), which every command reads
+    before it creates anything."""
+    monkeypatch.chdir(tmp_path)
+    path = _secret_file(tmp_path, size)
+    result = CliRunner().invoke(cli, ["--dir", str(tmp_path / "cache"), "ls"],
+                                env={"PLANCACHE_REDIS_URL": URL, "PLANCACHE_REDIS_SECRET_FILE": path})  # fmt: skip
+    if size == 32:
+        assert configured_secret({"PLANCACHE_REDIS_SECRET_FILE": path}) == b"k" * 32  # without its line end
+        assert result.exit_code == 0, result.output
+        return
+    with pytest.raises(ConfigError) as info:
+        configured_secret({"PLANCACHE_REDIS_SECRET_FILE": path})
+    assert info.value.name == "PLANCACHE_REDIS_SECRET_FILE"
+    assert str(info.value).startswith(f"PLANCACHE_REDIS_SECRET_FILE={path!r} holds 1 byte")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0] == f"plancache: error: {info.value}", result.stderr
     assert not (tmp_path / "cache").exists()
 
 

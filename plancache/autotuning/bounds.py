@@ -23,7 +23,7 @@ with ``|w|``, ``max |V|`` for attention, and through pointwise epilogues by how 
 can stretch a difference (a negative slope of 3 stretches it 3 times). A node the model
 does not know (an exp, a division, a normalization, a backward pass) leaves its outputs
 to the coarse bound: ``m`` is then the output's largest magnitude and ``absolute``
-also covers ``4 ulp`` of every rounding, the rule plancache used before this one.
+also covers ``4 ulp`` of every rounding.
 
 The bound is an estimate of rounding, not a proof; ``autotuning.consensus`` holds a candidate
 outside the consensus only when some element is ``FAR`` times beyond it.

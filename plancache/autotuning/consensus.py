@@ -7,13 +7,11 @@ and its outputs are compared with the others': a candidate outside the majority 
 rejected and never chosen.
 
 **Comparing two candidates.** Every element of every output is held against its own bound
-(``autotuning.bounds``: one ulp of the output's type relative to the element, plus the
-rounding accumulated over the reduction, scaled by the magnitudes that went into the
-element). What is recorded of a comparison (``Agreement``) is how many elements lie
-outside their bound, what fraction of the output that is, and the worst ratio of an
-element's difference to its bound. Two right engines differ by rounding: every element
-within about one bound. A candidate with any element more than ``FAR`` times its bound
-away from the other's disagrees with it: that much is not rounding.
+(``autotuning.bounds``). What is recorded of a comparison (``Agreement``) is how many
+elements lie outside their bound, what fraction of the output that is, and the worst ratio
+of an element's difference to its bound. Two right engines differ by rounding: every
+element within about one bound. A candidate with any element more than ``FAR`` times its
+bound away from the other's disagrees with it: that much is not rounding.
 
 Why element by element: an engine that ignores a relu's ``lower_clip=-1`` moves each
 negative output by at most 1 while a bf16 matmul's outputs reach 150. Against the largest

@@ -108,11 +108,7 @@ def _signature(
     """What a builder's result depends on, as a hashable value two calls share only when
     every argument is keyed alike (the module's docstring says how), and whether any
     argument was a tensor. Raises ``UnkeyableArgumentError`` for an argument with no stable
-    value.
-
-    On the hot path of every decorated call, hence the plain loops and no helper calls
-    for tensors, exact values and tuples of them.
-    """
+    value."""
     global _tensor_type
     tensor_type = _tensor_type
     if tensor_type is None:

@@ -33,9 +33,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import Refused, argument, read_regular, wait_seconds
+from ..config import Refused, argument, wait_seconds
 from ..errors import LockTimeoutError
-from ..store.files import PRIVATE, Modes, check_trusted, create_directory, file_lock
+from ..store.files import PRIVATE, Modes, check_trusted, create_directory, file_lock, read_regular
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock

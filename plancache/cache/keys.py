@@ -14,7 +14,7 @@ second lookup, not its first: a program that builds a new graph for every lookup
 only for noting that it saw it. The state is taken before the graph is described: a
 graph another thread changes in between is described as changed and fails its state at
 the next lookup, never the reverse. A graph whose state cannot be compared exactly (a
-torch tensor held as a parameter, say) is described at every lookup, as before.
+torch tensor held as a parameter, say) is described at every lookup.
 """
 
 from __future__ import annotations

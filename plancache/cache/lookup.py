@@ -1,13 +1,9 @@
-"""The lookup pipeline behind ``PlanCache.get``: the key, the memory tier, the stored
-tiers, then the key's single flight, then a repair or a build. Each step reads like the
-life of a lookup in ``cache``'s docstring. ``Lookup`` owns every tier and the flight;
-``PlanCache`` is the public face over it.
+"""The lookup pipeline behind ``PlanCache.get``: the steps of ``cache``'s docstring below
+memory. ``Lookup`` owns every tier and the flight; ``PlanCache`` is its public face.
 
-Reads take no lock and write nothing: an entry that ``store.entry.problem`` finds unsound
-is only a miss there. Inside the single flight, the same entry is judged again, and only
-that row is quarantined (another process may have rebuilt the key meanwhile); its engine
-and knobs are rebuilt on a graph replayed from its description, so the caller's graph stays
-unplanned for autotuning if the rebuild fails.
+Reads take no lock and write nothing: an unsound entry is only a miss there. Inside the
+single flight it is judged again, and only that row is quarantined (another process may
+have rebuilt the key meanwhile).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Priming: loading stored plans into memory on a background thread, before they are asked for.
 
 A warm start spends its time in cuDNN's first use of each engine family (loading kernels,
-~85-100 ms each on an H200) and in creating handles; a lookup pays it whether or not the
-plan was built in this process. Paid on a background thread while the program imports
-and loads its weights, it is gone from the first step.
+tens of milliseconds each) and in creating handles; a lookup pays it whether or not the
+plan was built in this process. Paid on a background thread while the program imports and
+loads its weights, it is gone from the first step.
 
 Auto-prime needs no code: each process records, per application, which plans it used
 (``LocalTier.note_use``, written with the hit counts), and a cache that opens starts a
@@ -14,10 +14,9 @@ its own device). Use is recorded with priming off too, so turning it on works at
 start.
 
 It is on by default because stored plans load through cuDNN's C API, which captures,
-allocates and synchronizes nothing and holds no GIL: the frontend's own deserialize once
-made the program's copy to the GPU, at the same moment on the legacy default stream, fail
-with ``cudaErrorStreamCaptureImplicit`` (docs/priming.md). A blob that only the frontend's
-path can load is loaded that way as a guest, one such load at a time.
+allocates and synchronizes nothing and holds no GIL (the frontend's own deserialize can
+break a capture the program makes at the same moment: docs/priming.md). A blob that only
+the frontend's path can load is loaded that way as a guest, one such load at a time.
 
 The primer never sets a device up: it waits until the program's own work has created
 the device's CUDA context (``Backend.device_in_use``), so a program that runs on another
@@ -28,13 +27,11 @@ whoever runs on it). It gives up on a device the program has not used within
 A primed plan is loaded exactly as a lookup loads it (judged sound, then deserialized on
 its device) and kept in the memory tier, so the lookup is a memory hit. What needs no
 device is done before the device is ready: cuDNN's libraries are opened (with the GIL
-released: the device's first query then takes under a millisecond instead of 65-99 ms
-on an H200) and the entries read and judged, all but their environment, which needs the
-device (``READ_AHEAD``), with each load's record read from its blob. Once the program's
-device is ready, what is left is cuDNN's handle, made once per device first, and each
-plan's finalize. A lookup of a plan
-being primed waits for that load instead of loading it twice; the primer starts a load
-only while no lookup is loading or building, and never writes to the store.
+released, so the device's first query is then quick) and the entries read and judged, all
+but their environment (``READ_AHEAD``). Once the device is ready, what is left is cuDNN's
+handle, made once per device, and each plan's finalize. A lookup of a plan being primed
+waits for that load instead of loading it twice; the primer starts a load only while no
+lookup is loading or building, and never writes to the store.
 """
 
 from __future__ import annotations
@@ -65,13 +62,10 @@ _POLL_S = 0.01  # how often it looks (one driver call)
 #: weights' end, when the program's own CUDA work slows every CUDA call of the primer.
 READ_AHEAD = 256  # each holds its decoded blob (about its size again) until its load
 #: Threads the primer loads on. A native load is mostly cuDNN's finalize, which holds no GIL
-#: and runs on the host: on two threads an engine family's first finalize and the next
-#: plan's overlap (an H200 loaded the example model's six plans in 55 ms after its cuDNN
-#: handle, against 77 ms on one; docs/priming.md). With hundreds of plans of several
-#: families, each family's first finalize (tens of ms, its kernels loaded) holds up the
-#: plans of its family only: four threads loaded bench_many_plans' 204 plans in 0.66x the
-#: bare loop's time where two took 0.76x (H100, docs/priming.md). Four where the process
-#: may use 16 CPUs or more, else two: more compete with the program's own start-up.
+#: and runs on the host, so loads on several threads overlap, and each engine family's first
+#: finalize (tens of ms, its kernels loaded) holds up only its own family (docs/priming.md
+#: has the runs). Four where the process may use 16 CPUs or more, else two: more compete
+#: with the program's own start-up.
 THREADS = 4 if (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) >= 16 else 2
 
 
@@ -156,10 +150,10 @@ class Primer(threading.Thread):
 
     def _families_first(self, plans: list[tuple[str, int]]) -> list[tuple[str, int]]:
         """``plans`` with the first of each family (its graph's first op, on its device) put
-        first, the rest in order. The first finalize of a family loads its kernels (on an
-        H100, 49 ms for the first convolution and 63 ms for the first matmul, against 0.3 ms
-        for each later plan; docs/priming.md); in order of use, the primer's threads would
-        all wait on one family's load, then on the next: begun together, they overlap."""
+        first, the rest in order. A family's first finalize loads its kernels (tens of ms,
+        against a fraction of one for each later plan; docs/priming.md): in order of use,
+        the primer's threads would all wait on one family's load, then on the next; begun
+        together, they overlap."""
         first: list[tuple[str, int]] = []
         rest: list[tuple[str, int]] = []
         seen: set[tuple[str, int]] = set()

@@ -1,8 +1,9 @@
 """Recording the graphs a program looks up (``PLANCACHE_RECORD=path``) into a manifest of
 replayable ``graph`` entries, for ``plancache prewarm`` on another machine or a later run.
 
-Low in the layers: the cache calls it on every lookup, so it depends only on the key and
-on the manifest's file format (a JSON document ``{"version": 1, "entries": [...]}``).
+Low in the layers: the cache calls it on every lookup, so it depends only on the key, on
+how files are read (``store.files``) and on the manifest's file format (a JSON document
+``{"version": 1, "entries": [...]}``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import RECORD, ConfigError, file_kind, read_regular
+from ..config import RECORD, ConfigError, file_kind
 from ..key import BuildOptions, CacheKey, canonical_json
+from ..store.files import read_regular
 
 __all__ = ["MANIFEST_VERSION", "record_to", "recorder_from_env", "write_json"]
 

@@ -217,7 +217,7 @@ def tune(obj: Context, keys: tuple[str, ...], no_progress: bool) -> None:
 @contextlib.contextmanager
 def _stoppable(lines: Callable[[Mapping[str, Any]], Iterable[str]]) -> Iterator[None]:
     """A long command (``prewarm``, ``tune``) that Ctrl-C, SIGTERM or SIGHUP stops (what
-    ``timeout``, CI runners, Kubernetes and Slurm send: before, it died silently) reports
+    ``timeout``, CI runners, Kubernetes and Slurm send) reports
     what it finished, as ``lines`` or JSON, then one line, exit 130. The first signal only:
     a second does not cut the report short."""
     from ..workflows.steps import Interrupted

@@ -2,8 +2,8 @@
 that owns the C libraries.
 
 Why not the frontend's binding: it holds the GIL through every call (a plan's finalize
-takes 22-85 ms on an H200, and a program's main thread stalled up to 64 ms per plan) and
-its ``deserialize`` ends in a warm-up capture that breaks the device-wide synchronizations
+takes tens of milliseconds, which stalled the program's main thread) and its
+``deserialize`` ends in a warm-up capture that breaks the device-wide synchronizations
 of other threads. A foreign call through ``ctypes.CDLL`` releases the GIL for its
 duration, and loading a plan here is only host work and cuDNN's finalize: no capture, no
 allocation, no synchronization.

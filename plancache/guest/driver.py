@@ -3,16 +3,11 @@
 It is as small as cuDNN's own C API: devices, streams and their capture state, the
 calling thread's capture mode, handles, workspaces, the C library that loads and launches
 plans, and the frontend's own deserialize and execute for the plans that path keeps.
-Everything above it, the guest discipline, handle leasing, load routing and launch
-composition, is written once (``GuestBackend``) and runs unchanged on both drivers:
-
-* ``cudnn.backend.CudnnDriver`` calls CUDA, cuDNN and torch;
-* ``testing.driver.CpuDriver`` simulates them on the CPU, where bugs hide (loads that
-  capture, streams and capture modes, alignment, sticky errors, plans read by pointer),
-  and holds no logic of its own.
-
-A test that passes on the CPU therefore says something about the code the GPU runs. No
-torch, cuDNN or CUDA import here.
+Everything above it is written once (``GuestBackend``) and runs unchanged on both drivers:
+``cudnn.backend.CudnnDriver`` calls CUDA, cuDNN and torch; ``testing.driver.CpuDriver``
+simulates them on the CPU where bugs hide, and holds no logic of its own. So a test that
+passes on the CPU says something about the code the GPU runs. No torch, cuDNN or CUDA
+import here.
 """
 
 from __future__ import annotations

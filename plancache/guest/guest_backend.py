@@ -3,22 +3,13 @@
 Everything a stored plan goes through between the cache and the machine lives here, and
 runs unchanged over cuDNN's driver on a GPU and over the CPU test driver in the suite:
 
-* **the guest block** (``guest``, ``guest.block``): plancache's own CUDA work is refused
-  on a capturing thread, runs in relaxed capture mode on a non-blocking stream of its own,
-  and leaves the caller's device as it was;
+* **the guest block** (``guest``, ``guest.block``);
 * **handle leasing** (``guest.handles``): a pool per device, filled at load, so that a
   launch inside a capture creates nothing;
-* **load routing** (``load``): a blob the native path reads and was tested on is finalized
-  through the C API (``guest.native``); any other goes to the frontend's own
-  deserialize, its warm-up pointed at plancache's stream, one at a time, counted in
-  ``native_fallbacks`` by kind; one whose launches no tensor or workspace would bound
-  (``native.record.OUT_OF_BOUNDS``) is counted there and refused. A failure that is the
-  process's (a capture, memory, a sticky error) raises ``TransientLoadError``; any other is
-  the library refusing the blob;
-* **launch composition** (``launcher``): per launch, the plan's device, the workspace of
-  the launching thread on that stream (inside a CUDA-graph capture, one from the
-  capture's pool), a leased handle pointed at that stream, the caller's pointers in the
-  plan's uid order, and a plan that a capture may replay kept for the rest of the process.
+* **load routing** (``load``): cuDNN's C API (``guest.native``) for a blob the native path
+  reads and was tested on, the frontend's own deserialize for any other, one at a time;
+* **launch composition** (``launcher``): the plan's device, a workspace, a leased handle
+  and the caller's pointers, resolved once per plan.
 
 What differs between machines, a graph's candidate plans (``plans``) and rebuilding one,
 is the subclass's (``CudnnBackend``, ``CpuTestBackend``); the candidates are launched,

@@ -12,16 +12,13 @@ serves each from a ``PlanCache``:
     @cudnn.jit(heur_modes=...) / @cudnn.graph_cache(key_fn)   # the decorators
 
 On a hit the caller's own graph object carries the deserialized plan and runs on its own
-handle; on a miss plancache autotunes among the candidates of the caller's heuristic modes,
-within its workspace limit and engine and note filters, on a graph of its own (built
-against the caller's kernel cache, if it has one), stores the winner and loads it the same
-way (``frontend_pipeline``, ``frontend_adopt``). Code that chooses plans itself (``build_plans(ALL)``,
-``build_plan_at_index``, ``execute_plan_at_index``, ``create_execution_plan``,
-``select_plan``, the plan list's size or a plan at an index asked before building) and
-graphs already built are left to the frontend. Whatever plancache
-cannot serve (a graph it cannot key or rebuild, a Python-engine plan, a planning during a CUDA-graph capture, a frontend version it was not
-made for) is planned the frontend's way, with one ``PlanCacheNotice`` per reason and
-process: a notice that never turns into an exception, even under ``-W error``.
+handle; on a miss plancache autotunes on a graph of its own, stores the winner and loads it
+the same way (``frontend_pipeline``, ``frontend_adopt``). Code that chooses plans itself,
+and graphs already built, are left to the frontend (``frontend_pipeline`` lists them).
+Whatever plancache cannot serve (a graph it cannot key or rebuild, a Python-engine plan, a
+planning during a CUDA-graph capture, a frontend version it was not made for) is planned
+the frontend's way, with one ``PlanCacheNotice`` per reason and process: a notice that
+never turns into an exception, even under ``-W error``.
 
 The decorators use one process-wide ``PlanCache``: ``PlanCache()`` created at first use,
 or the one given to ``use(cache)``. The cache's options apply, with the caller's heuristic

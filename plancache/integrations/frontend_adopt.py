@@ -6,12 +6,9 @@ graph (``_lowered_graph``, the compiled C++ graph that executes) and its ranked 
 caller's graph exactly that state, for a list of one plan:
 
 * the stored blob is deserialized once, as the caller's graph runs it (``GraphLoad``, the
-  ``load`` a drop-in lookup hands ``PlanCache.get``): into a fresh pygraph made with the
-  caller's graph's own handle (the graph's device, never plancache's pooled handle), whose
-  stream is plancache's own for the frontend's warm-up capture and the caller's again
-  after, and its kernel cache, one per caller graph, so no two graphs share a backend
-  graph. On a hit that load is the lookup's own, and the plan is checked and deserialized
-  once; on a miss it is the load that proves the new plan loads back before it is stored;
+  ``load`` a drop-in lookup hands ``PlanCache.get``; ``_load_cudnn`` says with which handle
+  and stream): on a hit that load is the lookup's own, on a miss it is the load that
+  proves the new plan loads back before it is stored;
 * that fresh graph's backend graph becomes the caller's lowered graph, and the plan list
   holds one entry naming the stored engine and knobs at the backend's plan index 0 (a
   deserialized backend graph holds exactly one plan, its selected one);

@@ -3,10 +3,8 @@
 ``GraphState.of(graph)`` keeps every value ``describe`` reads from a ``cudnn.pygraph``:
 each tensor's fields, each node's attributes, ports and parameters, the graph's context,
 keyword arguments, public attributes and planning filters. ``state.holds(graph)`` says
-whether the graph still holds them all, exactly: a list changed in place shows (it is
-compared with a copy), a float is compared by its bits (``-0.0`` is not ``0.0``), every
-value by its type too (``True`` is not ``1``). A graph that holds its state describes as
-it did, so the key computed then is its key now.
+whether the graph still holds them all, exactly (``GraphState`` says how). A graph that
+holds its state describes as it did, so the key computed then is its key now.
 
 What cannot be compared that way is not guessed at: a torch tensor or numpy array held
 as a parameter (its bytes are keyed, and may change in place), a device property object,

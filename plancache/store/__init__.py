@@ -1,7 +1,6 @@
 """Storage: the SQLite plan store (``store``), what a row holds and the one check of
-whether it may be served (``entry``), recovery from damage (``recovery``), entries taken
-out of service (``quarantine``), offline maintenance (``maintenance``: verify, prune,
-listings) and the process's SQLite connections, safe across ``fork`` (``connections``)."""
+whether it may be served (``entry``), and what keeps the store sound across damage, forks
+and other users (each module says its part)."""
 
 from .entry import NEVER_CHECKED, Entry, Sound, Unsound, held_to, judged, problem, sha256, summarize, unsound
 from .recovery import DB_NAME

@@ -1,6 +1,6 @@
 """One portable byte form of a stored entry, shared by bundles and the Redis tier.
 
-Layout: ``MAGIC``, an 8-byte big-endian header length, the header (the entry's fields
+Layout: ``ENTRY_MAGIC``, an 8-byte big-endian header length, the header (the entry's fields
 as JSON, without the blob), then the blob. ``decode_entry`` refuses anything that is
 truncated, of another format, has a field of the wrong type, range or depth
 (``Entry.validated``, as a stored row), or that ``entry.problem`` refuses (a blob that does

@@ -1,6 +1,8 @@
 """The files of a cache directory, trusted only when they are its owner's: who may own and
 write each one, how each is opened (never through a link), and the hardening of every
-SQLite connection to the store.
+SQLite connection to the store. Also how a file a user names (a secret, a bundle, a
+manifest, a recording) is read: a regular file only, never a FIFO or a device, of bounded
+size.
 
 Plans carry native code, so a file that another user could have written is never read:
 the directory, ``plans.db`` and its ``-wal``/``-shm``, the build locks and the notes beside
@@ -17,6 +19,7 @@ what each member creates in it is the group's, as the others' checks require.
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
@@ -26,13 +29,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..config import open_regular
+from ..config import MIN_SECRET_BYTES, SECRET_HINT, Refused, file_kind, format_size
 from ..errors import CacheDirError
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
 
-__all__ = ["PRIVATE", "SHARED", "Modes", "check_trusted", "create_directory", "create_file", "file_lock", "harden", "modes_of"]
+__all__ = ["MAX_SECRET_FILE", "PRIVATE", "SHARED", "Modes", "check_trusted", "create_directory", "create_file", "file_lock", "harden",
+           "modes_of", "open_regular", "read_regular", "read_secret_file"]  # fmt: skip
 
 
 def _group_id(group: str) -> int | None:
@@ -121,6 +125,69 @@ def modes_of(directory: Path, st: os.stat_result | None, group: str | None) -> M
             path=str(directory),
         )
     return SHARED._replace(group=group)
+
+
+class _NotRegular(OSError):
+    """What ``open_regular`` raises for a file that is there but not a regular one."""
+
+
+def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o600, *,
+                 follow: bool = False) -> tuple[int, os.stat_result]:  # fmt: skip
+    """``os.open`` of a regular file, for every file plancache reads or writes beside its
+    store: the descriptor and its ``fstat``, so what the caller judges is the file it uses,
+    however the path changes meanwhile. ``O_NOFOLLOW`` (unless ``follow``): a link is
+    ``OSError`` (ELOOP), never opened through. ``O_NONBLOCK``: a FIFO with no writer does
+    not hang the open; it and any other kind of file is ``OSError`` (EINVAL) naming it."""
+    fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise _NotRegular(errno.EINVAL, f"is {file_kind(status.st_mode)}, not a regular file", os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, status
+
+
+def read_regular(path: str | os.PathLike[str], limit: int, *, follow: bool = False) -> tuple[bytes, int]:
+    """The bytes and mode of the regular file at ``path``, for a file a user names beside the
+    store (a secret, a bundle, a recording). ``Refused`` says why not: a symbolic link
+    (unless ``follow``), a FIFO, a device, a directory, or more than ``limit`` bytes;
+    ``OSError`` when it cannot be opened."""
+    try:
+        fd, status = open_regular(path, os.O_RDONLY, follow=follow)
+    except _NotRegular as exc:
+        raise Refused(str(exc.strerror)) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused("is a symbolic link: plancache reads no file through a link here; name the file itself") from None
+        raise
+    try:
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(limit + 1) if status.st_size <= limit else None  # limit + 1: one that grew since fstat too
+    finally:
+        os.close(fd)
+    if data is None or len(data) > limit:
+        raise Refused(f"is larger than {format_size(limit)}, the most plancache reads of such a file")
+    return data, stat.S_IMODE(status.st_mode)
+
+
+#: A secret is a line of text; a file far larger is not a secret file, and is never read whole.
+MAX_SECRET_FILE = 64 << 10
+
+
+def read_secret_file(path: Path) -> bytes:
+    """The secret in the file at ``path`` (``PLANCACHE_REDIS_SECRET_FILE``), without its line
+    end; ``Refused`` saying why not. Read through a link: secrets are mounted as links to the
+    file that holds them (a Kubernetes secret volume), and a link cannot make a secret of what
+    is not one."""
+    try:
+        secret = read_regular(path, MAX_SECRET_FILE, follow=True)[0].rstrip(b"\r\n")
+    except OSError as exc:
+        raise Refused(f"cannot be read: {exc.strerror or exc}") from None
+    if len(secret) < MIN_SECRET_BYTES:
+        raise Refused(f"holds {len(secret)} byte{'s' if len(secret) != 1 else ''}: {SECRET_HINT}")
+    return secret
 
 
 def create_file(path: Path, modes: Modes) -> None:

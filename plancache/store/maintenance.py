@@ -38,7 +38,7 @@ def list_entries(store: Store, env_id: str | None = None, *, undecodable: dict[s
 
     Row by row: a row whose text cannot be decoded (invalid UTF-8 in a column) is left out,
     and, with ``undecodable``, reported there (its key, replacement characters where it is
-    damaged -> which column), so that one damaged row no longer fails every read command."""
+    damaged -> which column), so that one damaged row does not fail every read command."""
     where, args = ("WHERE env_id = ?", (env_id,)) if env_id is not None else ("", ())
     sql = f"SELECT {_LISTED} FROM plans {where} ORDER BY last_used_at DESC, key"
     conn = store.connection()
@@ -70,8 +70,8 @@ def list_entries(store: Store, env_id: str | None = None, *, undecodable: dict[s
 
 def environment_named(prefix: str, known: set[str], where: str) -> str:
     """The one environment id of ``known`` (those of the plans in ``where``) that ``prefix``
-    begins: a typo once exported an empty bundle, listed nothing or imported nothing,
-    without a word (``EntryNotFoundError`` names what there is)."""
+    begins, else ``EntryNotFoundError`` naming what there is: a typo must not export an
+    empty bundle, list nothing or import nothing without a word."""
     found = sorted(env for env in known if env.startswith(prefix))
     if len(found) != 1:
         problem = "no environment" if not found else f"an ambiguous prefix ({', '.join(found)})"

@@ -20,11 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..config import open_regular
 from ..errors import StoreBusyError, StoreError
 from .connections import connect
 from .entry import INSERT_SQL, Entry, problem
-from .files import Modes, create_file, file_lock, harden
+from .files import Modes, create_file, file_lock, harden, open_regular
 
 __all__ = ["Recovery", "is_damage", "is_locked", "is_undecodable", "lenient_text", "reads"]
 

@@ -1,10 +1,7 @@
-"""Where plans are found, fastest first, behind one small interface.
+"""Where plans are found, fastest first: ``memory`` (loaded plans of this process,
+LRU-bounded), ``local`` (this machine's SQLite store) and ``remote`` (a fleet's Redis).
 
-* ``memory.MemoryTier``: loaded, ready ``Plan`` objects of this process, LRU-bounded.
-* ``local.LocalTier``: the SQLite store of this machine.
-* ``remote.RemoteTier``: the Redis store of a fleet.
-
-The stored tiers speak ``Entry``: ``get(key, env_id) -> Entry | None`` (a miss, or a
-failure they logged and counted) and ``put(entry) -> bool`` (False: not stored, logged).
-Neither raises for the store's own troubles: a cache that cannot store still serves plans.
+The stored tiers speak ``Entry`` and never raise for the store's own troubles: a miss, or a
+failure they logged and counted, is None; a put that did not store is False. A cache that
+cannot store still serves plans.
 """

@@ -50,10 +50,8 @@ _POLL_FIRST, _POLL_MAX = 0.02, 0.25  # lock polling: quick for short builds, che
 _RETRY_FIRST, _RETRY_MAX = 0.1, 1.0  # release retries: prompt once Redis is back, cheap while not
 
 # Atomic "is it built? else try to take the lock": one round trip, and no window in which a
-# node could take the lock just after the holder published and released it. A lock that
-# would outlive lock_ttl (no expiry at all, or a longer one) was never set by a holder of
-# this fleet's settings, which renews to lock_ttl at most: it is stale, taken over as one
-# that expired would be (3), so that it cannot make every miss wait out its whole wait.
+# node could take the lock just after the holder published and released it. A stale lock
+# (see the module docstring) is taken over as an expired one would be (3).
 _ACQUIRE_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end

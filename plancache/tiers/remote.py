@@ -6,76 +6,32 @@ environment fetches it instead of autotuning. Entries travel in the portable for
 a plan blob can carry native code: an entry that is unsigned, signed with another secret,
 altered, undecodable or stored under the wrong key is refused, counted and never returned.
 
-Interface (what PlanCache uses; nothing here raises after construction)
------------------------------------------------------------------------
-::
-
-    RemoteTier(url: str, *, secret: bytes, namespace: str = "plancache", timeout: float = 0.25,
-               ttl: int | None = None, lock_ttl: float = 60, backoff_max: float = 60,
-               max_stall: float = 2.0, max_value: int = 16 << 20)
-        # Connects lazily: constructing touches no network. Every argument but backoff_max
-        # is read by its setting's declaration (plancache.config, PLANCACHE_REDIS_*): a bad
-        # value is a ConfigError naming the argument (a secret shorter than 16 bytes, a URL
-        # that is not redis://, rediss:// or unix://, a number of seconds that is not above
-        # 0 and finite). RemoteError when redis-py is missing.
-    RemoteTier.from_env(environ: Mapping[str, str] | None = None) -> RemoteTier | None
-        # None when PLANCACHE_REDIS_URL is unset. Secret from PLANCACHE_REDIS_SECRET or the
-        # file named by PLANCACHE_REDIS_SECRET_FILE (exactly one); a ConfigError without
-        # one. Optional: PLANCACHE_REDIS_NAMESPACE, _TIMEOUT, _TTL, _LOCK_TTL, _MAX_STALL,
-        # _MAX_VALUE.
-        # settings_from_env(environ) reads and checks them all without constructing a tier.
-    tier.get(key: str, env_id: str) -> Entry | None
-        # A verified entry, or None on a miss, a refusal or an outage. Its usage fields are
-        # this node's: hit_count 0, last_used_at now. Ready for Store.put. A value larger
-        # than max_value is refused by Redis's own count of its length, before it is sent.
-    tier.put(entry: Entry) -> bool
-        # Publish signed (with the TTL if any). False on an outage, a full Redis (also with
-        # allkeys-lru: a value larger than its free memory), an entry whose blob fails its
-        # checksum, or one whose value would be larger than max_value.
-    tier.lock(key: str, env_id: str, wait: float) -> ContextManager[bool]
-        # Cross-node single flight (plancache.fleet_lock). True: build now (this node holds
-        # the lock, or Redis is unreachable or full so there is no one to coordinate with).
-        # False: the entry appeared, or `wait` seconds ran out; call get() again and build
-        # only if it is still None. Publish with put() INSIDE the with-block, so that waiters
-        # find the entry. The lock is renewed while the block runs and expires `lock_ttl`
-        # after its holder dies; its release is retried until Redis answers. A lock key
-        # with no expiry, or one beyond lock_ttl, no holder set: it is taken over (one warning).
-    tier.stats() -> dict[str, Any]
-        # remote_hits, remote_misses, publishes, refused, errors, lock_waits, skipped (ints),
-        # plus available (bool), url (password hidden), namespace, key_id (secret fingerprint).
-    tier.available -> bool      # False while backing off or after max_stall was spent
-    tier.redis_key(key, env_id) -> str   # f"{namespace}:v{FORMAT}:{env_id}:{key}"
-    tier.key_id -> str          # 16 hex chars; equal on two nodes iff their secrets are equal
-    tier.close() -> None
-
-Where the cache uses it: ``cache.lookup.Lookup`` reads through it when the local store
-has no sound entry (``_from_remote``: the entry is judged as a local one is, then stored
-locally and loaded), ``cache.flight.SingleFlight`` takes its ``lock`` after the local file
-lock, and a plan built inside that flight is published with ``put`` before the lock is
-released, so that nodes waiting on it find the plan.
+Every argument of ``RemoteTier`` but ``backoff_max`` is read by its setting
+(``PLANCACHE_REDIS_*`` in plancache.config), so a bad value is a ``ConfigError`` naming the
+argument. Construction touches no network, and nothing raises after it: ``get`` returns a
+verified entry (its usage fields this node's) or None on a miss, a refusal or an outage;
+``put`` returns False on an outage, a full Redis, a blob that fails its checksum or a value
+over ``max_value``. ``lock`` is cross-node single flight: True means build now (this node
+holds the lock, or Redis cannot coordinate); False means the entry appeared or the wait ran
+out, so call ``get`` again. Publish with ``put`` inside the with-block, so that waiters find
+the entry. A lock key with no expiry, or one beyond ``lock_ttl``, is taken over (one
+warning).
 
 Bounded delay
 -------------
-Every call (made through ``breaker.Breaker``) makes at most one attempt, with no
-client-side retries. An attempt costs at most ``timeout`` per round trip: connect +
-command (+ AUTH with a password, + SELECT with a database number other than 0, + CLIENT
-SETNAME with a client name), so 0.5 s with the defaults and no password. That is one
-deadline for the whole call (``bounded``), not a timeout per read: a server that drips its
-reply a byte at a time is cut off there as one that never answers is (a healthy Redis
-that lost a script reloads it well within it). A reply is also cut off past ``max_value``
-bytes and its framing, which only a server that ignores the size check sends. Either way
-the call fails like a timeout and its connection is dropped. After a failure the tier is skipped (calls
-return at once, counted as ``skipped``) for 1, 2, 4 ... ``backoff_max`` seconds, with ONE
-warning per outage and an info line when Redis answers again. Time spent in failed calls
-adds up per process; once it reaches ``max_stall`` the tier switches itself off for the
-rest of the process (one more warning). So an unreachable, black-holed or hung Redis delays
-a process by at most ``max_stall`` plus one attempt (2.5 s with the defaults and no
-password) in total, however many lookups it makes. A dead Redis on a live host refuses
-connections in about a millisecond. ``lock(wait=...)`` waits on a healthy Redis are the
-caller's choice and not counted: ``lock(wait=W)`` returns within W plus one attempt.
-Releasing a lock is the one call made while backing off (counted like the others, so the
-bound holds; skipped once the tier is switched off); renewals and release retries run on
-the lock's own daemon thread and delay no caller. Hostnames are resolved by the OS
+Every call (through ``breaker.Breaker``) is one attempt, with no client-side retries, held
+to one deadline for the whole call (``bounded``; a healthy Redis that lost a script reloads
+it well within it): ``timeout`` per round trip (connect + command, + AUTH with a password,
++ SELECT with a database other than 0, + CLIENT SETNAME with a client name), so 0.5 s with
+the defaults and no password. After a failure the tier is skipped for 1, 2, 4 ...
+``backoff_max`` seconds, with one warning per outage and an info line when Redis answers
+again; once failed calls have cost ``max_stall`` the tier is off for the rest of the
+process. So an unreachable, black-holed or hung Redis delays a process by at most
+``max_stall`` plus one attempt (2.5 s with the defaults and no password) in total, however
+many lookups it makes. ``lock(wait=W)`` returns within W plus one attempt: its waits on a
+healthy Redis are the caller's choice and not counted. Releasing a lock is the one call
+made while backing off (counted like the others, so the bound holds); renewals and release
+retries run on the lock's own thread and delay no caller. Hostnames are resolved by the OS
 resolver, which these timeouts do not bound: give an IP address or a name in /etc/hosts on
 nodes whose DNS may hang.
 """
@@ -105,11 +61,13 @@ from ..config import (
     REDIS_TTL,
     REDIS_URL,
     ConfigError,
+    Refused,
     Setting,
 )
 from ..errors import RemoteError
 from ..store import Entry, problem
 from ..store.codec import decode_entry, encode_entry
+from ..store.files import read_secret_file
 from .bounded import bounded_connection
 from .breaker import FAILED, Breaker
 from .fleet_lock import FleetLock
@@ -214,7 +172,14 @@ def configured_secret(environ: Mapping[str, str] | None = None) -> bytes | None:
     if REDIS_SECRET.is_set(env) and REDIS_SECRET_FILE.is_set(env):
         raise ConfigError(f"{REDIS_SECRET.name} and {REDIS_SECRET_FILE.name} are both set: set one of them",
                           name=REDIS_SECRET.name, value=None)  # fmt: skip
-    return REDIS_SECRET_FILE.from_env(env) or REDIS_SECRET.from_env(env)
+    path = REDIS_SECRET_FILE.from_env(env)
+    if path is None:
+        return REDIS_SECRET.from_env(env)
+    try:  # the setting reads the path; the file is read as every file a user names is
+        return read_secret_file(path)
+    except Refused as exc:
+        text = env[REDIS_SECRET_FILE.name]
+        raise ConfigError(f"{REDIS_SECRET_FILE.name}={text!r} {exc}", name=REDIS_SECRET_FILE.name, value=text) from None
 
 
 def _secret_from_env(env: Mapping[str, str]) -> bytes:

@@ -51,11 +51,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import REDIS_SECRET, REDIS_SECRET_FILE, Refused, file_kind, format_size, read_regular
+from ..config import REDIS_SECRET, REDIS_SECRET_FILE, Refused, file_kind, format_size
 from ..errors import BundleError, DamagedEntryError, EntryNotFoundError, StoreError
 from ..key import KEY_FORMAT, canonical_json, environment_id
 from ..store import Entry, Store, maintenance, problem
 from ..store.codec import decode_entry, encode_entry
+from ..store.files import read_regular
 from ..tiers.remote import configured_secret, secret_id
 
 __all__ = [

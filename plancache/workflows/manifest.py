@@ -23,10 +23,8 @@ rebuilt exactly by ``plancache.replay``). Every entry may carry a ``name`` and `
 index and its line, and still returns every good entry.
 
 Code: a ``builder`` entry imports a module and calls a function, and ``pythonpath`` adds
-folders to ``sys.path``. ``allow_code=False`` refuses both (each builder entry and the
-``pythonpath`` come back as errors; the other entries load); ``listing=True`` imports
-nothing and leaves ``sys.path`` alone, returning builder entries unresolved, to be listed
-(what ``plancache prewarm --dry-run`` does). ``code_references`` names what would run.
+folders to ``sys.path``; ``parse_manifest``'s ``allow_code`` and ``listing`` keep either from
+happening. ``code_references`` names what would run.
 """
 
 from __future__ import annotations
@@ -46,9 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from ..cache.recording import MANIFEST_VERSION, write_json
-from ..config import Refused, read_regular
+from ..config import Refused
 from ..errors import ManifestError
 from ..key import HEURISTIC_MODES, POLICIES, BuildOptions
+from ..store.files import read_regular
 from . import templates
 
 __all__ = [

@@ -27,7 +27,7 @@ def cut_short(entry: Any) -> bool:
 
 
 def _options(recorded: dict[str, Any]) -> BuildOptions:
-    """The build options an entry was keyed with (as ``key.options_dict`` wrote them)."""
+    """The build options an entry was keyed with (as ``BuildOptions.to_dict`` wrote them)."""
     names = ("policy", "top_k", "heuristic_modes", "workspace_limit", "kernel_cache")
     return BuildOptions(**{n: recorded[n] for n in names if n in recorded and not (n == "top_k" and recorded[n] is None)})
 

@@ -1,9 +1,9 @@
 """Plans loaded and launched through cuDNN's own C API, not the frontend's binding.
 
-``record`` takes what a launch needs out of a frontend plan blob (``formats.ubjson``
-reads its bytes) and refuses what this path was not tested on, ``library`` owns the C
-libraries (ctypes; the GIL is released through every call), ``plan`` is a loaded plan
-and its launch. ``guest.guest_backend`` decides which plans go this way and leaves the others to
+``record`` takes what a launch needs out of a frontend plan blob (``formats.ubjson`` reads
+its bytes) and refuses what this path was not tested on; ``plan`` is a loaded plan and its
+launch, through the driver's C library (``cudnn.library`` on a GPU, ctypes with the GIL
+released). ``guest.guest_backend`` decides which plans go this way and leaves the others to
 the frontend's path.
 """
 
