@@ -24,7 +24,7 @@ from ..config import MemoryBudget, format_size
 from ..guest.tensors import DTYPE_BYTES, TORCH_DTYPES, span, storage_geometry
 from ..key import TensorSpec
 
-__all__ = ["OUTPUT_COPIES", "Fill", "InputPlan", "materialize", "plan_inputs", "timing_inputs"]
+__all__ = ["OUTPUT_COPIES", "Fill", "InputPlan", "Refusal", "TimingInputs", "materialize", "plan_inputs", "timing_inputs"]
 
 _INTEGERS = frozenset({"data_type.INT8", "data_type.UINT8", "data_type.INT32", "data_type.INT64", "data_type.INT4"})
 _ATTENTION = frozenset({"SDPA", "SDPA_BWD", "SDPA_FP8", "SDPA_FP8_BWD", "SDPA_MXFP8", "SDPA_MXFP8_BWD"})
@@ -358,17 +358,33 @@ OUTPUT_COPIES = 3
 MAGNITUDE_COPIES = 3
 
 
+@dataclass(frozen=True)
+class TimingInputs:
+    """The inputs candidates may be launched on: their plan, the bytes it takes, and the
+    bytes left of the budget for a workspace."""
+
+    plan: InputPlan
+    need: int
+    spare: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why no candidate may be launched."""
+
+    why: str
+
+
 def timing_inputs(description: Mapping[str, Any], specs: Sequence[TensorSpec], given: Mapping[int, Any],
-                  budget: MemoryBudget, free: int) -> tuple[InputPlan, int, int] | str:  # fmt: skip
+                  budget: MemoryBudget, free: int) -> TimingInputs | Refusal:  # fmt: skip
     """What launching candidates on the caller's ``given`` tensors (already checked) and
-    synthetic ones needs: ``(plan, bytes it takes, bytes left of the budget for a
-    workspace)``, or why nothing may be launched (a tensor of unknown role, ``budget`` of
-    ``free`` device bytes exceeded)."""
+    synthetic ones needs, or why nothing may be launched (a tensor of unknown role,
+    ``budget`` of ``free`` device bytes exceeded)."""
     plan = plan_inputs(description, specs, given)
     if isinstance(plan, str):
-        return plan
+        return Refusal(plan)
     need, limit = plan.device_bytes(OUTPUT_COPIES, MAGNITUDE_COPIES), budget.bytes_of(free)
     if need > limit:
-        return (f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} "
-                f"({budget.describe()}, PLANCACHE_AUTOTUNE_MEMORY)")  # fmt: skip
-    return plan, need, limit - need
+        return Refusal(f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} "
+                       f"({budget.describe()}, PLANCACHE_AUTOTUNE_MEMORY)")  # fmt: skip
+    return TimingInputs(plan, need, limit - need)

@@ -116,7 +116,7 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
     yield from ("  " + line for line in table(
         [[str(t["uid"]), t["name"], "out" if t["is_output"] else "in", str(t["dims"]), str(t["strides"]), str(t["dtype"])]
          for t in data["tensors"]], ["UID", "NAME", "IO", "DIMS", "STRIDES", "DTYPE"]))  # fmt: skip
-    from ..autotuning.autotune import check_summary
+    from ..autotuning.autotune import CandidateStatus, check_summary
 
     check = data.get("check") or {}
     yield f"check          {check_summary(check)}"
@@ -125,7 +125,7 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
         far = f"the worst {worst:.3g} times its bound" if worst is not None else "non-finite or integer values differ"
         yield (f"  rejected     #{rejected.get('index')} {rejected.get('engine')}: disagrees, {rejected.get('outside')} elements "
                f"outside their bound ({100 * float(rejected.get('fraction') or 0):.2g}%), {far}")  # fmt: skip
-    tried = [c for c in data["candidates"] if c.get("status") != "not_built"]
+    tried = [c for c in data["candidates"] if c.get("status") != CandidateStatus.NOT_BUILT]
     if tried:
         yield "candidates:"
         yield from ("  " + line for line in table(

@@ -31,7 +31,7 @@ from ..config import ConfigError
 from ..errors import NoGpuError
 from ..key import BuildOptions, environment_id
 from .manifest import ManifestEntry
-from .steps import Entries, Interrupted, OnRecord, Progress, attempt, build_report, error_record, load_entries, run_here
+from .steps import Entries, Interrupted, OnRecord, Progress, Status, attempt, build_report, error_record, load_entries, run_here
 
 __all__ = ["check_environments", "parse_devices", "prewarm_on_devices", "resolve_devices", "settle_duplicates"]
 
@@ -125,10 +125,10 @@ def settle_duplicates(records: list[dict[str, Any]], claims: Mapping[int, str], 
             for record in (a, b):
                 if record["error"] is None:
                     del record["error"]
-        if records[first]["status"] != "failed":
+        if records[first]["status"] != Status.FAILED:
             continue
         for p in positions[1:]:
-            records[p].update(status="failed", key=None,
+            records[p].update(status=Status.FAILED, key=None,
                               error=f"{todo[p].where}: not built: entry {todo[first].index} has the same key and failed")  # fmt: skip
 
 
@@ -269,8 +269,8 @@ class _Shard:
         if record["key"] is not None:  # the first entry to reach a key builds it; a later one is its duplicate
             self.claims[w.position] = record["key"]
             if self.owners.setdefault(record["key"], w.position) != w.position:
-                record["status"] = "duplicate"
-            elif record["status"] == "would_build":  # the dry run's answer: now the build
+                record["status"] = Status.DUPLICATE
+            elif record["status"] == Status.WOULD_BUILD:  # the dry run's answer: now the build
                 self._submit(w, w.position, record["seconds"])
                 return
         self._done(w.position, record)
@@ -312,7 +312,7 @@ class _Shard:
             self._lost(w)
 
     def _done(self, position: int, record: dict[str, Any]) -> None:
-        if record["status"] == "failed":
+        if record["status"] == Status.FAILED:
             log.warning("plancache: prewarm: %s", record["error"])
         self.records[position] = record
         self.bar.update(record["status"], record.get("seconds", 0.0))
@@ -332,7 +332,7 @@ class _Shard:
     def _failed(self, position: int, error: str, device: int | None) -> None:
         entry = self.todo[position]
         self._done(position, {"index": entry.index, "line": entry.line, "label": entry.label, "key": None,
-                              "status": "failed", "error": f"{entry.where}: {error}", "seconds": 0.0, "device": device})  # fmt: skip
+                              "status": Status.FAILED, "error": f"{entry.where}: {error}", "seconds": 0.0, "device": device})  # fmt: skip
 
     def _lost(self, w: _Worker) -> None:
         """``w``'s process has exited: its pool is broken."""
