@@ -41,7 +41,7 @@ from .errors import PlanCacheError
 __all__ = ["ALLOW_SHARED_DIR", "APP", "AUTOTUNE_BUDGET", "AUTOTUNE_MEMORY", "AUTO_PRIME", "BACKEND", "CACHE_DIR", "MAX_SIZE", "MEMORY_PLANS",
            "PATCH_CUDNN", "RECORD", "REDIS_LOCK_TTL", "REDIS_MAX_STALL", "REDIS_MAX_VALUE", "REDIS_NAMESPACE", "REDIS_SECRET",
            "REDIS_SECRET_FILE", "REDIS_SETTINGS", "REDIS_TIMEOUT", "REDIS_TTL", "REDIS_URL", "SETTINGS", "ConfigError",
-           "MemoryBudget", "Refused", "Setting", "StrEnum", "argument", "file_kind", "format_size", "instance_of", "number", "open_regular", "read_regular", "size",
+           "MemoryBudget", "Refused", "Setting", "argument", "file_kind", "format_size", "instance_of", "number", "open_regular", "read_regular", "size",
            "switch", "tag", "wait_seconds", "whole_number"]  # fmt: skip
 
 log = logging.getLogger("plancache")
@@ -49,7 +49,7 @@ log = logging.getLogger("plancache")
 T = TypeVar("T")
 
 if sys.version_info >= (3, 11):
-    from enum import StrEnum
+    from enum import StrEnum as StrEnum  # (the alias: for the modules that import it from here)
 else:  # Python 3.10: enum.StrEnum by hand (a member is its value as text, in str() and formats too)
 
     class StrEnum(str, enum.Enum):

@@ -31,7 +31,7 @@ from ..runtime.plan import Plan, PlanSource
 from ..store import NEVER_CHECKED, Entry, Sound, Unsound, held_to, sha256, summarize
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
-from .counters import Counters
+from .counters import Count, Counters
 from .flight import SingleFlight
 from .judging import Judging, code_version
 from .kernel_cache import KernelCache
@@ -171,7 +171,7 @@ class Lookup:
             self.first_asked.setdefault(slot, time.perf_counter())
         plan = self.memory.get(slot)
         if plan is not None:
-            self.counters.count("memory_hits")
+            self.counters.count(Count.MEMORY_HITS)
             self.local.note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
             plan = plan.named(names)
         else:
@@ -240,7 +240,7 @@ class Lookup:
                 return Primed(Priming.SKIPPED, "this thread is capturing")
             if isinstance(outcome, Plan):
                 self.memory.put(slot, outcome)
-                self.counters.count("primed")
+                self.counters.count(Count.PRIMED)
                 return Primed(Priming.PRIMED)
             return Primed(Priming.SKIPPED, outcome.reason)
 
@@ -274,7 +274,7 @@ class Lookup:
         if isinstance(outcome, Plan):
             return outcome
         if outcome.verdict is Verdict.NEVER_CHECKED:  # sound, but its engine was never compared with others
-            self.counters.count("rechecks")
+            self.counters.count(Count.RECHECKS)
             return self._build(graph, key, options, inputs, device, load=load)
         if outcome.verdict is Verdict.LOAD_FAILED:  # not the entry's fault: it stays
             return self._build(graph, key, options, inputs, device, persist=False, load=load)
@@ -371,7 +371,7 @@ class Lookup:
         except TransientLoadError as exc:
             # Not the entry's fault (a capture on another thread, an out-of-memory in the
             # warm-up): it stays, to be loaded again later; counted.
-            self.counters.count("load_failures")
+            self.counters.count(Count.LOAD_FAILURES)
             self._warn_once(f"load-{entry.key}", "plancache: loading %s failed (%s: %s); the entry is kept, and this "
                             "lookup builds the plan without storing it", entry.key[:12], type(exc).__name__, str(exc)[:200])  # fmt: skip
             return Unserved(entry, Verdict.LOAD_FAILED, f"{Verdict.LOAD_FAILED.value}: {type(exc).__name__}: {str(exc)[:300]}")
@@ -379,14 +379,14 @@ class Lookup:
             return Unserved(entry, Verdict.REFUSED, f"{Verdict.REFUSED.value}: {type(exc).__name__}: {str(exc)[:300]}")
         self.judging.loaded(sound)
         if count_hit:
-            self.counters.count("hits")
+            self.counters.count(Count.HITS)
             self.local.note_hit(entry.key)
         return self._plan(entry.key, native, tensors, entry.workspace_size, _engine_of(entry.engine), PlanSource.LOADED, device)
 
     def quarantine_if_unchanged(self, digest: str, entry: Entry | None, reason: str) -> None:
         """Quarantine the row that was judged (its recorded checksum), inside the key's
         single flight: a row another process rebuilt meanwhile is left in service."""
-        self.counters.count("corrupt")
+        self.counters.count(Count.CORRUPT)
         log.warning("plancache: entry %s is unusable (%s); quarantined, rebuilding", digest[:12], reason)
         self.local.quarantine(digest, entry, reason)
 
@@ -406,7 +406,7 @@ class Lookup:
                 "plancache: rebuilding %s from engine %s failed (%s); autotuning instead", key.digest[:12], engine.name, exc
             )
             return None
-        self.counters.count("rebuilds")
+        self.counters.count(Count.REBUILDS)
         # The unsound entry's autotuning record still says why this engine was chosen.
         timing = old.timing or {"method": "rebuilt from the stored engine id and knobs"}
         native = self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check,
@@ -424,7 +424,7 @@ class Lookup:
 
     def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int,
                persist: bool = True, load: Load | None = None, budget: float | None = None) -> Plan:  # fmt: skip
-        self.counters.count("misses")
+        self.counters.count(Count.MISSES)
         started = time.perf_counter()
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
         if dynamic:
@@ -437,7 +437,7 @@ class Lookup:
                 built = cands.finish(result.winner)
             finally:
                 cands.close()
-        self.counters.count("builds")
+        self.counters.count(Count.BUILDS)
         if dynamic:
             self.kernel_cache.save(environment_id(key.parts["environment"]))
         if not result.persist:
@@ -453,7 +453,7 @@ class Lookup:
     def _unpersisted(self, key: CacheKey, built: BuiltPlan, result: AutotuneResult, device: int) -> Plan:
         """Candidates without a majority: this process runs what the frontend itself would
         (its heuristic choice), and nothing is stored or published."""
-        self.counters.count("no_majority")
+        self.counters.count(Count.NO_MAJORITY)
         check = result.check
         groups = "; ".join(" = ".join(str(n) for n in group) for group in check.get("groups", []))
         spread = check.get("spread")
@@ -485,7 +485,7 @@ class Lookup:
             self.unstored.note(key, Why.JUDGE_DISAGREES, verdict.reason, entry)
             return loaded
         if not self.local.put(entry):
-            self.counters.count("unpersisted")
+            self.counters.count(Count.UNPERSISTED)
         else:
             self.judging.loaded(verdict)  # judged as a later lookup judges it: kept for that lookup
         if self.remote is not None:

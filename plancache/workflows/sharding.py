@@ -157,9 +157,16 @@ def _set_up(device: int, factory: Callable[[], Any], config: dict[str, Any], ent
         _here["error"] = f"{type(exc).__name__}: {exc}"
 
 
-def _ready() -> tuple[str, Any]:
-    """("ready", the device's environment), or ("error", why the worker could not set up)."""
-    return ("error", _here["error"]) if "error" in _here else ("ready", _here["environment"])
+@dataclass(frozen=True)
+class _SetUp:
+    """A worker's answer once set up: its device's environment, or why it could not set up."""
+
+    environment: Any = None
+    error: str | None = None
+
+
+def _ready() -> _SetUp:
+    return _SetUp(error=_here["error"]) if "error" in _here else _SetUp(environment=_here["environment"])
 
 
 def _attempt(position: int, spent: float | None = None) -> dict[str, Any]:
@@ -277,11 +284,11 @@ class _Shard:
         w.position = None
         self._next(w)
 
-    def _started(self, w: _Worker, answer: tuple[str, Any]) -> None:
-        if answer[0] == "error":
-            self._end(w, answer[1])
+    def _started(self, w: _Worker, answer: _SetUp) -> None:
+        if answer.error is not None:
+            self._end(w, answer.error)
             return
-        w.ready, w.environment = True, answer[1]
+        w.ready, w.environment = True, answer.environment
         self._start_when_all_ready()
 
     def _start_when_all_ready(self) -> None:
