@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ..config import MAX_SIZE, format_size
+from ..config import MAX_SIZE, StrEnum, format_size
 from ..errors import DamagedEntryError, EntryNotFoundError
 from ..store import DB_NAME, Entry, Store, maintenance
 from .common import EXIT_ERROR, Command, Context, age, emit, entry_named, table
@@ -181,8 +181,8 @@ def diff(obj: Context, key_a: str, key_b: str) -> None:
         if not d:
             yield "the keys have identical parts"
         for row in d:
-            va = "(absent)" if row.get("absent") == "a" else json.dumps(row["a"], sort_keys=True)
-            vb = "(absent)" if row.get("absent") == "b" else json.dumps(row["b"], sort_keys=True)
+            va = "(absent)" if row.get("absent") is _Side.A else json.dumps(row["a"], sort_keys=True)
+            vb = "(absent)" if row.get("absent") is _Side.B else json.dumps(row["b"], sort_keys=True)
             yield f"{row['path']}: {va} -> {vb}"
 
     emit(result, text)
@@ -191,6 +191,15 @@ def diff(obj: Context, key_a: str, key_b: str) -> None:
 
 
 _ABSENT: Any = object()
+
+
+class _Side(StrEnum):
+    """The entry of a ``diff`` row that lacks its path (``absent``)."""
+
+    A = "a"
+    B = "b"
+
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -212,7 +221,7 @@ def _differences(a: Any, b: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
 def _difference(path: str, a: Any, b: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"path": path, "a": None if a is _ABSENT else a, "b": None if b is _ABSENT else b}
     if a is _ABSENT or b is _ABSENT:
-        row["absent"] = "a" if a is _ABSENT else "b"
+        row["absent"] = _Side.A if a is _ABSENT else _Side.B
     return row
 
 
