@@ -24,11 +24,13 @@ is a path here).
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
 import re
 import stat
+import sys
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -46,6 +48,14 @@ __all__ = ["ALLOW_SHARED_DIR", "APP", "AUTOTUNE_BUDGET", "AUTOTUNE_MEMORY", "AUT
 log = logging.getLogger("plancache")
 
 T = TypeVar("T")
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum as StrEnum  # (the alias: for the modules that import it from here)
+else:  # Python 3.10: enum.StrEnum by hand (a member is its value as text, in str() and formats too)
+
+    class StrEnum(str, enum.Enum):
+        def __str__(self) -> str:
+            return str.__str__(self)
 
 
 class ConfigError(PlanCacheError, ValueError):

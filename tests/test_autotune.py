@@ -64,10 +64,11 @@ class FakeCandidates:
     def clock(self) -> float:
         return self.now
 
-    def build(self, index: int) -> str | None:
+    def build(self, index: int) -> None:
         self.build_calls.append(index)
         self.now += self.build_seconds[index]
-        return f"engine {index} not supported" if index in self.failing else None
+        if index in self.failing:
+            raise BuildError(f"engine {index} not supported", reason="not built")
 
     def prepare(self, budget: object) -> str | None:
         self.prepared = self.not_ready is None

@@ -45,13 +45,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
-from ..config import AUTOTUNE_BUDGET, AUTOTUNE_MEMORY, MemoryBudget, argument, number, whole_number
+from ..config import AUTOTUNE_BUDGET, AUTOTUNE_MEMORY, MemoryBudget, StrEnum, argument, number, whole_number
 from ..errors import BuildError
-from ..key import BuildOptions
+from ..key import BuildOptions, Policy
 from .candidates import CandidateSet
 from .consensus import FAR, RULE, Agreement, Consensus, Group
 
-__all__ = ["CHECK_LIMIT", "AutotuneResult", "CandidateReport", "TimingPolicy", "autotune"]
+__all__ = ["CHECK_LIMIT", "AutotuneResult", "CandidateReport", "CandidateStatus", "CheckStatus", "Stopped", "TimingPolicy",
+           "autotune"]  # fmt: skip
 
 #: Candidates the check may launch in all while it looks for a majority, the budget spent or not.
 CHECK_LIMIT = 6
@@ -87,14 +88,41 @@ class TimingPolicy:
                 "method": "CUDA events around each run after 1 warm-up; median"}  # fmt: skip
 
 
+class CandidateStatus(StrEnum):
+    """What happened to one candidate, as stored: chosen | timed | pruned | checked (agreed,
+    not timed) | rejected (disagreed with the majority) | failed | not_built."""
+
+    CHOSEN = "chosen"
+    TIMED = "timed"
+    PRUNED = "pruned"
+    CHECKED = "checked"
+    REJECTED = "rejected"
+    FAILED = "failed"
+    NOT_BUILT = "not_built"
+
+
+class CheckStatus(StrEnum):
+    """How a choice was checked (the ``status`` of the check stored with an entry)."""
+
+    AGREED = "agreed"
+    SINGLE = "single"
+    NO_MAJORITY = "no majority"
+    NOT_RUN = "not run"
+
+
+class Stopped(StrEnum):
+    """Why tuning stopped before every candidate was tried (``timing["stopped"]``)."""
+
+    BUDGET = "budget"
+
+
 @dataclass
 class CandidateReport:
-    """What happened to one candidate: chosen | timed | pruned | checked (agreed, not timed)
-    | rejected (disagreed with the majority) | failed | not_built."""
+    """What happened to one candidate (``CandidateStatus``)."""
 
     index: int
     engine: dict[str, Any]
-    status: str
+    status: CandidateStatus
     first_ms: float | None = None
     median_ms: float | None = None
     times_ms: list[float] = field(default_factory=list)
@@ -105,16 +133,19 @@ class CandidateReport:
     deviation: float | None = None
     outside: int | None = None
     fraction: float | None = None
+    built: bool = False  # not stored: it built (whatever happened at its launches)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        del data["built"]
+        return data
 
 
 @dataclass
 class AutotuneResult:
     winner: int
     candidates: list[CandidateReport]
-    policy: str
+    policy: Policy
     autotune_seconds: float
     timing: dict[str, Any]
     check: dict[str, Any]  # how the choice was checked; stored with the entry
@@ -131,11 +162,11 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
     count = len(cands)
     if count == 0:
         raise BuildError("cuDNN offered no candidate plan for this graph", reason="no candidates")
-    reports = [CandidateReport(index=i, engine=cands.engine(i).to_dict(), status="not_built") for i in range(count)]
+    reports = [CandidateReport(index=i, engine=cands.engine(i).to_dict(), status=CandidateStatus.NOT_BUILT) for i in range(count)]
     why = cands.prepare(timing.memory)
     if why is not None:
         winner = _first_buildable(cands, reports)
-        check: dict[str, Any] = {"status": "not run", "rule": RULE, "why": why}
+        check: dict[str, Any] = {"status": CheckStatus.NOT_RUN, "rule": RULE, "why": why}
         return AutotuneResult(winner, reports, options.policy, clock() - started, {"method": f"not timed: {why}"}, check)
     # From here on, the miss's device work (the comparisons as much as the launches) is
     # queued on the candidates' own stream, never behind the program's work on its stream.
@@ -155,19 +186,19 @@ def _tuned(tuning: _Tuning, options: BuildOptions) -> AutotuneResult:
     if majority is None:
         first = tuning.launched[0] if len(tuning.launched) == 1 else _built(reports)[0]
         return _no_majority(tuning.consensus, reports, options, clock() - started, first, tuning.progress())
-    if options.policy == "heuristic":
+    if options.policy is Policy.HEURISTIC:
         check = _check_record(tuning.consensus, majority, reports)
         winner = min(majority.members)
-        reports[winner].status = "chosen"
+        reports[winner].status = CandidateStatus.CHOSEN
         return AutotuneResult(winner, reports, options.policy, clock() - started,
                               {"method": "not timed: heuristic policy", **tuning.progress()}, check)  # fmt: skip
-    want = max(2, options.top_k) if options.policy == "topk" else count
+    want = max(2, options.top_k) if options.policy is Policy.TOPK else count
     majority = tuning.widen(want) or tuning.check()  # the candidates added may have split the majority
     if majority is None:
         return _no_majority(tuning.consensus, reports, options, clock() - started, _built(reports)[0], tuning.progress())
     check = _check_record(tuning.consensus, majority, reports)
     winner = tuning.time(sorted(majority.members)[:want])
-    reports[winner].status = "chosen"
+    reports[winner].status = CandidateStatus.CHOSEN
     elapsed = clock() - started
     log.debug("plancache: autotuned %d/%d candidates (%d rejected) in %.3f s; chose #%d (%.4f ms)", len(tuning.launched), count,
               len(check["rejected"]), elapsed, winner, reports[winner].median_ms or 0.0)  # fmt: skip
@@ -177,16 +208,18 @@ def _tuned(tuning: _Tuning, options: BuildOptions) -> AutotuneResult:
 def _built(reports: list[CandidateReport]) -> list[int]:
     """The candidates that built: launched, or failed only at launch. The frontend's own
     choice is the first."""
-    return [r.index for r in reports if r.status == "checked" or (r.error or "").startswith("launch")]
+    return [r.index for r in reports if r.built]
 
 
 def _first_buildable(cands: CandidateSet, reports: list[CandidateReport]) -> int:
     for report in reports:
-        error = cands.build(report.index)
-        if error is None:
-            report.status = "chosen"
-            return report.index
-        report.status, report.error = "failed", error
+        try:
+            cands.build(report.index)
+        except BuildError as exc:
+            report.status, report.error = CandidateStatus.FAILED, str(exc)
+            continue
+        report.status, report.built = CandidateStatus.CHOSEN, True
+        return report.index
     _none_built(reports, len(reports))
 
 
@@ -221,26 +254,29 @@ class _Tuning:
         self.reference: float | None = None
         self.consensus = Consensus(cands.bounds())
         self.launched: list[int] = []
-        self.stopped: str | None = None
+        self.stopped: Stopped | None = None
         self.engines = {_engine_of(r) for r in reports}
         self.longest_compile: float | None = None  # the longest build compiled at run time in this miss
 
     def _launch(self, report: CandidateReport) -> bool:
         """Build and launch one candidate; whether it joined the comparison."""
         begun = self.clock()
-        error = self.cands.build(report.index)
-        if self.cands.compiles(report.index):
-            self.longest_compile = max(self.longest_compile or 0.0, self.clock() - begun)
-        if error is not None:
-            report.status, report.error = "failed", error
+        try:
+            self.cands.build(report.index)
+        except BuildError as exc:
+            report.status, report.error = CandidateStatus.FAILED, str(exc)
             return False
+        finally:
+            if self.cands.compiles(report.index):
+                self.longest_compile = max(self.longest_compile or 0.0, self.clock() - begun)
+        report.built = True
         try:
             outputs = self.cands.outputs(report.index)
         except Exception as exc:  # one candidate that cannot launch is dropped, not the miss
             _launch_failed(report, exc)
             return False
         self.consensus.add(report.index, outputs)
-        report.status = "checked"
+        report.status = CandidateStatus.CHECKED
         self.launched.append(report.index)
         if self.reference is None:  # the frontend's own cost: its heuristics and its first plan
             self.reference = self.clock() - self.started
@@ -248,7 +284,7 @@ class _Tuning:
         return True
 
     def _untried(self) -> list[CandidateReport]:
-        return [r for r in self.reports if r.status == "not_built"]
+        return [r for r in self.reports if r.status is CandidateStatus.NOT_BUILT]
 
     def majority(self) -> Group | None:
         """The majority group, when it holds two engines, or one engine when the graph has no
@@ -309,10 +345,10 @@ class _Tuning:
                 break
             now = self.clock()
             if now >= self.deadline:
-                self.stopped = "budget"
+                self.stopped = Stopped.BUDGET
                 break
             if now + self._expected_build(report) > self.deadline:
-                self.stopped = "budget"
+                self.stopped = Stopped.BUDGET
                 continue
             self._launch(report)
         return self.majority()
@@ -335,17 +371,17 @@ class _Tuning:
         for index, first in sorted(firsts.items(), key=lambda item: (item[1], item[0])):
             report = reports[index]
             if first > timing.prune_factor * best:
-                report.status = "pruned"
+                report.status = CandidateStatus.PRUNED
                 continue
             if medians and self.clock() >= self.deadline:
-                self.stopped = "budget"
+                self.stopped = Stopped.BUDGET
                 continue
             try:
                 report.times_ms = self.cands.time(index, timing.runs)
             except Exception as exc:
                 _launch_failed(report, exc)
                 continue
-            report.status = "timed"
+            report.status = CandidateStatus.TIMED
             medians[index] = report.median_ms = statistics.median(report.times_ms)
         if not medians:
             raise BuildError("every candidate that agreed failed to run again", reason="all failed")
@@ -363,7 +399,7 @@ class _Tuning:
 
 
 def _launch_failed(report: CandidateReport, exc: Exception) -> None:
-    report.status = "failed"
+    report.status = CandidateStatus.FAILED
     report.error = f"launch: {type(exc).__name__}: {str(exc)[:300]}"
     log.debug("plancache: candidate #%d failed to launch: %s", report.index, exc)
 
@@ -373,7 +409,7 @@ def _check_record(consensus: Consensus, majority: Group, reports: list[Candidate
     rejected = []
     for index, agreement in sorted(consensus.outliers(majority).items()):
         report = reports[index]
-        report.status = "rejected"
+        report.status = CandidateStatus.REJECTED
         _note(report, agreement)
         measured = (
             f"{agreement.outside} of {agreement.elements} elements outside their bound, the worst {agreement.worst:.3g} times it"
@@ -384,7 +420,7 @@ def _check_record(consensus: Consensus, majority: Group, reports: list[Candidate
         rejected.append({"index": index, "engine": report.engine.get("name", ""), **agreement.to_dict()})
     for index in majority.members:
         _note(reports[index], majority.agreements.get(index, Agreement()))
-    return {"status": "agreed", "rule": RULE, "compared": consensus.compared, "agreeing": len(majority.members),
+    return {"status": CheckStatus.AGREED, "rule": RULE, "compared": consensus.compared, "agreeing": len(majority.members),
             "far": FAR, "metric": _METRIC, "rejected": rejected}  # fmt: skip
 
 
@@ -400,17 +436,17 @@ def _no_majority(consensus: Consensus, reports: list[CandidateReport], options: 
                  first: int, progress: dict[str, Any]) -> AutotuneResult:  # fmt: skip
     """One candidate alone, or candidates without a majority: the frontend's choice."""
     if consensus.compared == 1:
-        reports[first].status = "chosen"
-        check = {"status": "single", "rule": RULE, "compared": 1, "agreeing": 1, "rejected": []}
+        reports[first].status = CandidateStatus.CHOSEN
+        check = {"status": CheckStatus.SINGLE, "rule": RULE, "compared": 1, "agreeing": 1, "rejected": []}
         return AutotuneResult(first, reports, options.policy, elapsed, {"method": "not timed: one candidate launched", **progress},
                               check)  # fmt: skip
     groups = [[reports[i].engine.get("name") or f"#{i}" for i in g.members] for g in consensus.groups]
     for report in reports:
-        if report.status == "checked":
-            report.status = "rejected"
+        if report.status is CandidateStatus.CHECKED:
+            report.status = CandidateStatus.REJECTED
             report.error = "no majority of the candidates agreed"
-    reports[first].status = "chosen"
-    check = {"status": "no majority", "rule": RULE, "compared": consensus.compared, "groups": groups,
+    reports[first].status = CandidateStatus.CHOSEN
+    check = {"status": CheckStatus.NO_MAJORITY, "rule": RULE, "compared": consensus.compared, "groups": groups,
              "spread": consensus.spread().to_dict(), "far": FAR, "rejected": []}  # fmt: skip
     return AutotuneResult(first, reports, options.policy, elapsed, {"method": "not timed: no majority", **progress}, check,
                           persist=False)  # fmt: skip
@@ -423,10 +459,10 @@ def check_summary(check: Mapping[str, Any] | None) -> str:
     status = check.get("status")
     if check.get("rule") != RULE:
         return f"{status} under an older rule (each output's largest difference): chosen again when looked up"
-    if status == "agreed":
+    if status == CheckStatus.AGREED:
         rejected = ", ".join(_rejection(r) for r in check.get("rejected") or []) or "none"
         return f"agreed: {check.get('agreeing')} of {check.get('compared')} candidates, element by element; rejected: {rejected}"
-    if status == "not run":
+    if status == CheckStatus.NOT_RUN:
         return f"not checked: {check.get('why')}"
     return str(status)
 

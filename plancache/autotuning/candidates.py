@@ -27,7 +27,7 @@ from ..guest.tensors import checked_inputs
 from ..key import BuildOptions
 from .bounds import Bound, bounds
 from .filters import outside_filters
-from .inputs import materialize, timing_inputs
+from .inputs import Refusal, materialize, timing_inputs
 
 __all__ = ["CandidateSet", "Candidates"]
 
@@ -46,8 +46,8 @@ class CandidateSet(Protocol):
         """The engine and knobs of candidate ``index``."""
         ...
 
-    def build(self, index: int) -> str | None:
-        """Build candidate ``index``; None on success, else why it failed."""
+    def build(self, index: int) -> None:
+        """Build candidate ``index``; a ``BuildError`` says why it failed."""
         ...
 
     def compiles(self, index: int) -> bool:
@@ -124,15 +124,12 @@ class Candidates:
     def compiles(self, index: int) -> bool:
         return self.plans.compiles(index)
 
-    def build(self, index: int) -> str | None:
-        try:
-            workspace = self.plans.build(index)
-        except BuildError as exc:
-            return str(exc)
+    def build(self, index: int) -> None:
+        workspace = self.plans.build(index)
         outside = outside_filters(self.plans.engine(index).name, workspace, self.plans.description, self.options)
-        if outside is None:
-            self.workspaces[index] = workspace
-        return outside
+        if outside is not None:
+            raise BuildError(outside, reason="outside filters")
+        self.workspaces[index] = workspace
 
     def prepare(self, budget: MemoryBudget) -> str | None:
         import torch
@@ -142,20 +139,21 @@ class Candidates:
             return "a CUDA-graph capture is in progress on this thread"
         given = checked_inputs(self.given, self.plans.tensors, driver.device_type, device)
         found = timing_inputs(self.plans.description, self.plans.tensors, given, budget, driver.free_memory(device))
-        if isinstance(found, str):
-            return found
-        plan, need, spare = found
+        if isinstance(found, Refusal):
+            return found.why
+        plan, need, spare = found.plan, found.need, found.spare
         stream = self.backend.own_stream(device)  # non-blocking: never ordered with the legacy stream
         driver.follow(stream, device)  # the caller's tensors are ready
         # A generator of our own: autotuning must not move the caller's random number
         # stream (a miss would otherwise change every random tensor the program draws next).
-        generator = torch.Generator(device=driver.tensor_device(device))
+        tensor_device = driver.tensor_device(device)
+        generator = torch.Generator(device=tensor_device)
         generator.manual_seed(0)
         try:
             driver.hold(need)
             self.held = need
             with driver.on_stream(stream):
-                pack = materialize(plan, torch, driver.tensor_device(device), generator)
+                pack = materialize(plan, torch, tensor_device, generator)
             driver.synchronize(stream)
         except (RuntimeError, MemoryError) as exc:  # torch's OutOfMemoryError is a RuntimeError
             self._release()
@@ -184,10 +182,10 @@ class Candidates:
         return found
 
     @contextlib.contextmanager
-    def _launching(self, index: int) -> Iterator[Callable[[], None]]:
+    def _launching(self, index: int) -> Iterator[tuple[Callable[[], None], dict[int, Any]]]:
         """The launch of built candidate ``index`` on the prepared inputs, for the block:
         on the candidates' stream, through a leased handle pointed at it, with a workspace
-        of its own from what the budget left."""
+        of its own from what the budget left; and those inputs (checked ready once)."""
         pack = self._ready()
         size = self.workspaces.get(index)
         if size is None:
@@ -199,13 +197,12 @@ class Candidates:
         with driver.on_stream(self.stream), self.backend.handles.lease(self.device) as handle:
             driver.set_stream(handle, driver.raw_stream(self.stream))
             workspace = driver.workspace_getter()(size, self.device) if size > 0 else None
-            yield lambda: plans.launch(index, pack, workspace, handle)
+            yield (lambda: plans.launch(index, pack, workspace, handle)), pack
 
     def outputs(self, index: int) -> dict[int, Any]:
         import torch
 
-        with self._launching(index) as launch:
-            pack = self._ready()
+        with self._launching(index) as (launch, pack):
             for uid in self.outputs_of:
                 pack[uid].zero_()  # a region no candidate writes compares equal
             launch()
@@ -214,7 +211,7 @@ class Candidates:
         return copies
 
     def time(self, index: int, runs: int) -> list[float]:
-        with self._launching(index) as launch:
+        with self._launching(index) as (launch, _):
             return self.driver.time(launch, runs)
 
     def finish(self, index: int) -> BuiltPlan:

@@ -20,11 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import MemoryBudget, format_size
+from ..config import MemoryBudget, StrEnum, format_size
 from ..guest.tensors import DTYPE_BYTES, TORCH_DTYPES, span, storage_geometry
 from ..key import TensorSpec
 
-__all__ = ["OUTPUT_COPIES", "Fill", "InputPlan", "materialize", "plan_inputs", "timing_inputs"]
+__all__ = ["OUTPUT_COPIES", "Fill", "FillKind", "InputPlan", "Refusal", "TimingInputs", "materialize", "plan_inputs",
+           "timing_inputs"]  # fmt: skip
 
 _INTEGERS = frozenset({"data_type.INT8", "data_type.UINT8", "data_type.INT32", "data_type.INT64", "data_type.INT4"})
 _ATTENTION = frozenset({"SDPA", "SDPA_BWD", "SDPA_FP8", "SDPA_FP8_BWD", "SDPA_MXFP8", "SDPA_MXFP8_BWD"})
@@ -36,15 +37,26 @@ _MOE_ROW_ALIGNMENT = 64
 _CHUNK = 1 << 23  # elements generated at once: bounds the float32 staging to 32 MiB
 
 
+class FillKind(StrEnum):
+    """How a tensor is filled: a statistic (``MEAN``, ``INV_STD``, ``INV_RMS``) is of the
+    input uid ``Fill.source`` over the axes the tensor broadcasts."""
+
+    RANDOM = "random"  # ±[0.25, 1)
+    POSITIVE = "positive"  # [0.25, 1)
+    BOOL = "bool"
+    SMALL_INT = "small_int"  # 1..3
+    VALUES = "values"  # ``Fill.values``, in row-major order of the dims
+    MEAN = "mean"
+    INV_STD = "inv_std"  # 1/sqrt(var + 1e-5)
+    INV_RMS = "inv_rms"  # 1/sqrt(mean(x^2) + 1e-5)
+
+
 @dataclass(frozen=True)
 class Fill:
-    """How to fill one tensor: ``kind`` is "random" (±[0.25, 1)), "positive" ([0.25, 1)),
-    "bool", "small_int" (1..3), "values" (``values``, in row-major order of the dims), or a
-    statistic of the input uid ``source`` over the axes this tensor broadcasts: "mean",
-    "inv_std" (``1/sqrt(var + 1e-5)``) or "inv_rms" (``1/sqrt(mean(x^2) + 1e-5)``)."""
+    """How to fill one tensor (``FillKind``)."""
 
     spec: TensorSpec
-    kind: str
+    kind: FillKind
     role: str
     values: tuple[float, ...] = ()
     source: int = 0
@@ -132,7 +144,8 @@ class _Roles:
     def fill(self, spec: TensorSpec, tensor: Mapping[str, Any]) -> Fill | str:
         tid = f"u{spec.uid}"
         if spec.is_pass_by_value:
-            return Fill(spec, "positive" if spec.dtype not in _INTEGERS else "values", "a scalar passed by value", (1.0,))
+            kind = FillKind.POSITIVE if spec.dtype not in _INTEGERS else FillKind.VALUES
+            return Fill(spec, kind, "a scalar passed by value", (1.0,))
         if tid in self.ragged_users:
             return self._ragged(spec, tid)
         uses = self.ports.get(tid, [])
@@ -143,9 +156,9 @@ class _Roles:
                 return role
         if not integer:
             count = math.prod(spec.dims)
-            return Fill(spec, "positive" if count == 1 else "random", "data")
+            return Fill(spec, FillKind.POSITIVE if count == 1 else FillKind.RANDOM, "data")
         if uses and all(port in _DATA_PORTS.get(str(node.get("type")), ()) for node, port in uses):
-            return Fill(spec, "bool" if spec.dtype == "data_type.BOOLEAN" else "small_int", "integer data")
+            return Fill(spec, FillKind.BOOL if spec.dtype == "data_type.BOOLEAN" else FillKind.SMALL_INT, "integer data")
         where = ", ".join(f"{node.get('type')}.{port}" for node, port in uses) or "no node"
         return f"plancache does not know the role of tensor uid {spec.uid} ({spec.dtype}, input of {where})"
 
@@ -167,16 +180,16 @@ class _Roles:
                 pool = self._dim(inputs.get("k" if port.endswith("k_table") else "v"), 0)
                 if pool is None or pool < 1:
                     return f"page table uid {spec.uid}: the page pool's size is unknown"
-                return Fill(spec, "values", f"page table over {pool} pages", tuple(float(i % pool) for i in range(count)))
+                return Fill(spec, FillKind.VALUES, f"page table over {pool} pages", tuple(float(i % pool) for i in range(count)))
             if port.startswith("dropout_"):
                 if spec.dtype in _INTEGERS:  # sdpa(dropout=(probability, seed, offset))
-                    return Fill(spec, "values", "dropout seed or offset", tuple(float(7 + i) for i in range(count)))
+                    return Fill(spec, FillKind.VALUES, "dropout seed or offset", tuple(float(7 + i) for i in range(count)))
                 # sdpa(dropout=(mask, scale)): a mask of zeros and ones, and a scale of 1, keep
                 # the output within the magnitudes the bound models (seeds of 7 and up made a
                 # mask that scaled it 1e5 times, and right engines were judged apart)
                 if count > 1:
-                    return Fill(spec, "bool", "dropout mask")
-                return Fill(spec, "values", "dropout scale", (1.0,))
+                    return Fill(spec, FillKind.BOOL, "dropout mask")
+                return Fill(spec, FillKind.VALUES, "dropout scale", (1.0,))
             return None
         if kind in ("MOE_GROUPED_MATMUL", "MOE_GROUPED_MATMUL_BWD"):
             return self._moe(spec, node, port)
@@ -193,7 +206,8 @@ class _Roles:
         x = self.by_uid.get(int(source[1:])) if isinstance(source, str) and source.startswith("u") else None
         if x is None or x.is_output or len(x.dims) != len(spec.dims) or any(s not in (1, d) for s, d in zip(spec.dims, x.dims)):
             return f"{kind} statistic uid {spec.uid}: the input it was computed from is unknown"
-        what = "inv_rms" if port == "inv_variance" and "RMS" in kind else "mean" if port == "mean" else "inv_std"
+        what = (FillKind.INV_RMS if port == "inv_variance" and "RMS" in kind
+                else FillKind.MEAN if port == "mean" else FillKind.INV_STD)  # fmt: skip
         return Fill(spec, what, f"{kind} {port} of input uid {x.uid}", source=x.uid)
 
     def _moe(self, spec: TensorSpec, node: Mapping[str, Any], port: str) -> Fill | str | None:
@@ -209,12 +223,12 @@ class _Roles:
             # Groups of equal size, each starting on a multiple of the alignment (0 is
             # always valid): monotone, in range, aligned.
             step = rows // max(count, 1) // _MOE_ROW_ALIGNMENT * _MOE_ROW_ALIGNMENT
-            return Fill(spec, "values", f"MoE token offsets over {rows} rows", tuple(float(i * step) for i in range(count)))
+            return Fill(spec, FillKind.VALUES, f"MoE token offsets over {rows} rows", tuple(float(i * step) for i in range(count)))  # fmt: skip
         if port == "token_index" and mode == "moe_grouped_matmul_mode.GATHER":
             tokens = self._dim(inputs.get("token"), -2)
             if tokens is None or tokens < 1:
                 return "MoE token indices: the number of tokens is unknown"
-            return Fill(spec, "values", f"MoE token indices below {tokens}", tuple(float(i % tokens) for i in range(count)))
+            return Fill(spec, FillKind.VALUES, f"MoE token indices below {tokens}", tuple(float(i % tokens) for i in range(count)))  # fmt: skip
         if port in ("token", "weight", "doutput", "top_k_scores"):
             return None
         return f"MoE input {port!r} (uid {spec.uid}): its valid values are unknown to plancache"
@@ -237,12 +251,12 @@ class _Roles:
         if len(units) != 1:
             return f"ragged offsets uid {spec.uid} are shared by tensors of different batch strides"
         unit = units.pop()
-        return Fill(spec, "values", "ragged offsets", tuple(float(i * unit) for i in range(math.prod(spec.dims))))
+        return Fill(spec, FillKind.VALUES, "ragged offsets", tuple(float(i * unit) for i in range(math.prod(spec.dims))))
 
     def _lengths(self, spec: TensorSpec, longest: Any, what: str) -> Fill | str:
         if not isinstance(longest, int) or longest < 1:
             return f"{what} uid {spec.uid}: their maximum is unknown"
-        return Fill(spec, "values", f"{what} (all {longest})", (float(longest),) * math.prod(spec.dims))
+        return Fill(spec, FillKind.VALUES, f"{what} (all {longest})", (float(longest),) * math.prod(spec.dims))
 
     def _dim(self, tid: Any, axis: int) -> int | None:
         spec = self.by_uid.get(int(tid[1:])) if isinstance(tid, str) and tid.startswith("u") else None
@@ -267,7 +281,7 @@ def materialize(plan: InputPlan, torch: Any, device: Any, generator: Any) -> dic
     return pack
 
 
-_STATISTICS = frozenset({"mean", "inv_std", "inv_rms"})
+_STATISTICS = frozenset({FillKind.MEAN, FillKind.INV_STD, FillKind.INV_RMS})
 _NORM_EPSILON = 1e-5
 
 
@@ -275,9 +289,9 @@ def _statistic(fill: Fill, x: Any, torch: Any) -> Any:
     spec = fill.spec
     axes = [i for i, (s, d) in enumerate(zip(spec.dims, x.shape)) if s == 1 and d > 1]
     x = x.float()
-    if fill.kind == "mean":
+    if fill.kind is FillKind.MEAN:
         value = x.mean(dim=axes, keepdim=True) if axes else x
-    elif fill.kind == "inv_rms":
+    elif fill.kind is FillKind.INV_RMS:
         value = torch.rsqrt((x * x).mean(dim=axes, keepdim=True) + _NORM_EPSILON) if axes else torch.rsqrt(x * x + _NORM_EPSILON)
     else:
         variance = x.var(dim=axes, keepdim=True, unbiased=False) if axes else torch.zeros_like(x)
@@ -302,22 +316,22 @@ def _filled(fill: Fill, torch: Any, device: Any, generator: Any) -> Any:
     if spec.is_pass_by_value:
         return torch.full(tuple(spec.dims) or (1,), fill.values[0] if fill.values else 0.5, dtype=dtype)
     dims, strides = _layout(spec)
-    if fill.kind == "values":
+    if fill.kind is FillKind.VALUES:
         dense = torch.tensor(fill.values, dtype=torch.float64).reshape(dims).to(dtype)
         out = torch.empty_strided(dims, strides, dtype=dtype, device=device)
         return out.copy_(dense)
     flat = torch.empty(fill.elements, dtype=dtype, device=device)
     for start in range(0, fill.elements, _CHUNK):
         part = flat[start : start + _CHUNK]
-        if fill.kind == "bool":
+        if fill.kind is FillKind.BOOL:
             part.copy_(torch.randint(0, 2, part.shape, device=device, generator=generator).bool())
         elif spec.dtype in _BYTE_CODED:
-            part.copy_(_byte_codes(spec.dtype, fill.kind == "random", part.shape, torch, device, generator))
-        elif fill.kind == "small_int":
+            part.copy_(_byte_codes(spec.dtype, fill.kind is FillKind.RANDOM, part.shape, torch, device, generator))
+        elif fill.kind is FillKind.SMALL_INT:
             part.copy_(torch.randint(1, 4, part.shape, device=device, generator=generator))
         else:
             values = torch.empty(part.shape, dtype=torch.float32, device=device).uniform_(0.25, 1.0, generator=generator)
-            if fill.kind == "random":  # both signs: an epilogue's negative slope or clip must show
+            if fill.kind is FillKind.RANDOM:  # both signs: an epilogue's negative slope or clip must show
                 signs = torch.randint(0, 2, part.shape, device=device, generator=generator, dtype=torch.int8)
                 values.mul_(signs.mul_(2).sub_(1))
             part.copy_(values)
@@ -358,17 +372,33 @@ OUTPUT_COPIES = 3
 MAGNITUDE_COPIES = 3
 
 
+@dataclass(frozen=True)
+class TimingInputs:
+    """The inputs candidates may be launched on: their plan, the bytes it takes, and the
+    bytes left of the budget for a workspace."""
+
+    plan: InputPlan
+    need: int
+    spare: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why no candidate may be launched."""
+
+    why: str
+
+
 def timing_inputs(description: Mapping[str, Any], specs: Sequence[TensorSpec], given: Mapping[int, Any],
-                  budget: MemoryBudget, free: int) -> tuple[InputPlan, int, int] | str:  # fmt: skip
+                  budget: MemoryBudget, free: int) -> TimingInputs | Refusal:  # fmt: skip
     """What launching candidates on the caller's ``given`` tensors (already checked) and
-    synthetic ones needs: ``(plan, bytes it takes, bytes left of the budget for a
-    workspace)``, or why nothing may be launched (a tensor of unknown role, ``budget`` of
-    ``free`` device bytes exceeded)."""
+    synthetic ones needs, or why nothing may be launched (a tensor of unknown role,
+    ``budget`` of ``free`` device bytes exceeded)."""
     plan = plan_inputs(description, specs, given)
     if isinstance(plan, str):
-        return plan
+        return Refusal(plan)
     need, limit = plan.device_bytes(OUTPUT_COPIES, MAGNITUDE_COPIES), budget.bytes_of(free)
     if need > limit:
-        return (f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} "
-                f"({budget.describe()}, PLANCACHE_AUTOTUNE_MEMORY)")  # fmt: skip
-    return plan, need, limit - need
+        return Refusal(f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} "
+                       f"({budget.describe()}, PLANCACHE_AUTOTUNE_MEMORY)")  # fmt: skip
+    return TimingInputs(plan, need, limit - need)

@@ -29,7 +29,7 @@ from ..errors import UnkeyableArgumentError
 from ..key import BuildOptions
 from ..runtime.plan import Plan
 from ..tiers.memory import LRU
-from .counters import Counters
+from .counters import Count, Counters
 
 
 class _Cache(Protocol):
@@ -85,7 +85,7 @@ def plan_builder(
             plans.put(signature, plan)
         else:
             cache.check_open()  # as get(): a closed cache serves nothing, remembered plans neither
-            count("memory_hits")
+            count(Count.MEMORY_HITS)
             note_hit(plan.key)  # as get()'s memory hits: the plan a program runs every step stays young for eviction
         return plan
 

@@ -10,12 +10,33 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["NAMES", "Counters"]
+from ..config import StrEnum
 
-#: Every counter, in the order ``stats`` lists them.
-NAMES = ("memory_hits", "hits", "misses", "builds", "rebuilds", "corrupt", "store_errors", "waits", "unpersisted",
-         "kernel_cache_restores", "primed", "no_majority", "rechecks", "load_failures", "unloadable",
-         "judge_disagreements")  # fmt: skip
+__all__ = ["NAMES", "Count", "Counters"]
+
+
+class Count(StrEnum):
+    """Every counter, in the order ``stats`` lists them."""
+
+    MEMORY_HITS = "memory_hits"
+    HITS = "hits"
+    MISSES = "misses"
+    BUILDS = "builds"
+    REBUILDS = "rebuilds"
+    CORRUPT = "corrupt"
+    STORE_ERRORS = "store_errors"  # counted by the tiers below the cache, by this name
+    WAITS = "waits"
+    UNPERSISTED = "unpersisted"
+    KERNEL_CACHE_RESTORES = "kernel_cache_restores"
+    PRIMED = "primed"
+    NO_MAJORITY = "no_majority"
+    RECHECKS = "rechecks"
+    LOAD_FAILURES = "load_failures"
+    UNLOADABLE = "unloadable"
+    JUDGE_DISAGREEMENTS = "judge_disagreements"
+
+
+NAMES = tuple(c.value for c in Count)
 
 
 class Counters(dict[str, int]):

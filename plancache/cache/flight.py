@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import Refused, argument, wait_seconds
 from ..errors import LockTimeoutError
 from ..store.files import PRIVATE, Modes, check_trusted, create_directory, file_lock, read_regular
+from .counters import Count
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
@@ -154,7 +155,7 @@ class SingleFlight:
                 lock.acquire(timeout=0)  # one try: is another process building in this stripe?
                 held, waited = True, False
             except TimeoutError:
-                self._count("waits")
+                self._count(Count.WAITS)
                 log.info("plancache: waiting up to %.0f s for another process to build %s (%s); lock %s",
                          self.timeout, key[:12], label, path)  # fmt: skip
                 held, waited = self._wait_for(lock, path, started + self.timeout, key), True

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from ..guest.backend import Backend
 from ..store import sha256
 from ..tiers.local import LocalTier
-from .counters import Counters
+from .counters import Count, Counters
 
 __all__ = ["KernelCache"]
 
@@ -47,7 +47,7 @@ class KernelCache:
             self._warn_once("kernel-cache", "plancache: the stored kernel cache was refused (%s); building without it", exc)
             return
         self._digest = sha256(blob)
-        self.counters.count("kernel_cache_restores")
+        self.counters.count(Count.KERNEL_CACHE_RESTORES)
 
     def save(self, env_id: str) -> None:
         """After a dynamic-shape build: store the kernel cache if it changed."""

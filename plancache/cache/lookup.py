@@ -23,11 +23,11 @@ from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadErr
 from ..formats.plan_blob import PlanBlob
 from ..guest.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id, options_json
-from ..runtime.plan import Plan
+from ..runtime.plan import Plan, PlanSource
 from ..store import NEVER_CHECKED, Entry, Sound, Unsound, held_to, sha256, summarize
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
-from .counters import Counters
+from .counters import Count, Counters
 from .flight import SingleFlight
 from .judging import Judging, code_version
 from .kernel_cache import KernelCache
@@ -35,7 +35,7 @@ from .keys import GraphKeys
 from .loads import Loads
 from .unstored import Unstored, Why
 
-__all__ = ["Lookup", "Unserved", "Verdict"]
+__all__ = ["Lookup", "Primed", "Priming", "Unserved", "Verdict"]
 
 #: How often the primer, waiting for builds to finish, looks whether it should stop.
 _IDLE_POLL_S = 0.05
@@ -52,6 +52,25 @@ class Verdict(enum.Enum):
     NEVER_CHECKED = "its engine was never compared with others"  # sound: chosen again, not quarantined
     REFUSED = "the backend refused the plan"  # the library's word on the blob
     LOAD_FAILED = "not loaded now"  # the process's failure, not the entry's: it stays
+
+
+class Priming(enum.Enum):
+    """What priming one stored plan came to."""
+
+    PRIMED = "primed"  # loaded by the primer
+    LOADED = "loaded"  # in memory already, or being loaded by a lookup, which then has it
+    SKIPPED = "skipped"
+
+
+@dataclasses.dataclass(frozen=True)
+class Primed:
+    """What ``Lookup.prime`` came to, and why a plan it skipped was skipped."""
+
+    outcome: Priming
+    why: str = ""
+
+    def __str__(self) -> str:
+        return self.why if self.outcome is Priming.SKIPPED else self.outcome.value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +167,7 @@ class Lookup:
             self.first_asked.setdefault(slot, time.perf_counter())
         plan = self.memory.get(slot)
         if plan is not None:
-            self.counters.count("memory_hits")
+            self.counters.count(Count.MEMORY_HITS)
             self.local.note_hit(key.digest)  # so a long-lived process keeps its plans young for eviction
             plan = plan.named(names)
         else:
@@ -188,10 +207,10 @@ class Lookup:
 
     def prime(self, digest: str, environment: Mapping[str, Any], device: int, *, stop: threading.Event | None = None,
               marks: dict[str, tuple[float, float]] | None = None, entry: Entry | None = None,
-              ahead: Sound | Unsound | None = None) -> str:  # fmt: skip
+              ahead: Sound | Unsound | None = None) -> Primed:  # fmt: skip
         """Load the stored plan ``digest`` onto ``device`` into memory ahead of its lookup.
-        Returns "primed", "loaded" (in memory already, or being loaded by a lookup, which
-        then has it), or why it was skipped. Gives way to builds: waits until no lookup
+        Returns whether it was primed, loaded already (in memory, or being loaded by a
+        lookup, which then has it), or skipped, and why. Gives way to builds: waits until no lookup
         is autotuning before it starts, and never writes (an unsound entry is left
         for its lookup to quarantine and rebuild). ``stop`` ends that wait ("stopped"): a
         lookup may be autotuning for minutes while the cache is being closed. ``entry`` and
@@ -200,12 +219,12 @@ class Lookup:
         started = time.perf_counter()
         while not self.loads.wait_until_no_build(timeout=_IDLE_POLL_S):
             if stop is not None and stop.is_set():
-                return "stopped"
+                return Primed(Priming.SKIPPED, "stopped")
         if marks is not None:
             marks["wait"] = (started, time.perf_counter())
         with self.loads.try_claim(slot, self.memory) as mine:
             if not mine:
-                return "loaded"
+                return Primed(Priming.LOADED)
             try:
                 entering = time.perf_counter()
                 with self.backend.guest(device):
@@ -214,12 +233,12 @@ class Lookup:
                     outcome = self.serve_stored(digest, environment, device, count_hit=False, marks=marks, entry=entry,
                                                 ahead=ahead)  # fmt: skip
             except CaptureInProgressError:
-                return "this thread is capturing"
+                return Primed(Priming.SKIPPED, "this thread is capturing")
             if isinstance(outcome, Plan):
                 self.memory.put(slot, outcome)
-                self.counters.count("primed")
-                return "primed"
-            return outcome.reason
+                self.counters.count(Count.PRIMED)
+                return Primed(Priming.PRIMED)
+            return Primed(Priming.SKIPPED, outcome.reason)
 
     def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int,
                            load: Load | None) -> Plan | None:  # fmt: skip
@@ -251,7 +270,7 @@ class Lookup:
         if isinstance(outcome, Plan):
             return outcome
         if outcome.verdict is Verdict.NEVER_CHECKED:  # sound, but its engine was never compared with others
-            self.counters.count("rechecks")
+            self.counters.count(Count.RECHECKS)
             return self._build(graph, key, options, inputs, device, load=load)
         if outcome.verdict is Verdict.LOAD_FAILED:  # not the entry's fault: it stays
             return self._build(graph, key, options, inputs, device, persist=False, load=load)
@@ -348,7 +367,7 @@ class Lookup:
         except TransientLoadError as exc:
             # Not the entry's fault (a capture on another thread, an out-of-memory in the
             # warm-up): it stays, to be loaded again later; counted.
-            self.counters.count("load_failures")
+            self.counters.count(Count.LOAD_FAILURES)
             self._warn_once(f"load-{entry.key}", "plancache: loading %s failed (%s: %s); the entry is kept, and this "
                             "lookup builds the plan without storing it", entry.key[:12], type(exc).__name__, str(exc)[:200])  # fmt: skip
             return Unserved(entry, Verdict.LOAD_FAILED, f"{Verdict.LOAD_FAILED.value}: {type(exc).__name__}: {str(exc)[:300]}")
@@ -356,14 +375,14 @@ class Lookup:
             return Unserved(entry, Verdict.REFUSED, f"{Verdict.REFUSED.value}: {type(exc).__name__}: {str(exc)[:300]}")
         self.judging.loaded(sound)
         if count_hit:
-            self.counters.count("hits")
+            self.counters.count(Count.HITS)
             self.local.note_hit(entry.key)
-        return self._plan(entry.key, native, tensors, entry.workspace_size, _engine_of(entry.engine), "loaded", device)
+        return self._plan(entry.key, native, tensors, entry.workspace_size, _engine_of(entry.engine), PlanSource.LOADED, device)
 
     def quarantine_if_unchanged(self, digest: str, entry: Entry | None, reason: str) -> None:
         """Quarantine the row that was judged (its recorded checksum), inside the key's
         single flight: a row another process rebuilt meanwhile is left in service."""
-        self.counters.count("corrupt")
+        self.counters.count(Count.CORRUPT)
         log.warning("plancache: entry %s is unusable (%s); quarantined, rebuilding", digest[:12], reason)
         self.local.quarantine(digest, entry, reason)
 
@@ -383,12 +402,12 @@ class Lookup:
                 "plancache: rebuilding %s from engine %s failed (%s); autotuning instead", key.digest[:12], engine.name, exc
             )
             return None
-        self.counters.count("rebuilds")
+        self.counters.count(Count.REBUILDS)
         # The unsound entry's autotuning record still says why this engine was chosen.
         timing = old.timing or {"method": "rebuilt from the stored engine id and knobs"}
         native = self._persist(key, built, old.policy, old.candidates, timing, time.perf_counter() - started, 0.0, old.check,
                                device, load)  # fmt: skip
-        return self._plan(key.digest, native, built.tensors, built.workspace_size, built.engine, "rebuilt", device)
+        return self._plan(key.digest, native, built.tensors, built.workspace_size, built.engine, PlanSource.REBUILT, device)
 
     def retune(self, graph: Any, key: CacheKey, options: BuildOptions, device: int) -> Plan:
         """Autotune ``graph`` again without a budget, inside the key's single flight; the
@@ -401,7 +420,7 @@ class Lookup:
 
     def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int,
                persist: bool = True, load: Load | None = None, budget: float | None = None) -> Plan:  # fmt: skip
-        self.counters.count("misses")
+        self.counters.count(Count.MISSES)
         started = time.perf_counter()
         dynamic = bool(key.parts["graph"].get("flags", {}).get("dynamic_shape"))
         if dynamic:
@@ -414,22 +433,23 @@ class Lookup:
                 built = cands.finish(result.winner)
             finally:
                 cands.close()
-        self.counters.count("builds")
+        self.counters.count(Count.BUILDS)
         if dynamic:
             self.kernel_cache.save(environment_id(key.parts["environment"]))
         if not result.persist:
             return self._unpersisted(key, built, result, device)
         if not persist:  # the stored entry could not be loaded: it stays as it is
-            return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "unpersisted", device)
+            return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, PlanSource.UNPERSISTED,
+                              device)  # fmt: skip
         reports = [r.to_dict() for r in result.candidates]
         native = self._persist(key, built, result.policy, reports, result.timing, time.perf_counter() - started,
                                result.autotune_seconds, result.check, device, load)  # fmt: skip
-        return self._plan(key.digest, native, built.tensors, built.workspace_size, built.engine, "built", device)
+        return self._plan(key.digest, native, built.tensors, built.workspace_size, built.engine, PlanSource.BUILT, device)
 
     def _unpersisted(self, key: CacheKey, built: BuiltPlan, result: AutotuneResult, device: int) -> Plan:
         """Candidates without a majority: this process runs what the frontend itself would
         (its heuristic choice), and nothing is stored or published."""
-        self.counters.count("no_majority")
+        self.counters.count(Count.NO_MAJORITY)
         check = result.check
         groups = "; ".join(" = ".join(str(n) for n in group) for group in check.get("groups", []))
         spread = check.get("spread")
@@ -440,7 +460,8 @@ class Lookup:
             f"{spread['worst']:.3g}" if spread and spread.get("worst") is not None else "not finite (NaN, infinity or integer)",
             check.get("far"), built.engine.name if built.engine else f"#{result.winner}",
         )  # fmt: skip
-        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, "unpersisted", device)
+        return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, PlanSource.UNPERSISTED,
+                          device)  # fmt: skip
 
     def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
                  timing: dict[str, Any], build_seconds: float, autotune_seconds: float,
@@ -460,7 +481,7 @@ class Lookup:
             self.unstored.note(key, Why.JUDGE_DISAGREES, verdict.reason, entry)
             return loaded
         if not self.local.put(entry):
-            self.counters.count("unpersisted")
+            self.counters.count(Count.UNPERSISTED)
         else:
             self.judging.loaded(verdict)  # judged as a later lookup judges it: kept for that lookup
         if self.remote is not None:
@@ -468,7 +489,7 @@ class Lookup:
         return loaded
 
     def _plan(self, digest: str, native: Any, tensors: list[TensorSpec], workspace: int, engine: EngineChoice | None,
-              source: str, device: int) -> Plan:  # fmt: skip
+              source: PlanSource, device: int) -> Plan:  # fmt: skip
         return Plan(key=digest, backend=self.backend, native=native, tensors=tensors, workspace_size=workspace,
                     engine=engine, source=source, device=device)  # fmt: skip
 

@@ -48,6 +48,7 @@ from typing import Any
 
 from ..config import APP
 from ..store import Entry, Sound, Unsound
+from .lookup import Primed, Priming
 
 __all__ = ["DEVICE_WAIT_S", "THREADS", "Primer", "app_name"]
 
@@ -106,7 +107,7 @@ class Primer(threading.Thread):
         self._handles: dict[int, tuple[float, float]] = {}  # device -> when its cuDNN handle was made
         self._libraries: tuple[float, float] | None = None  # when cuDNN's libraries were opened
         #: (key, device, outcome, marks, label) of each plan taken, in order
-        self._spans: list[tuple[str, int, str, dict[str, tuple[float, float]], str]] = []
+        self._spans: list[tuple[str, int, Primed, dict[str, tuple[float, float]], str]] = []
         #: read ahead: key -> (entry, its verdict judged without an environment, when)
         self._entries: dict[str, tuple[Entry, Sound | Unsound, tuple[float, float]]] = {}
 
@@ -205,10 +206,10 @@ class Primer(threading.Thread):
                 marks["read"] = read
             with self._lock:
                 self._spans.append((digest, device, outcome, marks, entry.label if entry is not None else ""))
-                if outcome in ("primed", "loaded"):
-                    report[outcome] += 1
+                if outcome.outcome is Priming.SKIPPED:
+                    report["skipped"][digest] = outcome.why
                 else:
-                    report["skipped"][digest] = outcome
+                    report[outcome.outcome.value] += 1
 
     def _environment(self, device: int) -> dict[str, Any] | str:
         with self._lock:
@@ -240,7 +241,7 @@ class Primer(threading.Thread):
         asked = dict(self.lookup.first_asked)
         plans = []
         for digest, device, outcome, marks, label in spans:
-            plan: dict[str, Any] = {"key": digest[:12], "label": label, "device": device, "outcome": outcome}
+            plan: dict[str, Any] = {"key": digest[:12], "label": label, "device": device, "outcome": str(outcome)}
             for stage, (start, end) in marks.items():
                 plan[stage] = [round(start - since, 4), round(end - since, 4)]
             first = asked.get((digest, device))

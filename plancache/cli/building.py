@@ -128,14 +128,14 @@ def prewarm(
     driver and libraries), one worker process per GPU; the keys are those of a one-GPU
     prewarm.
     """
-    from ..key import BuildOptions
+    from ..key import BuildOptions, Policy
     from ..workflows.manifest import refuse_unusable
     from ..workflows.prewarm import prewarm as run_prewarm
     from ..workflows.prewarm import record_line, summary_lines
     from ..workflows.sharding import check_environments
 
     refuse_unusable(manifest, allow_code=allow_code or dry_run)
-    options = BuildOptions(policy=policy) if policy else None
+    options = BuildOptions(policy=Policy(policy)) if policy else None
     if dry_run:
         report = _prewarm_dry_run(obj, manifest, options, progress=not no_progress)
         emit(report, summary_lines)
@@ -246,9 +246,11 @@ _STOPPING = (signal.SIGTERM, signal.SIGHUP)  # SIGINT raises KeyboardInterrupt a
 
 
 def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
+    from ..workflows.steps import Status
+
     for row in report["rows"]:
         before, after = row.get("before") or {}, row.get("after") or {}
-        if row["status"] == "tuned":
+        if row["status"] == Status.TUNED:
             yield (f"{row['key'][:12]}  tuned {before.get('tuned')} -> {after.get('tuned')} of {after.get('candidates')} "
                    f"candidates: {before.get('engine')} -> {after.get('engine')} ({row['seconds']:.2f}s)")  # fmt: skip
         else:

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ..config import MAX_SIZE, format_size
+from ..config import MAX_SIZE, StrEnum, format_size
 from ..errors import DamagedEntryError, EntryNotFoundError
 from ..store import DB_NAME, Entry, Store, maintenance
 from ..workflows.report import age
@@ -117,7 +117,7 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
     yield from ("  " + line for line in table(
         [[str(t["uid"]), t["name"], "out" if t["is_output"] else "in", str(t["dims"]), str(t["strides"]), str(t["dtype"])]
          for t in data["tensors"]], ["UID", "NAME", "IO", "DIMS", "STRIDES", "DTYPE"]))  # fmt: skip
-    from ..autotuning.autotune import check_summary
+    from ..autotuning.autotune import CandidateStatus, check_summary
 
     check = data.get("check") or {}
     yield f"check          {check_summary(check)}"
@@ -126,7 +126,7 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
         far = f"the worst {worst:.3g} times its bound" if worst is not None else "non-finite or integer values differ"
         yield (f"  rejected     #{rejected.get('index')} {rejected.get('engine')}: disagrees, {rejected.get('outside')} elements "
                f"outside their bound ({100 * float(rejected.get('fraction') or 0):.2g}%), {far}")  # fmt: skip
-    tried = [c for c in data["candidates"] if c.get("status") != "not_built"]
+    tried = [c for c in data["candidates"] if c.get("status") != CandidateStatus.NOT_BUILT]
     if tried:
         yield "candidates:"
         yield from ("  " + line for line in table(
@@ -182,8 +182,8 @@ def diff(obj: Context, key_a: str, key_b: str) -> None:
         if not d:
             yield "the keys have identical parts"
         for row in d:
-            va = "(absent)" if row.get("absent") == "a" else json.dumps(row["a"], sort_keys=True)
-            vb = "(absent)" if row.get("absent") == "b" else json.dumps(row["b"], sort_keys=True)
+            va = "(absent)" if row.get("absent") is _Side.A else json.dumps(row["a"], sort_keys=True)
+            vb = "(absent)" if row.get("absent") is _Side.B else json.dumps(row["b"], sort_keys=True)
             yield f"{row['path']}: {va} -> {vb}"
 
     emit(result, text)
@@ -192,6 +192,15 @@ def diff(obj: Context, key_a: str, key_b: str) -> None:
 
 
 _ABSENT: Any = object()
+
+
+class _Side(StrEnum):
+    """The entry of a ``diff`` row that lacks its path (``absent``)."""
+
+    A = "a"
+    B = "b"
+
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -213,7 +222,7 @@ def _differences(a: Any, b: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
 def _difference(path: str, a: Any, b: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"path": path, "a": None if a is _ABSENT else a, "b": None if b is _ABSENT else b}
     if a is _ABSENT or b is _ABSENT:
-        row["absent"] = "a" if a is _ABSENT else "b"
+        row["absent"] = _Side.A if a is _ABSENT else _Side.B
     return row
 
 

@@ -13,6 +13,7 @@ Needs cuDNN Frontend's Python package (no GPU).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,25 +73,45 @@ def _array(data: Mapping[str, Any]) -> Any:
     return values[()] if not data["shape"] else values.copy()
 
 
+class Form(enum.Enum):
+    """The tag of a value ``describe`` wrote as a one-key object."""
+
+    TENSOR = "tensor"
+    STR = "str"
+    FLOAT = "float"
+    SLICE = "slice"
+    ARRAY = "array"
+    DICT = "dict"
+    CALLABLE = "callable"
+
+
+def _form(tag: str) -> Form | None:
+    try:
+        return Form(tag)
+    except ValueError:
+        return None
+
+
 def _decode(value: Any, cudnn: Any, tensors: Mapping[str, Any]) -> Any:
     """Undo ``describe``'s encoding of a value: tensor references, enum names, and the
     tagged forms of strings, non-finite floats, slices, arrays and mappings."""
     if isinstance(value, dict):
         if len(value) == 1:
-            ((form, inner),) = value.items()
-            if form == "tensor":
+            ((tag, inner),) = value.items()
+            form = _form(tag)
+            if form is Form.TENSOR:
                 return tensors[inner]
-            if form == "str":
+            if form is Form.STR:
                 return inner
-            if form == "float":
+            if form is Form.FLOAT:
                 return float(inner)
-            if form == "slice":
+            if form is Form.SLICE:
                 return slice(*(_decode(v, cudnn, tensors) for v in inner))
-            if form == "array":
+            if form is Form.ARRAY:
                 return _array(inner)
-            if form == "dict":
+            if form is Form.DICT:
                 return {k: _decode(v, cudnn, tensors) for k, v in inner.items()}
-            if form == "callable":
+            if form is Form.CALLABLE:
                 raise InvalidGraphError(
                     "the recorded graph holds a callable, which cannot be replayed", node=None, reason="callable"
                 )

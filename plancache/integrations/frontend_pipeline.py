@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from ..cache.unstored import Why
 from ..errors import InvalidGraphError, TransientLoadError
 from ..formats.plan_blob import PlanBlob
+from ..runtime.plan import PlanSource
 from .frontend_adopt import FRONTEND_VERSIONS, AdoptionError, GraphLoad, adopt, missing_state
 
 if TYPE_CHECKING:
@@ -264,7 +265,7 @@ class Planner:
         before it was stored (a miss); for a plan the lookup did not load (one in memory
         already, or one that was not stored), the stored entry (checked against its
         checksum), else the plan built here, serialized, loaded now."""
-        if load.last is not None and (load.last[0] is plan.native or plan.source in ("built", "rebuilt")):
+        if load.last is not None and (load.last[0] is plan.native or plan.source in (PlanSource.BUILT, PlanSource.REBUILT)):
             return load.last
         blob = PlanBlob(self._stored_blob(cache, plan))
         try:
@@ -296,7 +297,7 @@ class Planner:
             raise Refusal(
                 f"unloadable:{why[:60]}", f"plancache: the plan of this graph is not stored ({why}); the frontend plans it"
             )
-        if plan.source in ("built", "rebuilt"):
+        if plan.source in (PlanSource.BUILT, PlanSource.REBUILT):
             with contextlib.suppress(Exception):
                 return bytes(plan.native.serialize(as_bytes=True))
         raise Refusal("not stored", "plancache: no plan of this graph is stored (its candidates did not agree, or loading "

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import InvalidGraphError
 from .key import TensorSpec
-from .lowering import Lowering, inferred_shapes, lowering, row_major
+from .lowering import Lowering, Mode, inferred_shapes, lowering, row_major
 
 __all__ = [
     "GRAPH_KWARGS_DENIED",
@@ -414,7 +414,7 @@ class _Describer(_Encoder):
         mode = low.mode
         dim: list[int] | None
         strides: list[int] | None
-        if mode == "caller":  # lowered as a tensor of its own (_make_tensor): all of it
+        if mode is Mode.CALLER:  # lowered as a tensor of its own (_make_tensor): all of it
             dim = _ints(t.dim, ("tensor", t.name, "dim", None))
             strides = _ints(t.stride, ("tensor", t.name, "stride", None))
             if not t.stride_assigned and dim and sorted(strides) == sorted(row_major(dim)):
@@ -425,16 +425,16 @@ class _Describer(_Encoder):
                 # tensor was made with other dims and set_dim changed them, and the stride
                 # filled in for the old dims is what is lowered (a padded layout).
                 strides = row_major(dim)
-        elif mode == "attrs":
+        elif mode is Mode.ATTRS:
             dim = _ints(t.dim, ("tensor", t.name, "dim", None)) if t.dim_assigned and t.dim else None
             strides = _ints(t.stride, ("tensor", t.name, "stride", None)) if t.stride_assigned and t.stride else None
-        elif mode == "raw":
+        elif mode is Mode.RAW:
             dim = _ints(t.dim, ("tensor", t.name, "dim", None))
             strides = _ints(t.stride, ("tensor", t.name, "stride", None))
         else:
             dims, inferred = self.shape(t, low, port)
             dim = dims or None
-            if mode == "push_all":
+            if mode is Mode.PUSH_ALL:
                 strides = inferred or None
             else:
                 strides = _ints(t.stride, ("tensor", t.name, "stride", None)) if t.stride_assigned and t.stride else None
@@ -445,7 +445,7 @@ class _Describer(_Encoder):
             "is_virtual": bool(t.is_virtual),
             "is_output": id(t) in self.produced and not t.is_virtual,
         }
-        if mode == "raw":
+        if mode is Mode.RAW:
             entry["dim_assigned"], entry["stride_assigned"] = bool(t.dim_assigned), bool(t.stride_assigned)
         # The rest only when set: a fixed default is as exact as the value, and shorter.
         if t.is_pass_by_value:
@@ -545,7 +545,7 @@ class _Describer(_Encoder):
         return description
 
 
-_CALLER = ("", Lowering("caller"))
+_CALLER = ("", Lowering(Mode.CALLER))
 _CONTEXT_KNOWN = frozenset(_CONTEXT_DTYPES)
 _FIELD_COUNT: dict[type, int] = {}
 

@@ -29,6 +29,7 @@ Pure: no cuDNN, no torch; a description is JSON (``describe``'s, or a stored one
 
 from __future__ import annotations
 
+import enum
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -37,7 +38,8 @@ from typing import Any, NamedTuple
 from .description import used_tensors
 from .lowering import row_major
 
-__all__ = ["DATA_TYPES", "F32", "NODE_TAGS", "FormNode", "FormTensor", "FrontendForm", "frontend_form", "frontend_graph"]
+__all__ = ["DATA_TYPES", "F32", "NODE_TAGS", "FormNode", "FormTensor", "FrontendForm", "TensorKind", "frontend_form",
+           "frontend_graph"]  # fmt: skip
 
 #: A description's data type -> the frontend's JSON name for it. The Python enum and the
 #: C++ one share their member names; NOT_SET is null in a blob and never a described type.
@@ -80,13 +82,20 @@ class F32(int):
 Layouts = dict[str, list[tuple[tuple[int, ...], tuple[int, ...] | None]]]
 
 
+class TensorKind(enum.Enum):
+    """What a tensor of a frontend form is."""
+
+    CALLER = "caller"  # a uid the caller binds
+    VIRTUAL = "virtual"
+    SCALAR = "scalar"  # a value the graph holds
+
+
 class FormTensor(NamedTuple):
-    """A tensor as the frontend writes it. ``kind``: ``caller`` (a uid the caller binds),
-    ``virtual``, or ``scalar`` (a value the graph holds). ``dims``/``strides``: None where
+    """A tensor as the frontend writes it, of its ``kind``. ``dims``/``strides``: None where
     the description leaves them to the build (an op output's inferred shape)."""
 
     tid: str
-    kind: str
+    kind: TensorKind
     uid: int | None
     dims: tuple[int, ...] | None
     strides: tuple[int, ...] | None
@@ -533,7 +542,7 @@ def _tensors(described: Mapping[str, Any], nodes: tuple[FormNode, ...]) -> dict[
     tensors = {}
     for tid, tensor in described.items():
         if tid[:1] == "c":
-            tensors[tid] = FormTensor(tid, "scalar", None, None, None, _scalar_type(tensor), True,
+            tensors[tid] = FormTensor(tid, TensorKind.SCALAR, None, None, None, _scalar_type(tensor), True,
                                       value=_float(tensor.get("scalar")) if tensor.get("scalar_type") is not None else None)  # fmt: skip
             continue
         dims, strides = tensor.get("dim"), tensor.get("stride")
@@ -558,7 +567,7 @@ def _tensors(described: Mapping[str, Any], nodes: tuple[FormNode, ...]) -> dict[
             written = (*shape, data_type, virtual, by_value, None if ragged is None else int(ragged[1:]), reordering, multiplier)
         tensors[tid] = FormTensor(
             tid=tid,
-            kind="virtual" if virtual else "caller",
+            kind=TensorKind.VIRTUAL if virtual else TensorKind.CALLER,
             uid=int(tid[1:]) if tid[:1] == "u" else None,
             dims=dims,
             strides=strides,
@@ -659,7 +668,7 @@ def frontend_graph(form: FrontendForm, names: Mapping[str, str] | None = None,
             "data_type": tensor.data_type,
             "dim": list(dims),
             "stride": list(strides or row_major(list(dims))),
-            "is_virtual": tensor.kind == "virtual",
+            "is_virtual": tensor.kind is TensorKind.VIRTUAL,
             "is_pass_by_value": tensor.by_value,
             "pass_by_value": {"index": 3, "value": tensor.value.hex()} if tensor.value is not None else None,
             "uid": uids[tid],

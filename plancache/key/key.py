@@ -15,15 +15,24 @@ from typing import Any
 
 import orjson
 
-from ..config import Refused, argument, size, switch, whole_number
+from ..config import Refused, StrEnum, argument, size, switch, whole_number
 
-__all__ = ["HEURISTIC_MODES", "KEY_FORMAT", "POLICIES", "BuildOptions", "CacheKey", "TensorSpec", "canonical_json",
+__all__ = ["HEURISTIC_MODES", "KEY_FORMAT", "POLICIES", "BuildOptions", "CacheKey", "Policy", "TensorSpec", "canonical_json",
            "environment_id", "make_key"]  # fmt: skip
 
 #: Bumped whenever the description or key layout changes, so old entries become misses.
 KEY_FORMAT = 3
 
-POLICIES = ("heuristic", "topk", "exhaustive")
+
+class Policy(StrEnum):
+    """How a miss chooses among the candidates (``BuildOptions.policy``)."""
+
+    HEURISTIC = "heuristic"
+    TOPK = "topk"
+    EXHAUSTIVE = "exhaustive"
+
+
+POLICIES = tuple(p.value for p in Policy)
 HEURISTIC_MODES = ("A", "B", "FALLBACK")
 #: The frontend's own modes: the first candidate a miss launches is the plan the frontend
 #: alone would run, and its planning costs what the frontend's does (mode B's query took
@@ -42,7 +51,7 @@ class BuildOptions:
     backend shares per device (False: each builds its own). Static graphs ignore it.
     """
 
-    policy: str = "topk"
+    policy: Policy = Policy.TOPK
     # 4: on an H200 (cuDNN 9.19), the best of the first 4 candidates was within 1.8% of the
     # exhaustive best for all seven benchmark graphs; 3 missed by up to 6.6%.
     top_k: int = 4
@@ -54,7 +63,7 @@ class BuildOptions:
         # Read as the settings are (config's readers): top_k="4" is 4 and workspace_limit="1G"
         # is 1 GiB, as max_size="1G" is; top_k=2.5 is refused here, not at the first miss.
         # A value read alike keys alike.
-        read = {"policy": argument("BuildOptions(policy)", self.policy, _one_of(POLICIES, "policy")),
+        read = {"policy": Policy(argument("BuildOptions(policy)", self.policy, _one_of(POLICIES, "policy"))),
                 "top_k": argument("BuildOptions(top_k)", self.top_k, whole_number(1, "candidates")),
                 "heuristic_modes": argument("BuildOptions(heuristic_modes)", self.heuristic_modes, _modes),
                 "workspace_limit": None if self.workspace_limit is None
@@ -92,8 +101,9 @@ def _modes(value: object) -> tuple[str, ...]:
 def _options_dict(options: BuildOptions) -> dict[str, Any]:
     # Every lookup keys its options; asdict() deep-copies, so do it once per options value.
     data = asdict(options)
+    data["policy"] = options.policy.value  # the key's text: plain
     data["heuristic_modes"] = list(options.heuristic_modes)
-    if options.policy != "topk":
+    if options.policy is not Policy.TOPK:
         data["top_k"] = None
     return data
 

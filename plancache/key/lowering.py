@@ -14,6 +14,7 @@ Pure: reads the cuDNN Frontend modules a pygraph's caller already imported, from
 
 from __future__ import annotations
 
+import enum
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,18 +32,23 @@ def row_major(dims: list[int]) -> list[int]:
     return strides
 
 
+class Mode(enum.Enum):
+    """Which dims and strides of a tensor reach cuDNN."""
+
+    ATTRS = "attrs"  # only user-assigned dims/strides
+    PUSH_DIMS = "push_dims"  # dims always, strides when user-assigned
+    PUSH_ALL = "push_all"  # dims and strides always
+    RAW = "raw"  # unknown to plancache: everything as it is, plus the assigned flags
+    CALLER = "caller"  # not an op output: a tensor lowered whole, like a graph input
+
+
 @dataclass(frozen=True)
 class Lowering:
-    """How the pygraph lowers one node type's outputs (``pygraph._lower_to_cpp``).
-
-    ``mode``: ``"attrs"`` (only user-assigned dims/strides reach cuDNN), ``"push_dims"``
-    (dims always, strides when user-assigned), ``"push_all"`` (dims and strides always),
-    ``"raw"`` (unknown to plancache: everything as it is, plus the assigned flags),
-    ``"caller"`` (not an op output: a tensor lowered whole, like a graph input).
-    ``direct``: output ports lowered as caller tensors (the captured ops' ``out_kwargs``).
+    """How the pygraph lowers one node type's outputs (``pygraph._lower_to_cpp``): its
+    ``mode``. ``direct``: output ports lowered as caller tensors (the captured ops' ``out_kwargs``).
     """
 
-    mode: str
+    mode: Mode
     direct: frozenset[str] = frozenset()
     reinfer: frozenset[str] = frozenset()
     infer: Mapping[str, Any] | None = None
@@ -65,21 +71,21 @@ _LOWERING_TYPES: list[Any] = []
 def _lowering_of(node_type: Any) -> Lowering:
     name = getattr(node_type, "name", None)
     if name in ("MATMUL", "POINTWISE"):
-        return Lowering("attrs")
+        return Lowering(Mode.ATTRS)
     fe = sys.modules.get("cudnn._pygraph")
     captured = getattr(fe, "_CAPTURED_BY_TYPE", {}).get(node_type)
     if captured is not None:
         spec = captured[1]
         direct = frozenset(spec.get("out_kwargs", ())) - frozenset(spec.get("outputs", ()))
-        return Lowering("push_all", direct, frozenset(spec.get("reinfer", ())), spec.get("infer", {}))
+        return Lowering(Mode.PUSH_ALL, direct, frozenset(spec.get("reinfer", ())), spec.get("infer", {}))
     structured = getattr(fe, "_STRUCTURED_BY_TYPE", {}).get(node_type)
     if structured is not None:
         spec = structured[1]
         # A python-only op never lowers: the python engines that serve it read the IR's
         # inferred dims and strides, so those are keyed like the captured ops' outputs.
-        mode = "push_all" if spec.get("python_only") else "push_dims" if spec.get("push_output_dims") else "attrs"
+        mode = Mode.PUSH_ALL if spec.get("python_only") else Mode.PUSH_DIMS if spec.get("push_output_dims") else Mode.ATTRS
         return Lowering(mode, frozenset(), frozenset(spec.get("reinfer", ())), spec.get("infer", {}))
-    return Lowering("raw")
+    return Lowering(Mode.RAW)
 
 
 class _Shadow:

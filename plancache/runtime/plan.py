@@ -21,12 +21,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..config import StrEnum
 from ..errors import ExecutionError, TensorMismatchError
 from ..guest.backend import Backend, EngineChoice, Launch
 from ..guest.tensors import Expect, tensor_problems
 from ..key import TensorSpec
 
-__all__ = ["Plan", "names_of"]
+__all__ = ["Plan", "PlanSource", "names_of"]
+
+
+class PlanSource(StrEnum):
+    """How this process got a plan (``Plan.source``)."""
+
+    BUILT = "built"
+    LOADED = "loaded"
+    REBUILT = "rebuilt"
+    UNPERSISTED = "unpersisted"  # built, and not stored
 
 
 def names_of(graph: Any) -> dict[str, int]:
@@ -58,7 +68,7 @@ class Plan:
         tensors: Sequence[TensorSpec],
         workspace_size: int,
         engine: EngineChoice | None,
-        source: str,
+        source: PlanSource,
         device: int,
         names: Mapping[str, int] | None = None,
     ) -> None:
@@ -66,7 +76,7 @@ class Plan:
         self.tensors = tuple(tensors)
         self.workspace_size = int(workspace_size)
         self.engine = engine
-        self.source = source  # "built", "loaded", "rebuilt": how this process got it
+        self.source = PlanSource(source)  # how this process got it
         self.device = int(device)
         self._backend = backend
         self._native = native

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..formats.plan_blob import PlanBlob
 from ..formats.plan_graph import BlobNode, BlobTensor, PlanGraph, float_bits, read_graph, written
-from ..key.frontend_form import F32, FormNode, FormTensor, FrontendForm, Layouts, frontend_form
+from ..key.frontend_form import F32, FormNode, FormTensor, FrontendForm, Layouts, TensorKind, frontend_form
 
 __all__ = ["ANOTHER_GRAPH", "Judgement", "form_of", "judge"]
 
@@ -205,7 +205,7 @@ class _Judge:
         laid_out: Layouts | None = None  # worked out for the first tensor not written as the form says
         for tid, tensor in self.form.tensors.items():
             uid = self.uid_of.get(tid)
-            if uid is None or (tensor.kind == "caller" and tid not in self.form.used):
+            if uid is None or (tensor.kind is TensorKind.CALLER and tid not in self.form.used):
                 continue  # a tensor no node uses is in no plan; an unpaired intermediate was compared by its ports
             record = self.graph.records.get(uid)
             if record is None:
@@ -219,7 +219,7 @@ class _Judge:
             assert found is not None
             if laid_out is None:
                 laid_out = self.form.layouts(tuple(node.attributes.get("implementation") for node in self.graph.nodes))
-            if found.is_virtual != (tensor.kind == "virtual"):
+            if found.is_virtual != (tensor.kind is TensorKind.VIRTUAL):
                 raise _Refused(f"{_what(tensor, uid)} is {'virtual' if found.is_virtual else 'not virtual'} in one graph only")
             if found.is_pass_by_value != tensor.by_value:
                 raise _Refused(f"{_what(tensor, uid)} is passed by value in one graph only")
@@ -228,7 +228,7 @@ class _Judge:
             layouts = laid_out.get(tid)
             if layouts is not None and not _laid_out_as(layouts, found):
                 raise _Refused(f"{_what(tensor, uid)}: dims {list(found.dims)} strides {list(found.strides)}")
-            if tensor.kind == "scalar":
+            if tensor.kind is TensorKind.SCALAR:
                 self.scalar(tensor, uid, found)
                 continue
             self.ragged(tensor, uid, found)
@@ -264,7 +264,7 @@ _MISSING = object()
 
 def _what(tensor: FormTensor, uid: int) -> str:
     """How a refusal names a tensor: a caller's by its uid, the graph's own with its id too."""
-    return f"tensor {uid}" if tensor.kind == "caller" else f"its tensor {uid} ({tensor.tid})"
+    return f"tensor {uid}" if tensor.kind is TensorKind.CALLER else f"its tensor {uid} ({tensor.tid})"
 
 
 def _where(*where: Any) -> str:

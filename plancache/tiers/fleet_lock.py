@@ -25,6 +25,7 @@ whole ``wait`` on a healthy Redis.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import secrets
 import threading
@@ -64,6 +65,15 @@ return 0
 """
 
 
+class _Take(enum.Enum):
+    """What asking for the fleet lock came to."""
+
+    MINE = "mine"
+    BUILT = "built"  # the entry exists
+    TIMEOUT = "timeout"
+    DOWN = "down"  # Redis cannot coordinate
+
+
 class FleetLock:
     """Takes, renews and releases fleet locks through one Redis client.
 
@@ -99,8 +109,8 @@ class FleetLock:
         # Not thread-local: the lock's own thread renews it, and may retry its release.
         lock = self._client.lock(entry_name + ":lock", timeout=self._px / 1000, thread_local=False)
         outcome, taken_at = self._take(entry_name, lock, wait)
-        if outcome != "mine":
-            yield outcome == "down"
+        if outcome is not _Take.MINE:
+            yield outcome is _Take.DOWN
             return
         hold = _Hold(self, lock, expires_at=taken_at + self.lock_ttl)
         with self._holds_lock:
@@ -125,8 +135,8 @@ class FleetLock:
 
     # ------------------------------------------------------------------ internals
 
-    def _take(self, entry_name: str, lock: Any, wait: float) -> tuple[str, float]:
-        """('mine' | 'built' | 'timeout' | 'down', when the winning attempt was sent).
+    def _take(self, entry_name: str, lock: Any, wait: float) -> tuple[_Take, float]:
+        """(what asking came to, when the winning attempt was sent).
 
         Real time, not the tier's backoff clock: the wait is bounded by ``wait`` plus one
         attempt (a round trip, or ``timeout`` per round trip when Redis fails) whatever the
@@ -148,23 +158,23 @@ class FleetLock:
             if result is None:  # down, backing off, or refused (a full Redis): no coordination
                 if attempted:
                     self._unclaim(lock, token, sent)
-                return "down", sent
+                return _Take.DOWN, sent
             if result == 3:
                 self._warn_once("lock-stale", "plancache: took over the fleet lock %s: it had no expiry or one beyond "
                                 "lock_ttl (%.0f s), which no holder sets; give every node the same %s",
                                 lock.name, self.lock_ttl, REDIS_LOCK_TTL.name)  # fmt: skip
             if result in (1, 3):
                 lock.local.token = token  # held: redis-py's lock renews and releases it by this token
-                return "mine", sent
+                return _Take.MINE, sent
             if result == 2:
-                return "built", sent
+                return _Take.BUILT, sent
             if not waited:
                 waited = True
                 self._count("lock_waits")
                 log.info("plancache: another node is building %s; waiting up to %.0f s", entry_name, wait)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return "timeout", sent
+                return _Take.TIMEOUT, sent
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, _POLL_MAX)
 

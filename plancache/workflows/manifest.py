@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cache.recording import MANIFEST_VERSION, write_json
-from ..config import Refused
+from ..config import Refused, StrEnum
 from ..errors import ManifestError
 from ..key import HEURISTIC_MODES, POLICIES, BuildOptions
 from ..store.files import read_regular
@@ -54,6 +54,7 @@ __all__ = [
     "MAX_GRAPHS",
     "MAX_MANIFEST_BYTES",
     "SCHEMA",
+    "EntryKind",
     "ManifestEntry",
     "code_references",
     "load_manifest",
@@ -143,12 +144,20 @@ SCHEMA: dict[str, Any] = {
 }
 
 
+class EntryKind(StrEnum):
+    """What a manifest entry names its graph by (the entry's one key of these)."""
+
+    TEMPLATE = "template"
+    BUILDER = "builder"
+    GRAPH = "graph"
+
+
 @dataclass(frozen=True)
 class ManifestEntry:
     """One graph to prewarm: an entry of a manifest with its lists expanded."""
 
     index: int  # position in the manifest's "entries"
-    kind: str  # template | builder | graph
+    kind: EntryKind
     spec: dict[str, Any]  # {"template", "params"} | {"builder", "args", "kwargs"} | {"graph"}
     line: int | None = None
     path: str | None = None
@@ -158,6 +167,9 @@ class ManifestEntry:
     #: Read without running code (``listing=True``): a builder entry to list, never to build.
     listed_only: bool = field(default=False, compare=False, repr=False)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", EntryKind(self.kind))
+
     @property
     def where(self) -> str:
         """``file:line: entry N`` for messages."""
@@ -166,9 +178,9 @@ class ManifestEntry:
 
     @property
     def label(self) -> str:
-        if self.kind == "template":
+        if self.kind is EntryKind.TEMPLATE:
             text = self.spec["template"] + " " + " ".join(f"{k}={v}" for k, v in self.spec["params"].items())
-        elif self.kind == "builder":
+        elif self.kind is EntryKind.BUILDER:
             # default=str: a TOML manifest's dates and times are arguments too
             args = [json.dumps(a, default=str) for a in self.spec["args"]]
             args += [f"{k}={json.dumps(v, default=str)}" for k, v in self.spec["kwargs"].items()]
@@ -182,9 +194,9 @@ class ManifestEntry:
 
     def build(self) -> Any:
         """A fresh ``cudnn.pygraph`` for this entry (no GPU needed)."""
-        if self.kind == "template":
+        if self.kind is EntryKind.TEMPLATE:
             return templates.build(self.spec["template"], **self.spec["params"])
-        if self.kind == "graph":
+        if self.kind is EntryKind.GRAPH:
             from ..cudnn.replay import rebuild_graph
 
             return rebuild_graph(self.spec["graph"])
@@ -282,12 +294,12 @@ def _schema_problem(schema: Mapping[str, Any], value: Any) -> str | None:
     return f"{where}: {error.message}" if where else error.message
 
 
-def _graphs(kind: str, raw: Mapping[str, Any]) -> int:
+def _graphs(kind: EntryKind, raw: Mapping[str, Any]) -> int:
     """How many graphs an entry (already checked against its schema) expands to, counted
     before any is made: the product of its lists' lengths, per shape of a template."""
-    if kind == "template":
+    if kind is EntryKind.TEMPLATE:
         return sum(math.prod(map(len, lists.values())) for _, lists in _template_shapes(raw))
-    if kind == "builder":
+    if kind is EntryKind.BUILDER:
         return math.prod(map(len, raw.get("expand", {}).values()))
     return 1
 
@@ -344,10 +356,10 @@ def _expand_template(raw: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"template": name, "params": params} for params in combos]
 
 
-def _expand(kind: str, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
-    if kind == "template":
+def _expand(kind: EntryKind, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if kind is EntryKind.TEMPLATE:
         return _expand_template(raw)
-    if kind == "builder":
+    if kind is EntryKind.BUILDER:
         base = {"builder": raw["builder"], "args": list(raw.get("args", [])), "kwargs": dict(raw.get("kwargs", {}))}
         return [{**base, "kwargs": kwargs} for kwargs in _product(base["kwargs"], raw.get("expand", {}))]
     return [{"graph": raw["graph"]}]
@@ -446,7 +458,7 @@ def _load_entry(index: int, raw: Any, where: str, line: int | None, *, resolve: 
     kinds = [k for k in _ENTRY_SCHEMAS if isinstance(raw, dict) and k in raw]
     if len(kinds) != 1:
         raise ValueError("an entry is an object with exactly one of 'template', 'builder' or 'graph'")
-    kind = kinds[0]
+    kind = EntryKind(kinds[0])
     problem = _schema_problem(_ENTRY_SCHEMAS[kind], raw)
     if problem:
         raise ValueError(problem)
@@ -454,11 +466,11 @@ def _load_entry(index: int, raw: Any, where: str, line: int | None, *, resolve: 
     if graphs > room:
         raise ValueError(f"expands to {graphs:,} graphs, more than the {room:,} left of the {MAX_GRAPHS:,} a manifest "
                          f"may hold: split it, or list fewer values")  # fmt: skip
-    function = resolve_builder(raw["builder"]) if kind == "builder" and resolve else None
+    function = resolve_builder(raw["builder"]) if kind is EntryKind.BUILDER and resolve else None
     options = dict(raw["options"]) if raw.get("options") else None
     if options:
         ManifestEntry(index, kind, {}, options=options).build_options(BuildOptions())  # refuses bad combinations now
-    listed_only = kind == "builder" and not resolve
+    listed_only = kind is EntryKind.BUILDER and not resolve
     return [ManifestEntry(index, kind, spec, line, where, raw.get("name"), options, function, listed_only)
             for spec in _expand(kind, raw)]  # fmt: skip
 

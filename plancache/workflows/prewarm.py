@@ -18,6 +18,7 @@ from .steps import (
     Entries,
     Interrupted,
     OnRecord,
+    Status,
     build_report,
     check_one,
     describe_failure,
@@ -136,7 +137,7 @@ def warm_start(
             try:
                 digest = cache.key(entry.build(), entry.build_options(options or cache.options)).digest
             except Exception as exc:  # reported; the other plans still load
-                errors.append({"index": entry.index, "line": entry.line, "label": entry.label, "status": "failed",
+                errors.append({"index": entry.index, "line": entry.line, "label": entry.label, "status": Status.FAILED,
                                "error": describe_failure(entry, exc)})  # fmt: skip
                 continue
             if digest not in labels:
@@ -170,7 +171,7 @@ def record_line(r: Mapping[str, Any]) -> str:
     """One entry's row of a prewarm report."""
     key = (r.get("key") or "-")[:12]
     where = f"#{r['index']}" + (f" (line {r['line']})" if r.get("line") else "") if r.get("index") is not None else "-"
-    text = r.get("error") if r["status"] == "failed" else r.get("label")
+    text = r.get("error") if r["status"] == Status.FAILED else r.get("label")
     return f"{r['status']:12} {key:12} {where:16} {r.get('seconds', 0.0):7.2f}s  {text}"
 
 

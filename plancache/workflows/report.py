@@ -11,13 +11,16 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..autotuning.autotune import CandidateStatus
+from ..key import Policy
 from ..store import Entry
 
 __all__ = ["age", "entry_report", "report_lines", "speedup"]
 
 # Every status of a candidate that built (the heuristic policy keeps the first of them, timed
 # or not: a miss budget may cut the timing short after the comparison of outputs).
-_BUILT = ("chosen", "timed", "pruned", "checked", "rejected")
+_BUILT = (CandidateStatus.CHOSEN, CandidateStatus.TIMED, CandidateStatus.PRUNED, CandidateStatus.CHECKED,
+          CandidateStatus.REJECTED)  # fmt: skip
 
 
 def _dtype(name: Any) -> str:
@@ -30,7 +33,7 @@ def speedup(candidates: Sequence[Mapping[str, Any]]) -> tuple[float | None, int 
     that built, which is what the heuristic policy would have kept. Medians when both
     were timed carefully, else single first runs (a pruned first choice has only that)."""
     built = [c for c in candidates if c.get("status") in _BUILT]
-    chosen = next((c for c in built if c["status"] == "chosen"), None)
+    chosen = next((c for c in built if c["status"] == CandidateStatus.CHOSEN), None)
     if not built or chosen is None:
         return None, None, None
     first = min(built, key=lambda c: c["index"])
@@ -111,15 +114,15 @@ def report_lines(report: Mapping[str, Any]) -> Iterable[str]:
     else:
         yield (
             "  speed-up   - (the heuristics' first choice was kept untimed)"
-            if report["policy"] == "heuristic"
+            if report["policy"] == Policy.HEURISTIC
             else "  speed-up   -"
         )
     yield (f"  hits {report['hits']}, age {age(report['age_s'])}, last used {age(report['last_used_s'])} ago, "
            f"build {report['build_seconds']:.2f}s (timing {report['autotune_seconds']:.2f}s)")  # fmt: skip
-    rows = [c for c in report["candidates"] if c["status"] != "not_built"]
+    rows = [c for c in report["candidates"] if c["status"] != CandidateStatus.NOT_BUILT]
     if rows:
         widths = max(len(c["engine"]) for c in rows)
         yield f"    {'#':>3}  {'ENGINE':{widths}}  {'STATUS':8}  {'MEDIAN_MS':>10}  {'FIRST_MS':>10}"
         for c in rows:
-            mark = " <" if c["status"] == "chosen" else ""
+            mark = " <" if c["status"] == CandidateStatus.CHOSEN else ""
             yield f"    {c['index']:>3}  {c['engine']:{widths}}  {c['status']:8}  {_ms(c['median_ms']):>10}  {_ms(c['first_ms']):>10}{mark}"

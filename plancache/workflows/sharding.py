@@ -31,7 +31,7 @@ from ..config import ConfigError
 from ..errors import NoGpuError
 from ..key import BuildOptions, environment_id
 from .manifest import ManifestEntry
-from .steps import Entries, Interrupted, OnRecord, Progress, attempt, build_report, error_record, load_entries, run_here
+from .steps import Entries, Interrupted, OnRecord, Progress, Status, attempt, build_report, error_record, load_entries, run_here
 
 __all__ = ["check_environments", "parse_devices", "prewarm_on_devices", "resolve_devices", "settle_duplicates"]
 
@@ -125,10 +125,10 @@ def settle_duplicates(records: list[dict[str, Any]], claims: Mapping[int, str], 
             for record in (a, b):
                 if record["error"] is None:
                     del record["error"]
-        if records[first]["status"] != "failed":
+        if records[first]["status"] != Status.FAILED:
             continue
         for p in positions[1:]:
-            records[p].update(status="failed", key=None,
+            records[p].update(status=Status.FAILED, key=None,
                               error=f"{todo[p].where}: not built: entry {todo[first].index} has the same key and failed")  # fmt: skip
 
 
@@ -157,9 +157,16 @@ def _set_up(device: int, factory: Callable[[], Any], config: dict[str, Any], ent
         _here["error"] = f"{type(exc).__name__}: {exc}"
 
 
-def _ready() -> tuple[str, Any]:
-    """("ready", the device's environment), or ("error", why the worker could not set up)."""
-    return ("error", _here["error"]) if "error" in _here else ("ready", _here["environment"])
+@dataclass(frozen=True)
+class _SetUp:
+    """A worker's answer once set up: its device's environment, or why it could not set up."""
+
+    environment: Any = None
+    error: str | None = None
+
+
+def _ready() -> _SetUp:
+    return _SetUp(error=_here["error"]) if "error" in _here else _SetUp(environment=_here["environment"])
 
 
 def _attempt(position: int, spent: float | None = None) -> dict[str, Any]:
@@ -269,19 +276,19 @@ class _Shard:
         if record["key"] is not None:  # the first entry to reach a key builds it; a later one is its duplicate
             self.claims[w.position] = record["key"]
             if self.owners.setdefault(record["key"], w.position) != w.position:
-                record["status"] = "duplicate"
-            elif record["status"] == "would_build":  # the dry run's answer: now the build
+                record["status"] = Status.DUPLICATE
+            elif record["status"] == Status.WOULD_BUILD:  # the dry run's answer: now the build
                 self._submit(w, w.position, record["seconds"])
                 return
         self._done(w.position, record)
         w.position = None
         self._next(w)
 
-    def _started(self, w: _Worker, answer: tuple[str, Any]) -> None:
-        if answer[0] == "error":
-            self._end(w, answer[1])
+    def _started(self, w: _Worker, answer: _SetUp) -> None:
+        if answer.error is not None:
+            self._end(w, answer.error)
             return
-        w.ready, w.environment = True, answer[1]
+        w.ready, w.environment = True, answer.environment
         self._start_when_all_ready()
 
     def _start_when_all_ready(self) -> None:
@@ -312,7 +319,7 @@ class _Shard:
             self._lost(w)
 
     def _done(self, position: int, record: dict[str, Any]) -> None:
-        if record["status"] == "failed":
+        if record["status"] == Status.FAILED:
             log.warning("plancache: prewarm: %s", record["error"])
         self.records[position] = record
         self.bar.update(record["status"], record.get("seconds", 0.0))
@@ -331,7 +338,7 @@ class _Shard:
 
     def _failed(self, position: int, error: str, device: int | None) -> None:
         entry = self.todo[position]
-        self._done(position, entry.record(status="failed", error=f"{entry.where}: {error}", seconds=0.0, device=device))
+        self._done(position, entry.record(status=Status.FAILED, error=f"{entry.where}: {error}", seconds=0.0, device=device))
 
     def _lost(self, w: _Worker) -> None:
         """``w``'s process has exited: its pool is broken."""

@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TextIO
 
 from ..cache.recording import MANIFEST_VERSION
+from ..config import StrEnum
 from ..errors import ManifestError
 from ..key import BuildOptions, canonical_json, describe, make_key
 from ..store import problem
 from .manifest import ManifestEntry, load_manifest, parse_manifest
 
-__all__ = ["Entries", "Interrupted", "OnRecord", "Progress", "attempt", "build_report", "check_one", "describe_failure", "error_record",
+__all__ = ["Entries", "Interrupted", "OnRecord", "Progress", "Status", "attempt", "build_report", "check_one", "describe_failure", "error_record",
            "load_entries", "run_here", "timed"]  # fmt: skip
 
 log = logging.getLogger("plancache")
@@ -59,9 +60,23 @@ def _parse_document(
     return parse_manifest(text, None, allow_code=allow_code, listing=listing)
 
 
+class Status(StrEnum):
+    """What became of one entry of a prewarm (or one plan of a tune): a record's ``status``."""
+
+    BUILT = "built"
+    HIT = "hit"
+    FAILED = "failed"
+    WOULD_BUILD = "would_build"
+    CHECKED = "checked"
+    LISTED = "listed"
+    DUPLICATE = "duplicate"
+    UNPERSISTED = "unpersisted"
+    TUNED = "tuned"
+
+
 def error_record(error: ManifestError) -> dict[str, Any]:
     return {"index": error.fields.get("entry"), "line": error.fields.get("line"), "label": None, "key": None,
-            "status": "failed", "error": error.message, "seconds": 0.0}  # fmt: skip
+            "status": Status.FAILED, "error": error.message, "seconds": 0.0}  # fmt: skip
 
 
 class Progress:
@@ -120,25 +135,25 @@ def describe_failure(entry: ManifestEntry, exc: Exception) -> str:
 def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: set[str]) -> dict[str, Any]:
     record = entry.record()
     if entry.listed_only:  # a dry run lists builder entries without importing them: no graph, no key
-        record["status"] = "listed"
+        record["status"] = Status.LISTED
         return record
     graph = entry.build()
     opts = entry.build_options(options)
     key = cache.key(graph, opts)
     record["key"] = key.digest
     if key.digest in seen:
-        record["status"] = "duplicate"
+        record["status"] = Status.DUPLICATE
     elif stored_in(cache.store, key.digest):
-        record["status"] = "hit"
+        record["status"] = Status.HIT
     elif dry_run:
-        record["status"] = "would_build"
+        record["status"] = Status.WOULD_BUILD
     else:
         before = dict(cache.counters)
         cache.get(graph, options=opts)
         built = cache.counters["builds"] + cache.counters["rebuilds"] - before["builds"] - before["rebuilds"]
-        record["status"] = "built" if built else "hit"  # another process may have built it meanwhile
+        record["status"] = Status.BUILT if built else Status.HIT  # another process may have built it meanwhile
         if not stored_in(cache.store, key.digest):  # no majority, not loadable back, a full disk: nothing kept
-            record["status"] = "unpersisted"
+            record["status"] = Status.UNPERSISTED
     seen.add(key.digest)
     return record
 
@@ -153,17 +168,17 @@ def check_one(
     found either way (same graph and options)."""
     record = entry.record()
     if entry.listed_only:
-        record["status"] = "listed"
+        record["status"] = Status.LISTED
         return record
     opts = entry.build_options(options)
     description = describe(entry.build())
     if environment is None:
         ident = hashlib.sha256(canonical_json({"graph": description, "options": opts.to_dict()}).encode()).hexdigest()
-        status = "checked"
+        status = Status.CHECKED
     else:
         ident = record["key"] = make_key(description, environment, opts).digest
-        status = "hit" if stored_in(store, ident) else "would_build"
-    record["status"] = "duplicate" if ident in seen else status
+        status = Status.HIT if stored_in(store, ident) else Status.WOULD_BUILD
+    record["status"] = Status.DUPLICATE if ident in seen else status
     seen.add(ident)
     return record
 
@@ -180,7 +195,7 @@ def timed(entry: ManifestEntry, step: Callable[[], dict[str, Any]]) -> dict[str,
     try:
         record = step()
     except Exception as exc:  # one bad entry is reported; the rest still run
-        record = entry.record(status="failed", error=describe_failure(entry, exc))
+        record = entry.record(status=Status.FAILED, error=describe_failure(entry, exc))
     record["seconds"] = time.perf_counter() - t0
     return record
 
@@ -190,14 +205,14 @@ def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str | Non
     count = collections.Counter(r["status"] for r in records)
     return {
         "total": len(records),
-        "built": count["built"] + count["unpersisted"],
-        "hits": count["hit"],
-        "failed": count["failed"],
-        "would_build": count["would_build"],
-        "checked": count["checked"],
-        "listed": count["listed"],
-        "duplicates": count["duplicate"],
-        "unpersisted": count["unpersisted"],
+        "built": count[Status.BUILT] + count[Status.UNPERSISTED],
+        "hits": count[Status.HIT],
+        "failed": count[Status.FAILED],
+        "would_build": count[Status.WOULD_BUILD],
+        "checked": count[Status.CHECKED],
+        "listed": count[Status.LISTED],
+        "duplicates": count[Status.DUPLICATE],
+        "unpersisted": count[Status.UNPERSISTED],
         "dry_run": dry_run,
         "environment": env_id,
         "seconds": time.perf_counter() - started,
@@ -237,7 +252,7 @@ def run_each(todo: list[ManifestEntry], step: Callable[[ManifestEntry], dict[str
     try:
         for entry in todo:
             record = step(entry)
-            if record["status"] == "failed":
+            if record["status"] == Status.FAILED:
                 log.warning("plancache: prewarm: %s", record["error"])
             records.append(record)
             bar.update(record["status"], record["seconds"])

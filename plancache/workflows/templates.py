@@ -16,10 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import StrEnum
 from ..errors import ManifestError, NoGpuError
 from ..guest.tensors import span
 
-__all__ = ["LAYOUTS", "TEMPLATES", "Template", "TensorLayout", "allocate", "build", "reference"]
+__all__ = ["LAYOUTS", "TEMPLATES", "Layout", "Template", "TensorLayout", "allocate", "build", "reference"]
 
 ACTIVATIONS = ("relu", "gelu", "sigmoid", "tanh", "swish", None)
 DTYPES = {"bfloat16": "BFLOAT16", "float16": "HALF", "float32": "FLOAT"}
@@ -59,18 +60,30 @@ def _out_hw(size: int, kernel: int, padding: int, stride: int, dilation: int) ->
 # ---------------------------------------------------------------------- layouts
 
 
+class Layout(StrEnum):
+    """A template's memory layout (``layout=``)."""
+
+    NHWC = "nhwc"
+    NCHW = "nchw"
+    NN = "nn"
+    NT = "nt"  # t: that operand is stored transposed (column-major)
+    TN = "tn"
+    BSHD = "bshd"
+    BHSD = "bhsd"
+
+
 #: Memory layouts each template accepts (``layout=``); the first is the default.
 LAYOUTS = {
-    "conv_bias_act": ("nhwc", "nchw"),
-    "matmul_bias_act": ("nn", "nt", "tn"),  # t: that operand is stored transposed (column-major)
-    "sdpa": ("bshd", "bhsd"),
+    "conv_bias_act": (Layout.NHWC, Layout.NCHW),
+    "matmul_bias_act": (Layout.NN, Layout.NT, Layout.TN),
+    "sdpa": (Layout.BSHD, Layout.BHSD),
 }
 
 
 def _conv_layout(n: int, c: int, h: int, w: int, k: int, r: int = 3, s: int = 3, padding: int = 1, stride: int = 1,
-                 dilation: int = 1, bias: bool = True, layout: str = "nhwc", **_: Any) -> list[TensorLayout]:  # fmt: skip
+                 dilation: int = 1, bias: bool = True, layout: str = Layout.NHWC, **_: Any) -> list[TensorLayout]:  # fmt: skip
     oh, ow = _out_hw(h, r, padding, stride, dilation), _out_hw(w, s, padding, stride, dilation)
-    order = _nhwc if layout == "nhwc" else _rows
+    order = _nhwc if Layout(layout) is Layout.NHWC else _rows
     tensors = [
         TensorLayout(1, "X", (n, c, h, w), order(n, c, h, w), False),
         TensorLayout(2, "W", (k, c, r, s), order(k, c, r, s), False),
@@ -86,9 +99,9 @@ def _cols(b: int, rows: int, cols: int) -> tuple[int, ...]:
     return (rows * cols, 1, rows)
 
 
-def _matmul_layout(b: int, m: int, n: int, k: int, bias: bool = True, layout: str = "nn", **_: Any) -> list[TensorLayout]:
-    a_strides = _cols(b, m, k) if layout == "tn" else _rows(b, m, k)
-    b_strides = _cols(b, k, n) if layout == "nt" else _rows(b, k, n)
+def _matmul_layout(b: int, m: int, n: int, k: int, bias: bool = True, layout: str = Layout.NN, **_: Any) -> list[TensorLayout]:
+    a_strides = _cols(b, m, k) if Layout(layout) is Layout.TN else _rows(b, m, k)
+    b_strides = _cols(b, k, n) if Layout(layout) is Layout.NT else _rows(b, k, n)
     layout_ = [TensorLayout(1, "A", (b, m, k), a_strides, False), TensorLayout(2, "B", (b, k, n), b_strides, False)]
     if bias:
         layout_.append(TensorLayout(3, "bias", (1, 1, n), (n, n, 1), False))
@@ -100,10 +113,10 @@ def _bshd(b: int, h: int, s: int, d: int) -> tuple[int, ...]:
     return (s * h * d, d, h * d, 1)
 
 
-def _sdpa_layout(b: int, h: int, s: int, d: int, h_kv: int | None = None, s_kv: int | None = None, layout: str = "bshd",
+def _sdpa_layout(b: int, h: int, s: int, d: int, h_kv: int | None = None, s_kv: int | None = None, layout: str = Layout.BSHD,
                  **_: Any) -> list[TensorLayout]:  # fmt: skip
     h_kv, s_kv = h_kv or h, s_kv or s
-    order = _bshd if layout == "bshd" else _rows
+    order = _bshd if Layout(layout) is Layout.BSHD else _rows
     return [
         TensorLayout(1, "q", (b, h, s, d), order(b, h, s, d), False),
         TensorLayout(2, "k", (b, h_kv, s_kv, d), order(b, h_kv, s_kv, d), False),
@@ -226,6 +239,7 @@ class Template:
     layout: Callable[..., list[TensorLayout]]
     reference: Callable[..., Any]
     summary: str
+    input_scale: float = 0.5  # of ``allocate``'s random inputs
 
 
 TEMPLATES: dict[str, Template] = {
@@ -236,7 +250,7 @@ TEMPLATES: dict[str, Template] = {
         Template("matmul_bias_act", ("b", "m", "n", "k"), _build_matmul, _matmul_layout, _ref_matmul,
                  "batched matmul + optional bias + optional activation"),
         Template("sdpa", ("b", "h", "s", "d"), _build_sdpa, _sdpa_layout, _ref_sdpa,
-                 "scaled dot-product attention forward (inference), optional causal mask and GQA"),
+                 "scaled dot-product attention forward (inference), optional causal mask and GQA", 1.0),
     )
 }  # fmt: skip
 
@@ -258,7 +272,7 @@ def _template(name: str, params: Mapping[str, Any]) -> Template:
     if params.get("dtype", "bfloat16") not in DTYPES:
         raise ManifestError(f"template {name!r}: dtype must be one of {list(DTYPES)}", path=None, entry=None)
     if params.get("layout", LAYOUTS[name][0]) not in LAYOUTS[name]:
-        raise ManifestError(f"template {name!r}: layout must be one of {list(LAYOUTS[name])}", path=None, entry=None)
+        raise ManifestError(f"template {name!r}: layout must be one of {[str(x) for x in LAYOUTS[name]]}", path=None, entry=None)
     return template
 
 
@@ -291,7 +305,7 @@ def allocate(name: str, device: str = "cuda", seed: int = 0, **params: Any) -> d
             flat = (torch.rand(size, generator=generator) * 0.75 + 0.25) * (
                 torch.randint(0, 2, (size,), generator=generator) * 2 - 1
             )
-            flat = (flat * (0.5 if name != "sdpa" else 1.0)).to(dtype)
+            flat = (flat * TEMPLATES[name].input_scale).to(dtype)
         tensors[t.uid] = torch.as_strided(flat.to(device), t.shape, t.stride)
     return tensors
 

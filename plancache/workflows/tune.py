@@ -13,17 +13,18 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from ..autotuning.autotune import Stopped
 from ..cudnn.replay import rebuild_graph
 from ..errors import DamagedEntryError
 from ..key import BuildOptions, environment_id
-from .steps import Interrupted, Progress
+from .steps import Interrupted, Progress, Status
 
 __all__ = ["cut_short", "tune", "tune_report"]
 
 
 def cut_short(entry: Any) -> bool:
     """Whether ``entry``'s autotuning stopped at the miss budget."""
-    return (entry.timing or {}).get("stopped") == "budget"
+    return (entry.timing or {}).get("stopped") == Stopped.BUDGET
 
 
 def _options(recorded: dict[str, Any]) -> BuildOptions:
@@ -50,13 +51,13 @@ def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = Fals
             entry = store.get(digest)
         except DamagedEntryError as exc:  # one row that cannot be decoded: the others are still tuned
             if wanted is not None:
-                rows.append({"key": digest, "status": "failed", "error": str(exc)})
+                rows.append({"key": digest, "status": Status.FAILED, "error": str(exc)})
             continue
         if entry is None:
             continue
         if entry.env_id != env_id:
             if wanted is not None:  # named by the user: say why nothing happens
-                rows.append({"key": digest, "status": "failed",
+                rows.append({"key": digest, "status": Status.FAILED,
                              "error": f"belongs to environment {entry.env_id}, not this GPU's {env_id}: tune it there"})  # fmt: skip
             continue
         if wanted is not None or cut_short(entry):
@@ -71,9 +72,9 @@ def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = Fals
                 cache.tune(_named_as(rebuild_graph(entry.description), entry), options=_options(entry.options))
                 after = store.get(entry.key)
                 row["after"] = _summary(after) if after is not None else None
-                row["status"] = "tuned"
+                row["status"] = Status.TUNED
             except Exception as exc:  # one graph that cannot be tuned here does not stop the others
-                row["status"], row["error"] = "failed", f"{type(exc).__name__}: {exc}"
+                row["status"], row["error"] = Status.FAILED, f"{type(exc).__name__}: {exc}"
             row["seconds"] = round(time.perf_counter() - started, 3)
             bar.update(row["status"], row["seconds"])
             rows.append(row)
@@ -88,8 +89,8 @@ def tune_report(rows: list[dict[str, Any]], *, not_run: int | None = None) -> di
     """``tune``'s report of ``rows``; ``not_run``: the run was interrupted with that many left."""
     return {
         "rows": rows,
-        "tuned": sum(r["status"] == "tuned" for r in rows),
-        "failed": sum(r["status"] == "failed" for r in rows),
+        "tuned": sum(r["status"] == Status.TUNED for r in rows),
+        "failed": sum(r["status"] == Status.FAILED for r in rows),
         "interrupted": not_run is not None,
         "not_run": not_run or 0,
     }
