@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 
+from ..store.per_process import PerProcess
+
 __all__ = ["NAMES", "Counters"]
 
 #: Every counter, in the order ``stats`` lists them.
@@ -23,13 +25,10 @@ class Counters(dict[str, int]):
 
     def __init__(self) -> None:
         super().__init__(dict.fromkeys(NAMES, 0))
-        self._lock = threading.Lock()
+        # Per process: a lock another thread held at a fork would stay held in the child.
+        self._lock = PerProcess(threading.Lock)
 
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to ``name`` (one of ``NAMES``)."""
-        with self._lock:
+        with self._lock.get():
             self[name] += n
-
-    def after_fork(self) -> None:
-        """In a forked child: a lock another thread held at the fork stays held there."""
-        self._lock = threading.Lock()

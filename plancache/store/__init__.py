@@ -1,7 +1,8 @@
 """Storage: the SQLite plan store (``store``), what a row holds and the one check of
 whether it may be served (``entry``), recovery from damage (``recovery``), entries taken
 out of service (``quarantine``), offline maintenance (``maintenance``: verify, prune,
-listings) and the process's SQLite connections, safe across ``fork`` (``connections``)."""
+listings), the process's SQLite connections, safe across ``fork`` (``connections``), and
+the state of one process that a forked child makes anew (``per_process``)."""
 
 from .entry import NEVER_CHECKED, Entry, Sound, Unsound, held_to, judged, problem, sha256, summarize, unsound
 from .recovery import DB_NAME
