@@ -159,22 +159,18 @@ class Lookup:
                       tag: str | None = None) -> tuple[CacheKey, dict[str, int]]:  # fmt: skip
         """The key of ``graph`` on ``device`` and its names (``{name: uid}``), computed once
         while the graph object is unchanged."""
-        return self._key_and_names(self._process.get(), graph, options, device, tag)
-
-    def _key_and_names(self, process: _Process, graph: Any, options: BuildOptions, device: int,
-                       tag: str | None) -> tuple[CacheKey, dict[str, int]]:  # fmt: skip
         environment, env_id = self.environment(device)
-        return process.keys.key(graph, options, environment, env_id, self._environment_json[env_id], tag)
+        return self._process.get().keys.key(graph, options, environment, env_id, self._environment_json[env_id], tag)
 
     def get(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None, load: Load | None = None,
             tag: str | None = None) -> Plan:  # fmt: skip
         """``PlanCache.get``: the plan of ``graph`` on the current device, under its names."""
         device = self.backend.current_device()
-        process = self._process.get()
-        key, names = self._key_and_names(process, graph, options, device, tag)
+        key, names = self.key_and_names(graph, options, device, tag)
         for record in self.recorders:
             record(graph, key)
         slot = (key.digest, device)
+        process = self._process.get()
         if slot not in process.used:
             process.first_asked.setdefault(slot, time.perf_counter())
         plan = self.memory.get(slot)
