@@ -241,6 +241,89 @@ def test_a_child_forked_while_a_graph_is_being_recorded_records_its_own(make_cac
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+_LOCKS = (type(threading.Lock()), type(threading.RLock()), threading.Condition)
+#: The CPU test backend's simulated CUDA and cuDNN: the machine, not the process's state.
+_MACHINE = ("plancache.testing.device", "plancache.testing.library")
+
+
+def _locks_of(*roots: Any) -> list[Any]:
+    """Every lock and condition reachable from ``roots`` through the attributes of
+    plancache's objects (and the containers and per-process values they hold)."""
+    from plancache.store.per_process import PerProcess
+
+    seen: set[int] = set()
+    found: list[Any] = []
+    todo = list(roots)
+    while todo:
+        value = todo.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, _LOCKS):
+            found.append(value)
+        elif type(value) is PerProcess:
+            todo.append(value.get())
+        elif type(value).__module__.startswith("plancache") and type(value).__module__ not in _MACHINE:
+            names = list(getattr(value, "__dict__", {})) + [n for c in type(value).__mro__ for n in getattr(c, "__slots__", ())]
+            todo.extend(getattr(value, n, None) for n in names)
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            todo.extend(value)
+        elif isinstance(value, dict):
+            todo.extend(value.values())
+    return found
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_no_per_process_state_survives_into_a_forked_child(make_cache: MakeCache, tmp_path: Path) -> None:
+    """Every piece of state a process keeps for itself (``store.per_process``: the memory
+    tier, builder memos, loads, counters' and recorders' locks, build locks, pending hit
+    counts, handles, streams, store connections) is made anew in a forked child: none of
+    the parent's values is served there, and no lock the parent's threads held at the fork
+    (all held here) stops the child's lookups, builder calls or build locks."""
+    import gc
+
+    from plancache.cache.recording import record_to
+    from plancache.store.per_process import PerProcess
+
+    other = make_cache()
+    other.get(EXAMPLES["causal_sdpa"].graph())  # stored: the child loads it (no torch work after a fork)
+    other.close()
+    cache = make_cache()
+    cache.add_recorder(record_to(tmp_path / "recorded.json"))
+    sdpa = cache.builder(lambda: EXAMPLES["causal_sdpa"].graph())
+    parents_plan = sdpa()
+    cache.get(EXAMPLES["conv_bias_relu"].graph())  # built here: its flight, build lock, loads and hit counts
+    with cache.flight.hold("f" * 64, "env"):  # the flight's per-process state made, as by a build
+        pass
+    holders = [o for o in gc.get_objects() if type(o) is PerProcess]  # type(): isinstance would ask every object
+    parents = [h.get() for h in holders]
+    # As threads of the parent would hold them at the fork: every lock of the cache's.
+    held = [lock for lock in _locks_of(cache, sdpa.plans) if lock.acquire(blocking=False)]  # type: ignore[attr-defined]
+    assert len(holders) >= 10 and len(held) >= 10, (len(holders), len(held))
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(20)  # a child that waits for a lock of the parent's is ended, and the test fails
+                kept = [type(p).__name__ for h, p in zip(holders, parents, strict=True) if h.get() is p and p is not None]
+                fresh = len(cache.memory) == 0 and len(sdpa.plans) == 0  # type: ignore[attr-defined]
+                plan = cache.get(EXAMPLES["conv_bias_relu"].graph())
+                memo = sdpa()
+                with cache.flight.hold("f" * 64, "env"):
+                    pass
+                cache.flush()
+                ok = not kept and fresh and plan.source == "loaded" and memo is not parents_plan and memo.source == "loaded"
+                code = 0 if ok else 2
+            finally:
+                os._exit(code)
+    finally:
+        for lock in held:
+            lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child kept state of its parent's, or waited for its locks"
+
+
 # ---------------------------------------------------------------------------- launch checks
 
 

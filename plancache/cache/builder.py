@@ -21,7 +21,6 @@ import dataclasses
 import enum
 import functools
 import sys
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -39,8 +38,6 @@ class _Cache(Protocol):
     backend: Any
     counters: Counters
     local: Any  # the local tier: note_hit
-    #: Every builder's plans: a forked child clears them with the memory tier.
-    builder_plans: weakref.WeakSet[LRU[Any, Plan]]
 
     @property
     def memory(self) -> LRU[Any, Plan]: ...
@@ -62,8 +59,7 @@ def plan_builder(
     in an LRU as large as the cache's memory tier. ``tag``: passed to ``get`` for every
     graph (it stands for the callables a graph holds), and what lets a callable argument be
     keyed (by identity)."""
-    plans: LRU[Any, Plan] = LRU(cache.memory.capacity)
-    cache.builder_plans.add(plans)
+    plans: LRU[Any, Plan] = LRU(cache.memory.capacity)  # a forked child's start empty, as the memory tier
     current_device = cache.backend.current_device
     count = cache.counters.count
     note_hit = cache.local.note_hit

@@ -50,6 +50,7 @@ from ..errors import PlanCacheError
 from ..guest.backend import Backend, Load
 from ..key import BuildOptions, CacheKey
 from ..runtime.plan import Plan
+from ..store.per_process import PerProcess
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .builder import plan_builder
@@ -176,7 +177,6 @@ class PlanCache:
         self.local = LocalTier(directory, read_only=read_only, max_bytes=self.max_size, warn=self._warn_once,
                                count=self.counters.count, app=APP.of(app, "app") or app_name())  # fmt: skip
         self.directory = self.local.directory
-        self.builder_plans: weakref.WeakSet[LRU[Any, Plan]] = weakref.WeakSet()  # of each @builder
         self.remote = remote if remote is not None else _remote_from_env()
         self.flight = SingleFlight(_lock_directory(self.local), timeout=lock_timeout, remote=self.remote, warn=self._warn_once,
                                    modes=self.local.modes,
@@ -193,8 +193,7 @@ class PlanCache:
                 "read-only", "plancache: %s is read-only: stored plans are served, new ones stay in memory", self.directory
             )
         _watch_process(self)
-        #: The auto-prime thread of this cache (None when off or without a store).
-        self.primer: Primer | None = None
+        self._primer: PerProcess[Primer | None] = PerProcess(lambda: None)  # a thread: a forked child has none
         if auto_prime and self.local.available:
             self.primer = Primer(self.lookup)
             self.primer.start()
@@ -206,6 +205,16 @@ class PlanCache:
     @property
     def closed(self) -> bool:
         return self.lookup.closed
+
+    @property
+    def primer(self) -> Primer | None:
+        """The auto-prime thread of this cache (None when off or without a store, and in a
+        forked child: threads do not survive a fork)."""
+        return self._primer.get()
+
+    @primer.setter
+    def primer(self, primer: Primer | None) -> None:
+        self._primer.set(primer)
 
     @property
     def memory(self) -> LRU[tuple[str, int], Plan]:
@@ -373,19 +382,6 @@ class PlanCache:
         self._remote_flushed = now
         return deltas
 
-    def _forget_process_state(self) -> None:
-        """In a forked child: the parent's loaded plans, locks and threads are not ours."""
-        self.lookup.after_fork()
-        for plans in list(self.builder_plans):  # a builder's lock may have been held at fork
-            plans.after_fork()
-            plans.clear()
-        self.primer = None  # threads do not survive a fork
-        self.flight.after_fork()
-        self.local.after_fork()
-        after = getattr(self.remote, "after_fork", None)
-        if callable(after):
-            after()
-
 
 def _lock_directory(local: LocalTier) -> Path | None:
     """Where the build locks go: ``locks/`` of a writable cache directory. They need only the
@@ -405,14 +401,11 @@ def _beside(work: Callable[..., None], *args: Any) -> None:
 
 
 def _watch_process(cache: PlanCache) -> None:
-    """Flush the cache's batched hit counts when the process ends, and let a forked child
-    start clean; weakly, so the cache can be freed."""
+    """Flush the cache's batched hit counts when the process ends (a forked child's own:
+    what the cache keeps per process is the child's there); weakly, so the cache can be freed."""
     import atexit
 
-    ref = weakref.ref(cache)
-    atexit.register(functools.partial(_flush_at_exit, ref))
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=functools.partial(_after_fork, ref))
+    atexit.register(functools.partial(_flush_at_exit, weakref.ref(cache)))
 
 
 def _flush_at_exit(ref: weakref.ref[PlanCache]) -> None:
@@ -421,9 +414,3 @@ def _flush_at_exit(ref: weakref.ref[PlanCache]) -> None:
         if cache.primer is not None:
             cache.primer.stop(timeout=5.0)  # silent at exit: never inside cuDNN while the interpreter goes down
         cache.local.flush(wait=False)
-
-
-def _after_fork(ref: weakref.ref[PlanCache]) -> None:
-    cache = ref()
-    if cache is not None:
-        cache._forget_process_state()

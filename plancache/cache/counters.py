@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 
 from ..config import StrEnum
+from ..store.per_process import PerProcess
 
 __all__ = ["NAMES", "Count", "Counters"]
 
@@ -44,13 +45,10 @@ class Counters(dict[str, int]):
 
     def __init__(self) -> None:
         super().__init__(dict.fromkeys(NAMES, 0))
-        self._lock = threading.Lock()
+        # Per process: a lock another thread held at a fork would stay held in the child.
+        self._lock = PerProcess(threading.Lock)
 
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to ``name`` (one of ``NAMES``)."""
-        with self._lock:
+        with self._lock.get():
             self[name] += n
-
-    def after_fork(self) -> None:
-        """In a forked child: a lock another thread held at the fork stays held there."""
-        self._lock = threading.Lock()

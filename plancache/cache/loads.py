@@ -34,7 +34,8 @@ class _Memory(Protocol):
 
 
 class Loads:
-    """Who is loading which ``(key, device)`` now, and how many lookups are at it."""
+    """Who is loading which ``(key, device)`` now, and how many lookups are at it: in one
+    process (``Lookup`` holds one per process: a forked child's loads are its own)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -123,9 +124,3 @@ class Loads:
             event = self._busy.pop(slot)
         if event is not None:  # set outside the lock: a waiter it wakes takes the lock at once
             event.set()
-
-    def after_fork(self) -> None:
-        """In a forked child: loads under way belong to the parent's threads."""
-        self._cond = threading.Condition()
-        self._busy = {}
-        self._builds = 0

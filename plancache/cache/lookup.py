@@ -25,6 +25,7 @@ from ..guest.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id, options_json
 from ..runtime.plan import Plan, PlanSource
 from ..store import NEVER_CHECKED, Entry, Sound, Unsound, held_to, sha256, summarize
+from ..store.per_process import PerProcess
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .counters import Count, Counters
@@ -92,6 +93,19 @@ _ABSENT = Unserved(None, Verdict.ABSENT, Verdict.ABSENT.value)
 Slot = tuple[str, int]  # (key, device)
 
 
+class _Process:
+    """What a forked child of a lookup's process starts without: the parent's loads under
+    way (their threads are the parent's), the plans its run noted for auto-prime, and the
+    graphs it keyed (whose lock another thread of the parent may have held)."""
+
+    def __init__(self) -> None:
+        self.loads = Loads()
+        self.used: set[Slot] = set()  # (key, device) this run has noted for auto-prime
+        #: (key, device) -> ``time.perf_counter()`` of this run's first lookup of it (the primer's timeline).
+        self.first_asked: dict[Slot, float] = {}
+        self.keys = GraphKeys()
+
+
 class Lookup:
     """The plan of a graph on the caller's device: keyed, then from memory, the stored
     tiers, or repaired or built inside the key's single flight. Owns the memory tier, the
@@ -108,7 +122,6 @@ class Lookup:
         self.counters = counters
         self._warn_once = warn
         self.kernel_cache = KernelCache(backend, local, counters, warn, persist_kernel_cache)
-        self.loads = Loads()
         self.unstored = Unstored(backend, counters, local, warn)  # plans built and never stored, and why
         self.judging = Judging(backend, local)  # with the judgements kept in the store, and keeping them
         #: ``record(graph, key)`` for every graph looked up (manifests, ``PLANCACHE_RECORD``).
@@ -116,19 +129,28 @@ class Lookup:
         self.closed = False
         self._environments: dict[int, tuple[dict[str, Any], str]] = {}
         self._environment_json: dict[str, str] = {}
-        self._used: set[Slot] = set()  # (key, device) this run has noted for auto-prime
-        #: (key, device) -> ``time.perf_counter()`` of this run's first lookup of it (the primer's timeline).
-        self.first_asked: dict[Slot, float] = {}
-        self._keys = GraphKeys()
+        self._process = PerProcess(_Process)
+
+    @property
+    def loads(self) -> Loads:
+        """This process's loads and builds under way."""
+        return self._process.get().loads
+
+    @property
+    def first_asked(self) -> dict[Slot, float]:
+        """(key, device) -> ``time.perf_counter()`` of this run's first lookup of it."""
+        return self._process.get().first_asked
 
     def prepare(self, options: BuildOptions) -> None:
         """Once-per-process work that a first store hit would otherwise do, done by the
         cache as it opens, on a thread beside the program: the judging code's version (its
-        source read and hashed), the canonical text of the cache's options, and the start
-        of the thread that writes hit counts (a thread's start waits for it to run)."""
+        source read and hashed), the canonical text of the cache's options, the start of
+        the thread that writes hit counts (a thread's start waits for it to run), and the
+        import of filelock, which a first miss's build lock would otherwise wait for."""
         code_version()
         options_json(options)
         self.local.start_flusher()
+        self.flight.prepare()
 
     # ------------------------------------------------------------------ the key and memory
 
@@ -153,7 +175,7 @@ class Lookup:
         """The key of ``graph`` on ``device`` and its names (``{name: uid}``), computed once
         while the graph object is unchanged."""
         environment, env_id = self.environment(device)
-        return self._keys.key(graph, options, environment, env_id, self._environment_json[env_id], tag)
+        return self._process.get().keys.key(graph, options, environment, env_id, self._environment_json[env_id], tag)
 
     def get(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None, load: Load | None = None,
             tag: str | None = None) -> Plan:  # fmt: skip
@@ -163,8 +185,9 @@ class Lookup:
         for record in self.recorders:
             record(graph, key)
         slot = (key.digest, device)
-        if slot not in self._used:
-            self.first_asked.setdefault(slot, time.perf_counter())
+        process = self._process.get()
+        if slot not in process.used:
+            process.first_asked.setdefault(slot, time.perf_counter())
         plan = self.memory.get(slot)
         if plan is not None:
             self.counters.count(Count.MEMORY_HITS)
@@ -172,19 +195,10 @@ class Lookup:
             plan = plan.named(names)
         else:
             plan = self.resolve(graph, key, names, options, device, inputs, load)  # under these names
-        if slot not in self._used:  # once per run: what the next start of this application primes
-            self._used.add(slot)
+        if slot not in process.used:  # once per run: what the next start of this application primes
+            process.used.add(slot)
             self.local.note_use(key.digest, device)
         return plan
-
-    def after_fork(self) -> None:
-        """In a forked child: the parent's loaded plans, claims and locks are not ours."""
-        self.memory = LRU(self.memory.capacity)
-        self.loads.after_fork()
-        self.counters.after_fork()
-        self._used = set()
-        self.first_asked = {}
-        self._keys = GraphKeys()  # its lock may have been held by another thread at the fork
 
     # ------------------------------------------------------------------ below memory
 

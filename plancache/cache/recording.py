@@ -22,6 +22,7 @@ from typing import Any
 from ..config import RECORD, ConfigError, file_kind
 from ..key import BuildOptions, CacheKey, canonical_json
 from ..store.files import read_regular
+from ..store.per_process import PerProcess
 
 __all__ = ["MANIFEST_VERSION", "record_to", "recorder_from_env", "write_json"]
 
@@ -69,7 +70,14 @@ class _Recorder:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._seen: set[str] = set()
-        self._lock = threading.Lock()
+        # Per process: a thread of the parent may have held it (across the manifest's file
+        # lock and its I/O) at a fork; that thread is not in the child, whose first lookup of
+        # a new graph would wait for it forever.
+        self._locks = PerProcess(threading.Lock)
+
+    @property
+    def _lock(self) -> threading.Lock:
+        return self._locks.get()
 
     def __call__(self, graph: Any, key: CacheKey) -> None:
         if key.digest in self._seen:  # every lookup calls this: a set lookup when nothing is new
@@ -111,18 +119,6 @@ class _Recorder:
 
 
 _RECORDERS: dict[str, _Recorder] = {}
-
-
-def _after_fork_in_child() -> None:
-    """A thread of the parent may have held a recorder's lock (across the manifest's file
-    lock and its I/O) at the fork; that thread is not in the child, so the child's first
-    lookup of a new graph would wait for it forever. The child gets new locks."""
-    for recorder in _RECORDERS.values():
-        recorder._lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def record_to(path: str | os.PathLike[str]) -> Callable[[Any, CacheKey], None]:

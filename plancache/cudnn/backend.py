@@ -21,12 +21,9 @@ knobs, and the shared kernel cache of dynamic-shape builds.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import os
 import re
 import sys
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +33,7 @@ from ..guest.backend import BuiltPlan, EngineChoice
 from ..guest.driver import FrontendLaunch
 from ..guest.guest_backend import GuestBackend
 from ..key import BuildOptions, mark_shared_kernel_cache, tensor_table
+from ..store.per_process import PerProcess
 from .library import libcuda, library, open_beside
 from .timing import INNER, event_times
 
@@ -258,7 +256,7 @@ class CudnnDriver:
 
     def __init__(self) -> None:
         self._environments: dict[int, dict[str, Any]] = {}
-        self._gpu: bool | None = None
+        self._gpu = PerProcess(lambda: _gpu_available())  # asked again in a forked child, where CUDA may not be usable
         self._transient: tuple[type[BaseException], ...] | None = None
         self._library: Any = None  # cudnn.library.Library, once cuDNN is loaded (launches ask it without a lock)
 
@@ -271,9 +269,7 @@ class CudnnDriver:
     # ------------------------------------------------------------------ devices
 
     def require(self) -> None:
-        if self._gpu is None:
-            self._gpu = _gpu_available()
-        if not self._gpu:
+        if not self._gpu.get():
             raise NoGpuError("no CUDA device is visible: building, loading and running plans need an NVIDIA GPU (without "
                              "one, the CPU test backend runs the cache end to end: PlanCache(backend=plancache.testing."
                              "CpuTestBackend()), or PLANCACHE_BACKEND=plancache.testing:CpuTestBackend for the command)")  # fmt: skip
@@ -456,9 +452,6 @@ class CudnnDriver:
 
         return launch_graph
 
-    def after_fork(self) -> None:
-        self._gpu = None
-
 
 # ---------------------------------------------------------------------- launches
 
@@ -504,12 +497,6 @@ def _raw_stream_getter(torch: Any) -> Callable[[int], int]:
 # ---------------------------------------------------------------------- backend
 
 
-def _forget_in_child(ref: weakref.ref[CudnnBackend]) -> None:
-    backend = ref()
-    if backend is not None:
-        backend.after_fork()
-
-
 class CudnnBackend(GuestBackend):
     """Builds, times, serializes, loads and executes cuDNN Frontend graphs: the guest
     backend over ``CudnnDriver``, with cuDNN's plans of a graph and rebuilds."""
@@ -518,15 +505,9 @@ class CudnnBackend(GuestBackend):
 
     def __init__(self) -> None:
         super().__init__(CudnnDriver())
-        self._kernel_caches = _KernelCaches()
-        # A forked child (a DataLoader worker, say) must not reuse the parent's handles. The
-        # hook holds the backend weakly: registering it must not keep every backend alive.
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
-
-    def after_fork(self) -> None:
-        super().after_fork()
-        self._kernel_caches = _KernelCaches()
+        # Per process, as the handles and streams (GuestBackend): a forked child (a
+        # DataLoader worker, say) must not reuse the parent's.
+        self._kernel_caches = PerProcess(_KernelCaches)
 
     # ------------------------------------------------------------------ kernel cache
 
@@ -541,17 +522,17 @@ class CudnnBackend(GuestBackend):
             # The pygraph forwards these keyword arguments to the backend graph when it
             # lowers, which has not happened yet: setting it now equals passing it at
             # construction.
-            kwargs["kernel_cache"] = self._kernel_caches.ensure(device)
-        return kwargs["kernel_cache"] is self._kernel_caches.get(device)
+            kwargs["kernel_cache"] = self._kernel_caches.get().ensure(device)
+        return kwargs["kernel_cache"] is self._kernel_caches.get().get(device)
 
     def kernel_cache_blob(self) -> bytes | None:
         """The shared kernel cache of the current device, serialized; None if unused."""
-        cache = self._kernel_caches.get(self.current_device())
+        cache = self._kernel_caches.get().get(self.current_device())
         return None if cache is None else str(cache.serialize()).encode()
 
     def restore_kernel_cache(self, blob: bytes) -> None:
         """Fill the shared kernel cache from a stored blob (same environment only)."""
-        self._kernel_caches.ensure(self.current_device()).deserialize(blob.decode())
+        self._kernel_caches.get().ensure(self.current_device()).deserialize(blob.decode())
 
     # ------------------------------------------------------------------ building
 

@@ -221,10 +221,6 @@ class Backend(Protocol):
         change between launches."""
         ...
 
-    def after_fork(self) -> None:
-        """Forget handles and other per-process state in a forked child."""
-        ...
-
     def kernel_cache_blob(self) -> bytes | None:
         """The shared kernel cache of dynamic-shape builds, serialized (None: unused)."""
         ...

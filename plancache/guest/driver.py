@@ -183,7 +183,3 @@ class Driver(Protocol):
     def frontend_launch(self, graph: Any) -> FrontendLaunch:
         """How the frontend launches ``graph`` (one it built or deserialized)."""
         ...
-
-    def after_fork(self) -> None:
-        """Forget per-process state in a forked child."""
-        ...

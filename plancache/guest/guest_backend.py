@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from ..errors import NativeError, TransientLoadError
 from ..formats.plan_blob import PlanBlob
 from ..key import TensorSpec
+from ..store.per_process import PerProcess
 from .backend import Launch
 from .block import refuse_while_capturing, relaxed
 from .driver import Driver
@@ -53,6 +55,24 @@ def _pin(native: Any) -> None:
             _PINNED.append(native)
 
 
+class _Process:
+    """What a forked child of the backend's process starts without: the parent's handles
+    and streams, of a CUDA context the child cannot use, the workspaces of its threads, and
+    the lock of its frontend loads (another thread of the parent may have held it)."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.handles = Handles(driver.create_handle, driver.capturing, lambda: relaxed(driver))
+        self.streams: dict[int, Any] = {}  # device -> plancache's own non-blocking stream
+        #: .held, per thread: (device, raw stream) -> (bytes, workspace), as large as the
+        #: largest plan this thread launched on that stream needs. One thread's launches on
+        #: one stream are queued one after another and run in that order, so they share it
+        #: safely; two threads' launches on one stream may interleave their kernels, so
+        #: each thread has its own. A replaced one goes back to the caching allocator on its
+        #: stream, which hands it out again only behind the work already queued there.
+        self.workspaces = threading.local()
+        self.frontend_loads = threading.Lock()  # two warm-ups on one stream would capture each other's work
+
+
 class GuestBackend:
     """The backend seam (``guest.backend.Backend``) over a ``Driver``: the guest block,
     handles, loads and launches. Subclasses add a graph's plans and rebuilds."""
@@ -62,20 +82,16 @@ class GuestBackend:
         self.native = native  # False: every plan loads through the frontend's path
         self.name = driver.name
         self.device_type = driver.device_type
-        self.handles = Handles(driver.create_handle, driver.capturing, lambda: relaxed(driver))
         #: Plans loaded through the frontend's path instead of the native one, by kind
         #: (``PlanCache.stats`` shows them as ``native_fallbacks``).
         self.native_fallbacks: collections.Counter[str] = collections.Counter()
-        self._frontend_loads = threading.Lock()  # two warm-ups on one stream would capture each other's work
-        self._streams: dict[int, Any] = {}  # device -> plancache's own non-blocking stream
-        #: .held, per thread: (device, raw stream) -> (bytes, workspace), as large as the
-        #: largest plan this thread launched on that stream needs. One thread's launches on
-        #: one stream are queued one after another and run in that order, so they share it
-        #: safely; two threads' launches on one stream may interleave their kernels, so
-        #: each thread has its own. A replaced one goes back to the caching allocator on its
-        #: stream, which hands it out again only behind the work already queued there.
-        self._workspaces = threading.local()
+        self._process = PerProcess(functools.partial(_Process, driver))
         self._inside = threading.local()  # .device: that of the guest block this thread is in, if any
+
+    @property
+    def handles(self) -> Handles:
+        """This process's cuDNN handles (``guest.handles``)."""
+        return self._process.get().handles
 
     # ------------------------------------------------------------------ devices
 
@@ -126,9 +142,10 @@ class GuestBackend:
     def own_stream(self, device: int) -> Any:
         """plancache's own stream on ``device`` (asked inside a guest block, made at the
         first need: a native load queues nothing): non-blocking, never the caller's."""
-        stream = self._streams.get(device)
+        streams = self._process.get().streams
+        stream = streams.get(device)
         if stream is None:
-            stream = self._streams[device] = self.driver.new_stream(device)
+            stream = streams[device] = self.driver.new_stream(device)
         return stream
 
     def prepare(self, device: int) -> None:
@@ -137,12 +154,6 @@ class GuestBackend:
 
     def open_libraries(self) -> int:
         return self.driver.open_libraries()
-
-    def after_fork(self) -> None:
-        self.handles.forget()
-        self._streams = {}
-        self._workspaces = threading.local()
-        self.driver.after_fork()
 
     # ------------------------------------------------------------------ loading
 
@@ -201,7 +212,7 @@ class GuestBackend:
             self.native_fallbacks[why.value] += 1
             if why in OUT_OF_BOUNDS:
                 raise RecordError(f"the plan blob is refused: {why.value} (a damaged or hostile blob: never launched)")
-            with self._frontend_loads, self.handles.lease(device) as handle:
+            with self._process.get().frontend_loads, self.handles.lease(device) as handle:
                 # Never NULL (the frontend would make a blocking stream) and never the caller's.
                 self.driver.set_stream(handle, self.driver.raw_stream(self.own_stream(device)))
                 return self.driver.deserialize(blob.data, handle)
@@ -232,8 +243,8 @@ class GuestBackend:
         driver = self.driver
         current_device, raw_stream, capturing = driver.device_getter(), driver.stream_getter(), driver.capture_getter()
         set_stream, allocate = driver.set_stream, driver.workspace_getter()
-        take, give = self.handles.take, self.handles.give
-        workspaces = self._workspaces
+        process = self._process.get()  # a plan is launched in the process that loaded it (CUDA: never in a forked child)
+        take, give, workspaces = process.handles.take, process.handles.give, process.workspaces
         if isinstance(native, NativePlan):
             size = max(int(workspace_size), native.workspace_size)
             run_native = native.launch

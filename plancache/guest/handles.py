@@ -105,10 +105,3 @@ class Handles:
             with self._cond:
                 self._count[device] -= 1
             raise
-
-    def forget(self) -> None:
-        """In a forked child: the parent's handles belong to the parent's CUDA context."""
-        self._free = {}
-        self._count = {}
-        self._cond = threading.Condition()
-        self._waiting = 0

@@ -146,6 +146,10 @@ class ForkGate:
         self._clean = True  # whether the last fork found no thread inside SQLite or a transaction
         #: Why this process must not use SQLite (forked while another thread was inside it); None when it may.
         self.refusal: str | None = None
+        # Hooks at the fork itself, not state made at a child's first use (``per_process``):
+        # the fork must wait for the SQLite calls of other threads and hold the gate across
+        # it, which only the parent can do, before the child exists; and the child must
+        # learn at once which of its copies it can never touch, from what the fork found.
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(before=self._before_fork, after_in_parent=self._after_in_parent,
                                 after_in_child=self._after_in_child)  # fmt: skip

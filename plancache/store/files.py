@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from filelock import BaseFileLock
 
 __all__ = ["MAX_SECRET_FILE", "PRIVATE", "SHARED", "Modes", "check_trusted", "create_directory", "create_file", "file_lock", "harden",
-           "modes_of", "open_regular", "read_regular", "read_secret_file"]  # fmt: skip
+           "modes_of", "open_regular", "read_regular", "read_secret_file", "ready_lock_file"]  # fmt: skip
 
 
 def _group_id(group: str) -> int | None:
@@ -227,8 +227,7 @@ def file_lock(path: Path, modes: Modes = PRIVATE, then: Callable[[int], None] | 
     is locked (filelock's ``on_acquired``)."""
     from filelock import FileLock  # on a miss only: plancache's import stays cheap
 
-    check_trusted(path, modes.group)
-    create_file(path, modes)
+    ready_lock_file(path, modes)
 
     def claim(fd: int) -> None:  # raising lets the lock go again (filelock's on_acquired)
         status = os.fstat(fd)
@@ -240,6 +239,14 @@ def file_lock(path: Path, modes: Modes = PRIVATE, then: Callable[[int], None] | 
 
     # preserve_lock_file: filelock promises never to remove it (no soft fallback, which would).
     return FileLock(path, mode=modes.file, preserve_lock_file=True, on_acquired=claim)
+
+
+def ready_lock_file(path: Path, modes: Modes) -> None:
+    """What ``file_lock`` does before filelock opens ``path``: refuse it when it is a link or
+    not trusted, else make it when it is not there. A lock kept for later acquisitions
+    (filelock opens the file again at each) is checked again before each."""
+    check_trusted(path, modes.group)
+    create_file(path, modes)
 
 
 def harden(conn: sqlite3.Connection) -> None:

@@ -32,6 +32,7 @@ from . import bookkeeping
 from .connections import GATE, GatedConnection, connect
 from .entry import INSERT_COLUMNS, INSERT_SQL, Entry, sha256, sound_use
 from .files import check_trusted, create_file, harden
+from .per_process import PerProcess
 from .quarantine import Quarantine
 from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text, reads
 from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir
@@ -107,7 +108,7 @@ class Store(Schema, Recovery, Quarantine):
         self.directory = CACHE_DIR.of(directory, "directory") or default_cache_dir()
         self.path = self.directory / DB_NAME
         group = ALLOW_SHARED_DIR.given_or_env(allow_shared_dir, "allow_shared_dir")
-        self._local = threading.local()
+        self._local = PerProcess(threading.local)  # a forked child opens connections of its own
         self._closed = False
         #: What is wrong with the file, found at open and left there (``repair=False``); None when sound.
         self.damage: str | None = None
@@ -124,9 +125,9 @@ class Store(Schema, Recovery, Quarantine):
         """This thread's connection, opened on first use, again after a fork, and again
         when the file was replaced (a repair in another process moved it aside: a
         connection to the old file would store plans where no other process looks)."""
-        local = self._local
+        local = self._local.get()
         conn: GatedConnection | None = getattr(local, "conn", None)
-        if conn is not None and local.pid == os.getpid():
+        if conn is not None:
             if _file_id(self.path) in (local.file_id, None):  # None: mid-repair, no file yet
                 return conn
             with contextlib.suppress(sqlite3.Error):
@@ -180,7 +181,6 @@ class Store(Schema, Recovery, Quarantine):
         else:
             conn.execute("PRAGMA synchronous = NORMAL")
         local.conn = conn
-        local.pid = os.getpid()
         local.file_id = _file_id(self.path)
         return conn
 
@@ -191,10 +191,10 @@ class Store(Schema, Recovery, Quarantine):
         self._closed = True
 
     def _close_connection(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
+        conn = getattr(self._local.get(), "conn", None)
+        if conn is not None:  # this process's: a forked child's copies are closed by the gate
             conn.close()
-        self._local = threading.local()
+        self._local = PerProcess(threading.local)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

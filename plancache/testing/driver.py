@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import NoGpuError, TransientLoadError
 from ..key import TensorSpec
+from ..store.per_process import PerProcess
 from . import plans
 from .device import CudaError, SimulatedCuda
 from .library import ALIGNMENT, SimulatedLibrary
@@ -71,7 +72,12 @@ class Devices:
         self.environments = [{**base, **extra} for extra in overrides]
         # None: all of them, as in a process that already set its devices up.
         self.in_use: set[int] | None = None if in_use is None else set(in_use)
-        self.local = threading.local()
+        self._local = PerProcess(threading.local)  # a forked child's threads start on device 0
+
+    @property
+    def local(self) -> threading.local:
+        """``.device``: the calling thread's current device (this process's)."""
+        return self._local.get()
 
     def check(self, device: int) -> None:
         """Refuse a device the backend lacks; work on one sets it up."""
@@ -281,6 +287,3 @@ class CpuDriver:
             self.launches += 1
 
         return launch
-
-    def after_fork(self) -> None:
-        self.devices.local = threading.local()

@@ -23,6 +23,7 @@ from ..errors import CacheDirError, DamagedEntryError, SchemaTooNewError, StoreE
 from ..store import Entry, Store, bookkeeping, default_cache_dir
 from ..store.connections import GATE
 from ..store.files import PRIVATE, Modes
+from ..store.per_process import PerProcess
 
 __all__ = ["HIT_FLUSH_SECONDS", "LocalTier"]
 
@@ -31,6 +32,35 @@ log = logging.getLogger("plancache")
 #: How often batched hit counts are written: last-used times feed eviction, which works in
 #: hours, so a minute of lag costs nothing.
 HIT_FLUSH_SECONDS = 30.0
+
+
+class _Process:
+    """What a forked child of the tier's process starts without: the parent's pending hit
+    counts, uses and judgements (the parent writes those), its run (the child is a run of
+    its own), its locks (another thread may have held one at the fork) and its writer
+    thread (threads do not survive a fork); and the store itself when the fork came while
+    another thread was inside SQLite (``store.connections``: told at the child's first
+    lookup, not at the fork: a child that never looks a plan up hears nothing of it)."""
+
+    def __init__(self, store: Store | None) -> None:
+        self.store = store
+        self.forked_busy: str | None = None  # why a forked child left the store, until told
+        if store is not None and GATE.refusal is not None:
+            self.store, self.forked_busy = None, GATE.refusal
+        self.hits: dict[str, tuple[int, float]] = {}
+        self.uses: dict[tuple[str, int], int] = {}  # (key, device) -> order of first use, not yet written
+        self.judgements: dict[str, tuple[str, str]] = {}  # key -> (blob_sha256, judgement to keep), not yet written
+        self.hits_lock = threading.Lock()
+        # One flush at a time: a flush takes the whole batch out before writing it, so a
+        # second flush running beside it would find nothing and return before the first
+        # has written (or, the store being busy, put the batch back). flush(wait=True)
+        # must see what the background writer has in hand.
+        self.flush_lock = threading.Lock()
+        self.flusher: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.run_started = time.time()
+        self.run = f"{os.getpid()}-{self.run_started:.6f}"
+        self.use_seq = 0
 
 
 class LocalTier:
@@ -55,19 +85,17 @@ class LocalTier:
         named = CACHE_DIR.of(directory, "directory")
         #: The application whose plan use is recorded for auto-prime (None: not recorded).
         self.app = app
-        self._new_run()
         self.max_bytes = max_bytes
         self._warn = warn
         self._count = count
-        self.store: Store | None = None
+        opened: Store | None = None
         #: Why the store was refused (a newer or foreign schema, a directory or file not the user's); None if not.
         self.refused: str | None = None
-        self._forked_busy: str | None = None  # why a forked child left the store, until told
         self.directory: Path = named if named is not None else Path()
         try:
             if named is None:
                 self.directory = default_cache_dir()
-            self.store = Store(self.directory, read_only=read_only)
+            opened = Store(self.directory, read_only=read_only)
         except (CacheDirError, SchemaTooNewError) as exc:
             if named is None and not self.directory.parts:  # the default refused: it is named in the error
                 self.directory = Path(exc.fields.get("path") or ".")
@@ -80,22 +108,13 @@ class LocalTier:
         except (StoreError, OSError, sqlite3.Error) as exc:
             count("store_errors")
             warn("open", "plancache: cannot open the plan store in %s (%s); plans work but are not stored", self.directory, exc)
-        self._hits: dict[str, tuple[int, float]] = {}
-        self._uses: dict[tuple[str, int], int] = {}  # (key, device) -> order of first use, not yet written
-        self._judgements: dict[str, tuple[str, str]] = {}  # key -> (blob_sha256, judgement to keep), not yet written
-        self._hits_lock = threading.Lock()
-        # One flush at a time: a flush takes the whole batch out before writing it, so a
-        # second flush running beside it would find nothing and return before the first
-        # has written (or, the store being busy, put the batch back). flush(wait=True)
-        # must see what the background writer has in hand.
-        self._flush_lock = threading.Lock()
-        self._flusher: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._process = PerProcess(lambda: _Process(opened))
+        self._process.get()  # this process's run starts now
 
-    def _new_run(self) -> None:
-        self.run_started = time.time()
-        self.run = f"{os.getpid()}-{self.run_started:.6f}"
-        self._use_seq = 0
+    @property
+    def store(self) -> Store | None:
+        """The plan store (None: not opened, refused, or not usable in this forked child)."""
+        return self._process.get().store
 
     @property
     def available(self) -> bool:
@@ -115,20 +134,22 @@ class LocalTier:
     def get(self, key: str, known: Mapping[str, tuple[str, Any]] | None = None, details: bool = True) -> Entry | None:
         """The entry under ``key`` (``known``, ``details``: see ``Entry.from_row``); the
         store's failures are misses. An entry that cannot be decoded raises ``DamagedEntryError``."""
-        if self.store is None:
-            if self._forked_busy is not None:
+        process = self._process.get()
+        store = process.store
+        if store is None:
+            if process.forked_busy is not None:
                 self._count("store_errors")
                 self._warn("open", "plancache: not using the plan store in %s (%s); plans are built and kept in memory",
-                           self.directory, self._forked_busy)  # fmt: skip
-                self._forked_busy = None
+                           self.directory, process.forked_busy)  # fmt: skip
+                process.forked_busy = None
             return None
         try:
-            return self.store.get(key, known, details)
+            return store.get(key, known, details)
         except DamagedEntryError:
             raise
         except (StoreError, sqlite3.Error, OSError) as exc:  # a damaged or busy store is a miss
             self._count("store_errors")
-            self._warn("read", "plancache: reading %s failed (%s); treating as a miss", self.store.path, exc)
+            self._warn("read", "plancache: reading %s failed (%s); treating as a miss", store.path, exc)
             return None
 
     def entries_of(self, env_id: str) -> list[str]:
@@ -220,86 +241,92 @@ class LocalTier:
         """Count a hit in memory; a background thread writes the counts. Never blocks on
         the store."""
         now = time.time()
-        with self._hits_lock:
-            count, _ = self._hits.get(key, (0, 0.0))
-            self._hits[key] = (count + 1, now)
-            if self._flusher is None:  # under the lock: one writer thread, however many threads hit
-                self._start_flusher()
+        process = self._process.get()
+        with process.hits_lock:
+            count, _ = process.hits.get(key, (0, 0.0))
+            process.hits[key] = (count + 1, now)
+            if process.flusher is None:  # under the lock: one writer thread, however many threads hit
+                self._start_flusher(process)
 
     def note_use(self, key: str, device: int) -> None:
         """Record (in memory, written with the hit counts) that this run used ``key`` on
         ``device``; called once per key and device by the cache."""
         if not self.app:
             return
-        with self._hits_lock:
-            self._use_seq += 1
-            self._uses.setdefault((key, device), self._use_seq)
-            self._start_flusher()
+        process = self._process.get()
+        with process.hits_lock:
+            process.use_seq += 1
+            process.uses.setdefault((key, device), process.use_seq)
+            self._start_flusher(process)
 
     def note_judgement(self, key: str, blob_sha256: str, text: str) -> None:
         """Keep ``text``, the judgement of the row of ``key`` with blob ``blob_sha256``
         (``store.kept``), in that row: written in the background with the hit counts."""
-        with self._hits_lock:
-            self._judgements[key] = (blob_sha256, text)
-            self._start_flusher()
+        process = self._process.get()
+        with process.hits_lock:
+            process.judgements[key] = (blob_sha256, text)
+            self._start_flusher(process)
 
     def start_flusher(self) -> None:
         """Start the thread that writes hit counts now, not at the first hit: starting a
         thread waits for it to run, which a lookup should not."""
-        with self._hits_lock:
-            self._start_flusher()
+        process = self._process.get()
+        with process.hits_lock:
+            self._start_flusher(process)
 
-    def _start_flusher(self) -> None:
-        if self._flusher is None and self.store is not None and not self.store.read_only:
-            self._flusher = threading.Thread(target=self._flush_loop, name="plancache-hits", daemon=True)
-            self._flusher.start()
+    def _start_flusher(self, process: _Process) -> None:
+        if process.flusher is None and process.store is not None and not process.store.read_only:
+            process.flusher = threading.Thread(target=self._flush_loop, args=(process.stop,), name="plancache-hits", daemon=True)
+            process.flusher.start()
 
-    def _flush_loop(self) -> None:
-        while not self._stop.wait(HIT_FLUSH_SECONDS):
+    def _flush_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(HIT_FLUSH_SECONDS):
             self.flush(wait=False)
 
     def flush(self, *, wait: bool = False) -> bool:
         """Write batched hit counts and plan use. ``wait=False`` skips (keeping the batch)
         when another process holds the write lock. Returns whether everything pending was
         written."""
-        with self._flush_lock:
-            return self._flush(wait=wait)
+        process = self._process.get()
+        with process.flush_lock:
+            return self._flush(process, wait=wait)
 
-    def _flush(self, *, wait: bool) -> bool:
-        with self._hits_lock:
-            hits, self._hits = self._hits, {}
-            uses, self._uses = self._uses, {}
-            judgements, self._judgements = self._judgements, {}
-        if (not hits and not uses and not judgements) or self.store is None or self.store.read_only:
+    def _flush(self, process: _Process, *, wait: bool) -> bool:
+        with process.hits_lock:
+            hits, process.hits = process.hits, {}
+            uses, process.uses = process.uses, {}
+            judgements, process.judgements = process.judgements, {}
+        store = process.store
+        if (not hits and not uses and not judgements) or store is None or store.read_only:
             return True
         # A write that fails (a busy or full store) keeps its batch for the next try:
         # nothing counted is lost.
         written_hits = written_uses = False
         try:
-            written_hits = bookkeeping.record_hits(self.store, hits, wait=wait)
+            written_hits = bookkeeping.record_hits(store, hits, wait=wait)
         except (StoreError, sqlite3.Error, OSError) as exc:
             self._warn("hits", "plancache: could not record hit counts yet: %s", exc)
         try:
-            written_uses = bookkeeping.record_usage(self.store, self.app or "", self.run, self.run_started, uses, wait=wait)
+            written_uses = bookkeeping.record_usage(store, self.app or "", process.run, process.run_started, uses, wait=wait)
         except (StoreError, sqlite3.Error, OSError) as exc:
             self._warn("hits", "plancache: could not record plan use yet: %s", exc)
         try:  # kept judgements only save later lookups work: one that cannot be written now is dropped
-            bookkeeping.record_judgements(self.store, judgements, wait=wait)
+            bookkeeping.record_judgements(store, judgements, wait=wait)
         except (StoreError, sqlite3.Error, OSError) as exc:
             self._warn("hits", "plancache: could not keep judgements: %s", exc)
         if not written_hits:
-            self._merge_back(hits)
+            self._merge_back(process, hits)
         if not written_uses:
-            with self._hits_lock:
+            with process.hits_lock:
                 for slot, seq in uses.items():
-                    self._uses.setdefault(slot, seq)
+                    process.uses.setdefault(slot, seq)
         return written_hits and written_uses
 
-    def _merge_back(self, pending: Mapping[str, tuple[int, float]]) -> None:
-        with self._hits_lock:
+    def _merge_back(self, process: _Process, pending: Mapping[str, tuple[int, float]]) -> None:
+        with process.hits_lock:
             for key, (count, used) in pending.items():
-                now_count, now_used = self._hits.get(key, (0, 0.0))
-                self._hits[key] = (count + now_count, max(used, now_used))
+                now_count, now_used = process.hits.get(key, (0, 0.0))
+                process.hits[key] = (count + now_count, max(used, now_used))
 
     def bump_counters(self, deltas: Mapping[str, int], *, wait: bool) -> None:
         """Add to the store's persistent counters. ``wait=False`` (at close) skips them when
@@ -317,24 +344,8 @@ class LocalTier:
         return self.store.stats()
 
     def close(self) -> None:
-        self._stop.set()
+        self._process.get().stop.set()
         self.flush(wait=False)
-        if self.store is not None:
-            self.store.close()
-
-    def after_fork(self) -> None:
-        """In a forked child: new locks, no flusher (threads do not survive a fork), and
-        none of the parent's pending counts (the parent writes those)."""
-        self._hits = {}
-        self._uses = {}
-        self._judgements = {}
-        self._new_run()  # the child is a run of its own
-        self._hits_lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self._flusher = None
-        self._stop = threading.Event()
-        if self.store is not None and GATE.refusal is not None:
-            # Forked while another thread was inside SQLite: the store's connections here may
-            # hold a lock no thread of this process will release. Told at the first lookup,
-            # not here: a forked child that never looks a plan up hears nothing of it.
-            self.store, self._forked_busy = None, GATE.refusal
+        store = self.store
+        if store is not None:
+            store.close()

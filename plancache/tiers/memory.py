@@ -13,10 +13,24 @@ import threading
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
+from ..store.per_process import PerProcess
+
 __all__ = ["LRU"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+
+
+class _Entries:
+    """An LRU's entries and lock in one process (see ``LRU``)."""
+
+    __slots__ = ("clock", "evicted", "items", "lock")
+
+    def __init__(self) -> None:
+        self.items: dict[Any, list[Any]] = {}  # key -> [stamp of its last use, key, value]
+        self.clock = itertools.count()
+        self.lock = threading.Lock()
+        self.evicted = 0
 
 
 class LRU(Generic[K, V]):
@@ -27,47 +41,53 @@ class LRU(Generic[K, V]):
     builder call. Writes are serialized, and the one that overflows the capacity evicts
     the entry with the oldest stamp: a scan, paid only by a write past the bound (a plan
     loaded or built), made in C: each entry is ``[stamp, key, value]``, and stamps are
-    unique, so the smallest list is the oldest entry and no comparison reaches its value."""
+    unique, so the smallest list is the oldest entry and no comparison reaches its value.
+
+    Its entries are the process's own: a forked child starts empty (the parent's plans
+    belong to the parent's CUDA context), with a lock of its own (another thread of the
+    parent may have held the parent's at the fork)."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._items: dict[K, list[Any]] = {}  # key -> [stamp of its last use, key, value]
-        self._clock = itertools.count()
-        self._lock = threading.Lock()
-        self.evicted = 0
+        self._entries = PerProcess(_Entries)
+
+    @property
+    def evicted(self) -> int:
+        """Entries this process evicted."""
+        return self._entries.get().evicted
 
     def get(self, key: K) -> V | None:
-        entry = self._items.get(key)
+        entries = self._entries.get()
+        entry = entries.items.get(key)
         if entry is None:
             return None
-        entry[0] = next(self._clock)
+        entry[0] = next(entries.clock)
         value: V = entry[2]
         return value
 
     def put(self, key: K, value: V) -> None:
-        with self._lock:
-            items = self._items
-            items[key] = [next(self._clock), key, value]
+        entries = self._entries.get()
+        with entries.lock:
+            items = entries.items
+            items[key] = [next(entries.clock), key, value]
             while len(items) > self.capacity:
                 del items[min(items.values())[1]]
-                self.evicted += 1
+                entries.evicted += 1
 
     def keys(self) -> list[K]:
-        with self._lock:
-            return list(self._items)
+        entries = self._entries.get()
+        with entries.lock:
+            return list(entries.items)
 
     def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
+        entries = self._entries.get()
+        with entries.lock:
+            entries.items.clear()
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._entries.get().items)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._items
-
-    def after_fork(self) -> None:
-        """A forked child gets a fresh lock (the parent's may have been held at fork)."""
-        self._lock = threading.Lock()
+        return key in self._entries.get().items
