@@ -21,6 +21,12 @@ from redis_fixtures import make_tier, own_server, redis_server  # noqa: F401 - f
 from plancache import PlanCache, Store
 from plancache.testing import CpuTestBackend
 
+# One thread for torch's CPU kernels, here and in every process a test starts: the suite runs
+# on two workers (`-n 2`), and the test backend's tensors are tiny, so a second thread per
+# process only makes the workers' threads wait on each other (tens of times slower under load).
+# Set before anything imports torch (plancache imports it lazily); a value already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 _ENV_VARS = ("PLANCACHE_MAX_SIZE", "PLANCACHE_ALLOW_SHARED_DIR", "PLANCACHE_REDIS_URL", "PLANCACHE_RECORD", "PLANCACHE_BACKEND",
              "PLANCACHE_APP", "PLANCACHE_PATCH_CUDNN", "PLANCACHE_MEMORY_PLANS")  # fmt: skip
 

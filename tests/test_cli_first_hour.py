@@ -577,6 +577,7 @@ def test_the_main_job_without_a_gpu_runs_the_cache_on_the_cpu_and_exits_0(tmp_pa
     assert [r["source"] for r in figures["hit"]["rows"]] == ["loaded"] * 7 and figures["stats"]["entries"] == 7
 
 
+@pytest.mark.slow  # runs pytest itself, in a child process
 def test_redis_tests_skip_with_a_reason_when_redis_server_is_absent(tmp_path: Path) -> None:
     empty_bin = tmp_path / "bin"  # a PATH without redis-server (python itself runs by its full path)
     empty_bin.mkdir()

@@ -62,6 +62,7 @@ def test_no_package_folder_is_named_like_build_output(name: str) -> None:
     assert not (ROOT / "plancache" / name).exists(), f"plancache/{name}/ reads as generated output to tools"
 
 
+@pytest.mark.slow  # runs pytest itself, in a child process
 def test_a_pytest_plugin_installed_elsewhere_does_not_change_the_suite(tmp_path: Path) -> None:
     """CI runs in a machine-wide Python where other pytest plugins may be installed; one that
     warns at start-up (as pytest-benchmark does under xdist) would end the run, because the

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -40,6 +41,7 @@ from test_trust_entries import DONORS, GRAPH_DONORS, forged, stored
 from plancache import PlanCache, Store
 from plancache.cache import judging
 from plancache.cli import cli
+from plancache.formats.plan_blob import PlanBlob
 from plancache.formats.ubjson import decode as decode_ubjson
 from plancache.key import canonical_json, describe
 from plancache.key.frontend_form import POINTWISE_MODES, FrontendForm, frontend_form
@@ -78,6 +80,12 @@ def _recorded() -> list[Recorded]:
 RECORDED = _recorded()
 
 
+@functools.cache
+def recorded_forms() -> list[FrontendForm]:
+    """The frontend form of each recorded description, made once for the module's tests."""
+    return [frontend_form(r.description) for r in RECORDED]
+
+
 def test_the_corpus_holds_real_programs() -> None:
     sources = {r.name.split(":")[0] for r in RECORDED}
     assert len(RECORDED) >= 11, [r.name for r in RECORDED]
@@ -86,13 +94,13 @@ def test_the_corpus_holds_real_programs() -> None:
 
 def test_the_recorded_matrix_is_diagonal() -> None:
     """Each recorded blob is a plan of its own description's graph, and of no other."""
-    forms = [frontend_form(r.description) for r in RECORDED]
+    forms = recorded_forms()
     identities = [canonical_json(r.description) for r in RECORDED]
     wrong = []
     for blob_of in RECORDED:  # the blob outermost: it is decoded once for the whole row
-        own = canonical_json(blob_of.description)
+        own, blob = canonical_json(blob_of.description), PlanBlob.of(blob_of.blob)
         for recorded, form, identity in zip(RECORDED, forms, identities):
-            refusal = judge(blob_of.blob, recorded.description, form).refusal
+            refusal = judge(blob, recorded.description, form).refusal
             if (refusal is None) != (identity == own):
                 wrong.append((blob_of.name, recorded.name, refusal))
     assert wrong == []
@@ -150,7 +158,8 @@ def _at(description: Any, path: tuple[Any, ...]) -> Any:
 def test_any_single_keyed_attribute_changed_is_refused(recorded: Recorded) -> None:
     """The recorded blob against its own description with one keyed attribute changed:
     refused, or (where the blob cannot show it) named unproven by the judgement."""
-    accepted = judge(recorded.blob, recorded.description)
+    blob = PlanBlob.of(recorded.blob)  # decoded once, as the store's judge keeps it for its load
+    accepted = judge(blob, recorded.description)
     assert accepted.refusal is None
     changed = 0
     for label, path in _keyed(recorded.description):
@@ -159,7 +168,7 @@ def test_any_single_keyed_attribute_changed_is_refused(recorded: Recorded) -> No
             continue
         mutated = copy.deepcopy(recorded.description)
         _at(mutated, path[:-1])[path[-1]] = value
-        verdict = judge(recorded.blob, mutated)
+        verdict = judge(blob, mutated)
         changed += 1
         if verdict.refusal is None:
             named = [u for u in verdict.unproven if str(path[-1]).replace("_", " ") in u.replace("_", " ")
@@ -185,20 +194,20 @@ def test_one_step_comparisons_accept_only_what_the_detailed_ones_accept(recorded
     comparison each; that shortcut must never accept what the field-by-field comparison
     refuses, nor refuse what it accepts: for this blob against every recorded description
     and against its own with each keyed attribute changed, the verdicts are the same."""
-    descriptions = [r.description for r in RECORDED]
+    checked: list[tuple[dict[str, Any], FrontendForm | None]] = list(zip([r.description for r in RECORDED], recorded_forms()))
     for _label, path in _keyed(recorded.description):
         value = _other(_at(recorded.description, path), str(path[-1]))
         if value is not None:
             mutated = copy.deepcopy(recorded.description)
             _at(mutated, path[:-1])[path[-1]] = value
-            descriptions.append(mutated)
-    differ = []
-    for description in descriptions:
+            checked.append((mutated, None))
+    differ, blob = [], PlanBlob.of(recorded.blob)  # decoded once, as the store's judge keeps it for its load
+    for description, made in checked:
         try:
-            form = frontend_form(description)
+            form = made or frontend_form(description)
         except ValueError:
             continue  # a description no pygraph makes: refused before any comparison
-        quick, detailed = judge(recorded.blob, description, form), judge(recorded.blob, description, _detailed(form))
+        quick, detailed = judge(blob, description, form), judge(blob, description, _detailed(form))
         if (quick.refusal is None) != (detailed.refusal is None):
             differ.append((canonical_json(description)[:200], quick.refusal, detailed.refusal))
     assert differ == []

@@ -348,7 +348,7 @@ def test_closing_the_cache_while_a_lookup_builds_stops_the_primer_at_once(make_c
     """The primer waits for lookups to finish before it loads; a miss may autotune for
     minutes, and close() must not wait for it, nor the primer go on after close()."""
     fill(make_cache, "app", [1, 2])
-    backend = SlowLoads(build_delay=2.0)  # 4 candidates: ~8 s of building
+    backend = SlowLoads(build_delay=2.0, candidates=2)  # ~4 s of building: twice what close() may take
     cache = make_cache(backend=backend, auto_prime=False, app="app")
     builder = threading.Thread(target=cache.get, args=(conv(7),), daemon=True)
     builder.start()

@@ -18,7 +18,9 @@ PACKAGE = ROOT / "plancache"
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
 
+@cache
 def _trees() -> dict[Path, ast.Module]:
+    """The package's modules, parsed once for the module's tests (which only read them)."""
     return {path: ast.parse(path.read_text(), str(path)) for path in sorted(PACKAGE.rglob("*.py"))}
 
 
@@ -39,9 +41,11 @@ def _names(tree: ast.AST) -> set[str]:
 
 @cache
 def _used_anywhere() -> frozenset[str]:
-    files = [*PACKAGE.rglob("*.py"), ROOT / "_plancache_startup.py", ROOT / "setup.py"]
+    files = [ROOT / "_plancache_startup.py", ROOT / "setup.py"]
     files += [p for folder in ("tests", "scripts", "examples") for p in (ROOT / folder).rglob("*.py")]
     used: set[str] = set()
+    for tree in _trees().values():  # the package
+        used |= _names(tree)
     for path in files:
         used |= _names(ast.parse(path.read_text(), str(path)))
     return frozenset(used)
