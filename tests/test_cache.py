@@ -242,24 +242,6 @@ def test_flush_writes_the_counts_the_background_writer_has_in_hand(
     cache.close()
 
 
-def test_the_first_build_lock_finds_filelock_imported_by_the_cache_opening(tmp_path: Path) -> None:
-    """Importing filelock was most of a process's first build lock (13 of 36 ms on an H100
-    host): the cache imports it on the thread it starts as it opens, not on the first miss."""
-    script = f"""
-import sys, threading
-from plancache import PlanCache
-from plancache.testing import CpuTestBackend
-before = "filelock" in sys.modules
-cache = PlanCache({str(tmp_path / "cache")!r}, backend=CpuTestBackend(), auto_prime=False)
-for thread in threading.enumerate():
-    if thread.name == "plancache-prepare":
-        thread.join(30)
-print(before, "filelock" in sys.modules)
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True).stdout
-    assert out.split() == ["False", "True"], out
-
-
 def test_a_store_hit_leaves_per_process_work_to_the_cache_opening(make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch) -> None:
     """The judging code's version (its source read and hashed) and the start of the
     hit-count writer are done on a thread as the cache opens: the first store hit starts

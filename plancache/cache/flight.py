@@ -26,7 +26,6 @@ stops waiting and builds the plan itself, with one warning, rather than wait out
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import math
 import os
@@ -137,13 +136,6 @@ class SingleFlight:
         self._process = PerProcess(_Process)
         self.remote = remote
         self._warn = warn or (lambda *args: None)
-
-    def prepare(self) -> None:
-        """Import filelock now: most of a process's first build lock (13 of 36 ms on an H100
-        host), done on the thread the cache opens beside the program, so that the first miss
-        finds it imported."""
-        if self.lock_dir is not None:
-            importlib.import_module("filelock")
 
     @contextlib.contextmanager
     def hold(self, key: str, env_id: str, label: str = "", *, started: float | None = None) -> Iterator[None]:

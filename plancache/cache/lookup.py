@@ -144,13 +144,11 @@ class Lookup:
     def prepare(self, options: BuildOptions) -> None:
         """Once-per-process work that a first store hit would otherwise do, done by the
         cache as it opens, on a thread beside the program: the judging code's version (its
-        source read and hashed), the canonical text of the cache's options, the start of
-        the thread that writes hit counts (a thread's start waits for it to run), and the
-        import of filelock, which a first miss's build lock would otherwise wait for."""
+        source read and hashed), the canonical text of the cache's options, and the start
+        of the thread that writes hit counts (a thread's start waits for it to run)."""
         code_version()
         options_json(options)
         self.local.start_flusher()
-        self.flight.prepare()
 
     # ------------------------------------------------------------------ the key and memory
 
