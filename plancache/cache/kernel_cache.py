@@ -9,6 +9,7 @@ compiles fewer kernels. A kernel cache the backend refuses only costs compile ti
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from ..guest.backend import Backend
@@ -19,18 +20,17 @@ from .counters import Count, Counters
 __all__ = ["KernelCache"]
 
 
+@dataclasses.dataclass
 class KernelCache:
     """Restores and saves one environment's kernel cache for a lookup's dynamic builds."""
 
-    def __init__(self, backend: Backend, local: LocalTier, counters: Counters, warn: Callable[..., None],
-                 persist: bool) -> None:  # fmt: skip
-        self.backend = backend
-        self.local = local
-        self.counters = counters
-        self._warn_once = warn
-        self.persist = persist
-        self._restored = False
-        self._digest: str | None = None  # of the blob stored or restored last
+    backend: Backend
+    local: LocalTier
+    counters: Counters
+    warn_once: Callable[..., None]
+    persist: bool
+    _restored: bool = dataclasses.field(default=False, init=False)
+    _digest: str | None = dataclasses.field(default=None, init=False)  # of the blob stored or restored last
 
     def restore(self, env_id: str) -> None:
         """Before this process's first dynamic-shape build: load the stored kernel cache of
@@ -44,7 +44,7 @@ class KernelCache:
         try:
             self.backend.restore_kernel_cache(blob)
         except Exception as exc:  # a refused kernel cache only costs compile time
-            self._warn_once("kernel-cache", "plancache: the stored kernel cache was refused (%s); building without it", exc)
+            self.warn_once("kernel-cache", "plancache: the stored kernel cache was refused (%s); building without it", exc)
             return
         self._digest = sha256(blob)
         self.counters.count(Count.KERNEL_CACHE_RESTORES)

@@ -105,14 +105,16 @@ class Loads:
     @contextlib.contextmanager
     def building(self) -> Iterator[None]:
         """A lookup autotuning for the block: the primer waits (``wait_until_no_build``)."""
-        with self._cond:
-            self._builds += 1
+        self._count_build(1)
         try:
             yield
         finally:
-            with self._cond:
-                self._builds -= 1
-                self._cond.notify_all()
+            self._count_build(-1)
+
+    def _count_build(self, change: int) -> None:
+        with self._cond:
+            self._builds += change
+            self._cond.notify_all()  # a waiter re-checks that no build runs
 
     def wait_until_no_build(self, timeout: float | None = None) -> bool:
         """Wait until no lookup is autotuning; False on timeout."""

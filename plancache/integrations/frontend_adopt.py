@@ -251,6 +251,10 @@ def _inferred_layouts(graph: Any, blob: PlanBlob) -> list[tuple[Any, str, tuple[
     return changes
 
 
+_READ_WHEN_NEEDED = ("_sorted_uids", "_declared_layout_native", "_slot_of_uid", "_ordered_binding_schema",
+                     "_ordered_binding_uids")  # fmt: skip
+
+
 def adopt(load: GraphLoad, plan: Plan, native: Any, blob: PlanBlob) -> None:
     """Make the graph of ``load`` (validated, not built) carry ``plan``, whose stored form is
     ``blob`` and which ``load`` deserialized for it as ``native``. Raises
@@ -280,11 +284,7 @@ def adopt(load: GraphLoad, plan: Plan, native: Any, blob: PlanBlob) -> None:
         _plan_kernel_entries={},
         _selected_engine_cache=None,
         # the operand order and layouts are read from the new lowered graph when first needed
-        _sorted_uids=None,
-        _declared_layout_native=None,
-        _slot_of_uid=None,
-        _ordered_binding_schema=None,
-        _ordered_binding_uids=None,
+        **dict.fromkeys(_READ_WHEN_NEEDED),
     )
     for tensor, field, value in layouts:
         object.__setattr__(tensor, field, value)  # the graph is frozen after validation, as the frontend's own sync finds it
