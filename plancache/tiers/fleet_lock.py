@@ -145,18 +145,26 @@ class FleetLock:
         token = secrets.token_hex(16).encode()  # only the owner's token renews or releases the lock
         pause = _POLL_FIRST
         waited = False
-        attempted: list[bool] = []  # whether the last attempt was sent (not skipped while backing off)
+        unanswered: list[bool] = []  # the last attempt was sent and Redis did not answer it
 
         def acquire() -> Any:
-            attempted.append(True)
-            return self._acquire(keys=[entry_name, lock.name], args=[token, self._px])
+            from redis.exceptions import ResponseError
+
+            unanswered.append(True)
+            try:
+                result = self._acquire(keys=[entry_name, lock.name], args=[token, self._px])
+            except ResponseError:  # Redis answered, refusing it (full, read-only): no lock was set
+                unanswered.clear()
+                raise
+            unanswered.clear()
+            return result
 
         while True:
             sent = time.monotonic()
-            attempted.clear()
+            unanswered.clear()
             result = self._call("lock", acquire, "normal")
             if result is None:  # down, backing off, or refused (a full Redis): no coordination
-                if attempted:
+                if unanswered:
                     self._unclaim(lock, token, sent)
                 return _Take.DOWN, sent
             if result == 3:
