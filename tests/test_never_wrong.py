@@ -324,6 +324,27 @@ def test_no_per_process_state_survives_into_a_forked_child(make_cache: MakeCache
     assert os.waitstatus_to_exitcode(status) == 0, "the child kept state of its parent's, or waited for its locks"
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_the_judge_held_its_forms_lock_still_judges() -> None:
+    """The judge's forms (kept per key across lookups) are a module's; a thread of the
+    parent holding their lock at the fork must not stop the child's first judgement."""
+    from plancache.key import describe
+    from plancache.store import judge
+
+    description = describe(EXAMPLES["conv_bias_relu"].graph())
+    with judge._FORMS_LOCK.get():
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(10)  # a child that waits for the parent's lock is ended, and the test fails
+                code = 0 if judge.form_of("e" * 64, description).nodes else 2
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child waited for the lock its parent held at the fork"
+
+
 # ---------------------------------------------------------------------------- launch checks
 
 

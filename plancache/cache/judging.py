@@ -33,7 +33,7 @@ __all__ = ["JUDGING_MODULES", "Judging", "code_version"]
 JUDGING_MODULES = ("plancache.formats.ubjson", "plancache.formats.plan_blob", "plancache.formats.plan_graph",
                    "plancache.key.frontend_form", "plancache.key.description", "plancache.key.lowering",
                    "plancache.key.key", "plancache.store.judge", "plancache.store.kept",
-                   "plancache.guest.native.record")  # fmt: skip
+                   "plancache.store.per_process", "plancache.guest.native.record")  # fmt: skip
 
 
 @functools.cache

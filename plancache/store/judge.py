@@ -33,6 +33,7 @@ from typing import Any
 from ..formats.plan_blob import PlanBlob
 from ..formats.plan_graph import BlobNode, BlobTensor, PlanGraph, float_bits, read_graph, written
 from ..key.frontend_form import F32, FormNode, FormTensor, FrontendForm, Layouts, TensorKind, frontend_form
+from .per_process import PerProcess
 
 __all__ = ["ANOTHER_GRAPH", "Judgement", "form_of", "judge"]
 
@@ -51,7 +52,7 @@ class Judgement:
 
 
 _FORMS: OrderedDict[str, FrontendForm] = OrderedDict()
-_FORMS_LOCK = threading.Lock()
+_FORMS_LOCK = PerProcess(threading.Lock)  # the forms are shared with a forked child; the lock is not
 _FORMS_KEPT = 256
 
 
@@ -59,13 +60,13 @@ def form_of(key: str, description: Mapping[str, Any]) -> FrontendForm:
     """The frontend form of ``description``, kept per key: call it only once the key is
     known to be the hash of this description (``store.entry`` checks that first), so one
     key has one form."""
-    with _FORMS_LOCK:
+    with _FORMS_LOCK.get():
         form = _FORMS.get(key)
         if form is not None:
             _FORMS.move_to_end(key)
             return form
     form = frontend_form(description)
-    with _FORMS_LOCK:
+    with _FORMS_LOCK.get():
         _FORMS[key] = form
         while len(_FORMS) > _FORMS_KEPT:
             _FORMS.popitem(last=False)
