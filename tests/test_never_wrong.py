@@ -324,6 +324,30 @@ def test_no_per_process_state_survives_into_a_forked_child(make_cache: MakeCache
     assert os.waitstatus_to_exitcode(status) == 0, "the child kept state of its parent's, or waited for its locks"
 
 
+def test_a_slow_first_make_holds_up_no_other_per_process_value() -> None:
+    """One holder's first value may take long to make (the cuDNN driver asks CUDA whether a
+    device is usable); meanwhile another thread's first ``get`` of any other holder (a
+    lookup's memory tier, say) goes on, and two threads of one holder get one value."""
+    from plancache.store.per_process import PerProcess
+
+    release = threading.Event()
+    slow = PerProcess(lambda: release.wait(10))
+    got: list[bool] = []
+    asking = threading.Thread(target=lambda: got.append(slow.get()))
+    asking.start()
+    try:
+        time.sleep(0.05)  # the thread is inside the slow make
+        started = time.monotonic()
+        other = PerProcess(threading.Lock)
+        first = other.get()
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+        asking.join()
+    assert waited < 1.0, f"a first get waited {waited:.1f} s for another holder's make"
+    assert other.get() is first and got == [True] and slow.get() is True
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_child_forked_while_the_judge_held_its_forms_lock_still_judges() -> None:
     """The judge's forms (kept per key across lookups) are a module's; a thread of the

@@ -33,14 +33,16 @@ T = TypeVar("T")
 
 #: How many forks lie between the first process and this one (bumped in each child).
 _forks = 0
-#: Taken while a value is made, so that two threads of a child make one value, not two.
-_making = threading.RLock()
+#: Taken to publish a value just made, so that every thread of a process gets the same one.
+#: Not held while a value is made: a slow make (one asks CUDA whether a device is usable)
+#: would hold up every other holder's first ``get`` in the process, a lookup's included.
+_publishing = threading.Lock()
 
 
 def _in_child() -> None:
-    global _forks, _making
+    global _forks, _publishing
     _forks += 1
-    _making = threading.RLock()  # a thread of the parent may have held it at the fork
+    _publishing = threading.Lock()  # a thread of the parent may have held it at the fork
 
 
 if hasattr(os, "register_at_fork"):
@@ -48,8 +50,8 @@ if hasattr(os, "register_at_fork"):
 
 
 class PerProcess(Generic[T]):
-    """``make()``, once per process: made at the first ``get`` of each process (a forked
-    child's first ``get`` makes its own; the parent's value is never returned there)."""
+    """``make()``'s value for this process: made at the first ``get`` of each process (a
+    forked child's first ``get`` makes its own; the parent's value is never returned there)."""
 
     __slots__ = ("_forks", "_make", "_value")
 
@@ -65,13 +67,16 @@ class PerProcess(Generic[T]):
 
     def set(self, value: T) -> None:
         """Make ``value`` this process's (a forked child's first ``get`` makes its own)."""
-        with _making:
+        with _publishing:
             self._value = value
             self._forks = _forks
 
     def _made(self) -> T:
-        with _making:  # re-entrant: a make may get another holder's value
+        # Two threads of a process may both make a value at its first get (a make has no
+        # effect beyond its value); the first one published is the one every thread gets.
+        value = self._make()
+        with _publishing:
             if self._forks != _forks:
-                self._value = self._make()  # then the count: a thread that sees the count sees this value
+                self._value = value  # then the count: a thread that sees the count sees this value
                 self._forks = _forks
             return self._value
