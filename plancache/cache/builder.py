@@ -151,7 +151,9 @@ _FLOAT, _BOOL, _TUPLE, _LIST, _DICT, _SET, _ENUM, _VALUE, _ARRAY, _FIELDS, _CALL
 _MAX_ARRAY_BYTES = 64 << 10
 
 
-def _part(value: Any, tensor_type: type[TensorLike] | tuple[()], tagged: bool, where: tuple[str, int | str]) -> tuple[object, bool]:
+def _part(
+    value: Any, tensor_type: type[TensorLike] | tuple[()], tagged: bool, where: tuple[str, int | str]
+) -> tuple[object, bool]:
     """One argument (or an item of one) as part of a signature, and whether it held a
     tensor; ``UnkeyableArgumentError`` for a value with no stable description. ``value``:
     Any, read by its exact type (``type(value) is float``), which mypy does not narrow by."""

@@ -194,7 +194,7 @@ class PlanCache:
                              counters=self.counters, warn=self._warn_once, max_plans=MEMORY_PLANS.given_or_env(max_plans, "max_plans"),
                              persist_kernel_cache=persist_kernel_cache)  # fmt: skip
         self._remote_flushed: dict[str, int] = {}
-        recorder_from_env(self)  # PLANCACHE_RECORD=path: record every graph into a manifest
+        recorder_from_env(self.add_recorder)  # PLANCACHE_RECORD=path: record every graph into a manifest
         if self.local.available and self.local.read_only:
             self._warn_once(
                 "read-only", "plancache: %s is read-only: stored plans are served, new ones stay in memory", self.directory

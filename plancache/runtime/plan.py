@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
 from ..config import StrEnum
 from ..errors import ExecutionError, TensorMismatchError
 from ..guest.backend import Backend, EngineChoice, Launch
