@@ -21,12 +21,15 @@ import dataclasses
 import enum
 import functools
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from ..errors import UnkeyableArgumentError
+from ..guest.backend import Backend
+from ..guest.tensors import TensorLike
 from ..key import BuildOptions
 from ..runtime.plan import Plan
+from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .counters import Count, Counters
 
@@ -35,31 +38,31 @@ class _Cache(Protocol):
     """What the decorator needs of a ``PlanCache`` (named here so that builder.py does not
     import cache.py, which imports it)."""
 
-    backend: Any
+    backend: Backend
     counters: Counters
-    local: Any  # the local tier: note_hit
+    local: LocalTier
 
     @property
-    def memory(self) -> LRU[Any, Plan]: ...
+    def memory(self) -> LRU[tuple[str, int], Plan]: ...
 
     def check_open(self) -> None: ...
 
-    def get(self, graph: Any, *, options: BuildOptions | None = None, tag: str | None = None) -> Plan: ...
+    def get(self, graph: object, *, options: BuildOptions | None = None, tag: str | None = None) -> Plan: ...
 
 
 __all__ = ["plan_builder"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def plan_builder(
-    cache: _Cache, func: F, options: BuildOptions | None, key: Callable[..., Any] | None, tag: str | None = None
+    cache: _Cache, func: F, options: BuildOptions | None, key: Callable[..., Hashable] | None, tag: str | None = None
 ) -> Callable[..., Plan]:
     """``func`` (which builds a pygraph) wrapped to return its plan, remembered per signature
     in an LRU as large as the cache's memory tier. ``tag``: passed to ``get`` for every
     graph (it stands for the callables a graph holds), and what lets a callable argument be
     keyed (by identity)."""
-    plans: LRU[Any, Plan] = LRU(cache.memory.capacity)  # a forked child's start empty, as the memory tier
+    plans: LRU[Hashable, Plan] = LRU(cache.memory.capacity)  # a forked child's start empty, as the memory tier
     current_device = cache.backend.current_device
     count = cache.counters.count
     note_hit = cache.local.note_hit
@@ -67,14 +70,13 @@ def plan_builder(
     name = getattr(func, "__qualname__", None) or repr(func)
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Plan:
+    def wrapper(*args: object, **kwargs: object) -> Plan:
         if key is not None:
-            signature: Any = key(*args, **kwargs)
+            signature: Hashable = key(*args, **kwargs)
         else:
-            signature, has_tensor = _signature(args, kwargs, tagged, name)
-            if not has_tensor:
-                # No tensor argument tells the device: the plan belongs to the current one.
-                signature = (*signature, current_device())
+            described, has_tensor = _signature(args, kwargs, tagged, name)
+            # No tensor argument tells the device: the plan belongs to the current one.
+            signature = described if has_tensor else (*described, current_device())
         plan = plans.get(signature)
         if plan is None:
             plan = cache.get(func(*args, **kwargs), options=options, tag=tag)  # refused once the cache is closed
@@ -89,7 +91,7 @@ def plan_builder(
     return wrapper
 
 
-_tensor_type: Any = None
+_tensor_type: type[TensorLike] | None = None
 _KWARGS = object()
 #: Arguments that are their own exact description: no two values of these types are
 #: equal unless they are the same value (``1 == 1.0 == True`` is why float and bool are
@@ -99,21 +101,22 @@ _EXACT = frozenset({int, str, bytes, type(None)})
 
 
 def _signature(
-    args: tuple[Any, ...], kwargs: Mapping[str, Any], tagged: bool = False, builder: str = "builder"
-) -> tuple[tuple[Any, ...], bool]:
+    args: tuple[object, ...], kwargs: Mapping[str, object], tagged: bool = False, builder: str = "builder"
+) -> tuple[tuple[object, ...], bool]:
     """What a builder's result depends on, as a hashable value two calls share only when
     every argument is keyed alike (the module's docstring says how), and whether any
     argument was a tensor. Raises ``UnkeyableArgumentError`` for an argument with no stable
     value."""
     global _tensor_type
-    tensor_type = _tensor_type
+    tensor_type: type[TensorLike] | tuple[()] | None = _tensor_type
     if tensor_type is None:
         torch = sys.modules.get("torch")
-        tensor_type = () if torch is None else torch.Tensor
-        if torch is not None:
-            _tensor_type = tensor_type  # resolved once torch is loaded
+        if torch is None:
+            tensor_type = ()
+        else:
+            tensor_type = _tensor_type = torch.Tensor  # resolved once torch is loaded
     has_tensor = False
-    signature: list[Any] = []
+    signature: list[object] = []
     for a in args:
         if isinstance(a, tensor_type):
             signature.append((a.shape, a.stride(), a.dtype, a.device))
@@ -148,9 +151,12 @@ _FLOAT, _BOOL, _TUPLE, _LIST, _DICT, _SET, _ENUM, _VALUE, _ARRAY, _FIELDS, _CALL
 _MAX_ARRAY_BYTES = 64 << 10
 
 
-def _part(value: Any, tensor_type: Any, tagged: bool, where: tuple[str, Any]) -> tuple[Any, bool]:
+def _part(
+    value: Any, tensor_type: type[TensorLike] | tuple[()], tagged: bool, where: tuple[str, int | str]
+) -> tuple[object, bool]:
     """One argument (or an item of one) as part of a signature, and whether it held a
-    tensor; ``UnkeyableArgumentError`` for a value with no stable description."""
+    tensor; ``UnkeyableArgumentError`` for a value with no stable description. ``value``:
+    Any, read by its exact type (``type(value) is float``), which mypy does not narrow by."""
     kind = type(value)
     if kind in _EXACT:
         return value, False
@@ -204,7 +210,7 @@ def _part(value: Any, tensor_type: Any, tagged: bool, where: tuple[str, Any]) ->
     raise _unkeyable(value, where, "an object with no stable value: make it a frozen dataclass")
 
 
-def _unkeyable(value: Any, where: tuple[str, Any], why: str) -> UnkeyableArgumentError:
+def _unkeyable(value: object, where: tuple[str, int | str], why: str) -> UnkeyableArgumentError:
     builder, argument = where
     named = f"argument {argument + 1}" if isinstance(argument, int) else f"argument {argument!r}"
     return UnkeyableArgumentError(

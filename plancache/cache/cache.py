@@ -27,9 +27,9 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, overload
 
 from ..autotuning.autotune import TimingPolicy
 from ..config import (
@@ -48,8 +48,10 @@ from ..config import (
 from ..config import tag as config_tag
 from ..errors import PlanCacheError
 from ..guest.backend import Backend, Load
+from ..guest.tensors import TensorLike
 from ..key import BuildOptions, CacheKey
 from ..runtime.plan import Plan
+from ..store import Store
 from ..store.per_process import PerProcess
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
@@ -60,10 +62,14 @@ from .lookup import Lookup
 from .priming import Primer, app_name
 from .recording import recorder_from_env
 
+if TYPE_CHECKING:
+    from ..tiers.remote import RemoteTier
+
 __all__ = ["PlanCache"]
 
 log = logging.getLogger("plancache")
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
+D = TypeVar("D", BuildOptions, None)
 
 
 def _default_backend() -> Backend:
@@ -72,19 +78,20 @@ def _default_backend() -> Backend:
     return CudnnBackend()
 
 
-def _options_of(options: Any, default: BuildOptions | None, where: str) -> Any:
+def _options_of(options: object, default: D, where: str) -> BuildOptions | D:
     """``options=`` of the constructor, ``get`` or ``builder``: a ``BuildOptions``, or None
     for ``default``."""
     if options is None:
         return default
-    return argument(where, options, instance_of(BuildOptions, "pass BuildOptions(policy=..., top_k=...)"))
+    checked: BuildOptions = argument(where, options, instance_of(BuildOptions, "pass BuildOptions(policy=..., top_k=...)"))
+    return checked
 
 
-def _tag_of(tag: Any) -> str | None:
+def _tag_of(tag: object) -> str | None:
     return None if tag is None else argument("tag", tag, config_tag)  # describe() raised a bare TypeError
 
 
-def _keys_of(keys: Any) -> list[str]:
+def _keys_of(keys: object) -> list[str]:
     """``preload(keys=)``: keys, each text. A key alone is text too, whose characters are no
     keys (each would be reported missing)."""
     listed = None if isinstance(keys, (str, bytes)) else list(keys) if isinstance(keys, Iterable) else None
@@ -99,7 +106,7 @@ _DEVICE = whole_number(0, "a device index")
 _BACKEND_METHODS = ("environment", "current_device", "plans", "load")
 
 
-def _backend_of(backend: Any) -> None:
+def _backend_of(backend: object) -> None:
     hint = "pass an instance, such as backend=plancache.testing.CpuTestBackend(), or leave it out for cuDNN"
     if isinstance(backend, (type, str)) or not all(callable(getattr(backend, m, None)) for m in _BACKEND_METHODS):
         what = "a class" if isinstance(backend, type) else "text" if isinstance(backend, str) else f"a {type(backend).__name__}"
@@ -107,7 +114,7 @@ def _backend_of(backend: Any) -> None:
                           value=backend)  # fmt: skip
 
 
-def _remote_from_env() -> Any:
+def _remote_from_env() -> RemoteTier | None:
     """The Redis tier when ``PLANCACHE_REDIS_URL`` is set (redis is imported only then)."""
     if REDIS_URL.from_env() is None:
         return None
@@ -153,7 +160,7 @@ class PlanCache:
         max_plans: int | None = None,
         lock_timeout: float = 900.0,
         persist_kernel_cache: bool = False,
-        remote: Any = None,
+        remote: RemoteTier | None = None,
         auto_prime: bool | None = None,
         app: str | None = None,
     ) -> None:
@@ -187,7 +194,7 @@ class PlanCache:
                              counters=self.counters, warn=self._warn_once, max_plans=MEMORY_PLANS.given_or_env(max_plans, "max_plans"),
                              persist_kernel_cache=persist_kernel_cache)  # fmt: skip
         self._remote_flushed: dict[str, int] = {}
-        recorder_from_env(self)  # PLANCACHE_RECORD=path: record every graph into a manifest
+        recorder_from_env(self.add_recorder)  # PLANCACHE_RECORD=path: record every graph into a manifest
         if self.local.available and self.local.read_only:
             self._warn_once(
                 "read-only", "plancache: %s is read-only: stored plans are served, new ones stay in memory", self.directory
@@ -228,20 +235,20 @@ class PlanCache:
             raise PlanCacheError(f"the plan cache in {self.directory} is closed", path=str(self.directory))
 
     @property
-    def store(self) -> Any:
+    def store(self) -> Store | None:
         """The SQLite ``Store`` of this cache (None when it could not be opened)."""
         return self.local.store
 
     @property
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> dict[str, object]:
         """The environment fingerprint of the calling thread's current device."""
         return self.environment_of(self.backend.current_device())
 
-    def environment_of(self, device: int) -> dict[str, Any]:
+    def environment_of(self, device: int) -> dict[str, object]:
         """The environment fingerprint of ``device``."""
         return dict(self.lookup.environment(device)[0])
 
-    def key(self, graph: Any, options: BuildOptions | None = None, *, device: int | None = None,
+    def key(self, graph: object, options: BuildOptions | None = None, *, device: int | None = None,
             tag: str | None = None) -> CacheKey:  # fmt: skip
         """The key ``graph`` is stored under on ``device`` (default: the current one), with
         ``tag`` as ``get`` takes it; ``key.explain()`` shows each part."""
@@ -249,7 +256,7 @@ class PlanCache:
         device = self.backend.current_device() if device is None else argument("key(device)", device, _DEVICE)
         return self.lookup.key(graph, options, device, _tag_of(tag))
 
-    def get(self, graph: Any, *, options: BuildOptions | None = None, inputs: Mapping[int, Any] | None = None,
+    def get(self, graph: object, *, options: BuildOptions | None = None, inputs: Mapping[int, TensorLike] | None = None,
             load: Load | None = None, tag: str | None = None) -> Plan:  # fmt: skip
         """A ready plan for ``graph`` on the current device: from memory, from the store,
         from the fleet, or autotuned now. The plan takes the names of ``graph``.
@@ -266,7 +273,7 @@ class PlanCache:
         self.check_open()
         return self.lookup.get(graph, _options_of(options, self.options, "get(options)"), inputs, load, _tag_of(tag))
 
-    def tune(self, graph: Any, *, options: BuildOptions | None = None, tag: str | None = None) -> Plan:
+    def tune(self, graph: object, *, options: BuildOptions | None = None, tag: str | None = None) -> Plan:
         """Autotune ``graph`` again with no time budget and store the choice in place of its
         entry (``plancache tune`` calls it for entries whose miss stopped at the budget,
         ``PLANCACHE_AUTOTUNE_BUDGET``). Later lookups of other processes get the new plan.
@@ -277,8 +284,14 @@ class PlanCache:
         key, names = self.lookup.key_and_names(graph, options, device, _tag_of(tag))
         return self.lookup.retune(graph, key, options, device).named(names)
 
-    def builder(self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Any] | None = None,
-                tag: str | None = None) -> Any:  # fmt: skip
+    @overload
+    def builder(self, fn: F, *, options: BuildOptions | None = None, key: Callable[..., Hashable] | None = None,
+                tag: str | None = None) -> Callable[..., Plan]: ...  # fmt: skip
+    @overload
+    def builder(self, fn: None = None, *, options: BuildOptions | None = None, key: Callable[..., Hashable] | None = None,
+                tag: str | None = None) -> Callable[[F], Callable[..., Plan]]: ...  # fmt: skip
+    def builder(self, fn: F | None = None, *, options: BuildOptions | None = None, key: Callable[..., Hashable] | None = None,
+                tag: str | None = None) -> Callable[..., Plan] | Callable[[F], Callable[..., Plan]]:  # fmt: skip
         """Decorate a function that builds a ``cudnn.pygraph`` from its arguments.
 
         The decorated function returns a ``Plan``. Calls whose arguments are keyed alike
@@ -304,7 +317,7 @@ class PlanCache:
             return plan_builder(self, fn, options, key, tag)
         return lambda func: plan_builder(self, func, options, key, tag)
 
-    def preload(self, keys: Iterable[str] | None = None) -> dict[str, Any]:
+    def preload(self, keys: Iterable[str] | None = None) -> dict[str, object]:
         """Load stored plans of the current device into memory before the first step, so
         later ``get`` calls find them without touching the store or cuDNN's deserializer.
 
@@ -317,7 +330,7 @@ class PlanCache:
         keys = self.local.entries_of(self.lookup.environment(device)[1]) if keys is None else _keys_of(keys)
         return self.lookup.preload(keys, device)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """This process's counters, the store's totals, and the remote tier's counters;
         ``native_fallbacks``: plans loaded through the frontend's path instead of cuDNN's C
         API (with the reasons); ``unstored_plans``: the plans this process built but did not
@@ -325,7 +338,7 @@ class PlanCache:
         ``judge_disagreement``: the first reason the judge gave for refusing a plan just built
         (None: it refused none)."""
         fallbacks = dict(getattr(self.backend, "native_fallbacks", None) or {})
-        data: dict[str, Any] = {"process": {**self.counters, "memory_plans": len(self.memory), "memory_evicted": self.memory.evicted,
+        data: dict[str, object] = {"process": {**self.counters, "memory_plans": len(self.memory), "memory_evicted": self.memory.evicted,
                                             "native_fallbacks": sum(fallbacks.values()), "native_fallback_reasons": fallbacks},
                                 "store": self.local.stats()}  # fmt: skip
         data["unstored_plans"] = self.lookup.unstored.report()
@@ -359,13 +372,13 @@ class PlanCache:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add_recorder(self, record: Callable[[Any, CacheKey], None]) -> None:
+    def add_recorder(self, record: Callable[[object, CacheKey], None]) -> None:
         """Call ``record(graph, key)`` for every graph looked up (used to write manifests)."""
         self.lookup.recorders.append(record)
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _warn_once(self, topic: str, message: str, *args: Any) -> None:
+    def _warn_once(self, topic: str, message: str, *args: object) -> None:
         if topic not in self._warned:
             self._warned.add(topic)
             log.warning(message, *args)
@@ -393,7 +406,7 @@ def _lock_directory(local: LocalTier) -> Path | None:
     return local.directory / "locks" if writable else None
 
 
-def _beside(work: Callable[..., None], *args: Any) -> None:
+def _beside(work: Callable[..., None], *args: object) -> None:
     """Run ``work(*args)`` on a daemon thread beside the program. Where no thread can be
     started (a limit on threads), nothing is lost: the first lookup does that work."""
     with contextlib.suppress(RuntimeError):

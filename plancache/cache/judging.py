@@ -16,7 +16,6 @@ import hashlib
 import importlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ..formats.plan_blob import PlanBlob
 from ..guest.backend import Backend
@@ -58,7 +57,7 @@ class Judging:
         self.backend = backend
         self.local = local
 
-    def judge(self, entry: Entry, environment: Mapping[str, Any] | None = None, env_id: str | None = None,
+    def judge(self, entry: Entry, environment: Mapping[str, object] | None = None, env_id: str | None = None,
               key: CacheKey | None = None, blob: PlanBlob | None = None) -> Sound | Unsound:  # fmt: skip
         """``store.judged`` of ``entry`` (``blob``: its bytes as the caller read them), the
         judgement kept in its row standing in for the judge's reading of the blob where it is

@@ -22,7 +22,6 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any
 
 from ..key import BuildOptions, CacheKey, describe, make_key
 from ..key.state import GraphState
@@ -51,10 +50,10 @@ class GraphKeys:
     """Keys and names of graph objects, each computed once per state of the graph."""
 
     def __init__(self) -> None:
-        self._known: weakref.WeakKeyDictionary[Any, _Known] = weakref.WeakKeyDictionary()
+        self._known: weakref.WeakKeyDictionary[object, _Known] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # WeakKeyDictionary's writes are not safe from two threads
 
-    def key(self, graph: Any, options: BuildOptions, environment: Mapping[str, Any], env_id: str, environment_json: str,
+    def key(self, graph: object, options: BuildOptions, environment: Mapping[str, object], env_id: str, environment_json: str,
             tag: str | None) -> tuple[CacheKey, dict[str, int]]:  # fmt: skip
         """The key of ``graph`` and its names (``{name: uid}``)."""
         memo = (tag, options, env_id)
@@ -82,7 +81,7 @@ class GraphKeys:
         return found
 
     @staticmethod
-    def _compute(graph: Any, options: BuildOptions, environment: Mapping[str, Any], environment_json: str,
+    def _compute(graph: object, options: BuildOptions, environment: Mapping[str, object], environment_json: str,
                  tag: str | None) -> tuple[CacheKey, dict[str, int]]:  # fmt: skip
         key = make_key(describe(graph, tag), environment, options, environment_json=environment_json)
         return key, names_of(graph)

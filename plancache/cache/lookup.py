@@ -15,13 +15,14 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..autotuning.autotune import AutotuneResult, TimingPolicy, autotune
 from ..autotuning.candidates import Candidates
 from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadError
 from ..formats.plan_blob import PlanBlob
 from ..guest.backend import Backend, BuiltPlan, EngineChoice, Load
+from ..guest.tensors import TensorLike
 from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id, options_json
 from ..runtime.plan import Plan, PlanSource
 from ..store import NEVER_CHECKED, Entry, Sound, Unsound, held_to, sha256, summarize
@@ -35,6 +36,9 @@ from .kernel_cache import KernelCache
 from .keys import GraphKeys
 from .loads import Loads
 from .unstored import Unstored, Why
+
+if TYPE_CHECKING:
+    from ..tiers.remote import RemoteTier
 
 __all__ = ["Lookup", "Primed", "Priming", "Unserved", "Verdict"]
 
@@ -111,7 +115,7 @@ class Lookup:
     tiers, or repaired or built inside the key's single flight. Owns the memory tier, the
     stored tiers, the flight and the environment of each device."""
 
-    def __init__(self, *, backend: Backend, timing: TimingPolicy, local: LocalTier, flight: SingleFlight, remote: Any,
+    def __init__(self, *, backend: Backend, timing: TimingPolicy, local: LocalTier, flight: SingleFlight, remote: RemoteTier | None,
                  counters: Counters, warn: Callable[..., None], max_plans: int, persist_kernel_cache: bool) -> None:  # fmt: skip
         self.backend = backend
         self.timing = timing
@@ -125,9 +129,9 @@ class Lookup:
         self.unstored = Unstored(backend, counters, local, warn)  # plans built and never stored, and why
         self.judging = Judging(backend, local)  # with the judgements kept in the store, and keeping them
         #: ``record(graph, key)`` for every graph looked up (manifests, ``PLANCACHE_RECORD``).
-        self.recorders: list[Callable[[Any, CacheKey], None]] = []
+        self.recorders: list[Callable[[object, CacheKey], None]] = []
         self.closed = False
-        self._environments: dict[int, tuple[dict[str, Any], str]] = {}
+        self._environments: dict[int, tuple[dict[str, object], str]] = {}
         self._environment_json: dict[str, str] = {}
         self._process = PerProcess(_Process)
 
@@ -152,7 +156,7 @@ class Lookup:
 
     # ------------------------------------------------------------------ the key and memory
 
-    def environment(self, device: int) -> tuple[dict[str, Any], str]:
+    def environment(self, device: int) -> tuple[dict[str, object], str]:
         """The environment of ``device`` and its id (asked of the backend once per device)."""
         found = self._environments.get(device)
         if found is None:
@@ -164,18 +168,18 @@ class Lookup:
             self._environments[device] = found
         return found
 
-    def key(self, graph: Any, options: BuildOptions, device: int, tag: str | None = None) -> CacheKey:
+    def key(self, graph: object, options: BuildOptions, device: int, tag: str | None = None) -> CacheKey:
         """The key ``graph`` is stored under on ``device`` (``tag``: for the callables it holds)."""
         return self.key_and_names(graph, options, device, tag)[0]
 
-    def key_and_names(self, graph: Any, options: BuildOptions, device: int,
+    def key_and_names(self, graph: object, options: BuildOptions, device: int,
                       tag: str | None = None) -> tuple[CacheKey, dict[str, int]]:  # fmt: skip
         """The key of ``graph`` on ``device`` and its names (``{name: uid}``), computed once
         while the graph object is unchanged."""
         environment, env_id = self.environment(device)
         return self._process.get().keys.key(graph, options, environment, env_id, self._environment_json[env_id], tag)
 
-    def get(self, graph: Any, options: BuildOptions, inputs: Mapping[int, Any] | None = None, load: Load | None = None,
+    def get(self, graph: object, options: BuildOptions, inputs: Mapping[int, TensorLike] | None = None, load: Load | None = None,
             tag: str | None = None) -> Plan:  # fmt: skip
         """``PlanCache.get``: the plan of ``graph`` on the current device, under its names."""
         device = self.backend.current_device()
@@ -200,8 +204,8 @@ class Lookup:
 
     # ------------------------------------------------------------------ below memory
 
-    def resolve(self, graph: Any, key: CacheKey, names: Mapping[str, int], options: BuildOptions, device: int,
-                inputs: Mapping[int, Any] | None, load: Load | None = None) -> Plan:  # fmt: skip
+    def resolve(self, graph: object, key: CacheKey, names: Mapping[str, int], options: BuildOptions, device: int,
+                inputs: Mapping[int, TensorLike] | None, load: Load | None = None) -> Plan:  # fmt: skip
         slot = (key.digest, device)
         started = time.monotonic()  # one lock_timeout for every wait of this lookup
         with self.loads.claim(slot, self.memory, started + self.flight.timeout) as plan:
@@ -217,7 +221,7 @@ class Lookup:
                 return plan
         return plan.named(names)  # another thread's, under its graph's names
 
-    def prime(self, digest: str, environment: Mapping[str, Any], device: int, *, stop: threading.Event | None = None,
+    def prime(self, digest: str, environment: Mapping[str, object], device: int, *, stop: threading.Event | None = None,
               marks: dict[str, tuple[float, float]] | None = None, entry: Entry | None = None,
               ahead: Sound | Unsound | None = None) -> Primed:  # fmt: skip
         """Load the stored plan ``digest`` onto ``device`` into memory ahead of its lookup.
@@ -252,28 +256,30 @@ class Lookup:
                 return Primed(Priming.PRIMED)
             return Primed(Priming.SKIPPED, outcome.reason)
 
-    def _from_stored_tiers(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int,
+    def _from_stored_tiers(self, key: CacheKey, environment: Mapping[str, object], env_id: str, device: int,
                            load: Load | None) -> Plan | None:  # fmt: skip
         """A sound stored plan from the local store, else from the fleet (then stored
         locally); None otherwise. Reads only: an unsound entry is just a miss here."""
         outcome = self.serve_stored(key.digest, environment, device, load=load, key=key)
         return outcome if isinstance(outcome, Plan) else self._from_remote(key, environment, env_id, device, load)
 
-    def _from_remote(self, key: CacheKey, environment: dict[str, Any], env_id: str, device: int,
+    def _from_remote(self, key: CacheKey, environment: Mapping[str, object], env_id: str, device: int,
                      load: Load | None) -> Plan | None:  # fmt: skip
         """A sound plan from the fleet, stored locally, then loaded; None without one."""
         if self.remote is None:
             return None
         entry = self.remote.get(key.digest, env_id)
-        verdict = self.judging.judge(entry, environment, env_id) if entry is not None else None
+        if entry is None:
+            return None
+        verdict = self.judging.judge(entry, environment, env_id)
         if not isinstance(verdict, Sound) or not verdict.entry.checked:
             return None
         self.local.put(entry)
         loaded = self._load(verdict, device, load=load)
         return loaded if isinstance(loaded, Plan) else None
 
-    def _repair_or_build(self, graph: Any, key: CacheKey, options: BuildOptions, device: int,
-                         inputs: Mapping[int, Any] | None, load: Load | None) -> Plan:  # fmt: skip
+    def _repair_or_build(self, graph: object, key: CacheKey, options: BuildOptions, device: int,
+                         inputs: Mapping[int, TensorLike] | None, load: Load | None) -> Plan:  # fmt: skip
         """Inside the key's single flight: serve what this machine or the fleet stored
         meanwhile, repair an unsound entry, or autotune."""
         environment, env_id = self.environment(device)
@@ -297,34 +303,35 @@ class Lookup:
                 return plan
         return self._build(graph, key, options, inputs, device, load=load)
 
-    def preload(self, keys: Iterable[str], device: int) -> dict[str, Any]:
+    def preload(self, keys: Iterable[str], device: int) -> dict[str, object]:
         """``PlanCache.preload``: each key loaded into memory (once, with the primer and
         lookups, through the load claims), an unsound entry of this environment quarantined
         inside its flight. ``{"loaded", "missing", "failed": {key: reason}, "seconds"}``."""
         started = time.perf_counter()
         environment, env_id = self.environment(device)
-        report: dict[str, Any] = {"loaded": [], "missing": [], "failed": {}}
+        loaded: list[str] = []
+        missing: list[str] = []
+        failed: dict[str, str] = {}
         for digest in keys:
             slot = (digest, device)
             with self.loads.claim(slot, self.memory) as plan, self.backend.guest(device):
                 outcome = plan if plan is not None else self.serve_stored(digest, environment, device)
                 if isinstance(outcome, Plan):
                     self.memory.put(slot, outcome)
-                    report["loaded"].append(digest)
+                    loaded.append(digest)
                 elif outcome.verdict is Verdict.ABSENT:
-                    report["missing"].append(digest)
+                    missing.append(digest)
                 elif outcome.entry is not None and outcome.entry.environment != environment:
-                    report["failed"][digest] = "entry belongs to another environment"  # kept for its own machines
+                    failed[digest] = "entry belongs to another environment"  # kept for its own machines
                 elif not outcome.quarantine:
-                    report["failed"][digest] = outcome.reason  # kept: its lookup chooses it again, or loads it later
+                    failed[digest] = outcome.reason  # kept: its lookup chooses it again, or loads it later
                 else:
                     with self.flight.hold(digest, env_id):
                         self.quarantine_if_unchanged(digest, outcome.entry, outcome.reason)
-                    report["failed"][digest] = outcome.reason
-        report["seconds"] = time.perf_counter() - started
-        return report
+                    failed[digest] = outcome.reason
+        return {"loaded": loaded, "missing": missing, "failed": failed, "seconds": time.perf_counter() - started}
 
-    def serve_stored(self, digest: str, environment: Mapping[str, Any], device: int, *, count_hit: bool = True,
+    def serve_stored(self, digest: str, environment: Mapping[str, object], device: int, *, count_hit: bool = True,
                      load: Load | None = None, marks: dict[str, tuple[float, float]] | None = None,
                      entry: Entry | None = None, key: CacheKey | None = None, details: bool = False,
                      ahead: Sound | Unsound | None = None) -> Plan | Unserved:  # fmt: skip
@@ -356,11 +363,11 @@ class Lookup:
             marks["judge" if given else "read"] = (started, time.perf_counter())
         return self._load(verdict, device, count_hit=count_hit, load=load, marks=marks)
 
-    def _known(self, device: int, key: CacheKey | None) -> dict[str, tuple[str, Any]]:
+    def _known(self, device: int, key: CacheKey | None) -> dict[str, tuple[str, object]]:
         """The columns of a row that the lookup has decoded already: ``(text, value)`` of the
         device's environment, and of the key's graph and options (see ``Entry.from_row``)."""
         environment, env_id = self.environment(device)
-        known = {"environment_json": (self._environment_json[env_id], environment)}
+        known: dict[str, tuple[str, object]] = {"environment_json": (self._environment_json[env_id], environment)}
         if key is not None and key.texts:
             known["graph_json"] = (key.texts["graph"], key.parts["graph"])
             known["options_json"] = (key.texts["options"], key.parts["options"])
@@ -421,7 +428,7 @@ class Lookup:
                                device, load)  # fmt: skip
         return self._plan(key.digest, native, built.tensors, built.workspace_size, built.engine, PlanSource.REBUILT, device)
 
-    def retune(self, graph: Any, key: CacheKey, options: BuildOptions, device: int) -> Plan:
+    def retune(self, graph: object, key: CacheKey, options: BuildOptions, device: int) -> Plan:
         """Autotune ``graph`` again without a budget, inside the key's single flight; the
         choice replaces the stored entry and this process's plan in memory."""
         _, env_id = self.environment(device)
@@ -430,7 +437,7 @@ class Lookup:
         self.memory.put((key.digest, device), plan)
         return plan
 
-    def _build(self, graph: Any, key: CacheKey, options: BuildOptions, inputs: Mapping[int, Any] | None, device: int,
+    def _build(self, graph: object, key: CacheKey, options: BuildOptions, inputs: Mapping[int, TensorLike] | None, device: int,
                persist: bool = True, load: Load | None = None, budget: float | None = None) -> Plan:  # fmt: skip
         self.counters.count(Count.MISSES)
         started = time.perf_counter()
@@ -475,9 +482,9 @@ class Lookup:
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, PlanSource.UNPERSISTED,
                           device)  # fmt: skip
 
-    def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, Any]],
-                 timing: dict[str, Any], build_seconds: float, autotune_seconds: float,
-                 check: dict[str, Any] | None, device: int, load: Load | None) -> Any:  # fmt: skip
+    def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, object]],
+                 timing: dict[str, object], build_seconds: float, autotune_seconds: float,
+                 check: dict[str, object] | None, device: int, load: Load | None) -> object:  # fmt: skip
         """Store ``built`` once it loaded back from its blob and the judge accepts it as every
         later lookup will judge it; returns what this process runs: the plan loaded back
         (launched as every later process launches it), else the plan as built. A plan that
@@ -500,14 +507,14 @@ class Lookup:
             self.remote.put(entry)  # inside the fleet lock: nodes waiting on it find the plan
         return loaded
 
-    def _plan(self, digest: str, native: Any, tensors: list[TensorSpec], workspace: int, engine: EngineChoice | None,
+    def _plan(self, digest: str, native: object, tensors: list[TensorSpec], workspace: int, engine: EngineChoice | None,
               source: PlanSource, device: int) -> Plan:  # fmt: skip
         return Plan(key=digest, backend=self.backend, native=native, tensors=tensors, workspace_size=workspace,
                     engine=engine, source=source, device=device)  # fmt: skip
 
 
-def _entry(key: CacheKey, built: BuiltPlan, backend: str, policy: str, candidates: list[dict[str, Any]],
-           timing: dict[str, Any], build_seconds: float, autotune_seconds: float, check: dict[str, Any] | None) -> Entry:  # fmt: skip
+def _entry(key: CacheKey, built: BuiltPlan, backend: str, policy: str, candidates: list[dict[str, object]],
+           timing: dict[str, object], build_seconds: float, autotune_seconds: float, check: dict[str, object] | None) -> Entry:  # fmt: skip
     """The stored form of a plan just built or rebuilt: the plan and everything about how it was made."""
     now = time.time()
     return Entry(
@@ -520,7 +527,7 @@ def _entry(key: CacheKey, built: BuiltPlan, backend: str, policy: str, candidate
     )  # fmt: skip
 
 
-def _engine_of(engine: Mapping[str, Any] | None) -> EngineChoice | None:
+def _engine_of(engine: Mapping[str, object] | None) -> EngineChoice | None:
     """The recorded engine and knobs, or None when absent or damaged (then: autotune)."""
     try:
         return EngineChoice.from_dict(engine) if engine else None

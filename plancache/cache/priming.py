@@ -44,11 +44,11 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from ..config import APP
 from ..store import Entry, Sound, Unsound
-from .lookup import Primed, Priming
+from .lookup import Lookup, Primed, Priming
 
 __all__ = ["DEVICE_WAIT_S", "THREADS", "Primer", "app_name"]
 
@@ -83,6 +83,16 @@ def app_name() -> str:
     return f"{name}#rank{rank}" if rank else name
 
 
+class PrimerReport(TypedDict):
+    """``Primer.report``: plans primed and loaded, those skipped (key -> why), seconds."""
+
+    primed: int
+    loaded: int
+    skipped: dict[str, str]
+    seconds: float
+    libraries_opened: NotRequired[int]
+
+
 class Primer(threading.Thread):
     """Loads stored plans into a cache's memory tier, in order, on a daemon thread.
 
@@ -93,15 +103,15 @@ class Primer(threading.Thread):
     the cache's opening). Priming is an optimization: it never raises and never writes.
     """
 
-    def __init__(self, lookup: Any, plans: Iterable[tuple[str, int]] | None = None) -> None:
+    def __init__(self, lookup: Lookup, plans: Iterable[tuple[str, int]] | None = None) -> None:
         super().__init__(name="plancache-primer", daemon=True)
         self.lookup = lookup  # the cache's Lookup: its store, backend and loads
         self.plans = list(plans) if plans is not None else None  # None: the app's latest run, read on the thread
-        self.report: dict[str, Any] = {"primed": 0, "loaded": 0, "skipped": {}, "seconds": 0.0}
+        self.report: PrimerReport = {"primed": 0, "loaded": 0, "skipped": {}, "seconds": 0.0}
         self.stopping = threading.Event()  # set by stop(): close() and interpreter exit
         self._lock = threading.Lock()
         self._asking = threading.Lock()  # held while a device's environment is asked for
-        self._environments: dict[int, dict[str, Any] | str] = {}
+        self._environments: dict[int, dict[str, object] | str] = {}
         self.opened = time.perf_counter()
         self._ready: dict[int, float] = {}  # device -> when its environment was known
         self._handles: dict[int, tuple[float, float]] = {}  # device -> when its cuDNN handle was made
@@ -208,10 +218,12 @@ class Primer(threading.Thread):
                 self._spans.append((digest, device, outcome, marks, entry.label if entry is not None else ""))
                 if outcome.outcome is Priming.SKIPPED:
                     report["skipped"][digest] = outcome.why
+                elif outcome.outcome is Priming.PRIMED:
+                    report["primed"] += 1
                 else:
-                    report[outcome.outcome.value] += 1
+                    report["loaded"] += 1
 
-    def _environment(self, device: int) -> dict[str, Any] | str:
+    def _environment(self, device: int) -> dict[str, object] | str:
         with self._lock:
             known = self._environments.get(device)
         if known is None:
@@ -226,7 +238,7 @@ class Primer(threading.Thread):
                         self._environments[device] = known
         return known
 
-    def timeline(self) -> dict[str, Any]:
+    def timeline(self) -> dict[str, object]:
         """What the primer did when, in seconds from the cache's opening: the opening of
         cuDNN's libraries, each device's readiness (its environment known, after the
         program set it up) and the making of its cuDNN handle, then each plan in the order
@@ -241,7 +253,7 @@ class Primer(threading.Thread):
         asked = dict(self.lookup.first_asked)
         plans = []
         for digest, device, outcome, marks, label in spans:
-            plan: dict[str, Any] = {"key": digest[:12], "label": label, "device": device, "outcome": str(outcome)}
+            plan: dict[str, object] = {"key": digest[:12], "label": label, "device": device, "outcome": str(outcome)}
             for stage, (start, end) in marks.items():
                 plan[stage] = [round(start - since, 4), round(end - since, 4)]
             first = asked.get((digest, device))
@@ -252,7 +264,7 @@ class Primer(threading.Thread):
                 "handle": {str(d): [round(s - since, 4), round(e - since, 4)] for d, (s, e) in handles.items()},
                 "plans": plans}  # fmt: skip
 
-    def _environment_of(self, device: int) -> dict[str, Any] | str:
+    def _environment_of(self, device: int) -> dict[str, object] | str:
         """The environment of ``device`` once the program uses it, or why its plans are
         skipped."""
         backend = self.lookup.backend

@@ -17,7 +17,6 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from ..config import RECORD, ConfigError, file_kind
 from ..key import BuildOptions, CacheKey, canonical_json
@@ -27,6 +26,8 @@ from ..store.per_process import PerProcess
 __all__ = ["MANIFEST_VERSION", "record_to", "recorder_from_env", "write_json"]
 
 log = logging.getLogger("plancache")
+#: ``record(graph, key)``, called for every graph a cache looks up (``PlanCache.add_recorder``).
+Recorder = Callable[[object, CacheKey], None]
 
 MANIFEST_VERSION = 1
 #: A recording read back before each append: some thousands of graphs are a few MiB, so a
@@ -48,7 +49,7 @@ def _kept_mode(path: Path) -> int:
     return stat.S_IMODE(mode)
 
 
-def write_json(path: Path, document: Mapping[str, Any]) -> None:
+def write_json(path: Path, document: Mapping[str, object]) -> None:
     """Write atomically (a reader never sees half a manifest), keeping the file's mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = _kept_mode(path)
@@ -79,14 +80,14 @@ class _Recorder:
     def _lock(self) -> threading.Lock:
         return self._locks.get()
 
-    def __call__(self, graph: Any, key: CacheKey) -> None:
+    def __call__(self, graph: object, key: CacheKey) -> None:
         if key.digest in self._seen:  # every lookup calls this: a set lookup when nothing is new
             return
         with self._lock:
             if key.digest in self._seen:
                 return
             self._seen.add(key.digest)
-            entry: dict[str, Any] = {"graph": key.parts["graph"]}
+            entry: dict[str, object] = {"graph": key.parts["graph"]}
             options = key.parts["options"]
             if options != BuildOptions().to_dict():
                 entry["options"] = {k: v for k, v in options.items() if not (k == "top_k" and v is None)}
@@ -97,22 +98,25 @@ class _Recorder:
                 # only: the lookup that asked for it, inside the caller's model, goes on.
                 log.warning("plancache: could not record graph %s in %s: %s", key.digest[:12], self.path, exc)
 
-    def _append(self, entry: dict[str, Any]) -> None:
+    def _append(self, entry: dict[str, object]) -> None:
         # Several processes of one job may record into one file: read, merge, replace under a
         # lock. The lock is the directory's own (flock), so no <file>.lock is left beside the
         # recording; closing the descriptor releases it.
         fd = os.open(self.path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            document: dict[str, Any] = {"version": MANIFEST_VERSION, "entries": []}
+            entries: list[object] = []
+            document: dict[str, object] = {"version": MANIFEST_VERSION, "entries": entries}
             if os.path.lexists(self.path):  # a link, a FIFO or a huge file is refused, never read through or waited on
                 document = json.loads(read_regular(self.path, MAX_RECORDING)[0].decode("utf-8"))
-                if not isinstance(document, dict) or not isinstance(document.get("entries"), list):
+                listed = document.get("entries") if isinstance(document, dict) else None
+                if not isinstance(listed, list):
                     raise ValueError("the file exists and is not a manifest; not overwriting it")
+                entries = listed
             text = canonical_json(entry)
-            if any(canonical_json(e) == text for e in document["entries"]):
+            if any(canonical_json(e) == text for e in entries):
                 return
-            document["entries"].append(entry)
+            entries.append(entry)
             write_json(self.path, document)
         finally:
             os.close(fd)
@@ -121,7 +125,7 @@ class _Recorder:
 _RECORDERS: dict[str, _Recorder] = {}
 
 
-def record_to(path: str | os.PathLike[str]) -> Callable[[Any, CacheKey], None]:
+def record_to(path: str | os.PathLike[str]) -> Recorder:
     """A callback for ``PlanCache.add_recorder`` that appends every graph looked up to
     the manifest at ``path`` (created if needed, 0600, in a directory that exists; a
     ``.toml`` name, a link or a special file is refused; existing entries and the file's
@@ -134,8 +138,8 @@ def record_to(path: str | os.PathLike[str]) -> Callable[[Any, CacheKey], None]:
     return _RECORDERS.setdefault(str(absolute), _Recorder(absolute))
 
 
-def recorder_from_env(cache: Any) -> None:
-    """Record into ``$PLANCACHE_RECORD`` when it is set (``PlanCache`` calls this)."""
+def recorder_from_env(add_recorder: Callable[[Recorder], None]) -> None:
+    """Record into ``$PLANCACHE_RECORD`` when it is set (``PlanCache`` calls this with its ``add_recorder``)."""
     target = RECORD.from_env()
     if target is not None:
-        cache.add_recorder(record_to(target))
+        add_recorder(record_to(target))

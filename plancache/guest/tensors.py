@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import TensorMismatchError
 from ..key import TensorSpec
@@ -20,6 +20,7 @@ __all__ = [
     "DTYPE_BYTES",
     "TORCH_DTYPES",
     "Expect",
+    "TensorLike",
     "checked_inputs",
     "span",
     "storage_geometry",
@@ -61,6 +62,25 @@ _PACKED = frozenset({"data_type.FP4_E2M1", "data_type.INT4"})
 #: graph API declares its tensors 16-byte aligned to cuDNN, and a plan built under that
 #: promise fails or misbehaves on a pointer 2 bytes off (seen on an H200).
 DEFAULT_ALIGNMENT = 16
+
+
+class TensorLike(Protocol):
+    """What plancache reads of a tensor (a ``torch.Tensor``) handed to a plan or a builder."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> object: ...
+    @property
+    def device(self) -> object: ...
+    @property
+    def is_cpu(self) -> bool: ...
+    @property
+    def is_cuda(self) -> bool: ...
+    def stride(self) -> tuple[int, ...]: ...
+    def data_ptr(self) -> int: ...
+    def numel(self) -> int: ...
+    def get_device(self) -> int: ...
 
 
 def span(dims: Sequence[int], strides: Sequence[int]) -> int:

@@ -24,29 +24,34 @@ requires.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..errors import NoGpuError
 from ..guest.block import known_captures
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["CapturedStep", "capture"]
 
+T = TypeVar("T")
 
-class CapturedStep:
+
+class CapturedStep(Generic[T]):
     """A captured step: ``replay()`` reruns it; ``output`` is what the captured call
     returned (static tensors, rewritten by every replay)."""
 
-    def __init__(self, graph: Any, output: Any) -> None:
+    def __init__(self, graph: torch.cuda.CUDAGraph, output: T) -> None:
         self.graph = graph
         self.output = output
 
-    def replay(self) -> Any:
+    def replay(self) -> T:
         """Replay the step on the current stream and return ``output``."""
         self.graph.replay()
         return self.output
 
 
-def capture(step: Callable[[], Any], *, warmup: int = 3, pool: Any = None) -> CapturedStep:
+def capture(step: Callable[[], T], *, warmup: int = 3, pool: Any = None) -> CapturedStep[T]:
     """Capture one call of ``step`` (a function launching cached plans, and any other CUDA
     work) in a CUDA graph, after ``warmup`` (at least 1) uncaptured calls on a side stream.
     ``pool``: a memory pool to share with other captures (``torch.cuda.graph_pool_handle()``).

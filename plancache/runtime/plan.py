@@ -24,7 +24,7 @@ from typing import Any
 from ..config import StrEnum
 from ..errors import ExecutionError, TensorMismatchError
 from ..guest.backend import Backend, EngineChoice, Launch
-from ..guest.tensors import Expect, tensor_problems
+from ..guest.tensors import Expect, TensorLike, tensor_problems
 from ..key import TensorSpec
 
 __all__ = ["Plan", "PlanSource", "names_of"]
@@ -39,7 +39,7 @@ class PlanSource(StrEnum):
     UNPERSISTED = "unpersisted"  # built, and not stored
 
 
-def names_of(graph: Any) -> dict[str, int]:
+def names_of(graph: object) -> dict[str, int]:
     """``{name: uid}`` of a graph's non-virtual tensors whose name is unique in it."""
     tensors = getattr(graph, "tensors", None)
     if not isinstance(tensors, Mapping):
@@ -64,7 +64,7 @@ class Plan:
         *,
         key: str,
         backend: Backend,
-        native: Any,
+        native: object,
         tensors: Sequence[TensorSpec],
         workspace_size: int,
         engine: EngineChoice | None,
@@ -105,7 +105,7 @@ class Plan:
         return f"<Plan {self.key[:12]} {self.source} {self._backend.device_type}:{self.device} tensors={sorted(self._by_uid)} workspace={self.workspace_size}>"
 
     @property
-    def native(self) -> Any:
+    def native(self) -> Any:  # its type is the backend's: the caller knows which backend it runs
         """The backend's own plan object (a cuDNN graph for the cuDNN backend)."""
         return self._native
 
@@ -120,12 +120,12 @@ class Plan:
         self._backend.prepare(self.device)
         return self
 
-    def check(self, tensors: Mapping[int | str, Any]) -> dict[int, Any]:
+    def check(self, tensors: Mapping[int | str, TensorLike]) -> dict[int, TensorLike]:
         """The variant pack by uid, after checking every tensor. Raises
         ``TensorMismatchError`` naming each problem; launches nothing."""
         return self._verified(tensors)[0]
 
-    def _verified(self, tensors: Mapping[int | str, Any]) -> tuple[dict[int, Any], list[int]]:
+    def _verified(self, tensors: Mapping[int | str, TensorLike]) -> tuple[dict[int, TensorLike], list[int]]:
         """The pack and the pointers (``_checked``) of a mapping that fits, else
         ``TensorMismatchError`` naming each problem."""
         if not isinstance(tensors, Mapping):
@@ -139,7 +139,7 @@ class Plan:
             self._explain_mismatch(tensors)
         return checked  # type: ignore[return-value]
 
-    def _checked(self, tensors: Mapping[Any, Any]) -> tuple[dict[int, Any], list[int]] | None:
+    def _checked(self, tensors: Mapping[int | str, TensorLike]) -> tuple[dict[int, TensorLike], list[int]] | None:
         """The pack and the data pointers (in the launch's order) when every tensor is what
         the plan expects, else None (the slow path then names each problem)."""
         if len(tensors) != len(self._by_uid):
@@ -149,14 +149,14 @@ class Plan:
         except (AttributeError, TypeError, IndexError, KeyError, RuntimeError):
             return None  # not a tensor, or not one of ours
 
-    def _matched(self, tensors: Mapping[Any, Any]) -> tuple[dict[int, Any], list[int]] | None:
+    def _matched(self, tensors: Mapping[int | str, TensorLike]) -> tuple[dict[int, TensorLike], list[int]] | None:
         """The fast path of ``check``, run on every launch: one pass over the tensors, each
         compared with what its uid expects and its data pointer put in its place; None on
         the first mismatch. Must accept exactly what ``_problems_of`` accepts."""
         slots, name_to_uid = self._slots, self._name_to_uid
         cuda = self._backend.device_type == "cuda"
         device = self.device
-        pack: dict[int, Any] = {}
+        pack: dict[int, TensorLike] = {}
         pointers = [0] * len(slots)
         for ref, tensor in tensors.items():
             # A name not in the plan's names stays a str, which no uid equals: KeyError below.
@@ -189,9 +189,9 @@ class Plan:
                 return None
         return (pack, pointers) if len(pack) == len(slots) else None  # a uid given twice (by name and by uid)
 
-    def _explain_mismatch(self, tensors: Mapping[int | str, Any]) -> None:
+    def _explain_mismatch(self, tensors: Mapping[int | str, TensorLike]) -> None:
         """The slow path: name every problem, then raise."""
-        pack: dict[int, Any] = {}
+        pack: dict[int, TensorLike] = {}
         problems: list[str] = []
         for ref, tensor in tensors.items():
             uid = self._name_to_uid.get(ref) if isinstance(ref, str) else ref
@@ -223,10 +223,10 @@ class Plan:
         names = [n for n, u in self._name_to_uid.items() if u == uid]
         return f"{names[0]!r} (uid {uid})" if names else f"uid {uid}"
 
-    def _problems_of(self, uid: int, tensor: Any) -> list[str]:
+    def _problems_of(self, uid: int, tensor: TensorLike) -> list[str]:
         return tensor_problems(self._by_uid[uid], tensor, self._where(uid), self._backend.device_type, self.device)
 
-    def execute(self, tensors: Mapping[int | str, Any]) -> None:
+    def execute(self, tensors: Mapping[int | str, TensorLike]) -> None:
         """Check ``tensors`` (by uid or name) and launch the plan on the current stream of
         the plan's device, with scratch memory of its own."""
         # A dict, the common case, skips the Mapping test; anything else, or a mismatch,
