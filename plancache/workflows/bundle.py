@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import REDIS_SECRET, REDIS_SECRET_FILE, Refused, file_kind, format_size
+from ..config import REDIS_SECRET, REDIS_SECRET_FILE, Refused, StrEnum, file_kind, format_size
 from ..errors import BundleError, DamagedEntryError, EntryNotFoundError, StoreError
 from ..key import KEY_FORMAT, canonical_json, environment_id
 from ..store import Entry, Store, maintenance, problem
@@ -65,6 +65,7 @@ __all__ = [
     "MAX_BUNDLE",
     "TARGET_REFUSALS",
     "Bundle",
+    "Signature",
     "bundle_environment",
     "export_bundle",
     "import_bundle",
@@ -93,16 +94,23 @@ _UNSIGNED_HINT = (f"export it with the same {REDIS_SECRET_FILE.name} or {REDIS_S
 TARGET_REFUSALS = frozenset({"exists", "not a regular file", "unwritable", "too large"})
 
 
+class Signature(StrEnum):
+    """What a reader found of a bundle's signature (``Bundle.signature``)."""
+
+    VERIFIED = "verified"
+    UNSIGNED = "unsigned"  # allowed by the reader (allow_unsigned)
+    NOT_VERIFIED = "not verified"  # signed with a secret the reader has not; allowed by it
+
+
 @dataclass(frozen=True)
 class Bundle:
     """A bundle read and verified whole by ``read_bundle``: where it was read from, its
-    header, its entries, and its signature: ``verified``, or, where the reader allowed
-    unsigned bundles, ``unsigned`` or ``not verified`` (signed with a secret it has not)."""
+    header, its entries, and its signature."""
 
     path: str
     header: dict[str, Any]
     entries: list[Entry]
-    signature: str
+    signature: Signature
 
 
 def _env_summary(environment: Mapping[str, Any]) -> str:
@@ -294,14 +302,14 @@ def _tag(secret: bytes, header: Mapping[str, Any], payload: bytes | bytearray | 
     return mac.hexdigest()
 
 
-def _signature(data: bytes, header: Mapping[str, Any], where: str, secret: bytes | None, allow_unsigned: bool) -> str:
+def _signature(data: bytes, header: Mapping[str, Any], where: str, secret: bytes | None, allow_unsigned: bool) -> Signature:
     """What ``Bundle.signature`` says of a bundle, or the ``BundleError`` that refuses it:
     unsigned, or signed with another secret (unless ``allow_unsigned``), or altered after
     it was signed (always). ``secret`` None: the configured one, read only for a signed bundle."""
     signature = header.get("signature")
     if signature is None:
         if allow_unsigned:
-            return "unsigned"
+            return Signature.UNSIGNED
         raise _refuse(where, f"it is unsigned, so nothing proves who made it: {_UNSIGNED_HINT}", reason="unsigned")
     if (not isinstance(signature, dict) or signature.get("algorithm") != _SIGNATURE
             or not _ENV_ID.match(str(signature.get("key_id"))) or not _KEY.match(str(signature.get("tag")))):  # fmt: skip
@@ -310,7 +318,7 @@ def _signature(data: bytes, header: Mapping[str, Any], where: str, secret: bytes
     mine = None if secret is None else secret_id(secret).hex()
     if mine != signature["key_id"]:
         if allow_unsigned:
-            return "not verified"
+            return Signature.NOT_VERIFIED
         why = "no secret is configured here to verify it" if mine is None else f"this machine's secret is key id {mine}"
         raise _refuse(where, f"it is signed with a secret of key id {signature['key_id']}, but {why}: {_UNSIGNED_HINT}",
                       reason="other secret")  # fmt: skip
@@ -321,7 +329,7 @@ def _signature(data: bytes, header: Mapping[str, Any], where: str, secret: bytes
         raise _refuse(where, f"malformed header: {exc}", reason="malformed") from exc
     if not hmac.compare_digest(tag, signature["tag"]):
         raise _refuse(where, "its signature does not match: it was altered after it was signed", reason="signature")
-    return "verified"
+    return Signature.VERIFIED
 
 
 def _refuse(path: str, message: str, **fields: Any) -> BundleError:
