@@ -6,6 +6,7 @@ This module imports nothing from plancache, so every other module may import it.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "LockTimeoutError",
     "ManifestError",
     "NativeError",
+    "NativeLibrary",
     "NoGpuError",
     "PlanCacheError",
     "PlanCacheNotice",
@@ -154,22 +156,29 @@ class TransientLoadError(PlanCacheError, RuntimeError):
 TRANSIENT_STATUSES = frozenset({4003, 4004, *range(5000, 5010)})
 
 
+class NativeLibrary(enum.Enum):
+    """Whose call failed, of a ``NativeError``."""
+
+    CUDNN = "cudnn"  # cuDNN's C API
+    CUDA = "cuda"  # the CUDA driver
+
+
 class NativeError(PlanCacheError, RuntimeError):
     """A call into cuDNN's C API or the CUDA driver failed: ``call`` names it, ``status``
-    is its status code, ``library`` says whose ("cudnn" or "cuda")."""
+    is its status code, ``library`` says whose (a ``NativeLibrary``)."""
 
     call: str
     status: int
-    library: str
+    library: NativeLibrary
 
-    def __init__(self, message: str, *, call: str, status: int, library: str = "cudnn") -> None:
+    def __init__(self, message: str, *, call: str, status: int, library: NativeLibrary = NativeLibrary.CUDNN) -> None:
         super().__init__(message, call=call, status=status, library=library)
 
     @property
     def transient(self) -> bool:
         """Whether the failure is the process's, not the plan's: any CUDA driver failure,
         or a cuDNN status of ``TRANSIENT_STATUSES``."""
-        return self.library == "cuda" or self.status in TRANSIENT_STATUSES
+        return self.library is NativeLibrary.CUDA or self.status in TRANSIENT_STATUSES
 
 
 class PlanCacheNotice(RuntimeWarning):
