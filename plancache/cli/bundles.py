@@ -81,7 +81,7 @@ def import_cmd(obj: Context, file: Path, replace: bool, env_id: str | None, allo
     def text(d: dict[str, Any]) -> Iterable[str]:
         yield (f"imported {len(d['imported'])} plans, replaced {len(d['replaced'])}, kept {len(d['kept'])} existing, "
                f"skipped {len(d['skipped'])} of other environments (bundle of {d['entries']})")  # fmt: skip
-        yield "  signature verified" if d["signature"] is Signature.VERIFIED else f"  signature {d['signature']} (--allow-unsigned)"
+        yield f"  signature {d['signature']}" + ("" if d["signature"] is Signature.VERIFIED else " (--allow-unsigned)")
         for env_id, summary in d["environments"].items():
             yield f"  environment {env_id}: {summary}"
 
