@@ -255,8 +255,8 @@ def _backend_candidates(graph: Any, description: Any, pack: dict[int, Any]) -> l
     found = Candidates.of(backend, graph, plancache.BuildOptions(), description, inputs=pack)
     launched: list[tuple[dict[str, Any], Any]] = []
     try:
-        why = found.prepare(plancache.MemoryBudget())
-        assert why is None, why
+        refused = found.prepare(plancache.MemoryBudget())
+        assert refused is None, refused
         for index in range(len(found)):
             cand: dict[str, Any] = {"index": index, "engine": f"cpu-test-eng{found.engine(index).engine_id}"}
             problem = found.build(index)
