@@ -12,6 +12,7 @@ from typing import Any
 __all__ = [
     "BuildError",
     "BundleError",
+    "BundleTargetError",
     "CacheDirError",
     "DamagedEntryError",
     "EntryNotFoundError",
@@ -30,6 +31,7 @@ __all__ = [
     "StoreError",
     "TensorMismatchError",
     "UnkeyableArgumentError",
+    "UntaggedCallableError",
 ]
 
 
@@ -62,6 +64,11 @@ def _rebuild(cls: type[PlanCacheError], message: str, fields: dict[str, Any]) ->
 class InvalidGraphError(PlanCacheError, ValueError):
     """The caller's graph cannot be cached or built: a tensor without a uid, a node cuDNN
     rejects, an unsupported attribute. Fields: ``node`` (name or None), ``reason``."""
+
+
+class UntaggedCallableError(InvalidGraphError):
+    """The graph holds a callable (an attention ``score_mod``, say) and was described
+    without a tag to stand for it: a function's behaviour cannot be keyed."""
 
 
 class TensorMismatchError(PlanCacheError, ValueError):
@@ -132,6 +139,11 @@ class ManifestError(PlanCacheError, ValueError):
 class BundleError(PlanCacheError, ValueError):
     """A bundle is truncated, tampered with, of a newer format, or unsafe. Fields: ``path``,
     ``reason``; ``found`` and ``supported`` for a newer format; ``key`` for a bad entry."""
+
+
+class BundleTargetError(BundleError):
+    """The file an export would write is refused: it exists, is not a regular file, cannot
+    be written, or the bundle would be too large. Fields: ``path``, ``reason``."""
 
 
 class RemoteError(PlanCacheError, ConnectionError):

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import REDIS_SECRET, REDIS_SECRET_FILE, Refused, StrEnum, file_kind, format_size
-from ..errors import BundleError, DamagedEntryError, EntryNotFoundError, StoreError
+from ..errors import BundleError, BundleTargetError, DamagedEntryError, EntryNotFoundError, StoreError
 from ..key import KEY_FORMAT, canonical_json, environment_id
 from ..store import Entry, Store, maintenance, problem
 from ..store.codec import decode_entry, encode_entry
@@ -63,7 +63,6 @@ __all__ = [
     "BUNDLE_FORMAT",
     "BUNDLE_MAGIC",
     "MAX_BUNDLE",
-    "TARGET_REFUSALS",
     "Bundle",
     "Signature",
     "bundle_environment",
@@ -88,10 +87,6 @@ _SIGNED = b"PLANCACHE-BUNDLE-SIGNED/1\n"
 _SIGNATURE = "hmac-sha256"
 _UNSIGNED_HINT = (f"export it with the same {REDIS_SECRET_FILE.name} or {REDIS_SECRET.name} set on both machines, or pass "
                   "--allow-unsigned (allow_unsigned=True) if you trust where it came from")  # fmt: skip
-#: The ``reason`` of a ``BundleError`` that refuses the file an export would write (it
-#: exists, is not a regular file, cannot be written, would be too large); every other
-#: reason is a bundle that cannot be read or trusted.
-TARGET_REFUSALS = frozenset({"exists", "not a regular file", "unwritable", "too large"})
 
 
 class Signature(StrEnum):
@@ -152,19 +147,19 @@ def _check_target(target: Path) -> None:
         mode = target.lstat().st_mode
     except FileNotFoundError:
         if not target.parent.is_dir():  # as cp and tar: a typo in the path makes no directory
-            raise BundleError(f"cannot export to {target}: {target.parent} is not a directory; create it first (an "
-                              "export creates none)", path=str(target), reason="unwritable") from None  # fmt: skip
+            raise BundleTargetError(f"cannot export to {target}: {target.parent} is not a directory; create it first (an "
+                                    "export creates none)", path=str(target), reason="unwritable") from None  # fmt: skip
         return
     except OSError as exc:  # a component is a file (ENOTDIR), a directory cannot be searched (EACCES)...
         raise _cannot_write(target, exc) from exc
     if not stat.S_ISREG(mode):
-        raise BundleError(f"cannot export to {target}: it exists and is {file_kind(mode)}, not a regular file; "
-                          "plancache only replaces regular files", path=str(target), reason="not a regular file")  # fmt: skip
+        raise BundleTargetError(f"cannot export to {target}: it exists and is {file_kind(mode)}, not a regular file; "
+                                "plancache only replaces regular files", path=str(target), reason="not a regular file")  # fmt: skip
 
 
-def _exists(target: Path) -> BundleError:
-    return BundleError(f"refused: {target} exists and is not replaced without --force (replace=True)", path=str(target),
-                       reason="exists")  # fmt: skip
+def _exists(target: Path) -> BundleTargetError:
+    return BundleTargetError(f"refused: {target} exists and is not replaced without --force (replace=True)",
+                             path=str(target), reason="exists")  # fmt: skip
 
 
 def _link_new(tmp: str, target: Path) -> None:
@@ -182,9 +177,9 @@ def _link_new(tmp: str, target: Path) -> None:
     os.unlink(tmp)
 
 
-def _cannot_write(target: Path, exc: OSError) -> BundleError:
+def _cannot_write(target: Path, exc: OSError) -> BundleTargetError:
     where = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != str(target) else ""
-    return BundleError(f"cannot write bundle {target}: {exc.strerror or exc}{where}", path=str(target), reason="unwritable")
+    return BundleTargetError(f"cannot write bundle {target}: {exc.strerror or exc}{where}", path=str(target), reason="unwritable")
 
 
 def export_bundle(
@@ -255,9 +250,9 @@ def export_bundle(
     header = json.dumps(fields, sort_keys=True).encode()
     size = _PRELUDE + len(header) + len(payload)
     if size > MAX_BUNDLE:
-        raise BundleError(f"cannot export to {target}: the bundle would be {format_size(size)}, "
-                          f"more than the {format_size(MAX_BUNDLE)} an import reads; export fewer plans at a time (--env, --key)",
-                          path=str(target), reason="too large")  # fmt: skip
+        raise BundleTargetError(f"cannot export to {target}: the bundle would be {format_size(size)}, more than the "
+                                f"{format_size(MAX_BUNDLE)} an import reads; export fewer plans at a time (--env, --key)",
+                                path=str(target), reason="too large")  # fmt: skip
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
