@@ -6,11 +6,13 @@ This module imports nothing from plancache, so every other module may import it.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 __all__ = [
     "BuildError",
     "BundleError",
+    "BundleTargetError",
     "CacheDirError",
     "DamagedEntryError",
     "EntryNotFoundError",
@@ -19,6 +21,7 @@ __all__ = [
     "LockTimeoutError",
     "ManifestError",
     "NativeError",
+    "NativeLibrary",
     "NoGpuError",
     "PlanCacheError",
     "PlanCacheNotice",
@@ -28,6 +31,7 @@ __all__ = [
     "StoreError",
     "TensorMismatchError",
     "UnkeyableArgumentError",
+    "UntaggedCallableError",
 ]
 
 
@@ -60,6 +64,11 @@ def _rebuild(cls: type[PlanCacheError], message: str, fields: dict[str, Any]) ->
 class InvalidGraphError(PlanCacheError, ValueError):
     """The caller's graph cannot be cached or built: a tensor without a uid, a node cuDNN
     rejects, an unsupported attribute. Fields: ``node`` (name or None), ``reason``."""
+
+
+class UntaggedCallableError(InvalidGraphError):
+    """The graph holds a callable (an attention ``score_mod``, say) and was described
+    without a tag to stand for it: a function's behaviour cannot be keyed."""
 
 
 class TensorMismatchError(PlanCacheError, ValueError):
@@ -132,6 +141,11 @@ class BundleError(PlanCacheError, ValueError):
     ``reason``; ``found`` and ``supported`` for a newer format; ``key`` for a bad entry."""
 
 
+class BundleTargetError(BundleError):
+    """The file an export would write is refused: it exists, is not a regular file, cannot
+    be written, or the bundle would be too large. Fields: ``path``, ``reason``."""
+
+
 class RemoteError(PlanCacheError, ConnectionError):
     """The remote (Redis) tier failed or refused an entry."""
 
@@ -154,22 +168,29 @@ class TransientLoadError(PlanCacheError, RuntimeError):
 TRANSIENT_STATUSES = frozenset({4003, 4004, *range(5000, 5010)})
 
 
+class NativeLibrary(enum.Enum):
+    """Whose call failed, of a ``NativeError``."""
+
+    CUDNN = "cudnn"  # cuDNN's C API
+    CUDA = "cuda"  # the CUDA driver
+
+
 class NativeError(PlanCacheError, RuntimeError):
     """A call into cuDNN's C API or the CUDA driver failed: ``call`` names it, ``status``
-    is its status code, ``library`` says whose ("cudnn" or "cuda")."""
+    is its status code, ``library`` says whose (a ``NativeLibrary``)."""
 
     call: str
     status: int
-    library: str
+    library: NativeLibrary
 
-    def __init__(self, message: str, *, call: str, status: int, library: str = "cudnn") -> None:
+    def __init__(self, message: str, *, call: str, status: int, library: NativeLibrary = NativeLibrary.CUDNN) -> None:
         super().__init__(message, call=call, status=status, library=library)
 
     @property
     def transient(self) -> bool:
         """Whether the failure is the process's, not the plan's: any CUDA driver failure,
         or a cuDNN status of ``TRANSIENT_STATUSES``."""
-        return self.library == "cuda" or self.status in TRANSIENT_STATUSES
+        return self.library is NativeLibrary.CUDA or self.status in TRANSIENT_STATUSES
 
 
 class PlanCacheNotice(RuntimeWarning):

@@ -69,7 +69,7 @@ def builders() -> dict[str, Any]:
 def child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
     import torch
 
-    from plancache.autotuning.inputs import materialize, plan_inputs
+    from plancache.autotuning.inputs import Refusal, materialize, plan_inputs
     from plancache.key import describe, tensor_table
 
     device = benchlib.device()
@@ -79,7 +79,7 @@ def child(mode: str, name: str, cache_dir: str) -> dict[str, Any]:
     graph = builders()[name]()
     description, specs = describe(graph), tensor_table(graph)
     inputs = plan_inputs(description, specs, {})
-    assert not isinstance(inputs, str), inputs
+    assert not isinstance(inputs, Refusal), inputs
     pack = materialize(inputs, torch, device, torch.Generator(device=device).manual_seed(0))
     benchlib.synchronize(torch)
     row: dict[str, Any] = {"mode": mode, "graph": name}

@@ -156,11 +156,11 @@ def launch_once(cache: Any, native: NativePlan, entry: Any, device: int) -> None
     """One native launch of a built plan on inputs that fit its graph."""
     import torch
 
-    from plancache.autotuning.inputs import materialize, plan_inputs
+    from plancache.autotuning.inputs import Refusal, materialize, plan_inputs
 
     found = plan_inputs(entry.description, [TensorSpec.from_dict(t) if isinstance(t, dict) else t for t in entry.tensors], {})
-    if isinstance(found, str):
-        raise RuntimeError(f"no role-valid inputs: {found}")
+    if isinstance(found, Refusal):
+        raise RuntimeError(f"no role-valid inputs: {found.why}")
     pack = materialize(found, torch, benchlib.device(), torch.Generator(device=benchlib.device()).manual_seed(0))
     cache.backend.launcher(native, entry.workspace_size, device)(pack, [pack[uid].data_ptr() for uid in native.user_uids])
     benchlib.synchronize(torch)

@@ -47,7 +47,7 @@ import cudnn
 import torch
 
 import plancache
-from plancache.autotuning.inputs import materialize, plan_inputs
+from plancache.autotuning.inputs import Refusal, materialize, plan_inputs
 from plancache.guest.native import NativePlan, parse, refusal
 from plancache.key import TensorSpec
 from plancache.workflows import templates
@@ -286,8 +286,8 @@ def check(name: str, build: Callable[[], Any], cache: Any, record: Path | None) 
     device = cache.backend.current_device()
     where = benchlib.device() if benchlib.smoke() else f"cuda:{device}"
     found = plan_inputs(entry.description, specs, {})
-    if isinstance(found, str):
-        raise RuntimeError(f"no role-valid inputs: {found}")
+    if isinstance(found, Refusal):
+        raise RuntimeError(f"no role-valid inputs: {found.why}")
     pack = materialize(found, torch, where, torch.Generator(device=benchlib.device()).manual_seed(0))
     outputs = [s.uid for s in specs if s.is_output]
     stream = driver.stream_getter()(device)  # this thread's current stream, as cuDNN takes it

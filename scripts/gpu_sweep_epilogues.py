@@ -141,7 +141,7 @@ def sweep_one(op: str, dtype: str, size: str, name: str) -> dict[str, Any]:
 
     from plancache.autotuning.bounds import bounds
     from plancache.autotuning.consensus import Consensus, compare
-    from plancache.autotuning.inputs import materialize, plan_inputs
+    from plancache.autotuning.inputs import Refusal, materialize, plan_inputs
     from plancache.key import describe, tensor_table
 
     method, attrs = next((m, a) for n, m, a in EPILOGUES if n == name)
@@ -150,7 +150,7 @@ def sweep_one(op: str, dtype: str, size: str, name: str) -> dict[str, Any]:
     description, specs = describe(graph), tensor_table(graph)
     device = benchlib.device()
     inputs = plan_inputs(description, specs, {})
-    assert not isinstance(inputs, str), inputs
+    assert not isinstance(inputs, Refusal), inputs
     pack = materialize(inputs, torch, device, torch.Generator(device=device).manual_seed(0))
     want = reference(torch, shape, pack, method, attrs)
     rms = float(want.pow(2).mean().sqrt())
@@ -255,8 +255,8 @@ def _backend_candidates(graph: Any, description: Any, pack: dict[int, Any]) -> l
     found = Candidates.of(backend, graph, plancache.BuildOptions(), description, inputs=pack)
     launched: list[tuple[dict[str, Any], Any]] = []
     try:
-        why = found.prepare(plancache.MemoryBudget())
-        assert why is None, why
+        refused = found.prepare(plancache.MemoryBudget())
+        assert refused is None, refused
         for index in range(len(found)):
             cand: dict[str, Any] = {"index": index, "engine": f"cpu-test-eng{found.engine(index).engine_id}"}
             problem = found.build(index)

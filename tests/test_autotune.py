@@ -14,6 +14,7 @@ import torch
 from plancache import BuildError, BuildOptions, BuiltPlan, EngineChoice, TensorSpec, TimingPolicy
 from plancache.autotuning.autotune import autotune
 from plancache.autotuning.bounds import Bound
+from plancache.autotuning.inputs import Refusal
 
 
 class FakeCandidates:
@@ -70,9 +71,9 @@ class FakeCandidates:
         if index in self.failing:
             raise BuildError(f"engine {index} not supported", reason="not built")
 
-    def prepare(self, budget: object) -> str | None:
+    def prepare(self, budget: object) -> Refusal | None:
         self.prepared = self.not_ready is None
-        return self.not_ready
+        return None if self.not_ready is None else Refusal(self.not_ready)
 
     def compiles(self, index: int) -> bool:
         return index in self.compiling

@@ -413,16 +413,18 @@ def test_tensor_dumps_are_left_to_the_frontend_only_when_its_logging_writes_them
     assert {"2.0"} == records.TESTED_VERSIONS
 
 
-@pytest.mark.parametrize(("status", "library"), [(4003, "cudnn"), (4004, "cudnn"), (5000, "cudnn"), (5003, "cudnn"), (1, "cuda")])
+@pytest.mark.parametrize(("status", "library"), [(4003, "CUDNN"), (4004, "CUDNN"), (5000, "CUDNN"), (5003, "CUDNN"), (1, "CUDA")])
 def test_a_load_that_failed_for_a_reason_outside_the_blob_keeps_the_entry(status: int, library: str) -> None:
     # Judged by the status, never by the message: memory ran out, or CUDA failed underneath.
     from plancache import TransientLoadError
-    from plancache.errors import NativeError
+    from plancache.errors import NativeError, NativeLibrary
     from plancache.testing import CpuTestBackend
 
     backend = CpuTestBackend()
     with pytest.raises(TransientLoadError, match="failed for now"), backend._transient():
-        raise NativeError("cudnnBackendFinalize failed", call="cudnnBackendFinalize", status=status, library=library)
+        raise NativeError(
+            "cudnnBackendFinalize failed", call="cudnnBackendFinalize", status=status, library=NativeLibrary[library]
+        )
 
 
 @pytest.mark.parametrize("status", [1002, 1003, 2000, 3000, 4000])

@@ -101,7 +101,7 @@ def test_round_trip(redis_server: LocalRedis, make_tier: Callable[..., RemoteTie
     assert got is not None and same_plan(got, entry)
     assert got.hit_count == 0 and got.last_used_at > entry.last_used_at  # usage is per node
     stats = tier.stats()
-    assert {k: stats[k] for k in breaker.COUNTERS} == {
+    assert {k: stats[k] for k in breaker.RemoteCount} == {
         "remote_hits": 1, "remote_misses": 1, "publishes": 1, "refused": 0, "errors": 0, "lock_waits": 0, "skipped": 0,
     }  # fmt: skip
     assert stats["available"] is True and stats["key_id"] == tier.key_id

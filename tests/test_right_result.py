@@ -20,7 +20,7 @@ import torch
 
 import plancache
 from plancache import BuildOptions, TensorMismatchError
-from plancache.autotuning.inputs import materialize, plan_inputs
+from plancache.autotuning.inputs import Refusal, materialize, plan_inputs
 from plancache.formats.ubjson import decode as decode_ubjson
 from plancache.formats.ubjson import encode as encode_ubjson
 from plancache.key import describe, tensor_table
@@ -285,7 +285,7 @@ def test_steering_inputs_are_valid_for_their_role(make: Any) -> None:
     graph = make()
     description, specs = describe(graph), tensor_table(graph)
     plan = plan_inputs(description, specs)
-    assert not isinstance(plan, str), plan
+    assert not isinstance(plan, Refusal), plan
     assert fault(description, specs, materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))) is None
 
 
@@ -303,7 +303,7 @@ def test_a_dropout_mask_is_filled_with_zeros_and_ones_and_its_scale_with_one() -
     o.set_output(True).set_uid(4).set_dim(dims).set_stride(strides)
     description, specs = describe(g), tensor_table(g)
     plan = plan_inputs(description, specs)
-    assert not isinstance(plan, str), plan
+    assert not isinstance(plan, Refusal), plan
     pack = materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))
     assert set(pack[5].float().unique().tolist()) == {0.0, 1.0} and pack[6].item() == 1.0
 
@@ -325,7 +325,7 @@ def test_byte_coded_inputs_are_not_all_zero() -> None:
     product.set_output(True).set_uid(5).set_data_type(dt.BFLOAT16).set_dim([1, m, n]).set_stride([m * n, n, 1])
     description, specs = describe(g), tensor_table(g)
     plan = plan_inputs(description, specs)
-    assert not isinstance(plan, str), plan
+    assert not isinstance(plan, Refusal), plan
     pack = materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))
     for uid in (1, 3):
         data = pack[uid].view(torch.uint8)
@@ -338,7 +338,7 @@ def test_integers_filled_with_one_fault_where_role_valid_values_do_not(make: Any
     graph = make()
     description, specs = describe(graph), tensor_table(graph)
     plan = plan_inputs(description, specs)
-    assert not isinstance(plan, str), plan
+    assert not isinstance(plan, Refusal), plan
     pack = materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))
     assert fault(description, specs, pack) is None
     # What autotuning filled integers with before: ones. The test device faults on them.
@@ -363,7 +363,7 @@ def test_a_launch_through_bad_offsets_poisons_the_test_device_for_good(tmp_path:
     plan = c.get(graph)
     description, specs = describe(ragged_sdpa()), tensor_table(ragged_sdpa())
     built = plan_inputs(description, specs)
-    assert not isinstance(built, str)
+    assert not isinstance(built, Refusal)
     pack = materialize(built, torch, "cpu", torch.Generator().manual_seed(0))
     pack[1].fill_(1)  # misaligned ragged offsets of q
     with pytest.raises(plancache.ExecutionError, match="misaligned address"):
@@ -382,8 +382,8 @@ def test_a_tensor_of_unknown_role_launches_nothing(tmp_path: Path) -> None:
         t.set_uid(uid)
     description = describe(g)
     description["nodes"][0]["inputs"]["sink_token"] = description["nodes"][0]["inputs"].pop("seq_len_kv")
-    assert isinstance(plan_inputs(description, tensor_table(g)), str)
-    assert "does not know the role of tensor" in str(plan_inputs(description, tensor_table(g)))
+    refusal = plan_inputs(description, tensor_table(g))
+    assert isinstance(refusal, Refusal) and "does not know the role of tensor" in refusal.why
 
 
 def test_over_the_memory_budget_nothing_is_allocated_or_launched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -547,7 +547,7 @@ def test_a_norm_backward_gets_the_statistics_of_its_input() -> None:
     g = _instancenorm_backward(n, c, h, w)
     description, specs = describe(g), tensor_table(g)
     plan = plan_inputs(description, specs)
-    assert not isinstance(plan, str), plan
+    assert not isinstance(plan, Refusal), plan
     pack = materialize(plan, torch, "cpu", torch.Generator().manual_seed(0))
     x, mean, inv = pack[2].float(), pack[4], pack[5]
     assert torch.allclose(mean, x.mean(dim=(2, 3), keepdim=True), atol=1e-6)

@@ -163,11 +163,11 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
     if count == 0:
         raise BuildError("cuDNN offered no candidate plan for this graph", reason="no candidates")
     reports = [CandidateReport(index=i, engine=cands.engine(i).to_dict(), status=CandidateStatus.NOT_BUILT) for i in range(count)]
-    why = cands.prepare(timing.memory)
-    if why is not None:
+    refused = cands.prepare(timing.memory)
+    if refused is not None:
         winner = _first_buildable(cands, reports)
-        check: dict[str, Any] = {"status": CheckStatus.NOT_RUN, "rule": RULE, "why": why}
-        return AutotuneResult(winner, reports, options.policy, clock() - started, {"method": f"not timed: {why}"}, check)
+        check: dict[str, Any] = {"status": CheckStatus.NOT_RUN, "rule": RULE, "why": refused.why}
+        return AutotuneResult(winner, reports, options.policy, clock() - started, {"method": f"not timed: {refused.why}"}, check)
     # From here on, the miss's device work (the comparisons as much as the launches) is
     # queued on the candidates' own stream, never behind the program's work on its stream.
     with cands.streamed():

@@ -54,10 +54,10 @@ class CandidateSet(Protocol):
         """Whether building candidate ``index`` compiles kernels at run time."""
         ...
 
-    def prepare(self, budget: MemoryBudget) -> str | None:
+    def prepare(self, budget: MemoryBudget) -> Refusal | None:
         """Make the inputs every launch uses within ``budget``. None when candidates may be
-        launched; else why not (a tensor of unknown role, the budget, a CUDA-graph capture
-        on this thread), and then nothing is allocated or launched."""
+        launched; else the ``Refusal`` that says why not (a tensor of unknown role, the
+        budget, a CUDA-graph capture on this thread), and then nothing is allocated or launched."""
         ...
 
     def streamed(self) -> AbstractContextManager[Any]:
@@ -131,16 +131,16 @@ class Candidates:
             raise BuildError(outside, reason="outside filters")
         self.workspaces[index] = workspace
 
-    def prepare(self, budget: MemoryBudget) -> str | None:
+    def prepare(self, budget: MemoryBudget) -> Refusal | None:
         import torch
 
         driver, device = self.driver, self.device
         if driver.capturing():
-            return "a CUDA-graph capture is in progress on this thread"
+            return Refusal("a CUDA-graph capture is in progress on this thread")
         given = checked_inputs(self.given, self.plans.tensors, driver.device_type, device)
         found = timing_inputs(self.plans.description, self.plans.tensors, given, budget, driver.free_memory(device))
         if isinstance(found, Refusal):
-            return found.why
+            return found
         plan, need, spare = found.plan, found.need, found.spare
         stream = self.backend.own_stream(device)  # non-blocking: never ordered with the legacy stream
         driver.follow(stream, device)  # the caller's tensors are ready
@@ -157,7 +157,7 @@ class Candidates:
             driver.synchronize(stream)
         except (RuntimeError, MemoryError) as exc:  # torch's OutOfMemoryError is a RuntimeError
             self._release()
-            return f"allocating the inputs to launch candidates on failed: {type(exc).__name__}: {str(exc)[:200]}"
+            return Refusal(f"allocating the inputs to launch candidates on failed: {type(exc).__name__}: {str(exc)[:200]}")
         self.pack, self.stream, self.spare = pack, stream, spare
         self.outputs_of = [spec.uid for spec in plan.outputs]
         return None

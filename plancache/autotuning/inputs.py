@@ -84,6 +84,13 @@ class InputPlan:
         return inputs + outputs * (1 + output_copies) + 4 * elements * float32_copies
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why no candidate may be launched."""
+
+    why: str
+
+
 def _layout(spec: TensorSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     geometry = storage_geometry(spec.dtype, tuple(spec.dims), tuple(spec.strides))
     return geometry if geometry is not None else (tuple(spec.dims), tuple(spec.strides))
@@ -95,25 +102,26 @@ def _bytes(spec: TensorSpec) -> int:
 
 def plan_inputs(
     description: Mapping[str, Any], specs: Sequence[TensorSpec], given: Mapping[int, Any] | None = None
-) -> InputPlan | str:
-    """The fill of every input of the graph, or why no synthetic input can be safe (then
-    nothing may be launched). ``given``: tensors the caller passed, by uid (not filled)."""
+) -> InputPlan | Refusal:
+    """The fill of every input of the graph, or the ``Refusal`` that says why no synthetic
+    input can be safe (then nothing may be launched). ``given``: tensors the caller passed,
+    by uid (not filled)."""
     given = dict(given or {})
     tensors = description.get("tensors") or {}
     by_uid = {spec.uid: spec for spec in specs}
     outputs = [spec for spec in specs if spec.is_output]
     for spec in outputs:
         if not spec.dims or len(spec.strides) != len(spec.dims):
-            return f"output uid {spec.uid} has no known shape"
+            return Refusal(f"output uid {spec.uid} has no known shape")
     roles = _Roles(description, by_uid)
     fills: dict[int, Fill] = {}
     for spec in specs:
         if spec.is_output:
             continue
         if not spec.is_pass_by_value and (not spec.dims or len(spec.strides) != len(spec.dims)):
-            return f"input uid {spec.uid} has no known shape"
+            return Refusal(f"input uid {spec.uid} has no known shape")
         fill = roles.fill(spec, tensors.get(f"u{spec.uid}") or {})
-        if isinstance(fill, str):
+        if isinstance(fill, Refusal):
             if spec.uid in given:
                 continue  # the caller's own values: valid for the role by the caller's word
             return fill
@@ -141,7 +149,7 @@ class _Roles:
             tid: int(t.get("ragged_offset_multiplier") or 1) for tid, t in (description.get("tensors") or {}).items()
         }
 
-    def fill(self, spec: TensorSpec, tensor: Mapping[str, Any]) -> Fill | str:
+    def fill(self, spec: TensorSpec, tensor: Mapping[str, Any]) -> Fill | Refusal:
         tid = f"u{spec.uid}"
         if spec.is_pass_by_value:
             kind = FillKind.POSITIVE if spec.dtype not in _INTEGERS else FillKind.VALUES
@@ -160,9 +168,9 @@ class _Roles:
         if uses and all(port in _DATA_PORTS.get(str(node.get("type")), ()) for node, port in uses):
             return Fill(spec, FillKind.BOOL if spec.dtype == "data_type.BOOLEAN" else FillKind.SMALL_INT, "integer data")
         where = ", ".join(f"{node.get('type')}.{port}" for node, port in uses) or "no node"
-        return f"plancache does not know the role of tensor uid {spec.uid} ({spec.dtype}, input of {where})"
+        return Refusal(f"plancache does not know the role of tensor uid {spec.uid} ({spec.dtype}, input of {where})")
 
-    def _steering(self, spec: TensorSpec, node: Mapping[str, Any], port: str) -> Fill | str | None:
+    def _steering(self, spec: TensorSpec, node: Mapping[str, Any], port: str) -> Fill | Refusal | None:
         """The fill of a tensor that steers ``node`` through ``port``; None when the port
         carries data."""
         kind, inputs, params = str(node.get("type")), node.get("inputs") or {}, node.get("params") or {}
@@ -174,12 +182,12 @@ class _Roles:
                 paged = "paged_attention_k_table" in inputs
                 longest = params.get("paged_attention_max_seq_len_kv") if paged else self._dim(inputs.get("k"), 2)
                 if paged and longest is None:
-                    return "a paged SDPA without paged_attention_max_seq_len_kv: its key lengths are unknown"
+                    return Refusal("a paged SDPA without paged_attention_max_seq_len_kv: its key lengths are unknown")
                 return self._lengths(spec, longest, "key sequence lengths")
             if port in ("paged_attention_k_table", "paged_attention_v_table"):
                 pool = self._dim(inputs.get("k" if port.endswith("k_table") else "v"), 0)
                 if pool is None or pool < 1:
-                    return f"page table uid {spec.uid}: the page pool's size is unknown"
+                    return Refusal(f"page table uid {spec.uid}: the page pool's size is unknown")
                 return Fill(spec, FillKind.VALUES, f"page table over {pool} pages", tuple(float(i % pool) for i in range(count)))
             if port.startswith("dropout_"):
                 if spec.dtype in _INTEGERS:  # sdpa(dropout=(probability, seed, offset))
@@ -197,7 +205,7 @@ class _Roles:
             return self._statistic(spec, kind, inputs, port)
         return None
 
-    def _statistic(self, spec: TensorSpec, kind: str, inputs: Mapping[str, Any], port: str) -> Fill | str:
+    def _statistic(self, spec: TensorSpec, kind: str, inputs: Mapping[str, Any], port: str) -> Fill | Refusal:
         """A norm backward's saved statistics, as its forward computed them from the input:
         random ones (negative inverse variances, a mean unrelated to the input) lie outside
         what the backward is defined for, and right engines that rely on their identities
@@ -205,21 +213,21 @@ class _Roles:
         source = inputs.get("input") or inputs.get("x")
         x = self.by_uid.get(int(source[1:])) if isinstance(source, str) and source.startswith("u") else None
         if x is None or x.is_output or len(x.dims) != len(spec.dims) or any(s not in (1, d) for s, d in zip(spec.dims, x.dims)):
-            return f"{kind} statistic uid {spec.uid}: the input it was computed from is unknown"
+            return Refusal(f"{kind} statistic uid {spec.uid}: the input it was computed from is unknown")
         what = (FillKind.INV_RMS if port == "inv_variance" and "RMS" in kind
                 else FillKind.MEAN if port == "mean" else FillKind.INV_STD)  # fmt: skip
         return Fill(spec, what, f"{kind} {port} of input uid {x.uid}", source=x.uid)
 
-    def _moe(self, spec: TensorSpec, node: Mapping[str, Any], port: str) -> Fill | str | None:
+    def _moe(self, spec: TensorSpec, node: Mapping[str, Any], port: str) -> Fill | Refusal | None:
         inputs, params = node.get("inputs") or {}, node.get("params") or {}
         mode = str(params.get("mode") or "moe_grouped_matmul_mode.NONE")
         count = math.prod(spec.dims)
         if port == "first_token_offset":
             if mode not in ("moe_grouped_matmul_mode.NONE", "moe_grouped_matmul_mode.GATHER"):
-                return f"MoE token offsets in {mode} mode: their valid values are unknown to plancache"
+                return Refusal(f"MoE token offsets in {mode} mode: their valid values are unknown to plancache")
             rows = self._dim(inputs.get("token_index" if "token_index" in inputs else "token"), -2)
             if rows is None:
-                return "MoE token offsets: the number of token rows is unknown"
+                return Refusal("MoE token offsets: the number of token rows is unknown")
             # Groups of equal size, each starting on a multiple of the alignment (0 is
             # always valid): monotone, in range, aligned.
             step = rows // max(count, 1) // _MOE_ROW_ALIGNMENT * _MOE_ROW_ALIGNMENT
@@ -227,13 +235,13 @@ class _Roles:
         if port == "token_index" and mode == "moe_grouped_matmul_mode.GATHER":
             tokens = self._dim(inputs.get("token"), -2)
             if tokens is None or tokens < 1:
-                return "MoE token indices: the number of tokens is unknown"
+                return Refusal("MoE token indices: the number of tokens is unknown")
             return Fill(spec, FillKind.VALUES, f"MoE token indices below {tokens}", tuple(float(i % tokens) for i in range(count)))  # fmt: skip
         if port in ("token", "weight", "doutput", "top_k_scores"):
             return None
-        return f"MoE input {port!r} (uid {spec.uid}): its valid values are unknown to plancache"
+        return Refusal(f"MoE input {port!r} (uid {spec.uid}): its valid values are unknown to plancache")
 
-    def _ragged(self, spec: TensorSpec, tid: str) -> Fill | str:
+    def _ragged(self, spec: TensorSpec, tid: str) -> Fill | Refusal:
         """Offsets that lay the ragged batches out exactly as the dense layout would:
         batch ``i`` at ``i`` times the batch stride (with full sequence lengths, the
         exclusive prefix sums of the lengths times the row size)."""
@@ -241,21 +249,21 @@ class _Roles:
         for uid in self.ragged_users[tid]:
             user = self.by_uid.get(uid)
             if user is None or not user.strides:
-                return f"ragged offsets uid {spec.uid}: the tensor they offset is unknown"
+                return Refusal(f"ragged offsets uid {spec.uid}: the tensor they offset is unknown")
             multiplier = self.multipliers.get(f"u{uid}", 1)
             stride = user.strides[0]
             aligned = stride * DTYPE_BYTES.get(user.dtype or "", 4) % max(1, user.alignment) == 0
             if stride % multiplier or not aligned:
-                return f"ragged offsets uid {spec.uid}: no dense layout of uid {uid} is aligned"
+                return Refusal(f"ragged offsets uid {spec.uid}: no dense layout of uid {uid} is aligned")
             units.add(stride // multiplier)
         if len(units) != 1:
-            return f"ragged offsets uid {spec.uid} are shared by tensors of different batch strides"
+            return Refusal(f"ragged offsets uid {spec.uid} are shared by tensors of different batch strides")
         unit = units.pop()
         return Fill(spec, FillKind.VALUES, "ragged offsets", tuple(float(i * unit) for i in range(math.prod(spec.dims))))
 
-    def _lengths(self, spec: TensorSpec, longest: Any, what: str) -> Fill | str:
+    def _lengths(self, spec: TensorSpec, longest: Any, what: str) -> Fill | Refusal:
         if not isinstance(longest, int) or longest < 1:
-            return f"{what} uid {spec.uid}: their maximum is unknown"
+            return Refusal(f"{what} uid {spec.uid}: their maximum is unknown")
         return Fill(spec, FillKind.VALUES, f"{what} (all {longest})", (float(longest),) * math.prod(spec.dims))
 
     def _dim(self, tid: Any, axis: int) -> int | None:
@@ -382,21 +390,14 @@ class TimingInputs:
     spare: int
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """Why no candidate may be launched."""
-
-    why: str
-
-
 def timing_inputs(description: Mapping[str, Any], specs: Sequence[TensorSpec], given: Mapping[int, Any],
                   budget: MemoryBudget, free: int) -> TimingInputs | Refusal:  # fmt: skip
     """What launching candidates on the caller's ``given`` tensors (already checked) and
     synthetic ones needs, or why nothing may be launched (a tensor of unknown role,
     ``budget`` of ``free`` device bytes exceeded)."""
     plan = plan_inputs(description, specs, given)
-    if isinstance(plan, str):
-        return Refusal(plan)
+    if isinstance(plan, Refusal):
+        return plan
     need, limit = plan.device_bytes(OUTPUT_COPIES, MAGNITUDE_COPIES), budget.bytes_of(free)
     if need > limit:
         return Refusal(f"launching candidates needs {format_size(need)}, over the budget of {format_size(limit)} "

@@ -56,7 +56,7 @@ from ..store.per_process import PerProcess
 from ..tiers.local import LocalTier
 from ..tiers.memory import LRU
 from .builder import plan_builder
-from .counters import Counters
+from .counters import Count, Counters
 from .flight import SingleFlight, lock_timeout_of
 from .lookup import Lookup
 from .priming import Primer, app_name
@@ -182,7 +182,8 @@ class PlanCache:
         self.options = options or BuildOptions()
         self.timing = timing or TimingPolicy()
         self.local = LocalTier(directory, read_only=read_only, max_bytes=self.max_size, warn=self._warn_once,
-                               count=self.counters.count, app=APP.of(app, "app") or app_name())  # fmt: skip
+                               store_error=lambda: self.counters.count(Count.STORE_ERRORS),
+                               app=APP.of(app, "app") or app_name())  # fmt: skip
         self.directory = self.local.directory
         self.remote = remote if remote is not None else _remote_from_env()
         self.flight = SingleFlight(_lock_directory(self.local), timeout=lock_timeout, remote=self.remote, warn=self._warn_once,

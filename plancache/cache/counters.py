@@ -25,7 +25,7 @@ class Count(StrEnum):
     BUILDS = "builds"
     REBUILDS = "rebuilds"
     CORRUPT = "corrupt"
-    STORE_ERRORS = "store_errors"  # counted by the tiers below the cache, by this name
+    STORE_ERRORS = "store_errors"
     WAITS = "waits"
     UNPERSISTED = "unpersisted"
     KERNEL_CACHE_RESTORES = "kernel_cache_restores"
@@ -48,7 +48,7 @@ class Counters(dict[str, int]):
         # Per process: a lock another thread held at a fork would stay held in the child.
         self._lock = PerProcess(threading.Lock)
 
-    def count(self, name: str, n: int = 1) -> None:
-        """Add ``n`` to ``name`` (one of ``NAMES``)."""
+    def count(self, name: Count, n: int = 1) -> None:
+        """Add ``n`` to ``name``."""
         with self._lock.get():
             self[name] += n

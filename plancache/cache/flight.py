@@ -125,7 +125,7 @@ class SingleFlight:
     """
 
     def __init__(self, lock_dir: Path | None, *, timeout: float, modes: Modes = PRIVATE, remote: Any = None,
-                 warn: Callable[..., None] | None = None, count: Callable[[str], None] | None = None) -> None:  # fmt: skip
+                 warn: Callable[..., None] | None = None, count: Callable[[Count], None] | None = None) -> None:  # fmt: skip
         self.lock_dir = lock_dir
         self.modes = modes
         self._count = count or (lambda name: None)

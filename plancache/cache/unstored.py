@@ -29,7 +29,7 @@ from ..guest.backend import Backend, BuiltPlan, Load
 from ..key import CacheKey
 from ..store import Entry, summarize
 from ..tiers.local import LocalTier
-from .counters import Counters
+from .counters import Count, Counters
 
 __all__ = ["KEPT", "Unstored", "Why"]
 
@@ -40,8 +40,8 @@ KEPT = 64
 class Why(enum.Enum):
     """Why a plan this process built was not stored (the value: its counter)."""
 
-    UNLOADABLE = "unloadable"  # it could not be loaded back from its blob
-    JUDGE_DISAGREES = "judge_disagreements"  # the judge refused the plan the frontend built for this graph
+    UNLOADABLE = Count.UNLOADABLE  # it could not be loaded back from its blob
+    JUDGE_DISAGREES = Count.JUDGE_DISAGREEMENTS  # the judge refused the plan the frontend built for this graph
 
 
 class Unstored:

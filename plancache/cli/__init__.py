@@ -28,7 +28,7 @@ from typing import Any
 import click
 
 from ..config import ConfigError
-from ..errors import BundleError, ManifestError, PlanCacheError
+from ..errors import BundleError, BundleTargetError, ManifestError, PlanCacheError
 from . import building, bundles, inspection, maintenance, sql
 from .common import (
     EXIT_BROKEN_PIPE,
@@ -47,13 +47,11 @@ __all__ = ["EXIT_BROKEN_PIPE", "EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "
 
 def _one_line(exc: BaseException) -> tuple[str, int]:
     """The one line and exit code (``EXIT_CODES``) of an error the user can act on."""
-    from ..workflows.bundle import TARGET_REFUSALS
-
     if isinstance(exc, ConfigError):
         return str(exc), EXIT_USAGE
     if isinstance(exc, ManifestError):  # the manifest as a whole: nothing was built
         return str(exc), EXIT_PROBLEMS
-    if isinstance(exc, BundleError) and exc.fields.get("reason") not in TARGET_REFUSALS:  # a bundle import cannot use
+    if isinstance(exc, BundleError) and not isinstance(exc, BundleTargetError):  # a bundle import cannot use
         return str(exc), EXIT_PROBLEMS
     if isinstance(exc, PlanCacheError):
         return str(exc), EXIT_ERROR

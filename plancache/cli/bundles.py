@@ -67,7 +67,7 @@ def import_cmd(obj: Context, file: Path, replace: bool, env_id: str | None, allo
     or a FILE that is no regular file is refused (exit code 3) and the cache is left
     unchanged: a cache that did not exist yet is not created. The signature is checked
     under PLANCACHE_REDIS_SECRET_FILE or PLANCACHE_REDIS_SECRET, the sender's secret."""
-    from ..workflows.bundle import bundle_environment, import_bundle, read_bundle
+    from ..workflows.bundle import Signature, bundle_environment, import_bundle, read_bundle
 
     bundle = read_bundle(file, allow_unsigned=allow_unsigned)
     if env_id is not None:
@@ -81,7 +81,7 @@ def import_cmd(obj: Context, file: Path, replace: bool, env_id: str | None, allo
     def text(d: dict[str, Any]) -> Iterable[str]:
         yield (f"imported {len(d['imported'])} plans, replaced {len(d['replaced'])}, kept {len(d['kept'])} existing, "
                f"skipped {len(d['skipped'])} of other environments (bundle of {d['entries']})")  # fmt: skip
-        yield "  signature verified" if d["signature"] == "verified" else f"  signature {d['signature']} (--allow-unsigned)"
+        yield f"  signature {d['signature']}" + ("" if d["signature"] is Signature.VERIFIED else " (--allow-unsigned)")
         for env_id, summary in d["environments"].items():
             yield f"  environment {env_id}: {summary}"
 

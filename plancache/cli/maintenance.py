@@ -130,14 +130,14 @@ RECENT_DAYS = 1.0
 
 
 def _refuse_recent(report: Mapping[str, Any], days: float) -> None:
-    """Refuse, naming what would go, an age prune that removes entries used within the last
-    ``RECENT_DAYS``."""
+    """Refuse, naming what would go, an age prune (``report``: its dry run) that removes
+    entries used within the last ``RECENT_DAYS``."""
     now = time.time()
-    recent = [r for r in report["removed"] if r["reason"].startswith("unused") and now - r["last_used_at"] < RECENT_DAYS * 86400]
+    aged = report["removed"]  # of an age prune alone: every one unused since the cutoff
+    recent = [r for r in aged if now - r["last_used_at"] < RECENT_DAYS * 86400]
     if not recent:
         return
     newest = age(max(0.0, now - max(r["last_used_at"] for r in recent)))
-    aged = [r for r in report["removed"] if r["reason"].startswith("unused")]
     raise PlanCacheError(
         f"refused: --older-than {days:g} would remove {len(aged)} entries ({format_size(sum(r['blob_size'] for r in aged))}), "
         f"{len(recent)} of them used in the last day (the latest {newest} ago), which running jobs may still be using; "

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import NativeError
+from ..errors import NativeError, NativeLibrary
 
 __all__ = ["Libcuda", "Library", "libcuda", "library", "open_beside"]
 
@@ -159,7 +159,7 @@ class Libcuda:
 
 def _check_driver(status: int, call: str) -> None:
     if status != 0:
-        raise NativeError(f"{call} failed: CUDA driver error {status}", call=call, status=status, library="cuda")
+        raise NativeError(f"{call} failed: CUDA driver error {status}", call=call, status=status, library=NativeLibrary.CUDA)
 
 
 _libcuda_lock = threading.Lock()

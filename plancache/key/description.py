@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import InvalidGraphError
+from ..errors import InvalidGraphError, UntaggedCallableError
 from .key import TensorSpec
 from .lowering import Lowering, Mode, inferred_shapes, lowering, row_major
 
@@ -297,7 +297,7 @@ class _Encoder:
         if callable(v):
             if self.tag is not None:
                 return {"callable": True}  # the caller's tag, in the description, stands for it
-            raise _refuse(
+            raise UntaggedCallableError(
                 f"{_text(where)} is a callable ({getattr(v, '__qualname__', type(v).__name__)}): its behaviour cannot be keyed; "
                 "pass describe(graph, tag=...) with a tag that changes whenever the callable does",
                 node=self.node_name,

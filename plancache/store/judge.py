@@ -24,6 +24,7 @@ docs/reliability.md lists both.
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -39,6 +40,13 @@ __all__ = ["ANOTHER_GRAPH", "Judgement", "form_of", "judge"]
 
 #: How every refusal of a readable blob begins.
 ANOTHER_GRAPH = "the blob is a plan of another graph"
+
+
+class _Side(enum.Enum):
+    """A node's side a port is on (the value: as refusals name it)."""
+
+    INPUT = "input"
+    OUTPUT = "output"
 
 
 @dataclass(frozen=True)
@@ -140,8 +148,8 @@ class _Judge:
                 )
 
     def ports(self, node: FormNode, found: BlobNode) -> None:
-        for side, ports, names, held in (("input", node.inputs, node.names[0], found.inputs),
-                                         ("output", node.outputs, node.names[1], found.outputs)):  # fmt: skip
+        for side, ports, names, held in ((_Side.INPUT, node.inputs, node.names[0], found.inputs),
+                                         (_Side.OUTPUT, node.outputs, node.names[1], found.outputs)):  # fmt: skip
             if held.keys() == names:  # every port named as written, and no other: nothing is loose or extra
                 for port in ports:
                     self.bind(port.tid, held[port.name], side, port.name, node)
@@ -156,28 +164,28 @@ class _Judge:
                     name = spelled.get(_spelling(port.name))
                 if name is None or name not in held:
                     if port.exact:
-                        raise _Refused(f"node {node.position} ({node.tag}) has no {side} {port.name}")
+                        raise _Refused(f"node {node.position} ({node.tag}) has no {side.value} {port.name}")
                     loose.append(port.tid)
                     continue
                 matched.add(name)
                 self.bind(port.tid, held[name], side, name, node)
             # a port plancache cannot name in the blob: its tensor must be among the node's (a
             # batch norm's peer statistics are a list beside its ports)
-            among = (_uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side == "input" else set())
+            among = (_uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side is _Side.INPUT else set())
                      if loose else set())  # fmt: skip
             for tid in loose:
                 uid = self.uid_of.get(tid)
                 if uid is not None and uid not in among:
-                    raise _Refused(f"node {node.position} ({node.tag}) does not {side} tensor {uid}")
-                self.notes.append(f"node {node.position} ({node.tag}): an {side} port matched by its tensor only")
+                    raise _Refused(f"node {node.position} ({node.tag}) does not {side.value} tensor {uid}")
+                self.notes.append(f"node {node.position} ({node.tag}): an {side.value} port matched by its tensor only")
             for name, uid in held.items():
                 if uid is None or name in matched:
                     continue
                 others = {self.tid_of.get(u) for u in _uids([uid])} - {None}
                 if others - set(loose):  # a tensor of the key's graph at a port the key's graph does not have
-                    raise _Refused(f"node {node.position} ({node.tag}) has {side} {name}, which the key's graph does not")
+                    raise _Refused(f"node {node.position} ({node.tag}) has {side.value} {name}, which the key's graph does not")
                 if name not in node.extras and not all(self._own(u) for u in _uids([uid])):
-                    raise _Refused(f"node {node.position} ({node.tag}) has {side} {name}, which the key's graph does not")
+                    raise _Refused(f"node {node.position} ({node.tag}) has {side.value} {name}, which the key's graph does not")
 
     def _own(self, uid: int) -> bool:
         """Whether ``uid`` is a tensor the frontend made itself (virtual, or by value)."""
@@ -273,7 +281,7 @@ def _where(*where: Any) -> str:
     if len(where) == 1:
         return f"the ragged offset of {where[0]}"
     side, name, node = where
-    return f"{side} {name} of node {node.position} ({node.tag})"
+    return f"{side.value} {name} of node {node.position} ({node.tag})"
 
 
 def _laid_out_as(layouts: list[tuple[tuple[int, ...], tuple[int, ...] | None]], found: BlobTensor) -> bool:

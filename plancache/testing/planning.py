@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
-from ..errors import BuildError, InvalidGraphError
+from ..errors import BuildError, InvalidGraphError, UntaggedCallableError
 from ..key import TensorSpec, describe, tensor_table
 from .device import SimulatedCuda
 from .kernels import evaluate
@@ -45,9 +45,7 @@ def _describe_with_shapes(graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]
 
     try:
         description = describe(graph)
-    except InvalidGraphError as exc:
-        if exc.fields.get("reason") != "callable without tag":
-            raise
+    except UntaggedCallableError:
         # A graph the caller tagged (get(graph, tag=...)) and keyed so: planning needs its
         # shapes, not its key. The kernels refuse what they cannot compute as cuDNN does
         # (attention with a score_mod): a BuildError that says so, not a plea for a tag.

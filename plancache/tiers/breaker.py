@@ -20,20 +20,52 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+from ..config import StrEnum
 from .bounded import within
-from .fleet_lock import CallMode
 
-__all__ = ["COUNTERS", "FAILED", "Breaker"]
+__all__ = ["FAILED", "Breaker", "Call", "CallMode", "RemoteCount"]
 
 log = logging.getLogger("plancache.remote")
 T = TypeVar("T")
 
-COUNTERS = ("remote_hits", "remote_misses", "publishes", "refused", "errors", "lock_waits", "skipped")
+
+class RemoteCount(StrEnum):
+    """The tier's counters, in the order its stats list them."""
+
+    REMOTE_HITS = "remote_hits"
+    REMOTE_MISSES = "remote_misses"
+    PUBLISHES = "publishes"
+    REFUSED = "refused"
+    ERRORS = "errors"
+    LOCK_WAITS = "lock_waits"
+    SKIPPED = "skipped"
+
+
+class Call(StrEnum):
+    """A Redis call of the tier, as its messages and warnings name it."""
+
+    GET = "get"
+    PUT = "put"
+    LOCK = "lock"
+    UNLOCK = "unlock"
+    RENEW = "renew"
+
+
+class CallMode(enum.Enum):
+    """How the tier makes one call."""
+
+    NORMAL = "normal"  # skipped while the tier backs off
+    # Attempted even then (a release), counted against max_stall, skipped only once the tier is switched off.
+    ALWAYS = "always"
+    # From the lock's own thread: it delays no caller, so it is made whatever the tier's state
+    # and is not counted against max_stall.
+    BACKGROUND = "background"
+
 
 # What a write that Redis refuses for lack of memory costs, per call, for its one warning.
 _WHEN_FULL = {
-    "put": "the plan is still served from the local store",
-    "lock": "building without the fleet lock (another node may build the same plan)",
+    Call.PUT: "the plan is still served from the local store",
+    Call.LOCK: "building without the fleet lock (another node may build the same plan)",
 }
 
 _monotonic = time.monotonic  # one name, so tests can drive the backoff clock
@@ -66,7 +98,7 @@ class Breaker:
         # Connection trouble backs the tier off; a server that answers with an error
         # (full, read-only replica, no permission) is up, so only that call fails.
         self._outage_errors = (redis.ConnectionError, redis.TimeoutError, OSError)
-        self._counters = dict.fromkeys(COUNTERS, 0)
+        self._counters = dict.fromkeys([c.value for c in RemoteCount], 0)
         self._counter_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._failures = 0  # consecutive failed attempts of the current outage
@@ -82,7 +114,7 @@ class Breaker:
         with self._state_lock:
             return not self._disabled and _monotonic() >= self._retry_at
 
-    def count(self, name: str, by: int = 1) -> None:
+    def count(self, name: RemoteCount, by: int = 1) -> None:
         with self._counter_lock:
             self._counters[name] += by
 
@@ -97,15 +129,15 @@ class Breaker:
             self._warned.add(topic)
         log.log(logging.WARNING if first else logging.DEBUG, message, *args)
 
-    def call(self, what: str, op: Callable[[], T], mode: CallMode = "normal") -> T | Literal[_Failed.FAILED]:
+    def call(self, what: Call, op: Callable[[], T], mode: CallMode = CallMode.NORMAL) -> T | Literal[_Failed.FAILED]:
         """Run one Redis command, or skip it while backing off; never raises. ``mode``: see
-        ``fleet_lock.CallMode`` (releases are made while backing off; the lock's thread
+        ``CallMode`` (releases are made while backing off; the lock's thread
         calls whatever the state, uncounted against max_stall since no caller waits)."""
-        if mode != "background":
+        if mode is not CallMode.BACKGROUND:
             with self._state_lock:
-                skip = self._disabled or (mode == "normal" and _monotonic() < self._retry_at)
+                skip = self._disabled or (mode is CallMode.NORMAL and _monotonic() < self._retry_at)
             if skip:
-                self.count("skipped")
+                self.count(RemoteCount.SKIPPED)
                 return FAILED
         started = time.perf_counter()  # real time even when tests drive _monotonic
         try:
@@ -118,7 +150,7 @@ class Breaker:
                 return FAILED
             # No answer (refused, timed out, reset, past the deadline), or one redis-py could not
             # read (no Redis sends it: a hostile or broken server): an outage either way.
-            if mode == "background":  # the caller-facing calls warn about the outage
+            if mode is CallMode.BACKGROUND:  # the caller-facing calls warn about the outage
                 log.debug("plancache: Redis %s did not answer %s (%s: %s)", self.url, what, type(exc).__name__, exc)
             else:
                 self._outage(what, exc, time.perf_counter() - started)
@@ -126,24 +158,24 @@ class Breaker:
         self._recovered()
         return result
 
-    def script_call(self, what: str, op: Callable[[], Any], mode: CallMode) -> int | None:
+    def script_call(self, what: Call, op: Callable[[], Any], mode: CallMode) -> int | None:
         """``call`` for the lock's scripts, whose replies are integers: None when it failed."""
         result = self.call(what, op, mode)
         return None if result is FAILED else int(result)
 
-    def _rejected(self, what: str, exc: BaseException) -> None:
+    def _rejected(self, what: Call, exc: BaseException) -> None:
         """Redis answered with an error: it is up (no backoff); only this call failed."""
-        self.count("errors")
+        self.count(RemoteCount.ERRORS)
         if isinstance(exc, self._redis.exceptions.OutOfMemoryError) and what in _WHEN_FULL:
             # maxmemory reached, under any policy: allkeys-lru first evicts what it can,
             # then still refuses a value larger than the memory that frees.
             self.warn_once(f"full-{what}", "plancache: Redis %s rejected %s: it is full (%s); %s. Logged once, counted in `errors`",
-                           self.url, "a publish" if what == "put" else "the fleet lock", exc, _WHEN_FULL[what])  # fmt: skip
+                           self.url, "a publish" if what is Call.PUT else "the fleet lock", exc, _WHEN_FULL[what])  # fmt: skip
         else:
             self.warn_once(f"rejected-{what}", "plancache: Redis %s rejected %s (%s); continuing locally", self.url, what, exc)
 
-    def _outage(self, what: str, exc: BaseException, elapsed: float) -> None:
-        self.count("errors")
+    def _outage(self, what: Call, exc: BaseException, elapsed: float) -> None:
+        self.count(RemoteCount.ERRORS)
         with self._state_lock:
             now = _monotonic()
             self._stalled += elapsed

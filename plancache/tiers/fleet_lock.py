@@ -31,21 +31,17 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any
 
 from ..config import REDIS_LOCK_TTL
+from .breaker import Call, CallMode, RemoteCount
 
-__all__ = ["CallMode", "FleetLock", "ScriptCall"]
+__all__ = ["FleetLock", "ScriptCall"]
 
 log = logging.getLogger("plancache.remote")
 
-# How the tier makes one call: "normal" is skipped while the tier backs off; "always" is
-# attempted even then (a release), counted against max_stall, skipped only once the tier is
-# switched off; "background" comes from the lock's own thread: it delays no caller, so it is
-# made whatever the tier's state and is not counted against max_stall.
-CallMode = Literal["normal", "always", "background"]
 # (what, operation, mode) -> the operation's integer reply, or None when the call failed.
-ScriptCall = Callable[[str, Callable[[], Any], CallMode], int | None]
+ScriptCall = Callable[[Call, Callable[[], Any], CallMode], int | None]
 
 _POLL_FIRST, _POLL_MAX = 0.02, 0.25  # lock polling: quick for short builds, cheap for long ones
 _RETRY_FIRST, _RETRY_MAX = 0.1, 1.0  # release retries: prompt once Redis is back, cheap while not
@@ -87,7 +83,7 @@ class FleetLock:
         call: ScriptCall,
         *,
         lock_ttl: float,
-        count: Callable[[str], None],
+        count: Callable[[RemoteCount], None],
         warn_once: Callable[..., None],
     ) -> None:
         self.lock_ttl = lock_ttl
@@ -131,7 +127,7 @@ class FleetLock:
         for hold in holds:
             hold.woken.set()
             if hold.pending:
-                hold.release("always")
+                hold.release(CallMode.ALWAYS)
 
     # ------------------------------------------------------------------ internals
 
@@ -162,7 +158,7 @@ class FleetLock:
         while True:
             sent = time.monotonic()
             unanswered.clear()
-            result = self._call("lock", acquire, "normal")
+            result = self._call(Call.LOCK, acquire, CallMode.NORMAL)
             if result is None:  # down, backing off, or refused (a full Redis): no coordination
                 if unanswered:
                     self._unclaim(lock, token, sent)
@@ -178,7 +174,7 @@ class FleetLock:
                 return _Take.BUILT, sent
             if not waited:
                 waited = True
-                self._count("lock_waits")
+                self._count(RemoteCount.LOCK_WAITS)
                 log.info("plancache: another node is building %s; waiting up to %.0f s", entry_name, wait)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -236,7 +232,7 @@ class _Hold:
         Redis for more than one attempt, and not at all once the tier is switched off)."""
         self._leaving = True
         if not self.owner.closed.is_set():  # once the tier is closed the lock expires by itself
-            self.pending = not self.release("always")
+            self.pending = not self.release(CallMode.ALWAYS)
             if not self.pending:
                 self.owner._forget(self)
         self.woken.set()
@@ -246,11 +242,11 @@ class _Hold:
         self._leaving = True
         self.woken.set()
 
-    def release(self, mode: Literal["always", "background"]) -> bool:
+    def release(self, mode: CallMode) -> bool:
         """True once Redis answered: released, or already not ours (expired, taken)."""
         # do_release with the token kept here: redis-py's release() forgets the token first,
         # and a release that Redis did not answer is retried.
-        if self.owner._call("unlock", lambda: _answered(lambda: self.lock.do_release(self.token)), mode) is None:
+        if self.owner._call(Call.UNLOCK, lambda: _answered(lambda: self.lock.do_release(self.token)), mode) is None:
             return False
         self.pending = False
         return True
@@ -270,7 +266,7 @@ class _Hold:
             if self._leaving or self.owner.closed.is_set():
                 return
             sent = time.monotonic()
-            result = self.owner._call("renew", lambda: _answered(self.lock.reacquire), "background")
+            result = self.owner._call(Call.RENEW, lambda: _answered(self.lock.reacquire), CallMode.BACKGROUND)
             if result == 1:
                 self.expires_at = sent + self.owner.lock_ttl
             elif result == 0 and not self._leaving:
@@ -294,7 +290,7 @@ class _Hold:
                 return
             if self.owner.closed.wait(min(pause, remaining)):
                 return
-            if self.release("background"):
+            if self.release(CallMode.BACKGROUND):
                 log.info("plancache: released the fleet lock %s once Redis answered again", self.lock.name)
                 return
             pause = min(pause * 2, _RETRY_MAX)

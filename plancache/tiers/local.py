@@ -66,8 +66,8 @@ class _Process:
 class LocalTier:
     """``get``/``put`` of entries in the SQLite store of ``directory``.
 
-    ``warn(topic, message, *args)`` logs once per topic; ``count(name)`` bumps a counter
-    of the owning cache. A store that cannot be opened for a reason other than the
+    ``warn(topic, message, *args)`` logs once per topic; ``store_error()`` counts a store
+    error in the owning cache. A store that cannot be opened for a reason other than the
     caller's configuration (a full disk, an I/O error) leaves the tier ``available``
     False: plans still work, unpersisted, and the warning says why.
     """
@@ -79,7 +79,7 @@ class LocalTier:
         read_only: bool | None,
         max_bytes: int | None,
         warn: Callable[..., None],
-        count: Callable[[str], None],
+        store_error: Callable[[], None],
         app: str | None = None,
     ) -> None:
         named = CACHE_DIR.of(directory, "directory")
@@ -87,7 +87,7 @@ class LocalTier:
         self.app = app
         self.max_bytes = max_bytes
         self._warn = warn
-        self._count = count
+        self._store_error = store_error
         opened: Store | None = None
         #: Why the store was refused (a newer or foreign schema, a directory or file not the user's); None if not.
         self.refused: str | None = None
@@ -103,10 +103,10 @@ class LocalTier:
             # can write, a foreign schema, a store of a newer plancache): nothing of it is read;
             # lookups build plans in memory, which are not stored; one warning says why.
             self.refused = str(exc)
-            count("store_errors")
+            store_error()
             warn("open", "plancache: not storing plans: %s", exc)
         except (StoreError, OSError, sqlite3.Error) as exc:
-            count("store_errors")
+            store_error()
             warn("open", "plancache: cannot open the plan store in %s (%s); plans work but are not stored", self.directory, exc)
         self._process = PerProcess(lambda: _Process(opened))
         self._process.get()  # this process's run starts now
@@ -138,7 +138,7 @@ class LocalTier:
         store = process.store
         if store is None:
             if process.forked_busy is not None:
-                self._count("store_errors")
+                self._store_error()
                 self._warn("open", "plancache: not using the plan store in %s (%s); plans are built and kept in memory",
                            self.directory, process.forked_busy)  # fmt: skip
                 process.forked_busy = None
@@ -148,7 +148,7 @@ class LocalTier:
         except DamagedEntryError:
             raise
         except (StoreError, sqlite3.Error, OSError) as exc:  # a damaged or busy store is a miss
-            self._count("store_errors")
+            self._store_error()
             self._warn("read", "plancache: reading %s failed (%s); treating as a miss", store.path, exc)
             return None
 
@@ -186,7 +186,7 @@ class LocalTier:
         try:
             evicted = self.store.put(entry, max_bytes=self.max_bytes)
         except (StoreError, OSError, sqlite3.Error) as exc:
-            self._count("store_errors")
+            self._store_error()
             self._warn("write", "plancache: could not store plan %s (%s); it is used from memory only", entry.key[:12], exc)
             return False
         if evicted:

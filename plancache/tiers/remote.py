@@ -69,7 +69,7 @@ from ..store import Entry, problem
 from ..store.codec import decode_entry, encode_entry
 from ..store.files import read_secret_file
 from .bounded import bounded_connection
-from .breaker import FAILED, Breaker
+from .breaker import FAILED, Breaker, Call, RemoteCount
 from .fleet_lock import FleetLock
 
 if TYPE_CHECKING:
@@ -348,11 +348,11 @@ class RemoteTier:
     def get(self, key: str, env_id: str) -> Entry | None:
         """The verified entry for ``key``, or None (miss, refusal or outage)."""
         name = self.redis_key(key, env_id)
-        value = self._breaker.call("get", lambda: self._get(keys=[name], args=[self.max_value]))
+        value = self._breaker.call(Call.GET, lambda: self._get(keys=[name], args=[self.max_value]))
         if value is FAILED:
             return None
         if value is None:
-            self._breaker.count("remote_misses")
+            self._breaker.count(RemoteCount.REMOTE_MISSES)
             return None
         if not isinstance(value, (bytes, int)):  # RESP2 gives neither a list nor text here, but a hostile server may
             self._refuse(name, "malformed", f"the reply is a {type(value).__name__}, not a value")
@@ -363,14 +363,14 @@ class RemoteTier:
             return None
         entry = self._open(name, value, key, env_id)
         if entry is not None:
-            self._breaker.count("remote_hits")
+            self._breaker.count(RemoteCount.REMOTE_HITS)
         return entry
 
     def put(self, entry: Entry) -> bool:
         """Publish ``entry`` signed; True once Redis has stored it."""
         reason = problem(entry)
         if reason is not None:  # every node that fetched it would refuse it: it would cost Redis memory and them a refusal
-            self._breaker.count("errors")
+            self._breaker.count(RemoteCount.ERRORS)
             self._breaker.warn_once("put-checksum", "plancache: not publishing %s: %s", entry.key[:12], reason)
             return False
         # Usage counts are per node; a receiver starts from zero.
@@ -378,14 +378,14 @@ class RemoteTier:
         name = self.redis_key(entry.key, entry.env_id)
         value = sign_value(encode_entry(neutral), self._secret, name)
         if len(value) > self.max_value:  # every node would refuse it unread
-            self._breaker.count("errors")
+            self._breaker.count(RemoteCount.ERRORS)
             self._breaker.warn_once("put-too-large", "plancache: not publishing %s: its value is %d bytes, more than %s (%d)",
                                     entry.key[:12], len(value), REDIS_MAX_VALUE.name, self.max_value)  # fmt: skip
             return False
-        stored = self._breaker.call("put", lambda: self._client.set(name, value, ex=self.ttl))
+        stored = self._breaker.call(Call.PUT, lambda: self._client.set(name, value, ex=self.ttl))
         if stored is FAILED or not stored:
             return False
-        self._breaker.count("publishes")
+        self._breaker.count(RemoteCount.PUBLISHES)
         return True
 
     def lock(self, key: str, env_id: str, wait: float) -> contextlib.AbstractContextManager[bool]:
@@ -427,7 +427,7 @@ class RemoteTier:
         return dataclasses.replace(entry, hit_count=0, last_used_at=time.time())
 
     def _refuse(self, name: str, kind: str, detail: str) -> None:
-        self._breaker.count("refused")
+        self._breaker.count(RemoteCount.REFUSED)
         self._breaker.warn_once(
             f"refused-{kind}",
             "plancache: refused Redis entry %s: %s; building locally instead (see `refused` in stats)",

@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import REDIS_SECRET, REDIS_SECRET_FILE, Refused, file_kind, format_size
-from ..errors import BundleError, DamagedEntryError, EntryNotFoundError, StoreError
+from ..config import REDIS_SECRET, REDIS_SECRET_FILE, Refused, StrEnum, file_kind, format_size
+from ..errors import BundleError, BundleTargetError, DamagedEntryError, EntryNotFoundError, StoreError
 from ..key import KEY_FORMAT, canonical_json, environment_id
 from ..store import Entry, Store, maintenance, problem
 from ..store.codec import decode_entry, encode_entry
@@ -63,8 +63,8 @@ __all__ = [
     "BUNDLE_FORMAT",
     "BUNDLE_MAGIC",
     "MAX_BUNDLE",
-    "TARGET_REFUSALS",
     "Bundle",
+    "Signature",
     "bundle_environment",
     "export_bundle",
     "import_bundle",
@@ -87,22 +87,25 @@ _SIGNED = b"PLANCACHE-BUNDLE-SIGNED/1\n"
 _SIGNATURE = "hmac-sha256"
 _UNSIGNED_HINT = (f"export it with the same {REDIS_SECRET_FILE.name} or {REDIS_SECRET.name} set on both machines, or pass "
                   "--allow-unsigned (allow_unsigned=True) if you trust where it came from")  # fmt: skip
-#: The ``reason`` of a ``BundleError`` that refuses the file an export would write (it
-#: exists, is not a regular file, cannot be written, would be too large); every other
-#: reason is a bundle that cannot be read or trusted.
-TARGET_REFUSALS = frozenset({"exists", "not a regular file", "unwritable", "too large"})
+
+
+class Signature(StrEnum):
+    """What a reader found of a bundle's signature (``Bundle.signature``)."""
+
+    VERIFIED = "verified"
+    UNSIGNED = "unsigned"  # allowed by the reader (allow_unsigned)
+    NOT_VERIFIED = "not verified"  # signed with a secret the reader has not; allowed by it
 
 
 @dataclass(frozen=True)
 class Bundle:
     """A bundle read and verified whole by ``read_bundle``: where it was read from, its
-    header, its entries, and its signature: ``verified``, or, where the reader allowed
-    unsigned bundles, ``unsigned`` or ``not verified`` (signed with a secret it has not)."""
+    header, its entries, and its signature."""
 
     path: str
     header: dict[str, Any]
     entries: list[Entry]
-    signature: str
+    signature: Signature
 
 
 def _env_summary(environment: Mapping[str, Any]) -> str:
@@ -144,19 +147,19 @@ def _check_target(target: Path) -> None:
         mode = target.lstat().st_mode
     except FileNotFoundError:
         if not target.parent.is_dir():  # as cp and tar: a typo in the path makes no directory
-            raise BundleError(f"cannot export to {target}: {target.parent} is not a directory; create it first (an "
-                              "export creates none)", path=str(target), reason="unwritable") from None  # fmt: skip
+            raise BundleTargetError(f"cannot export to {target}: {target.parent} is not a directory; create it first (an "
+                                    "export creates none)", path=str(target), reason="unwritable") from None  # fmt: skip
         return
     except OSError as exc:  # a component is a file (ENOTDIR), a directory cannot be searched (EACCES)...
         raise _cannot_write(target, exc) from exc
     if not stat.S_ISREG(mode):
-        raise BundleError(f"cannot export to {target}: it exists and is {file_kind(mode)}, not a regular file; "
-                          "plancache only replaces regular files", path=str(target), reason="not a regular file")  # fmt: skip
+        raise BundleTargetError(f"cannot export to {target}: it exists and is {file_kind(mode)}, not a regular file; "
+                                "plancache only replaces regular files", path=str(target), reason="not a regular file")  # fmt: skip
 
 
-def _exists(target: Path) -> BundleError:
-    return BundleError(f"refused: {target} exists and is not replaced without --force (replace=True)", path=str(target),
-                       reason="exists")  # fmt: skip
+def _exists(target: Path) -> BundleTargetError:
+    return BundleTargetError(f"refused: {target} exists and is not replaced without --force (replace=True)",
+                             path=str(target), reason="exists")  # fmt: skip
 
 
 def _link_new(tmp: str, target: Path) -> None:
@@ -174,9 +177,9 @@ def _link_new(tmp: str, target: Path) -> None:
     os.unlink(tmp)
 
 
-def _cannot_write(target: Path, exc: OSError) -> BundleError:
+def _cannot_write(target: Path, exc: OSError) -> BundleTargetError:
     where = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != str(target) else ""
-    return BundleError(f"cannot write bundle {target}: {exc.strerror or exc}{where}", path=str(target), reason="unwritable")
+    return BundleTargetError(f"cannot write bundle {target}: {exc.strerror or exc}{where}", path=str(target), reason="unwritable")
 
 
 def export_bundle(
@@ -247,9 +250,9 @@ def export_bundle(
     header = json.dumps(fields, sort_keys=True).encode()
     size = _PRELUDE + len(header) + len(payload)
     if size > MAX_BUNDLE:
-        raise BundleError(f"cannot export to {target}: the bundle would be {format_size(size)}, "
-                          f"more than the {format_size(MAX_BUNDLE)} an import reads; export fewer plans at a time (--env, --key)",
-                          path=str(target), reason="too large")  # fmt: skip
+        raise BundleTargetError(f"cannot export to {target}: the bundle would be {format_size(size)}, more than the "
+                                f"{format_size(MAX_BUNDLE)} an import reads; export fewer plans at a time (--env, --key)",
+                                path=str(target), reason="too large")  # fmt: skip
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
@@ -294,14 +297,14 @@ def _tag(secret: bytes, header: Mapping[str, Any], payload: bytes | bytearray | 
     return mac.hexdigest()
 
 
-def _signature(data: bytes, header: Mapping[str, Any], where: str, secret: bytes | None, allow_unsigned: bool) -> str:
+def _signature(data: bytes, header: Mapping[str, Any], where: str, secret: bytes | None, allow_unsigned: bool) -> Signature:
     """What ``Bundle.signature`` says of a bundle, or the ``BundleError`` that refuses it:
     unsigned, or signed with another secret (unless ``allow_unsigned``), or altered after
     it was signed (always). ``secret`` None: the configured one, read only for a signed bundle."""
     signature = header.get("signature")
     if signature is None:
         if allow_unsigned:
-            return "unsigned"
+            return Signature.UNSIGNED
         raise _refuse(where, f"it is unsigned, so nothing proves who made it: {_UNSIGNED_HINT}", reason="unsigned")
     if (not isinstance(signature, dict) or signature.get("algorithm") != _SIGNATURE
             or not _ENV_ID.match(str(signature.get("key_id"))) or not _KEY.match(str(signature.get("tag")))):  # fmt: skip
@@ -310,7 +313,7 @@ def _signature(data: bytes, header: Mapping[str, Any], where: str, secret: bytes
     mine = None if secret is None else secret_id(secret).hex()
     if mine != signature["key_id"]:
         if allow_unsigned:
-            return "not verified"
+            return Signature.NOT_VERIFIED
         why = "no secret is configured here to verify it" if mine is None else f"this machine's secret is key id {mine}"
         raise _refuse(where, f"it is signed with a secret of key id {signature['key_id']}, but {why}: {_UNSIGNED_HINT}",
                       reason="other secret")  # fmt: skip
@@ -321,7 +324,7 @@ def _signature(data: bytes, header: Mapping[str, Any], where: str, secret: bytes
         raise _refuse(where, f"malformed header: {exc}", reason="malformed") from exc
     if not hmac.compare_digest(tag, signature["tag"]):
         raise _refuse(where, "its signature does not match: it was altered after it was signed", reason="signature")
-    return "verified"
+    return Signature.VERIFIED
 
 
 def _refuse(path: str, message: str, **fields: Any) -> BundleError:
