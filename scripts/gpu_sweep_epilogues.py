@@ -249,6 +249,7 @@ def _backend_candidates(graph: Any, description: Any, pack: dict[int, Any]) -> l
     ``SMOKE_WRONG`` computes wrongly); as ``_frontend_candidates``."""
     import plancache
     from plancache.autotuning.candidates import Candidates
+    from plancache.errors import BuildError
     from plancache.testing import CpuTestBackend
 
     backend = CpuTestBackend(wrong=[SMOKE_WRONG])
@@ -259,9 +260,10 @@ def _backend_candidates(graph: Any, description: Any, pack: dict[int, Any]) -> l
         assert refused is None, refused
         for index in range(len(found)):
             cand: dict[str, Any] = {"index": index, "engine": f"cpu-test-eng{found.engine(index).engine_id}"}
-            problem = found.build(index)
-            if problem is not None:
-                cand["not_built"] = problem[:120]
+            try:
+                found.build(index)
+            except BuildError as exc:
+                cand["not_built"] = str(exc)[:120]
                 launched.append((cand, None))
                 continue
             launched.append((cand, found.outputs(index)[3]))
