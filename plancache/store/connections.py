@@ -35,7 +35,10 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["FORK_WAIT_S", "GATE", "GatedConnection", "connect"]
+__all__ = ["FORK_WAIT_S", "GATE", "GatedConnection", "Transaction", "connect"]
+
+#: A store's short write transaction (``Store.transaction``), for the functions that write through it.
+Transaction = Callable[[], contextlib.AbstractContextManager[sqlite3.Connection]]
 
 #: The longest a fork waits for SQLite calls and transactions of other threads to end.
 FORK_WAIT_S = 1.0

@@ -1,7 +1,7 @@
 """The SQLite plan store: open, migrate, get, put, evict. Knows nothing of GPUs. What a row
-holds is ``entry.Entry``. Its base classes open the file (``schema.Schema``), handle damage
-(``recovery.Recovery``) and take entries out of service (``quarantine.Quarantine``);
-``verify`` and ``prune`` run in ``maintenance``.
+holds is ``entry.Entry``. ``Store`` keeps the connections and the transactions; the functions
+it calls open the file (``schema``), handle damage (``recovery``) and take entries out of
+service (``quarantine``); ``verify`` and ``prune`` run in ``maintenance``.
 
 Habits: WAL set once at creation; on every connection a busy timeout and
 ``synchronous=NORMAL``; one connection per thread, reopened after ``fork`` (``connections``
@@ -17,25 +17,25 @@ reliable there. Use the Redis tier to share plans between machines.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..config import ALLOW_SHARED_DIR, CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, EntryNotFoundError, StoreBusyError, StoreError
-from . import bookkeeping
+from . import bookkeeping, quarantine, recovery, schema
 from .connections import GATE, GatedConnection, connect
 from .entry import INSERT_COLUMNS, INSERT_SQL, Entry, sha256, sound_use
 from .files import check_trusted, create_file, harden
 from .per_process import PerProcess
-from .quarantine import Quarantine
-from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text, reads
-from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir
+from .recovery import DB_NAME, Repaired, is_damage, is_locked, is_undecodable, lenient_text
+from .schema import BUSY_TIMEOUT_MS, default_cache_dir
 
 __all__ = ["MIN_KEY_PREFIX", "Store"]
 
@@ -48,6 +48,23 @@ _HIT_COLUMNS = ", ".join([*(c for c in INSERT_COLUMNS if c not in ("candidates_j
 _READ_HIT = f"SELECT {_HIT_COLUMNS} FROM plans WHERE key = ?"
 
 log = logging.getLogger("plancache")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def reads(method: Callable[Concatenate[Store, P], T]) -> Callable[Concatenate[Store, P], T]:
+    """A read of the store: SQLite's own errors become ``StoreError`` naming the file, so
+    callers catch one plancache error (and the builtin ``OSError`` it subclasses)."""
+
+    @functools.wraps(method)
+    def read(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read plan store {self.path}: {exc}", path=str(self.path)) from exc
+
+    return read
 
 
 def _file_id(path: os.PathLike[str]) -> tuple[int, int] | None:
@@ -80,7 +97,7 @@ def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
     return len(doomed)
 
 
-class Store(Schema, Recovery, Quarantine):
+class Store:
     """The SQLite database of one cache directory.
 
     ``Store(directory)`` creates the directory (mode 0700) and database (0600; 0660 in a
@@ -112,7 +129,11 @@ class Store(Schema, Recovery, Quarantine):
         self._closed = False
         #: What is wrong with the file, found at open and left there (``repair=False``); None when sound.
         self.damage: str | None = None
-        self._prepare_directory(read_only, group)
+        access = schema.prepare_directory(self.directory, read_only, group)
+        #: How plancache makes files in the directory, and the shared group whose members' files it trusts.
+        self.modes = access.modes
+        self.read_only = access.read_only
+        self._directory_writable, self._file_writable = access.directory_writable, access.file_writable
         try:
             self._open_and_migrate(repair)
         except BaseException:
@@ -120,6 +141,31 @@ class Store(Schema, Recovery, Quarantine):
             raise
 
     # ------------------------------------------------------------------ opening
+
+    def _open_and_migrate(self, repair: bool) -> None:
+        """Open the file and apply pending migrations. Damage found on the way is repaired
+        (``repair``) or left as it is and kept in ``damage``."""
+        try:
+            schema.migrate_when_free(self._migrate)
+            damage = recovery.damage_at_open(self.connection, self.path, whole=not repair)
+        except sqlite3.DatabaseError as exc:
+            if not is_damage(exc) or (self.read_only and repair):
+                # Busy, full, I/O error: nothing says the file is damaged, and moving a
+                # healthy store aside would lose every entry. A read-only one cannot be moved.
+                raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
+            damage = str(exc)
+        if damage is None:
+            return
+        if not repair:
+            self.damage = damage
+            return
+        if self.read_only:  # cannot move it aside: damaged pages stay misses
+            log.warning("plancache: read-only store %s is damaged (%s); unreadable entries are misses", self.path, damage)
+            return
+        self.repair(damage)
+
+    def _migrate(self) -> None:
+        schema.migrate(self.connection(), self.transaction, self.path, self.read_only)
 
     def connection(self) -> GatedConnection:
         """This thread's connection, opened on first use, again after a fork, and again
@@ -224,12 +270,54 @@ class Store(Schema, Recovery, Quarantine):
             self.note_damage(exc)
             raise StoreError(f"cannot commit to plan store {self.path}: {exc}", path=str(self.path)) from exc
 
-    def _write(self, sql: str, params: Any = ()) -> int:
+    def _write(self, sql: str, params: tuple[object, ...] = ()) -> int:
         try:
             with self.transaction() as tx:
                 return tx.execute(sql, params).rowcount
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write plan store {self.path}: {exc}", path=str(self.path)) from exc
+
+    # ------------------------------------------------------------------ damage
+
+    def note_damage(self, exc: BaseException) -> None:
+        """Leave a marker after a read or write that found a damaged file (``recovery``), so
+        the next open (or ``verify --fix``) checks it and moves it aside; this process keeps
+        running on misses rather than replacing a file other processes have open."""
+        if not self.read_only:
+            recovery.note_damage(self.path, self.modes, exc)
+
+    def repair(self, reason: str, *, thorough: bool = False) -> Repaired:
+        """Move a damaged database file aside (kept, never deleted), start a new one and
+        copy into it every entry of the old file that still reads back intact.
+
+        Serialized by a file lock and re-checked under it: of several processes that find
+        the same damage, one moves the file and the others find the new store healthy.
+        ``thorough`` re-checks with ``integrity_check`` instead of ``quick_check``."""
+        with recovery.repair_lock(self.path, self.modes):
+            self._close_connection()
+            still = recovery.quick_check(self.connection, full=thorough)
+            if still is None:  # healthy after all, or another process replaced it meanwhile
+                recovery.clear_marker(self.path)
+                return {"moved_aside": None, "salvaged": 0}
+            self._close_connection()
+            why = f"{reason}; {still}" if still and still not in reason else reason
+            aside, salvaged = recovery.start_over(self.path, why, migrate=self._migrate, transaction=self.transaction)
+        if salvaged:
+            log.warning("plancache: copied %d intact entries from %s into the new store", salvaged, aside)
+        return {"moved_aside": str(aside), "salvaged": salvaged}
+
+    def quarantine(self, key: str, reason: str, *, identity: tuple[str, float] | None = None) -> bool:
+        """Move an entry out of service, keeping it (and its blob) for inspection; with
+        ``identity`` (``(blob_sha256, created_at)``), only that row (``quarantine``)."""
+        return quarantine.quarantine(self.transaction, self.path, key, reason, identity=identity)
+
+    def quarantine_rowid(self, rowid: int, reason: str) -> bool:
+        """``quarantine`` for a row whose key itself may be damaged (found by ``verify``)."""
+        return quarantine.quarantine_rowid(self.transaction, self.path, rowid, reason)
+
+    @reads
+    def quarantined(self) -> list[dict[str, object]]:
+        return quarantine.quarantined(self.connection())
 
     # ------------------------------------------------------------------ plans
 
