@@ -61,7 +61,7 @@ class GatedConnection(sqlite3.Connection):
     def executescript(self, script: str, /) -> Any:
         return self.cursor().executescript(script)
 
-    def one(self, sql: str, parameters: Any = (), /) -> dict[str, Any] | None:
+    def one(self, sql: str, parameters: Any = (), /) -> dict[str, object] | None:
         """The first row of ``sql`` as a dict by column name (None: no row), read in one pass
         through ``GATE``: what a store hit reads, where a ``Row``'s lookups by name (each a
         search of the column names) and a second pass cost a few microseconds."""

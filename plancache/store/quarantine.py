@@ -18,28 +18,11 @@ from ..errors import StoreError
 from .connections import Transaction
 from .recovery import lenient_text
 
-__all__ = ["quarantine", "quarantine_rowid", "quarantined"]
+__all__ = ["move"]
 
 
-def quarantine(transaction: Transaction, path: Path, key: str, reason: str, *,
-               identity: tuple[str, float] | None = None) -> bool:  # fmt: skip
-    """Move the entry of ``key`` out of service, keeping it (and its blob) for inspection,
-    in one ``transaction`` of the store ``path``.
-
-    ``identity``: ``(blob_sha256, created_at)`` of the row that was judged; only that
-    row is quarantined, so one that another process has since replaced (rebuilt
-    healthy) stays in service."""
-    if identity is None:
-        return _quarantine_where(transaction, path, "key = ?", (key,), reason)
-    return _quarantine_where(transaction, path, "key = ? AND blob_sha256 = ? AND created_at = ?", (key, *identity), reason)
-
-
-def quarantine_rowid(transaction: Transaction, path: Path, rowid: int, reason: str) -> bool:
-    """``quarantine`` for a row whose key itself may be damaged (found by ``verify``)."""
-    return _quarantine_where(transaction, path, "rowid = ?", (rowid,), reason)
-
-
-def _quarantine_where(transaction: Transaction, path: Path, where: str, values: tuple[object, ...], reason: str) -> bool:
+def move(transaction: Transaction, path: Path, where: str, values: tuple[object, ...], reason: str) -> bool:
+    """Move the row ``where`` (a constant, with ``values``) matches out of service, kept for inspection, in one ``transaction``."""
     try:
         with transaction() as tx, lenient_text(tx):
             row = tx.execute(f"SELECT rowid AS row_id, * FROM plans WHERE {where}", values).fetchone()  # where: a constant
@@ -57,9 +40,3 @@ def _quarantine_where(transaction: Transaction, path: Path, where: str, values: 
             return True
     except sqlite3.Error as exc:
         raise StoreError(f"cannot quarantine {str(values[0])[:12]} in {path}: {exc}", path=str(path)) from exc
-
-
-def quarantined(conn: sqlite3.Connection) -> list[dict[str, object]]:
-    """The quarantined entries (no blob: its size), oldest first."""
-    rows = conn.execute("SELECT id, key, reason, quarantined_at, length(blob) AS blob_size FROM quarantine ORDER BY id")
-    return [dict(r) for r in rows]

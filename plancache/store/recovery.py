@@ -101,8 +101,7 @@ def _marker(path: Path) -> Path:
 
 
 def marker_reason(path: Path) -> str | None:
-    """Why a process left a damage marker beside the database ``path`` (``note_damage``);
-    None when there is none."""
+    """Why a process left a damage marker beside the database ``path`` (``note_damage``), or None."""
     try:
         fd, _ = open_regular(_marker(path), os.O_RDONLY)
     except OSError:
@@ -122,9 +121,8 @@ def clear_marker(path: Path) -> None:
 
 
 def note_damage(path: Path, modes: Modes, exc: BaseException) -> None:
-    """Leave a marker beside the database ``path`` after a read or write that found it
-    damaged, so the next open (or ``verify --fix``) checks it and moves it aside; the
-    process keeps running on misses rather than replacing a file other processes have open."""
+    """Leave a marker beside the database ``path`` after a read or write that found it damaged, so the next open (or
+    ``verify --fix``) checks and moves it aside: a process runs on misses, never replacing a file others have open."""
     if not is_damage(exc):
         return
     with contextlib.suppress(OSError):
@@ -172,8 +170,7 @@ def damage_at_open(connection: Callable[[], sqlite3.Connection], path: Path, *, 
 
 
 class Repaired(TypedDict):
-    """What ``Store.repair`` did: where the damaged file went (None: it was healthy after
-    all) and how many intact entries were copied into the new one."""
+    """What ``Store.repair`` did: where the file went (None: healthy after all), how many entries it copied."""
 
     moved_aside: str | None
     salvaged: int
@@ -181,8 +178,7 @@ class Repaired(TypedDict):
 
 @contextlib.contextmanager
 def repair_lock(path: Path, modes: Modes) -> Iterator[None]:
-    """Held while the database ``path`` is repaired: of several processes that find the same
-    damage, one moves the file and the others find the new store healthy."""
+    """Held while the database ``path`` is repaired: of the processes that find its damage, one repairs it."""
     from filelock import Timeout  # only on damage
 
     lock = file_lock(path.with_name(DB_NAME + ".repair.lock"), modes)
@@ -197,10 +193,8 @@ def repair_lock(path: Path, modes: Modes) -> Iterator[None]:
 
 
 def start_over(path: Path, reason: str, *, migrate: Callable[[], None], transaction: Transaction) -> tuple[Path, int]:
-    """Move the damaged database ``path`` aside (kept, never deleted; nothing of this process
-    may have it open), start a new one (``migrate``) and copy into it, through
-    ``transaction``, every entry of the old file that still reads back intact. Returns the
-    moved-aside file and how many entries were copied."""
+    """Move the damaged database ``path`` aside (kept; this process must hold it closed), start a new
+    one (``migrate``) and copy its intact entries in (``transaction``): the moved file, and how many."""
     aside = path.with_name(f"{DB_NAME}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     log.warning("plancache: %s is unreadable (%s); moved it to %s and started a new store", path, reason, aside)
     os.replace(path, aside)

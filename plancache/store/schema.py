@@ -65,9 +65,8 @@ def migrations() -> list[tuple[int, str, str]]:
     """The numbered migrations as ``(number, file name, sql)``, in order."""
     from importlib import resources  # only when opening a store
 
-    folder: Traversable
     try:
-        folder = resources.files("plancache.migrations")
+        folder: Traversable = resources.files("plancache.migrations")
         files = [f for f in folder.iterdir() if f.name.endswith(".sql")]
     except ModuleNotFoundError:  # running from a source tree that is not installed
         folder = Path(__file__).resolve().parents[2] / "migrations"
@@ -164,8 +163,7 @@ def prepare_directory(directory: Path, read_only: bool | None, group: str | None
     path = directory / DB_NAME
     directory_writable = os.access(directory, os.W_OK)
     writable = directory_writable and (not path.exists() or os.access(path, os.W_OK))
-    if read_only is None:
-        read_only = not writable
+    read_only = not writable if read_only is None else read_only
     if read_only and not path.exists():
         raise CacheDirError(f"read-only cache directory {directory} holds no {DB_NAME}", path=str(directory))
     return Access(modes, directory_writable, writable, bool(read_only))

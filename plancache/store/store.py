@@ -25,11 +25,11 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypedDict, TypeVar
 
 from ..config import ALLOW_SHARED_DIR, CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, EntryNotFoundError, StoreBusyError, StoreError
-from . import bookkeeping, quarantine, recovery, schema
+from . import quarantine, recovery, schema
 from .connections import GATE, GatedConnection, connect
 from .entry import INSERT_COLUMNS, INSERT_SQL, Entry, sha256, sound_use
 from .files import check_trusted, create_file, harden
@@ -37,7 +37,7 @@ from .per_process import PerProcess
 from .recovery import DB_NAME, Repaired, is_damage, is_locked, is_undecodable, lenient_text
 from .schema import BUSY_TIMEOUT_MS, default_cache_dir
 
-__all__ = ["MIN_KEY_PREFIX", "Store"]
+__all__ = ["MIN_KEY_PREFIX", "Stats", "Store"]
 
 #: The fewest characters of a key that name it (``rm``, ``show``, ``export --key``).
 MIN_KEY_PREFIX = 4
@@ -97,6 +97,23 @@ def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
     return len(doomed)
 
 
+class Stats(TypedDict):
+    """``Store.stats()``: the store's totals (``plancache stats``)."""
+
+    path: str
+    read_only: bool
+    file_bytes: int
+    entries: int
+    blob_bytes: int
+    hits: int
+    environments: int
+    build_seconds: float
+    by_policy: dict[str, int]
+    quarantined: int
+    unstored: list[dict[str, object]]  # key, label, why, reason, times, last_at: the plans built and not stored
+    counters: dict[str, int]
+
+
 class Store:
     """The SQLite database of one cache directory.
 
@@ -129,11 +146,9 @@ class Store:
         self._closed = False
         #: What is wrong with the file, found at open and left there (``repair=False``); None when sound.
         self.damage: str | None = None
-        access = schema.prepare_directory(self.directory, read_only, group)
-        #: How plancache makes files in the directory, and the shared group whose members' files it trusts.
-        self.modes = access.modes
-        self.read_only = access.read_only
-        self._directory_writable, self._file_writable = access.directory_writable, access.file_writable
+        self.modes, self._directory_writable, self._file_writable, self.read_only = schema.prepare_directory(
+            self.directory, read_only, group
+        )
         try:
             self._open_and_migrate(repair)
         except BaseException:
@@ -280,9 +295,7 @@ class Store:
     # ------------------------------------------------------------------ damage
 
     def note_damage(self, exc: BaseException) -> None:
-        """Leave a marker after a read or write that found a damaged file (``recovery``), so
-        the next open (or ``verify --fix``) checks it and moves it aside; this process keeps
-        running on misses rather than replacing a file other processes have open."""
+        """After a read or write found the file damaged: a marker for the next open (``recovery.note_damage``)."""
         if not self.read_only:
             recovery.note_damage(self.path, self.modes, exc)
 
@@ -307,38 +320,42 @@ class Store:
         return {"moved_aside": str(aside), "salvaged": salvaged}
 
     def quarantine(self, key: str, reason: str, *, identity: tuple[str, float] | None = None) -> bool:
-        """Move an entry out of service, keeping it (and its blob) for inspection; with
-        ``identity`` (``(blob_sha256, created_at)``), only that row (``quarantine``)."""
-        return quarantine.quarantine(self.transaction, self.path, key, reason, identity=identity)
+        """Move an entry out of service, keeping it (and its blob) for inspection.
+
+        ``identity``: ``(blob_sha256, created_at)`` of the row that was judged; only that
+        row is quarantined, so one that another process has since replaced (rebuilt
+        healthy) stays in service."""
+        if identity is None:
+            return quarantine.move(self.transaction, self.path, "key = ?", (key,), reason)
+        where = "key = ? AND blob_sha256 = ? AND created_at = ?"
+        return quarantine.move(self.transaction, self.path, where, (key, *identity), reason)
 
     def quarantine_rowid(self, rowid: int, reason: str) -> bool:
         """``quarantine`` for a row whose key itself may be damaged (found by ``verify``)."""
-        return quarantine.quarantine_rowid(self.transaction, self.path, rowid, reason)
+        return quarantine.move(self.transaction, self.path, "rowid = ?", (rowid,), reason)
 
     @reads
     def quarantined(self) -> list[dict[str, object]]:
-        return quarantine.quarantined(self.connection())
+        sql = "SELECT id, key, reason, quarantined_at, length(blob) AS blob_size FROM quarantine ORDER BY id"
+        return [dict(r) for r in self.connection().execute(sql)]
 
     # ------------------------------------------------------------------ plans
 
-    def get(self, key: str, known: Mapping[str, tuple[str, Any]] | None = None, details: bool = True) -> Entry | None:
+    def get(self, key: str, known: Mapping[str, tuple[str, object]] | None = None, details: bool = True) -> Entry | None:
         """The entry stored under ``key``, or None. Reads only; checks no checksum. A read
         that finds the file damaged leaves a marker for the next open, then raises.
         ``known`` and ``details``: see ``Entry.from_row``."""
         try:
             row = self.connection().one(_READ_ALL if details else _READ_HIT, (key,))
             return Entry.from_row(row, known, details) if row is not None else None
-        except (ValueError, KeyError, TypeError) as exc:  # a field of the wrong type, range or depth (Entry.from_row)
+        except (ValueError, KeyError, TypeError, sqlite3.DatabaseError) as exc:
+            # A field of the wrong type, range or depth (Entry.from_row), or one row's text damaged: not the file.
+            if isinstance(exc, sqlite3.DatabaseError) and not is_undecodable(exc):
+                self.note_damage(exc)
+                raise StoreError(f"cannot read plan store {self.path}: {exc}", path=str(self.path)) from exc
             raise DamagedEntryError(
                 f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key
             ) from exc
-        except sqlite3.DatabaseError as exc:
-            if is_undecodable(exc):  # one row's text is damaged, not the file
-                raise DamagedEntryError(
-                    f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key
-                ) from exc
-            self.note_damage(exc)
-            raise StoreError(f"cannot read plan store {self.path}: {exc}", path=str(self.path)) from exc
 
     def put(self, entry: Entry, *, max_bytes: int | None = None) -> int:
         """Insert or replace an entry in one short transaction; with ``max_bytes``, evict
@@ -405,13 +422,6 @@ class Store:
     def keys(self) -> list[str]:
         return [r[0] for r in self.connection().execute("SELECT key FROM plans ORDER BY key")]
 
-    def bump(self, name: str, by: int = 1) -> None:
-        self.bump_many({name: by})
-
-    def bump_many(self, deltas: Mapping[str, int]) -> None:
-        """Add to several persistent counters in one transaction, waiting for a busy store."""
-        bookkeeping.record_counters(self, deltas, wait=True)
-
     @reads
     def counters(self) -> dict[str, int]:
         return {r[0]: r[1] for r in self.connection().execute("SELECT name, value FROM counters")}
@@ -420,11 +430,8 @@ class Store:
 
     @reads
     def get_kernel_cache(self, env_id: str) -> tuple[bytes, int | None] | None:
-        row = (
-            self.connection()
-            .execute("SELECT blob, blob_sha256, revision FROM kernel_caches WHERE env_id = ?", (env_id,))
-            .fetchone()
-        )
+        sql = "SELECT blob, blob_sha256, revision FROM kernel_caches WHERE env_id = ?"
+        row = self.connection().execute(sql, (env_id,)).fetchone()
         if row is None or sha256(bytes(row["blob"])) != row["blob_sha256"]:
             return None
         return bytes(row["blob"]), row["revision"]
@@ -453,31 +460,20 @@ class Store:
             raise StoreError(f"cannot evict from plan store {self.path}: {exc}", path=str(self.path)) from exc
 
     @reads
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Stats:
         conn = self.connection()
-        row = conn.execute(
-            "SELECT count(*) AS entries, coalesce(sum(length(blob)), 0) AS blob_bytes, "
-            "coalesce(sum(hit_count), 0) AS hits, count(DISTINCT env_id) AS environments, "
-            "coalesce(sum(build_seconds), 0) AS build_seconds FROM plans"
+        entries, blob_bytes, hits, environments, build_seconds = conn.execute(
+            "SELECT count(*), coalesce(sum(length(blob)), 0), coalesce(sum(hit_count), 0), count(DISTINCT env_id), "
+            "coalesce(sum(build_seconds), 0) FROM plans"
         ).fetchone()
+        quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
         with lenient_text(conn):  # a row whose policy cannot be decoded fails only itself (`plancache stats` names it)
             by_policy: dict[str, int] = {}
             for policy, count in conn.execute("SELECT policy, count(*) FROM plans GROUP BY policy"):
                 policy = policy if "\ufffd" not in str(policy) else "(undecodable)"
                 by_policy[policy] = by_policy.get(policy, 0) + count
-        quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
-        with lenient_text(conn):
-            unstored = [
-                dict(r)
-                for r in conn.execute("SELECT key, label, why, reason, times, last_at FROM unstored ORDER BY last_at DESC")
-            ]
-        return {
-            "path": str(self.path),
-            "read_only": self.read_only,
-            "file_bytes": self.path.stat().st_size if self.path.exists() else 0,
-            **dict(row),
-            "by_policy": by_policy,
-            "quarantined": quarantined,
-            "unstored": unstored,
-            "counters": self.counters(),
-        }
+            sql = "SELECT key, label, why, reason, times, last_at FROM unstored ORDER BY last_at DESC"
+            unstored: list[dict[str, object]] = [dict(r) for r in conn.execute(sql)]
+        return {"path": str(self.path), "read_only": self.read_only, "file_bytes": self.path.stat().st_size if self.path.exists() else 0,
+                "entries": entries, "blob_bytes": blob_bytes, "hits": hits, "environments": environments, "build_seconds": build_seconds,
+                "by_policy": by_policy, "quarantined": quarantined, "unstored": unstored, "counters": self.counters()}  # fmt: skip
