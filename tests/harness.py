@@ -517,7 +517,7 @@ def rw_writer(directory: str, ops: int, seed: int, out: str, start_at: float, ma
             elif r < 0.9:
                 store.evict_to(max_size)
             else:
-                store.bump_many({"rw_ops": 1})
+                bookkeeping.record_counters(store, {"rw_ops": 1}, wait=True)
         except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
     store.close()

@@ -469,8 +469,8 @@ def test_delete_list_and_stats(store: Store) -> None:
 
 
 def test_counters_and_kernel_caches(store: Store, db: Callable[[], sqlite3.Connection]) -> None:
-    store.bump("rebuilds")
-    store.bump("rebuilds", 2)
+    bookkeeping.record_counters(store, {"rebuilds": 1}, wait=True)
+    bookkeeping.record_counters(store, {"rebuilds": 2}, wait=True)
     assert store.counters() == {"rebuilds": 3}
     assert store.get_kernel_cache("env1") is None
     store.put_kernel_cache("env1", b"kernels", 7)

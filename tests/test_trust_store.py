@@ -37,7 +37,7 @@ from graphs import ConvBiasRelu
 from plancache import CacheDirError, PlanCache, Store, StoreError
 from plancache.cache.flight import SingleFlight, lock_name
 from plancache.cli import cli
-from plancache.store import DB_NAME, migrations
+from plancache.store import DB_NAME, migrations, recovery
 from plancache.testing import CpuTestBackend
 
 T = TypeVar("T")
@@ -383,7 +383,7 @@ def test_the_notes_beside_the_store_are_never_written_or_read_through_a_link_or_
     marker.unlink()
     os.mkfifo(marker)
     found: list[str | None] = []
-    reader = threading.Thread(target=lambda: found.append(store._marker_reason()), daemon=True)
+    reader = threading.Thread(target=lambda: found.append(recovery.marker_reason(store.path)), daemon=True)
     reader.start()
     reader.join(timeout=20)  # did not hang
     assert found == [None]

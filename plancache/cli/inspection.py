@@ -17,6 +17,7 @@ import click
 from ..config import MAX_SIZE, StrEnum, format_size
 from ..errors import DamagedEntryError, EntryNotFoundError
 from ..store import DB_NAME, Entry, Store, maintenance
+from ..store.store import Stats
 from ..workflows.report import age
 from .common import EXIT_ERROR, Command, Context, emit, entry_named, table
 
@@ -235,10 +236,10 @@ def stats(obj: Context) -> None:
     store = obj.existing_store()
     undecodable: dict[str, str] = {}
     if store is None:
-        data = _empty_stats(obj.cache_dir)
+        data: dict[str, Any] = dict(_empty_stats(obj.cache_dir))
     else:
         try:
-            data = store.stats()
+            data = dict(store.stats())
             maintenance.list_entries(store, undecodable=undecodable)
         finally:
             store.close()
@@ -278,7 +279,7 @@ def stats(obj: Context) -> None:
     emit(data, text)
 
 
-def _empty_stats(directory: Path) -> dict[str, Any]:
+def _empty_stats(directory: Path) -> Stats:
     """``Store.stats()`` of a cache with nothing stored yet (and no file)."""
     return {"path": str(directory / DB_NAME), "read_only": False, "file_bytes": 0, "entries": 0, "blob_bytes": 0, "hits": 0,
             "environments": 0, "build_seconds": 0.0, "by_policy": {}, "quarantined": 0, "unstored": [], "counters": {}}  # fmt: skip

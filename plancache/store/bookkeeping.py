@@ -13,10 +13,13 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import StoreBusyError, StoreError
 from .schema import BUSY_TIMEOUT_MS
+
+if TYPE_CHECKING:
+    from .store import Store
 
 __all__ = ["RETENTION_SECONDS", "latest_run", "record", "record_counters", "record_hits", "record_judgements", "record_usage"]
 
@@ -38,7 +41,7 @@ ORDER BY seq
 
 
 @contextlib.contextmanager
-def _transaction(store: Any, *, wait: bool) -> Iterator[sqlite3.Connection]:
+def _transaction(store: Store, *, wait: bool) -> Iterator[sqlite3.Connection]:
     """The store's write transaction; ``wait=False`` gives up at once (``StoreBusyError``)
     when another process holds the write lock, instead of waiting up to the busy timeout."""
     conn = store.connection()
@@ -52,7 +55,7 @@ def _transaction(store: Any, *, wait: bool) -> Iterator[sqlite3.Connection]:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
 
-def record(store: Any, write: Callable[[sqlite3.Connection], object], *, wait: bool, what: str) -> bool:
+def record(store: Store, write: Callable[[sqlite3.Connection], object], *, wait: bool, what: str) -> bool:
     """Run ``write`` in one bookkeeping transaction. ``wait=False``: False, writing
     nothing, when the store is busy (the caller keeps its batch for the next try).
     ``what`` names the bookkeeping in the error of a failed write."""
@@ -68,7 +71,7 @@ def record(store: Any, write: Callable[[sqlite3.Connection], object], *, wait: b
         raise StoreError(f"cannot record {what} in {store.path}: {exc}", path=str(store.path)) from exc
 
 
-def record_hits(store: Any, hits: Mapping[str, tuple[int, float]], *, wait: bool = True) -> bool:
+def record_hits(store: Store, hits: Mapping[str, tuple[int, float]], *, wait: bool = True) -> bool:
     """Add batched hit counts and last-used times: ``{key: (count, last_used)}``; an older
     time never moves ``last_used_at`` back (see ``record`` for ``wait``)."""
     if not hits:
@@ -78,7 +81,7 @@ def record_hits(store: Any, hits: Mapping[str, tuple[int, float]], *, wait: bool
     return record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="hits")
 
 
-def record_judgements(store: Any, judgements: Mapping[str, tuple[str, str]], *, wait: bool = True) -> bool:
+def record_judgements(store: Store, judgements: Mapping[str, tuple[str, str]], *, wait: bool = True) -> bool:
     """Keep judgements in their rows: ``{key: (blob_sha256, text)}`` (``store.kept``); a row
     written again since, with another blob, is left alone (see ``record`` for ``wait``)."""
     if not judgements:
@@ -88,7 +91,7 @@ def record_judgements(store: Any, judgements: Mapping[str, tuple[str, str]], *, 
     return record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="judgements")
 
 
-def record_counters(store: Any, deltas: Mapping[str, int], *, wait: bool) -> bool:
+def record_counters(store: Store, deltas: Mapping[str, int], *, wait: bool) -> bool:
     """Add ``deltas`` to the store's persistent counters (the remote tier's, by name); see
     ``record`` for ``wait``."""
     rows = [(name, int(by)) for name, by in deltas.items() if by]
@@ -98,7 +101,7 @@ def record_counters(store: Any, deltas: Mapping[str, int], *, wait: bool) -> boo
     return record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="counters")
 
 
-def record_usage(store: Any, app: str, run: str, run_started: float, uses: Mapping[tuple[str, int], int], *,
+def record_usage(store: Store, app: str, run: str, run_started: float, uses: Mapping[tuple[str, int], int], *,
                  wait: bool) -> bool:  # fmt: skip
     """Record that run ``run`` of ``app`` (started at ``run_started``) used ``uses``:
     ``{(key, device): order of first use}``. A row a later run already took over is left
@@ -114,7 +117,7 @@ def record_usage(store: Any, app: str, run: str, run_started: float, uses: Mappi
     return record(store, write, wait=wait, what=f"the plans {app!r} used")
 
 
-def latest_run(store: Any, app: str) -> list[tuple[str, int]]:
+def latest_run(store: Store, app: str) -> list[tuple[str, int]]:
     """``[(key, device)]`` the latest recorded run of ``app`` used, in the order it first
     used them; [] when ``app`` has no record."""
     try:

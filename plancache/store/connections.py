@@ -35,7 +35,10 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["FORK_WAIT_S", "GATE", "GatedConnection", "connect"]
+__all__ = ["FORK_WAIT_S", "GATE", "GatedConnection", "Transaction", "connect"]
+
+#: A store's short write transaction (``Store.transaction``), for the functions that write through it.
+Transaction = Callable[[], contextlib.AbstractContextManager[sqlite3.Connection]]
 
 #: The longest a fork waits for SQLite calls and transactions of other threads to end.
 FORK_WAIT_S = 1.0
@@ -58,7 +61,7 @@ class GatedConnection(sqlite3.Connection):
     def executescript(self, script: str, /) -> Any:
         return self.cursor().executescript(script)
 
-    def one(self, sql: str, parameters: Any = (), /) -> dict[str, Any] | None:
+    def one(self, sql: str, parameters: Any = (), /) -> dict[str, object] | None:
         """The first row of ``sql`` as a dict by column name (None: no row), read in one pass
         through ``GATE``: what a store hit reads, where a ``Row``'s lookups by name (each a
         search of the column names) and a second pass cost a few microseconds."""

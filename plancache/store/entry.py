@@ -61,7 +61,7 @@ MAX_WORKSPACE = 1 << 40
 _MAX_COUNT = (1 << 63) - 1  # what SQLite's INTEGER holds
 
 
-def load_json(text: Any, what: str) -> Any:
+def load_json(text: object, what: str) -> Any:
     """The JSON value of stored ``text``; ``ValueError`` naming ``what`` for anything that
     is not JSON text, or nests deeper than ``MAX_DEPTH``."""
     if not isinstance(text, (str, bytes)):
@@ -145,7 +145,7 @@ class Entry:
     #: The row's kept judgement, as read (``store.kept``); None for an entry made any other way.
     judgement: str | None = field(default=None, init=False, repr=False, compare=False)
 
-    def header(self) -> dict[str, Any]:
+    def header(self) -> dict[str, object]:
         """Every field but the blob (and not what was kept of the row it was read from):
         what a bundle, the fleet and ``plancache show`` carry beside the blob."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init and f.name != "blob"}
@@ -180,7 +180,7 @@ class Entry:
         check = canonical_json(self.check) if self.check is not None else None
         return canonical_json(self.tensors), engine, self.workspace_size, check
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> dict[str, object]:
         return {
             "key": self.key,
             "env_id": self.env_id,
@@ -210,7 +210,7 @@ class Entry:
         }
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any], known: Mapping[str, tuple[str, Any]] | None = None,
+    def from_row(cls, row: Mapping[str, Any], known: Mapping[str, tuple[str, object]] | None = None,
                  details: bool = True) -> Entry:  # fmt: skip
         """The entry a row of ``plans`` holds; ``ValueError`` for a row with any field of the
         wrong type, range or depth (``validated``). ``known``: column -> (text, value) of
@@ -289,7 +289,7 @@ class Entry:
 
 #: Each field of an entry and its default (a bundle written before a field existed lacks
 #: it); MISSING: required.
-_DEFAULTS: dict[str, Any] = {
+_DEFAULTS: dict[str, object] = {
     f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory
     for f in dataclasses.fields(Entry)
     if f.init
@@ -299,7 +299,7 @@ _DEFAULTS: dict[str, Any] = {
 _REQUIRED = frozenset(name for name, default in _DEFAULTS.items() if default is dataclasses.MISSING)
 
 
-def _default(name: str) -> Any:
+def _default(name: str) -> object:
     default = _DEFAULTS[name]
     return default() if callable(default) else default
 
@@ -313,7 +313,7 @@ def sound_use(hit_count: object, last_used_at: object) -> bool:
             and isinstance(last_used_at, (int, float)) and math.isfinite(last_used_at) and last_used_at >= 0)  # fmt: skip
 
 
-_FIELD_TYPES: dict[str, Any] = {
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     **dict.fromkeys(("key", "env_id", "label", "blob_sha256", "policy", "backend"), str),
     **dict.fromkeys(("description", "environment", "options", "timing"), dict),
     **dict.fromkeys(("tensors", "candidates"), list),
@@ -326,7 +326,7 @@ _FIELD_TYPES: dict[str, Any] = {
 }
 
 
-def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str | None:
+def problem(entry: Entry, environment: Mapping[str, object] | None = None) -> str | None:
     """Why ``entry`` must not be served (for a key of ``environment``, when given), or None.
 
     Checks everything a plan executes with and everything its key promises: the blob's
@@ -345,7 +345,7 @@ def problem(entry: Entry, environment: Mapping[str, Any] | None = None) -> str |
     return unsound(entry, environment) or (None if entry.checked else NEVER_CHECKED)
 
 
-def unsound(entry: Entry, environment: Mapping[str, Any] | None = None) -> str | None:
+def unsound(entry: Entry, environment: Mapping[str, object] | None = None) -> str | None:
     """What ``problem`` says but never NEVER_CHECKED: why ``entry`` cannot be trusted at
     all, or None for a sound entry (``Entry.checked`` then says whether it is known right)."""
     verdict = judged(entry, environment)
@@ -373,7 +373,7 @@ class Unsound:
     reason: str
 
 
-def judged(entry: Entry, environment: Mapping[str, Any] | None = None, env_id: str | None = None,
+def judged(entry: Entry, environment: Mapping[str, object] | None = None, env_id: str | None = None,
            key: CacheKey | None = None, blob: PlanBlob | None = None, kept: Kept | None = None) -> Sound | Unsound:  # fmt: skip
     """``entry`` judged as ``problem`` describes (but for NEVER_CHECKED: see ``Entry.checked``),
     for a key of ``environment`` when given; ``env_id``: that environment's id, when the
@@ -391,7 +391,7 @@ def judged(entry: Entry, environment: Mapping[str, Any] | None = None, env_id: s
         return Unsound(f"malformed entry ({type(exc).__name__}: {exc})")
 
 
-def held_to(verdict: Sound | Unsound, environment: Mapping[str, Any]) -> Sound | Unsound:
+def held_to(verdict: Sound | Unsound, environment: Mapping[str, object]) -> Sound | Unsound:
     """A verdict of ``judged(entry)`` (no environment: judged ahead of the device, by the
     primer) for a key of ``environment``: what ``judged(entry, environment)`` would say of a
     sound entry. An unsound one stays unsound, for its own reason."""
@@ -400,7 +400,7 @@ def held_to(verdict: Sound | Unsound, environment: Mapping[str, Any]) -> Sound |
     return verdict
 
 
-def _other_environment(entry: Entry, environment: Mapping[str, Any]) -> Unsound | None:
+def _other_environment(entry: Entry, environment: Mapping[str, object]) -> Unsound | None:
     """The rule that a key's environment is its entry's (the plan is of its GPU, driver and
     library versions): the judge's, and ``held_to``'s for a verdict judged without one."""
     return Unsound("environment differs from the key's") if entry.environment != environment else None
@@ -414,7 +414,7 @@ def _holds(entry: Entry, key: CacheKey | None) -> bool:
             and entry.options is key.parts["options"] and entry.environment == key.parts["environment"])  # fmt: skip
 
 
-def _judged(entry: Entry, environment: Mapping[str, Any] | None, env_id: str | None, key: CacheKey | None,
+def _judged(entry: Entry, environment: Mapping[str, object] | None, env_id: str | None, key: CacheKey | None,
             blob: PlanBlob | None, kept: Kept | None) -> Sound | Unsound:  # fmt: skip
     if not entry.checksum_ok():
         return Unsound("blob checksum mismatch")

@@ -254,7 +254,7 @@ def harden(conn: sqlite3.Connection) -> None:
     runs from the schema (``trusted_schema``), and, where the sqlite3 module offers it
     (``Connection.setconfig``, Python 3.12+), SQLite's defensive mode, which forbids writing
     the schema by hand. On Python 3.11 defensive mode is not reachable; the schema check at
-    open (``schema.Schema``) refuses a foreign schema all the same."""
+    open (``schema.migrate``) refuses a foreign schema all the same."""
     conn.execute("PRAGMA trusted_schema = OFF")
     if hasattr(conn, "setconfig") and hasattr(sqlite3, "SQLITE_DBCONFIG_DEFENSIVE"):
         conn.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)

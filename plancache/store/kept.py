@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -34,11 +33,11 @@ class Kept:
     and ``record`` is its load's record as the engines wrote it (read only by them)."""
 
     unproven: tuple[str, ...]
-    record: Mapping[str, Any]
+    record: Mapping[str, object]
 
 
 def keep(key: str, blob_sha256: str, meta_sha256: str | None, version: str, unproven: Sequence[str],
-         record: Mapping[str, Any]) -> str:  # fmt: skip
+         record: Mapping[str, object]) -> str:  # fmt: skip
     """The text kept in the row's ``judgement`` column."""
     body = orjson.dumps({"version": version, "unproven": list(unproven), "record": record}).decode()
     return f"{_digest(key, blob_sha256, meta_sha256, body)} {body}"

@@ -23,8 +23,8 @@ _LISTED = ("key, env_id, label, length(blob) AS blob_size, workspace_size, polic
            "last_used_at, hit_count")  # fmt: skip
 
 
-def _rows(store: Store, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    cursor = store.connection().execute(sql, args)
+def _rows(store: Store, sql: str) -> list[dict[str, Any]]:
+    cursor = store.connection().execute(sql)
     names = [column[0] for column in cursor.description]
     return [dict(zip(names, row)) for row in cursor]
 
@@ -248,7 +248,7 @@ def _fix_rows(store: Store, report: dict[str, Any], identities: Mapping[str, tup
     return fixed
 
 
-def _write_many(store: Store, sql: str, rows: list[tuple[Any, ...]]) -> None:
+def _write_many(store: Store, sql: str, rows: list[tuple[object, ...]]) -> None:
     try:
         with store.transaction() as tx:
             tx.executemany(sql, rows)

@@ -13,17 +13,21 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..config import CACHE_DIR
 from ..errors import CacheDirError, SchemaTooNewError, StoreBusyError, StoreError
-from .connections import connect
+from .connections import Transaction, connect
 from .files import Modes, check_trusted, modes_of
-from .recovery import DB_NAME, is_damage, is_locked
+from .recovery import DB_NAME, is_locked
 
-__all__ = ["BUSY_TIMEOUT_MS", "Schema", "check_private", "default_cache_dir", "migrations"]
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+__all__ = ["BUSY_TIMEOUT_MS", "Access", "check_private", "default_cache_dir", "migrate", "migrate_when_free", "migrations",
+           "prepare_directory"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -62,11 +66,11 @@ def migrations() -> list[tuple[int, str, str]]:
     from importlib import resources  # only when opening a store
 
     try:
-        folder: Any = resources.files("plancache.migrations")
+        folder: Traversable = resources.files("plancache.migrations")
         files = [f for f in folder.iterdir() if f.name.endswith(".sql")]
     except ModuleNotFoundError:  # running from a source tree that is not installed
         folder = Path(__file__).resolve().parents[2] / "migrations"
-        files = sorted(folder.glob("*.sql"))
+        files = [*sorted(Path(folder).glob("*.sql"))]
     found = []
     for f in files:
         number = int(f.name.split("_", 1)[0])
@@ -103,12 +107,12 @@ def check_private(directory: Path, group: str | None) -> os.stat_result | None:
 _SQLITE_OWN = frozenset({"sqlite_sequence", "sqlite_stat1", "sqlite_stat4"})
 
 
-def _schema_of(conn: sqlite3.Connection) -> frozenset[tuple[Any, ...]]:
+def _schema_of(conn: sqlite3.Connection) -> frozenset[tuple[object, ...]]:
     rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
     return frozenset(tuple(r) for r in rows if not (r[0] == "table" and r[1] in _SQLITE_OWN))
 
 
-def _version_and_schema(conn: sqlite3.Connection) -> tuple[int, frozenset[tuple[Any, ...]]]:
+def _version_and_schema(conn: sqlite3.Connection) -> tuple[int, frozenset[tuple[object, ...]]]:
     """The schema version and the schema, read in one snapshot: another process may commit
     a migration between two reads outside a transaction."""
     conn.execute("BEGIN")
@@ -120,7 +124,7 @@ def _version_and_schema(conn: sqlite3.Connection) -> tuple[int, frozenset[tuple[
 
 
 @functools.cache
-def _made_by_migrations() -> dict[int, frozenset[tuple[Any, ...]]]:
+def _made_by_migrations() -> dict[int, frozenset[tuple[object, ...]]]:
     """The schema (``sqlite_master``'s rows) each schema version has when the migrations
     alone made it: applied once per process to a database in memory."""
     conn = connect(":memory:", isolation_level=None)
@@ -135,134 +139,104 @@ def _made_by_migrations() -> dict[int, frozenset[tuple[Any, ...]]]:
     return made
 
 
-class Schema:
-    """How a ``Store`` opens its directory and database (a base class: the store's own
-    methods provide the connection and the damage handling)."""
+class Access(NamedTuple):
+    """What ``prepare_directory`` found a cache directory to allow."""
 
-    directory: Path
-    path: Path
-    read_only: bool
-    damage: str | None
     modes: Modes  # how plancache makes files in the directory, and the shared group whose members' files it trusts
-    _directory_writable: bool
-    _file_writable: bool
+    directory_writable: bool
+    file_writable: bool
+    read_only: bool  # as asked, else whether the database file cannot be written
 
-    if TYPE_CHECKING:  # provided by Store and Recovery; declared for type checkers only, so
-        # that no stub here can shadow the real method in Store's method resolution order.
-        def connection(self) -> sqlite3.Connection: ...
-        def transaction(self) -> Any: ...
-        def _damage_at_open(self, *, whole: bool) -> str | None: ...
-        def repair(self, reason: str, *, thorough: bool = False) -> dict[str, Any]: ...
 
-    def _prepare_directory(self, read_only: bool | None, group: str | None) -> None:
-        directory = self.directory
-        if not directory.exists() and read_only is not True:
-            try:
-                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            except OSError as exc:
-                raise CacheDirError(
-                    f"cannot create cache directory {directory}: {exc.strerror or exc}", path=str(directory)
-                ) from exc
-        status = check_private(directory, group)
-        for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):  # a -wal or -shm not made yet is no risk
-            check_trusted(directory / name, group)
-        self.modes = modes_of(directory, status, group)
-        self._directory_writable = os.access(directory, os.W_OK)
-        writable = self._directory_writable and (not self.path.exists() or os.access(self.path, os.W_OK))
-        self._file_writable = writable
-        if read_only is None:
-            read_only = not writable
-        self.read_only = bool(read_only)
-        if self.read_only and not self.path.exists():
-            raise CacheDirError(f"read-only cache directory {directory} holds no {DB_NAME}", path=str(directory))
-
-    def _check_schema(self, found: frozenset[tuple[Any, ...]], version: int) -> None:
-        """Refuse a database whose schema (``found``) is not the one migrations 1..``version``
-        made: a trigger, view, table or index someone added could rewrite what is read or stored."""
-        made = _made_by_migrations().get(version, frozenset())
-        if found == made:
-            return
-        foreign = [f"{kind} {name}" for kind, name, _, _ in sorted(found - made, key=str)]
-        missing = [f"{kind} {name}" for kind, name, _, _ in sorted(made - found, key=str)]
-        what = "; ".join(([f"holds {', '.join(foreign)} that no migration made"] if foreign else [])
-                         + ([f"lacks or alters {', '.join(missing)}"] if missing else []))  # fmt: skip
-        raise CacheDirError(
-            f"plancache does not trust {self.path}: its schema (version {version}) {what}; nothing was read or changed. "
-            "Move the file aside, or use another cache directory (--dir, PLANCACHE_DIR)",
-            path=str(self.path),
-        )
-
-    def _open_and_migrate(self, repair: bool) -> None:
-        """Open the file and apply pending migrations. Damage found on the way is repaired
-        (``repair``) or left as it is and kept in ``damage``."""
+def prepare_directory(directory: Path, read_only: bool | None, group: str | None) -> Access:
+    """Create the cache ``directory`` (unless ``read_only``) and refuse it, or a database
+    file in it, unless trusted (``check_private``)."""
+    if not directory.exists() and read_only is not True:
         try:
-            self._migrate_when_free()
-            damage = self._damage_at_open(whole=not repair)
-        except sqlite3.DatabaseError as exc:
-            if not is_damage(exc) or (self.read_only and repair):
-                # Busy, full, I/O error: nothing says the file is damaged, and moving a
-                # healthy store aside would lose every entry. A read-only one cannot be moved.
-                raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
-            damage = str(exc)
-        if damage is None:
-            return
-        if not repair:
-            self.damage = damage
-            return
-        if self.read_only:  # cannot move it aside: damaged pages stay misses
-            log.warning("plancache: read-only store %s is damaged (%s); unreadable entries are misses", self.path, damage)
-            return
-        self.repair(damage)
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheDirError(f"cannot create cache directory {directory}: {exc.strerror or exc}", path=str(directory)) from exc
+    status = check_private(directory, group)
+    for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):  # a -wal or -shm not made yet is no risk
+        check_trusted(directory / name, group)
+    modes = modes_of(directory, status, group)
+    path = directory / DB_NAME
+    directory_writable = os.access(directory, os.W_OK)
+    writable = directory_writable and (not path.exists() or os.access(path, os.W_OK))
+    read_only = not writable if read_only is None else read_only
+    if read_only and not path.exists():
+        raise CacheDirError(f"read-only cache directory {directory} holds no {DB_NAME}", path=str(directory))
+    return Access(modes, directory_writable, writable, bool(read_only))
 
-    def _migrate_when_free(self) -> None:
-        """``_migrate``, retried while other processes hold the database (many processes
-        opening a new store at once all want to create it), up to the busy timeout."""
-        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-        pause = 0.01
-        while True:
-            try:
-                self._migrate()
-                return
-            except (sqlite3.OperationalError, StoreBusyError) as exc:
-                cause = exc.__cause__ if isinstance(exc, StoreBusyError) else exc
-                if not (isinstance(exc, StoreBusyError) or is_locked(cause or exc)) or time.monotonic() > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(pause * 2, 0.25)
 
-    def _migrate(self) -> None:
-        conn = self.connection()
-        found, schema = _version_and_schema(conn)  # reads page 1: garbage fails here
-        steps = migrations()
-        latest = steps[-1][0]
-        if found <= latest:  # before anything is migrated (a newer schema is refused below)
-            self._check_schema(schema, found)
-        if found > latest:
-            raise SchemaTooNewError(
-                f"{self.path} has schema {found}, newer than this plancache supports ({latest}); "
-                "upgrade plancache or use another cache directory (--dir, PLANCACHE_DIR). The file was not changed",
-                path=str(self.path),
-                found=found,
-                supported=latest,
-            )
-        if found == latest:
-            if not self.read_only and conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                # Another tool left it in a rollback journal, where a reader waits on a writer:
-                # back to WAL, which the hit path's promise rests on (busy: next open).
-                with contextlib.suppress(sqlite3.OperationalError):
-                    conn.execute("PRAGMA journal_mode=WAL")
+def _check_schema(path: Path, found: frozenset[tuple[object, ...]], version: int) -> None:
+    """Refuse a database whose schema (``found``) is not the one migrations 1..``version``
+    made: a trigger, view, table or index someone added could rewrite what is read or stored."""
+    made = _made_by_migrations().get(version, frozenset())
+    if found == made:
+        return
+    foreign = [f"{kind} {name}" for kind, name, _, _ in sorted(found - made, key=str)]
+    missing = [f"{kind} {name}" for kind, name, _, _ in sorted(made - found, key=str)]
+    what = "; ".join(([f"holds {', '.join(foreign)} that no migration made"] if foreign else [])
+                     + ([f"lacks or alters {', '.join(missing)}"] if missing else []))  # fmt: skip
+    raise CacheDirError(
+        f"plancache does not trust {path}: its schema (version {version}) {what}; nothing was read or changed. "
+        "Move the file aside, or use another cache directory (--dir, PLANCACHE_DIR)",
+        path=str(path),
+    )
+
+
+def migrate_when_free(migrate: Callable[[], None]) -> None:
+    """``migrate``, retried while other processes hold the database (many processes
+    opening a new store at once all want to create it), up to the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    pause = 0.01
+    while True:
+        try:
+            migrate()
             return
-        if self.read_only:
-            raise StoreError(f"read-only store {self.path} has schema {found}, older than {latest}", path=str(self.path))
-        if found == 0:
-            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # a new file only: before WAL and the first table
-            conn.execute("PRAGMA journal_mode=WAL")
-        with self.transaction() as tx:
-            found = tx.execute("PRAGMA user_version").fetchone()[0]  # another process may have migrated
-            for number, name, sql in steps:
-                if number <= found:
-                    continue
-                for statement in _statements(sql):
-                    tx.execute(statement)
-                tx.execute(f"PRAGMA user_version = {int(number)}")
-                log.debug("plancache: applied migration %s to %s", name, self.path)
+        except (sqlite3.OperationalError, StoreBusyError) as exc:
+            cause = exc.__cause__ if isinstance(exc, StoreBusyError) else exc
+            if not (isinstance(exc, StoreBusyError) or is_locked(cause or exc)) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
+
+
+def migrate(conn: sqlite3.Connection, transaction: Transaction, path: Path, read_only: bool) -> None:
+    """Apply the pending migrations to the database ``path`` (``conn``, this thread's
+    connection, and ``transaction``, its write transaction); refuse a newer or foreign schema."""
+    found, schema = _version_and_schema(conn)  # reads page 1: garbage fails here
+    steps = migrations()
+    latest = steps[-1][0]
+    if found <= latest:  # before anything is migrated (a newer schema is refused below)
+        _check_schema(path, schema, found)
+    if found > latest:
+        raise SchemaTooNewError(
+            f"{path} has schema {found}, newer than this plancache supports ({latest}); "
+            "upgrade plancache or use another cache directory (--dir, PLANCACHE_DIR). The file was not changed",
+            path=str(path),
+            found=found,
+            supported=latest,
+        )
+    if found == latest:
+        if not read_only and conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            # Another tool left it in a rollback journal, where a reader waits on a writer:
+            # back to WAL, which the hit path's promise rests on (busy: next open).
+            with contextlib.suppress(sqlite3.OperationalError):
+                conn.execute("PRAGMA journal_mode=WAL")
+        return
+    if read_only:
+        raise StoreError(f"read-only store {path} has schema {found}, older than {latest}", path=str(path))
+    if found == 0:
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # a new file only: before WAL and the first table
+        conn.execute("PRAGMA journal_mode=WAL")
+    with transaction() as tx:
+        found = tx.execute("PRAGMA user_version").fetchone()[0]  # another process may have migrated
+        for number, name, sql in steps:
+            if number <= found:
+                continue
+            for statement in _statements(sql):
+                tx.execute(statement)
+            tx.execute(f"PRAGMA user_version = {int(number)}")
+            log.debug("plancache: applied migration %s to %s", name, path)

@@ -1,7 +1,7 @@
 """The SQLite plan store: open, migrate, get, put, evict. Knows nothing of GPUs. What a row
-holds is ``entry.Entry``. Its base classes open the file (``schema.Schema``), handle damage
-(``recovery.Recovery``) and take entries out of service (``quarantine.Quarantine``);
-``verify`` and ``prune`` run in ``maintenance``.
+holds is ``entry.Entry``. ``Store`` keeps the connections and the transactions; the functions
+it calls open the file (``schema``), handle damage (``recovery``) and take entries out of
+service (``quarantine``); ``verify`` and ``prune`` run in ``maintenance``.
 
 Habits: WAL set once at creation; on every connection a busy timeout and
 ``synchronous=NORMAL``; one connection per thread, reopened after ``fork`` (``connections``
@@ -17,27 +17,27 @@ reliable there. Use the Redis tier to share plans between machines.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Concatenate, ParamSpec, TypedDict, TypeVar
 
 from ..config import ALLOW_SHARED_DIR, CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, EntryNotFoundError, StoreBusyError, StoreError
-from . import bookkeeping
+from . import quarantine, recovery, schema
 from .connections import GATE, GatedConnection, connect
 from .entry import INSERT_COLUMNS, INSERT_SQL, Entry, sha256, sound_use
 from .files import check_trusted, create_file, harden
 from .per_process import PerProcess
-from .quarantine import Quarantine
-from .recovery import DB_NAME, Recovery, is_locked, is_undecodable, lenient_text, reads
-from .schema import BUSY_TIMEOUT_MS, Schema, default_cache_dir
+from .recovery import DB_NAME, Repaired, is_damage, is_locked, is_undecodable, lenient_text
+from .schema import BUSY_TIMEOUT_MS, default_cache_dir
 
-__all__ = ["MIN_KEY_PREFIX", "Store"]
+__all__ = ["MIN_KEY_PREFIX", "Stats", "Store"]
 
 #: The fewest characters of a key that name it (``rm``, ``show``, ``export --key``).
 MIN_KEY_PREFIX = 4
@@ -48,6 +48,23 @@ _HIT_COLUMNS = ", ".join([*(c for c in INSERT_COLUMNS if c not in ("candidates_j
 _READ_HIT = f"SELECT {_HIT_COLUMNS} FROM plans WHERE key = ?"
 
 log = logging.getLogger("plancache")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def reads(method: Callable[Concatenate[Store, P], T]) -> Callable[Concatenate[Store, P], T]:
+    """A read of the store: SQLite's own errors become ``StoreError`` naming the file, so
+    callers catch one plancache error (and the builtin ``OSError`` it subclasses)."""
+
+    @functools.wraps(method)
+    def read(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read plan store {self.path}: {exc}", path=str(self.path)) from exc
+
+    return read
 
 
 def _file_id(path: os.PathLike[str]) -> tuple[int, int] | None:
@@ -80,7 +97,24 @@ def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
     return len(doomed)
 
 
-class Store(Schema, Recovery, Quarantine):
+class Stats(TypedDict):
+    """``Store.stats()``: the store's totals (``plancache stats``)."""
+
+    path: str
+    read_only: bool
+    file_bytes: int
+    entries: int
+    blob_bytes: int
+    hits: int
+    environments: int
+    build_seconds: float
+    by_policy: dict[str, int]
+    quarantined: int
+    unstored: list[dict[str, object]]  # key, label, why, reason, times, last_at: the plans built and not stored
+    counters: dict[str, int]
+
+
+class Store:
     """The SQLite database of one cache directory.
 
     ``Store(directory)`` creates the directory (mode 0700) and database (0600; 0660 in a
@@ -112,7 +146,9 @@ class Store(Schema, Recovery, Quarantine):
         self._closed = False
         #: What is wrong with the file, found at open and left there (``repair=False``); None when sound.
         self.damage: str | None = None
-        self._prepare_directory(read_only, group)
+        self.modes, self._directory_writable, self._file_writable, self.read_only = schema.prepare_directory(
+            self.directory, read_only, group
+        )
         try:
             self._open_and_migrate(repair)
         except BaseException:
@@ -120,6 +156,31 @@ class Store(Schema, Recovery, Quarantine):
             raise
 
     # ------------------------------------------------------------------ opening
+
+    def _open_and_migrate(self, repair: bool) -> None:
+        """Open the file and apply pending migrations. Damage found on the way is repaired
+        (``repair``) or left as it is and kept in ``damage``."""
+        try:
+            schema.migrate_when_free(self._migrate)
+            damage = recovery.damage_at_open(self.connection, self.path, whole=not repair)
+        except sqlite3.DatabaseError as exc:
+            if not is_damage(exc) or (self.read_only and repair):
+                # Busy, full, I/O error: nothing says the file is damaged, and moving a
+                # healthy store aside would lose every entry. A read-only one cannot be moved.
+                raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
+            damage = str(exc)
+        if damage is None:
+            return
+        if not repair:
+            self.damage = damage
+            return
+        if self.read_only:  # cannot move it aside: damaged pages stay misses
+            log.warning("plancache: read-only store %s is damaged (%s); unreadable entries are misses", self.path, damage)
+            return
+        self.repair(damage)
+
+    def _migrate(self) -> None:
+        schema.migrate(self.connection(), self.transaction, self.path, self.read_only)
 
     def connection(self) -> GatedConnection:
         """This thread's connection, opened on first use, again after a fork, and again
@@ -224,33 +285,77 @@ class Store(Schema, Recovery, Quarantine):
             self.note_damage(exc)
             raise StoreError(f"cannot commit to plan store {self.path}: {exc}", path=str(self.path)) from exc
 
-    def _write(self, sql: str, params: Any = ()) -> int:
+    def _write(self, sql: str, params: tuple[object, ...] = ()) -> int:
         try:
             with self.transaction() as tx:
                 return tx.execute(sql, params).rowcount
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write plan store {self.path}: {exc}", path=str(self.path)) from exc
 
+    # ------------------------------------------------------------------ damage
+
+    def note_damage(self, exc: BaseException) -> None:
+        """After a read or write found the file damaged: a marker for the next open (``recovery.note_damage``)."""
+        if not self.read_only:
+            recovery.note_damage(self.path, self.modes, exc)
+
+    def repair(self, reason: str, *, thorough: bool = False) -> Repaired:
+        """Move a damaged database file aside (kept, never deleted), start a new one and
+        copy into it every entry of the old file that still reads back intact.
+
+        Serialized by a file lock and re-checked under it: of several processes that find
+        the same damage, one moves the file and the others find the new store healthy.
+        ``thorough`` re-checks with ``integrity_check`` instead of ``quick_check``."""
+        with recovery.repair_lock(self.path, self.modes):
+            self._close_connection()
+            still = recovery.quick_check(self.connection, full=thorough)
+            if still is None:  # healthy after all, or another process replaced it meanwhile
+                recovery.clear_marker(self.path)
+                return {"moved_aside": None, "salvaged": 0}
+            self._close_connection()
+            why = f"{reason}; {still}" if still and still not in reason else reason
+            aside, salvaged = recovery.start_over(self.path, why, migrate=self._migrate, transaction=self.transaction)
+        if salvaged:
+            log.warning("plancache: copied %d intact entries from %s into the new store", salvaged, aside)
+        return {"moved_aside": str(aside), "salvaged": salvaged}
+
+    def quarantine(self, key: str, reason: str, *, identity: tuple[str, float] | None = None) -> bool:
+        """Move an entry out of service, keeping it (and its blob) for inspection.
+
+        ``identity``: ``(blob_sha256, created_at)`` of the row that was judged; only that
+        row is quarantined, so one that another process has since replaced (rebuilt
+        healthy) stays in service."""
+        if identity is None:
+            return quarantine.move(self.transaction, self.path, "key = ?", (key,), reason)
+        where = "key = ? AND blob_sha256 = ? AND created_at = ?"
+        return quarantine.move(self.transaction, self.path, where, (key, *identity), reason)
+
+    def quarantine_rowid(self, rowid: int, reason: str) -> bool:
+        """``quarantine`` for a row whose key itself may be damaged (found by ``verify``)."""
+        return quarantine.move(self.transaction, self.path, "rowid = ?", (rowid,), reason)
+
+    @reads
+    def quarantined(self) -> list[dict[str, object]]:
+        sql = "SELECT id, key, reason, quarantined_at, length(blob) AS blob_size FROM quarantine ORDER BY id"
+        return [dict(r) for r in self.connection().execute(sql)]
+
     # ------------------------------------------------------------------ plans
 
-    def get(self, key: str, known: Mapping[str, tuple[str, Any]] | None = None, details: bool = True) -> Entry | None:
+    def get(self, key: str, known: Mapping[str, tuple[str, object]] | None = None, details: bool = True) -> Entry | None:
         """The entry stored under ``key``, or None. Reads only; checks no checksum. A read
         that finds the file damaged leaves a marker for the next open, then raises.
         ``known`` and ``details``: see ``Entry.from_row``."""
         try:
             row = self.connection().one(_READ_ALL if details else _READ_HIT, (key,))
             return Entry.from_row(row, known, details) if row is not None else None
-        except (ValueError, KeyError, TypeError) as exc:  # a field of the wrong type, range or depth (Entry.from_row)
+        except (ValueError, KeyError, TypeError, sqlite3.DatabaseError) as exc:
+            # A field of the wrong type, range or depth (Entry.from_row), or one row's text damaged: not the file.
+            if isinstance(exc, sqlite3.DatabaseError) and not is_undecodable(exc):
+                self.note_damage(exc)
+                raise StoreError(f"cannot read plan store {self.path}: {exc}", path=str(self.path)) from exc
             raise DamagedEntryError(
                 f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key
             ) from exc
-        except sqlite3.DatabaseError as exc:
-            if is_undecodable(exc):  # one row's text is damaged, not the file
-                raise DamagedEntryError(
-                    f"entry {key[:12]} in {self.path} cannot be decoded: {str(exc)[:200]}", path=str(self.path), key=key
-                ) from exc
-            self.note_damage(exc)
-            raise StoreError(f"cannot read plan store {self.path}: {exc}", path=str(self.path)) from exc
 
     def put(self, entry: Entry, *, max_bytes: int | None = None) -> int:
         """Insert or replace an entry in one short transaction; with ``max_bytes``, evict
@@ -317,13 +422,6 @@ class Store(Schema, Recovery, Quarantine):
     def keys(self) -> list[str]:
         return [r[0] for r in self.connection().execute("SELECT key FROM plans ORDER BY key")]
 
-    def bump(self, name: str, by: int = 1) -> None:
-        self.bump_many({name: by})
-
-    def bump_many(self, deltas: Mapping[str, int]) -> None:
-        """Add to several persistent counters in one transaction, waiting for a busy store."""
-        bookkeeping.record_counters(self, deltas, wait=True)
-
     @reads
     def counters(self) -> dict[str, int]:
         return {r[0]: r[1] for r in self.connection().execute("SELECT name, value FROM counters")}
@@ -332,11 +430,8 @@ class Store(Schema, Recovery, Quarantine):
 
     @reads
     def get_kernel_cache(self, env_id: str) -> tuple[bytes, int | None] | None:
-        row = (
-            self.connection()
-            .execute("SELECT blob, blob_sha256, revision FROM kernel_caches WHERE env_id = ?", (env_id,))
-            .fetchone()
-        )
+        sql = "SELECT blob, blob_sha256, revision FROM kernel_caches WHERE env_id = ?"
+        row = self.connection().execute(sql, (env_id,)).fetchone()
         if row is None or sha256(bytes(row["blob"])) != row["blob_sha256"]:
             return None
         return bytes(row["blob"]), row["revision"]
@@ -365,31 +460,20 @@ class Store(Schema, Recovery, Quarantine):
             raise StoreError(f"cannot evict from plan store {self.path}: {exc}", path=str(self.path)) from exc
 
     @reads
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Stats:
         conn = self.connection()
-        row = conn.execute(
-            "SELECT count(*) AS entries, coalesce(sum(length(blob)), 0) AS blob_bytes, "
-            "coalesce(sum(hit_count), 0) AS hits, count(DISTINCT env_id) AS environments, "
-            "coalesce(sum(build_seconds), 0) AS build_seconds FROM plans"
+        entries, blob_bytes, hits, environments, build_seconds = conn.execute(
+            "SELECT count(*), coalesce(sum(length(blob)), 0), coalesce(sum(hit_count), 0), count(DISTINCT env_id), "
+            "coalesce(sum(build_seconds), 0) FROM plans"
         ).fetchone()
+        quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
         with lenient_text(conn):  # a row whose policy cannot be decoded fails only itself (`plancache stats` names it)
             by_policy: dict[str, int] = {}
             for policy, count in conn.execute("SELECT policy, count(*) FROM plans GROUP BY policy"):
                 policy = policy if "\ufffd" not in str(policy) else "(undecodable)"
                 by_policy[policy] = by_policy.get(policy, 0) + count
-        quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
-        with lenient_text(conn):
-            unstored = [
-                dict(r)
-                for r in conn.execute("SELECT key, label, why, reason, times, last_at FROM unstored ORDER BY last_at DESC")
-            ]
-        return {
-            "path": str(self.path),
-            "read_only": self.read_only,
-            "file_bytes": self.path.stat().st_size if self.path.exists() else 0,
-            **dict(row),
-            "by_policy": by_policy,
-            "quarantined": quarantined,
-            "unstored": unstored,
-            "counters": self.counters(),
-        }
+            sql = "SELECT key, label, why, reason, times, last_at FROM unstored ORDER BY last_at DESC"
+            unstored: list[dict[str, object]] = [dict(r) for r in conn.execute(sql)]
+        return {"path": str(self.path), "read_only": self.read_only, "file_bytes": self.path.stat().st_size if self.path.exists() else 0,
+                "entries": entries, "blob_bytes": blob_bytes, "hits": hits, "environments": environments, "build_seconds": build_seconds,
+                "by_policy": by_policy, "quarantined": quarantined, "unstored": unstored, "counters": self.counters()}  # fmt: skip

@@ -338,7 +338,7 @@ class LocalTier:
         except (StoreError, sqlite3.Error) as exc:
             self._warn("hits", "plancache: could not record counters: %s", exc)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Mapping[str, object]:
         if self.store is None:
             return {"path": str(self.directory), "available": False}
         return self.store.stats()
