@@ -775,6 +775,38 @@ def test_a_build_inside_a_build_of_its_stripe_on_one_thread_does_not_wait_for_it
     assert waits == []
 
 
+def test_a_build_inside_a_build_of_its_stripe_does_not_wait_for_a_thread_that_waits_for_the_stripe(tmp_path: Path) -> None:
+    """One thread builds key A and, inside, key B of A's stripe; another thread missed B
+    meanwhile. The locks were taken in two orders: the other thread held B's thread lock
+    and waited for the stripe, which the first held while it waited for B's thread lock,
+    both until lock_timeout. Every thread now takes the stripe's thread lock, then its file."""
+    from plancache.cache.flight import SingleFlight, lock_name
+
+    outer = "a" * 64
+    inner = next(k for k in (f"{i:064x}" for i in range(1, 10_000)) if lock_name(k) == lock_name(outer))
+    flight = SingleFlight(tmp_path / "locks", timeout=2.0)
+    other: list[BaseException | None] = []
+
+    def another_thread_missing_the_inner_key() -> None:
+        try:
+            with flight.hold(inner, "env"):
+                other.append(None)
+        except LockTimeoutError as exc:
+            other.append(exc)
+
+    thread = threading.Thread(target=another_thread_missing_the_inner_key)
+    with flight.hold(outer, "env"):
+        thread.start()
+        time.sleep(0.3)  # the other thread waits, for B's build or for the stripe
+        started = time.monotonic()
+        with flight.hold(inner, "env"):
+            nested = time.monotonic() - started
+        assert other == [], "the other thread waits while the stripe is held"
+    thread.join(10)
+    assert nested < 1.0, f"the nested build waited {nested:.1f} s"  # the old code waited the 2 s out, then raised
+    assert other == [None], other
+
+
 def test_a_hit_executes_by_the_callers_tensor_names(make_cache: Any, tmp_path: Path) -> None:
     from plancache.workflows import templates
 
