@@ -877,6 +877,40 @@ def test_kernel_cache_persisted_and_restored_when_asked(make_cache: Any) -> None
     assert other_env.counters["kernel_cache_restores"] == 0, "never a kernel cache of another environment"
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_restores_the_kernel_cache_before_it_stores_its_own(make_cache: Any) -> None:
+    """A forked child's backend starts with a fresh kernel cache (cuDNN's are per process).
+    It took the parent's "restored" for its own, never restored the stored one, and stored
+    its smaller kernel cache over it."""
+    import json
+
+    from plancache.key import environment_id
+    from plancache.testing import CpuTestBackend
+
+    backend = CpuTestBackend()
+    cache = make_cache(backend=backend, persist_kernel_cache=True)
+    cache.get(_dynamic_conv(1))
+    env_id = environment_id(cache.environment)
+    parents = set(backend.kernels)
+    assert parents and set(json.loads(cache.store.get_kernel_cache(env_id)[0])) == parents
+    pid = os.fork()
+    if pid == 0:  # the child: it never returns to pytest
+        code = 1
+        try:
+            signal.alarm(20)
+            backend.kernels = set()  # fresh, as cuDNN's kernel caches are in a child
+            cache.lookup.kernel_cache.restore(env_id)  # before the child's first dynamic-shape build
+            backend.kernels.add("a kernel of the child's")
+            cache.lookup.kernel_cache.save(env_id)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    stored = set(json.loads(cache.store.get_kernel_cache(env_id)[0]))
+    assert stored == parents | {"a kernel of the child's"}, f"the child stored {sorted(stored)}"
+
+
 def test_kernel_cache_sharing_can_be_turned_off(make_cache: Any) -> None:
     from plancache import BuildOptions
     from plancache.testing import CpuTestBackend
