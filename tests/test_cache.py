@@ -807,6 +807,44 @@ def test_a_build_inside_a_build_of_its_stripe_does_not_wait_for_a_thread_that_wa
     assert other == [None], other
 
 
+def test_a_lookup_inside_a_build_does_not_wait_for_a_thread_that_waits_for_the_build_lock(
+    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build of plan A looks up plan B of A's lock stripe; another thread missed B just
+    before and waits for the stripe. The lookup inside the build waited for that thread's
+    load of B, which waited for the build: both until lock_timeout. A thread holding a
+    build lock now loads or builds B itself; the other thread then finds B in memory."""
+    from plancache.cache import flight
+
+    monkeypatch.setattr(flight, "_stripe_of", lambda key: 0)  # every key of one stripe
+    monkeypatch.setattr(flight, "lock_name", lambda key: "build-000.lock")
+    cache = make_cache(lock_timeout=10.0)
+    outer, inner = ConvBiasRelu(n=1).graph(), ConvBiasRelu(n=2).graph()
+    build = cache.lookup._repair_or_build
+    outcomes: dict[str, str] = {}
+
+    def another_thread_missing_the_inner_plan() -> None:
+        try:
+            outcomes["other"] = cache.get(inner).source
+        except LockTimeoutError as exc:
+            outcomes["other"] = repr(exc)
+
+    other = threading.Thread(target=another_thread_missing_the_inner_plan)
+
+    def building(graph: Any, *args: Any, **kwargs: Any) -> Any:
+        if graph is outer:
+            other.start()
+            time.sleep(0.3)  # the other thread holds B's load and waits for the stripe
+            outcomes["nested"] = cache.get(inner).source
+        return build(graph, *args, **kwargs)
+
+    monkeypatch.setattr(cache.lookup, "_repair_or_build", building)
+    cache.get(outer)
+    other.join(30)
+    assert outcomes == {"nested": "built", "other": "built"}, outcomes
+    assert cache.counters["builds"] == 2, "B was built once"
+
+
 def test_a_hit_executes_by_the_callers_tensor_names(make_cache: Any, tmp_path: Path) -> None:
     from plancache.workflows import templates
 

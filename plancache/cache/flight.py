@@ -65,6 +65,17 @@ HEARTBEAT_S = 2.0
 STALLED_AFTER_S = 60.0
 
 
+#: How many build locks the calling thread holds (a build may nest another): a lookup inside
+#: a build does not wait for another thread's load of its plan (``loads``), as that thread
+#: may be waiting for this one's build lock.
+_holding = threading.local()
+
+
+def holds_a_build_lock() -> bool:
+    """Whether the calling thread holds the locks of a build (its lookups are nested in it)."""
+    return bool(getattr(_holding, "count", 0))
+
+
 class _StripeLocks:
     """One ``threading.RLock`` per stripe, made at its first use: re-entrant, as a thread's
     build may build another key of its stripe inside."""
@@ -88,9 +99,11 @@ class _StripeLocks:
                 key=key,
                 waited_s=timeout,
             )
+        _holding.count = getattr(_holding, "count", 0) + 1
         try:
             yield waited
         finally:
+            _holding.count -= 1
             lock.release()
 
 
