@@ -775,6 +775,76 @@ def test_a_build_inside_a_build_of_its_stripe_on_one_thread_does_not_wait_for_it
     assert waits == []
 
 
+def test_a_build_inside_a_build_of_its_stripe_does_not_wait_for_a_thread_that_waits_for_the_stripe(tmp_path: Path) -> None:
+    """One thread builds key A and, inside, key B of A's stripe; another thread missed B
+    meanwhile. The locks were taken in two orders: the other thread held B's thread lock
+    and waited for the stripe, which the first held while it waited for B's thread lock,
+    both until lock_timeout. Every thread now takes the stripe's thread lock, then its file."""
+    from plancache.cache.flight import SingleFlight, lock_name
+
+    outer = "a" * 64
+    inner = next(k for k in (f"{i:064x}" for i in range(1, 10_000)) if lock_name(k) == lock_name(outer))
+    flight = SingleFlight(tmp_path / "locks", timeout=2.0)
+    other: list[BaseException | None] = []
+
+    def another_thread_missing_the_inner_key() -> None:
+        try:
+            with flight.hold(inner, "env"):
+                other.append(None)
+        except LockTimeoutError as exc:
+            other.append(exc)
+
+    thread = threading.Thread(target=another_thread_missing_the_inner_key)
+    with flight.hold(outer, "env"):
+        thread.start()
+        time.sleep(0.3)  # the other thread waits, for B's build or for the stripe
+        started = time.monotonic()
+        with flight.hold(inner, "env"):
+            nested = time.monotonic() - started
+        assert other == [], "the other thread waits while the stripe is held"
+    thread.join(10)
+    assert nested < 1.0, f"the nested build waited {nested:.1f} s"  # the old code waited the 2 s out, then raised
+    assert other == [None], other
+
+
+def test_a_lookup_inside_a_build_does_not_wait_for_a_thread_that_waits_for_the_build_lock(
+    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build of plan A looks up plan B of A's lock stripe; another thread missed B just
+    before and waits for the stripe. The lookup inside the build waited for that thread's
+    load of B, which waited for the build: both until lock_timeout. A thread holding a
+    build lock now loads or builds B itself; the other thread then finds B in memory."""
+    from plancache.cache import flight
+
+    monkeypatch.setattr(flight, "_stripe_of", lambda key: 0)  # every key of one stripe
+    monkeypatch.setattr(flight, "lock_name", lambda key: "build-000.lock")
+    cache = make_cache(lock_timeout=10.0)
+    outer, inner = ConvBiasRelu(n=1).graph(), ConvBiasRelu(n=2).graph()
+    build = cache.lookup._repair_or_build
+    outcomes: dict[str, str] = {}
+
+    def another_thread_missing_the_inner_plan() -> None:
+        try:
+            outcomes["other"] = cache.get(inner).source
+        except LockTimeoutError as exc:
+            outcomes["other"] = repr(exc)
+
+    other = threading.Thread(target=another_thread_missing_the_inner_plan)
+
+    def building(graph: Any, *args: Any, **kwargs: Any) -> Any:
+        if graph is outer:
+            other.start()
+            time.sleep(0.3)  # the other thread holds B's load and waits for the stripe
+            outcomes["nested"] = cache.get(inner).source
+        return build(graph, *args, **kwargs)
+
+    monkeypatch.setattr(cache.lookup, "_repair_or_build", building)
+    cache.get(outer)
+    other.join(30)
+    assert outcomes == {"nested": "built", "other": "built"}, outcomes
+    assert cache.counters["builds"] == 2, "B was built once"
+
+
 def test_a_hit_executes_by_the_callers_tensor_names(make_cache: Any, tmp_path: Path) -> None:
     from plancache.workflows import templates
 
@@ -843,6 +913,40 @@ def test_kernel_cache_persisted_and_restored_when_asked(make_cache: Any) -> None
     other_env = make_cache(backend=fresh, persist_kernel_cache=True)
     other_env.get(_dynamic_conv(3))
     assert other_env.counters["kernel_cache_restores"] == 0, "never a kernel cache of another environment"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_restores_the_kernel_cache_before_it_stores_its_own(make_cache: Any) -> None:
+    """A forked child's backend starts with a fresh kernel cache (cuDNN's are per process).
+    It took the parent's "restored" for its own, never restored the stored one, and stored
+    its smaller kernel cache over it."""
+    import json
+
+    from plancache.key import environment_id
+    from plancache.testing import CpuTestBackend
+
+    backend = CpuTestBackend()
+    cache = make_cache(backend=backend, persist_kernel_cache=True)
+    cache.get(_dynamic_conv(1))
+    env_id = environment_id(cache.environment)
+    parents = set(backend.kernels)
+    assert parents and set(json.loads(cache.store.get_kernel_cache(env_id)[0])) == parents
+    pid = os.fork()
+    if pid == 0:  # the child: it never returns to pytest
+        code = 1
+        try:
+            signal.alarm(20)
+            backend.kernels = set()  # fresh, as cuDNN's kernel caches are in a child
+            cache.lookup.kernel_cache.restore(env_id)  # before the child's first dynamic-shape build
+            backend.kernels.add("a kernel of the child's")
+            cache.lookup.kernel_cache.save(env_id)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    stored = set(json.loads(cache.store.get_kernel_cache(env_id)[0]))
+    assert stored == parents | {"a kernel of the child's"}, f"the child stored {sorted(stored)}"
 
 
 def test_kernel_cache_sharing_can_be_turned_off(make_cache: Any) -> None:

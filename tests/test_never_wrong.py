@@ -369,6 +369,89 @@ def test_a_child_forked_while_the_judge_held_its_forms_lock_still_judges() -> No
     assert os.waitstatus_to_exitcode(status) == 0, "the child waited for the lock its parent held at the fork"
 
 
+def _a_plain_lock(owner: Any) -> Any:
+    from plancache.store.per_process import PerProcess
+
+    return owner.get() if isinstance(owner, PerProcess) else owner
+
+
+def _short_held_locks(cache: PlanCache, tmp_path: Path) -> dict[str, tuple[Any, Callable[[], object]]]:
+    """Per lock: the lock, as a thread of the parent would hold it at the fork, and what of
+    the child takes it."""
+    import types
+
+    import redis
+
+    from plancache.cudnn import library
+    from plancache.guest.block import known_captures
+    from plancache.tiers.breaker import Breaker
+    from plancache.tiers.fleet_lock import FleetLock
+
+    breaker = Breaker(redis, "redis://test", backoff_max=1.0, max_stall=1.0, deadline=1.0, max_reply=1 << 20)
+    fleet = FleetLock(types.SimpleNamespace(register_script=lambda script: None), breaker.script_call, lock_ttl=30.0,
+                      count=breaker.count, warn_once=breaker.warn_once)  # fmt: skip
+    unstored = cache.lookup.unstored
+    (tmp_path / "maps").write_text("")
+
+    def libraries() -> object:
+        with pytest.raises(OSError):
+            library.library()
+        return library.libcuda(), library.open_beside(maps=str(tmp_path / "maps"))
+
+    class Pool:
+        def wake(self) -> None:
+            pass
+
+    pool = Pool()
+
+    def captures() -> None:
+        known_captures.watch(pool.wake)
+        assert known_captures.active == 0, "the parent's capture counted in the child"
+
+    return {
+        "unstored": (unstored._lock, lambda: (unstored.report(), unstored.why("e" * 64))),
+        "breaker counters": (breaker._counter_lock, lambda: breaker.count("errors")),
+        "breaker state": (breaker._state_lock, lambda: breaker.available),
+        "fleet lock holds": (fleet._holds.get()._lock, fleet.close),
+        "known captures": (known_captures._captures.get().lock, captures),
+        "cudnn opened": (library._opened_lock, libraries),
+        "libcuda": (library._libcuda_lock, libraries),
+        "cudnn library": (library._lock, libraries),
+    }
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize(
+    "which", ["unstored", "breaker counters", "breaker state", "fleet lock holds", "known captures", "cudnn opened",
+              "libcuda", "cudnn library"]
+)  # fmt: skip
+def test_a_child_forked_while_a_thread_held_a_short_held_lock_does_not_wait_for_it(which: str, cache: PlanCache,
+                                                                                  tmp_path: Path) -> None:  # fmt: skip
+    """Locks held only for a few operations (the unstored plans', the Redis tier's breaker's
+    and fleet lock's, the captures plancache runs, the cuDNN and CUDA libraries' loading)
+    were still held in a child forked while a thread of the parent was inside one: they are
+    per process, so the child's first use does not wait for a lock nobody releases (nor
+    counts a capture of the parent's as its own)."""
+    import contextlib
+
+    from plancache.guest.block import known_captures
+
+    owner, use = _short_held_locks(cache, tmp_path)[which]
+    lock = _a_plain_lock(owner)
+    with known_captures.running() if which == "known captures" else contextlib.nullcontext(), lock:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(10)  # a child that waits for the parent's lock is ended, and the test fails
+                use()
+                code = 0
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"the child waited for the {which} lock its parent held at the fork"
+
+
 # ---------------------------------------------------------------------------- launch checks
 
 

@@ -779,7 +779,7 @@ def test_full_redis_refuses_the_lock_but_not_its_renewal_or_release(
             with waiter.lock(key, ENV_ID, wait=5) as theirs:
                 assert theirs is True  # no exception, no wait: build without the fleet lock
             assert time.monotonic() - started < 0.5
-        assert not waiter._locks._holds, "a refused take set no lock: nothing to release"
+        assert not waiter._locks._holds.get().listed(), "a refused take set no lock: nothing to release"
         assert any("without the fleet lock" in m for m in warnings_of(caplog))
         time.sleep(1.0)  # past the 0.6 s expiry: renewed all the same
         assert admin.exists(lock_name) == 1

@@ -3,17 +3,20 @@ builds it and the others wait for it, while lookups of every other key go on.
 
 Three locks, taken in order, each only around the build of its key:
 
-1. a thread lock per key (threads of this process);
+1. a thread lock (``threading.RLock``) per stripe (threads of this process), of the
+   ``STRIPES`` that a hash of the key chooses from;
 2. a file lock in ``<cache>/locks/`` (processes of this machine): filelock's ``FileLock``
-   (``flock``) on one of ``STRIPES`` files, chosen by a hash of the key. The files are
-   never removed, as a lock file that is removed while held lets one process lock the
-   removed file while another locks a new one; striping keeps their number bounded. Two
-   keys of one stripe build one after the other, never at once; a lookup never waits. A
-   process keeps one ``FileLock`` per stripe, which filelock makes re-entrant per thread:
-   a build that looks up and builds another key of its stripe on its own thread goes on
-   (a second ``FileLock`` of the file would wait for the first until ``timeout``). A
-   lock file is never opened through a link, and one another user owns or can write is not
-   used;
+   (``flock``) on the stripe's file. The files are never removed, as a lock file that is
+   removed while held lets one process lock the removed file while another locks a new
+   one; striping keeps their number bounded. Two keys of one stripe build one after the
+   other, never at once; a lookup never waits. A process keeps one ``FileLock`` per
+   stripe, which filelock makes re-entrant per thread, as the thread lock is: a build that
+   looks up and builds another key of its stripe on its own thread goes on (a second
+   ``FileLock`` of the file would wait for the first until ``timeout``). Both locks are of
+   the stripe, not the key, so every thread takes them in one order: a thread lock per key
+   let another thread missing the inner key hold that key's thread lock and wait for the
+   stripe while the outer build held the stripe and waited for the key. A lock file is
+   never opened through a link, and one another user owns or can write is not used;
 3. the fleet lock in Redis, when there is a remote tier (machines of a fleet), renewed by
    the tier while held.
 
@@ -62,36 +65,46 @@ HEARTBEAT_S = 2.0
 STALLED_AFTER_S = 60.0
 
 
-class _KeyLocks:
-    """One ``threading.Lock`` per key, dropped when nobody holds or waits for it."""
+#: How many build locks the calling thread holds (a build may nest another): a lookup inside
+#: a build does not wait for another thread's load of its plan (``loads``), as that thread
+#: may be waiting for this one's build lock.
+_holding = threading.local()
+
+
+def holds_a_build_lock() -> bool:
+    """Whether the calling thread holds the locks of a build (its lookups are nested in it)."""
+    return bool(getattr(_holding, "count", 0))
+
+
+class _StripeLocks:
+    """One ``threading.RLock`` per stripe, made at its first use: re-entrant, as a thread's
+    build may build another key of its stripe inside."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+        self._locks: dict[int, threading.RLock] = {}
 
     @contextlib.contextmanager
     def hold(self, key: str, timeout: float) -> Iterator[bool]:
+        stripe = _stripe_of(key)
         with self._guard:
-            lock, users = self._locks.get(key, (threading.Lock(), 0))
-            self._locks[key] = (lock, users + 1)
+            lock = self._locks.get(stripe)
+            if lock is None:
+                lock = self._locks[stripe] = threading.RLock()
+        waited = not lock.acquire(blocking=False)
+        # math.inf waits as long as the build takes (acquire() would overflow on it)
+        if waited and not lock.acquire(timeout=-1 if math.isinf(timeout) else timeout):
+            raise LockTimeoutError(
+                f"waited {timeout:.0f} s for another thread to build plan {key[:12]} (or another plan of its lock stripe)",
+                key=key,
+                waited_s=timeout,
+            )
+        _holding.count = getattr(_holding, "count", 0) + 1
         try:
-            waited = not lock.acquire(blocking=False)
-            # math.inf waits as long as the build takes (acquire() would overflow on it)
-            if waited and not lock.acquire(timeout=-1 if math.isinf(timeout) else timeout):
-                raise LockTimeoutError(
-                    f"waited {timeout:.0f} s for another thread to build plan {key[:12]}", key=key, waited_s=timeout
-                )
-            try:
-                yield waited
-            finally:
-                lock.release()
+            yield waited
         finally:
-            with self._guard:
-                lock, users = self._locks[key]
-                if users <= 1:
-                    del self._locks[key]
-                else:
-                    self._locks[key] = (lock, users - 1)
+            _holding.count -= 1
+            lock.release()
 
 
 class _Process:
@@ -101,7 +114,7 @@ class _Process:
     (the parent's thread is not the child's), and ``FileLock`` objects of its own."""
 
     def __init__(self) -> None:
-        self.threads = _KeyLocks()
+        self.threads = _StripeLocks()
         self.lock = threading.Lock()  # guards held, beating and stripes against the heartbeat and other threads
         #: Build-lock files held, for the heartbeat: path -> holds (a thread may nest two builds of one stripe).
         self.held: dict[Path, int] = {}
@@ -256,7 +269,11 @@ class SingleFlight:
 def lock_name(key: str) -> str:
     """The name, in ``locks/``, of the file whose lock stands for ``key``'s build: one of
     ``STRIPES``, chosen by a hash of the key."""
-    return f"build-{zlib.crc32(key.encode()) % STRIPES:03d}.lock"
+    return f"build-{_stripe_of(key):03d}.lock"
+
+
+def _stripe_of(key: str) -> int:
+    return zlib.crc32(key.encode()) % STRIPES
 
 
 def _note_holder(fd: int) -> None:

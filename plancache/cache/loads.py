@@ -4,6 +4,10 @@ A lookup and the primer (or two lookups on two threads) that want the same plan 
 must not deserialize it twice: the second waits for the first and takes its plan from
 the memory tier. This is the in-process step before the key's single flight
 (``flight.py``), which also spans processes and machines but is taken only on a miss.
+A lookup nested in a build, on a thread that holds a build lock, does not wait for
+another thread's load: that thread may be waiting for the build lock (a stripe of two
+keys), so the nested lookup loads or builds the plan itself, and the other thread finds
+it in memory once it holds the lock.
 
 The primer also gives way to builds through it: it starts a load only while no lookup
 is autotuning, whose timings its host work would disturb. It does not give way to loads:
@@ -23,6 +27,7 @@ from typing import Protocol
 
 from ..errors import LockTimeoutError
 from ..runtime.plan import Plan
+from .flight import holds_a_build_lock
 
 __all__ = ["Loads"]
 
@@ -39,10 +44,10 @@ class Loads:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        #: Who loads what: the event a waiting thread waits on, made by the first thread that
-        #: waits (None until one does: most loads are nobody else's wait, and an Event is a
-        #: Condition and a lock to make).
-        self._busy: dict[Slot, threading.Event | None] = {}
+        #: Who loads what: the loading thread, and the event a waiting thread waits on, made
+        #: by the first thread that waits (None until one does: most loads are nobody else's
+        #: wait, and an Event is a Condition and a lock to make).
+        self._busy: dict[Slot, tuple[int, threading.Event | None]] = {}
         self._builds = 0  # lookups autotuning now
 
     @contextlib.contextmanager
@@ -51,8 +56,8 @@ class Loads:
         for one that is loading it), else None, and then this thread loads or builds it
         while later claims of ``slot`` wait. Waiting past ``deadline`` (``time.monotonic``)
         raises ``LockTimeoutError``."""
-        plan = self._wait_or_take(slot, memory, deadline)
-        if plan is not None:
+        plan, mine = self._wait_or_take(slot, memory, deadline)
+        if plan is not None or not mine:  # not mine: loaded or built here beside another thread's load
             yield plan
             return
         try:
@@ -60,20 +65,24 @@ class Loads:
         finally:
             self._release(slot)
 
-    def _wait_or_take(self, slot: Slot, memory: _Memory, deadline: float) -> Plan | None:
-        """The plan once another thread has put it in ``memory``; None once this thread
-        holds ``slot`` (nobody else loading it, and it is not in memory)."""
+    def _wait_or_take(self, slot: Slot, memory: _Memory, deadline: float) -> tuple[Plan | None, bool]:
+        """(the plan, False) once another thread has put it in ``memory``; (None, True) once
+        this thread holds ``slot`` (nobody else loading it, and it is not in memory); (None,
+        False) when another thread loads it and this one holds a build lock."""
         started = time.monotonic()
         while True:
             with self._cond:
                 if slot not in self._busy:
                     plan = memory.get(slot)  # finished while this lookup was on its way here
                     if plan is None:
-                        self._busy[slot] = None
-                    return plan
-                event = self._busy[slot]
+                        self._busy[slot] = (threading.get_ident(), None)
+                    return plan, plan is None
+                loader, event = self._busy[slot]
+                if loader != threading.get_ident() and holds_a_build_lock():
+                    return None, False
                 if event is None:
-                    event = self._busy[slot] = threading.Event()
+                    event = threading.Event()
+                    self._busy[slot] = (loader, event)
             # The other thread always sets it, whatever happened to its load or build.
             if not event.wait(None if math.isinf(deadline) else max(0.0, deadline - time.monotonic())):
                 waited = time.monotonic() - started
@@ -81,7 +90,7 @@ class Loads:
                                        key=slot[0], waited_s=waited)  # fmt: skip
             plan = memory.get(slot)
             if plan is not None:
-                return plan
+                return plan, False
             # Its load failed: this thread tries, as the lookup it is.
 
     @contextlib.contextmanager
@@ -92,7 +101,7 @@ class Loads:
             if slot in self._busy or memory.get(slot) is not None:
                 mine = False
             else:
-                self._busy[slot] = None
+                self._busy[slot] = (threading.get_ident(), None)
                 mine = True
         if not mine:
             yield False
@@ -123,6 +132,6 @@ class Loads:
 
     def _release(self, slot: Slot) -> None:
         with self._cond:
-            event = self._busy.pop(slot)
+            _, event = self._busy.pop(slot)
         if event is not None:  # set outside the lock: a waiter it wakes takes the lock at once
             event.set()

@@ -28,6 +28,7 @@ from ..formats.plan_blob import PlanBlob
 from ..guest.backend import Backend, BuiltPlan, Load
 from ..key import CacheKey
 from ..store import Entry, summarize
+from ..store.per_process import PerProcess
 from ..tiers.local import LocalTier
 from .counters import Count, Counters
 
@@ -52,7 +53,7 @@ class Unstored:
         self.counters = counters
         self.local = local
         self._warn_once = warn
-        self._lock = threading.Lock()
+        self._lock = PerProcess(threading.Lock)  # the plans are kept in a forked child; the lock is not
         self._refused: OrderedDict[str, tuple[str, Why, str]] = OrderedDict()  # key -> (graph, why, reason)
         #: The entries the judge refused, the latest ones: the blob and description a report of
         #: the defect needs (``scripts/record_plans.py`` records them).
@@ -75,7 +76,7 @@ class Unstored:
         """Count, keep, record in the store and tell once that the plan of ``key`` is not
         stored (``entry``: the one the judge refused)."""
         label = summarize(key.parts["graph"])
-        with self._lock:
+        with self._lock.get():
             self.counters.count(why.value)
             self._refused[key.digest] = (label, why, reason)
             if entry is not None:
@@ -97,13 +98,13 @@ class Unstored:
     def why(self, digest: str) -> tuple[Why, str] | None:
         """Why the plan of ``digest`` was not stored, and the reason in words (None: it was
         not refused here)."""
-        with self._lock:
+        with self._lock.get():
             refused = self._refused.get(digest)
         return (refused[1], refused[2]) if refused is not None else None
 
     def report(self) -> dict[str, dict[str, str]]:
         """``{key: {"graph", "why", "reason"}}`` of the latest unstored plans (``stats``)."""
-        with self._lock:
+        with self._lock.get():
             return {
                 key: {"graph": label, "why": why.value, "reason": reason} for key, (label, why, reason) in self._refused.items()
             }

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import NativeError, NativeLibrary
+from ..store.per_process import PerProcess
 
 __all__ = ["Libcuda", "Library", "libcuda", "library", "open_beside"]
 
@@ -68,7 +69,7 @@ def loaded_path(names: Sequence[str], maps: str = "/proc/self/maps") -> str | No
 
 
 _opened: list[int] = []  # handles of the libraries open_beside opened: kept open, as cuDNN keeps them
-_opened_lock = threading.Lock()
+_opened_lock = PerProcess(threading.Lock)  # the handles are kept in a forked child; the lock is not
 
 
 def open_beside(names: Sequence[str] = _NAMES, maps: str = "/proc/self/maps") -> int:
@@ -78,7 +79,7 @@ def open_beside(names: Sequence[str] = _NAMES, maps: str = "/proc/self/maps") ->
     a foreign function, which releases the GIL for the call (``ctypes.CDLL`` holds it
     through its own ``dlopen``). Returns how many were opened; 0 without a loaded cuDNN."""
     path = loaded_path(names, maps)
-    with _opened_lock:
+    with _opened_lock.get():
         if path is None or _opened:
             return 0
         libc = ctypes.CDLL(None)
@@ -162,14 +163,14 @@ def _check_driver(status: int, call: str) -> None:
         raise NativeError(f"{call} failed: CUDA driver error {status}", call=call, status=status, library=NativeLibrary.CUDA)
 
 
-_libcuda_lock = threading.Lock()
+_libcuda_lock = PerProcess(threading.Lock)  # as _opened_lock
 _libcuda: list[Libcuda | None] = []
 
 
 def libcuda() -> Libcuda | None:
     """The CUDA driver library, declared once; None on a machine without one. Loading it
     creates nothing: every call that needs ``cuInit`` makes it first."""
-    with _libcuda_lock:
+    with _libcuda_lock.get():
         if not _libcuda:
             try:
                 _libcuda.append(Libcuda(ctypes.CDLL("libcuda.so.1")))
@@ -307,14 +308,14 @@ class Library:
         self._cuda.zero(destination, size, stream)
 
 
-_lock = threading.Lock()
+_lock = PerProcess(threading.Lock)  # as _opened_lock
 _loaded: list[Library] = []
 
 
 def library(load_cudnn: Callable[[], None] | None = None) -> Library:
     """The process's cuDNN, declared once. ``load_cudnn`` makes the frontend load cuDNN when
     nothing has yet. Raises ``OSError`` when there is no cuDNN or CUDA driver to use."""
-    with _lock:
+    with _lock.get():
         if not _loaded:
             path = loaded_path(_NAMES)
             if path is None and load_cudnn is not None:

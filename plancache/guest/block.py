@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import CaptureInProgressError
+from ..store.per_process import PerProcess
 
 __all__ = ["RELAXED", "KnownCaptures", "known_captures", "refuse_while_capturing", "relaxed"]
 
@@ -57,33 +58,43 @@ def relaxed(driver: Any) -> Iterator[None]:
             driver.exchange_capture_mode(previous)
 
 
-class KnownCaptures:
-    """How many captures plancache runs now (``plancache.capture``), process-wide, and who
-    waits for the last one to end (``watch``)."""
+class _Captures:
+    """The captures of this process's threads, and who watches them."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._active = 0
-        self._watchers: list[weakref.WeakMethod[Callable[[], None]]] = []
+        self.lock = threading.Lock()
+        self.active = 0
+        self.watchers: list[weakref.WeakMethod[Callable[[], None]]] = []
+
+
+class KnownCaptures:
+    """How many captures plancache runs now (``plancache.capture``), process-wide, and who
+    waits for the last one to end (``watch``). Per process: a child forked while a thread
+    of the parent captured runs no capture (and that thread may have held the lock)."""
+
+    def __init__(self) -> None:
+        self._captures = PerProcess(_Captures)
 
     def watch(self, wake: Callable[[], None]) -> None:
         """Call ``wake`` (a bound method, held weakly) each time a capture ends: a handle
         pool's waiters, which wait on a condition of their own for a handle or for no
         capture, must hear that the capture is over."""
-        with self._lock:
-            self._watchers = [w for w in self._watchers if w() is not None]
-            self._watchers.append(weakref.WeakMethod(wake))
+        captures = self._captures.get()
+        with captures.lock:
+            captures.watchers = [w for w in captures.watchers if w() is not None]
+            captures.watchers.append(weakref.WeakMethod(wake))
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        with self._lock:
-            self._active += 1
+        captures = self._captures.get()
+        with captures.lock:
+            captures.active += 1
         try:
             yield
         finally:
-            with self._lock:
-                self._active -= 1
-                watchers = list(self._watchers)
+            with captures.lock:
+                captures.active -= 1
+                watchers = list(captures.watchers)
             for watcher in watchers:
                 wake = watcher()
                 if wake is not None:
@@ -91,7 +102,7 @@ class KnownCaptures:
 
     @property
     def active(self) -> int:
-        return self._active
+        return self._captures.get().active
 
 
 known_captures = KnownCaptures()

@@ -7,8 +7,10 @@ of the parent's CUDA context, pending hit counts the parent writes, and the pare
 SQLite connections. Each owner keeps such state in a ``PerProcess`` holder: ``get()``
 returns the current process's value, made by the owner's ``make`` at the first ``get`` of
 each process. Nothing has to be called at the fork, and a new owner cannot be forgotten in
-a chain of hooks. (Locks held only for a few dictionary operations off the hit path, such
-as the breaker's counters' or the fleet lock's list of holds, are still plain locks.)
+a chain of hooks. A lock held only for a few operations off the hit path is one too (the
+breaker's, the fleet lock's list of holds, the unstored plans', the cuDNN library's
+loading): a thread of the parent may have been inside it at the fork, whatever the state
+it guards (kept in the child, or per process as well).
 
 Which process is current is told by a count of forks that one ``os.register_at_fork`` hook
 bumps in each child, not by ``os.getpid()``: glibc has not cached the pid since 2.25, so

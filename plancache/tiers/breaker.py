@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from ..config import StrEnum
+from ..store.per_process import PerProcess
 from .bounded import within
 
 __all__ = ["FAILED", "Breaker", "Call", "CallMode", "RemoteCount"]
@@ -99,8 +100,10 @@ class Breaker:
         # (full, read-only replica, no permission) is up, so only that call fails.
         self._outage_errors = (redis.ConnectionError, redis.TimeoutError, OSError)
         self._counters = dict.fromkeys([c.value for c in RemoteCount], 0)
-        self._counter_lock = threading.Lock()
-        self._state_lock = threading.Lock()
+        # A forked child keeps the counters and the backoff, not the locks (a thread of the
+        # parent may have held one at the fork).
+        self._counter_lock = PerProcess(threading.Lock)
+        self._state_lock = PerProcess(threading.Lock)
         self._failures = 0  # consecutive failed attempts of the current outage
         self._retry_at = 0.0  # monotonic time before which calls are skipped
         self._stalled = 0.0  # seconds spent in failed calls, this process
@@ -111,20 +114,20 @@ class Breaker:
     @property
     def available(self) -> bool:
         """Whether the next call would reach out to Redis (not backing off, not switched off)."""
-        with self._state_lock:
+        with self._state_lock.get():
             return not self._disabled and _monotonic() >= self._retry_at
 
     def count(self, name: RemoteCount, by: int = 1) -> None:
-        with self._counter_lock:
+        with self._counter_lock.get():
             self._counters[name] += by
 
     def counters(self) -> dict[str, int]:
-        with self._counter_lock:
+        with self._counter_lock.get():
             return dict(self._counters)
 
     def warn_once(self, topic: str, message: str, *args: Any) -> None:
         """A warning the first time per topic, debug lines after."""
-        with self._counter_lock:
+        with self._counter_lock.get():
             first = topic not in self._warned
             self._warned.add(topic)
         log.log(logging.WARNING if first else logging.DEBUG, message, *args)
@@ -134,7 +137,7 @@ class Breaker:
         ``CallMode`` (releases are made while backing off; the lock's thread
         calls whatever the state, uncounted against max_stall since no caller waits)."""
         if mode is not CallMode.BACKGROUND:
-            with self._state_lock:
+            with self._state_lock.get():
                 skip = self._disabled or (mode is CallMode.NORMAL and _monotonic() < self._retry_at)
             if skip:
                 self.count(RemoteCount.SKIPPED)
@@ -176,7 +179,7 @@ class Breaker:
 
     def _outage(self, what: Call, exc: BaseException, elapsed: float) -> None:
         self.count(RemoteCount.ERRORS)
-        with self._state_lock:
+        with self._state_lock.get():
             now = _monotonic()
             self._stalled += elapsed
             if now >= self._retry_at:  # concurrent failures of one attempt back off once
@@ -204,6 +207,6 @@ class Breaker:
     def _recovered(self) -> None:
         if not self._outage_warned:  # the common case: no lock taken
             return
-        with self._state_lock:
+        with self._state_lock.get():
             failures, self._failures, self._retry_at, self._outage_warned = self._failures, 0, 0.0, False
         log.info("plancache: Redis tier %s answers again (after %d failed attempts)", self.url, failures)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..config import REDIS_LOCK_TTL
+from ..store.per_process import PerProcess
 from .breaker import Call, CallMode, RemoteCount
 
 __all__ = ["FleetLock", "ScriptCall"]
@@ -70,6 +71,28 @@ class _Take(enum.Enum):
     DOWN = "down"  # Redis cannot coordinate
 
 
+class _Holds:
+    """The locks this process's threads renew or release, and their lock: a forked child has
+    none of its parent's (their threads are not the child's), and a thread of the parent
+    may have held the lock at the fork."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holds: set[_Hold] = set()
+
+    def add(self, hold: _Hold) -> None:
+        with self._lock:
+            self._holds.add(hold)
+
+    def discard(self, hold: _Hold) -> None:
+        with self._lock:
+            self._holds.discard(hold)
+
+    def listed(self) -> list[_Hold]:
+        with self._lock:
+            return list(self._holds)
+
+
 class FleetLock:
     """Takes, renews and releases fleet locks through one Redis client.
 
@@ -94,8 +117,7 @@ class FleetLock:
         self._count = count
         self._warn_once = warn_once
         self._acquire = client.register_script(_ACQUIRE_LUA)
-        self._holds: set[_Hold] = set()
-        self._holds_lock = threading.Lock()
+        self._holds = PerProcess(_Holds)
         self.closed = threading.Event()
 
     @contextlib.contextmanager
@@ -109,8 +131,7 @@ class FleetLock:
             yield outcome is _Take.DOWN
             return
         hold = _Hold(self, lock, expires_at=taken_at + self.lock_ttl)
-        with self._holds_lock:
-            self._holds.add(hold)
+        self._holds.get().add(hold)
         hold.thread.start()
         try:
             yield True
@@ -122,8 +143,7 @@ class FleetLock:
         A lock still held (its with-block open) is left to expire: closing makes no promise
         that the build is over, and a block left after close touches Redis no more."""
         self.closed.set()
-        with self._holds_lock:
-            holds = list(self._holds)
+        holds = self._holds.get().listed()
         for hold in holds:
             hold.woken.set()
             if hold.pending:
@@ -192,13 +212,11 @@ class FleetLock:
         hold = _Hold(self, lock, expires_at=sent + self.lock_ttl)
         hold.pending = True
         hold.leave_to_thread()
-        with self._holds_lock:
-            self._holds.add(hold)
+        self._holds.get().add(hold)
         hold.thread.start()
 
     def _forget(self, hold: _Hold) -> None:
-        with self._holds_lock:
-            self._holds.discard(hold)
+        self._holds.get().discard(hold)
 
 
 def _answered(operation: Callable[[], Any]) -> int:
