@@ -539,7 +539,7 @@ def test_numpy_and_tomli_are_declared_and_the_cpu_path_is_pinned() -> None:
     lines = (ROOT / "constraints-cpu.txt").read_text().splitlines()
     pins = dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
     for name in ("torch", "numpy", "nvidia-cudnn-frontend", "sqlite-utils", "filelock", "platformdirs", "click", "jsonschema",
-                 "pytest", "pytest-xdist", "redis", "setuptools"):  # fmt: skip
+                 "pytest", "pytest-xdist", "redis", "setuptools", "import-linter", "grimp", "vulture"):  # fmt: skip
         assert name in pins, name
     # pip applies -c to what it installs, not to the isolated build of plancache: setuptools'
     # pin holds only through PIP_CONSTRAINT, in every command that installs the pins.

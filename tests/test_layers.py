@@ -2,179 +2,122 @@
 bottom, with no cycle; only the cuDNN backend and the frontend integration import cuDNN;
 and the package root holds the public names only.
 
-The import graph is read from the source: every ``import`` statement, at module level,
-inside a function or under ``if TYPE_CHECKING:``. A lazy import that runs back up is
-caught as well as an eager one, and so is an import made only for type hints: two modules
-that name each other's classes are one module in two files, whether or not the import runs.
+import-linter checks the contracts of pyproject.toml's ``[tool.importlinter]``: the layers
+(every folder and root module in its place), no cycle between the modules or folders of a
+folder, who imports cuDNN Frontend and who sqlite-utils. Its graph (grimp's) holds every
+``import`` statement: at module level, inside a function or under ``if TYPE_CHECKING:``. A
+lazy import that runs back up is caught as well as an eager one, and so is an import made
+only for type hints: two modules that name each other's classes are one module in two files,
+whether or not the import runs. The rules import-linter has no contract for are checked
+here, on the same graph or on the source, each test saying why.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import re
+import subprocess
+import sys
+from functools import cache
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "plancache"
+import grimp
+import pytest
 
-#: Top to bottom. A module may import its own layer and the layers below it, never one
-#: above. ``testing`` and ``cudnn`` are the two backends, over autotuning (the candidate
-#: plumbing written once) and the guest (the seam, the driver and what runs over it).
-LAYERS = ("__main__", "cli", "workflows", "integrations", "cache", "runtime", "tiers", "testing", "cudnn", "autotuning",
-          "guest", "store", "key", "formats", "config", "errors")  # fmt: skip
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
-#: What the package root holds: the public names, and a folder per layer.
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "plancache"
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+
+#: The modules at the package root: the public names. Every other child is a folder.
 ROOT_MODULES = {"__init__.py", "__main__.py", "config.py", "errors.py"}
-ROOT_FOLDERS = {"autotuning", "cache", "cli", "cudnn", "formats", "guest", "integrations", "key", "runtime", "store", "testing", "tiers",
-                "workflows"}  # fmt: skip
 
-#: Modules that import cuDNN (lazily: none at module level).
-CUDNN_IMPORTERS = ("cudnn.backend", "integrations.")
-
-
-def _modules() -> dict[str, Path]:
-    """Dotted module names (below ``plancache``; ``""`` for the package root) -> file."""
-    found = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        found[".".join(parts)] = path
-    return found
+#: Runs import-linter as ``lint-imports --no-cache`` does, without its logo. Out of this
+#: process: it configures logging for the whole process (existing loggers turned off).
+LINT_IMPORTS = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))"
 
 
-MODULES = _modules()
+@cache
+def _graph() -> grimp.ImportGraph:
+    """The package's import graph, as import-linter builds it (type-hint imports included)."""
+    return grimp.build_graph("plancache", cache_dir=None)
 
 
-def _imports(module: str) -> Iterator[tuple[str, str, int]]:
-    """(imported module below ``plancache`` or an outside name, the names taken, line) for
-    every import statement of ``module``."""
-    path = MODULES[module]
-    tree = ast.parse(path.read_text(), str(path))
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                name = alias.name
-                yield (name.removeprefix("plancache.") if name.startswith("plancache.") else f"<outside>{name}"), "", node.lineno
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".") if package else []
-                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
-                target = ".".join([*base, *([node.module] if node.module else [])])
-            elif node.module == "plancache" or (node.module or "").startswith("plancache."):
-                target = (node.module or "").removeprefix("plancache").removeprefix(".")
-            else:
-                target = f"<outside>{node.module}"
-            for alias in node.names:
-                # ``from . import x`` where x is a module imports that module
-                sub = f"{target}.{alias.name}" if target else alias.name
-                yield (sub if sub in MODULES else target), alias.name, node.lineno
+def test_the_import_contracts_are_kept() -> None:
+    assert CONFIG["exclude_type_checking_imports"] is False  # an import for type hints counts
+    run = subprocess.run([sys.executable, "-c", LINT_IMPORTS], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if run.returncode:
+        pytest.fail(f"import-linter: contracts broken (exit {run.returncode}):\n{run.stdout}{run.stderr}", pytrace=False)
 
 
-def _layer(module: str) -> str:
-    return module.split(".")[0]
+def test_no_folder_is_in_a_cycle_with_its_own_modules() -> None:
+    """import-linter's ``acyclic_siblings`` contract looks for cycles between the children of
+    each folder, each child with all that is under it. A cycle through a folder's own
+    ``__init__.py`` and a module under it (``cache/__init__.py`` imports ``cache.cache``, which
+    takes a name from ``.``) has no two children in it, so the contract passes it. With the
+    contract, no cycle is left unchecked: the modules of any cycle lie under one folder, the
+    deepest such, and either that folder's ``__init__.py`` is in the cycle (here) or two of
+    its children are (the contract)."""
+    graph = _graph()
+    cycles = []
+    for package in sorted(m for m in graph.modules if graph.find_children(m)):
+        for module in sorted(graph.find_modules_directly_imported_by(package)):
+            if module.startswith(f"{package}.") and graph.chain_exists(importer=module, imported=package):
+                cycles.append(" -> ".join([package, *graph.find_shortest_chain(importer=module, imported=package)]))
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-def _edges() -> dict[str, set[str]]:
-    """Module -> the modules of the package it imports (for type hints too)."""
-    graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    for module in MODULES:
-        for target, _, _ in _imports(module):
-            if target in MODULES and target != module:
-                graph[module].add(target)
-    return graph
-
-
-def test_every_layer_is_in_the_order() -> None:
-    layers = {_layer(m) for m in MODULES if m}
-    assert layers == set(LAYERS), f"layers missing from LAYERS, or gone: {sorted(layers ^ set(LAYERS))}"
-
-
-def test_imports_run_down_the_layers() -> None:
-    upward = []
-    for module in MODULES:
-        if not module:  # the package root hands names on from every layer
-            continue
-        rank = LAYERS.index(_layer(module))
-        for target, name, line in _imports(module):
-            if target.startswith("<outside>") or target not in MODULES:
-                continue
-            if not target:  # the package root is above every layer; it only lends its version
-                if name != "__version__":
-                    upward.append(f"plancache.{module}:{line} imports {name} from the package root")
-                continue
-            if LAYERS.index(_layer(target)) < rank:
-                upward.append(f"plancache.{module}:{line} imports plancache.{target} (a higher layer)")
-    assert not upward, "imports that run back up:\n" + "\n".join(upward)
-
-
-def test_imports_have_no_cycle() -> None:
-    graph = _edges()
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    cycles: list[list[str]] = []
-
-    def visit(module: str, path: list[str]) -> None:
-        state[module] = 1
-        path.append(module)
-        for target in sorted(graph[module]):
-            if state.get(target) == 1:
-                cycles.append([*path[path.index(target) :], target])
-            elif target not in state:
-                visit(target, path)
-        path.pop()
-        state[module] = 2
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [])
-    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(f"plancache.{m}" for m in c) for c in cycles)
-
-
-def test_only_the_backend_and_the_frontend_integration_import_cudnn() -> None:
-    found = []
-    for module in MODULES:
-        for target, _, line in _imports(module):
-            if not target.startswith("<outside>"):  # plancache.cudnn is the package's own folder
-                continue
-            outside = target.removeprefix("<outside>")
-            if outside == "cudnn" or outside.startswith("cudnn."):
-                found.append((module, line))
-    strays = [f"plancache.{m}:{line}" for m, line in found if not m.startswith(CUDNN_IMPORTERS)]
-    assert not strays, f"cuDNN imported outside cudnn/backend.py and integrations/: {strays}"
-    assert any(m == "cudnn.backend" for m, _ in found)
+def test_a_module_takes_the_version_only_from_the_package_root() -> None:
+    """The package root hands names on from every layer, so it is above them all: a module
+    imports it for ``__version__`` only. import-linter's contracts say which module may import
+    which, never which names: this one reads the names off grimp's graph."""
+    graph = _graph()
+    takes = [f"{d['importer']}:{d['line_number']}: {d['line_contents']}" for importer in sorted(graph.find_modules_that_directly_import("plancache"))
+             for d in graph.get_import_details(importer=importer, imported="plancache")]  # fmt: skip
+    strays = [line for line in takes if not re.search(r": from (\.+|plancache) import __version__(\s*#.*)?$", line)]
+    assert not strays, f"imports from the package root other than its __version__: {strays}"
 
 
 def test_no_module_imports_torch_or_cudnn_at_import() -> None:
-    """Module-level imports only: what every ``import plancache.X`` costs."""
+    """Module-level imports only: what every ``import plancache.X`` costs. import-linter's
+    graph holds one import however many statements make it, and not where they stand."""
     eager = []
-    for module, path in MODULES.items():
+    for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.parse(path.read_text()).body:
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level:
                 names = [node.module or ""]
-            eager += [f"plancache.{module}: {n}" for n in names if n.split(".")[0] in ("torch", "cudnn")]
+            eager += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in ("torch", "cudnn")]
     assert not eager, eager
 
 
+def test_sqlite_utils_is_imported_inside_the_sql_command() -> None:
+    """sqlite-utils serves ``plancache sql``: neither the library nor the other commands pay
+    for importing it (once 91 of the command's 137 ms at start-up). The ``sqlite-utils``
+    contract keeps it to ``cli/sql.py``; import-linter cannot say where in the module, so this
+    test keeps it inside the command's function."""
+    tree = ast.parse((PACKAGE / "cli" / "sql.py").read_text())
+    inside_sql = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "sql" for n in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(
+            node, ast.ImportFrom) else []  # fmt: skip
+        found += [id(node) in inside_sql for n in names if n.split(".")[0] == "sqlite_utils"]
+    assert found and all(found), found
+
+
 def test_the_package_root_holds_the_public_names_only() -> None:
+    """The layers contract puts every child of the root in a layer, a module or a folder
+    alike; import-linter has no rule on files. This test keeps the root's modules to the
+    public ones, and every other layer a folder."""
+    (layers,) = [c["layers"] for c in CONFIG["contracts"] if c["type"] == "layers"]
     modules = {p.name for p in PACKAGE.glob("*.py")}
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert modules == ROOT_MODULES, f"modules at the root beside the public ones: {sorted(modules - ROOT_MODULES)}"
-    assert folders == ROOT_FOLDERS, f"folders at the root: {sorted(folders ^ ROOT_FOLDERS)}"
-
-
-def test_sqlite_utils_is_imported_by_the_sql_command_only() -> None:
-    """sqlite-utils serves ``plancache sql``: neither the library nor the other commands pay
-    for importing it (once 91 of the command's 137 ms at start-up)."""
-    found = []
-    for module, path in MODULES.items():
-        tree = ast.parse(path.read_text())
-        inside_sql = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "sql" for n in ast.walk(f)}
-        for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(
-                node, ast.ImportFrom) else []  # fmt: skip
-            if any(n.split(".")[0] == "sqlite_utils" for n in names):
-                found.append((module, id(node) in inside_sql))
-    assert found == [("cli.sql", True)], found
+    assert folders == set(layers) - {m.removesuffix(".py") for m in ROOT_MODULES}, f"folders at the root: {sorted(folders)}"
