@@ -29,12 +29,11 @@ USED_UNSEEN = {
     ("plancache/store/connections.py", "row_factory"): "sqlite3.Connection's: sqlite3 reads it for every row",
     ("plancache/store/recovery.py", "row_factory"): "sqlite3.Connection's: sqlite3 reads it for every row",
     ("plancache/store/store.py", "row_factory"): "sqlite3.Connection's: sqlite3 reads it for every row",
-    ("plancache/cache/counters.py", "STORE_ERRORS"): "a Count member, counted by its value (tiers/local.py counts \"store_errors\")",
-    ("plancache/cache/counters.py", "JUDGE_DISAGREEMENTS"): "a Count member, counted by its value (UnstoredReason.JUDGE_DISAGREES's)",
     ("plancache/key/key.py", "EXHAUSTIVE"): "a Policy member, chosen by its value (BuildOptions(policy=\"exhaustive\"))",
+    ("plancache/store/recovery.py", "moved_aside"): "a key of the Repaired TypedDict, read by subscript (cli/maintenance.py)",
+    ("plancache/store/store.py", "file_bytes"): "a key of the Stats TypedDict, read by subscript (cli/inspection.py)",
+    ("plancache/store/schema.py", "file_writable"): "a field of Access, unpacked by position (Store.__init__)",
     ("plancache/integrations/frontend.py", "stacklevel"): "plan_graph's keyword, accepted for compatibility (its docstring) and ignored",
-    ("plancache/integrations/frontend.py", "__wrapped_by_plancache__"): "marks the functions jit and graph_cache wrap, for their callers; "
-    "nothing in the repository reads it",
 }  # fmt: skip
 
 

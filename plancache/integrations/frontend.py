@@ -176,7 +176,6 @@ def jit(heur_modes: Any = None, **kwargs: Any) -> Callable[[Callable[..., Any]],
                 plan_graph(graph, modes)
             return graph, [t.get_uid() for t in tensors]
 
-        wrapper.__wrapped_by_plancache__ = True  # type: ignore[attr-defined]
         return wrapper
 
     return decorator
@@ -208,7 +207,6 @@ def graph_cache(key_fn: Callable[..., Hashable], maxsize: int = 256) -> Callable
             return result
 
         wrapper.cache = entries  # type: ignore[attr-defined]
-        wrapper.__wrapped_by_plancache__ = True  # type: ignore[attr-defined]
         return wrapper
 
     return decorator
