@@ -580,6 +580,46 @@ def test_lock_is_renewed_while_its_holder_builds(
         assert theirs is True
 
 
+@needs_server
+@pytest.mark.redis
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("how", ["block-ends", "block-raises", "tier-closed"])
+def test_a_child_forked_inside_the_block_leaves_its_parents_lock_alone(
+    redis_server: LocalRedis, make_tier: Callable[..., RemoteTier], raw: Any, how: str
+) -> None:
+    """A process forks while its thread holds the fleet lock (a build that starts a worker,
+    say): the child's copy of the with-block ends there too, but the lock is the parent's,
+    which still builds. The child neither releases nor renews it, and another node keeps
+    waiting until the parent's block ends."""
+    holder, other = make_tier(redis_server.url, lock_ttl=5), make_tier(redis_server.url)
+    key = "9c" * 32
+    lock_name = holder.redis_key(key, ENV_ID) + ":lock"
+    block = holder.lock(key, ENV_ID, wait=0)
+    assert block.__enter__() is True
+    token = raw.get(lock_name)
+    pid = os.fork()
+    if pid == 0:  # the child: it never returns to pytest
+        code = 1
+        try:
+            signal.alarm(20)
+            if how == "block-raises":
+                block.__exit__(RuntimeError, RuntimeError("the child's build failed"), None)
+            else:
+                block.__exit__(None, None, None)
+            if how == "tier-closed":
+                holder.close()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert raw.get(lock_name) == token, "the child released its parent's lock"
+    with other.lock(key, ENV_ID, wait=0) as theirs:
+        assert theirs is False, "another node took the lock while the parent still builds"
+    block.__exit__(None, None, None)
+    assert raw.exists(lock_name) == 0, "the parent releases its own lock as its block ends"
+
+
 def _dying_holder(url: str, namespace: str, key: str, ready: Any) -> None:
     """A node that takes the lock and builds until it is killed."""
     tier = RemoteTier(url, secret=SECRET, namespace=namespace, lock_ttl=1)

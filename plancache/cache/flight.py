@@ -212,7 +212,7 @@ class SingleFlight:
             yield waited
         finally:
             # Not in a child forked meanwhile: filelock closed its copy at the fork, and the parent's lock holds.
-            if self._process.get() is process:
+            if self._process.made_here(process):
                 with process.lock:
                     if process.held[path] > 1:
                         process.held[path] -= 1

@@ -67,6 +67,13 @@ class PerProcess(Generic[T]):
             return self._value
         return self._made()
 
+    def made_here(self, value: T) -> bool:
+        """Whether ``value`` is this process's (made or set here): False in a forked child
+        for a value of its parent's, which a block of the forking thread took before the
+        fork and ends in the child as well. What such a block holds (a build lock, a fleet
+        lock) is the parent's, which goes on with it: the child must not release it."""
+        return self._forks == _forks and self._value is value
+
     def set(self, value: T) -> None:
         """Make ``value`` this process's (a forked child's first ``get`` makes its own)."""
         with _publishing:

@@ -13,6 +13,8 @@ While the with-block runs and this node holds the lock, a daemon thread renews i
 that dies stops renewing, so its lock is gone one expiry later. A lock key with no expiry, or
 with one beyond ``lock_ttl``, was set by no holder: it is stale and taken over as an expired
 one would be, with one warning, so that a stray key cannot make every miss wait out its ``wait``.
+A process that forks inside the block leaves the lock to the parent, which still builds: the
+child's end of the block releases nothing, and the child has no thread to renew it.
 
 Releasing is never skipped: the release at the end of the block is attempted even while
 the tier backs off (it is counted against ``max_stall``, so the documented delay bound
@@ -131,12 +133,17 @@ class FleetLock:
             yield outcome is _Take.DOWN
             return
         hold = _Hold(self, lock, expires_at=taken_at + self.lock_ttl)
-        self._holds.get().add(hold)
+        holds = self._holds.get()
+        holds.add(hold)
         hold.thread.start()
         try:
             yield True
         finally:
-            hold.leave()
+            # Not in a child forked meanwhile: the lock is the parent's, which still builds
+            # and renews it; a release here, by the parent's token, would let another node
+            # build too. The child has no thread of the hold, so nothing renews it there.
+            if self._holds.made_here(holds):
+                hold.leave()
 
     def close(self) -> None:
         """Stop renewing; try once more to release locks whose release is still pending.
