@@ -42,7 +42,7 @@ _LAZY = {
     "TimingPolicy": "autotuning.autotune", "ConfigError": "config", "MemoryBudget": "config", "RemoteTier": "tiers.remote",
     "Backend": "guest.backend", "BuiltPlan": "guest.backend", "CandidateSet": "autotuning.candidates", "EngineChoice": "guest.backend",
     "PlanCache": "cache.cache",
-    "BuildOptions": "key", "CacheKey": "key", "TensorSpec": "key", "describe": "key", "make_key": "key",
+    "BuildOptions": "key", "CacheKey": "key", "Policy": "key", "TensorSpec": "key", "describe": "key", "make_key": "key",
     "Plan": "runtime.plan",
     "capture": "runtime.capturing", "CapturedStep": "runtime.capturing",
     "Store": "store", "default_cache_dir": "store",
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from .config import ConfigError, MemoryBudget
     from .guest.backend import Backend, BuiltPlan, EngineChoice
     from .integrations.frontend import graph_cache, install, jit, plan_of, uninstall
-    from .key import BuildOptions, CacheKey, TensorSpec, describe, make_key
+    from .key import BuildOptions, CacheKey, Policy, TensorSpec, describe, make_key
     from .runtime.capturing import CapturedStep, capture
     from .runtime.plan import Plan
     from .store import Store, default_cache_dir
@@ -111,6 +111,7 @@ __all__ = [
     "PlanCache",
     "PlanCacheError",
     "PlanCacheNotice",
+    "Policy",
     "RemoteError",
     "RemoteTier",
     "SchemaTooNewError",

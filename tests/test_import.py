@@ -121,3 +121,41 @@ def test_a_module_is_imported_under_its_own_path_only() -> None:
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(path)
     assert not any(type(finder).__module__.startswith("plancache") for finder in sys.meta_path)
+
+
+#: Typed user code as README shows it: a policy by its name or as a ``Policy``, which the
+#: options read back. The ignore is needed (an unknown name is an error) and ``assert_type``
+#: fails on ``Any``: both guard against a check that passes because plancache went unseen.
+TYPED_USER_CODE = """
+from typing import assert_type
+
+from plancache import BuildOptions, Policy
+
+options = BuildOptions(policy="exhaustive", top_k=4)
+by_member = BuildOptions(policy=Policy.HEURISTIC, workspace_limit=1 << 30, kernel_cache=False)
+assert_type(options.policy, Policy)
+name: str = by_member.policy.value
+BuildOptions(policy="fastest")  # type: ignore[arg-type]
+"""
+
+
+@pytest.mark.slow  # mypy reads the whole package: 20 to 50 s
+def test_typed_user_code_passes_mypy_strict(tmp_path: Path) -> None:
+    from mypy import api
+
+    snippet = tmp_path / "user_code.py"
+    snippet.write_text(TYPED_USER_CODE)
+    report, errors, status = api.run(["--strict", "--cache-dir", str(tmp_path / "cache"), "--config-file", "", str(snippet)])
+    assert status == 0, report + errors
+
+
+def test_policy_names_are_the_policies() -> None:
+    """``PolicyName`` (what type checkers let callers pass) names every ``Policy``, no other."""
+    import typing
+
+    from plancache.key.key import POLICIES, PolicyName
+
+    assert typing.get_args(PolicyName) == POLICIES
+    assert plancache.Policy is plancache.key.Policy
+    assert plancache.BuildOptions(policy="exhaustive") == plancache.BuildOptions(policy=plancache.Policy.EXHAUSTIVE)
+    assert plancache.BuildOptions(policy="exhaustive").policy is plancache.Policy.EXHAUSTIVE

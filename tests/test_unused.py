@@ -29,7 +29,6 @@ USED_UNSEEN = {
     ("plancache/store/connections.py", "row_factory"): "sqlite3.Connection's: sqlite3 reads it for every row",
     ("plancache/store/recovery.py", "row_factory"): "sqlite3.Connection's: sqlite3 reads it for every row",
     ("plancache/store/store.py", "row_factory"): "sqlite3.Connection's: sqlite3 reads it for every row",
-    ("plancache/key/key.py", "EXHAUSTIVE"): "a Policy member, chosen by its value (BuildOptions(policy=\"exhaustive\"))",
     ("plancache/store/recovery.py", "moved_aside"): "a key of the Repaired TypedDict, read by subscript (cli/maintenance.py)",
     ("plancache/store/store.py", "file_bytes"): "a key of the Stats TypedDict, read by subscript (cli/inspection.py)",
     ("plancache/store/schema.py", "file_writable"): "a field of Access, unpacked by position (Store.__init__)",

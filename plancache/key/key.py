@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
@@ -32,6 +32,9 @@ class Policy(StrEnum):
     EXHAUSTIVE = "exhaustive"
 
 
+#: A policy by its name, as callers pass it (``BuildOptions(policy="exhaustive")``): the
+#: values of ``Policy``, for type checkers (tests/test_import.py keeps the two alike).
+PolicyName = Literal["heuristic", "topk", "exhaustive"]
 POLICIES = tuple(p.value for p in Policy)
 HEURISTIC_MODES = ("A", "B", "FALLBACK")
 #: The frontend's own modes: the first candidate a miss launches is the plan the frontend
@@ -44,8 +47,9 @@ DEFAULT_HEURISTIC_MODES = ("A", "FALLBACK")
 class BuildOptions:
     """Everything the caller chooses that can change which plan is built.
 
-    ``policy``: ``"heuristic"`` takes the heuristics' first buildable plan without timing;
-    ``"topk"`` times the first ``top_k`` candidates; ``"exhaustive"`` times all of them.
+    ``policy`` (a ``Policy``, or its name; read as a ``Policy``): ``"heuristic"`` takes the
+    heuristics' first buildable plan without timing; ``"topk"`` times the first ``top_k``
+    candidates; ``"exhaustive"`` times all of them.
     ``workspace_limit`` (bytes) excludes plans that need more workspace.
     ``kernel_cache``: dynamic-shape graphs build against the one kernel cache the
     backend shares per device (False: each builds its own). Static graphs ignore it.
@@ -58,6 +62,12 @@ class BuildOptions:
     heuristic_modes: tuple[str, ...] = DEFAULT_HEURISTIC_MODES
     workspace_limit: int | None = None
     kernel_cache: bool = True
+
+    if TYPE_CHECKING:  # the constructor as type checkers see it: a policy by its name as well
+
+        def __init__(self, policy: Policy | PolicyName = Policy.TOPK, top_k: int = 4,
+                     heuristic_modes: tuple[str, ...] = DEFAULT_HEURISTIC_MODES, workspace_limit: int | None = None,
+                     kernel_cache: bool = True) -> None: ...  # fmt: skip
 
     def __post_init__(self) -> None:
         # Read as the settings are (config's readers): top_k="4" is 4 and workspace_limit="1G"
