@@ -68,14 +68,16 @@ if TYPE_CHECKING:
     from .tiers.remote import RemoteTier
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'plancache' has no attribute {name!r}")
+if not TYPE_CHECKING:  # to a type checker, a name missing from the imports above is an error
+
+    def __getattr__(name: str) -> Any:
+        if name in _LAZY:
+            value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+            globals()[name] = value
+            return value
+        if name in _SUBMODULES:
+            return importlib.import_module(f".{name}", __name__)
+        raise AttributeError(f"module 'plancache' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -136,6 +136,7 @@ by_member = BuildOptions(policy=Policy.HEURISTIC, workspace_limit=1 << 30, kerne
 assert_type(options.policy, Policy)
 name: str = by_member.policy.value
 BuildOptions(policy="fastest")  # type: ignore[arg-type]
+from plancache import PlanCach  # type: ignore[attr-defined]  # a misspelt public name is an error
 """
 
 
