@@ -32,7 +32,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 __all__ = ["FORK_WAIT_S", "GATE", "GatedConnection", "Transaction", "connect"]
@@ -63,7 +63,7 @@ class GatedConnection(sqlite3.Connection):
     def executescript(self, script: str, /) -> Any:
         return self.cursor().executescript(script)
 
-    def one(self, sql: str, parameters: Any = (), /) -> dict[str, object] | None:
+    def one(self, sql: str, parameters: Sequence[object] | Mapping[str, object] = (), /) -> dict[str, object] | None:
         """The first row of ``sql`` as a dict by column name (None: no row), read in one pass
         through ``GATE``: what a store hit reads, where a ``Row``'s lookups by name (each a
         search of the column names) and a second pass cost a few microseconds."""
