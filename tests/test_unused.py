@@ -30,6 +30,8 @@ USED_UNSEEN = {
     ("plancache/store/recovery.py", "row_factory"): "sqlite3.Connection's: sqlite3 reads it for every row",
     ("plancache/store/store.py", "row_factory"): "sqlite3.Connection's: sqlite3 reads it for every row",
     ("plancache/store/recovery.py", "moved_aside"): "a key of the Repaired TypedDict, read by subscript (cli/maintenance.py)",
+    **{("plancache/store/maintenance.py", key): "a key of the verify and prune reports' TypedDicts, written as a literal and read "
+       "by subscript" for key in ("checksum", "unreadable", "kernel_caches", "moved_aside", "kernel_caches_removed")},
     ("plancache/store/store.py", "file_bytes"): "a key of the Stats TypedDict, read by subscript (cli/inspection.py)",
     ("plancache/store/schema.py", "file_writable"): "a field of Access, unpacked by position (Store.__init__)",
     ("plancache/integrations/frontend.py", "stacklevel"): "plan_graph's keyword, accepted for compatibility (its docstring) and ignored",

@@ -37,7 +37,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..config import Refused, argument, wait_seconds
 from ..errors import LockTimeoutError
@@ -47,6 +47,8 @@ from .counters import Count
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
+
+    from ..tiers.remote import RemoteTier
 
 log = logging.getLogger("plancache")
 
@@ -137,7 +139,7 @@ class SingleFlight:
     should build (the Redis tier). ``warn(topic, message, *args)`` logs once per topic.
     """
 
-    def __init__(self, lock_dir: Path | None, *, timeout: float, modes: Modes = PRIVATE, remote: Any = None,
+    def __init__(self, lock_dir: Path | None, *, timeout: float, modes: Modes = PRIVATE, remote: RemoteTier | None = None,
                  warn: Callable[..., None] | None = None, count: Callable[[Count], None] | None = None) -> None:  # fmt: skip
         self.lock_dir = lock_dir
         self.modes = modes

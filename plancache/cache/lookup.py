@@ -23,7 +23,7 @@ from ..errors import CaptureInProgressError, DamagedEntryError, TransientLoadErr
 from ..formats.plan_blob import PlanBlob
 from ..guest.backend import Backend, BuiltPlan, EngineChoice, Load
 from ..guest.tensors import TensorLike
-from ..key import BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id, options_json
+from ..key import JSON, BuildOptions, CacheKey, TensorSpec, canonical_json, environment_id, options_json
 from ..runtime.plan import Plan, PlanSource
 from ..store import NEVER_CHECKED, Entry, Sound, Unsound, held_to, sha256, summarize
 from ..store.per_process import PerProcess
@@ -131,7 +131,7 @@ class Lookup:
         #: ``record(graph, key)`` for every graph looked up (manifests, ``PLANCACHE_RECORD``).
         self.recorders: list[Callable[[object, CacheKey], None]] = []
         self.closed = False
-        self._environments: dict[int, tuple[dict[str, object], str]] = {}
+        self._environments: dict[int, tuple[dict[str, JSON], str]] = {}
         self._environment_json: dict[str, str] = {}
         self._process = PerProcess(_Process)
 
@@ -156,7 +156,7 @@ class Lookup:
 
     # ------------------------------------------------------------------ the key and memory
 
-    def environment(self, device: int) -> tuple[dict[str, object], str]:
+    def environment(self, device: int) -> tuple[dict[str, JSON], str]:
         """The environment of ``device`` and its id (asked of the backend once per device)."""
         found = self._environments.get(device)
         if found is None:
@@ -363,11 +363,11 @@ class Lookup:
             marks["judge" if given else "read"] = (started, time.perf_counter())
         return self._load(verdict, device, count_hit=count_hit, load=load, marks=marks)
 
-    def _known(self, device: int, key: CacheKey | None) -> dict[str, tuple[str, object]]:
+    def _known(self, device: int, key: CacheKey | None) -> dict[str, tuple[str, JSON]]:
         """The columns of a row that the lookup has decoded already: ``(text, value)`` of the
         device's environment, and of the key's graph and options (see ``Entry.from_row``)."""
         environment, env_id = self.environment(device)
-        known: dict[str, tuple[str, object]] = {"environment_json": (self._environment_json[env_id], environment)}
+        known: dict[str, tuple[str, JSON]] = {"environment_json": (self._environment_json[env_id], environment)}
         if key is not None and key.texts:
             known["graph_json"] = (key.texts["graph"], key.parts["graph"])
             known["options_json"] = (key.texts["options"], key.parts["options"])
@@ -482,9 +482,9 @@ class Lookup:
         return self._plan(key.digest, built.native, built.tensors, built.workspace_size, built.engine, PlanSource.UNPERSISTED,
                           device)  # fmt: skip
 
-    def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, object]],
-                 timing: dict[str, object], build_seconds: float, autotune_seconds: float,
-                 check: dict[str, object] | None, device: int, load: Load | None) -> object:  # fmt: skip
+    def _persist(self, key: CacheKey, built: BuiltPlan, policy: str, candidates: list[dict[str, JSON]],
+                 timing: dict[str, JSON], build_seconds: float, autotune_seconds: float,
+                 check: dict[str, JSON] | None, device: int, load: Load | None) -> object:  # fmt: skip
         """Store ``built`` once it loaded back from its blob and the judge accepts it as every
         later lookup will judge it; returns what this process runs: the plan loaded back
         (launched as every later process launches it), else the plan as built. A plan that
@@ -513,8 +513,8 @@ class Lookup:
                     engine=engine, source=source, device=device)  # fmt: skip
 
 
-def _entry(key: CacheKey, built: BuiltPlan, backend: str, policy: str, candidates: list[dict[str, object]],
-           timing: dict[str, object], build_seconds: float, autotune_seconds: float, check: dict[str, object] | None) -> Entry:  # fmt: skip
+def _entry(key: CacheKey, built: BuiltPlan, backend: str, policy: str, candidates: list[dict[str, JSON]],
+           timing: dict[str, JSON], build_seconds: float, autotune_seconds: float, check: dict[str, JSON] | None) -> Entry:  # fmt: skip
     """The stored form of a plan just built or rebuilt: the plan and everything about how it was made."""
     now = time.time()
     return Entry(

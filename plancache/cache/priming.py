@@ -276,7 +276,7 @@ class Primer(threading.Thread):
             if not 0 <= device < backend.device_count():
                 return f"no device {device} here"
             backend.use_device(device)  # this thread's device: a new thread starts on device 0
-            environment = dict(self.lookup.environment(device)[0])
+            environment: dict[str, object] = dict(self.lookup.environment(device)[0])
             began = time.perf_counter()
             with self._lock:
                 self._ready[device] = began

@@ -22,7 +22,6 @@ import enum
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 from ..formats.plan_blob import PlanBlob
 from ..guest.backend import Backend, BuiltPlan, Load
@@ -61,7 +60,7 @@ class Unstored:
         #: The first reason the judge gave this process for refusing a plan just built.
         self.first_disagreement: str | None = None
 
-    def load_back(self, key: CacheKey, built: BuiltPlan, blob: PlanBlob, device: int, load: Load | None) -> Any:
+    def load_back(self, key: CacheKey, built: BuiltPlan, blob: PlanBlob, device: int, load: Load | None) -> object:
         """``built`` loaded back from its blob (``blob``: its bytes, read once for this load
         and the judge) as lookups of ``key`` will load it (``load``, else the backend's);
         None, counted, kept and told once, when it cannot be."""

@@ -49,7 +49,7 @@ def list_entries(obj: Context, env_id: str | None) -> None:
     rows, env_id = _list_entries(obj, env_id)
     now = time.time()
 
-    def text(data: list[dict[str, Any]]) -> Iterable[str]:
+    def text(data: list[maintenance.Listed]) -> Iterable[str]:
         if not data:
             yield obj.nothing_yet() if env_id is None else f"no plans of environment {env_id} in {obj.cache_dir}"
             return
@@ -62,7 +62,7 @@ def list_entries(obj: Context, env_id: str | None) -> None:
     emit(rows, text)
 
 
-def _list_entries(obj: Context, env_id: str | None, store: Store | None = None) -> tuple[list[dict[str, Any]], str | None]:
+def _list_entries(obj: Context, env_id: str | None, store: Store | None = None) -> tuple[list[maintenance.Listed], str | None]:
     """The listing of the store (``store``, else the chosen directory's, closed after), of
     the environment ``env_id`` names (a unique prefix, or ``EntryNotFoundError``), and that
     environment's full id. Rows that cannot be decoded are reported and left out."""

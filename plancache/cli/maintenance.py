@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ def rm(obj: Context, keys: tuple[str, ...]) -> None:
     emit({"removed": removed}, lambda d: (f"removed {k}" for k in d["removed"]))
 
 
-def _verify_text(d: dict[str, Any]) -> Iterable[str]:
+def _verify_text(d: maintenance.VerifyReport) -> Iterable[str]:
     yield f"checked {d['entries']} entries in {d['path']}"
     if d["deserialize"] is not None:
         ds = d["deserialize"]
@@ -92,11 +92,11 @@ def verify(obj: Context, fix: bool, deserialize: bool) -> None:
         sys.exit(EXIT_PROBLEMS)
 
 
-def _empty_verify(directory: Path, *, fix: bool, deserialize: bool) -> dict[str, Any]:
+def _empty_verify(directory: Path, *, fix: bool, deserialize: bool) -> maintenance.VerifyReport:
     """``maintenance.verify``'s report on a cache with nothing stored yet."""
-    report: dict[str, Any] = {"path": str(directory / DB_NAME), "entries": 0, "integrity": [], "checksum": [], "foreign": {},
-                              "damaged": {}, "unreadable": [], "kernel_caches": [], "deserialize": None, "fixed": {},
-                              "problems": []}  # fmt: skip
+    report: maintenance.VerifyReport = {"path": str(directory / DB_NAME), "entries": 0, "integrity": [], "checksum": [],
+                                        "foreign": {}, "damaged": {}, "unreadable": [], "kernel_caches": [],
+                                        "deserialize": None, "fixed": {}, "problems": []}  # fmt: skip
     if deserialize:
         report["deserialize"] = {"env_id": None, "checked": 0, "skipped": 0, "failed": {}}
     if fix:
@@ -129,7 +129,7 @@ class _Days(click.ParamType):  # type: ignore[type-arg]  # generic only in newer
 RECENT_DAYS = 1.0
 
 
-def _refuse_recent(report: Mapping[str, Any], days: float) -> None:
+def _refuse_recent(report: maintenance.PruneReport, days: float) -> None:
     """Refuse, naming what would go, an age prune (``report``: its dry run) that removes
     entries used within the last ``RECENT_DAYS``."""
     now = time.time()
@@ -165,7 +165,7 @@ def prune(obj: Context, other_environments: bool, days: float | None, quarantine
         raise click.UsageError("say what to prune: --other-environments, --older-than DAYS and/or --quarantined")
     store = obj.existing_store()
     if store is None:  # nothing stored yet: nothing to remove, and nothing that needs the GPU
-        report: dict[str, Any] = {"dry_run": dry_run, "removed": [], "bytes": 0, "kernel_caches": [], "quarantined": 0}
+        report: maintenance.PruneReport = {"dry_run": dry_run, "removed": [], "bytes": 0, "kernel_caches": [], "quarantined": 0}
     else:
         try:
             keep = {current_backend("prune --other-environments")[1]} if other_environments else None
@@ -177,7 +177,7 @@ def prune(obj: Context, other_environments: bool, days: float | None, quarantine
         finally:
             store.close()
 
-    def text(d: dict[str, Any]) -> Iterable[str]:
+    def text(d: maintenance.PruneReport) -> Iterable[str]:
         if store is None:
             yield f"{obj.nothing_yet()}: nothing to remove"
         verb = "would remove" if d["dry_run"] else "removed"

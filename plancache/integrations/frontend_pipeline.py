@@ -298,8 +298,9 @@ class Planner:
                 f"unloadable:{why[:60]}", f"plancache: the plan of this graph is not stored ({why}); the frontend plans it"
             )
         if plan.source in (PlanSource.BUILT, PlanSource.REBUILT):
+            graph: Any = plan.native  # built here: the frontend's own graph, which has no types
             with contextlib.suppress(Exception):
-                return bytes(plan.native.serialize(as_bytes=True))
+                return bytes(graph.serialize(as_bytes=True))
         raise Refusal("not stored", "plancache: no plan of this graph is stored (its candidates did not agree, or loading "
                       "the stored one failed for now); the frontend plans it")  # fmt: skip
 

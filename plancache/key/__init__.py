@@ -15,6 +15,7 @@ from .description import (
 )
 from .key import (
     HEURISTIC_MODES,
+    JSON,
     KEY_FORMAT,
     POLICIES,
     BuildOptions,
@@ -30,6 +31,7 @@ from .key import (
 __all__ = [
     "GRAPH_KWARGS_DENIED",
     "HEURISTIC_MODES",
+    "JSON",
     "KEY_FORMAT",
     "NODE_ATTRS_DENIED",
     "NODE_ATTRS_KEYED",

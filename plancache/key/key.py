@@ -11,14 +11,14 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import orjson
 
 from ..config import Refused, StrEnum, argument, size, switch, whole_number
 
-__all__ = ["HEURISTIC_MODES", "KEY_FORMAT", "POLICIES", "BuildOptions", "CacheKey", "Policy", "TensorSpec", "canonical_json",
-           "environment_id", "make_key"]  # fmt: skip
+__all__ = ["HEURISTIC_MODES", "JSON", "KEY_FORMAT", "POLICIES", "BuildOptions", "CacheKey", "Policy", "TensorSpec",
+           "canonical_json", "environment_id", "make_key"]  # fmt: skip
 
 #: Bumped whenever the description or key layout changes, so old entries become misses.
 KEY_FORMAT = 3
@@ -174,6 +174,10 @@ class CacheKey:
     def explain(self) -> dict[str, dict[str, Any]]:
         """Each part with its own hash: two keys that differ show which part differs."""
         return {name: {"sha256": _sha256(value)[:16], "value": value} for name, value in self.parts.items()}
+
+
+#: A JSON value as decoded (``json.loads``, ``orjson.loads``): what a stored record holds.
+JSON: TypeAlias = bool | int | float | str | list["JSON"] | dict[str, "JSON"] | None
 
 
 def canonical_json(value: Any) -> str:

@@ -51,6 +51,7 @@ class CapturedStep(Generic[T]):
         return self.output
 
 
+# pool: Any, as torch's own type for it (torch.cuda._POOL_HANDLE, a NewType) is private.
 def capture(step: Callable[[], T], *, warmup: int = 3, pool: Any = None) -> CapturedStep[T]:
     """Capture one call of ``step`` (a function launching cached plans, and any other CUDA
     work) in a CUDA graph, after ``warmup`` (at least 1) uncaptured calls on a side stream.

@@ -19,7 +19,6 @@ No torch import: tensors are checked through ``shape``, ``stride()``, ``dtype``,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from ..config import StrEnum
 from ..errors import ExecutionError, TensorMismatchError
@@ -105,8 +104,9 @@ class Plan:
         return f"<Plan {self.key[:12]} {self.source} {self._backend.device_type}:{self.device} tensors={sorted(self._by_uid)} workspace={self.workspace_size}>"
 
     @property
-    def native(self) -> Any:  # its type is the backend's: the caller knows which backend it runs
-        """The backend's own plan object (a cuDNN graph for the cuDNN backend)."""
+    def native(self) -> object:
+        """The backend's own plan object (a cuDNN graph for the cuDNN backend): its type is the
+        backend's, so a caller narrows it to the one its backend builds."""
         return self._native
 
     @property

@@ -32,8 +32,8 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
 
 __all__ = ["FORK_WAIT_S", "GATE", "GatedConnection", "Transaction", "connect"]
 
@@ -49,6 +49,8 @@ class GatedConnection(sqlite3.Connection):
 
     closed = False
 
+    # Any in these overrides: typeshed types the parameters by its private ``_Parameters``
+    # (itself a union with Any) and ``cursor`` by overloads; a cursor's gated methods are Any.
     def cursor(self, factory: Any = None) -> Any:
         return super().cursor(factory or GatedCursor)
 
@@ -61,7 +63,7 @@ class GatedConnection(sqlite3.Connection):
     def executescript(self, script: str, /) -> Any:
         return self.cursor().executescript(script)
 
-    def one(self, sql: str, parameters: Any = (), /) -> dict[str, object] | None:
+    def one(self, sql: str, parameters: Sequence[object] | Mapping[str, object] = (), /) -> dict[str, object] | None:
         """The first row of ``sql`` as a dict by column name (None: no row), read in one pass
         through ``GATE``: what a store hit reads, where a ``Row``'s lookups by name (each a
         search of the column names) and a second pass cost a few microseconds."""
@@ -91,7 +93,8 @@ class GatedConnection(sqlite3.Connection):
 
 
 def _through_gate(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A cursor's method, called inside ``GATE``."""
+    """A cursor's method, called inside ``GATE``. (Typed by a ParamSpec, the wrapped method
+    would not override typeshed's, which return ``Self``.)"""
 
     @functools.wraps(method)
     def call(self: sqlite3.Cursor, *args: Any) -> Any:
@@ -243,13 +246,15 @@ _ABANDONED: list[GatedConnection] = []  # a child's inherited connections it mus
 GATE = ForkGate()
 
 
-def connect(database: str | os.PathLike[str], **kwargs: Any) -> GatedConnection:
-    """``sqlite3.connect`` through the gate, giving a ``GatedConnection``; refused
+def connect(database: str | os.PathLike[str], *, timeout: float = 5.0, check_same_thread: bool = True, uri: bool = False,
+            isolation_level: Literal["DEFERRED", "EXCLUSIVE", "IMMEDIATE"] | None = "DEFERRED") -> GatedConnection:  # fmt: skip
+    """``sqlite3.connect`` (with its defaults) through the gate, giving a ``GatedConnection``; refused
     (``sqlite3.OperationalError``) in a child forked while SQLite was busy."""
     if GATE.refusal is not None:
         raise sqlite3.OperationalError(GATE.refusal)
     GATE.close_inherited()
     with GATE.inside():
-        conn = sqlite3.connect(database, factory=GatedConnection, **kwargs)
+        conn = sqlite3.connect(database, timeout, isolation_level=isolation_level, check_same_thread=check_same_thread,
+                               factory=GatedConnection, uri=uri)  # fmt: skip
     GATE.add(conn)
     return conn

@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ import orjson
 
 from ..formats.check import CHECK_RULE
 from ..formats.plan_blob import PlanBlob
-from ..key import KEY_FORMAT, CacheKey, TensorSpec, canonical_json, environment_id
+from ..key import JSON, KEY_FORMAT, CacheKey, TensorSpec, canonical_json, environment_id
 from .judge import form_of, judge
 from .kept import Kept
 
@@ -61,13 +61,13 @@ MAX_WORKSPACE = 1 << 40
 _MAX_COUNT = (1 << 63) - 1  # what SQLite's INTEGER holds
 
 
-def load_json(text: object, what: str) -> Any:
+def load_json(text: object, what: str) -> JSON:
     """The JSON value of stored ``text``; ``ValueError`` naming ``what`` for anything that
     is not JSON text, or nests deeper than ``MAX_DEPTH``."""
     if not isinstance(text, (str, bytes)):
         raise ValueError(f"{what} is a {type(text).__name__}, not JSON text")
     try:
-        value = orjson.loads(text)
+        value: JSON = orjson.loads(text)
     except orjson.JSONDecodeError:
         # What orjson refuses that Python's json reads: NaN and the infinities, integers
         # past 64 bits, lone surrogates (records written by json.dumps may hold them);
@@ -79,7 +79,8 @@ def load_json(text: object, what: str) -> Any:
     opened = text.count("[") + text.count("{") if isinstance(text, str) else text.count(b"[") + text.count(b"{")
     if opened <= MAX_DEPTH:  # fewer brackets than the limit (strings' own included): no deeper nesting
         return value
-    pending, depth = [value], 0
+    pending: list[dict[str, JSON] | list[JSON]] = [value] if isinstance(value, (dict, list)) else []
+    depth = 0
     while pending:  # one level of containers at a time: no recursion, however deep
         depth += 1
         if depth > MAX_DEPTH:
@@ -88,22 +89,37 @@ def load_json(text: object, what: str) -> Any:
     return value
 
 
-def summarize(description: Mapping[str, Any]) -> str:
+def summarize(description: Mapping[str, object]) -> str:
     """A short op summary of a canonical description, an entry's label:
     ``CONV_FPROP+POINTWISE(relu)``."""
     parts = []
-    for node in description.get("nodes", []):
+    for item in _items(description.get("nodes", [])):
+        node = _mapping(item)
         params = node.get("params")
         mode = params.get("mode") if isinstance(params, dict) else None
         parts.append(f"{node['type']}({mode})" if mode else str(node["type"]))
     return "+".join(parts)
 
 
+def _items(value: object) -> Iterable[object]:
+    """A list of a description (or a tuple: one made in this process); TypeError for anything else."""
+    if isinstance(value, (list, tuple)):
+        return value
+    raise TypeError(f"a {type(value).__name__} where a list belongs")
+
+
+def _mapping(value: object) -> Mapping[str, object]:
+    """A mapping of a description or record; TypeError for anything else."""
+    if isinstance(value, dict):
+        return value
+    raise TypeError(f"a {type(value).__name__} where a mapping belongs")
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _meta_digest(tensors_json: str, engine_json: str | None, workspace_size: int, check_json: str | None) -> str:
+def _meta_digest(tensors_json: object, engine_json: object, workspace_size: int, check_json: object) -> str:
     text = f"{tensors_json}\n{engine_json}\n{int(workspace_size)}"
     # The check record joins the checksum when there is one: rows stored before it existed
     # keep the digest they were written with.
@@ -117,17 +133,17 @@ class Entry:
     key: str
     env_id: str
     label: str
-    description: dict[str, Any]
-    environment: dict[str, Any]
-    options: dict[str, Any]
-    tensors: list[dict[str, Any]]
+    description: dict[str, JSON]
+    environment: dict[str, JSON]
+    options: dict[str, JSON]
+    tensors: list[dict[str, JSON]]
     blob: bytes
     blob_sha256: str
-    engine: dict[str, Any] | None
+    engine: dict[str, JSON] | None
     workspace_size: int
     policy: str
-    candidates: list[dict[str, Any]]
-    timing: dict[str, Any]
+    candidates: list[dict[str, JSON]]
+    timing: dict[str, JSON]
     build_seconds: float
     autotune_seconds: float
     backend: str
@@ -137,13 +153,13 @@ class Entry:
     meta_sha256: str | None = None  # None: written by schema 1, before this checksum existed
     #: How the choice was checked against the other candidates (``autotuning.autotune``);
     #: None: stored before plancache checked candidates, so not to be served.
-    check: dict[str, Any] | None = None
+    check: dict[str, JSON] | None = None
     #: The texts of the columns the metadata checksum covers, as read from a row (None for
     #: an entry made any other way, or changed by ``dataclasses.replace``): the checksum of
     #: a row written as ``row`` writes them is checked on these, nothing encoded again.
-    row_texts: tuple[str, str | None, int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
+    row_texts: tuple[object, object, int, object] | None = field(default=None, init=False, repr=False, compare=False)
     #: The row's kept judgement, as read (``store.kept``); None for an entry made any other way.
-    judgement: str | None = field(default=None, init=False, repr=False, compare=False)
+    judgement: object = field(default=None, init=False, repr=False, compare=False)
 
     def header(self) -> dict[str, object]:
         """Every field but the blob (and not what was kept of the row it was read from):
@@ -210,7 +226,7 @@ class Entry:
         }
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any], known: Mapping[str, tuple[str, object]] | None = None,
+    def from_row(cls, row: Mapping[str, object], known: Mapping[str, tuple[str, JSON]] | None = None,
                  details: bool = True) -> Entry:  # fmt: skip
         """The entry a row of ``plans`` holds; ``ValueError`` for a row with any field of the
         wrong type, range or depth (``validated``). ``known``: column -> (text, value) of
@@ -222,7 +238,7 @@ class Entry:
         known = known or {}
         check_json = row["check_json"] if "check_json" in columns else None  # a row of schema 4 or earlier has none
 
-        def column(name: str) -> Any:
+        def column(name: str) -> JSON:
             text = row[name]
             found = known.get(name)
             return found[1] if found is not None and found[0] == text else load_json(text, name)
@@ -256,13 +272,13 @@ class Entry:
         return entry
 
     @classmethod
-    def validated(cls, fields: Mapping[str, Any]) -> Entry:
+    def validated(cls, fields: Mapping[str, object]) -> Entry:
         """An entry of decoded ``fields`` (a row's, a bundle's or the fleet's), each checked
         once for its type and range; ``ValueError`` naming the first that is wrong. Stored
         bytes are judged by ``problem``; this only makes sure nothing read from them can
         raise anything else later (a workspace size of 2**62 or infinity, a list where a
         mapping belongs)."""
-        read = dict(fields)
+        read: dict[str, Any] = dict(fields)  # Any: each field is checked against _FIELD_TYPES, which mypy cannot follow
         if read.keys() != _DEFAULTS.keys():  # a row has every field: only a bundle's may lack some
             unknown = read.keys() - _DEFAULTS.keys()
             missing = _REQUIRED - read.keys()
@@ -448,9 +464,10 @@ def _tensor_problem(entry: Entry) -> str | None:
     """Whether the stored tensor table contradicts the graph of the key: a damaged input
     shape would make every ``execute`` refuse the caller's right tensors. Outputs are not
     compared: their shapes are inferred at build time and need not be in the graph."""
-    described = entry.description.get("tensors") or {}
+    described = _mapping(entry.description.get("tensors") or {})
     for spec in entry.tensors:
-        graph_tensor = described.get(f"u{spec.get('uid')}")
+        found = described.get(f"u{spec.get('uid')}")
+        graph_tensor = _mapping(found) if found is not None else None
         if (
             graph_tensor is None
             or graph_tensor.get("is_virtual")
@@ -459,7 +476,7 @@ def _tensor_problem(entry: Entry) -> str | None:
             return f"tensor table does not match the graph (uid {spec.get('uid')})"
         if graph_tensor.get("is_output"):
             continue
-        stored = (list(spec.get("dims") or []), list(spec.get("strides") or []), spec.get("dtype"))
+        stored = (list(_items(spec.get("dims") or [])), list(_items(spec.get("strides") or [])), spec.get("dtype"))
         if stored != (graph_tensor.get("dim"), graph_tensor.get("stride"), graph_tensor.get("dtype")):
             return f"tensor table does not match the graph (uid {spec.get('uid')}: {stored[:2]})"
     return None

@@ -27,9 +27,8 @@ from __future__ import annotations
 import enum
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..formats.plan_blob import PlanBlob
 from ..formats.plan_graph import BlobNode, BlobTensor, PlanGraph, float_bits, read_graph, written
@@ -64,7 +63,7 @@ _FORMS_LOCK = PerProcess(threading.Lock)  # the forms are shared with a forked c
 _FORMS_KEPT = 256
 
 
-def form_of(key: str, description: Mapping[str, Any]) -> FrontendForm:
+def form_of(key: str, description: Mapping[str, object]) -> FrontendForm:
     """The frontend form of ``description``, kept per key: call it only once the key is
     known to be the hash of this description (``store.entry`` checks that first), so one
     key has one form."""
@@ -81,7 +80,7 @@ def form_of(key: str, description: Mapping[str, Any]) -> FrontendForm:
     return form
 
 
-def judge(blob: PlanBlob | bytes, description: Mapping[str, Any], form: FrontendForm | None = None) -> Judgement:
+def judge(blob: PlanBlob | bytes, description: Mapping[str, object], form: FrontendForm | None = None) -> Judgement:
     """Whether ``blob`` is a plan of ``description``'s graph (``form``: its frontend form,
     when the caller has it already). A description of the wrong shape is a refusal. A
     ``PlanBlob`` keeps its decoding for whoever loads it next."""
@@ -152,7 +151,7 @@ class _Judge:
                                          (_Side.OUTPUT, node.outputs, node.names[1], found.outputs)):  # fmt: skip
             if held.keys() == names:  # every port named as written, and no other: nothing is loose or extra
                 for port in ports:
-                    self.bind(port.tid, held[port.name], side, port.name, node)
+                    self.bind(port.tid, held[port.name], (side, port.name, node))
                 continue
             matched: set[str] = set()
             loose: list[str] = []
@@ -168,7 +167,7 @@ class _Judge:
                     loose.append(port.tid)
                     continue
                 matched.add(name)
-                self.bind(port.tid, held[name], side, name, node)
+                self.bind(port.tid, held[name], (side, name, node))
             # a port plancache cannot name in the blob: its tensor must be among the node's (a
             # batch norm's peer statistics are a list beside its ports)
             among = (_uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side is _Side.INPUT else set())
@@ -192,7 +191,7 @@ class _Judge:
         record = self.graph.records.get(uid)
         return record is not None and (record.get("is_virtual") is True or record.get("is_pass_by_value") is True)
 
-    def bind(self, tid: str, uid: Any, *where: Any) -> None:
+    def bind(self, tid: str, uid: object, where: _Where) -> None:
         """Pair the description's tensor ``tid`` with the blob's ``uid``: a caller tensor
         with its own uid, the graph's own tensors one to one. ``where``: the port (side,
         name, node), or the tensor whose ragged offset this is; spelled out on a refusal only."""
@@ -200,13 +199,13 @@ class _Judge:
         if bound == uid and type(uid) is int:
             return
         if type(uid) is not int:
-            raise _Refused(f"{_where(*where)} holds {uid!r}, not one tensor")
+            raise _Refused(f"{_where(where)} holds {uid!r}, not one tensor")
         if bound is None:
             if uid in self.tid_of:
-                raise _Refused(f"{_where(*where)} holds tensor {uid}, which is another of the key's graph")
+                raise _Refused(f"{_where(where)} holds tensor {uid}, which is another of the key's graph")
             self.uid_of[tid], self.tid_of[uid] = uid, tid
         else:
-            raise _Refused(f"{_where(*where)} holds tensor {uid}, not {bound}")
+            raise _Refused(f"{_where(where)} holds tensor {uid}, not {bound}")
 
     # ------------------------------------------------------------------ tensors
 
@@ -255,7 +254,7 @@ class _Judge:
         if offset is not None and expected is None:  # an offset only its tensor names: paired here
             if found.ragged_offset is None:
                 raise _Refused(f"{_what(tensor, uid)} has no ragged offset")
-            self.bind(offset, found.ragged_offset, _what(tensor, uid))
+            self.bind(offset, found.ragged_offset, (_what(tensor, uid),))
         elif found.ragged_offset != expected:
             raise _Refused(f"{_what(tensor, uid)}: ragged offset {found.ragged_offset}, not {expected}")
 
@@ -276,7 +275,11 @@ def _what(tensor: FormTensor, uid: int) -> str:
     return f"tensor {uid}" if tensor.kind is TensorKind.CALLER else f"its tensor {uid} ({tensor.tid})"
 
 
-def _where(*where: Any) -> str:
+#: Where ``bind`` found a uid: a port (side, name, node), or the tensor whose ragged offset it is.
+_Where = tuple[_Side, str, FormNode] | tuple[str]
+
+
+def _where(where: _Where) -> str:
     """A port, from ``bind``'s ``(side, name, node)``, or the ragged offset of a tensor."""
     if len(where) == 1:
         return f"the ragged offset of {where[0]}"
@@ -289,7 +292,7 @@ def _laid_out_as(layouts: list[tuple[tuple[int, ...], tuple[int, ...] | None]], 
     return (found.dims, found.strides) in layouts or any(s is None and d == found.dims for d, s in layouts)
 
 
-def _uids(values: Any) -> set[int]:
+def _uids(values: Iterable[object]) -> set[int]:
     found: set[int] = set()
     for value in values:
         if type(value) is int:
@@ -299,7 +302,7 @@ def _uids(values: Any) -> set[int]:
     return found
 
 
-def _same(expected: Any, found: Any) -> bool:
+def _same(expected: object, found: object) -> bool:
     if isinstance(expected, F32):
         try:
             return found is not None and float_bits(found) == int(expected)
@@ -312,5 +315,5 @@ def _same(expected: Any, found: Any) -> bool:
     return bool(expected == found)
 
 
-def _shown(value: Any) -> Any:
+def _shown(value: object) -> object:
     return value.hex() if isinstance(value, F32) else value

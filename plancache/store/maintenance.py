@@ -9,31 +9,102 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TypedDict, cast
 
 from ..errors import EntryNotFoundError, StoreError
 from .entry import Entry, problem, sha256
-from .recovery import is_locked, is_undecodable, lenient_text
+from .recovery import Repaired, is_locked, is_undecodable, lenient_text
 from .store import Store
 
-__all__ = ["UNDECODABLE_HINT", "environment_named", "list_entries", "prune", "verify"]
+__all__ = ["UNDECODABLE_HINT", "Deserialized", "Fixed", "Listed", "PruneReport", "Pruned", "VerifyReport", "environment_named",
+           "list_entries", "prune", "verify"]  # fmt: skip
 
 # Sizes are the blobs' own lengths: the stored blob_size is a number the database can compute, so is not trusted.
 _LISTED = ("key, env_id, label, length(blob) AS blob_size, workspace_size, policy, backend, build_seconds, autotune_seconds, created_at, "
            "last_used_at, hit_count")  # fmt: skip
 
 
-def _rows(store: Store, sql: str) -> list[dict[str, Any]]:
-    cursor = store.connection().execute(sql)
-    names = [column[0] for column in cursor.description]
-    return [dict(zip(names, row)) for row in cursor]
+class Listed(TypedDict):
+    """One entry of ``list_entries``: its row's columns but the blob, as the schema types
+    them (a row is written from a validated ``Entry``), the blob's size in its place."""
+
+    key: str
+    env_id: str
+    label: str
+    blob_size: int
+    workspace_size: int
+    policy: str
+    backend: str
+    build_seconds: float
+    autotune_seconds: float
+    created_at: float
+    last_used_at: float
+    hit_count: int
+
+
+class Pruned(TypedDict):
+    """An entry ``prune`` removes (or would), and why."""
+
+    key: str
+    env_id: str
+    label: str
+    blob_size: int
+    last_used_at: float
+    reason: str
+
+
+class PruneReport(TypedDict):
+    """What ``prune`` removed (or, ``dry_run``, would): entries, their bytes, the kernel
+    caches of other environments and how many quarantined entries."""
+
+    dry_run: bool
+    removed: list[Pruned]
+    bytes: int
+    kernel_caches: list[str]
+    quarantined: int
+
+
+class Deserialized(TypedDict):
+    """What ``verify`` loaded: the blobs of ``env_id`` checked, those of others skipped,
+    and why each that failed did."""
+
+    env_id: str | None
+    checked: int
+    skipped: int
+    failed: dict[str, str]
+
+
+class Fixed(TypedDict, total=False):
+    """What ``verify(fix=True)`` did: a damaged file moved aside (``Store.repair``), entries
+    quarantined and kernel caches removed."""
+
+    moved_aside: str | None
+    salvaged: int
+    quarantined: list[str]
+    kernel_caches_removed: list[str]
+
+
+class VerifyReport(TypedDict):
+    """What ``verify`` found (and, with ``fix``, did): ``problems`` has a line for each."""
+
+    path: str
+    entries: int
+    integrity: list[str]
+    checksum: list[str]  # keys whose blob fails its checksum
+    foreign: dict[str, str]  # key -> why the entry cannot be served
+    damaged: dict[int, str]  # rowid -> why the row cannot be decoded
+    unreadable: list[str]
+    kernel_caches: list[str]  # environment ids whose kernel cache fails its checksum
+    deserialize: Deserialized | None
+    fixed: Fixed
+    problems: list[str]
 
 
 #: What the read commands say of a row they skip.
 UNDECODABLE_HINT = "`plancache verify --fix` quarantines it"
 
 
-def list_entries(store: Store, env_id: str | None = None, *, undecodable: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def list_entries(store: Store, env_id: str | None = None, *, undecodable: dict[str, str] | None = None) -> list[Listed]:
     """Summaries of every entry (no blob), most recently used first.
 
     Row by row: a row whose text cannot be decoded (invalid UTF-8 in a column) is left out,
@@ -50,9 +121,10 @@ def list_entries(store: Store, env_id: str | None = None, *, undecodable: dict[s
         raw = cursor.fetchall()
     finally:
         conn.text_factory = old
-    rows = []
+    rows: list[Listed] = []
     for values in raw:
-        row, bad = {}, None
+        row: dict[str, object] = {}
+        bad = None
         for name, value in zip(names, values):
             if isinstance(value, bytes):
                 try:
@@ -62,9 +134,9 @@ def list_entries(store: Store, env_id: str | None = None, *, undecodable: dict[s
                     value = value.decode("utf-8", "replace")
             row[name] = value
         if bad is None:
-            rows.append(row)
+            rows.append(cast(Listed, row))  # every column of _LISTED, decoded
         elif undecodable is not None:
-            undecodable[row["key"]] = f"its {bad} column cannot be decoded"
+            undecodable[str(row["key"])] = f"its {bad} column cannot be decoded"
     return rows
 
 
@@ -88,7 +160,7 @@ def prune(
     quarantined: bool = False,
     dry_run: bool = False,
     batch: int = 64,
-) -> dict[str, Any]:
+) -> PruneReport:
     """Remove entries of environments not in ``env_ids_keep`` (and their kernel caches),
     entries unused for more than ``older_than_s`` seconds, and with ``quarantined`` every
     quarantined entry. Deletes ``batch`` rows per transaction, so lookups and builds of other
@@ -96,7 +168,7 @@ def prune(
     deletes nothing."""
     cutoff = time.time() - older_than_s if older_than_s is not None else None
     doomed = _prune_candidates(store, env_ids_keep, cutoff)
-    report: dict[str, Any] = {
+    report: PruneReport = {
         "dry_run": dry_run,
         "removed": doomed,
         "bytes": sum(r["blob_size"] for r in doomed),
@@ -123,17 +195,18 @@ def prune(
     return report
 
 
-def _prune_candidates(store: Store, env_ids_keep: set[str] | None, cutoff: float | None) -> list[dict[str, Any]]:
-    rows = _rows(store, "SELECT key, env_id, label, length(blob) AS blob_size, last_used_at FROM plans ORDER BY key")
-    doomed = []
-    for row in rows:
-        if env_ids_keep is not None and row["env_id"] not in env_ids_keep:
+def _prune_candidates(store: Store, env_ids_keep: set[str] | None, cutoff: float | None) -> list[Pruned]:
+    rows = store.connection().execute("SELECT key, env_id, label, length(blob), last_used_at FROM plans ORDER BY key").fetchall()
+    doomed: list[Pruned] = []
+    for key, env_id, label, blob_size, last_used_at in rows:
+        if env_ids_keep is not None and env_id not in env_ids_keep:
             reason = "other environment"
-        elif cutoff is not None and row["last_used_at"] < cutoff:
-            reason = "unused since " + time.strftime("%Y-%m-%d", time.localtime(row["last_used_at"]))
+        elif cutoff is not None and last_used_at < cutoff:
+            reason = "unused since " + time.strftime("%Y-%m-%d", time.localtime(last_used_at))
         else:
             continue
-        doomed.append({**row, "reason": reason})
+        doomed.append({"key": key, "env_id": env_id, "label": label, "blob_size": blob_size, "last_used_at": last_used_at,
+                       "reason": reason})  # fmt: skip
     return doomed
 
 
@@ -150,7 +223,7 @@ def verify(
     fix: bool = False,
     load: Callable[[Entry], object] | None = None,
     env_id: str | None = None,
-) -> dict[str, Any]:
+) -> VerifyReport:
     """Check everything: SQLite's integrity check, every row through ``entry.problem``,
     kernel-cache checksums and, given ``load``, that every blob of environment ``env_id``
     deserializes. ``report["problems"]`` lists them all.
@@ -158,8 +231,8 @@ def verify(
     ``fix``: quarantine bad entries (kept, never served), drop bad kernel caches; a file that
     fails the integrity check is moved aside (kept) and its intact entries copied into a new
     one. Nothing is deleted silently: the report says what was done."""
-    report: dict[str, Any] = {"path": str(store.path), "entries": 0, "integrity": [], "checksum": [], "foreign": {},
-                              "damaged": {}, "unreadable": [], "kernel_caches": [], "deserialize": None, "fixed": {}}  # fmt: skip
+    report: VerifyReport = {"path": str(store.path), "entries": 0, "integrity": [], "checksum": [], "foreign": {}, "damaged": {},
+                            "unreadable": [], "kernel_caches": [], "deserialize": None, "fixed": {}, "problems": []}  # fmt: skip
     try:
         report["integrity"] = [r[0] for r in store.connection().execute("PRAGMA integrity_check(100)") if r[0] != "ok"]
     except sqlite3.DatabaseError as exc:
@@ -167,7 +240,7 @@ def verify(
             raise StoreError(f"cannot verify plan store {store.path}: {exc}", path=str(store.path)) from exc
         report["integrity"] = [f"integrity_check failed: {exc}"]
     if report["integrity"] and fix:
-        report["fixed"] = store.repair("integrity check: " + "; ".join(report["integrity"][:3]), thorough=True)
+        report["fixed"] = _repaired(store.repair("integrity check: " + "; ".join(report["integrity"][:3]), thorough=True))
     identities = _verify_rows(store, report, load, env_id)
     report["problems"] = _problems(report)
     if fix:
@@ -175,12 +248,12 @@ def verify(
     return report
 
 
-def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], object] | None,
+def _verify_rows(store: Store, report: VerifyReport, load: Callable[[Entry], object] | None,
                  env_id: str | None) -> dict[str, tuple[str, float]]:  # fmt: skip
     """Fill the row-level parts of a verify report, one row at a time by rowid, so a
     row whose key itself is damaged is still found (and can be quarantined). Returns the
     identity (blob checksum, creation time) of each row read, by key."""
-    checked: dict[str, Any] = {"env_id": env_id, "checked": 0, "skipped": 0, "failed": {}}
+    checked: Deserialized = {"env_id": env_id, "checked": 0, "skipped": 0, "failed": {}}
     identities: dict[str, tuple[str, float]] = {}
     if load is not None:
         report["deserialize"] = checked
@@ -212,7 +285,7 @@ def _verify_rows(store: Store, report: dict[str, Any], load: Callable[[Entry], o
     return identities
 
 
-def _verify_read(store: Store, rowid: int, report: dict[str, Any]) -> Entry | None:
+def _verify_read(store: Store, rowid: int, report: VerifyReport) -> Entry | None:
     """One row as an Entry; a row that cannot be decoded is recorded as damaged (it can
     be quarantined), one SQLite cannot read as unreadable (only moving the file helps)."""
     try:
@@ -228,10 +301,10 @@ def _verify_read(store: Store, rowid: int, report: dict[str, Any]) -> Entry | No
     return None
 
 
-def _fix_rows(store: Store, report: dict[str, Any], identities: Mapping[str, tuple[str, float]]) -> dict[str, Any]:
+def _fix_rows(store: Store, report: VerifyReport, identities: Mapping[str, tuple[str, float]]) -> Fixed:
     bad = {key: "blob checksum mismatch" for key in report["checksum"]}
     bad.update(report["foreign"])
-    bad.update((report["deserialize"] or {}).get("failed") or {})
+    bad.update(report["deserialize"]["failed"] if report["deserialize"] else {})
     # Only the row that was judged: reading (and loading) every row takes a while, and a
     # live cache may meanwhile have quarantined a bad row itself and stored a healthy rebuild.
     quarantined = [
@@ -242,10 +315,14 @@ def _fix_rows(store: Store, report: dict[str, Any], identities: Mapping[str, tup
     ]
     if report["kernel_caches"]:
         _write_many(store, "DELETE FROM kernel_caches WHERE env_id = ?", [(e,) for e in report["kernel_caches"]])
-    fixed: dict[str, Any] = {"quarantined": quarantined, "kernel_caches_removed": list(report["kernel_caches"])}
+    fixed: Fixed = {"quarantined": quarantined, "kernel_caches_removed": list(report["kernel_caches"])}
     if report["unreadable"] and not report["fixed"].get("moved_aside"):  # unreadable rows cannot be moved: the file is
-        fixed.update(store.repair("unreadable rows: " + "; ".join(report["unreadable"][:3]), thorough=True))
+        fixed.update(_repaired(store.repair("unreadable rows: " + "; ".join(report["unreadable"][:3]), thorough=True)))
     return fixed
+
+
+def _repaired(repaired: Repaired) -> Fixed:
+    return {"moved_aside": repaired["moved_aside"], "salvaged": repaired["salvaged"]}
 
 
 def _write_many(store: Store, sql: str, rows: list[tuple[object, ...]]) -> None:
@@ -256,7 +333,7 @@ def _write_many(store: Store, sql: str, rows: list[tuple[object, ...]]) -> None:
         raise StoreError(f"cannot write plan store {store.path}: {exc}", path=str(store.path)) from exc
 
 
-def _check_load(entry: Entry, load: Callable[[Entry], object], env_id: str | None, checked: dict[str, Any]) -> None:
+def _check_load(entry: Entry, load: Callable[[Entry], object], env_id: str | None, checked: Deserialized) -> None:
     """Deserialize one entry of ``env_id`` through ``load``; another environment's blob
     cannot load on this GPU and is skipped."""
     if env_id is not None and entry.env_id != env_id:
@@ -269,7 +346,7 @@ def _check_load(entry: Entry, load: Callable[[Entry], object], env_id: str | Non
         checked["failed"][entry.key] = f"deserialize failed: {type(exc).__name__}: {exc}"
 
 
-def _problems(report: Mapping[str, Any]) -> list[str]:
+def _problems(report: VerifyReport) -> list[str]:
     """One line per problem a verify report found."""
     lines = [f"integrity: {p}" for p in report["integrity"]]
     lines += [f"{key}: blob checksum mismatch" for key in report["checksum"]]
@@ -277,5 +354,5 @@ def _problems(report: Mapping[str, Any]) -> list[str]:
     lines += [f"row {rowid}: {reason}" for rowid, reason in report["damaged"].items()]
     lines += [f"unreadable: {what}" for what in report["unreadable"]]
     lines += [f"kernel cache of {env}: checksum mismatch" for env in report["kernel_caches"]]
-    lines += [f"{key}: {reason}" for key, reason in ((report["deserialize"] or {}).get("failed") or {}).items()]
+    lines += [f"{key}: {reason}" for key, reason in (report["deserialize"]["failed"] if report["deserialize"] else {}).items()]
     return lines

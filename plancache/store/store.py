@@ -29,6 +29,7 @@ from typing import Concatenate, ParamSpec, TypedDict, TypeVar
 
 from ..config import ALLOW_SHARED_DIR, CACHE_DIR
 from ..errors import CacheDirError, DamagedEntryError, EntryNotFoundError, StoreBusyError, StoreError
+from ..key import JSON
 from . import quarantine, recovery, schema
 from .connections import GATE, GatedConnection, connect
 from .entry import INSERT_COLUMNS, INSERT_SQL, Entry, sha256, sound_use
@@ -341,7 +342,7 @@ class Store:
 
     # ------------------------------------------------------------------ plans
 
-    def get(self, key: str, known: Mapping[str, tuple[str, object]] | None = None, details: bool = True) -> Entry | None:
+    def get(self, key: str, known: Mapping[str, tuple[str, JSON]] | None = None, details: bool = True) -> Entry | None:
         """The entry stored under ``key``, or None. Reads only; checks no checksum. A read
         that finds the file damaged leaves a marker for the next open, then raises.
         ``known`` and ``details``: see ``Entry.from_row``."""

@@ -47,13 +47,17 @@ def speedup(candidates: Sequence[Mapping[str, Any]]) -> tuple[float | None, int 
 def entry_report(entry: Entry, now: float | None = None) -> dict[str, Any]:
     """The inspect report of one stored entry, as JSON-ready data."""
     now = time.time() if now is None else now
-    nodes = entry.description.get("nodes", [])
+    # Read as the store writes them: a record of another shape raises here.
+    description: Mapping[str, Any] = entry.description
+    records: Sequence[Mapping[str, Any]] = entry.tensors
+    candidates: Sequence[Mapping[str, Any]] = entry.candidates
+    nodes = description.get("nodes", [])
     ops = [f"{n['type']}({n['params']['mode']})" if isinstance(n.get("params"), dict) and n["params"].get("mode") else n["type"]
            for n in nodes]  # fmt: skip
     tensors = [{"uid": t["uid"], "name": t["name"], "io": "out" if t["is_output"] else "in", "dims": t["dims"],
-                "strides": t["strides"], "dtype": _dtype(t.get("dtype"))} for t in entry.tensors]  # fmt: skip
-    context = entry.description.get("context", {})
-    ratio, baseline, basis = speedup(entry.candidates)
+                "strides": t["strides"], "dtype": _dtype(t.get("dtype"))} for t in records]  # fmt: skip
+    context = description.get("context", {})
+    ratio, baseline, basis = speedup(candidates)
     return {
         "key": entry.key,
         "ops": "+".join(ops),
@@ -73,7 +77,7 @@ def entry_report(entry: Entry, now: float | None = None) -> dict[str, Any]:
                 "first_ms": c.get("first_ms"),
                 "error": c.get("error"),
             }
-            for c in entry.candidates
+            for c in candidates
         ],
         "heuristic_choice": baseline,
         "speedup": ratio,
