@@ -382,8 +382,10 @@ def _short_held_locks(cache: PlanCache, tmp_path: Path) -> dict[str, tuple[Any, 
 
     import redis
 
+    from plancache.cache.priming import Primer
     from plancache.cudnn import library
     from plancache.guest.block import known_captures
+    from plancache.integrations import frontend
     from plancache.tiers.breaker import Breaker
     from plancache.tiers.fleet_lock import FleetLock
 
@@ -391,6 +393,7 @@ def _short_held_locks(cache: PlanCache, tmp_path: Path) -> dict[str, tuple[Any, 
     fleet = FleetLock(types.SimpleNamespace(register_script=lambda script: None), breaker.script_call, lock_ttl=30.0,
                       count=breaker.count, warn_once=breaker.warn_once)  # fmt: skip
     unstored = cache.lookup.unstored
+    primer = Primer(cache.lookup, [])  # as one prewarm.prime returned: the child asks for its timeline
     (tmp_path / "maps").write_text("")
 
     def libraries() -> object:
@@ -417,21 +420,23 @@ def _short_held_locks(cache: PlanCache, tmp_path: Path) -> dict[str, tuple[Any, 
         "cudnn opened": (library._opened_lock, libraries),
         "libcuda": (library._libcuda_lock, libraries),
         "cudnn library": (library._lock, libraries),
+        "frontend": (frontend._lock, lambda: frontend.use(None)),  # held while the process-wide cache is made
+        "primer": (primer._lock, primer.timeline),
     }
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.parametrize(
     "which", ["unstored", "breaker counters", "breaker state", "fleet lock holds", "known captures", "cudnn opened",
-              "libcuda", "cudnn library"]
+              "libcuda", "cudnn library", "frontend", "primer"]
 )  # fmt: skip
 def test_a_child_forked_while_a_thread_held_a_short_held_lock_does_not_wait_for_it(which: str, cache: PlanCache,
                                                                                   tmp_path: Path) -> None:  # fmt: skip
     """Locks held only for a few operations (the unstored plans', the Redis tier's breaker's
-    and fleet lock's, the captures plancache runs, the cuDNN and CUDA libraries' loading)
-    were still held in a child forked while a thread of the parent was inside one: they are
-    per process, so the child's first use does not wait for a lock nobody releases (nor
-    counts a capture of the parent's as its own)."""
+    and fleet lock's, the captures plancache runs, the cuDNN and CUDA libraries' loading,
+    the frontend integration's, a primer's report) were still held in a child forked while
+    a thread of the parent was inside one: they are per process, so the child's first use
+    does not wait for a lock nobody releases (nor counts a capture of the parent's as its own)."""
     import contextlib
 
     from plancache.guest.block import known_captures

@@ -172,22 +172,24 @@ class Lookup:
         """The key ``graph`` is stored under on ``device`` (``tag``: for the callables it holds)."""
         return self.key_and_names(graph, options, device, tag)[0]
 
-    def key_and_names(self, graph: object, options: BuildOptions, device: int,
-                      tag: str | None = None) -> tuple[CacheKey, dict[str, int]]:  # fmt: skip
+    def key_and_names(self, graph: object, options: BuildOptions, device: int, tag: str | None = None,
+                      keys: GraphKeys | None = None) -> tuple[CacheKey, dict[str, int]]:  # fmt: skip
         """The key of ``graph`` on ``device`` and its names (``{name: uid}``), computed once
-        while the graph object is unchanged."""
+        while the graph object is unchanged (``keys``: this process's, when the caller has them)."""
         environment, env_id = self.environment(device)
-        return self._process.get().keys.key(graph, options, environment, env_id, self._environment_json[env_id], tag)
+        if keys is None:
+            keys = self._process.get().keys
+        return keys.key(graph, options, environment, env_id, self._environment_json[env_id], tag)
 
     def get(self, graph: object, options: BuildOptions, inputs: Mapping[int, TensorLike] | None = None, load: Load | None = None,
             tag: str | None = None) -> Plan:  # fmt: skip
         """``PlanCache.get``: the plan of ``graph`` on the current device, under its names."""
         device = self.backend.current_device()
-        key, names = self.key_and_names(graph, options, device, tag)
+        process = self._process.get()  # asked once per lookup
+        key, names = self.key_and_names(graph, options, device, tag, process.keys)
         for record in self.recorders:
             record(graph, key)
         slot = (key.digest, device)
-        process = self._process.get()
         if slot not in process.used:
             process.first_asked.setdefault(slot, time.perf_counter())
         plan = self.memory.get(slot)

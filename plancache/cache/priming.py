@@ -48,6 +48,7 @@ from typing import NotRequired, TypedDict
 
 from ..config import APP
 from ..store import Entry, Sound, Unsound
+from ..store.per_process import PerProcess
 from .lookup import Lookup, Primed, Priming
 
 __all__ = ["DEVICE_WAIT_S", "THREADS", "Primer", "app_name"]
@@ -109,8 +110,12 @@ class Primer(threading.Thread):
         self.plans = list(plans) if plans is not None else None  # None: the app's latest run, read on the thread
         self.report: PrimerReport = {"primed": 0, "loaded": 0, "skipped": {}, "seconds": 0.0}
         self.stopping = threading.Event()  # set by stop(): close() and interpreter exit
-        self._lock = threading.Lock()
-        self._asking = threading.Lock()  # held while a device's environment is asked for
+        # Per process: a forked child may still ask a primer of its parent's for its report
+        # or timeline (kept), while a thread of the parent may have been inside the lock.
+        self._lock = PerProcess(threading.Lock)
+        # Held while a device's environment is asked for (CUDA calls, waits for the program),
+        # only by the primer's own threads: a forked child has none, and a thread is started once.
+        self._asking = threading.Lock()
         self._environments: dict[int, dict[str, object] | str] = {}
         self.opened = time.perf_counter()
         self._ready: dict[int, float] = {}  # device -> when its environment was known
@@ -205,7 +210,7 @@ class Primer(threading.Thread):
                 return
             environment = self._environment(device)
             if isinstance(environment, str):
-                with self._lock:
+                with self._lock.get():
                     report["skipped"][digest] = environment
                 continue
             lookup.backend.use_device(device)
@@ -214,7 +219,7 @@ class Primer(threading.Thread):
             outcome = lookup.prime(digest, environment, device, stop=self.stopping, marks=marks, entry=entry, ahead=verdict)
             if read is not None:
                 marks["read"] = read
-            with self._lock:
+            with self._lock.get():
                 self._spans.append((digest, device, outcome, marks, entry.label if entry is not None else ""))
                 if outcome.outcome is Priming.SKIPPED:
                     report["skipped"][digest] = outcome.why
@@ -224,17 +229,17 @@ class Primer(threading.Thread):
                     report["loaded"] += 1
 
     def _environment(self, device: int) -> dict[str, object] | str:
-        with self._lock:
+        with self._lock.get():
             known = self._environments.get(device)
         if known is None:
             # Asked once per device: the other threads wait for the answer rather than ask
             # CUDA again while the program's own CUDA work makes every call slow.
             with self._asking:
-                with self._lock:
+                with self._lock.get():
                     known = self._environments.get(device)
                 if known is None:
                     known = self._environment_of(device)  # may wait for the program: not under self._lock
-                    with self._lock:
+                    with self._lock.get():
                         self._environments[device] = known
         return known
 
@@ -246,7 +251,7 @@ class Primer(threading.Thread):
         the device, when it was), its finalize, and when this run's first lookup asked for
         it (None: not yet)."""
         since = self.opened
-        with self._lock:
+        with self._lock.get():
             spans = list(self._spans)
             ready = dict(self._ready)
             handles = dict(self._handles)
@@ -278,12 +283,12 @@ class Primer(threading.Thread):
             backend.use_device(device)  # this thread's device: a new thread starts on device 0
             environment: dict[str, object] = dict(self.lookup.environment(device)[0])
             began = time.perf_counter()
-            with self._lock:
+            with self._lock.get():
                 self._ready[device] = began
             # cuDNN's handle, once for every thread: it waits for the work the program
             # queued on the legacy stream (a copy of its weights, say), so it is a stage of its own.
             backend.prepare(device)
-            with self._lock:
+            with self._lock.get():
                 self._handles[device] = (began, time.perf_counter())
             return environment
         except Exception as exc:  # no GPU now, a driver problem: the lookups will say
