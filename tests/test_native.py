@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -359,6 +360,30 @@ def test_a_plan_is_destroyed_exactly_once_when_its_last_reference_goes() -> None
     del plan
     gc.collect()
     assert library.live == set() and len(library.destroyed) == 2  # the plan and its one pack
+
+
+def test_a_forked_child_never_destroys_its_parents_plan() -> None:
+    # A child's per-process plans are made anew, so the parent's copies go at its first
+    # lookup; their descriptors belong to the parent's CUDA context, where cuDNN frees them.
+    library = FakeLibrary()
+    plan = native_plan(library)
+    plan.launch([0x1000, 0x2000, 0x3000], 0x100000, handle=7, stream=1)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's outcome is read through the pipe
+        try:
+            del plan
+            gc.collect()
+            os.write(write, str(len(library.destroyed)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    assert os.waitpid(child, 0)[1] == 0
+    assert os.read(read, 16) == b"0", "the child destroyed its parent's descriptors"
+    os.close(read)
+    del plan
+    gc.collect()
+    assert library.live == set() and len(library.destroyed) == 2  # the parent still frees them
 
 
 def test_a_plan_a_captured_graph_may_replay_lives_as_long_as_the_process() -> None:

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-__all__ = ["PerProcess"]
+__all__ = ["PerProcess", "forks"]
 
 T = TypeVar("T")
 
@@ -46,6 +46,12 @@ def _in_child() -> None:
     global _forks, _publishing
     _forks += 1
     _publishing = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+def forks() -> int:
+    """How many forks lie between the first process and this one: what an object records
+    where it is made, to tell later whether it is in the process that made it."""
+    return _forks
 
 
 if hasattr(os, "register_at_fork"):

@@ -24,6 +24,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from ...store.per_process import forks
 from ..driver import CLibrary
 from .record import Layout, PlanRecord
 
@@ -42,6 +43,7 @@ class _Owned:
         self.plan = plan
         self.packs: list[tuple[weakref.ref[threading.Thread], OrderedDict[tuple[int, ...], int]]] = []
         self._lock = threading.Lock()
+        self._forks = forks()
 
     def thread_packs(self) -> OrderedDict[tuple[int, ...], int]:
         """A new set of packs for the calling thread; the packs of threads that ended are
@@ -57,6 +59,11 @@ class _Owned:
         return mine
 
     def destroy(self) -> None:
+        if self._forks != forks():
+            # A forked child's copy of its parent's plan (its per-process plans made anew):
+            # the descriptors are the parent's, in the parent's CUDA context; a child calls
+            # no cuDNN on them, and the memory goes with the child.
+            return
         for _, packs in self.packs:
             for pack in packs.values():
                 self.library.destroy(pack)
