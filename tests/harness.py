@@ -14,6 +14,7 @@ empty when every guarantee held. Tests assert it is empty; the stress script cou
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import logging
 import multiprocessing
@@ -72,6 +73,13 @@ def join_all(procs: list[BaseProcess], timeout: float) -> list[int | None]:
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
     return [p.exitcode for p in procs]
+
+
+def end_if_stuck(seconds: float = 120.0) -> None:
+    """In a forked child: still running after ``seconds`` (its work takes well under a
+    second, and a few on a busy machine), it waits for something that never comes: it
+    prints where each of its threads waits and exits with 1, and the test fails."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
 
 
 def _write_json(path: str, data: Any) -> None:

@@ -33,10 +33,12 @@ class SlowLoads(CpuTestBackend):
     """Loads of the keys in ``slow`` take ``delay`` seconds (as kernel loading does on a
     GPU); others are immediate. Records the keys in the order their loads start."""
 
-    def __init__(self, delay: float = 0.0, slow: set[str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, delay: float = 0.0, slow: set[str] | None = None, gate: threading.Event | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.delay = delay
         self.slow = slow
+        self.gate = gate  # when given, a slow load lasts until it is set (30 s at most), not ``delay``
         self.loaded: list[str] = []
         self.lock = threading.Lock()
 
@@ -46,7 +48,10 @@ class SlowLoads(CpuTestBackend):
             self.loaded.append(digest)
         native = super().load(blob, tensors, device)
         if self.slow is None or digest in self.slow:
-            time.sleep(self.delay)
+            if self.gate is not None:
+                self.gate.wait(30)
+            else:
+                time.sleep(self.delay)
         return native
 
     keys_by_blob: dict[bytes, str] = {}
@@ -68,6 +73,14 @@ def fill(make_cache: MakeCache, app: str, batches: list[int], device: int = 0, d
 def remember_blobs(cache_dir: Path) -> None:
     with sqlite3.connect(cache_dir / "plans.db") as conn:
         SlowLoads.keys_by_blob = {bytes(blob): key for key, blob in conn.execute("SELECT key, blob FROM plans")}
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition`` until it holds; a deadline far past any busy machine's delay."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.005)
 
 
 def primed(cache: PlanCache) -> dict[str, Any]:
@@ -276,15 +289,19 @@ def test_priming_never_holds_up_a_lookup_it_does_not_serve(make_cache: MakeCache
     primed_keys = fill(make_cache, "app", [1, 2, 3])
     other = fill(make_cache, "another app", [4])[0]
     remember_blobs(cache_dir)
-    backend = SlowLoads(delay=0.5, slow=set(primed_keys))
+    gate = threading.Event()  # the primer's loads last until the lookup is done (30 s at most)
+    backend = SlowLoads(slow=set(primed_keys), gate=gate)
     cache = make_cache(backend=backend, auto_prime=True, app="app")
-    deadline = time.monotonic() + 5
-    while not cache.lookup.loads._busy and time.monotonic() < deadline:
-        time.sleep(0.005)  # the primer is inside its first (slow) load
-    started = time.perf_counter()
-    plan = cache.get(conv(4))
-    took = time.perf_counter() - started
-    assert plan.key == other and took < 0.25, f"a lookup the primer does not serve took {took:.3f} s"
+    try:
+        wait_for(lambda: backend.loaded, "the primer inside its first (slow) load")
+        started = time.perf_counter()
+        plan = cache.get(conv(4))
+        took = time.perf_counter() - started
+    finally:
+        gate.set()
+    # Held up by the primer, the lookup would wait until the gate opens (30 s); the bound
+    # is far above a busy machine's scheduling noise and far below that wait.
+    assert plan.key == other and took < 3.0, f"a lookup the primer does not serve took {took:.3f} s"
     report = primed(cache)
     assert report["primed"] == 3
 
@@ -294,7 +311,22 @@ def test_the_primer_goes_on_while_a_lookup_loads_a_plan_it_has_not_reached(make_
     caller's thread, and the primer's loads of the others go on beside it, not after it."""
     keys = fill(make_cache, "app", [1, 2, 3, 4])
     remember_blobs(cache_dir)
-    backend = SlowLoads(delay=0.4)
+
+    class TheLookupsLoadEndsAfterAPrimersStarts(SlowLoads):
+        """The lookup's load lasts until the primer has started one of its own (30 s at
+        most): the primer's loads going on beside it, not after it, is then no race."""
+
+        def load(self, blob: bytes, tensors: Any, device: int | None = None) -> Any:
+            if self._digest_of(blob) != keys[3]:
+                return super().load(blob, tensors, device)
+            with self.lock:
+                self.loaded.append(keys[3])
+            native = CpuTestBackend.load(self, blob, tensors, device)
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: any(k != keys[3] for k in self.loaded), "a load of the primer's")
+            return native
+
+    backend = TheLookupsLoadEndsAfterAPrimersStarts(delay=0.4)
     cache = make_cache(backend=backend, auto_prime=True, app="app")
     plan = cache.get(conv(4))  # the primer reaches it last
     asked_back = time.perf_counter()
@@ -335,13 +367,22 @@ def test_closing_the_cache_stops_the_primer_between_plans(make_cache: MakeCache,
     monkeypatch.setattr(priming, "THREADS", 2)  # fewer threads than plans: some are left to stop before
     fill(make_cache, "app", [1, 2, 3, 4])
     remember_blobs(cache_dir)
-    backend = SlowLoads(delay=0.2)
+    gate = threading.Event()  # each load lasts until the test lets it end
+    backend = SlowLoads(gate=gate)
     cache = make_cache(backend=backend, auto_prime=True, app="app")
-    time.sleep(0.05)
-    cache.close()
+    assert cache.primer is not None
+    wait_for(lambda: len(backend.loaded) == 2, "both primer threads inside a load")
+    closing = threading.Thread(target=cache.close)  # close() waits for the loads under way
+    closing.start()
+    try:
+        wait_for(cache.primer.stopping.is_set, "close() to stop the primer")
+    finally:
+        gate.set()
+        closing.join(timeout=30)
+    assert not closing.is_alive()
     report = primed(cache)
-    # the loads under way (one per primer thread) finish; none starts after close()
-    assert report["primed"] <= 2 and len(backend.loaded) <= 2
+    # the loads under way at close() (one per primer thread) finish; none starts after it
+    assert report["primed"] <= 2 and len(backend.loaded) == 2, backend.loaded
 
 
 def test_closing_the_cache_while_a_lookup_builds_stops_the_primer_at_once(make_cache: MakeCache, cache_dir: Path) -> None:
