@@ -344,3 +344,29 @@ def test_sizes_come_from_the_blobs_not_the_stored_blob_size(make_cache: MakeCach
     assert store.evict_to(lengths[keys[2]]) == 2  # the two least recently used, by their blobs' real sizes
     assert store.keys() == [keys[2]] and store.total_size() == lengths[keys[2]]
     store.close()
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [(lambda t: {**t, "dims": [d + 1 for d in t["dims"]]}, "tensor table does not match the graph"),
+     (lambda t: {**t, "dims": "3,8,6,6"}, "malformed entry"),
+     (lambda t: {**t, "uid": 999}, "tensor table does not match the graph")],
+    ids=["another shape", "a shape that is not a list", "a uid the graph lacks"],
+)  # fmt: skip
+def test_a_tensor_table_that_contradicts_the_graph_is_refused(make_cache: MakeCache, change: Callable[[dict[str, Any]], Any],
+                                                              reason: str) -> None:  # fmt: skip
+    # Its metadata checksum recomputed, as a writer that stored a wrong table would have: an
+    # input's shape the graph contradicts would make every execute refuse right tensors.
+    [key] = stored(make_cache, [OWN])
+    store = Store()
+    entry = store.get(key)
+    store.close()
+    assert entry is not None
+    tensors = list(entry.tensors)
+    first_input = next(i for i, t in enumerate(tensors) if not t.get("is_output"))
+    tensors[first_input] = change(dict(tensors[first_input]))
+    altered = dataclasses.replace(entry, tensors=tensors, meta_sha256=None)
+    altered = dataclasses.replace(altered, meta_sha256=altered.meta_digest())
+    assert problem(entry) is None
+    found = problem(altered)
+    assert found is not None and reason in found, found

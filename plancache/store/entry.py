@@ -464,19 +464,24 @@ def _tensor_problem(entry: Entry) -> str | None:
     """Whether the stored tensor table contradicts the graph of the key: a damaged input
     shape would make every ``execute`` refuse the caller's right tensors. Outputs are not
     compared: their shapes are inferred at build time and need not be in the graph."""
-    described = _mapping(entry.description.get("tensors") or {})
+    # On every store hit's path: the types are narrowed inline (a helper is a Python call each).
+    described = entry.description.get("tensors") or {}
+    if not isinstance(described, dict):
+        raise TypeError(f"a {type(described).__name__} where the description's tensors belong")
     for spec in entry.tensors:
-        found = described.get(f"u{spec.get('uid')}")
-        graph_tensor = _mapping(found) if found is not None else None
+        graph_tensor = described.get(f"u{spec.get('uid')}")
         if (
-            graph_tensor is None
+            not isinstance(graph_tensor, dict)
             or graph_tensor.get("is_virtual")
             or bool(graph_tensor.get("is_output")) != bool(spec.get("is_output"))
         ):
             return f"tensor table does not match the graph (uid {spec.get('uid')})"
         if graph_tensor.get("is_output"):
             continue
-        stored = (list(_items(spec.get("dims") or [])), list(_items(spec.get("strides") or [])), spec.get("dtype"))
+        dims, strides = spec.get("dims") or [], spec.get("strides") or []
+        if not isinstance(dims, (list, tuple)) or not isinstance(strides, (list, tuple)):
+            raise TypeError(f"a stored shape of uid {spec.get('uid')} that is not a list")
+        stored = (list(dims), list(strides), spec.get("dtype"))
         if stored != (graph_tensor.get("dim"), graph_tensor.get("stride"), graph_tensor.get("dtype")):
             return f"tensor table does not match the graph (uid {spec.get('uid')}: {stored[:2]})"
     return None
