@@ -440,6 +440,19 @@ def test_the_environment_variable_installs_at_import() -> None:
         assert result.returncode == 0, result.stderr
 
 
+def test_the_start_up_hooks_import_leaves_the_store_and_its_dependencies_unimported() -> None:
+    # The hook imports the integration in every Python process that sets the variable,
+    # cuDNN or not: what it imports is paid by each of them.
+    code = (
+        "import sys; sys.modules['cudnn'] = None\n"
+        "import plancache.integrations.frontend\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('plancache.store', 'plancache.cache', 'orjson', 'sqlite3'))))\n"
+    )
+    result = _run_python(code, env={"PLANCACHE_PATCH_CUDNN": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
+
+
 def test_the_environment_variable_without_cudnn_warns_instead_of_failing() -> None:
     code = (
         "import sys, warnings\n"
