@@ -851,6 +851,51 @@ def test_a_lookup_inside_a_build_does_not_wait_for_a_thread_that_waits_for_the_b
     assert cache.counters["builds"] == 2, "B was built once"
 
 
+def test_a_lookup_inside_a_build_beside_another_threads_build_of_its_plan_builds_it_once(
+    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, with B in a stripe of its own: the other thread holds B's load and builds
+    B; the lookup inside A's build does not wait for that load, so it waits for B's stripe.
+    Once it has the stripe it must find B in memory: the plan is put there before the
+    stripe is let go (it was put after, so the lookup could meet neither and build again)."""
+    from plancache.cache import flight
+
+    cache = make_cache(lock_timeout=10.0)
+    outer, inner = ConvBiasRelu(n=1).graph(), ConvBiasRelu(n=2).graph()
+    outer_key = cache.key(outer).digest
+    monkeypatch.setattr(flight, "_stripe_of", lambda key: 0 if key == outer_key else 1)
+    build, put = cache.lookup._repair_or_build, cache.lookup.memory.put
+    inner_building, builds_of_inner, outcomes = threading.Event(), [], {}
+
+    def other_thread_building_the_inner_plan() -> None:
+        outcomes["other"] = cache.get(inner).source
+
+    other = threading.Thread(target=other_thread_building_the_inner_plan)
+
+    def building(graph: Any, *args: Any, **kwargs: Any) -> Any:
+        if graph is outer:
+            other.start()
+            assert inner_building.wait(10)
+            outcomes["nested"] = cache.get(inner).source
+        else:
+            builds_of_inner.append(threading.current_thread().name)
+            inner_building.set()
+            time.sleep(0.3)  # the lookup inside A's build reaches B's stripe and waits for it
+        return build(graph, *args, **kwargs)
+
+    def putting(slot: Any, plan: Any) -> None:
+        if threading.current_thread() is other:
+            time.sleep(0.5)  # a slow put: the stripe let go first would leave B in no tier
+        put(slot, plan)
+
+    monkeypatch.setattr(cache.lookup, "_repair_or_build", building)
+    monkeypatch.setattr(cache.lookup.memory, "put", putting)
+    cache.get(outer)
+    other.join(30)
+    assert builds_of_inner == [other.name], "B was built, or looked for below memory, once"
+    assert outcomes == {"nested": "built", "other": "built"}, outcomes
+
+
 def test_a_hit_executes_by_the_callers_tensor_names(make_cache: Any, tmp_path: Path) -> None:
     from plancache.workflows import templates
 

@@ -218,7 +218,12 @@ class Lookup:
                     if plan is None:
                         with self.flight.hold(key.digest, env_id, summarize(key.parts["graph"]), started=started):
                             plan = self.memory.get(slot) or self._repair_or_build(graph, key, options, device, inputs, load)
-                plan = plan.named(names)
+                            # In memory before the flight is let go: a lookup nested in another
+                            # build (which does not wait for this claim, loads) may be next in it.
+                            plan = plan.named(names)
+                            self.memory.put(slot, plan)
+                            return plan
+                plan = plan.named(names)  # a store hit's path: no call more than it needs
                 self.memory.put(slot, plan)
                 return plan
         return plan.named(names)  # another thread's, under its graph's names
