@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import sqlite3
 import subprocess
@@ -779,6 +780,35 @@ def test_a_build_inside_a_build_of_its_stripe_on_one_thread_does_not_wait_for_it
     with flight.hold(inner, "env"):  # released once the outer build is over, for everyone
         pass
     assert waits == []
+
+
+def test_a_wait_for_another_thread_of_the_process_is_counted_and_logged(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """A thread missing a key while another thread of its process builds a key of its stripe
+    waits on the stripe's thread lock: counted in ``waits`` and logged, as a wait for
+    another process is (it was neither)."""
+    from plancache.cache.counters import Count
+    from plancache.cache.flight import SingleFlight
+
+    waits: list[Count] = []
+    flight = SingleFlight(tmp_path / "locks", timeout=30.0, count=waits.append)
+    holding, done = threading.Event(), threading.Event()
+
+    def builder() -> None:
+        with flight.hold("a" * 64, "env", "first"):
+            holding.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=builder)
+    thread.start()
+    assert holding.wait(30)
+    threading.Timer(0.2, done.set).start()
+    with caplog.at_level(logging.INFO, logger="plancache"), flight.hold("a" * 64, "env", "second"):
+        pass
+    thread.join(30)
+    assert waits == [Count.WAITS]
+    [line] = [r.getMessage() for r in caplog.records if "waiting up to" in r.getMessage()]
+    assert "another thread" in line and "a" * 12 in line and "(second)" in line
 
 
 def test_a_build_inside_a_build_of_its_stripe_does_not_wait_for_a_thread_that_waits_for_the_stripe(tmp_path: Path) -> None:

@@ -87,13 +87,17 @@ class _StripeLocks:
         self._locks: dict[int, threading.RLock] = {}
 
     @contextlib.contextmanager
-    def hold(self, key: str, timeout: float) -> Iterator[bool]:
+    def hold(self, key: str, timeout: float, on_wait: Callable[[], None]) -> Iterator[bool]:
+        """Hold the key's stripe; ``on_wait`` is called once, before waiting, when another
+        thread holds it."""
         stripe = _stripe_of(key)
         with self._guard:
             lock = self._locks.get(stripe)
             if lock is None:
                 lock = self._locks[stripe] = threading.RLock()
         waited = not lock.acquire(blocking=False)
+        if waited:
+            on_wait()
         # math.inf waits as long as the build takes (acquire() would overflow on it)
         if waited and not lock.acquire(timeout=-1 if math.isinf(timeout) else timeout):
             raise LockTimeoutError(
@@ -162,7 +166,16 @@ class SingleFlight:
         started = time.monotonic() if started is None else started
         left = max(0.0, self.timeout - (time.monotonic() - started))
         process = self._process.get()
-        with process.threads.hold(key, left) as thread_waited, self._file_lock(process, key, label, started) as file_waited:
+
+        def waiting_for_a_thread() -> None:  # counted and logged as a wait for another process is
+            self._count(Count.WAITS)
+            log.info("plancache: waiting up to %.0f s for another thread to build %s (%s) or a plan of its lock stripe",
+                     left, key[:12], label)  # fmt: skip
+
+        with (
+            process.threads.hold(key, left, waiting_for_a_thread) as thread_waited,
+            self._file_lock(process, key, label, started) as file_waited,
+        ):
             if thread_waited or file_waited:
                 log.info("plancache: waited %.1f s for another build of %s", time.monotonic() - started, key[:12])
             if self.remote is None:
