@@ -155,13 +155,10 @@ def cli(obj: Context) -> None:
     logging.basicConfig(level=logging.DEBUG if obj.debug else logging.INFO, format="%(message)s", stream=sys.stderr)
 
 
-def _exit_code_help() -> str:
-    lines = [textwrap.fill(text.replace("`", ""), width=78, initial_indent=f"{code}  ", subsequent_indent="   ")
-             for code, text in EXIT_CODES.items()]  # fmt: skip
-    return "\n\n\b\nExit codes:\n" + "\n".join(lines)
-
-
-cli.help = (cli.help or "") + _exit_code_help()
+cli.help = (cli.help or "") + "\n\n\b\nExit codes:\n" + "\n".join(
+    textwrap.fill(text.replace("`", ""), width=78, initial_indent=f"{code}  ", subsequent_indent="   ")
+    for code, text in EXIT_CODES.items()
+)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

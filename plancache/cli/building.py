@@ -45,12 +45,8 @@ def _prewarm_dry_run(obj: Context, manifest: Path, options: Any, *, progress: bo
 
     backend = backend_from_env()
     environment = backend.environment(backend.current_device()) if backend is not None else None
-    store = obj.existing_store(read_only=True) if backend is not None else None
-    try:
+    with obj.reading(read_only=True) if backend is not None else contextlib.nullcontext() as store:
         return dry_run(manifest, environment=environment, store=store, options=options, progress=progress)
-    finally:
-        if store is not None:
-            store.close()
 
 
 def _devices_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | list[int] | None:
@@ -190,12 +186,8 @@ def tune(obj: Context, keys: tuple[str, ...], no_progress: bool) -> None:
     from ..workflows.tune import tune as run_tune
     from ..workflows.tune import tune_report
 
-    store = obj.existing_store()
-    try:
+    with obj.reading() as store:
         digests = [entry_named(store, key, obj).key for key in keys] if keys else None
-    finally:
-        if store is not None:
-            store.close()
     if store is None:  # nothing cached yet: nothing to tune, and nothing created
         emit(tune_report([]), _tune_text)
         return
@@ -255,12 +247,6 @@ def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
                    f"candidates: {before.get('engine')} -> {after.get('engine')} ({row['seconds']:.2f}s)")  # fmt: skip
         else:
             yield f"{row['key'][:12]}  failed: {row.get('error')}"
-    why = report.get("why")
     stopped = f"; interrupted, {report['not_run']} not run (run it again to tune them)" if report.get("interrupted") else ""
-    yield (
-        why
-        if why
-        else f"{report['tuned']} tuned, {report['failed']} failed{stopped}"
-        if report["rows"] or stopped
-        else "nothing to tune"
-    )
+    done = f"{report['tuned']} tuned, {report['failed']} failed{stopped}" if report["rows"] or stopped else "nothing to tune"
+    yield report.get("why") or done

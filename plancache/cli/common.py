@@ -6,11 +6,12 @@ command builds or checks plans with."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +65,13 @@ class Context:
         self.as_json = False
 
     def choose_directory(self) -> None:
-        """The directory ``--dir`` names, else ``PLANCACHE_DIR``'s, else the default one."""
-        given = _named_dir(self.dir_option)
-        if given is not None:
-            self.directory, self.named_by = given, "--dir"
+        """The directory ``--dir`` names, else ``PLANCACHE_DIR``'s, else the default one. An
+        empty ``--dir`` is refused: it is a variable that expanded to nothing, not the default cache."""
+        if self.dir_option is not None:
+            if not self.dir_option.strip():
+                raise ConfigError("--dir is empty: name a directory, or leave --dir out for the default cache",
+                                  name=CACHE_DIR.name, value=self.dir_option)  # fmt: skip
+            self.directory, self.named_by = CACHE_DIR.of(self.dir_option, "--dir"), "--dir"
         else:
             self.directory = CACHE_DIR.from_env()
             self.named_by = CACHE_DIR.name if self.directory is not None else None
@@ -97,6 +101,16 @@ class Context:
         if not (directory / DB_NAME).exists():
             return None
         return self._sound(Store(directory, read_only=read_only, repair=False), damaged_ok)
+
+    @contextlib.contextmanager
+    def reading(self, *, read_only: bool | None = None, damaged_ok: bool = False) -> Iterator[Store | None]:
+        """``existing_store``, closed when the block ends."""
+        store = self.existing_store(read_only=read_only, damaged_ok=damaged_ok)
+        try:
+            yield store
+        finally:
+            if store is not None:
+                store.close()
 
     def writable_store(self) -> Store:
         """The store of the chosen directory, created if needed, for a command that stores
@@ -158,30 +172,14 @@ def entry_named(store: Store | None, prefix: str, obj: Context) -> Entry:
     return entry
 
 
-def _named_dir(value: str | None) -> Path | None:
-    """The directory ``--dir`` names (before or after the command), None when not given. An
-    empty one is refused: it is a variable that expanded to nothing, not the default cache."""
-    if value is not None and not value.strip():
-        raise ConfigError("--dir is empty: name a directory, or leave --dir out for the default cache",
-                          name=CACHE_DIR.name, value=value)  # fmt: skip
-    return CACHE_DIR.of(value, "--dir")
-
-
-def _set_dir(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    """Kept as given: it is checked when the command runs (``Command.invoke``), where its
+def _keep(ctx: click.Context, param: click.Parameter, value: str | bool | None) -> None:
+    """A shared option, kept on the context when given (the last one given counts). ``--dir``
+    is kept as given: it is checked when the command runs (``Command.invoke``), where its
     error is one line and exit code 2, whichever side of the command name it stood on."""
-    if value is not None:
-        ctx.ensure_object(Context).dir_option = value
-
-
-def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    if value:
-        ctx.ensure_object(Context).as_json = True
-
-
-def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    if value:
-        ctx.ensure_object(Context).debug = True
+    if value is None or value is False:
+        return
+    setattr(ctx.ensure_object(Context), str(param.name), value)
+    if param.name == "debug":
         logging.getLogger().setLevel(logging.DEBUG)
 
 
@@ -191,11 +189,11 @@ def shared_options() -> list[click.Parameter]:
     ``--json`` is eager: read first, so that the error of any other option or argument is
     JSON too."""
     return [
-        click.Option(["--dir"], metavar="PATH", expose_value=False, callback=_set_dir,
+        click.Option(["--dir", "dir_option"], metavar="PATH", expose_value=False, callback=_keep,
                      help="Cache directory (default: $PLANCACHE_DIR, else the user cache directory)."),
-        click.Option(["--json"], is_flag=True, is_eager=True, expose_value=False, callback=_set_json,
+        click.Option(["--json", "as_json"], is_flag=True, is_eager=True, expose_value=False, callback=_keep,
                      help='Print JSON: the command\'s data, or {"error", "exit_code"} when it fails.'),
-        click.Option(["--debug"], is_flag=True, expose_value=False, callback=_set_debug, help="Show tracebacks and debug logs."),
+        click.Option(["--debug"], is_flag=True, expose_value=False, callback=_keep, help="Show tracebacks and debug logs."),
     ]  # fmt: skip
 
 

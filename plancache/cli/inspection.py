@@ -32,12 +32,7 @@ def env() -> None:
 
     data = probe_environment()
     data["startup_hook"] = startup_hook_status()  # whether PLANCACHE_PATCH_CUDNN reaches programs that never import plancache
-
-    def text(d: dict[str, Any]) -> Iterable[str]:
-        for name, value in d.items():
-            yield f"{name:24} {value}"
-
-    emit(data, text)
+    emit(data, lambda d: (f"{name:24} {value}" for name, value in d.items()))
 
 
 @click.command(name="ls", cls=Command)
@@ -92,12 +87,6 @@ def _warn_undecodable(undecodable: Mapping[str, str]) -> None:
         click.echo(f"plancache: warning: entry {key[:12]} left out: {why} ({maintenance.UNDECODABLE_HINT})", err=True)
 
 
-def _explain(parts: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    from ..key import CacheKey
-
-    return CacheKey(digest="", parts=dict(parts)).explain()
-
-
 def _entry_parts(entry: Entry) -> dict[str, Any]:
     from ..key import KEY_FORMAT
 
@@ -149,16 +138,14 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
 @click.pass_obj
 def show(obj: Context, key: str, explain: bool) -> None:
     """Everything stored about one plan (KEY may be a unique prefix of 4 or more characters)."""
-    store = obj.existing_store()
-    try:
+    with obj.reading() as store:
         entry = entry_named(store, key, obj)
-    finally:
-        if store is not None:
-            store.close()
     data = entry.header()
     data["blob_size"] = len(entry.blob)
     if explain:
-        data["explain"] = _explain(_entry_parts(entry))
+        from ..key import CacheKey
+
+        data["explain"] = CacheKey(digest="", parts=_entry_parts(entry)).explain()
     emit(data, _show_text)
 
 
@@ -171,12 +158,8 @@ def diff(obj: Context, key_a: str, key_b: str) -> None:
     per differing path with both values, e.g. ``graph.nodes[0].params.stride: [1, 1] -> [2, 2]``.
     With --json: a list of {path, a, b} (``absent``: the side that lacks the path). Exit code
     0 when the parts are identical, 1 when they differ (as diff(1))."""
-    store = obj.existing_store()
-    try:
+    with obj.reading() as store:
         a, b = entry_named(store, key_a, obj), entry_named(store, key_b, obj)
-    finally:
-        if store is not None:
-            store.close()
     result = [_difference(path, va, vb) for path, va, vb in _differences(_entry_parts(a), _entry_parts(b), "")]
 
     def text(d: list[dict[str, Any]]) -> Iterable[str]:
@@ -233,16 +216,11 @@ def stats(obj: Context) -> None:
     """Totals of the store: entries, bytes, hits, quarantined entries, counters (remote
     hits, misses, publishes and refusals among them, as flushed by every process), and the
     graphs whose plans cannot be stored, and why."""
-    store = obj.existing_store()
     undecodable: dict[str, str] = {}
-    if store is None:
-        data: dict[str, Any] = dict(_empty_stats(obj.cache_dir))
-    else:
-        try:
-            data = dict(store.stats())
+    with obj.reading() as store:
+        data: dict[str, Any] = dict(_empty_stats(obj.cache_dir) if store is None else store.stats())
+        if store is not None:
             maintenance.list_entries(store, undecodable=undecodable)
-        finally:
-            store.close()
     _warn_undecodable(undecodable)
     data["undecodable"] = undecodable  # counted in the totals (they are rows of the file), shown nowhere else
     data["max_size"] = MAX_SIZE.from_env()
@@ -305,8 +283,7 @@ def inspect_plans(obj: Context, keys: tuple[str, ...], env_id: str | None) -> No
     hits and age."""
     from ..workflows.report import entry_report, report_lines
 
-    store = obj.existing_store()
-    try:
+    with obj.reading() as store:
         entries: list[Entry | None]
         if keys or (store is None and env_id is None):  # nothing stored yet: no entries, and no KEY can match
             entries = [entry_named(store, k, obj) for k in keys]
@@ -314,9 +291,6 @@ def inspect_plans(obj: Context, keys: tuple[str, ...], env_id: str | None) -> No
             rows, env_id = _list_entries(obj, env_id, store)
             entries = [_readable(store, r["key"]) for r in rows] if store is not None else []
         data = [entry_report(e) for e in entries if e is not None]
-    finally:
-        if store is not None:
-            store.close()
 
     def text(d: list[dict[str, Any]]) -> Iterable[str]:
         if not d:
