@@ -9,30 +9,10 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-__all__ = [
-    "BuildError",
-    "BundleError",
-    "BundleTargetError",
-    "CacheDirError",
-    "DamagedEntryError",
-    "EntryNotFoundError",
-    "ExecutionError",
-    "InvalidGraphError",
-    "LockTimeoutError",
-    "ManifestError",
-    "NativeError",
-    "NativeLibrary",
-    "NoGpuError",
-    "PlanCacheError",
-    "PlanCacheNotice",
-    "RemoteError",
-    "SchemaTooNewError",
-    "StoreBusyError",
-    "StoreError",
-    "TensorMismatchError",
-    "UnkeyableArgumentError",
-    "UntaggedCallableError",
-]
+__all__ = ["BuildError", "BundleError", "BundleTargetError", "CacheDirError", "DamagedEntryError", "EntryNotFoundError",
+           "ExecutionError", "InvalidGraphError", "LockTimeoutError", "ManifestError", "NativeError", "NativeLibrary", "NoGpuError",
+           "PlanCacheError", "PlanCacheNotice", "RemoteError", "SchemaTooNewError", "StoreBusyError", "StoreError",
+           "TensorMismatchError", "UnkeyableArgumentError", "UntaggedCallableError"]  # fmt: skip
 
 
 class PlanCacheError(Exception):
@@ -125,10 +105,8 @@ class LockTimeoutError(PlanCacheError, TimeoutError):
 
 
 class EntryNotFoundError(PlanCacheError, KeyError):
-    """No stored entry matches the given key or key prefix. Field: ``key``."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return self.message
+    """No stored entry matches the given key or key prefix (its ``str`` is the message,
+    unquoted: ``PlanCacheError.__str__`` comes before KeyError's). Field: ``key``."""
 
 
 class ManifestError(PlanCacheError, ValueError):

@@ -139,14 +139,10 @@ class Context:
         return f"no plans yet in {self.cache_dir}"
 
 
-def _context() -> Context:
+def emit(data: Any, text: Callable[[Any], Iterable[str]]) -> None:
     obj = click.get_current_context().find_object(Context)
     assert obj is not None, "the plancache group makes the context"
-    return obj
-
-
-def emit(data: Any, text: Callable[[Any], Iterable[str]]) -> None:
-    if _context().as_json:
+    if obj.as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
     else:
         for line in text(data):
@@ -197,20 +193,6 @@ def shared_options() -> list[click.Parameter]:
     ]  # fmt: skip
 
 
-def _check_settings() -> None:
-    """Read every setting a command's cache reads, through its declaration, before the
-    command creates or reads anything: a bad value is exit code 2 whichever command runs.
-    Not here: ``PLANCACHE_BACKEND``, read by the commands that use a backend (it imports
-    code), and ``PLANCACHE_PATCH_CUDNN``, which ``import plancache`` reads (never failing
-    for it) and no command uses."""
-    from ..tiers.remote import settings_from_env
-
-    for setting in SETTINGS:
-        if setting not in (BACKEND, PATCH_CUDNN, *REDIS_SETTINGS):
-            setting.from_env()
-    settings_from_env()  # the Redis tier's, when PLANCACHE_REDIS_URL is set
-
-
 class Command(click.Command):
     """A plancache command: it takes the shared options after its name too, and reads the
     cache directory they chose and every setting before it runs."""
@@ -220,8 +202,18 @@ class Command(click.Command):
         self.params[:0] = shared_options()
 
     def invoke(self, ctx: click.Context) -> Any:
+        """Reads every setting a command's cache reads before the command creates or reads
+        anything: a bad value is exit code 2 whichever command runs. Not here:
+        ``PLANCACHE_BACKEND``, read by the commands that use a backend (it imports code), and
+        ``PLANCACHE_PATCH_CUDNN``, which ``import plancache`` reads (never failing for it) and
+        no command uses."""
+        from ..tiers.remote import settings_from_env
+
         ctx.ensure_object(Context).choose_directory()
-        _check_settings()
+        for setting in SETTINGS:
+            if setting not in (BACKEND, PATCH_CUDNN, *REDIS_SETTINGS):
+                setting.from_env()
+        settings_from_env()  # the Redis tier's, when PLANCACHE_REDIS_URL is set
         return super().invoke(ctx)
 
 

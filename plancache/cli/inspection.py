@@ -4,6 +4,7 @@ one; a row that cannot be decoded is left out with a warning on stderr."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -61,19 +62,14 @@ def _list_entries(obj: Context, env_id: str | None, store: Store | None = None) 
     """The listing of the store (``store``, else the chosen directory's, closed after), of
     the environment ``env_id`` names (a unique prefix, or ``EntryNotFoundError``), and that
     environment's full id. Rows that cannot be decoded are reported and left out."""
-    opened = store is None
-    store = obj.existing_store() if store is None else store
-    if store is None:
-        if env_id is not None:
-            raise EntryNotFoundError(f"environment {env_id!r} names no environment: nothing is stored yet in {obj.cache_dir}",
-                                     key=env_id)  # fmt: skip
-        return [], None
     undecodable: dict[str, str] = {}
-    try:
+    with obj.reading() if store is None else contextlib.nullcontext(store) as store:
+        if store is None:
+            if env_id is not None:
+                raise EntryNotFoundError(f"environment {env_id!r} names no environment: nothing is stored yet in "
+                                         f"{obj.cache_dir}", key=env_id)  # fmt: skip
+            return [], None
         rows = maintenance.list_entries(store, undecodable=undecodable)
-    finally:
-        if opened:
-            store.close()
     _warn_undecodable(undecodable)
     if env_id is not None:
         env_id = maintenance.environment_named(env_id, {row["env_id"] for row in rows}, str(store.path))
