@@ -261,7 +261,7 @@ def _size_limit(value: object) -> int | None:
         return None
     if size < MAX_SIZE_FLOOR:
         raise Refused(f"is {size} byte{'s' if size != 1 else ''}, below the smallest limit of 1 KiB (a number without "
-                       "a unit counts bytes: write 2G for 2 GiB, or 0 for no limit)")  # fmt: skip
+                      "a unit counts bytes: write 2G for 2 GiB, or 0 for no limit)")  # fmt: skip
     if size < MAX_SIZE_WARN and size not in _warned_sizes:
         _warned_sizes.add(size)
         log.warning("plancache: a plan size limit of %s (PLANCACHE_MAX_SIZE, max_size=) keeps few plans: a plan larger "
@@ -274,7 +274,7 @@ def _value_cap(value: object) -> int:
     size = _bytes(value, _SIZE_HINT)
     if size < MAX_SIZE_FLOOR:
         raise Refused(f"is {size} bytes, below the smallest cap of 1 KiB (a number without a unit counts bytes: write 16M "
-                       "for 16 MiB)")  # fmt: skip
+                      "for 16 MiB)")  # fmt: skip
     return size
 
 
@@ -300,7 +300,7 @@ def _seconds(value: object) -> float:
         seconds = math.nan
     if not 0 < seconds <= MAX_SECONDS:  # NaN too
         raise Refused(f"is not a number of seconds above 0 and at most {MAX_SECONDS:g}, about 31 years (such as 0.25, "
-                       "2 or 60)")  # fmt: skip
+                      "2 or 60)")  # fmt: skip
     return seconds
 
 
@@ -357,7 +357,7 @@ def _record_path(value: object) -> Path | None:
     path = _path(value)
     if path.suffix.lower() == ".toml":
         raise Refused("names a TOML file, but a recording is written as JSON (a recorded graph holds nulls, which TOML "
-                       "cannot): name it .json")  # fmt: skip
+                      "cannot): name it .json")  # fmt: skip
     if not path.parent.is_dir():
         raise Refused(f"is in {path.parent}, which is not a directory: create it first (a recording creates none)")
     try:
@@ -366,7 +366,7 @@ def _record_path(value: object) -> Path | None:
         return path
     if not stat.S_ISREG(mode):
         raise Refused(f"is {file_kind(mode)}: a recording is written only to a regular file, never through a link; name "
-                       "the file itself")  # fmt: skip
+                      "the file itself")  # fmt: skip
     return path
 
 
@@ -377,7 +377,7 @@ def _backend_spec(value: object) -> str:
     spec = _text(value)
     if not _BACKEND_SPEC.match(spec):
         raise Refused("is not a backend class spec: set it to module:Class, e.g. plancache.testing:CpuTestBackend, "
-                       "or unset it for cuDNN")  # fmt: skip
+                      "or unset it for cuDNN")  # fmt: skip
     return spec
 
 
@@ -512,7 +512,7 @@ def _shared_group(value: object) -> str | None:
         if not _switch(value):
             return None
         raise Refused("no longer switches the check off: name the group whose members share the directory (such as "
-                       "PLANCACHE_ALLOW_SHARED_DIR=ml-team)")  # fmt: skip
+                      "PLANCACHE_ALLOW_SHARED_DIR=ml-team)")  # fmt: skip
     if not isinstance(value, str):
         raise Refused(f"is not a group name but {type(value).__name__}")
     import grp  # only when a group is named
@@ -589,7 +589,7 @@ def _autotune_budget(value: object) -> float:
         number = math.nan
     if not number >= 1.0:  # NaN too
         raise Refused("is not a budget: give a multiple of the frontend's own build of at least 1 (1.5 is the default), "
-                       "or off for no limit")  # fmt: skip
+                      "or off for no limit")  # fmt: skip
     return number
 
 
