@@ -7,6 +7,7 @@ This module imports nothing from plancache, so every other module may import it.
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any
 
 __all__ = ["BuildError", "BundleError", "BundleTargetError", "CacheDirError", "DamagedEntryError", "EntryNotFoundError",
@@ -31,14 +32,10 @@ class PlanCacheError(Exception):
             setattr(self, name, value)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.message, self.fields))
+        return (functools.partial(type(self), self.message, **self.fields), ())
 
     def __str__(self) -> str:
         return self.message
-
-
-def _rebuild(cls: type[PlanCacheError], message: str, fields: dict[str, Any]) -> PlanCacheError:
-    return cls(message, **fields)
 
 
 class InvalidGraphError(PlanCacheError, ValueError):
