@@ -85,13 +85,10 @@ def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
 
 
 class _Group(click.Group):
-    """The one place that maps errors to one line on stderr and an exit code (``_one_line``):
-    plancache's own errors, OSError, ValueError, SQLite's errors, running out of memory and
-    Python's recursion limit give exit code 1, a bad
-    setting (``ConfigError``) 2, a manifest refused as a whole (``ManifestError``) or a bundle
-    that cannot be imported 3. With ``--json`` the line is also printed on stdout as
-    ``{"error": ..., "exit_code": ...}``, click's usage errors too. ``--debug`` shows the
-    traceback instead."""
+    """The one place that maps errors (plancache's, OSError, ValueError, SQLite's, running out
+    of memory or recursion) to one line on stderr and an exit code (``_one_line``); with
+    ``--json`` also to ``{"error": ..., "exit_code": ...}`` on stdout, click's usage errors
+    too. ``--debug`` shows the traceback instead."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         words = list(args)  # click's parser consumes the list it reads
