@@ -7,6 +7,7 @@ command builds or checks plans with."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import logging
@@ -52,17 +53,17 @@ EXIT_CODES: dict[int, str] = {
 }  # fmt: skip
 
 
+@dataclasses.dataclass
 class Context:
     """What the options before and after the command name chose."""
 
-    def __init__(self) -> None:
-        #: What the last ``--dir`` said, before or after the command name (None: not given).
-        self.dir_option: str | None = None
-        self.directory: Path | None = None  # None: the default one
-        #: What named the directory ("--dir", "PLANCACHE_DIR"), None for the default one.
-        self.named_by: str | None = None
-        self.debug = False
-        self.as_json = False
+    #: What the last ``--dir`` said, before or after the command name (None: not given).
+    dir_option: str | None = None
+    directory: Path | None = None  # None: the default one
+    #: What named the directory ("--dir", "PLANCACHE_DIR"), None for the default one.
+    named_by: str | None = None
+    debug: bool = False
+    as_json: bool = False
 
     def choose_directory(self) -> None:
         """The directory ``--dir`` names, else ``PLANCACHE_DIR``'s, else the default one. An
