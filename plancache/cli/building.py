@@ -151,17 +151,16 @@ def prewarm(
     obj.writable_store().close()
     if allow_code and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: builder modules next to the user
-    # No auto-prime: a command looks plans up once, it does not run a model's steps.
-    cache = PlanCache(obj.directory, backend=backend, remote=remote, auto_prime=False)
     # On a terminal each entry's row is printed as it finishes; a pipe or --json gets the report at the end.
     live = not obj.as_json and _stdout_is_terminal()
     on_record = (lambda record: click.echo(record_line(record))) if live else None
-    try:
-        with _stoppable(functools.partial(summary_lines, rows=not live)):
-            report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code,
-                                 devices=devices, on_record=on_record)  # fmt: skip
-    finally:
-        cache.close()
+    # No auto-prime: a command looks plans up once, it does not run a model's steps.
+    with (
+        PlanCache(obj.directory, backend=backend, remote=remote, auto_prime=False) as cache,
+        _stoppable(functools.partial(summary_lines, rows=not live)),
+    ):
+        report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code,
+                             devices=devices, on_record=on_record)  # fmt: skip
     emit(report, functools.partial(summary_lines, rows=not live))
     if report["unpersisted"]:
         sys.exit(EXIT_ERROR)
@@ -195,12 +194,8 @@ def tune(obj: Context, keys: tuple[str, ...], no_progress: bool) -> None:
     backend.environment()  # no GPU: one line, before anything is opened for writing
     obj.writable_store().close()
     # No auto-prime: a command that replays graphs runs no model.
-    cache = PlanCache(obj.directory, backend=backend, auto_prime=False)
-    try:
-        with _stoppable(_tune_text):
-            report = run_tune(cache, digests, progress=not no_progress)
-    finally:
-        cache.close()
+    with PlanCache(obj.directory, backend=backend, auto_prime=False) as cache, _stoppable(_tune_text):
+        report = run_tune(cache, digests, progress=not no_progress)
     emit(report, _tune_text)
     if report["failed"]:
         sys.exit(EXIT_PROBLEMS)
