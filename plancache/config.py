@@ -1,25 +1,21 @@
 """Every setting plancache reads, declared once: its environment variable, what it means,
 its default, the constructor arguments and command options that set it too, and the one
-reader of every value it is given.
+reader of every value it is given. ``SETTINGS`` lists them in README.md's order (a test
+holds the table to it).
 
-A ``Setting`` reads text from its variable (``from_env``) and values given in code or on a
-command line (``of``) alike: empty text, or text of spaces only, is the default; anything
-else is either the setting's value or a ``ConfigError`` of one line that names where the
-value came from (the variable, the argument, the option) and what would be accepted. So
+A value from the variable (``from_env``), from code or from a command line (``of``) is read
+alike: blank text is the default; anything else is the setting's value or a one-line
+``ConfigError`` naming where the value came from and what would be accepted. So
 ``PlanCache(max_size="64M")`` reads as ``PLANCACHE_MAX_SIZE=64M`` does, and
 ``PlanCache(max_size=2)`` is refused as ``PLANCACHE_MAX_SIZE=2`` is. A typo never turns a
 setting, or a safety check, the other way round, and never deletes a stored plan.
 
-One rule for every argument and option: it takes the Python value it stands for (True or
-False, or 0 or 1, for a switch; an int for a count; a number for bytes or seconds) or the
-text its variable takes, read the same way; anything else is a ``ConfigError`` naming it.
-Words are read in any case (``ON``, ``Off``, ``TopK``), and a limit that can be lifted is
-lifted by ``off`` or ``none`` (``PLANCACHE_MAX_SIZE=off``, ``PLANCACHE_AUTOTUNE_BUDGET=off``).
+An argument or option takes the Python value it stands for (True or False, or 0 or 1, for
+a switch; an int for a count; a number for bytes or seconds) or its variable's text. Words
+are read in any case (``ON``, ``TopK``); ``off`` or ``none`` lifts a limit that can be lifted.
 
-``SETTINGS`` lists them all in the order README.md's table shows them (a test holds the
-table to it). What a setting's value means for the cache is documented where it is used,
-and a file a setting names is read there too (``store.files``: ``PLANCACHE_REDIS_SECRET_FILE``
-is a path here).
+What a value means for the cache is documented where it is used, and a file a setting names
+is read there too (``store.files``: ``PLANCACHE_REDIS_SECRET_FILE`` is a path here).
 """
 
 from __future__ import annotations
@@ -69,14 +65,11 @@ class Refused(ValueError):
     ``argument`` name the setting or argument)."""
 
 
-_Refused = Refused
-
-
 @dataclass(frozen=True)
 class Setting(Generic[T]):
     """One setting. ``name``: its environment variable. ``meaning`` and ``shown_default``:
     what README.md's table says. ``default``: its value when nothing sets it.
-    ``parse``: a value that is not blank -> the setting's value, or ``_Refused`` saying
+    ``parse``: a value that is not blank -> the setting's value, or ``Refused`` saying
     why not. ``arguments`` and ``option``: what else sets it (the constructor arguments, the
     command's option). ``secret``: a value never shown in a message."""
 
@@ -107,7 +100,7 @@ class Setting(Generic[T]):
             return self.default
         try:
             return self.parse(value)
-        except _Refused as exc:
+        except Refused as exc:
             written = repr(value)
             shown = (
                 "" if self.secret else f"={written if len(written) <= 300 else written[:60] + f'... ({len(written)} characters)'}"
@@ -121,15 +114,13 @@ class Setting(Generic[T]):
 
 
 def argument(where: str, value: T | object, parse: Callable[[Any], T]) -> T:
-    """``value``, given to ``where`` (``PlanCache(read_only=)``, ``BuildOptions(top_k=)``),
-    read by one of the readers below (``switch``, ``whole_number``, ``size``,
-    ``instance_of``...), which the settings read their variables with: a value the reader
-    refuses is a ``ConfigError`` of one line naming ``where``, raised where the argument
-    is given, never at a later use. Unlike a setting's, a blank value is not a default:
-    callers read None themselves."""
+    """``value``, given to ``where`` (``PlanCache(read_only=)``), read by one of the readers
+    below (``switch``, ``size``...) that the settings use too: a refused value is a one-line
+    ``ConfigError`` naming ``where``, raised where it is given, never at a later use. A
+    blank value is no default here: callers read None themselves."""
     try:
         return parse(value)
-    except _Refused as exc:
+    except Refused as exc:
         raise ConfigError(f"{where}={_shown(value)} {exc}", name=where, value=value) from None
 
 
@@ -138,10 +129,6 @@ def _shown(value: object) -> str:
         return f"<class {value.__module__}.{value.__qualname__}>"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _a(noun: str) -> str:
-    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _blank(value: object) -> bool:
@@ -158,8 +145,7 @@ _NO_LIMIT = ("off", "none")
 
 
 def _switch(value: object) -> bool:
-    """``1``, ``true``, ``yes``, ``on`` (or True) and ``0``, ``false``, ``no``, ``off``
-    (or False), in any case, with surrounding spaces."""
+    """A switch variable's text (any case, surrounding spaces), or True or False."""
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -167,17 +153,15 @@ def _switch(value: object) -> bool:
         return True
     if text in _SWITCH_OFF:
         return False
-    raise _Refused("is not a switch: use 1, true, yes or on, or 0, false, no or off")
+    raise Refused("is not a switch: use 1, true, yes or on, or 0, false, no or off")
 
 
 def switch(value: object) -> bool:
     """The reader of on/off arguments: True or False, 0 or 1, or the text a switch variable
     takes (``"no"`` is off, as ``PLANCACHE_AUTO_PRIME=no`` is); anything else is refused."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) or (isinstance(value, int) and value in (0, 1)):
-        return _switch(str(value))
-    raise _Refused("is not a switch: pass True or False, 1 or 0 (or text: 1, true, yes or on, or 0, false, no or off)")
+    if isinstance(value, str) or (isinstance(value, int) and value in (0, 1)):  # True and False too
+        return _switch(value)
+    raise Refused("is not a switch: pass True or False, 1 or 0 (or text: 1, true, yes or on, or 0, false, no or off)")
 
 
 def whole_number(least: int, what: str) -> Callable[[Any], int]:
@@ -187,15 +171,14 @@ def whole_number(least: int, what: str) -> Callable[[Any], int]:
     def read(value: object) -> int:
         text = str(value).strip() if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
         if not re.fullmatch(r"[+-]?\d{1,18}", text) or int(text) < least:  # 18 digits: int() of thousands raises
-            raise _Refused(f"is not a whole number of {what}, {least} or more")
+            raise Refused(f"is not a whole number of {what}, {least} or more")
         return int(text)
 
     return read
 
 
 def _as_float(value: object) -> float:
-    """A number, or text of one (``inf`` too), as a float; NaN for anything else, True and
-    False included."""
+    """A number, or text of one (``inf`` too), as a float; NaN for anything else, bools too."""
     try:
         return float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
     except ValueError:
@@ -208,7 +191,7 @@ def number(least: float, what: str) -> Callable[[Any], float]:
     def read(value: object) -> float:
         got = _as_float(value)
         if not (math.isfinite(got) and got >= least):
-            raise _Refused(f"is not {what}: give a number of {least:g} or more")
+            raise Refused(f"is not {what}: give a number of {least:g} or more")
         return got
 
     return read
@@ -227,8 +210,9 @@ def instance_of(cls: type | tuple[type, ...], hint: str) -> Callable[[Any], Any]
     def read(value: object) -> Any:
         if isinstance(value, cls):
             return value
-        got = "a class" if isinstance(value, type) else _a(type(value).__name__)
-        raise _Refused(f"is {got}, not an instance: {hint}")
+        noun = type(value).__name__
+        got = "a class" if isinstance(value, type) else f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+        raise Refused(f"is {got}, not an instance: {hint}")
 
     return read
 
@@ -237,7 +221,7 @@ def tag(value: object) -> str:
     """The reader of a ``tag=``: text that is not blank (it stands for the callables of a
     graph, docs/key.md)."""
     if not isinstance(value, str) or not value.strip():
-        raise _Refused("is not a tag: pass text that names what the graph's callables do and changes whenever they do")
+        raise Refused("is not a tag: pass text that names what the graph's callables do and changes whenever they do")
     return value
 
 
@@ -249,17 +233,13 @@ _SIZE_HINT = "write bytes with an optional unit (500M, 2G, 1.5GiB, 64k)"
 def _bytes(value: object, hint: str) -> int:
     """Bytes of a size: a number of bytes, or text written ``1024``, ``64k``, ``500M``,
     ``500MB``, ``1.5G``, ``2GiB``... (every unit a power of 1024)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise _Refused(f"is not a size: {hint}")
     if isinstance(value, str):
         match = _SIZE.match(value.strip())
-        if match is None:
-            raise _Refused(f"is not a size: {hint}")
-        value = float(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
-    if not math.isfinite(value) or value < 0:
-        raise _Refused(f"is not a size: {hint}")
+        value = float(match.group(1)) * _UNITS[(match.group(2) or "").lower()] if match else math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise Refused(f"is not a size: {hint}")
     if 0 < value < 1:  # not to be cut to 0, which means "no limit" (or "launch nothing")
-        raise _Refused(f"is {value:g} bytes, less than one: {hint}")
+        raise Refused(f"is {value:g} bytes, less than one: {hint}")
     return int(value)
 
 
@@ -280,8 +260,8 @@ def _size_limit(value: object) -> int | None:
     if size == 0:
         return None
     if size < MAX_SIZE_FLOOR:
-        raise _Refused(f"is {size} byte{'s' if size != 1 else ''}, below the smallest limit of 1 KiB (a number without "
-                       "a unit counts bytes: write 2G for 2 GiB, or 0 for no limit)")  # fmt: skip
+        raise Refused(f"is {size} byte{'s' if size != 1 else ''}, below the smallest limit of 1 KiB (a number without "
+                      "a unit counts bytes: write 2G for 2 GiB, or 0 for no limit)")  # fmt: skip
     if size < MAX_SIZE_WARN and size not in _warned_sizes:
         _warned_sizes.add(size)
         log.warning("plancache: a plan size limit of %s (PLANCACHE_MAX_SIZE, max_size=) keeps few plans: a plan larger "
@@ -293,8 +273,8 @@ def _value_cap(value: object) -> int:
     """Bytes of the largest Redis value, 1 KiB or more: a cap, never "no limit"."""
     size = _bytes(value, _SIZE_HINT)
     if size < MAX_SIZE_FLOOR:
-        raise _Refused(f"is {size} bytes, below the smallest cap of 1 KiB (a number without a unit counts bytes: write 16M "
-                       "for 16 MiB)")  # fmt: skip
+        raise Refused(f"is {size} bytes, below the smallest cap of 1 KiB (a number without a unit counts bytes: write 16M "
+                      "for 16 MiB)")  # fmt: skip
     return size
 
 
@@ -302,7 +282,7 @@ def _plans(value: object) -> int:
     """A whole number of plans, 1 or more."""
     text = str(value).strip() if not isinstance(value, bool) else ""
     if not re.fullmatch(r"\+?\d{1,18}", text) or int(text) < 1:  # 18 digits: int() of thousands raises
-        raise _Refused("is not a whole number of plans, 1 or more (such as 1024)")
+        raise Refused("is not a whole number of plans, 1 or more (such as 1024)")
     return int(text)
 
 
@@ -319,8 +299,8 @@ def _seconds(value: object) -> float:
     except (TypeError, ValueError):
         seconds = math.nan
     if not 0 < seconds <= MAX_SECONDS:  # NaN too
-        raise _Refused(f"is not a number of seconds above 0 and at most {MAX_SECONDS:g}, about 31 years (such as 0.25, "
-                       "2 or 60)")  # fmt: skip
+        raise Refused(f"is not a number of seconds above 0 and at most {MAX_SECONDS:g}, about 31 years (such as 0.25, "
+                      "2 or 60)")  # fmt: skip
     return seconds
 
 
@@ -331,7 +311,7 @@ def wait_seconds(value: object) -> float:
         return math.inf
     seconds = _as_float(value)
     if not seconds > 0:  # `not >`: NaN too
-        raise _Refused("is not a number of seconds above 0: give one such as 60, or math.inf for no limit")
+        raise Refused("is not a number of seconds above 0: give one such as 60, or math.inf for no limit")
     return seconds
 
 
@@ -343,17 +323,17 @@ def _whole_seconds(value: object) -> int:
 
 def _text(value: object) -> str:
     if not isinstance(value, str):
-        raise _Refused(f"is not text but {type(value).__name__}")
+        raise Refused(f"is not text but {type(value).__name__}")
     return value.strip()
 
 
 def _path(value: object) -> Path:
     if not isinstance(value, (str, os.PathLike)):
-        raise _Refused(f"is not a path but {type(value).__name__}")
+        raise Refused(f"is not a path but {type(value).__name__}")
     try:
         return Path(os.fspath(value)).expanduser()
     except RuntimeError as exc:  # ~name of no such user, or ~ with no home directory to stand for
-        raise _Refused(f"cannot be expanded: {exc}") from None
+        raise Refused(f"cannot be expanded: {exc}") from None
 
 
 def file_kind(mode: int) -> str:
@@ -373,20 +353,20 @@ def _record_path(value: object) -> Path | None:
     if word in _SWITCH_OFF:
         return None
     if word in _SWITCH_ON:
-        raise _Refused("is a switch, but a recording needs a file to write: name a .json file")
+        raise Refused("is a switch, but a recording needs a file to write: name a .json file")
     path = _path(value)
     if path.suffix.lower() == ".toml":
-        raise _Refused("names a TOML file, but a recording is written as JSON (a recorded graph holds nulls, which TOML "
-                       "cannot): name it .json")  # fmt: skip
+        raise Refused("names a TOML file, but a recording is written as JSON (a recorded graph holds nulls, which TOML "
+                      "cannot): name it .json")  # fmt: skip
     if not path.parent.is_dir():
-        raise _Refused(f"is in {path.parent}, which is not a directory: create it first (a recording creates none)")
+        raise Refused(f"is in {path.parent}, which is not a directory: create it first (a recording creates none)")
     try:
         mode = path.lstat().st_mode
     except OSError:  # none there yet: the recording creates it
         return path
     if not stat.S_ISREG(mode):
-        raise _Refused(f"is {file_kind(mode)}: a recording is written only to a regular file, never through a link; name "
-                       "the file itself")  # fmt: skip
+        raise Refused(f"is {file_kind(mode)}: a recording is written only to a regular file, never through a link; name "
+                      "the file itself")  # fmt: skip
     return path
 
 
@@ -396,12 +376,9 @@ _BACKEND_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 def _backend_spec(value: object) -> str:
     spec = _text(value)
     if not _BACKEND_SPEC.match(spec):
-        raise _Refused("is not a backend class spec: set it to module:Class, e.g. plancache.testing:CpuTestBackend, "
-                       "or unset it for cuDNN")  # fmt: skip
+        raise Refused("is not a backend class spec: set it to module:Class, e.g. plancache.testing:CpuTestBackend, "
+                      "or unset it for cuDNN")  # fmt: skip
     return spec
-
-
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 _REDIS_URL_HINT = "write redis://host:port/db, rediss://host:port/db or unix:///path/to/socket"
@@ -409,14 +386,14 @@ _REDIS_URL_HINT = "write redis://host:port/db, rediss://host:port/db or unix:///
 
 def _redis_url(value: object) -> str:
     url = _text(value)
-    if url.partition("://")[0].lower() not in _REDIS_SCHEMES or "://" not in url:
-        raise _Refused(f"is not a Redis URL: {_REDIS_URL_HINT}")
+    if url.partition("://")[0].lower() not in ("redis", "rediss", "unix") or "://" not in url:
+        raise Refused(f"is not a Redis URL: {_REDIS_URL_HINT}")
     try:
         _ = urllib.parse.urlsplit(url).port  # a port that is no number up to 65535, or a broken [IPv6] host, raise here
     except ValueError:
         # Not the parser's words: with a '/', '#' or '?' in the password, it quotes the
         # password as the port.
-        raise _Refused(f"is not a Redis URL (its host or port cannot be read): {_REDIS_URL_HINT}") from None
+        raise Refused(f"is not a Redis URL (its host or port cannot be read): {_REDIS_URL_HINT}") from None
     return url
 
 
@@ -429,43 +406,31 @@ def _secret(value: object) -> bytes:
     if isinstance(value, str):
         value = value.encode()
     if not isinstance(value, (bytes, bytearray)):
-        raise _Refused(f"is not bytes but {type(value).__name__}")
+        raise Refused(f"is not bytes but {type(value).__name__}")
     if len(value) < MIN_SECRET_BYTES:
-        raise _Refused(f"is {len(value)} byte{'s' if len(value) != 1 else ''}: {SECRET_HINT}")
+        raise Refused(f"is {len(value)} byte{'s' if len(value) != 1 else ''}: {SECRET_HINT}")
     return bytes(value)
 
 
 def _namespace(value: object) -> str:
     name = _text(value)
     if ":" in name:
-        raise _Refused("contains ':', which separates the parts of a Redis key: choose a name without it")
+        raise Refused("contains ':', which separates the parts of a Redis key: choose a name without it")
     return name
 
 
 def format_size(n: float) -> str:
     """``1536`` -> ``1.5 KiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover - the loop returns
+    return f"{n:.1f} GiB"
 
 
 #: A quarter of free device memory: room for the graph's tensors, their copies and the
 #: workspaces of the candidates, leaving the program most of what it has not allocated yet.
 DEFAULT_SHARE = 0.25
-
-
-def _budget_problem(share: float | None, limit: int | None) -> str | None:
-    """Why a share of free memory or a number of bytes is no memory budget, or None."""
-    if (share is None) == (limit is None):
-        return "gives neither or both of a share and a limit: give one"
-    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
-                              or not (math.isfinite(share) and 0 <= share <= 1)):  # fmt: skip
-        return "is not a share of free device memory between 0 and 1 (0.25 is a quarter)"
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        return "is not a number of bytes, 0 or more"
-    return None
 
 
 @dataclass(frozen=True)
@@ -483,10 +448,18 @@ class MemoryBudget:
     def __post_init__(self) -> None:
         if self.share is None and self.limit is None:  # neither given: a quarter, the default
             object.__setattr__(self, "share", DEFAULT_SHARE)
-        problem = _budget_problem(self.share, self.limit)
-        if problem is not None:
-            raise ConfigError(f"MemoryBudget(share={self.share!r}, limit={self.limit!r}) {problem}",
-                              name=AUTOTUNE_MEMORY.name, value=(self.share, self.limit))  # fmt: skip
+        share, limit = self.share, self.limit
+        if (share is None) == (limit is None):
+            problem = "gives neither or both of a share and a limit: give one"
+        elif share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                    or not (math.isfinite(share) and 0 <= share <= 1)):  # fmt: skip
+            problem = "is not a share of free device memory between 0 and 1 (0.25 is a quarter)"
+        elif limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            problem = "is not a number of bytes, 0 or more"
+        else:
+            return
+        raise ConfigError(f"MemoryBudget(share={share!r}, limit={limit!r}) {problem}", name=AUTOTUNE_MEMORY.name,
+                          value=(share, limit))  # fmt: skip
 
     def bytes_of(self, free: int) -> int:
         return int(free * self.share) if self.share is not None else int(self.limit or 0)
@@ -496,7 +469,6 @@ class MemoryBudget:
 
 
 _SHARE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*%$")
-_BUDGET_HINT = "is neither a share of free device memory (25%) nor a size (4G); 0 launches no candidate"
 
 
 def _budget(value: object) -> MemoryBudget:
@@ -506,11 +478,11 @@ def _budget(value: object) -> MemoryBudget:
     if share is None:
         try:
             return MemoryBudget(share=None, limit=_bytes(value, ""))
-        except _Refused:
-            raise _Refused(_BUDGET_HINT) from None
+        except Refused:
+            raise Refused("is neither a share of free device memory (25%) nor a size (4G); 0 launches no candidate") from None
     fraction = float(share.group(1)) / 100
     if fraction > 1:
-        raise _Refused("is more than all of free device memory: write a share up to 100%, such as 25%")
+        raise Refused("is more than all of free device memory: write a share up to 100%, such as 25%")
     return MemoryBudget(share=fraction)
 
 
@@ -539,16 +511,16 @@ def _shared_group(value: object) -> str | None:
     if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in _SWITCH_ON + _SWITCH_OFF):
         if not _switch(value):
             return None
-        raise _Refused("no longer switches the check off: name the group whose members share the directory (such as "
-                       "PLANCACHE_ALLOW_SHARED_DIR=ml-team)")  # fmt: skip
+        raise Refused("no longer switches the check off: name the group whose members share the directory (such as "
+                      "PLANCACHE_ALLOW_SHARED_DIR=ml-team)")  # fmt: skip
     if not isinstance(value, str):
-        raise _Refused(f"is not a group name but {type(value).__name__}")
+        raise Refused(f"is not a group name but {type(value).__name__}")
     import grp  # only when a group is named
 
     try:
         return grp.getgrnam(value.strip()).gr_name
     except KeyError:
-        raise _Refused("is not a group on this machine: name the group whose members share the directory") from None
+        raise Refused("is not a group on this machine: name the group whose members share the directory") from None
 
 
 ALLOW_SHARED_DIR: Setting[str | None] = Setting(
@@ -616,8 +588,8 @@ def _autotune_budget(value: object) -> float:
     except (TypeError, ValueError):
         number = math.nan
     if not number >= 1.0:  # NaN too
-        raise _Refused("is not a budget: give a multiple of the frontend's own build of at least 1 (1.5 is the default), "
-                       "or off for no limit")  # fmt: skip
+        raise Refused("is not a budget: give a multiple of the frontend's own build of at least 1 (1.5 is the default), "
+                      "or off for no limit")  # fmt: skip
     return number
 
 
@@ -639,7 +611,4 @@ SETTINGS: tuple[Setting[Any], ...] = (
     AUTO_PRIME, APP,
 )  # fmt: skip
 #: The settings of the Redis tier: read only when ``PLANCACHE_REDIS_URL`` is set.
-REDIS_SETTINGS: tuple[Setting[Any], ...] = (
-    REDIS_URL, REDIS_SECRET_FILE, REDIS_SECRET, REDIS_NAMESPACE, REDIS_TIMEOUT, REDIS_TTL, REDIS_MAX_STALL, REDIS_LOCK_TTL,
-    REDIS_MAX_VALUE,
-)  # fmt: skip
+REDIS_SETTINGS: tuple[Setting[Any], ...] = tuple(s for s in SETTINGS if s.name.startswith("PLANCACHE_REDIS_"))

@@ -7,32 +7,13 @@ This module imports nothing from plancache, so every other module may import it.
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any
 
-__all__ = [
-    "BuildError",
-    "BundleError",
-    "BundleTargetError",
-    "CacheDirError",
-    "DamagedEntryError",
-    "EntryNotFoundError",
-    "ExecutionError",
-    "InvalidGraphError",
-    "LockTimeoutError",
-    "ManifestError",
-    "NativeError",
-    "NativeLibrary",
-    "NoGpuError",
-    "PlanCacheError",
-    "PlanCacheNotice",
-    "RemoteError",
-    "SchemaTooNewError",
-    "StoreBusyError",
-    "StoreError",
-    "TensorMismatchError",
-    "UnkeyableArgumentError",
-    "UntaggedCallableError",
-]
+__all__ = ["BuildError", "BundleError", "BundleTargetError", "CacheDirError", "DamagedEntryError", "EntryNotFoundError",
+           "ExecutionError", "InvalidGraphError", "LockTimeoutError", "ManifestError", "NativeError", "NativeLibrary", "NoGpuError",
+           "PlanCacheError", "PlanCacheNotice", "RemoteError", "SchemaTooNewError", "StoreBusyError", "StoreError",
+           "TensorMismatchError", "UnkeyableArgumentError", "UntaggedCallableError"]  # fmt: skip
 
 
 class PlanCacheError(Exception):
@@ -51,14 +32,10 @@ class PlanCacheError(Exception):
             setattr(self, name, value)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.message, self.fields))
+        return (functools.partial(type(self), self.message, **self.fields), ())
 
     def __str__(self) -> str:
         return self.message
-
-
-def _rebuild(cls: type[PlanCacheError], message: str, fields: dict[str, Any]) -> PlanCacheError:
-    return cls(message, **fields)
 
 
 class InvalidGraphError(PlanCacheError, ValueError):
@@ -125,10 +102,8 @@ class LockTimeoutError(PlanCacheError, TimeoutError):
 
 
 class EntryNotFoundError(PlanCacheError, KeyError):
-    """No stored entry matches the given key or key prefix. Field: ``key``."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return self.message
+    """No stored entry matches the given key or key prefix (its ``str`` is the message,
+    unquoted: ``PlanCacheError.__str__`` comes before KeyError's). Field: ``key``."""
 
 
 class ManifestError(PlanCacheError, ValueError):

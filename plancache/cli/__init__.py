@@ -47,14 +47,9 @@ __all__ = ["EXIT_BROKEN_PIPE", "EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "
 
 def _one_line(exc: BaseException) -> tuple[str, int]:
     """The one line and exit code (``EXIT_CODES``) of an error the user can act on."""
-    if isinstance(exc, ConfigError):
-        return str(exc), EXIT_USAGE
-    if isinstance(exc, ManifestError):  # the manifest as a whole: nothing was built
-        return str(exc), EXIT_PROBLEMS
-    if isinstance(exc, BundleError) and not isinstance(exc, BundleTargetError):  # a bundle import cannot use
-        return str(exc), EXIT_PROBLEMS
-    if isinstance(exc, PlanCacheError):
-        return str(exc), EXIT_ERROR
+    if isinstance(exc, PlanCacheError):  # problems: a manifest refused as a whole (nothing was built), a bundle import cannot use
+        problems = isinstance(exc, ManifestError) or (isinstance(exc, BundleError) and not isinstance(exc, BundleTargetError))
+        return str(exc), EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_PROBLEMS if problems else EXIT_ERROR
     if isinstance(exc, OSError):
         where = f": {exc.filename}" if exc.filename else ""
         other = f" -> {exc.filename2}" if exc.filename2 else ""
@@ -90,13 +85,10 @@ def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
 
 
 class _Group(click.Group):
-    """The one place that maps errors to one line on stderr and an exit code (``_one_line``):
-    plancache's own errors, OSError, ValueError, SQLite's errors, running out of memory and
-    Python's recursion limit give exit code 1, a bad
-    setting (``ConfigError``) 2, a manifest refused as a whole (``ManifestError``) or a bundle
-    that cannot be imported 3. With ``--json`` the line is also printed on stdout as
-    ``{"error": ..., "exit_code": ...}``, click's usage errors too. ``--debug`` shows the
-    traceback instead."""
+    """The one place that maps errors (plancache's, OSError, ValueError, SQLite's, running out
+    of memory or recursion) to one line on stderr and an exit code (``_one_line``); with
+    ``--json`` also to ``{"error": ..., "exit_code": ...}`` on stdout, click's usage errors
+    too. ``--debug`` shows the traceback instead."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         words = list(args)  # click's parser consumes the list it reads
@@ -155,13 +147,10 @@ def cli(obj: Context) -> None:
     logging.basicConfig(level=logging.DEBUG if obj.debug else logging.INFO, format="%(message)s", stream=sys.stderr)
 
 
-def _exit_code_help() -> str:
-    lines = [textwrap.fill(text.replace("`", ""), width=78, initial_indent=f"{code}  ", subsequent_indent="   ")
-             for code, text in EXIT_CODES.items()]  # fmt: skip
-    return "\n\n\b\nExit codes:\n" + "\n".join(lines)
-
-
-cli.help = (cli.help or "") + _exit_code_help()
+cli.help = (cli.help or "") + "\n\n\b\nExit codes:\n" + "\n".join(
+    textwrap.fill(text.replace("`", ""), width=78, initial_indent=f"{code}  ", subsequent_indent="   ")
+    for code, text in EXIT_CODES.items()
+)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

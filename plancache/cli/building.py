@@ -45,12 +45,8 @@ def _prewarm_dry_run(obj: Context, manifest: Path, options: Any, *, progress: bo
 
     backend = backend_from_env()
     environment = backend.environment(backend.current_device()) if backend is not None else None
-    store = obj.existing_store(read_only=True) if backend is not None else None
-    try:
+    with obj.reading(read_only=True) if backend is not None else contextlib.nullcontext() as store:
         return dry_run(manifest, environment=environment, store=store, options=options, progress=progress)
-    finally:
-        if store is not None:
-            store.close()
 
 
 def _devices_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | list[int] | None:
@@ -155,17 +151,16 @@ def prewarm(
     obj.writable_store().close()
     if allow_code and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: builder modules next to the user
-    # No auto-prime: a command looks plans up once, it does not run a model's steps.
-    cache = PlanCache(obj.directory, backend=backend, remote=remote, auto_prime=False)
     # On a terminal each entry's row is printed as it finishes; a pipe or --json gets the report at the end.
     live = not obj.as_json and _stdout_is_terminal()
     on_record = (lambda record: click.echo(record_line(record))) if live else None
-    try:
-        with _stoppable(functools.partial(summary_lines, rows=not live)):
-            report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code,
-                                 devices=devices, on_record=on_record)  # fmt: skip
-    finally:
-        cache.close()
+    # No auto-prime: a command looks plans up once, it does not run a model's steps.
+    with (
+        PlanCache(obj.directory, backend=backend, remote=remote, auto_prime=False) as cache,
+        _stoppable(functools.partial(summary_lines, rows=not live)),
+    ):
+        report = run_prewarm(cache, manifest, progress=not no_progress, options=options, allow_code=allow_code,
+                             devices=devices, on_record=on_record)  # fmt: skip
     emit(report, functools.partial(summary_lines, rows=not live))
     if report["unpersisted"]:
         sys.exit(EXIT_ERROR)
@@ -190,12 +185,8 @@ def tune(obj: Context, keys: tuple[str, ...], no_progress: bool) -> None:
     from ..workflows.tune import tune as run_tune
     from ..workflows.tune import tune_report
 
-    store = obj.existing_store()
-    try:
+    with obj.reading() as store:
         digests = [entry_named(store, key, obj).key for key in keys] if keys else None
-    finally:
-        if store is not None:
-            store.close()
     if store is None:  # nothing cached yet: nothing to tune, and nothing created
         emit(tune_report([]), _tune_text)
         return
@@ -203,12 +194,8 @@ def tune(obj: Context, keys: tuple[str, ...], no_progress: bool) -> None:
     backend.environment()  # no GPU: one line, before anything is opened for writing
     obj.writable_store().close()
     # No auto-prime: a command that replays graphs runs no model.
-    cache = PlanCache(obj.directory, backend=backend, auto_prime=False)
-    try:
-        with _stoppable(_tune_text):
-            report = run_tune(cache, digests, progress=not no_progress)
-    finally:
-        cache.close()
+    with PlanCache(obj.directory, backend=backend, auto_prime=False) as cache, _stoppable(_tune_text):
+        report = run_tune(cache, digests, progress=not no_progress)
     emit(report, _tune_text)
     if report["failed"]:
         sys.exit(EXIT_PROBLEMS)
@@ -255,12 +242,6 @@ def _tune_text(report: Mapping[str, Any]) -> Iterable[str]:
                    f"candidates: {before.get('engine')} -> {after.get('engine')} ({row['seconds']:.2f}s)")  # fmt: skip
         else:
             yield f"{row['key'][:12]}  failed: {row.get('error')}"
-    why = report.get("why")
     stopped = f"; interrupted, {report['not_run']} not run (run it again to tune them)" if report.get("interrupted") else ""
-    yield (
-        why
-        if why
-        else f"{report['tuned']} tuned, {report['failed']} failed{stopped}"
-        if report["rows"] or stopped
-        else "nothing to tune"
-    )
+    done = f"{report['tuned']} tuned, {report['failed']} failed{stopped}" if report["rows"] or stopped else "nothing to tune"
+    yield report.get("why") or done

@@ -32,12 +32,8 @@ def export_cmd(obj: Context, file: Path, env_id: str | None, keys: tuple[str, ..
 
     if not force and file.is_file() and not file.is_symlink():  # special files: export_bundle names what they are
         raise PlanCacheError(f"refused: {file} exists; pass --force to replace it", path=str(file))
-    store = obj.existing_store()
-    try:
+    with obj.reading() as store:
         report = export_bundle(store, file, env_id=env_id, keys=list(keys) or None, replace=force)
-    finally:
-        if store is not None:
-            store.close()
 
     def text(d: dict[str, Any]) -> Iterable[str]:
         if store is None:

@@ -6,11 +6,13 @@ command builds or checks plans with."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,23 +53,26 @@ EXIT_CODES: dict[int, str] = {
 }  # fmt: skip
 
 
+@dataclasses.dataclass
 class Context:
     """What the options before and after the command name chose."""
 
-    def __init__(self) -> None:
-        #: What the last ``--dir`` said, before or after the command name (None: not given).
-        self.dir_option: str | None = None
-        self.directory: Path | None = None  # None: the default one
-        #: What named the directory ("--dir", "PLANCACHE_DIR"), None for the default one.
-        self.named_by: str | None = None
-        self.debug = False
-        self.as_json = False
+    #: What the last ``--dir`` said, before or after the command name (None: not given).
+    dir_option: str | None = None
+    directory: Path | None = None  # None: the default one
+    #: What named the directory ("--dir", "PLANCACHE_DIR"), None for the default one.
+    named_by: str | None = None
+    debug: bool = False
+    as_json: bool = False
 
     def choose_directory(self) -> None:
-        """The directory ``--dir`` names, else ``PLANCACHE_DIR``'s, else the default one."""
-        given = _named_dir(self.dir_option)
-        if given is not None:
-            self.directory, self.named_by = given, "--dir"
+        """The directory ``--dir`` names, else ``PLANCACHE_DIR``'s, else the default one. An
+        empty ``--dir`` is refused: it is a variable that expanded to nothing, not the default cache."""
+        if self.dir_option is not None:
+            if not self.dir_option.strip():
+                raise ConfigError("--dir is empty: name a directory, or leave --dir out for the default cache",
+                                  name=CACHE_DIR.name, value=self.dir_option)  # fmt: skip
+            self.directory, self.named_by = CACHE_DIR.of(self.dir_option, "--dir"), "--dir"
         else:
             self.directory = CACHE_DIR.from_env()
             self.named_by = CACHE_DIR.name if self.directory is not None else None
@@ -98,6 +103,16 @@ class Context:
             return None
         return self._sound(Store(directory, read_only=read_only, repair=False), damaged_ok)
 
+    @contextlib.contextmanager
+    def reading(self, *, read_only: bool | None = None, damaged_ok: bool = False) -> Iterator[Store | None]:
+        """``existing_store``, closed when the block ends."""
+        store = self.existing_store(read_only=read_only, damaged_ok=damaged_ok)
+        try:
+            yield store
+        finally:
+            if store is not None:
+                store.close()
+
     def writable_store(self) -> Store:
         """The store of the chosen directory, created if needed, for a command that stores
         plans (``prewarm``, ``import``): one it could not write is an error before anything
@@ -125,14 +140,10 @@ class Context:
         return f"no plans yet in {self.cache_dir}"
 
 
-def _context() -> Context:
+def emit(data: Any, text: Callable[[Any], Iterable[str]]) -> None:
     obj = click.get_current_context().find_object(Context)
     assert obj is not None, "the plancache group makes the context"
-    return obj
-
-
-def emit(data: Any, text: Callable[[Any], Iterable[str]]) -> None:
-    if _context().as_json:
+    if obj.as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
     else:
         for line in text(data):
@@ -158,30 +169,14 @@ def entry_named(store: Store | None, prefix: str, obj: Context) -> Entry:
     return entry
 
 
-def _named_dir(value: str | None) -> Path | None:
-    """The directory ``--dir`` names (before or after the command), None when not given. An
-    empty one is refused: it is a variable that expanded to nothing, not the default cache."""
-    if value is not None and not value.strip():
-        raise ConfigError("--dir is empty: name a directory, or leave --dir out for the default cache",
-                          name=CACHE_DIR.name, value=value)  # fmt: skip
-    return CACHE_DIR.of(value, "--dir")
-
-
-def _set_dir(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    """Kept as given: it is checked when the command runs (``Command.invoke``), where its
+def _keep(ctx: click.Context, param: click.Parameter, value: str | bool | None) -> None:
+    """A shared option, kept on the context when given (the last one given counts). ``--dir``
+    is kept as given: it is checked when the command runs (``Command.invoke``), where its
     error is one line and exit code 2, whichever side of the command name it stood on."""
-    if value is not None:
-        ctx.ensure_object(Context).dir_option = value
-
-
-def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    if value:
-        ctx.ensure_object(Context).as_json = True
-
-
-def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    if value:
-        ctx.ensure_object(Context).debug = True
+    if value is None or value is False:
+        return
+    setattr(ctx.ensure_object(Context), str(param.name), value)
+    if param.name == "debug":
         logging.getLogger().setLevel(logging.DEBUG)
 
 
@@ -191,26 +186,12 @@ def shared_options() -> list[click.Parameter]:
     ``--json`` is eager: read first, so that the error of any other option or argument is
     JSON too."""
     return [
-        click.Option(["--dir"], metavar="PATH", expose_value=False, callback=_set_dir,
+        click.Option(["--dir", "dir_option"], metavar="PATH", expose_value=False, callback=_keep,
                      help="Cache directory (default: $PLANCACHE_DIR, else the user cache directory)."),
-        click.Option(["--json"], is_flag=True, is_eager=True, expose_value=False, callback=_set_json,
+        click.Option(["--json", "as_json"], is_flag=True, is_eager=True, expose_value=False, callback=_keep,
                      help='Print JSON: the command\'s data, or {"error", "exit_code"} when it fails.'),
-        click.Option(["--debug"], is_flag=True, expose_value=False, callback=_set_debug, help="Show tracebacks and debug logs."),
+        click.Option(["--debug"], is_flag=True, expose_value=False, callback=_keep, help="Show tracebacks and debug logs."),
     ]  # fmt: skip
-
-
-def _check_settings() -> None:
-    """Read every setting a command's cache reads, through its declaration, before the
-    command creates or reads anything: a bad value is exit code 2 whichever command runs.
-    Not here: ``PLANCACHE_BACKEND``, read by the commands that use a backend (it imports
-    code), and ``PLANCACHE_PATCH_CUDNN``, which ``import plancache`` reads (never failing
-    for it) and no command uses."""
-    from ..tiers.remote import settings_from_env
-
-    for setting in SETTINGS:
-        if setting not in (BACKEND, PATCH_CUDNN, *REDIS_SETTINGS):
-            setting.from_env()
-    settings_from_env()  # the Redis tier's, when PLANCACHE_REDIS_URL is set
 
 
 class Command(click.Command):
@@ -222,8 +203,18 @@ class Command(click.Command):
         self.params[:0] = shared_options()
 
     def invoke(self, ctx: click.Context) -> Any:
+        """Reads every setting a command's cache reads before the command creates or reads
+        anything: a bad value is exit code 2 whichever command runs. Not here:
+        ``PLANCACHE_BACKEND``, read by the commands that use a backend (it imports code), and
+        ``PLANCACHE_PATCH_CUDNN``, which ``import plancache`` reads (never failing for it) and
+        no command uses."""
+        from ..tiers.remote import settings_from_env
+
         ctx.ensure_object(Context).choose_directory()
-        _check_settings()
+        for setting in SETTINGS:
+            if setting not in (BACKEND, PATCH_CUDNN, *REDIS_SETTINGS):
+                setting.from_env()
+        settings_from_env()  # the Redis tier's, when PLANCACHE_REDIS_URL is set
         return super().invoke(ctx)
 
 

@@ -4,12 +4,12 @@ one; a row that cannot be decoded is left out with a warning on stderr."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import click
@@ -17,7 +17,6 @@ import click
 from ..config import MAX_SIZE, StrEnum, format_size
 from ..errors import DamagedEntryError, EntryNotFoundError
 from ..store import DB_NAME, Entry, Store, maintenance
-from ..store.store import Stats
 from ..workflows.report import age
 from .common import EXIT_ERROR, Command, Context, emit, entry_named, table
 
@@ -32,12 +31,7 @@ def env() -> None:
 
     data = probe_environment()
     data["startup_hook"] = startup_hook_status()  # whether PLANCACHE_PATCH_CUDNN reaches programs that never import plancache
-
-    def text(d: dict[str, Any]) -> Iterable[str]:
-        for name, value in d.items():
-            yield f"{name:24} {value}"
-
-    emit(data, text)
+    emit(data, lambda d: (f"{name:24} {value}" for name, value in d.items()))
 
 
 @click.command(name="ls", cls=Command)
@@ -66,19 +60,14 @@ def _list_entries(obj: Context, env_id: str | None, store: Store | None = None) 
     """The listing of the store (``store``, else the chosen directory's, closed after), of
     the environment ``env_id`` names (a unique prefix, or ``EntryNotFoundError``), and that
     environment's full id. Rows that cannot be decoded are reported and left out."""
-    opened = store is None
-    store = obj.existing_store() if store is None else store
-    if store is None:
-        if env_id is not None:
-            raise EntryNotFoundError(f"environment {env_id!r} names no environment: nothing is stored yet in {obj.cache_dir}",
-                                     key=env_id)  # fmt: skip
-        return [], None
     undecodable: dict[str, str] = {}
-    try:
+    with obj.reading() if store is None else contextlib.nullcontext(store) as store:
+        if store is None:
+            if env_id is not None:
+                raise EntryNotFoundError(f"environment {env_id!r} names no environment: nothing is stored yet in "
+                                         f"{obj.cache_dir}", key=env_id)  # fmt: skip
+            return [], None
         rows = maintenance.list_entries(store, undecodable=undecodable)
-    finally:
-        if opened:
-            store.close()
     _warn_undecodable(undecodable)
     if env_id is not None:
         env_id = maintenance.environment_named(env_id, {row["env_id"] for row in rows}, str(store.path))
@@ -90,12 +79,6 @@ def _warn_undecodable(undecodable: Mapping[str, str]) -> None:
     """One line on stderr per row a read command left out because it cannot be decoded."""
     for key, why in undecodable.items():
         click.echo(f"plancache: warning: entry {key[:12]} left out: {why} ({maintenance.UNDECODABLE_HINT})", err=True)
-
-
-def _explain(parts: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    from ..key import CacheKey
-
-    return CacheKey(digest="", parts=dict(parts)).explain()
 
 
 def _entry_parts(entry: Entry) -> dict[str, Any]:
@@ -149,16 +132,14 @@ def _show_text(data: dict[str, Any]) -> Iterable[str]:
 @click.pass_obj
 def show(obj: Context, key: str, explain: bool) -> None:
     """Everything stored about one plan (KEY may be a unique prefix of 4 or more characters)."""
-    store = obj.existing_store()
-    try:
+    with obj.reading() as store:
         entry = entry_named(store, key, obj)
-    finally:
-        if store is not None:
-            store.close()
     data = entry.header()
     data["blob_size"] = len(entry.blob)
     if explain:
-        data["explain"] = _explain(_entry_parts(entry))
+        from ..key import CacheKey
+
+        data["explain"] = CacheKey(digest="", parts=_entry_parts(entry)).explain()
     emit(data, _show_text)
 
 
@@ -171,12 +152,8 @@ def diff(obj: Context, key_a: str, key_b: str) -> None:
     per differing path with both values, e.g. ``graph.nodes[0].params.stride: [1, 1] -> [2, 2]``.
     With --json: a list of {path, a, b} (``absent``: the side that lacks the path). Exit code
     0 when the parts are identical, 1 when they differ (as diff(1))."""
-    store = obj.existing_store()
-    try:
+    with obj.reading() as store:
         a, b = entry_named(store, key_a, obj), entry_named(store, key_b, obj)
-    finally:
-        if store is not None:
-            store.close()
     result = [_difference(path, va, vb) for path, va, vb in _differences(_entry_parts(a), _entry_parts(b), "")]
 
     def text(d: list[dict[str, Any]]) -> Iterable[str]:
@@ -233,16 +210,13 @@ def stats(obj: Context) -> None:
     """Totals of the store: entries, bytes, hits, quarantined entries, counters (remote
     hits, misses, publishes and refusals among them, as flushed by every process), and the
     graphs whose plans cannot be stored, and why."""
-    store = obj.existing_store()
     undecodable: dict[str, str] = {}
-    if store is None:
-        data: dict[str, Any] = dict(_empty_stats(obj.cache_dir))
-    else:
-        try:
-            data = dict(store.stats())
+    with obj.reading() as store:
+        data: dict[str, Any] = dict(store.stats()) if store is not None else {  # nothing stored yet (and no file)
+            "path": str(obj.cache_dir / DB_NAME), "read_only": False, "file_bytes": 0, "entries": 0, "blob_bytes": 0, "hits": 0,
+            "environments": 0, "build_seconds": 0.0, "by_policy": {}, "quarantined": 0, "unstored": [], "counters": {}}  # fmt: skip
+        if store is not None:
             maintenance.list_entries(store, undecodable=undecodable)
-        finally:
-            store.close()
     _warn_undecodable(undecodable)
     data["undecodable"] = undecodable  # counted in the totals (they are rows of the file), shown nowhere else
     data["max_size"] = MAX_SIZE.from_env()
@@ -279,12 +253,6 @@ def stats(obj: Context) -> None:
     emit(data, text)
 
 
-def _empty_stats(directory: Path) -> Stats:
-    """``Store.stats()`` of a cache with nothing stored yet (and no file)."""
-    return {"path": str(directory / DB_NAME), "read_only": False, "file_bytes": 0, "entries": 0, "blob_bytes": 0, "hits": 0,
-            "environments": 0, "build_seconds": 0.0, "by_policy": {}, "quarantined": 0, "unstored": [], "counters": {}}  # fmt: skip
-
-
 def _readable(store: Store, key: str) -> Entry | None:
     """The entry, or None for one row that cannot be decoded (reported on stderr): the
     other entries are still shown, as ``ls`` shows them."""
@@ -305,8 +273,7 @@ def inspect_plans(obj: Context, keys: tuple[str, ...], env_id: str | None) -> No
     hits and age."""
     from ..workflows.report import entry_report, report_lines
 
-    store = obj.existing_store()
-    try:
+    with obj.reading() as store:
         entries: list[Entry | None]
         if keys or (store is None and env_id is None):  # nothing stored yet: no entries, and no KEY can match
             entries = [entry_named(store, k, obj) for k in keys]
@@ -314,9 +281,6 @@ def inspect_plans(obj: Context, keys: tuple[str, ...], env_id: str | None) -> No
             rows, env_id = _list_entries(obj, env_id, store)
             entries = [_readable(store, r["key"]) for r in rows] if store is not None else []
         data = [entry_report(e) for e in entries if e is not None]
-    finally:
-        if store is not None:
-            store.close()
 
     def text(d: list[dict[str, Any]]) -> Iterable[str]:
         if not d:

@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import click
@@ -28,10 +28,9 @@ def rm(obj: Context, keys: tuple[str, ...]) -> None:
     """Remove stored plans (each KEY may be a unique prefix of 4 or more characters).
     Every KEY is resolved first: if one is too short, unknown or ambiguous, nothing is
     removed."""
-    store = obj.existing_store()
-    if store is None:
-        raise EntryNotFoundError(f"nothing removed: {obj.nothing_yet()}", key=keys[0])
-    try:
+    with obj.reading() as store:
+        if store is None:
+            raise EntryNotFoundError(f"nothing removed: {obj.nothing_yet()}", key=keys[0])
         chosen: dict[str, str] = {}
         problems: dict[str, str] = {}
         for prefix in keys:
@@ -42,8 +41,6 @@ def rm(obj: Context, keys: tuple[str, ...]) -> None:
         if problems:
             raise EntryNotFoundError(f"nothing removed: {'; '.join(problems.values())} in {store.path}", key=next(iter(problems)))
         removed = [key for key in chosen if store.delete(key)]
-    finally:
-        store.close()
     emit({"removed": removed}, lambda d: (f"removed {k}" for k in d["removed"]))
 
 
@@ -72,12 +69,15 @@ def verify(obj: Context, fix: bool, deserialize: bool) -> None:
     """Check the store: SQLite integrity, every blob's checksum, every entry's key against
     what it records, kernel caches. Exit code 3 when problems were found (also when --fix
     fixed them: run it again to confirm). Nothing is ever deleted: see docs/reliability.md."""
-    store = obj.existing_store(damaged_ok=True)
-    if store is None:  # nothing stored yet: nothing to check, and nothing that needs the GPU
-        report = _empty_verify(obj.cache_dir, fix=fix, deserialize=deserialize)
-        emit(report, lambda d: [f"{obj.nothing_yet()}: nothing to check", "ok"])
-        return
-    try:
+    with obj.reading(damaged_ok=True) as store:
+        if store is None:  # nothing stored yet: nothing to check, and nothing that needs the GPU
+            report: maintenance.VerifyReport = {
+                "path": str(obj.cache_dir / DB_NAME), "entries": 0, "integrity": [], "checksum": [], "foreign": {}, "damaged": {},
+                "unreadable": [], "kernel_caches": [], "problems": [],
+                "deserialize": {"env_id": None, "checked": 0, "skipped": 0, "failed": {}} if deserialize else None,
+                "fixed": {"quarantined": [], "kernel_caches_removed": []} if fix else {}}  # fmt: skip
+            emit(report, lambda d: [f"{obj.nothing_yet()}: nothing to check", "ok"])
+            return
         load, env_id = None, None
         if deserialize:
             from ..key import TensorSpec
@@ -85,23 +85,9 @@ def verify(obj: Context, fix: bool, deserialize: bool) -> None:
             backend, env_id = current_backend("verify --deserialize")
             load = lambda e: backend.load(e.blob, [TensorSpec.from_dict(t) for t in e.tensors])  # noqa: E731
         report = maintenance.verify(store, fix=fix, load=load, env_id=env_id)
-    finally:
-        store.close()
     emit(report, _verify_text)
     if report["problems"]:
         sys.exit(EXIT_PROBLEMS)
-
-
-def _empty_verify(directory: Path, *, fix: bool, deserialize: bool) -> maintenance.VerifyReport:
-    """``maintenance.verify``'s report on a cache with nothing stored yet."""
-    report: maintenance.VerifyReport = {"path": str(directory / DB_NAME), "entries": 0, "integrity": [], "checksum": [],
-                                        "foreign": {}, "damaged": {}, "unreadable": [], "kernel_caches": [],
-                                        "deserialize": None, "fixed": {}, "problems": []}  # fmt: skip
-    if deserialize:
-        report["deserialize"] = {"env_id": None, "checked": 0, "skipped": 0, "failed": {}}
-    if fix:
-        report["fixed"] = {"quarantined": [], "kernel_caches_removed": []}
-    return report
 
 
 class _Days(click.ParamType):  # type: ignore[type-arg]  # generic only in newer clicks; pyproject allows 8.1
@@ -113,13 +99,11 @@ class _Days(click.ParamType):  # type: ignore[type-arg]  # generic only in newer
         return "DAYS"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, float):
-            return value
         try:
             days = float(value)
         except (TypeError, ValueError):
-            days = float("nan")
-        if not days >= 0 or days == float("inf"):  # also NaN
+            days = math.nan
+        if not 0 <= days < math.inf:  # also NaN
             self.fail(f"{value!r} is not a number of days: write 0 or more, such as 30, or 0.5 for 12 hours", param, ctx)
         return days
 
@@ -163,19 +147,17 @@ def prune(obj: Context, other_environments: bool, days: float | None, quarantine
     it would remove, unless --force."""
     if not (other_environments or days is not None or quarantined):
         raise click.UsageError("say what to prune: --other-environments, --older-than DAYS and/or --quarantined")
-    store = obj.existing_store()
-    if store is None:  # nothing stored yet: nothing to remove, and nothing that needs the GPU
-        report: maintenance.PruneReport = {"dry_run": dry_run, "removed": [], "bytes": 0, "kernel_caches": [], "quarantined": 0}
-    else:
-        try:
+    with obj.reading() as store:
+        if store is None:  # nothing stored yet: nothing to remove, and nothing that needs the GPU
+            report: maintenance.PruneReport = {"dry_run": dry_run, "removed": [], "bytes": 0, "kernel_caches": [],
+                                               "quarantined": 0}  # fmt: skip
+        else:
             keep = {current_backend("prune --other-environments")[1]} if other_environments else None
             older_than_s = days * 86400 if days is not None else None
             if days is not None and days < RECENT_DAYS and not (force or dry_run):
                 _refuse_recent(maintenance.prune(store, older_than_s=older_than_s, dry_run=True), days)
             report = maintenance.prune(store, env_ids_keep=keep, older_than_s=older_than_s, quarantined=quarantined,
                                        dry_run=dry_run)  # fmt: skip
-        finally:
-            store.close()
 
     def text(d: maintenance.PruneReport) -> Iterable[str]:
         if store is None:

@@ -4,6 +4,7 @@ neither the library nor the other commands pay for it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -77,9 +78,10 @@ def sql(obj: Context, query: str | None, params: tuple[tuple[str, str], ...], as
     """
     import sqlite_utils  # the one user of sqlite-utils: off the library's import path and the other commands'
 
-    store = obj.existing_store(read_only=True)
-    db = sqlite_utils.Database(store.connection() if store is not None else _empty_schema())
-    try:
+    with (
+        obj.reading(read_only=True) as store,
+        contextlib.closing(sqlite_utils.Database(store.connection() if store is not None else _empty_schema())) as db,
+    ):
         # The views live in this connection's temporary schema, never in plans.db; the
         # store's query_only guard (see Store.connection) is lifted only while they are made.
         db.execute("PRAGMA query_only = OFF")
@@ -107,10 +109,6 @@ def sql(obj: Context, query: str | None, params: tuple[tuple[str, str], ...], as
                 _print_csv(columns, rows)
             else:
                 _print_table(columns, rows)
-    finally:
-        db.close()
-        if store is not None:
-            store.close()
 
 
 #: What reading takes: selects, reads, recursive queries and sqlite-utils' savepoint (functions: ``_PURE``).
@@ -166,10 +164,8 @@ _ACTIONS = {getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ").lower() f
     "CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TEMP_TABLE", "CREATE_TEMP_TRIGGER", "CREATE_TEMP_VIEW",
     "CREATE_TRIGGER", "CREATE_VIEW", "DELETE", "DROP_INDEX", "DROP_TABLE", "DROP_TEMP_INDEX", "DROP_TEMP_TABLE",
     "DROP_TEMP_TRIGGER", "DROP_TEMP_VIEW", "DROP_TRIGGER", "DROP_VIEW", "INSERT", "UPDATE", "ATTACH", "DETACH",
-    "ALTER_TABLE", "REINDEX", "ANALYZE", "CREATE_VTABLE", "DROP_VTABLE") if hasattr(sqlite3, f"SQLITE_{name}")}  # fmt: skip
-
-
-_ACTIONS.update({sqlite3.SQLITE_DELETE: "delete from", sqlite3.SQLITE_INSERT: "insert into", sqlite3.SQLITE_ATTACH: "attach"})
+    "ALTER_TABLE", "REINDEX", "ANALYZE", "CREATE_VTABLE", "DROP_VTABLE") if hasattr(sqlite3, f"SQLITE_{name}")} | {
+    sqlite3.SQLITE_DELETE: "delete from", sqlite3.SQLITE_INSERT: "insert into", sqlite3.SQLITE_ATTACH: "attach"}  # fmt: skip
 
 
 def _refused_action(action: int, first: str | None, second: str | None) -> str:
@@ -244,8 +240,8 @@ def _print_csv(columns: list[str], rows: Iterator[dict[str, Any]]) -> None:
     import csv
 
     writer = None
-    for row in rows:
+    for row in rows:  # the header with the first row: no rows, no header
         if writer is None:
             writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
             writer.writeheader()
-        writer.writerow({k: v if not isinstance(v, list) else ", ".join(v) for k, v in row.items()})
+        writer.writerow(row)
