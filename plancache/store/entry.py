@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import operator
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -181,32 +182,22 @@ class Entry:
         return canonical_json(self.tensors), engine, self.workspace_size, check
 
     def row(self) -> dict[str, object]:
+        tensors, engine, _, check = self._meta_columns()
         return {
-            "key": self.key,
-            "env_id": self.env_id,
-            "label": self.label,
+            **{name: getattr(self, name) for name in _AS_IS},
             # Canonical, as the key hashes them: a lookup compares these columns with its key's
             # own texts instead of decoding them (``from_row``'s ``known``).
             "graph_json": canonical_json(self.description),
             "environment_json": canonical_json(self.environment),
             "options_json": canonical_json(self.options),
-            "tensors_json": self._meta_columns()[0],
-            "blob": self.blob,
-            "blob_sha256": self.blob_sha256,
+            "tensors_json": tensors,
             "blob_size": len(self.blob),
-            "engine_json": self._meta_columns()[1],
-            "workspace_size": self.workspace_size,
-            "policy": self.policy,
+            "engine_json": engine,
             "candidates_json": json.dumps(self.candidates),
             "timing_json": json.dumps(self.timing),
-            "build_seconds": self.build_seconds,
-            "autotune_seconds": self.autotune_seconds,
-            "backend": self.backend,
-            "created_at": self.created_at,
             "last_used_at": self.last_used_at or self.created_at,
-            "hit_count": self.hit_count,
             "meta_sha256": self.meta_sha256 or self.meta_digest(),
-            "check_json": self._meta_columns()[3],
+            "check_json": check,
         }
 
     @classmethod
@@ -227,26 +218,14 @@ class Entry:
             return found[1] if found is not None and found[0] == text else load_json(text, name)
 
         entry = cls.validated({
-            "key": row["key"],
-            "env_id": row["env_id"],
-            "label": row["label"],
+            **dict(zip(_AS_IS, _read_as_is(row))),
             "description": column("graph_json"),
             "environment": column("environment_json"),
             "options": column("options_json"),
             "tensors": load_json(row["tensors_json"], "tensors_json"),
-            "blob": row["blob"],
-            "blob_sha256": row["blob_sha256"],
             "engine": load_json(row["engine_json"], "engine_json") if row["engine_json"] else None,
-            "workspace_size": row["workspace_size"],
-            "policy": row["policy"],
             "candidates": load_json(row["candidates_json"], "candidates_json") if details else [],
             "timing": load_json(row["timing_json"], "timing_json") if details else {},
-            "build_seconds": row["build_seconds"],
-            "autotune_seconds": row["autotune_seconds"],
-            "backend": row["backend"],
-            "created_at": row["created_at"],
-            "last_used_at": row["last_used_at"],
-            "hit_count": row["hit_count"],
             "meta_sha256": row["meta_sha256"] if "meta_sha256" in columns else None,
             "check": load_json(check_json, "check_json") if check_json else None,
         })  # fmt: skip
@@ -284,6 +263,12 @@ class Entry:
         read["blob"] = bytes(read["blob"])
         return cls(**read)
 
+
+#: The columns of ``plans`` that hold the entry's field of their name as it is (``row``
+#: writes ``last_used_at`` as ``created_at`` while it is 0).
+_AS_IS = ("key", "env_id", "label", "blob", "blob_sha256", "workspace_size", "policy", "build_seconds", "autotune_seconds",
+          "backend", "created_at", "last_used_at", "hit_count")  # fmt: skip
+_read_as_is = operator.itemgetter(*_AS_IS)
 
 #: Each field of an entry and its default or default factory (a bundle written before a
 #: field existed lacks it); MISSING: required.

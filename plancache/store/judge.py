@@ -24,7 +24,6 @@ docs/reliability.md lists both.
 
 from __future__ import annotations
 
-import enum
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -39,13 +38,6 @@ __all__ = ["ANOTHER_GRAPH", "Judgement", "form_of", "judge"]
 
 #: How every refusal of a readable blob begins.
 ANOTHER_GRAPH = "the blob is a plan of another graph"
-
-
-class _Side(enum.Enum):
-    """A node's side a port is on (the value: as refusals name it)."""
-
-    INPUT = "input"
-    OUTPUT = "output"
 
 
 @dataclass(frozen=True)
@@ -64,9 +56,8 @@ _FORMS_KEPT = 256
 
 
 def form_of(key: str, description: Mapping[str, object]) -> FrontendForm:
-    """The frontend form of ``description``, kept per key: call it only once the key is
-    known to be the hash of this description (``store.entry`` checks that first), so one
-    key has one form."""
+    """The frontend form of ``description``, kept per key: call it only once the key is known
+    to be this description's hash (``store.entry`` checks that first)."""
     with _FORMS_LOCK.get():
         form = _FORMS.get(key)
         if form is not None:
@@ -81,9 +72,8 @@ def form_of(key: str, description: Mapping[str, object]) -> FrontendForm:
 
 
 def judge(blob: PlanBlob | bytes, description: Mapping[str, object], form: FrontendForm | None = None) -> Judgement:
-    """Whether ``blob`` is a plan of ``description``'s graph (``form``: its frontend form,
-    when the caller has it already). A description of the wrong shape is a refusal. A
-    ``PlanBlob`` keeps its decoding for whoever loads it next."""
+    """Whether ``blob`` is a plan of ``description``'s graph (``form``: its frontend form, if
+    known); a description of the wrong shape is a refusal. A ``PlanBlob`` keeps its decoding."""
     try:
         graph = read_graph(PlanBlob.of(blob))
     except ValueError as exc:
@@ -147,8 +137,8 @@ class _Judge:
                 )
 
     def ports(self, node: FormNode, found: BlobNode) -> None:
-        for side, ports, names, held in ((_Side.INPUT, node.inputs, node.names[0], found.inputs),
-                                         (_Side.OUTPUT, node.outputs, node.names[1], found.outputs)):  # fmt: skip
+        for side, ports, names, held in (("input", node.inputs, node.names[0], found.inputs),
+                                         ("output", node.outputs, node.names[1], found.outputs)):  # fmt: skip
             if held.keys() == names:  # every port named as written, and no other: nothing is loose or extra
                 for port in ports:
                     self.bind(port.tid, held[port.name], (side, port.name, node))
@@ -163,28 +153,27 @@ class _Judge:
                     name = spelled.get(_spelling(port.name))
                 if name is None or name not in held:
                     if port.exact:
-                        raise _Refused(f"node {node.position} ({node.tag}) has no {side.value} {port.name}")
+                        raise _Refused(f"node {node.position} ({node.tag}) has no {side} {port.name}")
                     loose.append(port.tid)
                     continue
                 matched.add(name)
                 self.bind(port.tid, held[name], (side, name, node))
             # a port plancache cannot name in the blob: its tensor must be among the node's (a
             # batch norm's peer statistics are a list beside its ports)
-            among = (_uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side is _Side.INPUT else set())
+            among = (_uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side == "input" else set())
                      if loose else set())  # fmt: skip
             for tid in loose:
                 uid = self.uid_of.get(tid)
                 if uid is not None and uid not in among:
-                    raise _Refused(f"node {node.position} ({node.tag}) does not {side.value} tensor {uid}")
-                self.notes.append(f"node {node.position} ({node.tag}): an {side.value} port matched by its tensor only")
+                    raise _Refused(f"node {node.position} ({node.tag}) does not {side} tensor {uid}")
+                self.notes.append(f"node {node.position} ({node.tag}): an {side} port matched by its tensor only")
             for name, uid in held.items():
                 if uid is None or name in matched:
                     continue
                 others = {self.tid_of.get(u) for u in _uids([uid])} - {None}
-                if others - set(loose):  # a tensor of the key's graph at a port the key's graph does not have
-                    raise _Refused(f"node {node.position} ({node.tag}) has {side.value} {name}, which the key's graph does not")
-                if name not in node.extras and not all(self._own(u) for u in _uids([uid])):
-                    raise _Refused(f"node {node.position} ({node.tag}) has {side.value} {name}, which the key's graph does not")
+                # a tensor of the key's graph at a port the key's graph does not have, or one not the frontend's own
+                if others - set(loose) or (name not in node.extras and not all(self._own(u) for u in _uids([uid]))):
+                    raise _Refused(f"node {node.position} ({node.tag}) has {side} {name}, which the key's graph does not")
 
     def _own(self, uid: int) -> bool:
         """Whether ``uid`` is a tensor the frontend made itself (virtual, or by value)."""
@@ -192,20 +181,18 @@ class _Judge:
         return record is not None and (record.get("is_virtual") is True or record.get("is_pass_by_value") is True)
 
     def bind(self, tid: str, uid: object, where: _Where) -> None:
-        """Pair the description's tensor ``tid`` with the blob's ``uid``: a caller tensor
-        with its own uid, the graph's own tensors one to one. ``where``: the port (side,
-        name, node), or the tensor whose ragged offset this is; spelled out on a refusal only."""
+        """Pair the description's tensor ``tid`` with the blob's ``uid``: a caller tensor with its
+        own uid, the graph's own tensors one to one. ``where`` (``_Where``) is named on a refusal."""
         bound = self.uid_of.get(tid)
         if bound == uid and type(uid) is int:
             return
         if type(uid) is not int:
             raise _Refused(f"{_where(where)} holds {uid!r}, not one tensor")
-        if bound is None:
-            if uid in self.tid_of:
-                raise _Refused(f"{_where(where)} holds tensor {uid}, which is another of the key's graph")
-            self.uid_of[tid], self.tid_of[uid] = uid, tid
-        else:
+        if bound is not None:
             raise _Refused(f"{_where(where)} holds tensor {uid}, not {bound}")
+        if uid in self.tid_of:
+            raise _Refused(f"{_where(where)} holds tensor {uid}, which is another of the key's graph")
+        self.uid_of[tid], self.tid_of[uid] = uid, tid
 
     # ------------------------------------------------------------------ tensors
 
@@ -276,7 +263,7 @@ def _what(tensor: FormTensor, uid: int) -> str:
 
 
 #: Where ``bind`` found a uid: a port (side, name, node), or the tensor whose ragged offset it is.
-_Where = tuple[_Side, str, FormNode] | tuple[str]
+_Where = tuple[str, str, FormNode] | tuple[str]
 
 
 def _where(where: _Where) -> str:
@@ -284,7 +271,7 @@ def _where(where: _Where) -> str:
     if len(where) == 1:
         return f"the ragged offset of {where[0]}"
     side, name, node = where
-    return f"{side.value} {name} of node {node.position} ({node.tag})"
+    return f"{side} {name} of node {node.position} ({node.tag})"
 
 
 def _laid_out_as(layouts: list[tuple[tuple[int, ...], tuple[int, ...] | None]], found: BlobTensor) -> bool:
