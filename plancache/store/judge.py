@@ -132,9 +132,8 @@ class _Judge:
             if value is _MISSING:
                 raise _Refused(f"node {node.position} ({node.tag}) does not say its {name}")
             if not _same(expected, value):
-                raise _Refused(
-                    f"node {node.position} ({node.tag}) has {name} {found.attributes[name]!r}, not {_shown(expected)!r}"
-                )
+                shown = expected.hex() if isinstance(expected, F32) else expected
+                raise _Refused(f"node {node.position} ({node.tag}) has {name} {value!r}, not {shown!r}")
 
     def ports(self, node: FormNode, found: BlobNode) -> None:
         for side, ports, names, held in (("input", node.inputs, node.names[0], found.inputs),
@@ -280,13 +279,8 @@ def _laid_out_as(layouts: list[tuple[tuple[int, ...], tuple[int, ...] | None]], 
 
 
 def _uids(values: Iterable[object]) -> set[int]:
-    found: set[int] = set()
-    for value in values:
-        if type(value) is int:
-            found.add(value)
-        elif isinstance(value, list):
-            found.update(v for v in value if type(v) is int)
-    return found
+    """The uids among ``values``: ints, and the ints of lists."""
+    return {v for value in values for v in (value if isinstance(value, list) else (value,)) if type(v) is int}
 
 
 def _same(expected: object, found: object) -> bool:
@@ -300,7 +294,3 @@ def _same(expected: object, found: object) -> bool:
     if type(expected) is bool or type(found) is bool:
         return type(expected) is type(found) and expected == found
     return bool(expected == found)
-
-
-def _shown(value: object) -> object:
-    return value.hex() if isinstance(value, F32) else value

@@ -108,15 +108,10 @@ def list_entries(store: Store, env_id: str | None = None, *, undecodable: dict[s
     with replacement characters -> which column): one damaged row fails no read command."""
     where, args = ("WHERE env_id = ?", (env_id,)) if env_id is not None else ("", ())
     sql = f"SELECT {_LISTED} FROM plans {where} ORDER BY last_used_at DESC, key"
-    conn = store.connection()
-    old = conn.text_factory
-    conn.text_factory = bytes  # each row decoded below, so that one bad row fails only itself
-    try:
+    with lenient_text(store.connection(), bytes) as conn:  # each row decoded below: one bad row fails only itself
         cursor = conn.execute(sql, args)
         names = [column[0] for column in cursor.description]
         raw = cursor.fetchall()
-    finally:
-        conn.text_factory = old
     rows: list[Listed] = []
     for values in raw:
         row: dict[str, object] = {}

@@ -48,11 +48,12 @@ def is_undecodable(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def lenient_text(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """Text columns decoded with replacement characters: a damaged row can be quarantined or
-    reported instead of failing every read."""
+def lenient_text(conn: sqlite3.Connection, factory: Callable[[bytes], object] = lambda b: b.decode("utf-8", "replace")
+                 ) -> Iterator[sqlite3.Connection]:  # fmt: skip
+    """Text columns decoded with replacement characters (or by ``factory``): a damaged row can
+    be quarantined or reported instead of failing every read."""
     old = conn.text_factory
-    conn.text_factory = lambda b: b.decode("utf-8", "replace")
+    conn.text_factory = factory
     try:
         yield conn
     finally:
