@@ -357,7 +357,35 @@ def judged(entry: Entry, environment: Mapping[str, object] | None = None, env_id
     if blob is not None and blob.data != entry.blob:
         return Unsound("the blob handed to the judge is not the entry's")
     try:
-        return _judged(entry, environment, env_id, key, blob, kept)
+        if not entry.checksum_ok():
+            return Unsound("blob checksum mismatch")
+        if environment is not None and entry.environment != environment:
+            return _OTHER_ENVIRONMENT
+        if entry.env_id != (env_id if environment is not None and env_id is not None else environment_id(entry.environment)):
+            return Unsound("env_id does not match the recorded environment")
+        # An entry of the key's own graph and options objects under its digest (``Entry.from_row``'s
+        # ``known``, or made from the key) was hashed from them already: its key is not derived again.
+        held = (key is not None and entry.key == key.digest and entry.description is key.parts["graph"]
+                and entry.options is key.parts["options"] and entry.environment == key.parts["environment"])  # fmt: skip
+        parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
+        if not held and entry.key != sha256(canonical_json(parts).encode()):
+            return Unsound("key does not match the recorded graph, environment and options")
+        if not entry.meta_ok():
+            return Unsound("metadata checksum mismatch (tensor table, engine, workspace size or check record altered)")
+        if entry.check is not None and not isinstance(entry.check, dict):
+            return Unsound(f"malformed entry (its check record is a {type(entry.check).__name__})")
+        refusal = _tensor_problem(entry)
+        if refusal is not None:
+            return Unsound(refusal)
+        blob = blob if blob is not None else PlanBlob(entry.blob)
+        if kept is not None:
+            unproven = kept.unproven
+        else:
+            judgement = judge(blob, entry.description, form_of(entry.key, entry.description))
+            if judgement.refusal is not None:
+                return Unsound(judgement.refusal)
+            unproven = judgement.unproven
+        return Sound(entry, blob, tuple(map(TensorSpec.from_dict, entry.tensors)), unproven, kept is not None)
     except (AttributeError, TypeError, KeyError, ValueError) as exc:
         return Unsound(f"malformed entry ({type(exc).__name__}: {exc})")
 
@@ -368,42 +396,6 @@ def held_to(verdict: Sound | Unsound, environment: Mapping[str, object]) -> Soun
     if isinstance(verdict, Sound) and verdict.entry.environment != environment:
         return _OTHER_ENVIRONMENT
     return verdict
-
-
-def _holds(entry: Entry, key: CacheKey | None) -> bool:
-    """Whether ``entry``'s graph and options are ``key``'s own objects, under its digest
-    (``Entry.from_row``'s ``known``, or made from the key): hashed already, not derived again."""
-    return (key is not None and entry.key == key.digest and entry.description is key.parts["graph"]
-            and entry.options is key.parts["options"] and entry.environment == key.parts["environment"])  # fmt: skip
-
-
-def _judged(entry: Entry, environment: Mapping[str, object] | None, env_id: str | None, key: CacheKey | None,
-            blob: PlanBlob | None, kept: Kept | None) -> Sound | Unsound:  # fmt: skip
-    if not entry.checksum_ok():
-        return Unsound("blob checksum mismatch")
-    if environment is not None and entry.environment != environment:
-        return _OTHER_ENVIRONMENT
-    if entry.env_id != (env_id if environment is not None and env_id is not None else environment_id(entry.environment)):
-        return Unsound("env_id does not match the recorded environment")
-    parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
-    if not _holds(entry, key) and entry.key != sha256(canonical_json(parts).encode()):
-        return Unsound("key does not match the recorded graph, environment and options")
-    if not entry.meta_ok():
-        return Unsound("metadata checksum mismatch (tensor table, engine, workspace size or check record altered)")
-    if entry.check is not None and not isinstance(entry.check, dict):
-        return Unsound(f"malformed entry (its check record is a {type(entry.check).__name__})")
-    refusal = _tensor_problem(entry)
-    if refusal is not None:
-        return Unsound(refusal)
-    blob = blob if blob is not None else PlanBlob(entry.blob)
-    if kept is not None:
-        unproven = kept.unproven
-    else:
-        judgement = judge(blob, entry.description, form_of(entry.key, entry.description))
-        if judgement.refusal is not None:
-            return Unsound(judgement.refusal)
-        unproven = judgement.unproven
-    return Sound(entry, blob, tuple(map(TensorSpec.from_dict, entry.tensors)), unproven, kept is not None)
 
 
 def _tensor_problem(entry: Entry) -> str | None:
