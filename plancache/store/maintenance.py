@@ -157,7 +157,17 @@ def prune(
     entry: ``batch`` rows per transaction, so other processes never wait long; an entry used
     meanwhile is kept. ``dry_run`` deletes nothing."""
     cutoff = time.time() - older_than_s if older_than_s is not None else None
-    doomed = _prune_candidates(store, env_ids_keep, cutoff)
+    doomed: list[Pruned] = []
+    rows = store.connection().execute("SELECT key, env_id, label, length(blob), last_used_at FROM plans ORDER BY key").fetchall()
+    for key, env_id, label, blob_size, last_used_at in rows:
+        if env_ids_keep is not None and env_id not in env_ids_keep:
+            reason = "other environment"
+        elif cutoff is not None and last_used_at < cutoff:
+            reason = "unused since " + time.strftime("%Y-%m-%d", time.localtime(last_used_at))
+        else:
+            continue
+        doomed.append({"key": key, "env_id": env_id, "label": label, "blob_size": blob_size, "last_used_at": last_used_at,
+                       "reason": reason})  # fmt: skip
     report: PruneReport = {
         "dry_run": dry_run,
         "removed": doomed,
@@ -183,21 +193,6 @@ def prune(
     except sqlite3.Error as exc:
         raise StoreError(f"cannot prune plan store {store.path}: {exc}", path=str(store.path)) from exc
     return report
-
-
-def _prune_candidates(store: Store, env_ids_keep: set[str] | None, cutoff: float | None) -> list[Pruned]:
-    rows = store.connection().execute("SELECT key, env_id, label, length(blob), last_used_at FROM plans ORDER BY key").fetchall()
-    doomed: list[Pruned] = []
-    for key, env_id, label, blob_size, last_used_at in rows:
-        if env_ids_keep is not None and env_id not in env_ids_keep:
-            reason = "other environment"
-        elif cutoff is not None and last_used_at < cutoff:
-            reason = "unused since " + time.strftime("%Y-%m-%d", time.localtime(last_used_at))
-        else:
-            continue
-        doomed.append({"key": key, "env_id": env_id, "label": label, "blob_size": blob_size, "last_used_at": last_used_at,
-                       "reason": reason})  # fmt: skip
-    return doomed
 
 
 def _stale_kernel_caches(store: Store, env_ids_keep: set[str] | None) -> list[str]:
@@ -261,8 +256,14 @@ def _verify_rows(store: Store, report: VerifyReport, load: Callable[[Entry], obj
             report["checksum"].append(entry.key)
         elif (found := problem(entry)) is not None:
             report["foreign"][entry.key] = found
+        elif load is not None and env_id is not None and entry.env_id != env_id:
+            checked["skipped"] += 1  # another environment's blob cannot load on this GPU
         elif load is not None:
-            _check_load(entry, load, env_id, checked)
+            checked["checked"] += 1
+            try:
+                load(entry)
+            except Exception as exc:  # the library refusing a blob is a finding, not a crash
+                checked["failed"][entry.key] = f"deserialize failed: {type(exc).__name__}: {exc}"
     try:
         with lenient_text(conn):
             for row in conn.execute("SELECT env_id, blob, blob_sha256 FROM kernel_caches"):
@@ -313,18 +314,6 @@ def _fix_rows(store: Store, report: VerifyReport, identities: Mapping[str, tuple
 
 def _repaired(repaired: Repaired) -> Fixed:
     return {"moved_aside": repaired["moved_aside"], "salvaged": repaired["salvaged"]}
-
-
-def _check_load(entry: Entry, load: Callable[[Entry], object], env_id: str | None, checked: Deserialized) -> None:
-    """Deserialize one entry of ``env_id`` through ``load`` (another environment's cannot load here: skipped)."""
-    if env_id is not None and entry.env_id != env_id:
-        checked["skipped"] += 1
-        return
-    checked["checked"] += 1
-    try:
-        load(entry)
-    except Exception as exc:  # the library refusing a blob is a finding, not a crash
-        checked["failed"][entry.key] = f"deserialize failed: {type(exc).__name__}: {exc}"
 
 
 def _problems(report: VerifyReport) -> list[str]:
