@@ -73,12 +73,9 @@ class GatedConnection(sqlite3.Connection):
             GATE.leave()
 
     def close(self) -> None:
-        GATE.enter(self)
-        try:
+        with GATE.inside(self):
             super().close()
             self.closed = True
-        finally:
-            GATE.leave()
 
     def __del__(self) -> None:
         # Freed unclosed (its thread ended; the collector frees connections, in a cycle with their
@@ -177,9 +174,9 @@ class ForkGate:
                 self._cond.notify_all()
 
     @contextlib.contextmanager
-    def inside(self) -> Iterator[None]:
-        """One region of SQLite calls that a fork must not split (a connection's opening)."""
-        self.enter(None)
+    def inside(self, conn: sqlite3.Connection | None = None) -> Iterator[None]:
+        """One region of SQLite calls (of ``conn``) that a fork must not split."""
+        self.enter(conn)
         try:
             yield
         finally:

@@ -384,28 +384,22 @@ class Store:
             (key, label, why, reason[:500], now, now),
         )
 
+    @reads
     def key_named(self, prefix: str) -> str:
         """The one stored key that ``prefix`` (at least ``MIN_KEY_PREFIX`` hex digits, as git
         asks: ``rm 0`` must not remove whatever starts with 0) begins; else ``EntryNotFoundError``."""
         if len(prefix) < MIN_KEY_PREFIX:
             raise EntryNotFoundError(f"key prefix {prefix!r} is too short: give at least {MIN_KEY_PREFIX} characters of "
                                      "the key", key=prefix)  # fmt: skip
-        found = self._keys_from(prefix)
+        low = prefix.lower()
+        sql = "SELECT key FROM plans WHERE key >= ? AND key < ? ORDER BY key LIMIT 2"  # two tell ambiguity
+        hexadecimal = all(c in "0123456789abcdef" for c in low)
+        found: list[str] = [r[0] for r in self.connection().execute(sql, (low, low + "g"))] if hexadecimal else []
         if not found:
             raise EntryNotFoundError(f"no entry with key {prefix!r} in {self.path}", key=prefix)
         if len(found) > 1:
             raise EntryNotFoundError(f"key prefix {prefix!r} is ambiguous in {self.path}; give more characters", key=prefix)
         return found[0]
-
-    @reads
-    def _keys_from(self, prefix: str) -> list[str]:
-        """Full keys starting with ``prefix`` (at most two, enough to tell ambiguity)."""
-        if any(c not in "0123456789abcdef" for c in prefix.lower()):
-            return []
-        rows = self.connection().execute(
-            "SELECT key FROM plans WHERE key >= ? AND key < ? ORDER BY key LIMIT 2", (prefix.lower(), prefix.lower() + "g")
-        )
-        return [r[0] for r in rows]
 
     @reads
     def keys(self) -> list[str]:
