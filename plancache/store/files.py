@@ -3,17 +3,15 @@ write each, how each is opened (never through a link), and the hardening of ever
 connection to the store. Also how a file a user names (a secret, a bundle, a manifest, a
 recording) is read: a regular file only, of bounded size.
 
-Plans carry native code, so a file that another user could have written is never read:
-the directory, ``plans.db`` and its ``-wal``/``-shm``, the build locks and the notes beside
-the store must be owned by the effective user or by root, and writable by no one else. Root
-can already change anything a user runs, so a cache root baked into an image is trusted as
-pip and OpenSSH trust root's files; root itself trusts only root's. A shared cache names its
-group (``PLANCACHE_ALLOW_SHARED_DIR``): its files may then be owned by any member of that
-group and be group-writable, never writable by others.
-
-What plancache creates there is the user's alone (0600, 0700), or in a directory shared
-with the named group the group's too (0660, 2770): such a directory must be setgid, so that
-what each member creates in it is the group's, as the others' checks require.
+Plans carry native code, so a file another user could have written is never read: the
+directory, ``plans.db`` and its ``-wal``/``-shm``, the build locks and the notes beside the
+store must be owned by the effective user or by root, and writable by no one else. Root can
+already change anything a user runs, so a cache baked into an image is trusted as pip and
+OpenSSH trust root's files; root trusts only root's. A shared cache names its group
+(``PLANCACHE_ALLOW_SHARED_DIR``): its files may be owned by any member and group-writable,
+never writable by others. What plancache creates is the user's alone (0600, 0700), or in a
+directory shared with the group the group's too (0660, 2770): such a directory must be
+setgid, so what each member creates is the group's, as the others' checks require.
 """
 
 from __future__ import annotations

@@ -1,24 +1,21 @@
 """The judge: whether a stored blob is a plan of its key's own graph.
 
-A row's checksums say its bytes are the ones written; they cannot say the blob belongs to
-the key (a row holding another graph's blob, its checksum recomputed, passes them). The
-blob says what it is a plan of: the graph the frontend built it from, normalized as the
-frontend normalizes (``formats.plan_graph`` reads it). ``judge`` holds that graph against
-the form the key's description says the frontend writes (``key.frontend_form``), field by
-field:
+A row's checksums say its bytes are the ones written, not that the blob belongs to the key
+(another graph's blob, its checksum recomputed, passes them). The blob names the graph the
+frontend built it from, normalized as the frontend normalizes (``formats.plan_graph`` reads
+it); ``judge`` holds it, field by field, against the form the key's description says the
+frontend writes (``key.frontend_form``):
 
-* the ops, in order: tags, and every attribute a rule derives from the description
-  (pointwise mode and clips, convolution padding, stride and dilation, attention's scale,
-  masks and bounds, norm phases, reduction and MoE modes...) with its default where the
-  description leaves it;
-* the wiring: the tensor at every port of every op (caller tensors by uid, the graph's own
-  intermediate tensors by one consistent pairing);
-* every caller tensor: data type, by-value or not, dims and strides as the frontend lays
-  them out, its ragged offset and that offset's multiplier, its reordering;
-* the graph's data types and flags;
-* and no tensor a caller binds that the key's graph does not have.
+* the ops in order: tags, and every attribute a rule derives from the description (pointwise
+  mode and clips, convolution padding, stride and dilation, attention's scale, masks and
+  bounds, norm phases, reduction and MoE modes...), with its default where it is left out;
+* the wiring: the tensor at every port (caller tensors by uid, the graph's own intermediate
+  tensors by one consistent pairing);
+* every caller tensor: data type, by-value or not, dims and strides as the frontend lays them
+  out, its ragged offset and that offset's multiplier, its reordering;
+* the graph's data types and flags, and no tensor a caller binds that the key's graph lacks.
 
-What no rule covers is named in ``Judgement.unproven`` rather than guessed either way;
+What no rule covers is named in ``Judgement.unproven``, not guessed either way;
 docs/reliability.md lists both.
 """
 
@@ -42,9 +39,8 @@ ANOTHER_GRAPH = "the blob is a plan of another graph"
 
 @dataclass(frozen=True)
 class Judgement:
-    """The judge's verdict on one blob: ``refusal`` says why it is not a plan of the key's
-    graph (None: it is), ``unproven`` what the description says that nothing in the blob
-    could be held to."""
+    """The judge's verdict on one blob: ``refusal``, why it is not a plan of the key's graph
+    (None: it is); ``unproven``, what the description says that nothing in the blob could be held to."""
 
     refusal: str | None
     unproven: tuple[str, ...] = ()

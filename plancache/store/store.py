@@ -121,14 +121,12 @@ class Store:
     directory shared with the ``allow_shared_dir`` group) if needed, applies pending
     migrations and moves an unreadable database file aside. A directory that cannot be
     written opens read-only: lookups work, writes raise ``StoreError``.
-    A directory or file that another user owns or can write, a link in place of a file, or
-    a schema other than the migrations' is refused (``CacheDirError``) before anything is
-    read; ``allow_shared_dir`` (``PLANCACHE_ALLOW_SHARED_DIR``) names the group whose
-    members may share the directory.
-
-    ``repair=False`` is for tools that report damage rather than mend it (the ``plancache``
-    command): the whole file is checked at open (``PRAGMA quick_check``) and any damage is
-    left as it is, named by ``damage``; such a store may fail any read until ``repair``.
+    A directory or file another user owns or can write, a link in place of a file, or a
+    schema other than the migrations' is refused (``CacheDirError``) before anything is read;
+    ``allow_shared_dir`` (``PLANCACHE_ALLOW_SHARED_DIR``) names the group whose members may
+    share the directory. ``repair=False`` is for tools that report damage rather than mend it
+    (the ``plancache`` command): the whole file is checked at open (``PRAGMA quick_check``) and
+    damage is left, named by ``damage``; such a store may fail any read until ``repair``.
     """
 
     def __init__(
@@ -164,8 +162,8 @@ class Store:
             damage = recovery.damage_at_open(self.connection, self.path, whole=not repair)
         except sqlite3.DatabaseError as exc:
             if not is_damage(exc) or (self.read_only and repair):
-                # Busy, full, I/O error: nothing says the file is damaged, and moving a
-                # healthy store aside would lose every entry. A read-only one cannot be moved.
+                # Busy, full, I/O error: no sign of damage, and moving a healthy store aside
+                # would lose every entry. A read-only one cannot be moved.
                 raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
             damage = str(exc)
         if damage is None:
@@ -182,9 +180,9 @@ class Store:
         schema.migrate(self.connection(), self.transaction, self.path, self.read_only)
 
     def connection(self) -> GatedConnection:
-        """This thread's connection, opened on first use, again after a fork, and again
-        when the file was replaced (a repair in another process moved it aside: a
-        connection to the old file would store plans where no other process looks)."""
+        """This thread's connection, opened on first use, after a fork, and when the file was
+        replaced (another process's repair moved it aside: plans stored in the old file would
+        be where no other process looks)."""
         local = self._local.get()
         conn: GatedConnection | None = getattr(local, "conn", None)
         if conn is not None:
@@ -228,8 +226,8 @@ class Store:
         harden(conn)
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        # INSERT OR REPLACE deletes the row it replaces; only with recursive triggers does
-        # that delete run the trigger that keeps the size total (migration 0003) exact.
+        # Only with recursive triggers does INSERT OR REPLACE's delete of the row it replaces run
+        # the trigger that keeps the size total (migration 0003) exact.
         conn.execute("PRAGMA recursive_triggers = ON")
         if self.read_only:
             # Read-only by choice, on a file this user could write: SQLite refuses every write,
