@@ -10,9 +10,8 @@ are read without a lock.
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ..errors import StoreBusyError, StoreError
@@ -40,28 +39,20 @@ ORDER BY seq
 """
 
 
-@contextlib.contextmanager
-def _transaction(store: Store, *, wait: bool) -> Iterator[sqlite3.Connection]:
-    """The store's write transaction; ``wait=False`` gives up at once (``StoreBusyError``)
-    when another process holds the write lock, instead of waiting up to the busy timeout."""
-    conn = store.connection()
-    if not wait:
-        conn.execute("PRAGMA busy_timeout = 0")
-    try:
-        with store.transaction() as tx:
-            yield tx
-    finally:
-        if not wait:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-
-
 def record(store: Store, write: Callable[[sqlite3.Connection], object], *, wait: bool, what: str) -> bool:
-    """Run ``write`` in one bookkeeping transaction. ``wait=False``: False, writing
-    nothing, when the store is busy (the caller keeps its batch for the next try).
-    ``what`` names the bookkeeping in the error of a failed write."""
+    """Run ``write`` in one bookkeeping transaction. ``wait=False``: False, writing nothing,
+    when another process holds the write lock (not waiting up to the busy timeout; the caller
+    keeps its batch for the next try). ``what`` names the bookkeeping in a failed write's error."""
     try:
-        with _transaction(store, wait=wait) as tx:
-            write(tx)
+        conn = store.connection()
+        if not wait:
+            conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            with store.transaction() as tx:
+                write(tx)
+        finally:
+            if not wait:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         return True
     except StoreBusyError:
         if wait:
@@ -74,38 +65,32 @@ def record(store: Store, write: Callable[[sqlite3.Connection], object], *, wait:
 def record_hits(store: Store, hits: Mapping[str, tuple[int, float]], *, wait: bool = True) -> bool:
     """Add batched hit counts and last-used times: ``{key: (count, last_used)}``; an older
     time never moves ``last_used_at`` back (see ``record`` for ``wait``)."""
-    if not hits:
-        return True
     rows = [(count, used, key) for key, (count, used) in hits.items()]
     sql = "UPDATE plans SET hit_count = hit_count + ?, last_used_at = max(last_used_at, ?) WHERE key = ?"
-    return record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="hits")
+    return not rows or record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="hits")
 
 
 def record_judgements(store: Store, judgements: Mapping[str, tuple[str, str]], *, wait: bool = True) -> bool:
     """Keep judgements in their rows: ``{key: (blob_sha256, text)}`` (``store.kept``); a row
     written again since, with another blob, is left alone (see ``record`` for ``wait``)."""
-    if not judgements:
-        return True
     rows = [(text, key, blob) for key, (blob, text) in judgements.items()]
     sql = "UPDATE plans SET judgement = ? WHERE key = ? AND blob_sha256 = ?"
-    return record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="judgements")
+    return not rows or record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="judgements")
 
 
 def record_counters(store: Store, deltas: Mapping[str, int], *, wait: bool) -> bool:
     """Add ``deltas`` to the store's persistent counters (the remote tier's, by name); see
     ``record`` for ``wait``."""
     rows = [(name, int(by)) for name, by in deltas.items() if by]
-    if not rows:
-        return True
     sql = "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + excluded.value"
-    return record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="counters")
+    return not rows or record(store, lambda tx: tx.executemany(sql, rows), wait=wait, what="counters")
 
 
 def record_usage(store: Store, app: str, run: str, run_started: float, uses: Mapping[tuple[str, int], int], *,
                  wait: bool) -> bool:  # fmt: skip
     """Record that run ``run`` of ``app`` (started at ``run_started``) used ``uses``:
-    ``{(key, device): order of first use}``. A row a later run already took over is left
-    alone. ``wait=False``: False, writing nothing, when the store is busy."""
+    ``{(key, device): order of first use}``; a row a later run took over is left alone (see
+    ``record`` for ``wait``)."""
     if not uses:
         return True
     rows = [(app, key, device, run, run_started, seq) for (key, device), seq in uses.items()]

@@ -1,10 +1,9 @@
 """One portable byte form of a stored entry, shared by bundles and the Redis tier.
 
 Layout: ``ENTRY_MAGIC``, an 8-byte big-endian header length, the header (the entry's fields
-as JSON, without the blob), then the blob. ``decode_entry`` refuses anything that is
-truncated, of another format, has a field of the wrong type, range or depth
-(``Entry.validated``, as a stored row), or that ``entry.problem`` refuses (a blob that does
-not match its SHA-256, or is a plan of another graph than its key's).
+but the blob, as JSON), then the blob. ``decode_entry`` refuses anything truncated, of
+another format, with a field of the wrong type, range or depth (``Entry.validated``, as a
+row), or that ``entry.problem`` refuses (a blob not matching its SHA-256, or of another graph).
 """
 
 from __future__ import annotations

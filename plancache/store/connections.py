@@ -1,26 +1,23 @@
 """The process's SQLite connections, kept safe across ``fork()``.
 
-SQLite says a connection must not cross a fork. A process that forks while another thread
-is inside SQLite gives its child a copy of a mutex that no thread of the child will ever
-release: closing, or using, the copy hangs the child forever. A process that forks while a
-thread is inside a write transaction gives its child SQLite's record of a lock the child
-does not hold, and the child's own writes wait the busy timeout out. And a child cannot
-just leave what it inherited open: SQLite records per process which file locks the process
-holds on each database, the child inherits that record but not the locks (fcntl locks are
-never inherited), and while one inherited connection is open, the child's own connections
-believe they hold the shared lock and take none. A parent that then closes its last
-connection checkpoints and deletes the -wal and -shm files the child is still writing to:
-the child's plans are lost while every put reports success.
+SQLite says a connection must not cross a fork. A fork while another thread is inside
+SQLite gives the child a copy of a mutex no thread of it will release: closing or using the
+copy hangs the child. A fork inside a write transaction gives the child SQLite's record of
+a lock it does not hold: its writes wait the busy timeout out. Nor can a child leave what
+it inherited open: SQLite records per process which file locks it holds on each database;
+the child inherits the record but not the (fcntl) locks, so while an inherited connection
+is open its own connections take no shared lock, and a parent closing its last connection
+checkpoints and deletes the -wal and -shm the child writes to: its plans are lost while
+every put reports success.
 
 So every call into SQLite through these connections (opening, statements, fetching rows,
 closing) passes one gate (``GATE``). A fork waits, at most ``FORK_WAIT_S``, until no
 thread is inside SQLite or a transaction, and holds the gate across the fork; a thread
-already inside a transaction goes on to finish it, every other thread waits for the fork.
-The child then closes what it inherited, which is safe, before it opens a connection of its
-own. A fork that could not wait that long (a call that outlasts it: a write waiting for
-another process's lock) leaves its child without any SQLite connection: the inherited ones
-are never touched, ``GATE.refusal`` says why, and the child's plans are built and kept in
-memory (``tiers.local`` says so once).
+inside a transaction finishes it, every other thread waits for the fork. The child then
+closes what it inherited (safe now) before it opens a connection of its own. A fork that
+could not wait that long (a write waiting for another process's lock) leaves its child
+without SQLite: the inherited connections are never touched, ``GATE.refusal`` says why, and
+the child keeps its plans in memory (``tiers.local`` says so once).
 """
 
 from __future__ import annotations
@@ -64,9 +61,8 @@ class GatedConnection(sqlite3.Connection):
         return self.cursor().executescript(script)
 
     def one(self, sql: str, parameters: Sequence[object] | Mapping[str, object] = (), /) -> dict[str, object] | None:
-        """The first row of ``sql`` as a dict by column name (None: no row), read in one pass
-        through ``GATE``: what a store hit reads, where a ``Row``'s lookups by name (each a
-        search of the column names) and a second pass cost a few microseconds."""
+        """The first row of ``sql`` as a dict by column name (None: no row), in one pass through
+        ``GATE``: a store hit's read, where a ``Row``'s lookups by name cost microseconds."""
         GATE.enter(self)
         try:
             cursor = sqlite3.Cursor(self)
@@ -77,17 +73,14 @@ class GatedConnection(sqlite3.Connection):
             GATE.leave()
 
     def close(self) -> None:
-        GATE.enter(self)
-        try:
+        with GATE.inside(self):
             super().close()
             self.closed = True
-        finally:
-            GATE.leave()
 
     def __del__(self) -> None:
-        # Freed unclosed (its thread ended; the collector frees connections, which sit in a
-        # cycle with their statement cache, at any allocation of any thread): closed at the
-        # next call through the gate, inside it, never here, where the gate may be held.
+        # Freed unclosed (its thread ended; the collector frees connections, in a cycle with their
+        # statement cache, at any allocation of any thread): closed at the next call through the
+        # gate, inside it, never here, where the gate may be held.
         if not self.closed:
             GATE.retire(self)
 
@@ -152,10 +145,9 @@ class ForkGate:
         self._clean = True  # whether the last fork found no thread inside SQLite or a transaction
         #: Why this process must not use SQLite (forked while another thread was inside it); None when it may.
         self.refusal: str | None = None
-        # Hooks at the fork itself, not state made at a child's first use (``per_process``):
-        # the fork must wait for the SQLite calls of other threads and hold the gate across
-        # it, which only the parent can do, before the child exists; and the child must
-        # learn at once which of its copies it can never touch, from what the fork found.
+        # Hooks at the fork itself, not state made at a child's first use (``per_process``): only
+        # the parent, before the fork, can wait for other threads' SQLite calls and hold the gate;
+        # and the child must learn at once, from what the fork found, which copies it must never touch.
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(before=self._before_fork, after_in_parent=self._after_in_parent,
                                 after_in_child=self._after_in_child)  # fmt: skip
@@ -182,9 +174,9 @@ class ForkGate:
                 self._cond.notify_all()
 
     @contextlib.contextmanager
-    def inside(self) -> Iterator[None]:
-        """One region of SQLite calls that a fork must not split (a connection's opening)."""
-        self.enter(None)
+    def inside(self, conn: sqlite3.Connection | None = None) -> Iterator[None]:
+        """One region of SQLite calls (of ``conn``) that a fork must not split."""
+        self.enter(conn)
         try:
             yield
         finally:
@@ -198,8 +190,8 @@ class ForkGate:
             self._opened.add(conn)
 
     def close_inherited(self) -> None:
-        """In a forked child, close the parent's connections before the child opens one of
-        its own (a connection joins the process's record of its file's locks when it opens)."""
+        """In a forked child, close the parent's connections before the child opens its own (which
+        joins the process's record of its file's locks)."""
         if self._inherited:
             with self._closing:
                 inherited, self._inherited = self._inherited, []
@@ -248,7 +240,7 @@ GATE = ForkGate()
 
 def connect(database: str | os.PathLike[str], *, timeout: float = 5.0, check_same_thread: bool = True, uri: bool = False,
             isolation_level: Literal["DEFERRED", "EXCLUSIVE", "IMMEDIATE"] | None = "DEFERRED") -> GatedConnection:  # fmt: skip
-    """``sqlite3.connect`` (with its defaults) through the gate, giving a ``GatedConnection``; refused
+    """``sqlite3.connect`` through the gate: a ``GatedConnection``; refused
     (``sqlite3.OperationalError``) in a child forked while SQLite was busy."""
     if GATE.refusal is not None:
         raise sqlite3.OperationalError(GATE.refusal)

@@ -1,7 +1,6 @@
-"""The data model of a stored plan: ``Entry`` (one row of the plan store with everything
-known about how its plan was made), its checksums, and ``problem``: the one place that
-judges whether a stored entry may be served. Hits, ``verify``, bundle import, salvage and
-the Redis tier all ask it. Pure data and hashing: no SQLite connection, nothing of GPUs.
+"""The data model of a stored plan: ``Entry`` (one row of the plan store), its checksums,
+and ``problem``: the one place that judges whether a stored entry may be served (hits,
+``verify``, bundle import, salvage and the Redis tier all ask it). No SQLite, no GPU.
 """
 
 from __future__ import annotations
@@ -10,8 +9,9 @@ import dataclasses
 import hashlib
 import json
 import math
+import operator
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,10 +42,9 @@ __all__ = [
 ]
 
 
-#: What ``problem`` says of an entry stored before plancache checked candidates against
-#: each other element by element (never checked, or checked under rule 1). It is sound
-#: but not known to be right: a lookup autotunes (and checks) the graph again and replaces
-#: it, instead of quarantining it or rebuilding its engine.
+#: What ``problem`` says of an entry stored before plancache checked candidates element by
+#: element (never, or under rule 1): sound but not known right, so a lookup autotunes (and
+#: checks) the graph again and replaces it, instead of quarantining it.
 NEVER_CHECKED = "not checked element by element: stored before plancache compared every output element, so it is chosen again"
 
 
@@ -62,8 +61,7 @@ _MAX_COUNT = (1 << 63) - 1  # what SQLite's INTEGER holds
 
 
 def load_json(text: object, what: str) -> JSON:
-    """The JSON value of stored ``text``; ``ValueError`` naming ``what`` for anything that
-    is not JSON text, or nests deeper than ``MAX_DEPTH``."""
+    """The JSON value of stored ``text``; ``ValueError`` naming ``what`` for anything else."""
     if not isinstance(text, (str, bytes)):
         raise ValueError(f"{what} is a {type(text).__name__}, not JSON text")
     try:
@@ -91,28 +89,18 @@ def load_json(text: object, what: str) -> JSON:
 
 def summarize(description: Mapping[str, object]) -> str:
     """A short op summary of a canonical description, an entry's label:
-    ``CONV_FPROP+POINTWISE(relu)``."""
+    ``CONV_FPROP+POINTWISE(relu)``; TypeError for a description of the wrong shape."""
+    nodes = description.get("nodes", [])
+    if not isinstance(nodes, (list, tuple)):  # a tuple: a description made in this process
+        raise TypeError(f"a {type(nodes).__name__} where a list belongs")
     parts = []
-    for item in _items(description.get("nodes", [])):
-        node = _mapping(item)
+    for node in nodes:
+        if not isinstance(node, dict):
+            raise TypeError(f"a {type(node).__name__} where a mapping belongs")
         params = node.get("params")
         mode = params.get("mode") if isinstance(params, dict) else None
         parts.append(f"{node['type']}({mode})" if mode else str(node["type"]))
     return "+".join(parts)
-
-
-def _items(value: object) -> Iterable[object]:
-    """A list of a description (or a tuple: one made in this process); TypeError for anything else."""
-    if isinstance(value, (list, tuple)):
-        return value
-    raise TypeError(f"a {type(value).__name__} where a list belongs")
-
-
-def _mapping(value: object) -> Mapping[str, object]:
-    """A mapping of a description or record; TypeError for anything else."""
-    if isinstance(value, dict):
-        return value
-    raise TypeError(f"a {type(value).__name__} where a mapping belongs")
 
 
 def sha256(data: bytes) -> str:
@@ -154,9 +142,8 @@ class Entry:
     #: How the choice was checked against the other candidates (``autotuning.autotune``);
     #: None: stored before plancache checked candidates, so not to be served.
     check: dict[str, JSON] | None = None
-    #: The texts of the columns the metadata checksum covers, as read from a row (None for
-    #: an entry made any other way, or changed by ``dataclasses.replace``): the checksum of
-    #: a row written as ``row`` writes them is checked on these, nothing encoded again.
+    #: The texts of the columns the metadata checksum covers, as read from a row (None for an
+    #: entry made otherwise, or by ``dataclasses.replace``): ``meta_ok`` hashes them as read.
     row_texts: tuple[object, object, int, object] | None = field(default=None, init=False, repr=False, compare=False)
     #: The row's kept judgement, as read (``store.kept``); None for an entry made any other way.
     judgement: object = field(default=None, init=False, repr=False, compare=False)
@@ -176,14 +163,12 @@ class Entry:
         return isinstance(self.check, dict) and self.check.get("rule") == CHECK_RULE
 
     def meta_digest(self) -> str:
-        """SHA-256 of what the plan executes with besides its blob, over the canonical text
-        the store keeps of it."""
+        """SHA-256 of the canonical text of what the plan executes with besides its blob."""
         return _meta_digest(*self._meta_columns())
 
     def meta_ok(self) -> bool:
-        """Whether the metadata checksum holds (an entry without one, stored by schema 1,
-        has nothing to check). A row's own texts are hashed as read; only a row whose texts
-        are not the canonical ones ``row`` writes (an older writer's) is encoded again."""
+        """Whether the metadata checksum holds (an entry of schema 1 has none). Only a row whose
+        texts are not the canonical ones ``row`` writes (an older writer's) is encoded again."""
         if self.meta_sha256 is None:
             return True
         if self.row_texts is not None and _meta_digest(*self.row_texts) == self.meta_sha256:
@@ -197,43 +182,32 @@ class Entry:
         return canonical_json(self.tensors), engine, self.workspace_size, check
 
     def row(self) -> dict[str, object]:
+        tensors, engine, _, check = self._meta_columns()
         return {
-            "key": self.key,
-            "env_id": self.env_id,
-            "label": self.label,
+            **{name: getattr(self, name) for name in _AS_IS},
             # Canonical, as the key hashes them: a lookup compares these columns with its key's
             # own texts instead of decoding them (``from_row``'s ``known``).
             "graph_json": canonical_json(self.description),
             "environment_json": canonical_json(self.environment),
             "options_json": canonical_json(self.options),
-            "tensors_json": self._meta_columns()[0],
-            "blob": self.blob,
-            "blob_sha256": self.blob_sha256,
+            "tensors_json": tensors,
             "blob_size": len(self.blob),
-            "engine_json": self._meta_columns()[1],
-            "workspace_size": self.workspace_size,
-            "policy": self.policy,
+            "engine_json": engine,
             "candidates_json": json.dumps(self.candidates),
             "timing_json": json.dumps(self.timing),
-            "build_seconds": self.build_seconds,
-            "autotune_seconds": self.autotune_seconds,
-            "backend": self.backend,
-            "created_at": self.created_at,
             "last_used_at": self.last_used_at or self.created_at,
-            "hit_count": self.hit_count,
             "meta_sha256": self.meta_sha256 or self.meta_digest(),
-            "check_json": self._meta_columns()[3],
+            "check_json": check,
         }
 
     @classmethod
     def from_row(cls, row: Mapping[str, object], known: Mapping[str, tuple[str, JSON]] | None = None,
                  details: bool = True) -> Entry:  # fmt: skip
-        """The entry a row of ``plans`` holds; ``ValueError`` for a row with any field of the
-        wrong type, range or depth (``validated``). ``known``: column -> (text, value) of
-        columns the caller has decoded already (a lookup: its key's graph, environment and
-        options); a row whose column is that text holds that value, taken without decoding.
-        ``details=False`` leaves the candidates' and the timing records out (empty): what a
-        store hit reads, and never writes back."""
+        """The entry a row of ``plans`` holds; ``ValueError`` for a field of the wrong type,
+        range or depth (``validated``). ``known``: column -> (text, value) the caller decoded
+        already (a lookup: its key's graph, environment and options), taken for a column of
+        that text without decoding. ``details=False`` leaves the candidates and the timing
+        records empty: what a store hit reads, and never writes back."""
         columns = row.keys()
         known = known or {}
         check_json = row["check_json"] if "check_json" in columns else None  # a row of schema 4 or earlier has none
@@ -244,26 +218,14 @@ class Entry:
             return found[1] if found is not None and found[0] == text else load_json(text, name)
 
         entry = cls.validated({
-            "key": row["key"],
-            "env_id": row["env_id"],
-            "label": row["label"],
+            **dict(zip(_AS_IS, _read_as_is(row))),
             "description": column("graph_json"),
             "environment": column("environment_json"),
             "options": column("options_json"),
             "tensors": load_json(row["tensors_json"], "tensors_json"),
-            "blob": row["blob"],
-            "blob_sha256": row["blob_sha256"],
             "engine": load_json(row["engine_json"], "engine_json") if row["engine_json"] else None,
-            "workspace_size": row["workspace_size"],
-            "policy": row["policy"],
             "candidates": load_json(row["candidates_json"], "candidates_json") if details else [],
             "timing": load_json(row["timing_json"], "timing_json") if details else {},
-            "build_seconds": row["build_seconds"],
-            "autotune_seconds": row["autotune_seconds"],
-            "backend": row["backend"],
-            "created_at": row["created_at"],
-            "last_used_at": row["last_used_at"],
-            "hit_count": row["hit_count"],
             "meta_sha256": row["meta_sha256"] if "meta_sha256" in columns else None,
             "check": load_json(check_json, "check_json") if check_json else None,
         })  # fmt: skip
@@ -274,17 +236,16 @@ class Entry:
     @classmethod
     def validated(cls, fields: Mapping[str, object]) -> Entry:
         """An entry of decoded ``fields`` (a row's, a bundle's or the fleet's), each checked
-        once for its type and range; ``ValueError`` naming the first that is wrong. Stored
-        bytes are judged by ``problem``; this only makes sure nothing read from them can
-        raise anything else later (a workspace size of 2**62 or infinity, a list where a
-        mapping belongs)."""
+        for its type and range; ``ValueError`` naming the first that is wrong. ``problem``
+        judges the bytes; this only makes sure nothing read from them raises later (a
+        workspace size of 2**62 or infinity, a list where a mapping belongs)."""
         read: dict[str, Any] = dict(fields)  # Any: each field is checked against _FIELD_TYPES, which mypy cannot follow
         if read.keys() != _DEFAULTS.keys():  # a row has every field: only a bundle's may lack some
             unknown = read.keys() - _DEFAULTS.keys()
             missing = _REQUIRED - read.keys()
             if unknown or missing:
                 raise ValueError(f"entry fields unknown ({sorted(unknown)}) or missing ({sorted(missing)})")
-            read.update((name, _default(name)) for name in _DEFAULTS.keys() - fields.keys())
+            read.update((name, d() if callable(d) else d) for name, d in _DEFAULTS.items() if name not in fields)
         for name, kinds in _FIELD_TYPES.items():
             value = read[name]
             if not isinstance(value, kinds) or type(value) is bool:  # bool has no subclasses
@@ -303,23 +264,20 @@ class Entry:
         return cls(**read)
 
 
-#: Each field of an entry and its default (a bundle written before a field existed lacks
-#: it); MISSING: required.
+#: The columns of ``plans`` that hold the entry's field of their name as it is (``row``
+#: writes ``last_used_at`` as ``created_at`` while it is 0).
+_AS_IS = ("key", "env_id", "label", "blob", "blob_sha256", "workspace_size", "policy", "build_seconds", "autotune_seconds",
+          "backend", "created_at", "last_used_at", "hit_count")  # fmt: skip
+_read_as_is = operator.itemgetter(*_AS_IS)
+
+#: Each field of an entry and its default or default factory (a bundle written before a
+#: field existed lacks it); MISSING: required.
 _DEFAULTS: dict[str, object] = {
     f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory
     for f in dataclasses.fields(Entry)
     if f.init
 }
-
-
 _REQUIRED = frozenset(name for name, default in _DEFAULTS.items() if default is dataclasses.MISSING)
-
-
-def _default(name: str) -> object:
-    default = _DEFAULTS[name]
-    return default() if callable(default) else default
-
-
 _TIMES = ("build_seconds", "autotune_seconds", "created_at", "last_used_at")  # seconds: finite, not negative
 
 
@@ -345,18 +303,14 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
 def problem(entry: Entry, environment: Mapping[str, object] | None = None) -> str | None:
     """Why ``entry`` must not be served (for a key of ``environment``, when given), or None.
 
-    Checks everything a plan executes with and everything its key promises: the blob's
-    checksum, the metadata checksum (tensor table, engine, workspace size), the environment,
-    the key and environment id re-derived from what the row records (a row altered, copied
-    under another key, or stored by an older key format), the tensor table against the
-    graph, and the blob's own graph against it (``store.judge``: a blob of another graph,
-    its checksum recomputed). Costs a JSON encoding and two SHA-256 hashes of the row, and
-    a read of the blob's graph (``scripts/bench_blob_check.py`` prints what that costs); a
-    lookup's own read (``judged`` with its key) need not encode what its key already hashed.
-    ``judged`` gives the same verdict typed, with what it read for the load.
-    An entry whose fields have the wrong shapes (a list where the graph's description
-    should be, say: a bundle's or the fleet's bytes are only checksummed by their sender)
-    is judged malformed, never an exception of the caller's.
+    Checks everything a plan executes with and everything its key promises: the blob's and
+    the metadata's checksums, the environment, the key and environment id re-derived from
+    the row (a row altered, copied under another key, or of an older key format), the tensor
+    table against the graph, and the blob's own graph against it (``store.judge``: a blob of
+    another graph, its checksum recomputed). Costs a JSON encoding, two SHA-256 hashes and a
+    read of the blob's graph (``scripts/bench_blob_check.py``); ``judged`` gives the verdict
+    typed. An entry of the wrong shapes (a bundle's or the fleet's bytes are only
+    checksummed by their sender) is judged malformed, never an exception of the caller's.
     """
     return unsound(entry, environment) or (None if entry.checked else NEVER_CHECKED)
 
@@ -370,10 +324,9 @@ def unsound(entry: Entry, environment: Mapping[str, object] | None = None) -> st
 
 @dataclass(frozen=True)
 class Sound:
-    """An entry found sound, with what was read to find it so, for its load to use as it
-    is: the blob decoded once (the judge read its graph, the load reads its record) and the
-    tensor table read once. ``unproven``: what the key's graph says that nothing in the
-    blob could be held to (``store.judge.Judgement``)."""
+    """An entry found sound, with what was read to find it so, for its load to use: the blob
+    decoded once (the judge read its graph, the load reads its record), the tensor table
+    read once. ``unproven``: as ``store.judge.Judgement``'s."""
 
     entry: Entry
     blob: PlanBlob
@@ -389,81 +342,65 @@ class Unsound:
     reason: str
 
 
+#: A key's environment must be its entry's: the plan is of its GPU, driver and library versions.
+_OTHER_ENVIRONMENT = Unsound("environment differs from the key's")
+
+
 def judged(entry: Entry, environment: Mapping[str, object] | None = None, env_id: str | None = None,
            key: CacheKey | None = None, blob: PlanBlob | None = None, kept: Kept | None = None) -> Sound | Unsound:  # fmt: skip
-    """``entry`` judged as ``problem`` describes (but for NEVER_CHECKED: see ``Entry.checked``),
-    for a key of ``environment`` when given; ``env_id``: that environment's id, when the
-    caller knows it (a lookup does: it is not derived again per row). ``key``: the lookup's
-    key, when the entry was read for it (``Entry.from_row``'s ``known``). ``blob``: the
-    entry's blob as a ``PlanBlob`` the caller has (a miss loaded it back), its decoding kept.
-    ``kept``: the judgement kept in the entry's row (``store.kept``, taken by the caller for
-    this row and its own code), which stands in for the judge's reading of the blob; every
-    other check is made."""
+    """``entry`` judged as ``problem`` describes (but for NEVER_CHECKED: ``Entry.checked``),
+    for a key of ``environment`` when given. ``env_id``: that environment's id, when the
+    caller knows it (not derived again per row); ``key``: the lookup's key the entry was
+    read for (``Entry.from_row``'s ``known``); ``blob``: the entry's blob decoded already;
+    ``kept``: the row's kept judgement (``store.kept``), which stands in for the judge's
+    reading of the blob, every other check made."""
     if blob is not None and blob.data != entry.blob:
         return Unsound("the blob handed to the judge is not the entry's")
     try:
-        return _judged(entry, environment, env_id, key, blob, kept)
+        if not entry.checksum_ok():
+            return Unsound("blob checksum mismatch")
+        if environment is not None and entry.environment != environment:
+            return _OTHER_ENVIRONMENT
+        if entry.env_id != (env_id if environment is not None and env_id is not None else environment_id(entry.environment)):
+            return Unsound("env_id does not match the recorded environment")
+        # An entry of the key's own graph and options objects under its digest (``Entry.from_row``'s
+        # ``known``, or made from the key) was hashed from them already: its key is not derived again.
+        held = (key is not None and entry.key == key.digest and entry.description is key.parts["graph"]
+                and entry.options is key.parts["options"] and entry.environment == key.parts["environment"])  # fmt: skip
+        parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
+        if not held and entry.key != sha256(canonical_json(parts).encode()):
+            return Unsound("key does not match the recorded graph, environment and options")
+        if not entry.meta_ok():
+            return Unsound("metadata checksum mismatch (tensor table, engine, workspace size or check record altered)")
+        if entry.check is not None and not isinstance(entry.check, dict):
+            return Unsound(f"malformed entry (its check record is a {type(entry.check).__name__})")
+        refusal = _tensor_problem(entry)
+        if refusal is not None:
+            return Unsound(refusal)
+        blob = blob if blob is not None else PlanBlob(entry.blob)
+        if kept is not None:
+            unproven = kept.unproven
+        else:
+            judgement = judge(blob, entry.description, form_of(entry.key, entry.description))
+            if judgement.refusal is not None:
+                return Unsound(judgement.refusal)
+            unproven = judgement.unproven
+        return Sound(entry, blob, tuple(map(TensorSpec.from_dict, entry.tensors)), unproven, kept is not None)
     except (AttributeError, TypeError, KeyError, ValueError) as exc:
         return Unsound(f"malformed entry ({type(exc).__name__}: {exc})")
 
 
 def held_to(verdict: Sound | Unsound, environment: Mapping[str, object]) -> Sound | Unsound:
-    """A verdict of ``judged(entry)`` (no environment: judged ahead of the device, by the
-    primer) for a key of ``environment``: what ``judged(entry, environment)`` would say of a
-    sound entry. An unsound one stays unsound, for its own reason."""
-    if isinstance(verdict, Sound):
-        return _other_environment(verdict.entry, environment) or verdict
+    """A verdict of ``judged(entry)`` (judged ahead of the device, by the primer) held to a
+    key of ``environment``: what ``judged(entry, environment)`` would say."""
+    if isinstance(verdict, Sound) and verdict.entry.environment != environment:
+        return _OTHER_ENVIRONMENT
     return verdict
 
 
-def _other_environment(entry: Entry, environment: Mapping[str, object]) -> Unsound | None:
-    """The rule that a key's environment is its entry's (the plan is of its GPU, driver and
-    library versions): the judge's, and ``held_to``'s for a verdict judged without one."""
-    return Unsound("environment differs from the key's") if entry.environment != environment else None
-
-
-def _holds(entry: Entry, key: CacheKey | None) -> bool:
-    """Whether ``entry``'s graph and options are ``key``'s own objects, under its digest: a
-    row whose columns were the key's texts (``Entry.from_row``'s ``known``), or an entry made
-    from the key. The key was hashed from those very texts: it need not be derived again."""
-    return (key is not None and entry.key == key.digest and entry.description is key.parts["graph"]
-            and entry.options is key.parts["options"] and entry.environment == key.parts["environment"])  # fmt: skip
-
-
-def _judged(entry: Entry, environment: Mapping[str, object] | None, env_id: str | None, key: CacheKey | None,
-            blob: PlanBlob | None, kept: Kept | None) -> Sound | Unsound:  # fmt: skip
-    if not entry.checksum_ok():
-        return Unsound("blob checksum mismatch")
-    other = _other_environment(entry, environment) if environment is not None else None
-    if other is not None:
-        return other
-    if entry.env_id != (env_id if environment is not None and env_id is not None else environment_id(entry.environment)):
-        return Unsound("env_id does not match the recorded environment")
-    parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
-    if not _holds(entry, key) and entry.key != sha256(canonical_json(parts).encode()):
-        return Unsound("key does not match the recorded graph, environment and options")
-    if not entry.meta_ok():
-        return Unsound("metadata checksum mismatch (tensor table, engine, workspace size or check record altered)")
-    if entry.check is not None and not isinstance(entry.check, dict):
-        return Unsound(f"malformed entry (its check record is a {type(entry.check).__name__})")
-    refusal = _tensor_problem(entry)
-    if refusal is not None:
-        return Unsound(refusal)
-    blob = blob if blob is not None else PlanBlob(entry.blob)
-    if kept is not None:
-        unproven = kept.unproven
-    else:
-        judgement = judge(blob, entry.description, form_of(entry.key, entry.description))
-        if judgement.refusal is not None:
-            return Unsound(judgement.refusal)
-        unproven = judgement.unproven
-    return Sound(entry, blob, tuple(map(TensorSpec.from_dict, entry.tensors)), unproven, kept is not None)
-
-
 def _tensor_problem(entry: Entry) -> str | None:
-    """Whether the stored tensor table contradicts the graph of the key: a damaged input
-    shape would make every ``execute`` refuse the caller's right tensors. Outputs are not
-    compared: their shapes are inferred at build time and need not be in the graph."""
+    """Whether the tensor table contradicts the key's graph (a damaged input shape would make
+    every ``execute`` refuse the right tensors). Output shapes, inferred at build time, are not compared."""
     # On every store hit's path: the types are narrowed inline (a helper is a Python call each).
     described = entry.description.get("tensors") or {}
     if not isinstance(described, dict):

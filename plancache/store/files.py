@@ -1,20 +1,17 @@
 """The files of a cache directory, trusted only when they are its owner's: who may own and
-write each one, how each is opened (never through a link), and the hardening of every
-SQLite connection to the store. Also how a file a user names (a secret, a bundle, a
-manifest, a recording) is read: a regular file only, never a FIFO or a device, of bounded
-size.
+write each, how each is opened (never through a link), and the hardening of every SQLite
+connection to the store. Also how a file a user names (a secret, a bundle, a manifest, a
+recording) is read: a regular file only, of bounded size.
 
-Plans carry native code, so a file that another user could have written is never read:
-the directory, ``plans.db`` and its ``-wal``/``-shm``, the build locks and the notes beside
-the store must be owned by the effective user or by root, and writable by no one else. Root
-can already change anything a user runs, so a cache root baked into an image is trusted as
-pip and OpenSSH trust root's files; root itself trusts only root's. A shared cache names its
-group (``PLANCACHE_ALLOW_SHARED_DIR``): its files may then be owned by any member of that
-group and be group-writable, never writable by others.
-
-What plancache creates there is the user's alone (0600, 0700), or in a directory shared
-with the named group the group's too (0660, 2770): such a directory must be setgid, so that
-what each member creates in it is the group's, as the others' checks require.
+Plans carry native code, so a file another user could have written is never read: the
+directory, ``plans.db`` and its ``-wal``/``-shm``, the build locks and the notes beside the
+store must be owned by the effective user or by root, and writable by no one else. Root can
+already change anything a user runs, so a cache baked into an image is trusted as pip and
+OpenSSH trust root's files; root trusts only root's. A shared cache names its group
+(``PLANCACHE_ALLOW_SHARED_DIR``): its files may be owned by any member and group-writable,
+never writable by others. What plancache creates is the user's alone (0600, 0700), or in a
+directory shared with the group the group's too (0660, 2770): such a directory must be
+setgid, so what each member creates is the group's, as the others' checks require.
 """
 
 from __future__ import annotations
@@ -63,8 +60,8 @@ def _name(uid: int) -> str:
 
 
 def _distrust(st: os.stat_result, group: str | None) -> str | None:
-    """Why a file of this status is not to be trusted, in words; None when it is. With
-    ``group``, a file of that group may be group-writable and owned by any of its members."""
+    """Why a file of this status is not to be trusted, in words, or None. With ``group``, a
+    file of that group may be group-writable and owned by any of its members."""
     if stat.S_ISLNK(st.st_mode):
         return "it is a symbolic link"
     shared = group is not None and st.st_gid == _group_id(group)
@@ -77,9 +74,9 @@ def _distrust(st: os.stat_result, group: str | None) -> str | None:
 
 
 def check_trusted(path: Path, group: str | None, *, follow: bool = False) -> os.stat_result | None:
-    """Refuse (``CacheDirError``) a cache file or directory that its owner alone could not
-    have written; its status when trusted, None when there is none. ``follow``: the path
-    may be a link (the cache directory itself); a file in it never may."""
+    """Refuse (``CacheDirError``) a cache file or directory that its owner alone could not have
+    written; its status, or None when there is none. ``follow``: the path may be a link (the
+    cache directory itself); a file in it never may."""
     try:
         st = os.stat(path) if follow else os.lstat(path)
     except FileNotFoundError:
@@ -110,10 +107,9 @@ SHARED = Modes(0o660, 0o2770, None)
 
 
 def modes_of(directory: Path, st: os.stat_result | None, group: str | None) -> Modes:
-    """How files are made in ``directory`` (a trusted one, of status ``st``): private, unless
-    ``group`` is named and the directory is that group's and writable by it, when it must be
-    setgid (``CacheDirError`` otherwise: each member's files would be that member's own
-    group's, and refused by the others)."""
+    """How files are made in the trusted ``directory`` of status ``st``: private, unless it is
+    ``group``'s and writable by it, when it must be setgid (``CacheDirError`` otherwise: each
+    member's files would be that member's own group's, refused by the others)."""
     if group is None:
         return PRIVATE
     if st is None or st.st_gid != _group_id(group) or not st.st_mode & stat.S_IWGRP:  # the user's own directory
@@ -133,11 +129,10 @@ class _NotRegular(OSError):
 
 def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o600, *,
                  follow: bool = False) -> tuple[int, os.stat_result]:  # fmt: skip
-    """``os.open`` of a regular file, for every file plancache reads or writes beside its
-    store: the descriptor and its ``fstat``, so what the caller judges is the file it uses,
-    however the path changes meanwhile. ``O_NOFOLLOW`` (unless ``follow``): a link is
-    ``OSError`` (ELOOP), never opened through. ``O_NONBLOCK``: a FIFO with no writer does
-    not hang the open; it and any other kind of file is ``OSError`` (EINVAL) naming it."""
+    """``os.open`` of a regular file beside the store: the descriptor and its ``fstat``, so the
+    caller judges the file it uses, however the path changes. ``O_NOFOLLOW`` (unless
+    ``follow``): a link is ``OSError`` (ELOOP). ``O_NONBLOCK``: a FIFO with no writer does not
+    hang the open; it and any other non-regular file is ``OSError`` (EINVAL) naming it."""
     fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     try:
         status = os.fstat(fd)
@@ -150,10 +145,9 @@ def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o600, *,
 
 
 def read_regular(path: str | os.PathLike[str], limit: int, *, follow: bool = False) -> tuple[bytes, int]:
-    """The bytes and mode of the regular file at ``path``, for a file a user names beside the
-    store (a secret, a bundle, a recording). ``Refused`` says why not: a symbolic link
-    (unless ``follow``), a FIFO, a device, a directory, or more than ``limit`` bytes;
-    ``OSError`` when it cannot be opened."""
+    """The bytes and mode of the regular file a user names at ``path`` (a secret, a bundle, a
+    recording). ``Refused`` says why not: a link (unless ``follow``), a FIFO, a device, a
+    directory, or over ``limit`` bytes; ``OSError`` when it cannot be opened."""
     try:
         fd, status = open_regular(path, os.O_RDONLY, follow=follow)
     except _NotRegular as exc:
@@ -178,9 +172,8 @@ MAX_SECRET_FILE = 64 << 10
 
 def read_secret_file(path: Path) -> bytes:
     """The secret in the file at ``path`` (``PLANCACHE_REDIS_SECRET_FILE``), without its line
-    end; ``Refused`` saying why not. Read through a link: secrets are mounted as links to the
-    file that holds them (a Kubernetes secret volume), and a link cannot make a secret of what
-    is not one."""
+    end; ``Refused`` saying why not. Read through a link: secrets are mounted as links (a
+    Kubernetes secret volume), and a link cannot make a secret of what is not one."""
     try:
         secret = read_regular(path, MAX_SECRET_FILE, follow=True)[0].rstrip(b"\r\n")
     except OSError as exc:
@@ -191,9 +184,8 @@ def read_secret_file(path: Path) -> bytes:
 
 
 def create_file(path: Path, modes: Modes) -> None:
-    """Create the empty file ``path`` with ``modes.file`` if there is none; never through a
-    link. SQLite gives a database's ``-wal`` and ``-shm`` the database file's mode, so
-    creating ``plans.db`` first makes all three so."""
+    """Create the empty file ``path`` with ``modes.file`` if there is none, never through a link
+    (SQLite gives ``-wal`` and ``-shm`` the database file's mode)."""
     try:
         fd, _ = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, modes.file)
     except FileExistsError:
@@ -218,13 +210,11 @@ def create_directory(path: Path, modes: Modes) -> None:
 
 
 def file_lock(path: Path, modes: Modes = PRIVATE, then: Callable[[int], None] | None = None) -> BaseFileLock:
-    """filelock's ``FileLock`` on ``path``, a lock file beside the store that is never
-    removed: a process could lock a removed file while another creates a new one. The file
-    is made here first, as every file beside the store is (``create_file``: never through a
-    link, with exactly ``modes.file`` whatever the umask), and refused (``CacheDirError``)
-    when it is a link or not trusted, both before filelock opens it and on the descriptor it
-    locked, which must also be a regular file. ``then(fd)`` runs on that descriptor once it
-    is locked (filelock's ``on_acquired``)."""
+    """filelock's ``FileLock`` on ``path``, a lock file beside the store, never removed (a
+    process could lock a removed file while another creates a new one). Made here first
+    (``create_file``), refused (``CacheDirError``) when a link or not trusted, both before
+    filelock opens it and on the descriptor it locked, which must be a regular file.
+    ``then(fd)`` runs on that descriptor once locked (filelock's ``on_acquired``)."""
     from filelock import FileLock  # on a miss only: plancache's import stays cheap
 
     ready_lock_file(path, modes)
@@ -242,19 +232,18 @@ def file_lock(path: Path, modes: Modes = PRIVATE, then: Callable[[int], None] | 
 
 
 def ready_lock_file(path: Path, modes: Modes) -> None:
-    """What ``file_lock`` does before filelock opens ``path``: refuse it when it is a link or
-    not trusted, else make it when it is not there. A lock kept for later acquisitions
-    (filelock opens the file again at each) is checked again before each."""
+    """What ``file_lock`` does before filelock opens ``path``: refuse a link or an untrusted
+    file, else make it if missing. A lock kept for later acquisitions (filelock opens the
+    file again at each) is checked again before each."""
     check_trusted(path, modes.group)
     create_file(path, modes)
 
 
 def harden(conn: sqlite3.Connection) -> None:
     """What every connection to a store sets before it reads: no function with side effects
-    runs from the schema (``trusted_schema``), and, where the sqlite3 module offers it
-    (``Connection.setconfig``, Python 3.12+), SQLite's defensive mode, which forbids writing
-    the schema by hand. On Python 3.11 defensive mode is not reachable; the schema check at
-    open (``schema.migrate``) refuses a foreign schema all the same."""
+    runs from the schema (``trusted_schema``), and SQLite's defensive mode (no writing the
+    schema by hand) where ``Connection.setconfig`` offers it (Python 3.12+); on 3.11
+    ``schema.migrate`` refuses a foreign schema all the same."""
     conn.execute("PRAGMA trusted_schema = OFF")
     if hasattr(conn, "setconfig") and hasattr(sqlite3, "SQLITE_DBCONFIG_DEFENSIVE"):
         conn.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)

@@ -1,30 +1,26 @@
 """The judge: whether a stored blob is a plan of its key's own graph.
 
-A row's checksums say its bytes are the ones written; they cannot say the blob belongs to
-the key (a row holding another graph's blob, its checksum recomputed, passes them). The
-blob says what it is a plan of: the graph the frontend built it from, normalized as the
-frontend normalizes (``formats.plan_graph`` reads it). ``judge`` holds that graph against
-the form the key's description says the frontend writes (``key.frontend_form``), field by
-field:
+A row's checksums say its bytes are the ones written, not that the blob belongs to the key
+(another graph's blob, its checksum recomputed, passes them). The blob names the graph the
+frontend built it from, normalized as the frontend normalizes (``formats.plan_graph`` reads
+it); ``judge`` holds it, field by field, against the form the key's description says the
+frontend writes (``key.frontend_form``):
 
-* the ops, in order: tags, and every attribute a rule derives from the description
-  (pointwise mode and clips, convolution padding, stride and dilation, attention's scale,
-  masks and bounds, norm phases, reduction and MoE modes...) with its default where the
-  description leaves it;
-* the wiring: the tensor at every port of every op (caller tensors by uid, the graph's own
-  intermediate tensors by one consistent pairing);
-* every caller tensor: data type, by-value or not, dims and strides as the frontend lays
-  them out, its ragged offset and that offset's multiplier, its reordering;
-* the graph's data types and flags;
-* and no tensor a caller binds that the key's graph does not have.
+* the ops in order: tags, and every attribute a rule derives from the description (pointwise
+  mode and clips, convolution padding, stride and dilation, attention's scale, masks and
+  bounds, norm phases, reduction and MoE modes...), with its default where it is left out;
+* the wiring: the tensor at every port (caller tensors by uid, the graph's own intermediate
+  tensors by one consistent pairing);
+* every caller tensor: data type, by-value or not, dims and strides as the frontend lays them
+  out, its ragged offset and that offset's multiplier, its reordering;
+* the graph's data types and flags, and no tensor a caller binds that the key's graph lacks.
 
-What no rule covers is named in ``Judgement.unproven`` rather than guessed either way;
+What no rule covers is named in ``Judgement.unproven``, not guessed either way;
 docs/reliability.md lists both.
 """
 
 from __future__ import annotations
 
-import enum
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -41,18 +37,10 @@ __all__ = ["ANOTHER_GRAPH", "Judgement", "form_of", "judge"]
 ANOTHER_GRAPH = "the blob is a plan of another graph"
 
 
-class _Side(enum.Enum):
-    """A node's side a port is on (the value: as refusals name it)."""
-
-    INPUT = "input"
-    OUTPUT = "output"
-
-
 @dataclass(frozen=True)
 class Judgement:
-    """The judge's verdict on one blob: ``refusal`` says why it is not a plan of the key's
-    graph (None: it is), ``unproven`` what the description says that nothing in the blob
-    could be held to."""
+    """The judge's verdict on one blob: ``refusal``, why it is not a plan of the key's graph
+    (None: it is); ``unproven``, what the description says that nothing in the blob could be held to."""
 
     refusal: str | None
     unproven: tuple[str, ...] = ()
@@ -64,9 +52,8 @@ _FORMS_KEPT = 256
 
 
 def form_of(key: str, description: Mapping[str, object]) -> FrontendForm:
-    """The frontend form of ``description``, kept per key: call it only once the key is
-    known to be the hash of this description (``store.entry`` checks that first), so one
-    key has one form."""
+    """The frontend form of ``description``, kept per key: call it only once the key is known
+    to be this description's hash (``store.entry`` checks that first)."""
     with _FORMS_LOCK.get():
         form = _FORMS.get(key)
         if form is not None:
@@ -81,9 +68,8 @@ def form_of(key: str, description: Mapping[str, object]) -> FrontendForm:
 
 
 def judge(blob: PlanBlob | bytes, description: Mapping[str, object], form: FrontendForm | None = None) -> Judgement:
-    """Whether ``blob`` is a plan of ``description``'s graph (``form``: its frontend form,
-    when the caller has it already). A description of the wrong shape is a refusal. A
-    ``PlanBlob`` keeps its decoding for whoever loads it next."""
+    """Whether ``blob`` is a plan of ``description``'s graph (``form``: its frontend form, if
+    known); a description of the wrong shape is a refusal. A ``PlanBlob`` keeps its decoding."""
     try:
         graph = read_graph(PlanBlob.of(blob))
     except ValueError as exc:
@@ -142,13 +128,12 @@ class _Judge:
             if value is _MISSING:
                 raise _Refused(f"node {node.position} ({node.tag}) does not say its {name}")
             if not _same(expected, value):
-                raise _Refused(
-                    f"node {node.position} ({node.tag}) has {name} {found.attributes[name]!r}, not {_shown(expected)!r}"
-                )
+                shown = expected.hex() if isinstance(expected, F32) else expected
+                raise _Refused(f"node {node.position} ({node.tag}) has {name} {value!r}, not {shown!r}")
 
     def ports(self, node: FormNode, found: BlobNode) -> None:
-        for side, ports, names, held in ((_Side.INPUT, node.inputs, node.names[0], found.inputs),
-                                         (_Side.OUTPUT, node.outputs, node.names[1], found.outputs)):  # fmt: skip
+        for side, ports, names, held in (("input", node.inputs, node.names[0], found.inputs),
+                                         ("output", node.outputs, node.names[1], found.outputs)):  # fmt: skip
             if held.keys() == names:  # every port named as written, and no other: nothing is loose or extra
                 for port in ports:
                     self.bind(port.tid, held[port.name], (side, port.name, node))
@@ -163,28 +148,27 @@ class _Judge:
                     name = spelled.get(_spelling(port.name))
                 if name is None or name not in held:
                     if port.exact:
-                        raise _Refused(f"node {node.position} ({node.tag}) has no {side.value} {port.name}")
+                        raise _Refused(f"node {node.position} ({node.tag}) has no {side} {port.name}")
                     loose.append(port.tid)
                     continue
                 matched.add(name)
                 self.bind(port.tid, held[name], (side, name, node))
             # a port plancache cannot name in the blob: its tensor must be among the node's (a
             # batch norm's peer statistics are a list beside its ports)
-            among = (_uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side is _Side.INPUT else set())
+            among = (_uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side == "input" else set())
                      if loose else set())  # fmt: skip
             for tid in loose:
                 uid = self.uid_of.get(tid)
                 if uid is not None and uid not in among:
-                    raise _Refused(f"node {node.position} ({node.tag}) does not {side.value} tensor {uid}")
-                self.notes.append(f"node {node.position} ({node.tag}): an {side.value} port matched by its tensor only")
+                    raise _Refused(f"node {node.position} ({node.tag}) does not {side} tensor {uid}")
+                self.notes.append(f"node {node.position} ({node.tag}): an {side} port matched by its tensor only")
             for name, uid in held.items():
                 if uid is None or name in matched:
                     continue
                 others = {self.tid_of.get(u) for u in _uids([uid])} - {None}
-                if others - set(loose):  # a tensor of the key's graph at a port the key's graph does not have
-                    raise _Refused(f"node {node.position} ({node.tag}) has {side.value} {name}, which the key's graph does not")
-                if name not in node.extras and not all(self._own(u) for u in _uids([uid])):
-                    raise _Refused(f"node {node.position} ({node.tag}) has {side.value} {name}, which the key's graph does not")
+                # a tensor of the key's graph at a port the key's graph does not have, or one not the frontend's own
+                if others - set(loose) or (name not in node.extras and not all(self._own(u) for u in _uids([uid]))):
+                    raise _Refused(f"node {node.position} ({node.tag}) has {side} {name}, which the key's graph does not")
 
     def _own(self, uid: int) -> bool:
         """Whether ``uid`` is a tensor the frontend made itself (virtual, or by value)."""
@@ -192,20 +176,18 @@ class _Judge:
         return record is not None and (record.get("is_virtual") is True or record.get("is_pass_by_value") is True)
 
     def bind(self, tid: str, uid: object, where: _Where) -> None:
-        """Pair the description's tensor ``tid`` with the blob's ``uid``: a caller tensor
-        with its own uid, the graph's own tensors one to one. ``where``: the port (side,
-        name, node), or the tensor whose ragged offset this is; spelled out on a refusal only."""
+        """Pair the description's tensor ``tid`` with the blob's ``uid``: a caller tensor with its
+        own uid, the graph's own tensors one to one. ``where`` (``_Where``) is named on a refusal."""
         bound = self.uid_of.get(tid)
         if bound == uid and type(uid) is int:
             return
         if type(uid) is not int:
             raise _Refused(f"{_where(where)} holds {uid!r}, not one tensor")
-        if bound is None:
-            if uid in self.tid_of:
-                raise _Refused(f"{_where(where)} holds tensor {uid}, which is another of the key's graph")
-            self.uid_of[tid], self.tid_of[uid] = uid, tid
-        else:
+        if bound is not None:
             raise _Refused(f"{_where(where)} holds tensor {uid}, not {bound}")
+        if uid in self.tid_of:
+            raise _Refused(f"{_where(where)} holds tensor {uid}, which is another of the key's graph")
+        self.uid_of[tid], self.tid_of[uid] = uid, tid
 
     # ------------------------------------------------------------------ tensors
 
@@ -276,7 +258,7 @@ def _what(tensor: FormTensor, uid: int) -> str:
 
 
 #: Where ``bind`` found a uid: a port (side, name, node), or the tensor whose ragged offset it is.
-_Where = tuple[_Side, str, FormNode] | tuple[str]
+_Where = tuple[str, str, FormNode] | tuple[str]
 
 
 def _where(where: _Where) -> str:
@@ -284,7 +266,7 @@ def _where(where: _Where) -> str:
     if len(where) == 1:
         return f"the ragged offset of {where[0]}"
     side, name, node = where
-    return f"{side.value} {name} of node {node.position} ({node.tag})"
+    return f"{side} {name} of node {node.position} ({node.tag})"
 
 
 def _laid_out_as(layouts: list[tuple[tuple[int, ...], tuple[int, ...] | None]], found: BlobTensor) -> bool:
@@ -293,13 +275,8 @@ def _laid_out_as(layouts: list[tuple[tuple[int, ...], tuple[int, ...] | None]], 
 
 
 def _uids(values: Iterable[object]) -> set[int]:
-    found: set[int] = set()
-    for value in values:
-        if type(value) is int:
-            found.add(value)
-        elif isinstance(value, list):
-            found.update(v for v in value if type(v) is int)
-    return found
+    """The uids among ``values``: ints, and the ints of lists."""
+    return {v for value in values for v in (value if isinstance(value, list) else (value,)) if type(v) is int}
 
 
 def _same(expected: object, found: object) -> bool:
@@ -313,7 +290,3 @@ def _same(expected: object, found: object) -> bool:
     if type(expected) is bool or type(found) is bool:
         return type(expected) is type(found) and expected == found
     return bool(expected == found)
-
-
-def _shown(value: object) -> object:
-    return value.hex() if isinstance(value, F32) else value

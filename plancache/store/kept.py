@@ -1,15 +1,12 @@
 """A judgement kept in the store: what the judge and the load's record reader found of a
-stored plan, written once so that later lookups of the same row do not decode and judge
-its blob again.
+stored plan, written once so later lookups of the row do not decode and judge its blob again.
 
-The judge (``store.judge``: is the blob a plan of its key's graph?) and the reader of the
-load's record (``guest.native.record``) are pure functions of the blob, of the row's
-graph (its key) and tensor table, and of plancache's code that runs them. A kept judgement
-names each of them: the row's key, its blob's and its metadata's checksums, and the
-version of that code (a digest of its source, which the caller gives), and it carries a
-checksum of its own. It is taken only where every one of them is the row's and the
-running code's; anything else (another version of plancache, a row written again, damage)
-is no kept judgement, and the blob is judged as if none had been kept.
+The judge (``store.judge``) and the load's record reader (``guest.native.record``) are pure
+functions of the blob, the row's graph (its key) and tensor table, and the code that runs
+them. A kept judgement names each: the row's key, its blob's and metadata's checksums, and
+the code's version (a digest of its source, from the caller), with a checksum of its own.
+It is taken only where every one is the row's and the running code's; anything else
+(another plancache, a row written again, damage) is none, and the blob is judged afresh.
 
 What it never stands in for, at every lookup: the blob's and the metadata's checksums
 against the row's bytes, the environment, the key, the tensor table against the graph
@@ -44,8 +41,8 @@ def keep(key: str, blob_sha256: str, meta_sha256: str | None, version: str, unpr
 
 
 def kept(text: object, key: str, blob_sha256: str, meta_sha256: str | None, version: str | None) -> Kept | None:
-    """The judgement ``text`` keeps of the row of ``key`` with these checksums, under the
-    code of ``version``; None where there is none, or it is of other bytes, other code, or damaged."""
+    """The judgement ``text`` keeps of the row of ``key`` with these checksums, under the code
+    of ``version``; None for none, or one of other bytes, other code, or damaged."""
     if version is None or not isinstance(text, str):
         return None
     digest, _, body = text.partition(" ")

@@ -25,8 +25,8 @@ _LISTED = ("key, env_id, label, length(blob) AS blob_size, workspace_size, polic
 
 
 class Listed(TypedDict):
-    """One entry of ``list_entries``: its row's columns but the blob, as the schema types
-    them (a row is written from a validated ``Entry``), the blob's size in its place."""
+    """One entry of ``list_entries``: its row's columns (as a validated ``Entry`` wrote them),
+    the blob's size in place of the blob."""
 
     key: str
     env_id: str
@@ -54,8 +54,7 @@ class Pruned(TypedDict):
 
 
 class PruneReport(TypedDict):
-    """What ``prune`` removed (or, ``dry_run``, would): entries, their bytes, the kernel
-    caches of other environments and how many quarantined entries."""
+    """What ``prune`` removed (or, ``dry_run``, would)."""
 
     dry_run: bool
     removed: list[Pruned]
@@ -65,8 +64,7 @@ class PruneReport(TypedDict):
 
 
 class Deserialized(TypedDict):
-    """What ``verify`` loaded: the blobs of ``env_id`` checked, those of others skipped,
-    and why each that failed did."""
+    """What ``verify`` loaded: the blobs of ``env_id`` checked, others skipped, and why each failure failed."""
 
     env_id: str | None
     checked: int
@@ -76,7 +74,7 @@ class Deserialized(TypedDict):
 
 class Fixed(TypedDict, total=False):
     """What ``verify(fix=True)`` did: a damaged file moved aside (``Store.repair``), entries
-    quarantined and kernel caches removed."""
+    quarantined, kernel caches removed."""
 
     moved_aside: str | None
     salvaged: int
@@ -105,22 +103,15 @@ UNDECODABLE_HINT = "`plancache verify --fix` quarantines it"
 
 
 def list_entries(store: Store, env_id: str | None = None, *, undecodable: dict[str, str] | None = None) -> list[Listed]:
-    """Summaries of every entry (no blob), most recently used first.
-
-    Row by row: a row whose text cannot be decoded (invalid UTF-8 in a column) is left out,
-    and, with ``undecodable``, reported there (its key, replacement characters where it is
-    damaged -> which column), so that one damaged row does not fail every read command."""
+    """Summaries of every entry (no blob), most recently used first. A row whose text cannot
+    be decoded (invalid UTF-8) is left out, and reported in ``undecodable`` if given (its key,
+    with replacement characters -> which column): one damaged row fails no read command."""
     where, args = ("WHERE env_id = ?", (env_id,)) if env_id is not None else ("", ())
     sql = f"SELECT {_LISTED} FROM plans {where} ORDER BY last_used_at DESC, key"
-    conn = store.connection()
-    old = conn.text_factory
-    conn.text_factory = bytes  # each row decoded below, so that one bad row fails only itself
-    try:
+    with lenient_text(store.connection(), bytes) as conn:  # each row decoded below: one bad row fails only itself
         cursor = conn.execute(sql, args)
         names = [column[0] for column in cursor.description]
         raw = cursor.fetchall()
-    finally:
-        conn.text_factory = old
     rows: list[Listed] = []
     for values in raw:
         row: dict[str, object] = {}
@@ -142,8 +133,8 @@ def list_entries(store: Store, env_id: str | None = None, *, undecodable: dict[s
 
 def environment_named(prefix: str, known: set[str], where: str) -> str:
     """The one environment id of ``known`` (those of the plans in ``where``) that ``prefix``
-    begins, else ``EntryNotFoundError`` naming what there is: a typo must not export an
-    empty bundle, list nothing or import nothing without a word."""
+    begins, else ``EntryNotFoundError`` naming what there is: a typo must not silently
+    export, list or import nothing."""
     found = sorted(env for env in known if env.startswith(prefix))
     if len(found) != 1:
         problem = "no environment" if not found else f"an ambiguous prefix ({', '.join(found)})"
@@ -161,13 +152,22 @@ def prune(
     dry_run: bool = False,
     batch: int = 64,
 ) -> PruneReport:
-    """Remove entries of environments not in ``env_ids_keep`` (and their kernel caches),
-    entries unused for more than ``older_than_s`` seconds, and with ``quarantined`` every
-    quarantined entry. Deletes ``batch`` rows per transaction, so lookups and builds of other
-    processes never wait long; an entry used meanwhile is kept. ``dry_run`` reports and
-    deletes nothing."""
+    """Remove entries of environments not in ``env_ids_keep`` (and their kernel caches), those
+    unused for over ``older_than_s`` seconds, and with ``quarantined`` every quarantined
+    entry: ``batch`` rows per transaction, so other processes never wait long; an entry used
+    meanwhile is kept. ``dry_run`` deletes nothing."""
     cutoff = time.time() - older_than_s if older_than_s is not None else None
-    doomed = _prune_candidates(store, env_ids_keep, cutoff)
+    doomed: list[Pruned] = []
+    rows = store.connection().execute("SELECT key, env_id, label, length(blob), last_used_at FROM plans ORDER BY key").fetchall()
+    for key, env_id, label, blob_size, last_used_at in rows:
+        if env_ids_keep is not None and env_id not in env_ids_keep:
+            reason = "other environment"
+        elif cutoff is not None and last_used_at < cutoff:
+            reason = "unused since " + time.strftime("%Y-%m-%d", time.localtime(last_used_at))
+        else:
+            continue
+        doomed.append({"key": key, "env_id": env_id, "label": label, "blob_size": blob_size, "last_used_at": last_used_at,
+                       "reason": reason})  # fmt: skip
     report: PruneReport = {
         "dry_run": dry_run,
         "removed": doomed,
@@ -195,21 +195,6 @@ def prune(
     return report
 
 
-def _prune_candidates(store: Store, env_ids_keep: set[str] | None, cutoff: float | None) -> list[Pruned]:
-    rows = store.connection().execute("SELECT key, env_id, label, length(blob), last_used_at FROM plans ORDER BY key").fetchall()
-    doomed: list[Pruned] = []
-    for key, env_id, label, blob_size, last_used_at in rows:
-        if env_ids_keep is not None and env_id not in env_ids_keep:
-            reason = "other environment"
-        elif cutoff is not None and last_used_at < cutoff:
-            reason = "unused since " + time.strftime("%Y-%m-%d", time.localtime(last_used_at))
-        else:
-            continue
-        doomed.append({"key": key, "env_id": env_id, "label": label, "blob_size": blob_size, "last_used_at": last_used_at,
-                       "reason": reason})  # fmt: skip
-    return doomed
-
-
 def _stale_kernel_caches(store: Store, env_ids_keep: set[str] | None) -> list[str]:
     if env_ids_keep is None:
         return []
@@ -226,11 +211,9 @@ def verify(
 ) -> VerifyReport:
     """Check everything: SQLite's integrity check, every row through ``entry.problem``,
     kernel-cache checksums and, given ``load``, that every blob of environment ``env_id``
-    deserializes. ``report["problems"]`` lists them all.
-
-    ``fix``: quarantine bad entries (kept, never served), drop bad kernel caches; a file that
-    fails the integrity check is moved aside (kept) and its intact entries copied into a new
-    one. Nothing is deleted silently: the report says what was done."""
+    deserializes; ``report["problems"]`` lists them all. ``fix``: quarantine bad entries
+    (kept, never served), drop bad kernel caches, and move a file that fails the integrity
+    check aside (kept), its intact entries copied into a new one; the report says what was done."""
     report: VerifyReport = {"path": str(store.path), "entries": 0, "integrity": [], "checksum": [], "foreign": {}, "damaged": {},
                             "unreadable": [], "kernel_caches": [], "deserialize": None, "fixed": {}, "problems": []}  # fmt: skip
     try:
@@ -250,9 +233,9 @@ def verify(
 
 def _verify_rows(store: Store, report: VerifyReport, load: Callable[[Entry], object] | None,
                  env_id: str | None) -> dict[str, tuple[str, float]]:  # fmt: skip
-    """Fill the row-level parts of a verify report, one row at a time by rowid, so a
-    row whose key itself is damaged is still found (and can be quarantined). Returns the
-    identity (blob checksum, creation time) of each row read, by key."""
+    """Fill the row-level parts of a verify report, one row at a time by rowid (a row whose key
+    is damaged is still found, to be quarantined); returns each row's identity (blob checksum,
+    creation time) by key."""
     checked: Deserialized = {"env_id": env_id, "checked": 0, "skipped": 0, "failed": {}}
     identities: dict[str, tuple[str, float]] = {}
     if load is not None:
@@ -273,8 +256,14 @@ def _verify_rows(store: Store, report: VerifyReport, load: Callable[[Entry], obj
             report["checksum"].append(entry.key)
         elif (found := problem(entry)) is not None:
             report["foreign"][entry.key] = found
+        elif load is not None and env_id is not None and entry.env_id != env_id:
+            checked["skipped"] += 1  # another environment's blob cannot load on this GPU
         elif load is not None:
-            _check_load(entry, load, env_id, checked)
+            checked["checked"] += 1
+            try:
+                load(entry)
+            except Exception as exc:  # the library refusing a blob is a finding, not a crash
+                checked["failed"][entry.key] = f"deserialize failed: {type(exc).__name__}: {exc}"
     try:
         with lenient_text(conn):
             for row in conn.execute("SELECT env_id, blob, blob_sha256 FROM kernel_caches"):
@@ -291,10 +280,8 @@ def _verify_read(store: Store, rowid: int, report: VerifyReport) -> Entry | None
     try:
         row = store.connection().execute("SELECT * FROM plans WHERE rowid = ?", (rowid,)).fetchone()
         return Entry.from_row(row) if row is not None else None
-    except (ValueError, KeyError, TypeError) as exc:
-        report["damaged"][rowid] = f"cannot be decoded: {exc}"
-    except sqlite3.DatabaseError as exc:
-        if not is_undecodable(exc):
+    except (ValueError, KeyError, TypeError, sqlite3.DatabaseError) as exc:
+        if isinstance(exc, sqlite3.DatabaseError) and not is_undecodable(exc):
             report["unreadable"].append(f"row {rowid}: {exc}")
         else:
             report["damaged"][rowid] = f"cannot be decoded: {exc}"
@@ -314,7 +301,11 @@ def _fix_rows(store: Store, report: VerifyReport, identities: Mapping[str, tuple
         f"row {rowid}" for rowid, reason in report["damaged"].items() if store.quarantine_rowid(rowid, f"verify: {reason}")
     ]
     if report["kernel_caches"]:
-        _write_many(store, "DELETE FROM kernel_caches WHERE env_id = ?", [(e,) for e in report["kernel_caches"]])
+        try:
+            with store.transaction() as tx:
+                tx.executemany("DELETE FROM kernel_caches WHERE env_id = ?", [(e,) for e in report["kernel_caches"]])
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write plan store {store.path}: {exc}", path=str(store.path)) from exc
     fixed: Fixed = {"quarantined": quarantined, "kernel_caches_removed": list(report["kernel_caches"])}
     if report["unreadable"] and not report["fixed"].get("moved_aside"):  # unreadable rows cannot be moved: the file is
         fixed.update(_repaired(store.repair("unreadable rows: " + "; ".join(report["unreadable"][:3]), thorough=True)))
@@ -323,27 +314,6 @@ def _fix_rows(store: Store, report: VerifyReport, identities: Mapping[str, tuple
 
 def _repaired(repaired: Repaired) -> Fixed:
     return {"moved_aside": repaired["moved_aside"], "salvaged": repaired["salvaged"]}
-
-
-def _write_many(store: Store, sql: str, rows: list[tuple[object, ...]]) -> None:
-    try:
-        with store.transaction() as tx:
-            tx.executemany(sql, rows)
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot write plan store {store.path}: {exc}", path=str(store.path)) from exc
-
-
-def _check_load(entry: Entry, load: Callable[[Entry], object], env_id: str | None, checked: Deserialized) -> None:
-    """Deserialize one entry of ``env_id`` through ``load``; another environment's blob
-    cannot load on this GPU and is skipped."""
-    if env_id is not None and entry.env_id != env_id:
-        checked["skipped"] += 1
-        return
-    checked["checked"] += 1
-    try:
-        load(entry)
-    except Exception as exc:  # the library refusing a blob is a finding, not a crash
-        checked["failed"][entry.key] = f"deserialize failed: {type(exc).__name__}: {exc}"
 
 
 def _problems(report: VerifyReport) -> list[str]:

@@ -1,23 +1,21 @@
 """State of one process, which a forked child must not inherit, declared once by its owner.
 
-``fork()`` copies the memory of a process but only the thread that forked. A child would
-inherit the locks the parent's other threads held (nobody in the child releases them), the
-loads and builds those threads had under way, loaded plans and cuDNN handles and streams
-of the parent's CUDA context, pending hit counts the parent writes, and the parent's
-SQLite connections. Each owner keeps such state in a ``PerProcess`` holder: ``get()``
-returns the current process's value, made by the owner's ``make`` at the first ``get`` of
-each process. Nothing has to be called at the fork, and a new owner cannot be forgotten in
-a chain of hooks. A lock held only for a few operations off the hit path is one too (the
-breaker's, the fleet lock's list of holds, the unstored plans', the cuDNN library's
-loading, a primer's report): a thread of the parent may have been inside it at the fork,
-whatever the state it guards (kept in the child, or per process as well). The frontend
-integration's lock has a hook of its own: the start-up hook imports that module in every
-process that asks for it, and it must not import the store.
+``fork()`` copies a process's memory but only the thread that forked. A child would inherit
+the locks the parent's other threads held (nobody in the child releases them), the loads
+and builds under way, loaded plans and cuDNN handles and streams of the parent's CUDA
+context, pending hit counts the parent writes, and the parent's SQLite connections. Each
+owner keeps such state in a ``PerProcess`` holder, whose ``get()`` returns the current
+process's value, made by the owner's ``make`` at the first ``get`` of each process: nothing
+is called at the fork, and no owner can be forgotten in a chain of hooks. A lock held for a
+few operations off the hit path is one too (the breaker's, the fleet lock's holds, the
+unstored plans', the cuDNN library's loading, a primer's report): a thread of the parent
+may have been inside it at the fork. The frontend integration's lock has a hook of its own:
+the start-up hook imports that module in every process, and it must not import the store.
 
-Which process is current is told by a count of forks that one ``os.register_at_fork`` hook
-bumps in each child, not by ``os.getpid()``: glibc has not cached the pid since 2.25, so
-that is a system call (0.3 to 0.4 us on a shared 2-core machine, where reading a global
-takes 0.02 us), and ``get`` is on the path of every hit.
+The current process is told by a count of forks that an ``os.register_at_fork`` hook bumps
+in each child, not by ``os.getpid()``: glibc has not cached the pid since 2.25, so that is a
+system call (0.3 to 0.4 us on a shared 2-core machine; a global reads in 0.02 us), and
+``get`` is on the path of every hit.
 
 What must happen at the fork itself keeps a hook of its own: ``connections`` holds every
 SQLite call off across the fork (a copy of a mutex another thread holds would hang the
@@ -37,9 +35,9 @@ T = TypeVar("T")
 
 #: How many forks lie between the first process and this one (bumped in each child).
 _forks = 0
-#: Taken to publish a value just made, so that every thread of a process gets the same one.
-#: Not held while a value is made: a slow make (one asks CUDA whether a device is usable)
-#: would hold up every other holder's first ``get`` in the process, a lookup's included.
+#: Taken to publish a value just made, so every thread of a process gets the same one; not
+#: held while it is made: a slow make (one asks CUDA whether a device is usable) would hold
+#: up every other holder's first ``get``, a lookup's included.
 _publishing = threading.Lock()
 
 
@@ -50,8 +48,8 @@ def _in_child() -> None:
 
 
 def forks() -> int:
-    """How many forks lie between the first process and this one: what an object records
-    where it is made, to tell later whether it is in the process that made it."""
+    """How many forks lie between the first process and this one (an object records it where
+    it is made, to tell later whether it is in that process)."""
     return _forks
 
 
@@ -60,8 +58,8 @@ if hasattr(os, "register_at_fork"):
 
 
 class PerProcess(Generic[T]):
-    """``make()``'s value for this process: made at the first ``get`` of each process (a
-    forked child's first ``get`` makes its own; the parent's value is never returned there)."""
+    """``make()``'s value for this process, made at the first ``get`` of each process (never
+    the parent's value in a forked child)."""
 
     __slots__ = ("_forks", "_make", "_value")
 
@@ -76,10 +74,10 @@ class PerProcess(Generic[T]):
         return self._made()
 
     def made_here(self, value: T) -> bool:
-        """Whether ``value`` is this process's (made or set here): False in a forked child
-        for a value of its parent's, which a block of the forking thread took before the
-        fork and ends in the child as well. What such a block holds (a build lock, a fleet
-        lock) is the parent's, which goes on with it: the child must not release it."""
+        """Whether ``value`` is this process's (made or set here): False in a forked child for
+        its parent's, which a block of the forking thread took before the fork and ends in the
+        child too. What it holds (a build lock, a fleet lock) is the parent's: the child must
+        not release it."""
         return self._forks == _forks and self._value is value
 
     def set(self, value: T) -> None:

@@ -1,10 +1,9 @@
 """Quarantine: entries taken out of service and kept, row and blob, for inspection.
 
-A lookup that judges an entry unsound quarantines that row only (matched by its recorded
-checksum and creation time), inside the key's single flight; ``maintenance.verify`` with
-``fix`` quarantines what it finds, by rowid where the key itself is damaged, and
-``maintenance.prune(quarantined=True)`` empties the quarantine. Each move is one short
-write transaction, counted as ``quarantined``.
+A lookup that judges an entry unsound quarantines that row only (matched by its checksum
+and creation time), inside the key's single flight; ``maintenance.verify(fix=True)``
+quarantines what it finds (by rowid where the key is damaged); ``maintenance.prune`` can
+empty the quarantine. Each move is one short write transaction, counted as ``quarantined``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Recovery of a damaged plan store: which SQLite errors mean damage, a marker left by a
-process that met damage, and the repair that moves the file aside (kept, never deleted) and
-copies every intact entry into a new one.
-
-Only real damage (SQLITE_CORRUPT, SQLITE_NOTADB) moves a file aside. A full disk, an I/O
-error, a read-only file or a busy lock say nothing about the file's contents: moving a
-healthy store aside for them would lose every entry.
+process that met damage, and the repair that moves the file aside (kept) and copies every
+intact entry into a new one. Only real damage (SQLITE_CORRUPT, SQLITE_NOTADB) moves a file:
+a full disk, an I/O error, a read-only file or a busy lock say nothing of its contents, and
+moving a healthy store aside would lose every entry.
 """
 
 from __future__ import annotations
@@ -50,11 +48,12 @@ def is_undecodable(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def lenient_text(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """Text columns decoded with replacement characters, so a damaged row can still be
-    quarantined or reported instead of raising on every read."""
+def lenient_text(conn: sqlite3.Connection, factory: Callable[[bytes], object] = lambda b: b.decode("utf-8", "replace")
+                 ) -> Iterator[sqlite3.Connection]:  # fmt: skip
+    """Text columns decoded with replacement characters (or by ``factory``): a damaged row can
+    be quarantined or reported instead of failing every read."""
     old = conn.text_factory
-    conn.text_factory = lambda b: b.decode("utf-8", "replace")
+    conn.text_factory = factory
     try:
         yield conn
     finally:
@@ -62,9 +61,9 @@ def lenient_text(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 
 def _readable_entries(src: sqlite3.Connection) -> list[Entry]:
-    """Every entry of a damaged file that still reads back whole. Rows are fetched one
-    rowid at a time, so a bad page costs only the rows on it; the rowids come from a scan
-    (until the first bad page) and from ``max(rowid)`` when that still reads."""
+    """Every entry of a damaged file that still reads back whole, one rowid at a time (a bad
+    page costs only its rows); the rowids come from a scan (up to the first bad page) and
+    from ``max(rowid)`` when that still reads."""
     src.execute("PRAGMA writable_schema = ON")  # reads a file shorter than its header says; mode=ro writes nothing
     rowids: set[int] = set()
     with contextlib.suppress(sqlite3.Error):
@@ -85,9 +84,8 @@ def _readable_entries(src: sqlite3.Connection) -> list[Entry]:
 
 
 def _drop_empty_sides(aside: Path) -> None:
-    """Remove what opening the moved-aside file leaves beside it: its -shm (an index that
-    SQLite rebuilds from the -wal whenever the file is opened) and an empty -wal. A -wal
-    that holds transactions is part of the copy and stays. Nothing has the copy open."""
+    """Remove what opening the moved-aside file (which nothing has open) left beside it: its
+    -shm (SQLite rebuilds it from the -wal) and an empty -wal; a -wal holding transactions stays."""
     with contextlib.suppress(OSError):
         Path(f"{aside}-shm").unlink()
     wal = Path(f"{aside}-wal")
@@ -121,8 +119,8 @@ def clear_marker(path: Path) -> None:
 
 
 def note_damage(path: Path, modes: Modes, exc: BaseException) -> None:
-    """Leave a marker beside the database ``path`` after a read or write that found it damaged, so the next open (or
-    ``verify --fix``) checks and moves it aside: a process runs on misses, never replacing a file others have open."""
+    """Leave a marker beside the database ``path`` after a read or write found it damaged, for the next open (or
+    ``verify --fix``) to check and move it aside: a process runs on misses, never replacing a file others have open."""
     if not is_damage(exc):
         return
     with contextlib.suppress(OSError):
@@ -135,8 +133,8 @@ def note_damage(path: Path, modes: Modes, exc: BaseException) -> None:
 
 
 def quick_check(connection: Callable[[], sqlite3.Connection], *, full: bool = False) -> str | None:
-    """The first problems ``PRAGMA quick_check`` (``integrity_check`` when ``full``)
-    reports on the database ``connection`` opens, or None when it says ok."""
+    """The first problems ``PRAGMA quick_check`` (``integrity_check`` when ``full``) reports
+    on the database ``connection`` opens, or None."""
     pragma = "integrity_check" if full else "quick_check"
     try:
         conn = connection()
@@ -150,15 +148,13 @@ def quick_check(connection: Callable[[], sqlite3.Connection], *, full: bool = Fa
 
 
 def damage_at_open(connection: Callable[[], sqlite3.Connection], path: Path, *, whole: bool) -> str | None:
-    """Damage that an earlier process left a marker for (``note_damage``), confirmed by
-    ``PRAGMA quick_check``; None when healthy. quick_check reads every page (tens of ms
-    per 1000 entries), so a cache runs it only after a marker; ``whole`` runs it anyway
-    (a one-off command, which must see damage whatever pages it would read).
-
-    A truncated file needs no check here: SQLite refuses a file shorter than its header
-    says on the first read (``schema.migrate`` reads page 1). The header is never read with
-    ``open()``: closing a second descriptor of the database file would drop this
-    process's POSIX locks on it, and other processes could then corrupt it."""
+    """Damage an earlier process left a marker for (``note_damage``), confirmed by ``PRAGMA
+    quick_check``; None when healthy. quick_check reads every page (tens of ms per 1000
+    entries), so a cache runs it only after a marker; ``whole`` runs it anyway (a one-off
+    command must see damage whatever pages it reads). A truncated file needs no check:
+    SQLite refuses it on the first read (``schema.migrate`` reads page 1). The header is
+    never read with ``open()``: closing a second descriptor of the database file would drop
+    this process's POSIX locks on it, and other processes could then corrupt it."""
     suspicion = marker_reason(path)
     if suspicion is None and not whole:
         return None
@@ -199,9 +195,8 @@ def start_over(path: Path, reason: str, *, migrate: Callable[[], None], transact
     log.warning("plancache: %s is unreadable (%s); moved it to %s and started a new store", path, reason, aside)
     os.replace(path, aside)
     for suffix in ("-wal", "-shm"):
-        side = Path(str(path) + suffix)
-        if side.exists():
-            os.replace(side, Path(str(aside) + suffix))
+        if os.path.exists(f"{path}{suffix}"):
+            os.replace(f"{path}{suffix}", f"{aside}{suffix}")
     clear_marker(path)
     migrate()
     salvaged = _salvage(aside, transaction)
@@ -210,8 +205,8 @@ def start_over(path: Path, reason: str, *, migrate: Callable[[], None], transact
 
 
 def _salvage(aside: Path, transaction: Transaction) -> int:
-    """Copy the entries of a moved-aside file that read back whole, match their
-    checksum and their key into the new store (``transaction``'s); 0 when nothing can be read."""
+    """Copy the entries of a moved-aside file that read back whole and ``problem`` passes
+    into the new store (``transaction``'s); how many (0 when nothing can be read)."""
     try:
         src = connect(f"file:{urllib.parse.quote(str(aside))}?mode=ro", uri=True, isolation_level=None)
     except sqlite3.Error:

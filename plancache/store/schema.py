@@ -1,8 +1,7 @@
 """Opening a plan store: the cache directory (created private, refused unless only its owner,
 or the shared group it names, can have written it and its files), the database file and its
 numbered migrations (``migrations/NNNN_*.sql``, each applied with its ``PRAGMA user_version``
-in one transaction; a newer schema is refused, and so is a schema other than the one the
-migrations made).
+in one transaction; a newer schema, or one the migrations did not make, is refused).
 """
 
 from __future__ import annotations
@@ -41,10 +40,9 @@ BUSY_TIMEOUT_MS = 30_000
 
 
 def default_cache_dir() -> Path:
-    """``$PLANCACHE_DIR`` if set, else the platform's per-user cache directory.
-    ``CacheDirError`` when that is in a home directory that does not exist (``HOME`` set to
-    a placeholder, as services and containers do): plancache makes its own directory, never
-    a home directory."""
+    """``$PLANCACHE_DIR`` if set, else the platform's per-user cache directory; ``CacheDirError``
+    when that is in a home directory that does not exist (``HOME`` a placeholder, as services
+    and containers set it): plancache makes its own directory, never a home directory."""
     named = CACHE_DIR.from_env()
     if named is not None:
         return named
@@ -70,12 +68,8 @@ def migrations() -> list[tuple[int, str, str]]:
         files = [f for f in folder.iterdir() if f.name.endswith(".sql")]
     except ModuleNotFoundError:  # running from a source tree that is not installed
         folder = Path(__file__).resolve().parents[2] / "migrations"
-        files = [*sorted(Path(folder).glob("*.sql"))]
-    found = []
-    for f in files:
-        number = int(f.name.split("_", 1)[0])
-        found.append((number, f.name, f.read_text()))
-    found.sort()
+        files = list(Path(folder).glob("*.sql"))
+    found = sorted((int(f.name.split("_", 1)[0]), f.name, f.read_text()) for f in files)
     numbers = [n for n, _, _ in found]
     if numbers != list(range(1, len(found) + 1)):
         raise StoreError(f"migrations are not numbered 1..N: {numbers}", path=str(folder))
@@ -95,9 +89,8 @@ def _statements(script: str) -> Iterator[str]:
 
 
 def check_private(directory: Path, group: str | None) -> os.stat_result | None:
-    """Refuse a cache directory that anyone but its owner (or, with ``group``, that shared
-    group's members) could have written: its blobs carry native code. Its status when
-    trusted (None: it went away meanwhile)."""
+    """Refuse a cache directory that anyone but its owner (or ``group``'s members) could have
+    written: its blobs carry native code. Its status (None: it went away meanwhile)."""
     if not directory.is_dir():
         raise CacheDirError(f"cache path {directory} is not a directory", path=str(directory))
     return check_trusted(directory, group, follow=True)
@@ -125,8 +118,8 @@ def _version_and_schema(conn: sqlite3.Connection) -> tuple[int, frozenset[tuple[
 
 @functools.cache
 def _made_by_migrations() -> dict[int, frozenset[tuple[object, ...]]]:
-    """The schema (``sqlite_master``'s rows) each schema version has when the migrations
-    alone made it: applied once per process to a database in memory."""
+    """The schema (``sqlite_master``'s rows) of each version as the migrations alone make it,
+    applied once per process to a database in memory."""
     conn = connect(":memory:", isolation_level=None)
     try:
         made = {0: _schema_of(conn)}
@@ -170,8 +163,8 @@ def prepare_directory(directory: Path, read_only: bool | None, group: str | None
 
 
 def _check_schema(path: Path, found: frozenset[tuple[object, ...]], version: int) -> None:
-    """Refuse a database whose schema (``found``) is not the one migrations 1..``version``
-    made: a trigger, view, table or index someone added could rewrite what is read or stored."""
+    """Refuse a database whose schema (``found``) is not what migrations 1..``version`` made: a
+    trigger, view, table or index someone added could rewrite what is read or stored."""
     made = _made_by_migrations().get(version, frozenset())
     if found == made:
         return
@@ -187,8 +180,8 @@ def _check_schema(path: Path, found: frozenset[tuple[object, ...]], version: int
 
 
 def migrate_when_free(migrate: Callable[[], None]) -> None:
-    """``migrate``, retried while other processes hold the database (many processes
-    opening a new store at once all want to create it), up to the busy timeout."""
+    """``migrate``, retried up to the busy timeout while other processes hold the database
+    (many processes opening a new store at once all want to create it)."""
     deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
     pause = 0.01
     while True:
@@ -209,8 +202,6 @@ def migrate(conn: sqlite3.Connection, transaction: Transaction, path: Path, read
     found, schema = _version_and_schema(conn)  # reads page 1: garbage fails here
     steps = migrations()
     latest = steps[-1][0]
-    if found <= latest:  # before anything is migrated (a newer schema is refused below)
-        _check_schema(path, schema, found)
     if found > latest:
         raise SchemaTooNewError(
             f"{path} has schema {found}, newer than this plancache supports ({latest}); "
@@ -219,6 +210,7 @@ def migrate(conn: sqlite3.Connection, transaction: Transaction, path: Path, read
             found=found,
             supported=latest,
         )
+    _check_schema(path, schema, found)  # before anything is migrated
     if found == latest:
         if not read_only and conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             # Another tool left it in a rollback journal, where a reader waits on a writer:

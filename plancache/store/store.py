@@ -1,14 +1,13 @@
-"""The SQLite plan store: open, migrate, get, put, evict. Knows nothing of GPUs. What a row
-holds is ``entry.Entry``. ``Store`` keeps the connections and the transactions; the functions
-it calls open the file (``schema``), handle damage (``recovery``) and take entries out of
-service (``quarantine``); ``verify`` and ``prune`` run in ``maintenance``.
+"""The SQLite plan store: open, migrate, get, put, evict; nothing of GPUs. A row holds an
+``entry.Entry``. ``Store`` keeps the connections and transactions; ``schema`` opens the
+file, ``recovery`` handles damage, ``quarantine`` takes entries out of service, and
+``maintenance`` runs ``verify`` and ``prune``.
 
 Habits: WAL set once at creation; on every connection a busy timeout and
 ``synchronous=NORMAL``; one connection per thread, reopened after ``fork`` (``connections``
-keeps them safe across it); writes in short
-``BEGIN IMMEDIATE`` transactions; a lookup never writes (hit counts are batched by the
-caller and flushed with ``bookkeeping.record_hits``). Every blob carries a SHA-256 checked by
-``Entry.checksum_ok`` before it reaches cuDNN.
+keeps them safe across it); writes in short ``BEGIN IMMEDIATE`` transactions; a lookup
+never writes (the caller batches hit counts for ``bookkeeping.record_hits``). Every blob
+carries a SHA-256 checked by ``Entry.checksum_ok`` before it reaches cuDNN.
 
 Never put the store on a network filesystem (NFS, Lustre): SQLite's locking is not
 reliable there. Use the Redis tier to share plans between machines.
@@ -55,8 +54,8 @@ T = TypeVar("T")
 
 
 def reads(method: Callable[Concatenate[Store, P], T]) -> Callable[Concatenate[Store, P], T]:
-    """A read of the store: SQLite's own errors become ``StoreError`` naming the file, so
-    callers catch one plancache error (and the builtin ``OSError`` it subclasses)."""
+    """A read of the store: SQLite's errors become ``StoreError`` naming the file (one
+    plancache error to catch, an ``OSError``)."""
 
     @functools.wraps(method)
     def read(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -78,9 +77,9 @@ def _file_id(path: os.PathLike[str]) -> tuple[int, int] | None:
 
 
 def _evict(tx: sqlite3.Connection, max_bytes: int, keep: str | None) -> int:
-    """Inside a write transaction: delete least-recently-used plans (never ``keep``) until
-    the total is at most ``max_bytes``. The excess is read inside the transaction, so two
-    processes evicting at once each see the other's deletions."""
+    """Inside a write transaction: delete least-recently-used plans (never ``keep``) until the
+    total is at most ``max_bytes``, read inside it: two processes evicting at once each see
+    the other's deletions."""
     total = int(tx.execute("SELECT value FROM totals WHERE name = 'plan_bytes'").fetchone()[0])
     excess = total - max_bytes
     if excess <= 0:
@@ -119,17 +118,15 @@ class Store:
     """The SQLite database of one cache directory.
 
     ``Store(directory)`` creates the directory (mode 0700) and database (0600; 0660 in a
-    directory shared with the ``allow_shared_dir`` group) if needed,
-    applies pending migrations and moves an unreadable database file aside. A directory
-    that cannot be written opens read-only: lookups work, writes raise ``StoreError``.
-    A directory or file that another user owns or can write, a link in place of a file, or
-    a schema other than the migrations' is refused (``CacheDirError``) before anything is
-    read; ``allow_shared_dir`` (``PLANCACHE_ALLOW_SHARED_DIR``) names the group whose
-    members may share the directory.
-
-    ``repair=False`` is for tools that report damage rather than mend it (the ``plancache``
-    command): the whole file is checked at open (``PRAGMA quick_check``) and any damage is
-    left as it is, named by ``damage``; such a store may fail any read until ``repair``.
+    directory shared with the ``allow_shared_dir`` group) if needed, applies pending
+    migrations and moves an unreadable database file aside. A directory that cannot be
+    written opens read-only: lookups work, writes raise ``StoreError``.
+    A directory or file another user owns or can write, a link in place of a file, or a
+    schema other than the migrations' is refused (``CacheDirError``) before anything is read;
+    ``allow_shared_dir`` (``PLANCACHE_ALLOW_SHARED_DIR``) names the group whose members may
+    share the directory. ``repair=False`` is for tools that report damage rather than mend it
+    (the ``plancache`` command): the whole file is checked at open (``PRAGMA quick_check``) and
+    damage is left, named by ``damage``; such a store may fail any read until ``repair``.
     """
 
     def __init__(
@@ -159,15 +156,14 @@ class Store:
     # ------------------------------------------------------------------ opening
 
     def _open_and_migrate(self, repair: bool) -> None:
-        """Open the file and apply pending migrations. Damage found on the way is repaired
-        (``repair``) or left as it is and kept in ``damage``."""
+        """Open the file and migrate; damage found is repaired, or (not ``repair``) kept in ``damage``."""
         try:
             schema.migrate_when_free(self._migrate)
             damage = recovery.damage_at_open(self.connection, self.path, whole=not repair)
         except sqlite3.DatabaseError as exc:
             if not is_damage(exc) or (self.read_only and repair):
-                # Busy, full, I/O error: nothing says the file is damaged, and moving a
-                # healthy store aside would lose every entry. A read-only one cannot be moved.
+                # Busy, full, I/O error: no sign of damage, and moving a healthy store aside
+                # would lose every entry. A read-only one cannot be moved.
                 raise StoreError(f"cannot open plan store {self.path}: {exc}", path=str(self.path)) from exc
             damage = str(exc)
         if damage is None:
@@ -184,9 +180,9 @@ class Store:
         schema.migrate(self.connection(), self.transaction, self.path, self.read_only)
 
     def connection(self) -> GatedConnection:
-        """This thread's connection, opened on first use, again after a fork, and again
-        when the file was replaced (a repair in another process moved it aside: a
-        connection to the old file would store plans where no other process looks)."""
+        """This thread's connection, opened on first use, after a fork, and when the file was
+        replaced (another process's repair moved it aside: plans stored in the old file would
+        be where no other process looks)."""
         local = self._local.get()
         conn: GatedConnection | None = getattr(local, "conn", None)
         if conn is not None:
@@ -199,20 +195,19 @@ class Store:
             raise StoreError(f"plan store {self.path} is closed", path=str(self.path))
         if GATE.refusal is not None:
             raise StoreError(f"plan store {self.path} cannot be used: {GATE.refusal}", path=str(self.path))
-        # SQLite follows a link to the database (its SQLITE_OPEN_NOFOLLOW is an open flag the
-        # sqlite3 module cannot pass; no URI parameter sets it), so the file is checked before
-        # and after the open: a link, a file not the user's, or another file than the one checked
-        # is refused (only someone who can write the directory could swap it, and the check at
-        # open refuses a directory anyone else can write).
+        # SQLite follows a link to the database (the sqlite3 module cannot pass
+        # SQLITE_OPEN_NOFOLLOW), so the file is checked before and after the open: a link, a
+        # file not the user's, or another file than the one checked is refused (only someone
+        # who can write the directory could swap it, and the open refuses such a directory).
         writing = not (self.read_only and not self._file_writable)
         if writing:
             create_file(self.path, self.modes)  # SQLite gives its -wal and -shm the same mode
         before = check_trusted(self.path, self.modes.group)
         if not writing:
-            # mode=ro still reads the -wal, so it sees what live writers have committed (a
-            # fresh store keeps even its schema there until a checkpoint). Only a directory we
-            # cannot write (a baked cache), where no -shm can be created, needs immutable=1,
-            # which ignores the -wal. The path is quoted: '?' or '#' would end it in a URI.
+            # mode=ro still reads the -wal, so it sees what live writers committed (a fresh store
+            # keeps even its schema there). Only a directory we cannot write (a baked cache: no
+            # -shm can be made) needs immutable=1, which ignores the -wal. Quoted: '?' or '#'
+            # would end the path in a URI.
             uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
             if not self._directory_writable:
                 uri += "&immutable=1"
@@ -231,14 +226,13 @@ class Store:
         harden(conn)
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        # INSERT OR REPLACE deletes the row it replaces; only with recursive triggers does
-        # that delete run the trigger that keeps the size total (migration 0003) exact.
+        # Only with recursive triggers does INSERT OR REPLACE's delete of the row it replaces run
+        # the trigger that keeps the size total (migration 0003) exact.
         conn.execute("PRAGMA recursive_triggers = ON")
         if self.read_only:
-            # Read-only by choice, on a file this user could write: SQLite refuses every write
-            # of this connection all the same, and, unlike a mode=ro connection, the last one to
-            # close removes the -wal and -shm it created (a command that writes nothing leaves
-            # nothing beside plans.db).
+            # Read-only by choice, on a file this user could write: SQLite refuses every write,
+            # and, unlike a mode=ro connection, the last one to close removes the -wal and -shm
+            # it created (a command that writes nothing leaves nothing beside plans.db).
             conn.execute("PRAGMA query_only = ON")
         else:
             conn.execute("PRAGMA synchronous = NORMAL")
@@ -301,12 +295,11 @@ class Store:
             recovery.note_damage(self.path, self.modes, exc)
 
     def repair(self, reason: str, *, thorough: bool = False) -> Repaired:
-        """Move a damaged database file aside (kept, never deleted), start a new one and
-        copy into it every entry of the old file that still reads back intact.
+        """Move a damaged database file aside (kept, never deleted), start a new one and copy
+        into it every entry of the old file that still reads back intact.
 
-        Serialized by a file lock and re-checked under it: of several processes that find
-        the same damage, one moves the file and the others find the new store healthy.
-        ``thorough`` re-checks with ``integrity_check`` instead of ``quick_check``."""
+        Serialized by a file lock and re-checked under it: of several processes that find the
+        same damage, one moves the file. ``thorough``: ``integrity_check``, not ``quick_check``."""
         with recovery.repair_lock(self.path, self.modes):
             self._close_connection()
             still = recovery.quick_check(self.connection, full=thorough)
@@ -323,13 +316,10 @@ class Store:
     def quarantine(self, key: str, reason: str, *, identity: tuple[str, float] | None = None) -> bool:
         """Move an entry out of service, keeping it (and its blob) for inspection.
 
-        ``identity``: ``(blob_sha256, created_at)`` of the row that was judged; only that
-        row is quarantined, so one that another process has since replaced (rebuilt
-        healthy) stays in service."""
-        if identity is None:
-            return quarantine.move(self.transaction, self.path, "key = ?", (key,), reason)
-        where = "key = ? AND blob_sha256 = ? AND created_at = ?"
-        return quarantine.move(self.transaction, self.path, where, (key, *identity), reason)
+        ``identity``: ``(blob_sha256, created_at)`` of the row that was judged; only that row
+        is quarantined, so one another process has since replaced (rebuilt) stays in service."""
+        where = "key = ?" if identity is None else "key = ? AND blob_sha256 = ? AND created_at = ?"
+        return quarantine.move(self.transaction, self.path, where, (key, *(identity or ())), reason)
 
     def quarantine_rowid(self, rowid: int, reason: str) -> bool:
         """``quarantine`` for a row whose key itself may be damaged (found by ``verify``)."""
@@ -343,9 +333,8 @@ class Store:
     # ------------------------------------------------------------------ plans
 
     def get(self, key: str, known: Mapping[str, tuple[str, JSON]] | None = None, details: bool = True) -> Entry | None:
-        """The entry stored under ``key``, or None. Reads only; checks no checksum. A read
-        that finds the file damaged leaves a marker for the next open, then raises.
-        ``known`` and ``details``: see ``Entry.from_row``."""
+        """The entry stored under ``key``, or None; checks no checksum. A read that finds the file
+        damaged leaves a marker for the next open, then raises. ``known``, ``details``: ``Entry.from_row``."""
         try:
             row = self.connection().one(_READ_ALL if details else _READ_HIT, (key,))
             return Entry.from_row(row, known, details) if row is not None else None
@@ -359,13 +348,11 @@ class Store:
             ) from exc
 
     def put(self, entry: Entry, *, max_bytes: int | None = None) -> int:
-        """Insert or replace an entry in one short transaction; with ``max_bytes``, evict
-        least-recently-used entries in that same transaction until the plans total at most
-        ``max_bytes`` (the new entry is kept). Returns how many entries were evicted.
-
-        Seals the entry first: one without a metadata checksum gets one. A plan that replaces
-        another under its key (``tune``, a rebuild) keeps the key's use, its hit count and
-        last use: they tell which plans are hot and which to evict, whatever plan serves."""
+        """Insert or replace an entry (sealed first: given a metadata checksum if it has none) in
+        one short transaction, evicting least-recently-used others in it until the plans total
+        at most ``max_bytes``, if given; returns how many were evicted. A plan that replaces
+        another under its key (``tune``, a rebuild) keeps the key's hit count and last use:
+        they tell which plans are hot, whatever plan serves."""
         if entry.meta_sha256 is None:
             entry.meta_sha256 = entry.meta_digest()
         row = entry.row()
@@ -385,8 +372,8 @@ class Store:
         return self._write("DELETE FROM plans WHERE key = ?", (key,)) > 0
 
     def note_unstored(self, key: str, label: str, why: str, reason: str) -> None:
-        """Record that a process built the plan of ``key`` and did not store it (``why``:
-        ``cache.unstored.Why``'s value), for ``plancache stats``; one short write."""
+        """Record, for ``plancache stats``, that a process built the plan of ``key`` and did not
+        store it (``why``: a ``cache.unstored.Why`` value)."""
         now = time.time()
         self._write(
             "INSERT INTO unstored (key, label, why, reason, times, first_at, last_at) VALUES (?, ?, ?, ?, 1, ?, ?) "
@@ -395,29 +382,22 @@ class Store:
             (key, label, why, reason[:500], now, now),
         )
 
+    @reads
     def key_named(self, prefix: str) -> str:
-        """The one stored key that ``prefix`` begins: at least ``MIN_KEY_PREFIX`` hex digits
-        (as git asks of an abbreviation: ``rm 0`` must not remove whatever starts with 0);
-        ``EntryNotFoundError`` saying which of too short, unknown or ambiguous it is."""
+        """The one stored key that ``prefix`` (at least ``MIN_KEY_PREFIX`` hex digits, as git
+        asks: ``rm 0`` must not remove whatever starts with 0) begins; else ``EntryNotFoundError``."""
         if len(prefix) < MIN_KEY_PREFIX:
             raise EntryNotFoundError(f"key prefix {prefix!r} is too short: give at least {MIN_KEY_PREFIX} characters of "
                                      "the key", key=prefix)  # fmt: skip
-        found = self._keys_from(prefix)
+        low = prefix.lower()
+        sql = "SELECT key FROM plans WHERE key >= ? AND key < ? ORDER BY key LIMIT 2"  # two tell ambiguity
+        hexadecimal = all(c in "0123456789abcdef" for c in low)
+        found: list[str] = [r[0] for r in self.connection().execute(sql, (low, low + "g"))] if hexadecimal else []
         if not found:
             raise EntryNotFoundError(f"no entry with key {prefix!r} in {self.path}", key=prefix)
         if len(found) > 1:
             raise EntryNotFoundError(f"key prefix {prefix!r} is ambiguous in {self.path}; give more characters", key=prefix)
         return found[0]
-
-    @reads
-    def _keys_from(self, prefix: str) -> list[str]:
-        """Full keys starting with ``prefix`` (at most two, enough to tell ambiguity)."""
-        if any(c not in "0123456789abcdef" for c in prefix.lower()):
-            return []
-        rows = self.connection().execute(
-            "SELECT key FROM plans WHERE key >= ? AND key < ? ORDER BY key LIMIT 2", (prefix.lower(), prefix.lower() + "g")
-        )
-        return [r[0] for r in rows]
 
     @reads
     def keys(self) -> list[str]:
@@ -452,8 +432,8 @@ class Store:
         return int(row[0]) if row is not None else 0
 
     def evict_to(self, max_bytes: int) -> int:
-        """Delete least-recently-used entries, in one transaction, until the blobs total
-        at most ``max_bytes``. Returns how many entries were deleted."""
+        """Delete least-recently-used entries, in one transaction, until the blobs total at most
+        ``max_bytes``; returns how many."""
         try:
             with self.transaction() as tx:
                 return _evict(tx, max_bytes, keep=None)
