@@ -21,6 +21,7 @@ docs/reliability.md lists both.
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -35,6 +36,13 @@ __all__ = ["ANOTHER_GRAPH", "Judgement", "form_of", "judge"]
 
 #: How every refusal of a readable blob begins.
 ANOTHER_GRAPH = "the blob is a plan of another graph"
+
+
+class _Side(enum.Enum):
+    """A node's side a port is on (the value: as refusals name it)."""
+
+    INPUT = "input"
+    OUTPUT = "output"
 
 
 @dataclass(frozen=True)
@@ -132,8 +140,8 @@ class _Judge:
                 raise _Refused(f"node {node.position} ({node.tag}) has {name} {value!r}, not {shown!r}")
 
     def ports(self, node: FormNode, found: BlobNode) -> None:
-        for side, ports, names, held in (("input", node.inputs, node.names[0], found.inputs),
-                                         ("output", node.outputs, node.names[1], found.outputs)):  # fmt: skip
+        for side, ports, names, held in ((_Side.INPUT, node.inputs, node.names[0], found.inputs),
+                                         (_Side.OUTPUT, node.outputs, node.names[1], found.outputs)):  # fmt: skip
             if held.keys() == names:  # every port named as written, and no other: nothing is loose or extra
                 for port in ports:
                     self.bind(port.tid, held[port.name], (side, port.name, node))
@@ -148,27 +156,27 @@ class _Judge:
                     name = spelled.get(_spelling(port.name))
                 if name is None or name not in held:
                     if port.exact:
-                        raise _Refused(f"node {node.position} ({node.tag}) has no {side} {port.name}")
+                        raise _Refused(f"node {node.position} ({node.tag}) has no {side.value} {port.name}")
                     loose.append(port.tid)
                     continue
                 matched.add(name)
                 self.bind(port.tid, held[name], (side, name, node))
             # a port plancache cannot name in the blob: its tensor must be among the node's (a
             # batch norm's peer statistics are a list beside its ports)
-            among = (_uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side == "input" else set())
+            among = (_uids(held.values()) | (_uids([found.attributes.get("peer_stats")]) if side is _Side.INPUT else set())
                      if loose else set())  # fmt: skip
             for tid in loose:
                 uid = self.uid_of.get(tid)
                 if uid is not None and uid not in among:
-                    raise _Refused(f"node {node.position} ({node.tag}) does not {side} tensor {uid}")
-                self.notes.append(f"node {node.position} ({node.tag}): an {side} port matched by its tensor only")
+                    raise _Refused(f"node {node.position} ({node.tag}) does not {side.value} tensor {uid}")
+                self.notes.append(f"node {node.position} ({node.tag}): an {side.value} port matched by its tensor only")
             for name, uid in held.items():
                 if uid is None or name in matched:
                     continue
                 others = {self.tid_of.get(u) for u in _uids([uid])} - {None}
                 # a tensor of the key's graph at a port the key's graph does not have, or one not the frontend's own
                 if others - set(loose) or (name not in node.extras and not all(self._own(u) for u in _uids([uid]))):
-                    raise _Refused(f"node {node.position} ({node.tag}) has {side} {name}, which the key's graph does not")
+                    raise _Refused(f"node {node.position} ({node.tag}) has {side.value} {name}, which the key's graph does not")
 
     def _own(self, uid: int) -> bool:
         """Whether ``uid`` is a tensor the frontend made itself (virtual, or by value)."""
@@ -258,7 +266,7 @@ def _what(tensor: FormTensor, uid: int) -> str:
 
 
 #: Where ``bind`` found a uid: a port (side, name, node), or the tensor whose ragged offset it is.
-_Where = tuple[str, str, FormNode] | tuple[str]
+_Where = tuple[_Side, str, FormNode] | tuple[str]
 
 
 def _where(where: _Where) -> str:
@@ -266,7 +274,7 @@ def _where(where: _Where) -> str:
     if len(where) == 1:
         return f"the ragged offset of {where[0]}"
     side, name, node = where
-    return f"{side} {name} of node {node.position} ({node.tag})"
+    return f"{side.value} {name} of node {node.position} ({node.tag})"
 
 
 def _laid_out_as(layouts: list[tuple[tuple[int, ...], tuple[int, ...] | None]], found: BlobTensor) -> bool:
