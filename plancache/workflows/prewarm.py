@@ -80,10 +80,10 @@ def prewarm(
     try:
         records += run_here(cache, todo, options or cache.options, dry_run, progress, on_record)
     except Interrupted as stopped:
-        stopped.report = {**build_report(records + stopped.records, dry_run, env_id, started), "interrupted": True,
-                          "not_run": len(todo) - len(stopped.records)}  # fmt: skip
+        stopped.report = build_report(records + stopped.records, dry_run, env_id, started, interrupted=True,
+                                      not_run=len(todo) - len(stopped.records))  # fmt: skip
         raise
-    return {**build_report(records, dry_run, env_id, started), "interrupted": False, "not_run": 0}
+    return build_report(records, dry_run, env_id, started, interrupted=False, not_run=0)
 
 
 def dry_run(

@@ -200,8 +200,8 @@ def timed(entry: ManifestEntry, step: Callable[[], dict[str, Any]]) -> dict[str,
     return record
 
 
-def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str | None, started: float) -> dict[str, Any]:
-    """The report of a run from its records (the same with one device or several)."""
+def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str | None, started: float, **more: Any) -> dict[str, Any]:
+    """The report of a run from its records (the same with one device or several), ``more`` last."""
     count = collections.Counter(r["status"] for r in records)
     return {
         "total": len(records),
@@ -217,6 +217,7 @@ def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str | Non
         "environment": env_id,
         "seconds": time.perf_counter() - started,
         "entries": records,
+        **more,
     }
 
 
