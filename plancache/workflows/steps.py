@@ -134,9 +134,6 @@ def describe_failure(entry: ManifestEntry, exc: Exception) -> str:
 
 def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: set[str]) -> dict[str, Any]:
     record = entry.record()
-    if entry.listed_only:  # a dry run lists builder entries without importing them: no graph, no key
-        record["status"] = Status.LISTED
-        return record
     graph = entry.build()
     opts = entry.build_options(options)
     key = cache.key(graph, opts)
@@ -167,9 +164,6 @@ def check_one(
     without one (keys depend on the GPU), status ``checked`` and no key. Duplicates are
     found either way (same graph and options)."""
     record = entry.record()
-    if entry.listed_only:
-        record["status"] = Status.LISTED
-        return record
     opts = entry.build_options(options)
     description = describe(entry.build())
     if environment is None:
@@ -190,10 +184,11 @@ def attempt(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bo
 
 def timed(entry: ManifestEntry, step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``step()``'s record of ``entry`` with its ``seconds``; an exception becomes a failed
-    record (the caller logs it)."""
+    record (the caller logs it). A builder entry read without importing it is ``listed``:
+    no graph, no key."""
     t0 = time.perf_counter()
     try:
-        record = step()
+        record = entry.record(status=Status.LISTED) if entry.listed_only else step()
     except Exception as exc:  # one bad entry is reported; the rest still run
         record = entry.record(status=Status.FAILED, error=describe_failure(entry, exc))
     record["seconds"] = time.perf_counter() - t0
