@@ -12,6 +12,7 @@ another (``LAYOUTS``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,11 +47,7 @@ def _nhwc(n: int, c: int, h: int, w: int) -> tuple[int, ...]:
 
 
 def _rows(*dims: int) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(dims):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
+    return tuple(math.prod(dims[i + 1 :]) for i in range(len(dims)))
 
 
 def _out_hw(size: int, kernel: int, padding: int, stride: int, dilation: int) -> int:
@@ -128,27 +125,6 @@ def _sdpa_layout(b: int, h: int, s: int, d: int, h_kv: int | None = None, s_kv: 
 # ---------------------------------------------------------------------- builders
 
 
-def _graph(dtype: str, dynamic: bool, kernel_cache: Any, handle: Any = None) -> tuple[Any, Any]:
-    cudnn = _cudnn()
-    io = getattr(cudnn.data_type, DTYPES[dtype])
-    kwargs: dict[str, Any] = {"handle": handle} if handle is not None else {}
-    if dynamic:
-        kwargs["is_dynamic_shape_enabled"] = True
-        if kernel_cache is not None:
-            kwargs["kernel_cache"] = kernel_cache
-    graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, **kwargs)  # fmt: skip
-    return graph, io
-
-
-def _inputs(graph: Any, layout: list[TensorLayout], io: Any) -> dict[str, Any]:
-    return {
-        t.name: graph.tensor(name=t.name, dim=list(t.shape), stride=list(t.stride), data_type=io, uid=t.uid)
-        for t in layout
-        if not t.is_output
-    }
-
-
 def _builder(layout_of: Callable[..., list[TensorLayout]], op: Callable[..., Any]) -> Callable[..., Any]:
     """A template's ``build``: a graph of the tensors ``layout_of`` lists, ``op`` applied to
     its inputs giving its output."""
@@ -156,8 +132,18 @@ def _builder(layout_of: Callable[..., list[TensorLayout]], op: Callable[..., Any
     def build(dtype: str = "bfloat16", dynamic: bool = False, kernel_cache: Any = None, handle: Any = None,
               **params: Any) -> Any:  # fmt: skip
         layout = layout_of(**params)
-        graph, io = _graph(dtype, dynamic, kernel_cache, handle)
-        out, spec = op(graph, _inputs(graph, layout, io), **params), layout[-1]
+        cudnn = _cudnn()
+        io = getattr(cudnn.data_type, DTYPES[dtype])
+        kwargs: dict[str, Any] = {"handle": handle} if handle is not None else {}
+        if dynamic:
+            kwargs["is_dynamic_shape_enabled"] = True
+            if kernel_cache is not None:
+                kwargs["kernel_cache"] = kernel_cache
+        graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, **kwargs)  # fmt: skip
+        inputs = {t.name: graph.tensor(name=t.name, dim=list(t.shape), stride=list(t.stride), data_type=io, uid=t.uid)
+                  for t in layout if not t.is_output}  # fmt: skip
+        out, spec = op(graph, inputs, **params), layout[-1]
         out.set_output(True).set_uid(spec.uid).set_name(spec.name).set_dim(list(spec.shape)).set_stride(list(spec.stride))
         out.set_data_type(io)
         return graph
