@@ -16,11 +16,9 @@ param expands into one graph per value, several lists into their cartesian produ
 called with ``args``/``kwargs``, returning a ``cudnn.pygraph``; ``expand`` maps keyword
 names to value lists, expanded like template lists); ``graph`` (a canonical description,
 rebuilt exactly by ``plancache.replay``). Every entry may carry a ``name`` and ``options``
-(``policy``, ``top_k``, ``heuristic_modes``, ``workspace_limit``, ``kernel_cache``: the
-``BuildOptions`` its plan is keyed and built with). ``SCHEMA`` is the JSON Schema.
-
-``load_manifest`` reports a bad entry as a ``ManifestError`` naming the file, the entry
-index and its line, and still returns every good entry.
+(the ``BuildOptions`` fields its plan is keyed and built with). ``SCHEMA`` is the JSON
+Schema. ``load_manifest`` reports a bad entry as a ``ManifestError`` naming the file, the
+entry index and its line, and still returns every good entry.
 
 Code: a ``builder`` entry imports a module and calls a function, and ``pythonpath`` adds
 folders to ``sys.path``; ``parse_manifest``'s ``allow_code`` and ``listing`` keep either from
@@ -457,9 +455,8 @@ def _load_entry(index: int, raw: Any, where: str, line: int | None, *, resolve: 
 
 
 def _read_text(path: str | os.PathLike[str]) -> str | ManifestError:
-    """The manifest's text, read as every file a user names is: a regular file (a link to one
-    is followed: manifests live in projects), never a FIFO or a device, at most
-    ``MAX_MANIFEST_BYTES``."""
+    """The manifest's text, read from a regular file (a link to one is followed: manifests
+    live in projects), never a FIFO or a device, of at most ``MAX_MANIFEST_BYTES``."""
     try:
         return read_regular(path, MAX_MANIFEST_BYTES, follow=True)[0].decode("utf-8")
     except (OSError, UnicodeDecodeError, Refused) as exc:
@@ -485,8 +482,7 @@ def load_manifest(
 
 
 def _whole_document(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[int | None]]:
-    """The document at ``path`` and the line of each entry, or the ``ManifestError`` that
-    makes it unusable as a whole."""
+    """The document at ``path`` and its entries' lines, or the ``ManifestError`` that makes it unusable."""
     text = _read_text(path)
     read = text if isinstance(text, ManifestError) else _read_document(text, os.fspath(path), _format(path))
     if isinstance(read, ManifestError):

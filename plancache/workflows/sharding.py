@@ -417,8 +417,7 @@ def prewarm_on_devices(
     arguments; it must be importable by name). One device, or a dry run, runs in this
     process on the first device. The report is ``prewarm``'s, plus ``devices`` and each
     record's ``device`` (None for entries that never reached one). ``on_record`` and
-    Ctrl-C as ``prewarm``'s: each record as its entry finishes (on any device), and an
-    ``Interrupted`` whose report holds the entries finished on every device."""
+    Ctrl-C as ``prewarm``'s, over the entries of every device."""
     started = time.perf_counter()
     backend = cache.backend
     chosen = resolve_devices(devices if isinstance(devices, str) else list(devices), backend.device_count())

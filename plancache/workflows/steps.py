@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from ..cache.recording import MANIFEST_VERSION
 from ..config import StrEnum
@@ -104,8 +104,7 @@ class Progress:
         """The block in which a caller prints to stdout while the bar may be shown."""
         if self.bar is None:
             return contextlib.nullcontext()
-        block: contextlib.AbstractContextManager[Any] = self.bar.external_write_mode(file=sys.stdout)
-        return block
+        return cast("contextlib.AbstractContextManager[Any]", self.bar.external_write_mode(file=sys.stdout))
 
     def close(self) -> None:
         if self.bar is not None:
