@@ -125,11 +125,10 @@ def settle_duplicates(records: list[dict[str, Any]], claims: Mapping[int, str], 
             for record in (a, b):
                 if record["error"] is None:
                     del record["error"]
-        if records[first]["status"] != Status.FAILED:
-            continue
-        for p in positions[1:]:
-            records[p].update(status=Status.FAILED, key=None,
-                              error=f"{todo[p].where}: not built: entry {todo[first].index} has the same key and failed")  # fmt: skip
+        if records[first]["status"] == Status.FAILED:
+            for p in positions[1:]:
+                records[p].update(status=Status.FAILED, key=None,
+                                  error=f"{todo[p].where}: not built: entry {todo[first].index} has the same key and failed")  # fmt: skip
 
 
 # ---------------------------------------------------------------------- the worker
