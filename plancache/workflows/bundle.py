@@ -193,14 +193,13 @@ def export_bundle(
 ) -> dict[str, Any]:
     """Write the entries of ``store`` (those of ``env_id``, or the given ``keys`` or key
     prefixes; default all; None: a cache with nothing stored yet, an empty bundle) to one
-    bundle file at ``path``, atomically: a temporary file in
-    the same directory, renamed over ``path``. ``path`` must be a regular file or not
-    exist: a symlink, FIFO, device node or other special file is refused (``BundleError``),
-    never replaced. ``replace=False`` also refuses an existing regular file (``BundleError``,
-    reason ``exists``), even one that appears while exporting. A missing parent directory
-    is refused (reason ``unwritable``), never created. The bundle is signed with ``secret``, by default the one configured
-    (``PLANCACHE_REDIS_SECRET`` or ``_SECRET_FILE``); with none, it is unsigned. A bundle
-    larger than ``MAX_BUNDLE`` is refused (reason ``too large``): no import would read it.
+    bundle file at ``path``, atomically: a temporary file in the same directory, renamed
+    over ``path``. ``BundleError`` refuses a ``path`` that is a symlink, FIFO, device node
+    or other special file (never replaced), an existing regular file with ``replace=False``
+    (reason ``exists``, even one that appears while exporting), a missing parent directory
+    (reason ``unwritable``, never created), and a bundle larger than ``MAX_BUNDLE`` (reason
+    ``too large``: no import would read it). Signed with ``secret``, by default the one
+    configured (``PLANCACHE_REDIS_SECRET`` or ``_SECRET_FILE``); with none, unsigned.
 
     Entries whose blob fails its checksum are left out and reported under ``skipped``.
     Returns ``{"path", "entries", "keys", "bytes", "environments", "skipped", "key_id"}``
@@ -360,11 +359,10 @@ def _header(data: bytes, where: str) -> dict[str, Any]:
     if header["key_format"] != KEY_FORMAT:
         raise _refuse(where, f"its plans were keyed with key format {header['key_format']}, this plancache uses {KEY_FORMAT}: "
                       "they could never be hit", reason="key format")  # fmt: skip
-    if len(data) != _PRELUDE + length + header["payload_size"]:
-        state = "truncated" if len(data) < _PRELUDE + length + header["payload_size"] else "has trailing bytes"
-        raise _refuse(
-            where, f"{state} ({len(data)} bytes, expected {_PRELUDE + length + header['payload_size']})", reason="truncated"
-        )
+    end = _PRELUDE + length + header["payload_size"]
+    if len(data) != end:
+        state = "truncated" if len(data) < end else "has trailing bytes"
+        raise _refuse(where, f"{state} ({len(data)} bytes, expected {end})", reason="truncated")
     header["_payload_start"] = _PRELUDE + length
     return header
 
@@ -422,35 +420,17 @@ def read_bundle(path: str | os.PathLike[str], *, secret: bytes | None = None, al
         raise BundleError(f"cannot read bundle {where}: {why}", path=where, reason="unreadable") from exc
     header = _header(data, where)
     signature = _signature(data, header, where, secret, allow_unsigned)
-    entries: list[Entry] = []
-    seen: set[str] = set()
+    entries: dict[str, Entry] = {}
     offset = 0
     for index, member in enumerate(header["entries"]):
         entry = _member(data, header, index, member, offset, where)
-        if entry.key in seen:
+        if entry.key in entries:
             raise _refuse(where, f"entry {entry.key[:12]} appears twice", reason="malformed")
-        seen.add(entry.key)
-        entries.append(entry)
+        entries[entry.key] = entry
         offset += member["size"]
     if offset != header["payload_size"]:
         raise _refuse(where, "the payload holds bytes no entry accounts for", reason="malformed")
-    return Bundle(where, header, entries, signature)
-
-
-def _insert(
-    tx: sqlite3.Connection, entries: list[Entry], replace: bool, imported: list[str], replaced: list[str], kept: list[str]
-) -> None:
-    now = time.time()
-    for entry in entries:
-        entry.hit_count, entry.last_used_at = 0, now
-        stored = tx.execute("SELECT * FROM plans WHERE key = ?", (entry.key,)).fetchone()
-        exists = stored is not None
-        if exists and not replace and _sound(stored):
-            kept.append(entry.key)
-            continue
-        row = entry.row()  # the store's own row mapping, so new columns follow
-        tx.execute(f"INSERT OR REPLACE INTO plans ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})", row)
-        (replaced if exists else imported).append(entry.key)
+    return Bundle(where, header, list(entries.values()), signature)
 
 
 def _sound(row: Mapping[str, Any]) -> bool:
@@ -488,19 +468,26 @@ def import_bundle(
     started = time.perf_counter()
     if not isinstance(bundle, Bundle):
         bundle = read_bundle(bundle, secret=secret, allow_unsigned=allow_unsigned)
-    header, entries = bundle.header, bundle.entries
-    if env_id is not None:
-        env_id = bundle_environment(bundle, env_id)
-        skipped = [e.key for e in entries if e.env_id != env_id]
-        entries = [e for e in entries if e.env_id == env_id]
-    else:
-        skipped = []
+    header = bundle.header
+    chosen = None if env_id is None else bundle_environment(bundle, env_id)
+    skipped = [e.key for e in bundle.entries if chosen not in (None, e.env_id)]
     imported: list[str] = []
     replaced: list[str] = []
     kept: list[str] = []
     try:
         with store.transaction() as tx:
-            _insert(tx, entries, replace, imported, replaced, kept)
+            now = time.time()
+            for entry in bundle.entries:
+                if chosen not in (None, entry.env_id):
+                    continue
+                entry.hit_count, entry.last_used_at = 0, now
+                stored = tx.execute("SELECT * FROM plans WHERE key = ?", (entry.key,)).fetchone()
+                if stored is not None and not replace and _sound(stored):
+                    kept.append(entry.key)
+                    continue
+                row = entry.row()  # the store's own row mapping, so new columns follow
+                tx.execute(f"INSERT OR REPLACE INTO plans ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})", row)
+                (imported if stored is None else replaced).append(entry.key)
     except sqlite3.Error as exc:  # rolled back by transaction(): nothing was written
         raise StoreError(f"cannot import into {store.path}: {exc}", path=str(store.path)) from exc
     return {

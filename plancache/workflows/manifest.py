@@ -16,11 +16,9 @@ param expands into one graph per value, several lists into their cartesian produ
 called with ``args``/``kwargs``, returning a ``cudnn.pygraph``; ``expand`` maps keyword
 names to value lists, expanded like template lists); ``graph`` (a canonical description,
 rebuilt exactly by ``plancache.replay``). Every entry may carry a ``name`` and ``options``
-(``policy``, ``top_k``, ``heuristic_modes``, ``workspace_limit``, ``kernel_cache``: the
-``BuildOptions`` its plan is keyed and built with). ``SCHEMA`` is the JSON Schema.
-
-``load_manifest`` reports a bad entry as a ``ManifestError`` naming the file, the entry
-index and its line, and still returns every good entry.
+(the ``BuildOptions`` fields its plan is keyed and built with). ``SCHEMA`` is the JSON
+Schema. ``load_manifest`` reports a bad entry as a ``ManifestError`` naming the file, the
+entry index and its line, and still returns every good entry.
 
 Code: a ``builder`` entry imports a module and calls a function, and ``pythonpath`` adds
 folders to ``sys.path``; ``parse_manifest``'s ``allow_code`` and ``listing`` keep either from
@@ -88,46 +86,30 @@ _OPTIONS = {
     },
 }
 _COMMON = {"name": {"type": "string"}, "options": _OPTIONS}
+
+
+def _entry_schema(kind: str, **properties: Any) -> dict[str, Any]:
+    return {"type": "object", "required": [kind], "additionalProperties": False, "properties": {**properties, **_COMMON}}
+
+
 _ENTRY_SCHEMAS: dict[str, dict[str, Any]] = {
-    "template": {
+    "template": _entry_schema("template", template={"type": "string"}, params=_PARAMS,
+                              shapes={"type": "array", "minItems": 1, "items": _PARAMS}),
+    "builder": _entry_schema("builder", builder={"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"},
+                             args={"type": "array"}, kwargs={"type": "object"},
+                             expand={"type": "object", "additionalProperties": {"type": "array", "minItems": 1}}),
+    "graph": _entry_schema("graph", graph={
         "type": "object",
-        "required": ["template"],
-        "additionalProperties": False,
-        "properties": {"template": {"type": "string"}, "params": _PARAMS,
-                       "shapes": {"type": "array", "minItems": 1, "items": _PARAMS}, **_COMMON},
-    },
-    "builder": {
-        "type": "object",
-        "required": ["builder"],
-        "additionalProperties": False,
+        "required": ["nodes", "tensors"],
         "properties": {
-            "builder": {"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"},
-            "args": {"type": "array"},
-            "kwargs": {"type": "object"},
-            "expand": {"type": "object", "additionalProperties": {"type": "array", "minItems": 1}},
-            **_COMMON,
+            "nodes": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["type", "inputs", "outputs", "params"],
+                "properties": {"type": {"type": "string", "pattern": "^[A-Z][A-Z0-9_]*$"},
+                               "inputs": {"type": "object"}, "outputs": {"type": "object"},
+                               "params": {"type": "object"}}}},
+            "tensors": {"type": "object", "propertyNames": {"pattern": "^[uv][0-9]+$"}},
         },
-    },
-    "graph": {
-        "type": "object",
-        "required": ["graph"],
-        "additionalProperties": False,
-        "properties": {
-            "graph": {
-                "type": "object",
-                "required": ["nodes", "tensors"],
-                "properties": {
-                    "nodes": {"type": "array", "minItems": 1, "items": {
-                        "type": "object", "required": ["type", "inputs", "outputs", "params"],
-                        "properties": {"type": {"type": "string", "pattern": "^[A-Z][A-Z0-9_]*$"},
-                                       "inputs": {"type": "object"}, "outputs": {"type": "object"},
-                                       "params": {"type": "object"}}}},
-                    "tensors": {"type": "object", "propertyNames": {"pattern": "^[uv][0-9]+$"}},
-                },
-            },
-            **_COMMON,
-        },
-    },
+    }),
 }  # fmt: skip
 #: JSON Schema (draft 2020-12) of a version-1 manifest.
 SCHEMA: dict[str, Any] = {
@@ -173,8 +155,7 @@ class ManifestEntry:
     @property
     def where(self) -> str:
         """``file:line: entry N`` for messages."""
-        place = f"{self.path or '<manifest>'}:{self.line}" if self.line else (self.path or "<manifest>")
-        return f"{place}: entry {self.index}"
+        return f"{_place(self.path or '<manifest>', self.line)}: entry {self.index}"
 
     @property
     def label(self) -> str:
@@ -201,14 +182,16 @@ class ManifestEntry:
 
             return rebuild_graph(self.spec["graph"])
         if self.listed_only:
-            raise ManifestError(f"{self.where}: builder {self.spec['builder']} was listed without importing it; "
-                                "load the manifest with allow_code to build it", path=self.path, entry=self.index, line=self.line)  # fmt: skip
+            raise self._error("was listed without importing it; load the manifest with allow_code to build it")
         function = self.builder or resolve_builder(self.spec["builder"])
         graph = function(*self.spec["args"], **self.spec["kwargs"])
         if not hasattr(graph, "nodes") or not hasattr(graph, "tensors"):
-            raise ManifestError(f"{self.where}: builder {self.spec['builder']} returned {type(graph).__name__}, not a cudnn.pygraph",
-                                path=self.path, entry=self.index, line=self.line)  # fmt: skip
+            raise self._error(f"returned {type(graph).__name__}, not a cudnn.pygraph")
         return graph
+
+    def _error(self, what: str) -> ManifestError:
+        return ManifestError(f"{self.where}: builder {self.spec['builder']} {what}", path=self.path, entry=self.index,
+                             line=self.line)  # fmt: skip
 
     def build_options(self, default: BuildOptions) -> BuildOptions:
         """``default`` with this entry's own options applied."""
@@ -252,6 +235,10 @@ def resolve_builder(ref: str, what: str = "builder") -> Callable[..., Any]:
 # ---------------------------------------------------------------------- loading
 
 
+def _place(where: str, line: int | None) -> str:
+    return f"{where}:{line}" if line else where
+
+
 def _entry_offsets(text: str) -> list[int]:
     """Character offsets of the elements of the top-level "entries" array of JSON ``text``
     (already known to parse), found by decoding value by value."""
@@ -263,6 +250,9 @@ def _entry_offsets(text: str) -> list[int]:
         if sep and text.startswith(sep, pos):
             return skip(pos + 1)
         return pos
+
+    def past_value(pos: int) -> int:
+        return skip(decoder.raw_decode(text, pos)[1], ",")
 
     pos = skip(0)
     if not text.startswith("{", pos):
@@ -276,11 +266,9 @@ def _entry_offsets(text: str) -> list[int]:
             pos = skip(pos + 1)
             while not text.startswith("]", pos):
                 offsets.append(pos)
-                _, pos = decoder.raw_decode(text, pos)
-                pos = skip(pos, ",")
+                pos = past_value(pos)
             return offsets
-        _, pos = decoder.raw_decode(text, pos)
-        pos = skip(pos, ",")
+        pos = past_value(pos)
     return []
 
 
@@ -314,8 +302,7 @@ def _template_shapes(raw: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], d
 
 
 def _product(base: Mapping[str, Any], lists: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
-    names = list(lists)
-    return [{**base, **dict(zip(names, values))} for values in itertools.product(*(lists[n] for n in names))]
+    return [{**base, **dict(zip(lists, values))} for values in itertools.product(*lists.values())]
 
 
 _COUNTS = {"r": 1, "s": 1, "stride": 1, "dilation": 1, "h_kv": 1, "s_kv": 1, "padding": 0}  # optional ints: least value
@@ -344,21 +331,15 @@ def _check_template_params(name: str, params: Mapping[str, Any]) -> None:
         )
 
 
-def _expand_template(raw: Mapping[str, Any]) -> list[dict[str, Any]]:
-    name = raw["template"]
-    if name not in templates.TEMPLATES:
-        raise ValueError(f"unknown template {name!r}; known: {', '.join(templates.TEMPLATES)}")
-    combos = []
-    for scalars, lists in _template_shapes(raw):
-        combos += _product(scalars, lists)
-    for params in combos:
-        _check_template_params(name, params)
-    return [{"template": name, "params": params} for params in combos]
-
-
 def _expand(kind: EntryKind, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
     if kind is EntryKind.TEMPLATE:
-        return _expand_template(raw)
+        name = raw["template"]
+        if name not in templates.TEMPLATES:
+            raise ValueError(f"unknown template {name!r}; known: {', '.join(templates.TEMPLATES)}")
+        combos = [params for scalars, lists in _template_shapes(raw) for params in _product(scalars, lists)]
+        for params in combos:
+            _check_template_params(name, params)
+        return [{"template": name, "params": params} for params in combos]
     if kind is EntryKind.BUILDER:
         base = {"builder": raw["builder"], "args": list(raw.get("args", [])), "kwargs": dict(raw.get("kwargs", {}))}
         return [{**base, "kwargs": kwargs} for kwargs in _product(base["kwargs"], raw.get("expand", {}))]
@@ -370,8 +351,7 @@ def _read_document(text: str, where: str, fmt: str) -> tuple[dict[str, Any], lis
     document cannot be used at all. Runs no code and leaves ``sys.path`` alone."""
 
     def fatal(message: str, line: int | None = None) -> ManifestError:
-        place = f"{where}:{line}" if line else where
-        return ManifestError(f"{place}: {message}", path=where, entry=None, line=line)
+        return ManifestError(f"{_place(where, line)}: {message}", path=where, entry=None, line=line)
 
     try:
         if fmt == "toml":
@@ -447,8 +427,7 @@ def parse_manifest(
         except Exception as exc:  # one bad entry is reported; the others still load
             known = isinstance(exc, (ValueError, LookupError))
             message = exc.message if isinstance(exc, ManifestError) else str(exc) if known else f"{type(exc).__name__}: {exc}"
-            place = f"{where}:{line}" if line else where
-            errors.append(ManifestError(f"{place}: entry {index}: {message}", path=where, entry=index, line=line))
+            errors.append(ManifestError(f"{_place(where, line)}: entry {index}: {message}", path=where, entry=index, line=line))
     return entries, errors
 
 
@@ -476,9 +455,8 @@ def _load_entry(index: int, raw: Any, where: str, line: int | None, *, resolve: 
 
 
 def _read_text(path: str | os.PathLike[str]) -> str | ManifestError:
-    """The manifest's text, read as every file a user names is: a regular file (a link to one
-    is followed: manifests live in projects), never a FIFO or a device, at most
-    ``MAX_MANIFEST_BYTES``."""
+    """The manifest's text, read from a regular file (a link to one is followed: manifests
+    live in projects), never a FIFO or a device, of at most ``MAX_MANIFEST_BYTES``."""
     try:
         return read_regular(path, MAX_MANIFEST_BYTES, follow=True)[0].decode("utf-8")
     except (OSError, UnicodeDecodeError, Refused) as exc:
@@ -493,13 +471,10 @@ def _format(path: str | os.PathLike[str]) -> str:
 def load_manifest(
     path: str | os.PathLike[str], *, allow_code: bool = True, listing: bool = False
 ) -> tuple[list[ManifestEntry], list[ManifestError]]:
-    """Read a manifest file (``.toml`` is TOML, anything else JSON).
-
-    Returns the good entries, expanded, and one ``ManifestError`` per bad entry (fields
-    ``path``, ``entry``, ``line``); a bad entry never hides the others. ``allow_code`` and
-    ``listing``: see ``parse_manifest`` (the ``plancache`` command passes
-    ``allow_code=False`` unless ``--allow-code``, and ``listing=True`` for ``--dry-run``).
-    """
+    """Read a manifest file (``.toml`` is TOML, anything else JSON): ``parse_manifest``'s
+    answer (the ``plancache`` command passes ``allow_code=False`` unless ``--allow-code``,
+    and ``listing=True`` for ``--dry-run``). ``ManifestError`` fields: ``path``, ``entry``,
+    ``line``."""
     text = _read_text(path)
     if isinstance(text, ManifestError):
         return [], [text]
@@ -507,12 +482,9 @@ def load_manifest(
 
 
 def _whole_document(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[int | None]]:
-    """The document at ``path`` and the line of each entry, or the ``ManifestError`` that
-    makes it unusable as a whole."""
+    """The document at ``path`` and its entries' lines, or the ``ManifestError`` that makes it unusable."""
     text = _read_text(path)
-    if isinstance(text, ManifestError):
-        raise text
-    read = _read_document(text, os.fspath(path), _format(path))
+    read = text if isinstance(text, ManifestError) else _read_document(text, os.fspath(path), _format(path))
     if isinstance(read, ManifestError):
         raise read
     return read

@@ -80,10 +80,10 @@ def prewarm(
     try:
         records += run_here(cache, todo, options or cache.options, dry_run, progress, on_record)
     except Interrupted as stopped:
-        stopped.report = {**build_report(records + stopped.records, dry_run, env_id, started), "interrupted": True,
-                          "not_run": len(todo) - len(stopped.records)}  # fmt: skip
+        stopped.report = build_report(records + stopped.records, dry_run, env_id, started, interrupted=True,
+                                      not_run=len(todo) - len(stopped.records))  # fmt: skip
         raise
-    return {**build_report(records, dry_run, env_id, started), "interrupted": False, "not_run": 0}
+    return build_report(records, dry_run, env_id, started, interrupted=False, not_run=0)
 
 
 def dry_run(
@@ -143,10 +143,7 @@ def warm_start(
             if digest not in labels:
                 keys.append(digest)
                 labels[digest] = entry.label
-    report: dict[str, Any] = dict(cache.preload(keys))
-    report["errors"] = errors
-    report["labels"] = labels
-    report["seconds"] = time.perf_counter() - started
+    report = {**cache.preload(keys), "errors": errors, "labels": labels, "seconds": time.perf_counter() - started}
     if report["missing"] or report["failed"] or errors:
         log.warning("plancache: warm start loaded %d plans; %d missing, %d failed, %d manifest errors",
                     len(report["loaded"]), len(report["missing"]), len(report["failed"]), len(errors))  # fmt: skip

@@ -58,6 +58,8 @@ def entry_report(entry: Entry, now: float | None = None) -> dict[str, Any]:
                 "strides": t["strides"], "dtype": _dtype(t.get("dtype"))} for t in records]  # fmt: skip
     context = description.get("context", {})
     ratio, baseline, basis = speedup(candidates)
+    rows = [{"index": c["index"], "engine": (c.get("engine") or {}).get("name", ""),
+             **{name: c.get(name) for name in ("status", "median_ms", "first_ms", "error")}} for c in candidates]  # fmt: skip
     return {
         "key": entry.key,
         "ops": "+".join(ops),
@@ -68,17 +70,7 @@ def entry_report(entry: Entry, now: float | None = None) -> dict[str, Any]:
         "engine": entry.engine,
         "policy": entry.policy,
         "options": entry.options,
-        "candidates": [
-            {
-                "index": c["index"],
-                "engine": (c.get("engine") or {}).get("name", ""),
-                "status": c.get("status"),
-                "median_ms": c.get("median_ms"),
-                "first_ms": c.get("first_ms"),
-                "error": c.get("error"),
-            }
-            for c in candidates
-        ],
+        "candidates": rows,
         "heuristic_choice": baseline,
         "speedup": ratio,
         "speedup_basis": basis,
@@ -116,11 +108,8 @@ def report_lines(report: Mapping[str, Any]) -> Iterable[str]:
     if report["speedup"] is not None:
         yield f"  speed-up   {report['speedup']:.2f}x over the heuristics' first choice #{report['heuristic_choice']} ({report['speedup_basis']})"
     else:
-        yield (
-            "  speed-up   - (the heuristics' first choice was kept untimed)"
-            if report["policy"] == Policy.HEURISTIC
-            else "  speed-up   -"
-        )
+        untimed = " (the heuristics' first choice was kept untimed)" if report["policy"] == Policy.HEURISTIC else ""
+        yield f"  speed-up   -{untimed}"
     yield (f"  hits {report['hits']}, age {age(report['age_s'])}, last used {age(report['last_used_s'])} ago, "
            f"build {report['build_seconds']:.2f}s (timing {report['autotune_seconds']:.2f}s)")  # fmt: skip
     rows = [c for c in report["candidates"] if c["status"] != CandidateStatus.NOT_BUILT]

@@ -125,11 +125,10 @@ def settle_duplicates(records: list[dict[str, Any]], claims: Mapping[int, str], 
             for record in (a, b):
                 if record["error"] is None:
                     del record["error"]
-        if records[first]["status"] != Status.FAILED:
-            continue
-        for p in positions[1:]:
-            records[p].update(status=Status.FAILED, key=None,
-                              error=f"{todo[p].where}: not built: entry {todo[first].index} has the same key and failed")  # fmt: skip
+        if records[first]["status"] == Status.FAILED:
+            for p in positions[1:]:
+                records[p].update(status=Status.FAILED, key=None,
+                                  error=f"{todo[p].where}: not built: entry {todo[first].index} has the same key and failed")  # fmt: skip
 
 
 # ---------------------------------------------------------------------- the worker
@@ -157,16 +156,9 @@ def _set_up(device: int, factory: Callable[[], Any], config: dict[str, Any], ent
         _here["error"] = f"{type(exc).__name__}: {exc}"
 
 
-@dataclass(frozen=True)
-class _SetUp:
+def _ready() -> tuple[Any, str | None]:
     """A worker's answer once set up: its device's environment, or why it could not set up."""
-
-    environment: Any = None
-    error: str | None = None
-
-
-def _ready() -> _SetUp:
-    return _SetUp(error=_here["error"]) if "error" in _here else _SetUp(environment=_here["environment"])
+    return (None, _here["error"]) if "error" in _here else (_here["environment"], None)
 
 
 def _attempt(position: int, spent: float | None = None) -> dict[str, Any]:
@@ -264,41 +256,37 @@ class _Shard:
             self._lost(w)
             return
         if not w.ready:
-            self._started(w, future.result())
+            self._started(w, *future.result())
             return
         assert w.position is not None, "an entry's task"
         if error is not None:  # raised past timed(), a builder's sys.exit say: the entry failed, the worker goes on
             self._failed(w.position, f"{type(error).__name__}: {error}", w.device)
-            w.position = None
-            self._next(w)
-            return
-        record = {**future.result(), "device": w.device}
-        if record["key"] is not None:  # the first entry to reach a key builds it; a later one is its duplicate
-            self.claims[w.position] = record["key"]
-            if self.owners.setdefault(record["key"], w.position) != w.position:
-                record["status"] = Status.DUPLICATE
-            elif record["status"] == Status.WOULD_BUILD:  # the dry run's answer: now the build
-                self._submit(w, w.position, record["seconds"])
-                return
-        self._done(w.position, record)
+        else:
+            record = {**future.result(), "device": w.device}
+            if record["key"] is not None:  # the first entry to reach a key builds it; a later one is its duplicate
+                self.claims[w.position] = record["key"]
+                if self.owners.setdefault(record["key"], w.position) != w.position:
+                    record["status"] = Status.DUPLICATE
+                elif record["status"] == Status.WOULD_BUILD:  # the dry run's answer: now the build
+                    self._submit(w, w.position, record["seconds"])
+                    return
+            self._done(w.position, record)
         w.position = None
         self._next(w)
 
-    def _started(self, w: _Worker, answer: _SetUp) -> None:
-        if answer.error is not None:
-            self._end(w, answer.error)
+    def _started(self, w: _Worker, environment: Any, error: str | None) -> None:
+        if error is not None:
+            self._end(w, error)
             return
-        w.ready, w.environment = True, answer.environment
+        w.ready, w.environment = True, environment
         self._start_when_all_ready()
 
     def _start_when_all_ready(self) -> None:
         """Once every live worker is set up: check that their devices share one environment
         (a ``ConfigError`` otherwise, before anything is built), then give each an entry.
         Checked in the workers, not here: this process then never touches a GPU."""
-        if self.env_id is not None or not all(w.ready for w in self.workers if w.alive):
-            return
-        ready = [w for w in self.workers if w.alive and w.ready]
-        if not ready:
+        ready = [w for w in self.workers if w.alive]
+        if self.env_id is not None or not ready or not all(w.ready for w in ready):
             return
         self.env_id = check_environments({w.device: w.environment or {} for w in ready})
         for w in ready:
@@ -401,16 +389,13 @@ def _portable(entry: ManifestEntry) -> ManifestEntry:
     would die unpickling it before it could say why."""
     if entry.builder is None:
         return entry
-    if (
-        getattr(entry.builder, "__module__", None) == "__main__"
-        and getattr(sys.modules.get("__main__"), "__file__", None) is None
-    ):
-        return dataclasses.replace(entry, builder=None)
-    try:
-        pickle.dumps(entry.builder)
-    except Exception:  # whatever pickling a user's callable raises
-        return dataclasses.replace(entry, builder=None)
-    return entry
+    if getattr(entry.builder, "__module__", None) != "__main__" or hasattr(sys.modules.get("__main__"), "__file__"):
+        try:
+            pickle.dumps(entry.builder)
+            return entry
+        except Exception:  # whatever pickling a user's callable raises
+            pass
+    return dataclasses.replace(entry, builder=None)
 
 
 def prewarm_on_devices(
@@ -431,8 +416,7 @@ def prewarm_on_devices(
     arguments; it must be importable by name). One device, or a dry run, runs in this
     process on the first device. The report is ``prewarm``'s, plus ``devices`` and each
     record's ``device`` (None for entries that never reached one). ``on_record`` and
-    Ctrl-C as ``prewarm``'s: each record as its entry finishes (on any device), and an
-    ``Interrupted`` whose report holds the entries finished on every device."""
+    Ctrl-C as ``prewarm``'s, over the entries of every device."""
     started = time.perf_counter()
     backend = cache.backend
     chosen = resolve_devices(devices if isinstance(devices, str) else list(devices), backend.device_count())
@@ -455,7 +439,8 @@ def prewarm_on_devices(
         try:
             records = run_here(cache, todo, options, dry_run, progress, on_device)
         except Interrupted as stopped:
-            raise _interrupted(stopped.records, todo, load_errors, dry_run, env_id, started, chosen) from None
+            report = _report(stopped.records, todo, load_errors, dry_run, env_id, started, chosen, True)
+            raise Interrupted(stopped.records, report) from None
         finally:
             if hasattr(backend, "use_device"):
                 backend.use_device(previous)
@@ -473,23 +458,17 @@ def prewarm_on_devices(
         except KeyboardInterrupt:  # the workers are stopped (run's own clean-up); what they finished is reported
             done = shard.finished()
             env = shard.env_id or "unknown: no worker started"
-            raise _interrupted(done, todo, load_errors, dry_run, env, started, chosen) from None
+            raise Interrupted(done, _report(done, todo, load_errors, dry_run, env, started, chosen, True)) from None
         finally:
             bar.close()
         settle_duplicates(records, shard.claims, todo)
         env_id = shard.env_id or "unknown: no worker started"
-    return {**_report(records, load_errors, dry_run, env_id, started, chosen), "interrupted": False, "not_run": 0}
+    return _report(records, todo, load_errors, dry_run, env_id, started, chosen, False)
 
 
-def _report(records: list[dict[str, Any]], load_errors: list[Any], dry_run: bool, env_id: str, started: float,
-            devices: list[int]) -> dict[str, Any]:  # fmt: skip
+def _report(records: list[dict[str, Any]], todo: list[ManifestEntry], load_errors: list[Any], dry_run: bool, env_id: str,
+            started: float, devices: list[int], interrupted: bool) -> dict[str, Any]:  # fmt: skip
+    """The report of a run across devices; ``interrupted``: of the entries finished before Ctrl-C."""
     errors = [{**error_record(e), "device": None} for e in load_errors]
-    return {**build_report(errors + records, dry_run, env_id, started), "devices": devices}
-
-
-def _interrupted(records: list[dict[str, Any]], todo: list[ManifestEntry], load_errors: list[Any], dry_run: bool, env_id: str,
-                 started: float, devices: list[int]) -> Interrupted:  # fmt: skip
-    """The ``Interrupted`` of a run across devices stopped by Ctrl-C: the report of the entries finished."""
-    report = {**_report(records, load_errors, dry_run, env_id, started, devices), "interrupted": True,
-              "not_run": len(todo) - len(records)}  # fmt: skip
-    return Interrupted(records, report)
+    return build_report(errors + records, dry_run, env_id, started, devices=devices, interrupted=interrupted,
+                        not_run=len(todo) - len(records) if interrupted else 0)  # fmt: skip

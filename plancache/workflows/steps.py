@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from ..cache.recording import MANIFEST_VERSION
 from ..config import StrEnum
@@ -104,8 +104,7 @@ class Progress:
         """The block in which a caller prints to stdout while the bar may be shown."""
         if self.bar is None:
             return contextlib.nullcontext()
-        block: contextlib.AbstractContextManager[Any] = self.bar.external_write_mode(file=sys.stdout)
-        return block
+        return cast("contextlib.AbstractContextManager[Any]", self.bar.external_write_mode(file=sys.stdout))
 
     def close(self) -> None:
         if self.bar is not None:
@@ -134,9 +133,6 @@ def describe_failure(entry: ManifestEntry, exc: Exception) -> str:
 
 def run_one(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bool, seen: set[str]) -> dict[str, Any]:
     record = entry.record()
-    if entry.listed_only:  # a dry run lists builder entries without importing them: no graph, no key
-        record["status"] = Status.LISTED
-        return record
     graph = entry.build()
     opts = entry.build_options(options)
     key = cache.key(graph, opts)
@@ -167,9 +163,6 @@ def check_one(
     without one (keys depend on the GPU), status ``checked`` and no key. Duplicates are
     found either way (same graph and options)."""
     record = entry.record()
-    if entry.listed_only:
-        record["status"] = Status.LISTED
-        return record
     opts = entry.build_options(options)
     description = describe(entry.build())
     if environment is None:
@@ -190,18 +183,19 @@ def attempt(cache: Any, entry: ManifestEntry, options: BuildOptions, dry_run: bo
 
 def timed(entry: ManifestEntry, step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``step()``'s record of ``entry`` with its ``seconds``; an exception becomes a failed
-    record (the caller logs it)."""
+    record (the caller logs it). A builder entry read without importing it is ``listed``:
+    no graph, no key."""
     t0 = time.perf_counter()
     try:
-        record = step()
+        record = entry.record(status=Status.LISTED) if entry.listed_only else step()
     except Exception as exc:  # one bad entry is reported; the rest still run
         record = entry.record(status=Status.FAILED, error=describe_failure(entry, exc))
     record["seconds"] = time.perf_counter() - t0
     return record
 
 
-def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str | None, started: float) -> dict[str, Any]:
-    """The report of a run from its records (the same with one device or several)."""
+def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str | None, started: float, **more: Any) -> dict[str, Any]:
+    """The report of a run from its records (the same with one device or several), ``more`` last."""
     count = collections.Counter(r["status"] for r in records)
     return {
         "total": len(records),
@@ -217,6 +211,7 @@ def build_report(records: list[dict[str, Any]], dry_run: bool, env_id: str | Non
         "environment": env_id,
         "seconds": time.perf_counter() - started,
         "entries": records,
+        **more,
     }
 
 

@@ -12,6 +12,7 @@ another (``LAYOUTS``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,11 +47,7 @@ def _nhwc(n: int, c: int, h: int, w: int) -> tuple[int, ...]:
 
 
 def _rows(*dims: int) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(dims):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
+    return tuple(math.prod(dims[i + 1 :]) for i in range(len(dims)))
 
 
 def _out_hw(size: int, kernel: int, padding: int, stride: int, dilation: int) -> int:
@@ -94,14 +91,14 @@ def _conv_layout(n: int, c: int, h: int, w: int, k: int, r: int = 3, s: int = 3,
     return tensors
 
 
-def _cols(b: int, rows: int, cols: int) -> tuple[int, ...]:
+def _cols(rows: int, cols: int) -> tuple[int, ...]:
     """Strides of a batched ``rows x cols`` matrix stored column-major."""
     return (rows * cols, 1, rows)
 
 
 def _matmul_layout(b: int, m: int, n: int, k: int, bias: bool = True, layout: str = Layout.NN, **_: Any) -> list[TensorLayout]:
-    a_strides = _cols(b, m, k) if Layout(layout) is Layout.TN else _rows(b, m, k)
-    b_strides = _cols(b, k, n) if Layout(layout) is Layout.NT else _rows(b, k, n)
+    a_strides = _cols(m, k) if Layout(layout) is Layout.TN else _rows(b, m, k)
+    b_strides = _cols(k, n) if Layout(layout) is Layout.NT else _rows(b, k, n)
     layout_ = [TensorLayout(1, "A", (b, m, k), a_strides, False), TensorLayout(2, "B", (b, k, n), b_strides, False)]
     if bias:
         layout_.append(TensorLayout(3, "bias", (1, 1, n), (n, n, 1), False))
@@ -128,30 +125,30 @@ def _sdpa_layout(b: int, h: int, s: int, d: int, h_kv: int | None = None, s_kv: 
 # ---------------------------------------------------------------------- builders
 
 
-def _graph(dtype: str, dynamic: bool, kernel_cache: Any, handle: Any = None) -> tuple[Any, Any]:
-    cudnn = _cudnn()
-    io = getattr(cudnn.data_type, DTYPES[dtype])
-    kwargs: dict[str, Any] = {"handle": handle} if handle is not None else {}
-    if dynamic:
-        kwargs["is_dynamic_shape_enabled"] = True
-        if kernel_cache is not None:
-            kwargs["kernel_cache"] = kernel_cache
-    graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, **kwargs)  # fmt: skip
-    return graph, io
+def _builder(layout_of: Callable[..., list[TensorLayout]], op: Callable[..., Any]) -> Callable[..., Any]:
+    """A template's ``build``: a graph of the tensors ``layout_of`` lists, ``op`` applied to
+    its inputs giving its output."""
 
+    def build(dtype: str = "bfloat16", dynamic: bool = False, kernel_cache: Any = None, handle: Any = None,
+              **params: Any) -> Any:  # fmt: skip
+        layout = layout_of(**params)
+        cudnn = _cudnn()
+        io = getattr(cudnn.data_type, DTYPES[dtype])
+        kwargs: dict[str, Any] = {"handle": handle} if handle is not None else {}
+        if dynamic:
+            kwargs["is_dynamic_shape_enabled"] = True
+            if kernel_cache is not None:
+                kwargs["kernel_cache"] = kernel_cache
+        graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, **kwargs)  # fmt: skip
+        inputs = {t.name: graph.tensor(name=t.name, dim=list(t.shape), stride=list(t.stride), data_type=io, uid=t.uid)
+                  for t in layout if not t.is_output}  # fmt: skip
+        out, spec = op(graph, inputs, **params), layout[-1]
+        out.set_output(True).set_uid(spec.uid).set_name(spec.name).set_dim(list(spec.shape)).set_stride(list(spec.stride))
+        out.set_data_type(io)
+        return graph
 
-def _inputs(graph: Any, layout: list[TensorLayout], io: Any) -> dict[str, Any]:
-    return {
-        t.name: graph.tensor(name=t.name, dim=list(t.shape), stride=list(t.stride), data_type=io, uid=t.uid)
-        for t in layout
-        if not t.is_output
-    }
-
-
-def _finish(out: Any, spec: TensorLayout, io: Any) -> None:
-    out.set_output(True).set_uid(spec.uid).set_name(spec.name).set_dim(list(spec.shape)).set_stride(list(spec.stride))
-    out.set_data_type(io)
+    return build
 
 
 def _activate(graph: Any, value: Any, act: str | None) -> Any:
@@ -162,40 +159,20 @@ def _activate(graph: Any, value: Any, act: str | None) -> Any:
     return getattr(graph, act)(input=value)
 
 
-def _build_conv(dtype: str = "bfloat16", act: str | None = "relu", dynamic: bool = False, kernel_cache: Any = None,
-                handle: Any = None, **params: Any) -> Any:  # fmt: skip
-    layout = _conv_layout(**params)
-    graph, io = _graph(dtype, dynamic, kernel_cache, handle)
-    t = _inputs(graph, layout, io)
-    p, st, dl = params.get("padding", 1), params.get("stride", 1), params.get("dilation", 1)
-    y = graph.conv_fprop(image=t["X"], weight=t["W"], padding=[p, p], stride=[st, st], dilation=[dl, dl])
-    if "B" in t:
-        y = graph.bias(input=y, bias=t["B"])
-    _finish(_activate(graph, y, act), layout[-1], io)
-    return graph
+def _conv(graph: Any, t: Mapping[str, Any], act: str | None = "relu", padding: int = 1, stride: int = 1, dilation: int = 1,
+          **_: Any) -> Any:  # fmt: skip
+    y = graph.conv_fprop(image=t["X"], weight=t["W"], padding=[padding] * 2, stride=[stride] * 2, dilation=[dilation] * 2)
+    return _activate(graph, graph.bias(input=y, bias=t["B"]) if "B" in t else y, act)
 
 
-def _build_matmul(dtype: str = "bfloat16", act: str | None = "relu", dynamic: bool = False, kernel_cache: Any = None,
-                  handle: Any = None, **params: Any) -> Any:  # fmt: skip
-    layout = _matmul_layout(**params)
-    graph, io = _graph(dtype, dynamic, kernel_cache, handle)
-    t = _inputs(graph, layout, io)
+def _matmul(graph: Any, t: Mapping[str, Any], act: str | None = "relu", **_: Any) -> Any:
     c = graph.matmul(t["A"], t["B"], compute_data_type=_cudnn().data_type.FLOAT)
-    if "bias" in t:
-        c = graph.add(a=c, b=t["bias"])
-    _finish(_activate(graph, c, act), layout[-1], io)
-    return graph
+    return _activate(graph, graph.add(a=c, b=t["bias"]) if "bias" in t else c, act)
 
 
-def _build_sdpa(dtype: str = "bfloat16", causal: bool = True, dynamic: bool = False, kernel_cache: Any = None,
-                handle: Any = None, **params: Any) -> Any:  # fmt: skip
-    layout = _sdpa_layout(**params)
-    graph, io = _graph(dtype, dynamic, kernel_cache, handle)
-    t = _inputs(graph, layout, io)
-    scale = float(params["d"]) ** -0.5
-    o, _stats = graph.sdpa(q=t["q"], k=t["k"], v=t["v"], is_inference=True, attn_scale=scale, use_causal_mask=causal)
-    _finish(o, layout[-1], io)
-    return graph
+def _sdpa(graph: Any, t: Mapping[str, Any], d: int, causal: bool = True, **_: Any) -> Any:
+    o, _stats = graph.sdpa(q=t["q"], k=t["k"], v=t["v"], is_inference=True, attn_scale=float(d) ** -0.5, use_causal_mask=causal)
+    return o
 
 
 # ---------------------------------------------------------------------- references
@@ -208,19 +185,15 @@ def _torch_act(torch: Any, value: Any, act: str | None) -> Any:
     return table[act](value)
 
 
-def _ref_conv(torch: Any, x: Mapping[int, Any], act: str | None = "relu", **params: Any) -> Any:
-    p, st, dl = params.get("padding", 1), params.get("stride", 1), params.get("dilation", 1)
-    y = torch.nn.functional.conv2d(x[1].float(), x[2].float(), padding=p, stride=st, dilation=dl)
-    if params.get("bias", True):
-        y = y + x[3].float()
-    return _torch_act(torch, y, act)
+def _ref_conv(torch: Any, x: Mapping[int, Any], act: str | None = "relu", padding: int = 1, stride: int = 1,
+              dilation: int = 1, bias: bool = True, **_: Any) -> Any:  # fmt: skip
+    y = torch.nn.functional.conv2d(x[1].float(), x[2].float(), padding=padding, stride=stride, dilation=dilation)
+    return _torch_act(torch, y + x[3].float() if bias else y, act)
 
 
-def _ref_matmul(torch: Any, x: Mapping[int, Any], act: str | None = "relu", **params: Any) -> Any:
+def _ref_matmul(torch: Any, x: Mapping[int, Any], act: str | None = "relu", bias: bool = True, **_: Any) -> Any:
     c = torch.matmul(x[1].float(), x[2].float())
-    if params.get("bias", True):
-        c = c + x[3].float()
-    return _torch_act(torch, c, act)
+    return _torch_act(torch, c + x[3].float() if bias else c, act)
 
 
 def _ref_sdpa(torch: Any, x: Mapping[int, Any], causal: bool = True, **params: Any) -> Any:
@@ -245,11 +218,11 @@ class Template:
 TEMPLATES: dict[str, Template] = {
     t.name: t
     for t in (
-        Template("conv_bias_act", ("n", "c", "h", "w", "k"), _build_conv, _conv_layout, _ref_conv,
+        Template("conv_bias_act", ("n", "c", "h", "w", "k"), _builder(_conv_layout, _conv), _conv_layout, _ref_conv,
                  "2-D convolution (NHWC) + optional bias + optional activation"),
-        Template("matmul_bias_act", ("b", "m", "n", "k"), _build_matmul, _matmul_layout, _ref_matmul,
+        Template("matmul_bias_act", ("b", "m", "n", "k"), _builder(_matmul_layout, _matmul), _matmul_layout, _ref_matmul,
                  "batched matmul + optional bias + optional activation"),
-        Template("sdpa", ("b", "h", "s", "d"), _build_sdpa, _sdpa_layout, _ref_sdpa,
+        Template("sdpa", ("b", "h", "s", "d"), _builder(_sdpa_layout, _sdpa), _sdpa_layout, _ref_sdpa,
                  "scaled dot-product attention forward (inference), optional causal mask and GQA", 1.0),
     )
 }  # fmt: skip

@@ -49,18 +49,14 @@ def tune(cache: Any, keys: Iterable[str] | None = None, *, progress: bool = Fals
     for digest in wanted if wanted is not None else store.keys():
         try:
             entry = store.get(digest)
+            why = None if entry is None or entry.env_id == env_id else (
+                f"belongs to environment {entry.env_id}, not this GPU's {env_id}: tune it there")  # fmt: skip
         except DamagedEntryError as exc:  # one row that cannot be decoded: the others are still tuned
-            if wanted is not None:
-                rows.append({"key": digest, "status": Status.FAILED, "error": str(exc)})
-            continue
-        if entry is None:
-            continue
-        if entry.env_id != env_id:
+            entry, why = None, str(exc)
+        if why is not None:
             if wanted is not None:  # named by the user: say why nothing happens
-                rows.append({"key": digest, "status": Status.FAILED,
-                             "error": f"belongs to environment {entry.env_id}, not this GPU's {env_id}: tune it there"})  # fmt: skip
-            continue
-        if wanted is not None or cut_short(entry):
+                rows.append({"key": digest, "status": Status.FAILED, "error": why})
+        elif entry is not None and (wanted is not None or cut_short(entry)):
             todo.append(entry)
     bar = Progress(len(todo), progress, desc="tune")
     before_tuning = len(rows)  # the named keys refused before any tuning
