@@ -156,9 +156,16 @@ def _set_up(device: int, factory: Callable[[], Any], config: dict[str, Any], ent
         _here["error"] = f"{type(exc).__name__}: {exc}"
 
 
-def _ready() -> tuple[Any, str | None]:
+@dataclass(frozen=True)
+class _SetUp:
     """A worker's answer once set up: its device's environment, or why it could not set up."""
-    return (None, _here["error"]) if "error" in _here else (_here["environment"], None)
+
+    environment: Any = None
+    error: str | None = None
+
+
+def _ready() -> _SetUp:
+    return _SetUp(error=_here["error"]) if "error" in _here else _SetUp(environment=_here["environment"])
 
 
 def _attempt(position: int, spent: float | None = None) -> dict[str, Any]:
@@ -256,7 +263,7 @@ class _Shard:
             self._lost(w)
             return
         if not w.ready:
-            self._started(w, *future.result())
+            self._started(w, future.result())
             return
         assert w.position is not None, "an entry's task"
         if error is not None:  # raised past timed(), a builder's sys.exit say: the entry failed, the worker goes on
@@ -274,11 +281,11 @@ class _Shard:
         w.position = None
         self._next(w)
 
-    def _started(self, w: _Worker, environment: Any, error: str | None) -> None:
-        if error is not None:
-            self._end(w, error)
+    def _started(self, w: _Worker, answer: _SetUp) -> None:
+        if answer.error is not None:
+            self._end(w, answer.error)
             return
-        w.ready, w.environment = True, environment
+        w.ready, w.environment = True, answer.environment
         self._start_when_all_ready()
 
     def _start_when_all_ready(self) -> None:
@@ -439,7 +446,7 @@ def prewarm_on_devices(
         try:
             records = run_here(cache, todo, options, dry_run, progress, on_device)
         except Interrupted as stopped:
-            report = _report(stopped.records, todo, load_errors, dry_run, env_id, started, chosen, True)
+            report = _report(stopped.records, todo, load_errors, dry_run, env_id, started, chosen, interrupted=True)
             raise Interrupted(stopped.records, report) from None
         finally:
             if hasattr(backend, "use_device"):
@@ -458,16 +465,16 @@ def prewarm_on_devices(
         except KeyboardInterrupt:  # the workers are stopped (run's own clean-up); what they finished is reported
             done = shard.finished()
             env = shard.env_id or "unknown: no worker started"
-            raise Interrupted(done, _report(done, todo, load_errors, dry_run, env, started, chosen, True)) from None
+            raise Interrupted(done, _report(done, todo, load_errors, dry_run, env, started, chosen, interrupted=True)) from None
         finally:
             bar.close()
         settle_duplicates(records, shard.claims, todo)
         env_id = shard.env_id or "unknown: no worker started"
-    return _report(records, todo, load_errors, dry_run, env_id, started, chosen, False)
+    return _report(records, todo, load_errors, dry_run, env_id, started, chosen, interrupted=False)
 
 
 def _report(records: list[dict[str, Any]], todo: list[ManifestEntry], load_errors: list[Any], dry_run: bool, env_id: str,
-            started: float, devices: list[int], interrupted: bool) -> dict[str, Any]:  # fmt: skip
+            started: float, devices: list[int], *, interrupted: bool) -> dict[str, Any]:  # fmt: skip
     """The report of a run across devices; ``interrupted``: of the entries finished before Ctrl-C."""
     errors = [{**error_record(e), "device": None} for e in load_errors]
     return build_report(errors + records, dry_run, env_id, started, devices=devices, interrupted=interrupted,
