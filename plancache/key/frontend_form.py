@@ -176,9 +176,21 @@ class FrontendForm:
         attribute (None where it has none): one layout, or two where plancache cannot tell
         whether a node transposed it. The frontend transposes in place: a tensor that two
         attention nodes read as K is swapped twice."""
-        found = self._laid_out.get(implementations)
-        if found is None:
-            found = self._laid_out[implementations] = _layouts(self, implementations)
+        kept = self._laid_out.get(implementations)
+        if kept is not None:
+            return kept
+        found: Layouts = {tid: [(t.dims, t.strides)] for tid, t in self.tensors.items() if t.dims is not None}
+        for node in self.nodes:
+            for port, under in node.turned():
+                if port.tid not in found:
+                    continue
+                current = found[port.tid]
+                turned = [(swapped(d), None if s is None else swapped(s)) for d, s in current]
+                if under == "*":
+                    found[port.tid] = current + [t for t in turned if t not in current]
+                elif under is None or implementations[node.position] == under:
+                    found[port.tid] = turned
+        self._laid_out[implementations] = found
         return found
 
 
@@ -586,24 +598,6 @@ _KINDS = {tag: kind for kind, tag in NODE_TAGS.items()}
 def swapped(values: tuple[int, ...]) -> tuple[int, ...]:
     """``values`` with the last two swapped: the same memory, transposed."""
     return (*values[:-2], values[-1], values[-2]) if len(values) >= 2 else values
-
-
-def _layouts(form: FrontendForm, implementations: tuple[Any, ...]) -> Layouts:
-    found: Layouts = {}
-    for tid, tensor in form.tensors.items():
-        if tensor.dims is not None:
-            found[tid] = [(tensor.dims, tensor.strides)]
-    for node in form.nodes:
-        for port, under in node.turned():
-            if port.tid not in found:
-                continue
-            current = found[port.tid]
-            turned = [(swapped(d), None if s is None else swapped(s)) for d, s in current]
-            if under == "*":
-                found[port.tid] = current + [t for t in turned if t not in current]
-            elif under is None or implementations[node.position] == under:
-                found[port.tid] = turned
-    return found
 
 
 # ---------------------------------------------------------------------------- writing the form
