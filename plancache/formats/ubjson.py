@@ -112,6 +112,7 @@ def _nested(data: bytes, pos: int, marker: int, depth: int) -> tuple[Any, int]:
     root: Any = {} if marker == _OBJECT else []
     current, is_object = root, marker == _OBJECT
     stack: list[tuple[Any, bool]] = []  # the containers around ``current``
+    value: Any
     while True:
         marker = data[pos]
         pos += 1

@@ -23,6 +23,7 @@ import functools
 import math
 import re
 import sys
+import types
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -551,11 +552,7 @@ def _public_attributes(graph: Any) -> list[str]:
     return found
 
 
-class _NoContext:
-    io_data_type = intermediate_data_type = compute_data_type = None
-
-
-_NO_CONTEXT = _NoContext()
+_NO_CONTEXT = types.SimpleNamespace(io_data_type=None, intermediate_data_type=None, compute_data_type=None)
 
 
 def _device_property(device_property: Any) -> str:
