@@ -465,10 +465,9 @@ def frontend_form(description: Mapping[str, Any]) -> FrontendForm:
 
 def _context(description: Mapping[str, Any]) -> dict[str, Any]:
     context, flags = description.get("context") or {}, description.get("flags") or {}
-    io = context.get("io_data_type")
     sm_count = flags.get("sm_count")
     return {
-        "io_data_type": DATA_TYPES.get(io) if io is not None else None,
+        "io_data_type": DATA_TYPES.get(context.get("io_data_type")),
         "intermediate_data_type": DATA_TYPES.get(context.get("intermediate_data_type") or "data_type.FLOAT"),
         "compute_data_type": DATA_TYPES.get(context.get("compute_data_type") or "data_type.FLOAT"),
         "is_dynamic_shape_enabled": bool(flags.get("dynamic_shape")),
@@ -544,8 +543,7 @@ def _tensors(described: Mapping[str, Any], nodes: tuple[FormNode, ...]) -> dict[
         strides = tuple(strides) if strides is not None else None
         if tid in promoted and dims is not None and len(dims) == 1:  # [n] -> [n, 1, 1, 1], stride [s, 1, 1, 1]
             dims, strides = (dims[0], 1, 1, 1), ((strides[0] if strides else 1), 1, 1, 1)
-        dtype = tensor.get("dtype")
-        data_type = DATA_TYPES.get(dtype) if dtype is not None else None
+        data_type = DATA_TYPES.get(tensor.get("dtype"))
         virtual = bool(tensor.get("is_virtual"))
         by_value = bool(tensor.get("is_pass_by_value"))
         ragged = tensor.get("ragged_offset")
