@@ -59,9 +59,7 @@ _CONTAINERS = (_OBJECT, _ARRAY)
 def _length(data: bytes, pos: int) -> tuple[int, int]:
     """A length (an integer marker, no-ops before it skipped) and the position after it."""
     marker = data[pos]
-    if marker == _INT8 and data[pos + 1] < 128:  # most lengths: 0..127
-        return data[pos + 1], pos + 2
-    if marker == _UINT8:
+    if (marker == _INT8 and data[pos + 1] < 128) or marker == _UINT8:  # most lengths: 0..255
         return data[pos + 1], pos + 2
     while marker == _NOOP:
         pos += 1

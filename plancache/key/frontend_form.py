@@ -358,9 +358,7 @@ _SDPA = _Rule(
     },
     defaults={
         **_MASK_DEFAULTS,
-        "max_seq_len_kv": None,
-        "max_total_seq_len_q": None,
-        "max_total_seq_len_kv": None,
+        **dict.fromkeys(("max_seq_len_kv", "max_total_seq_len_q", "max_total_seq_len_kv")),
         "unfuse_fma": False,
         "stats_use_log2": False,
     },
