@@ -516,13 +516,8 @@ def _node(index: int, node: Mapping[str, Any], compute: str) -> FormNode:
 
 def _ports(ports: Any, names: Mapping[str, str]) -> tuple[tuple[Port, ...], frozenset[str]]:
     """The described ports with a tensor, and their names in the blob."""
-    out, written = [], []
-    for port, tid in (ports or {}).items():
-        if type(tid) is str:
-            name = names.get(port)
-            written.append(port if name is None else name)
-            out.append(Port(written[-1], tid, name is not None))
-    return tuple(out), frozenset(written)
+    out = tuple(Port(names.get(port, port), tid, port in names) for port, tid in (ports or {}).items() if type(tid) is str)
+    return out, frozenset(p.name for p in out)
 
 
 def _tensors(described: Mapping[str, Any], nodes: tuple[FormNode, ...]) -> dict[str, FormTensor]:
