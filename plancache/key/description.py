@@ -207,8 +207,7 @@ class _Describer:
     exactly, and describes its nodes, tensors, data types and flags."""
 
     def __init__(self, graph: Any, tag: str | None, *, keying: bool = True, auto_uids: bool = False) -> None:
-        tensors = getattr(graph, "tensors", None)
-        if not isinstance(tensors, Mapping) or not hasattr(graph, "nodes"):
+        if not isinstance(getattr(graph, "tensors", None), Mapping) or not hasattr(graph, "nodes"):
             raise _refuse(
                 f"expected a cudnn.pygraph, got {type(graph).__name__}: it has no 'tensors' mapping", reason="not a pygraph"
             )

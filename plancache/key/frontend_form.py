@@ -463,9 +463,10 @@ def frontend_form(description: Mapping[str, Any]) -> FrontendForm:
 
 def _context(description: Mapping[str, Any]) -> dict[str, Any]:
     context, flags = description.get("context") or {}, description.get("flags") or {}
+    io = context.get("io_data_type")
     sm_count = flags.get("sm_count")
     return {
-        "io_data_type": DATA_TYPES.get(context.get("io_data_type")),
+        "io_data_type": DATA_TYPES.get(io) if io is not None else None,
         "intermediate_data_type": DATA_TYPES.get(context.get("intermediate_data_type") or "data_type.FLOAT"),
         "compute_data_type": DATA_TYPES.get(context.get("compute_data_type") or "data_type.FLOAT"),
         "is_dynamic_shape_enabled": bool(flags.get("dynamic_shape")),
