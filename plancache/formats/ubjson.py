@@ -44,9 +44,9 @@ class UbjsonError(ValueError):
 # read by one loop with a stack of the containers it is in (``_nested``), the markers a plan
 # is made of (keys, short strings, small integers, booleans, null) inline: a store hit decodes
 # every plan blob before its plan loads, and a call per value cost a third of the decode.
-# Optimized containers (a ``$`` type, a ``#`` count) and the rarer markers go through small
-# functions. Running off the end raises IndexError or struct.error, which ``decode`` turns
-# into UbjsonError; only a slice, which never raises, is checked by hand.
+# Optimized containers (a ``$`` type, a ``#`` count) and the rarer markers go through
+# ``_optimized`` and ``_value``. Running off the end raises IndexError or struct.error,
+# which ``decode`` turns into UbjsonError; only a slice, which never raises, is checked by hand.
 _NUMBERS = {**_INTEGERS, **_FLOATS}
 _STRING, _ARRAY, _OBJECT, _ARRAY_END, _OBJECT_END = (ord(c) for c in "S[{]}")
 _HIGH_PRECISION, _CHAR, _TYPE, _COUNT = (ord(c) for c in "HC$#")
