@@ -44,13 +44,13 @@ class UbjsonError(ValueError):
 # read by one loop with a stack of the containers it is in (``_nested``), the markers a plan
 # is made of (keys, short strings, small integers, booleans, null) inline: a store hit decodes
 # every plan blob before its plan loads, and a call per value cost a third of the decode.
-# Optimized containers (a ``$`` type, a ``#`` count) and the rarer markers go through small
-# functions. Running off the end raises IndexError or struct.error, which ``decode`` turns
-# into UbjsonError; only a slice, which never raises, is checked by hand.
+# Optimized containers (a ``$`` type, a ``#`` count) and the rarer markers go through
+# ``_optimized`` and ``_value``. Running off the end raises IndexError or struct.error,
+# which ``decode`` turns into UbjsonError; only a slice, which never raises, is checked by hand.
 _NUMBERS = {**_INTEGERS, **_FLOATS}
 _STRING, _ARRAY, _OBJECT, _ARRAY_END, _OBJECT_END = (ord(c) for c in "S[{]}")
 _HIGH_PRECISION, _CHAR, _TYPE, _COUNT = (ord(c) for c in "HC$#")
-_INT8, _UINT8, _INT32, _TRUE, _FALSE, _NULL = (ord(c) for c in "iUlTFZ")
+_INT8, _UINT8, _INT32 = (ord(c) for c in "iUl")
 _INT32_FORMAT = _INTEGERS[_INT32]
 _OPTIMIZED = (_TYPE, _COUNT)
 _CONTAINERS = (_OBJECT, _ARRAY)
@@ -59,9 +59,7 @@ _CONTAINERS = (_OBJECT, _ARRAY)
 def _length(data: bytes, pos: int) -> tuple[int, int]:
     """A length (an integer marker, no-ops before it skipped) and the position after it."""
     marker = data[pos]
-    if marker == _INT8 and data[pos + 1] < 128:  # most lengths: 0..127
-        return data[pos + 1], pos + 2
-    if marker == _UINT8:
+    if (marker == _INT8 and data[pos + 1] < 128) or marker == _UINT8:  # most lengths: 0..255
         return data[pos + 1], pos + 2
     while marker == _NOOP:
         pos += 1
@@ -89,11 +87,6 @@ def _value(data: bytes, pos: int, marker: int, depth: int) -> tuple[Any, int]:
         return _text(data, pos)
     if marker in _NO_VALUE:
         return _NO_VALUE[marker], pos
-    return _other(data, pos, marker)
-
-
-def _other(data: bytes, pos: int, marker: int) -> tuple[Any, int]:
-    """A value of the markers plans rarely hold: numbers, digits, a char."""
     fmt = _NUMBERS.get(marker)
     if fmt is not None:
         return fmt.unpack_from(data, pos)[0], pos + fmt.size
@@ -117,25 +110,25 @@ def _nested(data: bytes, pos: int, marker: int, depth: int) -> tuple[Any, int]:
     root: Any = {} if marker == _OBJECT else []
     current, is_object = root, marker == _OBJECT
     stack: list[tuple[Any, bool]] = []  # the containers around ``current``
-    end = len(data)
+    value: Any
     while True:
+        marker = data[pos]
+        pos += 1
+        if marker == (_OBJECT_END if is_object else _ARRAY_END):
+            if not stack:
+                return root, pos
+            current, is_object = stack.pop()
+            continue
         if is_object:
-            marker = data[pos]
-            if marker == _OBJECT_END:
-                pos += 1
-                if not stack:
-                    return root, pos
-                current, is_object = stack.pop()
-                continue
             # The key: a length and its bytes. A one-byte length is 0..255; a slice past the
             # end is short, and the read after it (there is always one in a container: its
             # end at least) raises IndexError: "ends early". Wider lengths are checked.
-            size = data[pos + 1]
+            size = data[pos]
             if (marker == _INT8 and size < 128) or marker == _UINT8:
-                pos += 2
+                pos += 1
             else:
-                size, pos = _length(data, pos)
-                if size < 0 or pos + size > end:
+                size, pos = _length(data, pos - 1)
+                if size < 0 or pos + size > len(data):
                     raise UbjsonError(f"UBJSON ends early: {size} bytes wanted at byte {pos}")
             key = data[pos : pos + size].decode("utf-8")
             pos += size
@@ -153,63 +146,36 @@ def _nested(data: bytes, pos: int, marker: int, depth: int) -> tuple[Any, int]:
                 else:
                     current[key], pos = _text(data, pos)
                 continue
-            if marker == _INT8:
-                value = data[pos]
-                current[key] = value - 256 if value > 127 else value
-                pos += 1
-                continue
-            if marker == _FALSE:
-                current[key] = False
-                continue
-            if marker == _NULL:
-                current[key] = None
-                continue
-            if marker == _TRUE:
-                current[key] = True
-                continue
-            if marker != _OBJECT and marker != _ARRAY:
-                current[key], pos = _other(data, pos, marker)
-                continue
-        else:
-            marker = data[pos]
+        elif marker == _NOOP:
+            continue
+        plain = False
+        if marker == _INT8:  # the dims and strides of a plan's tensors, mostly
+            value = data[pos]
+            value = value - 256 if value > 127 else value
             pos += 1
-            if marker == _INT8:  # the dims and strides of a plan's tensors, mostly
-                value = data[pos]
-                current.append(value - 256 if value > 127 else value)
-                pos += 1
-                continue
-            if marker == _INT32:
-                current.append(_INT32_FORMAT.unpack_from(data, pos)[0])
-                pos += 4
-                continue
-            if marker == _ARRAY_END:
-                if not stack:
-                    return root, pos
-                current, is_object = stack.pop()
-                continue
-            if marker == _NOOP:
-                continue
-            if marker != _OBJECT and marker != _ARRAY:
-                value, pos = _value(data, pos, marker, depth + len(stack))
-                current.append(value)
-                continue
-        # A container inside ``current``: plain ones are read by this loop, in turn.
-        inner = depth + len(stack) + 1
-        if inner > MAX_DEPTH:
-            raise UbjsonError(f"containers nested deeper than {MAX_DEPTH}, at byte {pos - 1}")
-        plain = data[pos] not in _OPTIMIZED
-        inside: Any
-        if plain:
-            inside = {} if marker == _OBJECT else []
-        else:
-            inside, pos = _optimized(data, pos, marker, inner)
+        elif marker == _INT32:
+            value = _INT32_FORMAT.unpack_from(data, pos)[0]
+            pos += 4
+        elif marker in _NO_VALUE:
+            value = _NO_VALUE[marker]
+        elif marker != _OBJECT and marker != _ARRAY:
+            value, pos = _value(data, pos, marker, depth)
+        else:  # a container inside ``current``: plain ones are read by this loop, in turn
+            inner = depth + len(stack) + 1
+            if inner > MAX_DEPTH:
+                raise UbjsonError(f"containers nested deeper than {MAX_DEPTH}, at byte {pos - 1}")
+            plain = data[pos] not in _OPTIMIZED
+            if plain:
+                value = {} if marker == _OBJECT else []
+            else:
+                value, pos = _optimized(data, pos, marker, inner)
         if is_object:
-            current[key] = inside
+            current[key] = value
         else:
-            current.append(inside)
+            current.append(value)
         if plain:
             stack.append((current, is_object))
-            current, is_object = inside, marker == _OBJECT
+            current, is_object = value, marker == _OBJECT
 
 
 def _optimized(data: bytes, pos: int, marker: int, depth: int) -> tuple[Any, int]:
@@ -233,8 +199,7 @@ def _optimized(data: bytes, pos: int, marker: int, depth: int) -> tuple[Any, int
         if end > len(data):
             raise UbjsonError(f"UBJSON ends early: {count} numbers wanted at byte {pos}")
         return [v for (v,) in fmt.iter_unpack(data[pos:end])], end
-    items: list[Any] = []
-    found: dict[str, Any] = {}
+    found: Any = {} if marker == _OBJECT else []
     for _ in range(count):
         if marker == _OBJECT:
             name, pos = _text(data, pos)
@@ -249,8 +214,8 @@ def _optimized(data: bytes, pos: int, marker: int, depth: int) -> tuple[Any, int
         if marker == _OBJECT:
             found[name] = value
         else:
-            items.append(value)
-    return (found if marker == _OBJECT else items), pos
+            found.append(value)
+    return found, pos
 
 
 def decode(data: bytes) -> Any:

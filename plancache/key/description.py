@@ -17,11 +17,13 @@ imported, from ``sys.modules``, when it needs them). Never uses Python's ``hash(
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import math
 import re
 import sys
+import types
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -200,10 +202,16 @@ def _ints(values: Iterable[Any] | None, where: Where) -> list[int]:
 # ---------------------------------------------------------------------------- describe
 
 
-class _Encoder:
-    """Names a graph's tensors canonically and encodes attribute values exactly."""
+class _Describer:
+    """One walk over a pygraph: names its tensors canonically, encodes attribute values
+    exactly, and describes its nodes, tensors, data types and flags."""
 
-    def __init__(self, tag: str | None, keying: bool, auto_uids: bool = False) -> None:
+    def __init__(self, graph: Any, tag: str | None, *, keying: bool = True, auto_uids: bool = False) -> None:
+        if not isinstance(getattr(graph, "tensors", None), Mapping) or not hasattr(graph, "nodes"):
+            raise _refuse(
+                f"expected a cudnn.pygraph, got {type(graph).__name__}: it has no 'tensors' mapping", reason="not a pygraph"
+            )
+        self.graph = graph
         self.tag = tag
         self.keying = keying  # tensor_table walks the graph without keying node parameters
         self.auto_uids = auto_uids  # a uid the frontend numbered (no set_uid) names the tensor too
@@ -213,6 +221,11 @@ class _Encoder:
         self.uid_names: dict[int, str] = {}
         self.tensor_type = getattr(sys.modules.get("cudnn.graph_types"), "Tensor", None)
         self.node_name: str | None = None  # the node being described, for error messages
+        self.context = getattr(graph, "context", None) or _NO_CONTEXT
+        self.roles: dict[int, tuple[str, Lowering]] = {}  # id(op output) -> (port, how it lowers)
+        self.produced: set[int] = set()  # ids of every tensor some node outputs
+        self.float_stats: set[int] = set()  # attention Stats outputs: validate() makes them FLOAT
+        self.shapes: dict[int, tuple[list[int], list[int]]] | None = None
 
     # ------------------------------------------------------------------ naming
     def ref(self, t: Any) -> str:
@@ -246,10 +259,6 @@ class _Encoder:
         self.order.append(t)
         return tid
 
-    def is_tensor(self, value: Any) -> bool:
-        t = type(value)
-        return t is self.tensor_type if self.tensor_type is not None else hasattr(value, "is_virtual") and hasattr(value, "uid")
-
     # ------------------------------------------------------------------ values
     def value(self, v: Any, where: Where) -> Any:
         """An exact, canonical JSON form of an attribute value, or a refusal."""
@@ -274,7 +283,7 @@ class _Encoder:
     def _value_slow(self, v: Any, where: Where) -> Any:
         if isinstance(v, enum.Enum):
             return f"{type(v).__name__}.{v.name}"
-        if self.is_tensor(v):
+        if self.tensor_type is None and hasattr(v, "is_virtual") and hasattr(v, "uid"):  # (a Tensor's is value()'s)
             return {"tensor": self.ref(v)}
         if type(v).__module__.split(".")[0] in ("torch", "numpy") and hasattr(v, "dtype"):
             return _array(v, where)
@@ -322,24 +331,6 @@ class _Encoder:
         if fields < 0 or len(vars(t)) > fields:
             return self.extras(t, _TENSOR_FIELDS_KNOWN, "tensor", t.name, "field")
         return {}
-
-
-class _Describer(_Encoder):
-    """One walk over a pygraph: describes its nodes, tensors, data types and flags."""
-
-    def __init__(self, graph: Any, tag: str | None, *, keying: bool = True, auto_uids: bool = False) -> None:
-        tensors = getattr(graph, "tensors", None)
-        if not isinstance(tensors, Mapping) or not hasattr(graph, "nodes"):
-            raise _refuse(
-                f"expected a cudnn.pygraph, got {type(graph).__name__}: it has no 'tensors' mapping", reason="not a pygraph"
-            )
-        super().__init__(tag, keying, auto_uids)
-        self.graph = graph
-        self.context = getattr(graph, "context", None) or _NO_CONTEXT
-        self.roles: dict[int, tuple[str, Lowering]] = {}  # id(op output) -> (port, how it lowers)
-        self.produced: set[int] = set()  # ids of every tensor some node outputs
-        self.float_stats: set[int] = set()  # attention Stats outputs: validate() makes them FLOAT
-        self.shapes: dict[int, tuple[list[int], list[int]]] | None = None
 
     # ------------------------------------------------------------------ nodes
     def node(self, node: Any) -> dict[str, Any]:
@@ -414,10 +405,10 @@ class _Describer(_Encoder):
         mode = low.mode
         dim: list[int] | None
         strides: list[int] | None
-        if mode is Mode.CALLER:  # lowered as a tensor of its own (_make_tensor): all of it
+        if mode is Mode.CALLER or mode is Mode.RAW:  # lowered as a tensor of its own (_make_tensor), or unknown: all of it
             dim = _ints(t.dim, ("tensor", t.name, "dim", None))
             strides = _ints(t.stride, ("tensor", t.name, "stride", None))
-            if not t.stride_assigned and dim and sorted(strides) == sorted(row_major(dim)):
+            if mode is Mode.CALLER and not t.stride_assigned and dim and sorted(strides) == sorted(row_major(dim)):
                 # An implicit stride is lowered as the row-major one the pygraph filled in;
                 # the backend may rewrite it while it builds (fp8 attention transposes K's),
                 # and the key of the same graph object must not change with it. A stride
@@ -425,19 +416,15 @@ class _Describer(_Encoder):
                 # tensor was made with other dims and set_dim changed them, and the stride
                 # filled in for the old dims is what is lowered (a padded layout).
                 strides = row_major(dim)
-        elif mode is Mode.ATTRS:
-            dim = _ints(t.dim, ("tensor", t.name, "dim", None)) if t.dim_assigned and t.dim else None
-            strides = _ints(t.stride, ("tensor", t.name, "stride", None)) if t.stride_assigned and t.stride else None
-        elif mode is Mode.RAW:
-            dim = _ints(t.dim, ("tensor", t.name, "dim", None))
-            strides = _ints(t.stride, ("tensor", t.name, "stride", None))
-        else:
+        elif mode is Mode.PUSH_ALL:
             dims, inferred = self.shape(t, low, port)
-            dim = dims or None
-            if mode is Mode.PUSH_ALL:
-                strides = inferred or None
+            dim, strides = dims or None, inferred or None
+        else:  # the dims pushed (PUSH_DIMS) or as assigned (ATTRS); the strides as assigned
+            if mode is Mode.ATTRS:
+                dim = _ints(t.dim, ("tensor", t.name, "dim", None)) if t.dim_assigned and t.dim else None
             else:
-                strides = _ints(t.stride, ("tensor", t.name, "stride", None)) if t.stride_assigned and t.stride else None
+                dim = self.shape(t, low, port)[0] or None
+            strides = _ints(t.stride, ("tensor", t.name, "stride", None)) if t.stride_assigned and t.stride else None
         entry = {
             "dim": dim,
             "stride": strides,
@@ -450,20 +437,14 @@ class _Describer(_Encoder):
         # The rest only when set: a fixed default is as exact as the value, and shorter.
         if t.is_pass_by_value:
             entry["is_pass_by_value"] = True
-        if t.pass_by_value is not None:
-            entry["pass_by_value"] = self.value(t.pass_by_value, ("tensor", t.name, "pass_by_value", None))
-        if t.scalar_type is not None:
-            entry["scalar_type"] = self.value(t.scalar_type, ("tensor", t.name, "scalar_type", None))
-        if t.reordering_type is not None:
-            entry["reordering_type"] = self.value(t.reordering_type, ("tensor", t.name, "reordering_type", None))
+        for name in ("pass_by_value", "scalar_type", "reordering_type"):
+            if getattr(t, name) is not None:
+                entry[name] = self.value(getattr(t, name), ("tensor", t.name, name, None))
         if t.ragged_offset is not None:
             entry["ragged_offset"] = self.ref(t.ragged_offset)
-        if t.ragged_offset_multiplier != 1:
-            entry["ragged_offset_multiplier"] = self.value(
-                t.ragged_offset_multiplier, ("tensor", t.name, "ragged_offset_multiplier", None)
-            )
-        if t.alignment_value != 1:
-            entry["alignment_value"] = self.value(t.alignment_value, ("tensor", t.name, "alignment_value", None))
+        for name in ("ragged_offset_multiplier", "alignment_value"):
+            if getattr(t, name) != 1:
+                entry[name] = self.value(getattr(t, name), ("tensor", t.name, name, None))
         entry.update(self.tensor_extras(t))
         return entry
 
@@ -483,12 +464,9 @@ class _Describer(_Encoder):
             held = t.pass_by_value is not None and t.scalar_type is not None
             if id(t) not in self.ids and not t.is_virtual and (not held or self.tag is not None):
                 self.ref(t)
-        i = 0
-        while i < len(self.order):  # ragged offsets hang off tensors, not ports; they bind too
-            ragged = self.order[i].ragged_offset
-            if ragged is not None:
-                self.ref(ragged)
-            i += 1
+        for t in self.order:  # ragged offsets hang off tensors, not ports; they bind too (and are walked in turn)
+            if t.ragged_offset is not None:
+                self.ref(t.ragged_offset)
         return nodes
 
     def flags(self) -> dict[str, Any]:
@@ -511,9 +489,8 @@ class _Describer(_Encoder):
             # python engines' heuristics may lead with another plan when replay is expected
             "cuda_graph_replay": bool(getattr(graph, "is_cuda_graph_replay_expected", False)),
         }
-        if not kwargs.keys() <= _GRAPH_KWARGS_KNOWN:  # forwarded to the backend graph as they are
-            for k in sorted(kwargs.keys() - _GRAPH_KWARGS_KNOWN):
-                flags[f"kw:{k}"] = value(kwargs[k], ("graph", None, "keyword argument", k))
+        for k in sorted(kwargs.keys() - _GRAPH_KWARGS_KNOWN):  # forwarded to the backend graph as they are
+            flags[f"kw:{k}"] = value(kwargs[k], ("graph", None, "keyword argument", k))
         for k in _public_attributes(graph):
             flags[f"attr:{k}"] = value(getattr(graph, k), ("graph", None, "attribute", k))
         # Engine and note filters set on the graph before planning restrict the candidates.
@@ -530,8 +507,7 @@ class _Describer(_Encoder):
         context = self.context
         out = {}
         for name in _CONTEXT_DTYPES:
-            data_type = getattr(context, name, None)
-            out[name] = _dtype(data_type, ("graph", None, name, None))
+            out[name] = _dtype(getattr(context, name, None), ("graph", None, name, None))
         if not vars(context).keys() <= _CONTEXT_KNOWN:
             out.update(self.extras(context, _CONTEXT_KNOWN, "graph", None, "context field"))
         return out
@@ -554,8 +530,6 @@ def _field_count(cls: type) -> int:
     """How many attributes an instance of a tensor class may carry, or -1 when its class
     has a field plancache does not know (then every instance is checked attribute by
     attribute, and the unknown field keyed exactly)."""
-    import dataclasses
-
     if not dataclasses.is_dataclass(cls):
         return -1
     names = {f.name for f in dataclasses.fields(cls)}
@@ -577,20 +551,14 @@ def _public_attributes(graph: Any) -> list[str]:
     return found
 
 
-class _NoContext:
-    io_data_type = intermediate_data_type = compute_data_type = None
-
-
-_NO_CONTEXT = _NoContext()
+_NO_CONTEXT = types.SimpleNamespace(io_data_type=None, intermediate_data_type=None, compute_data_type=None)
 
 
 def _device_property(device_property: Any) -> str:
     data = device_property.serialize()
     if isinstance(data, str):
         return data
-    if isinstance(data, (bytes, bytearray)):
-        return bytes(data).hex()
-    if isinstance(data, list) and all(type(b) is int and 0 <= b < 256 for b in data):
+    if isinstance(data, (bytes, bytearray)) or (isinstance(data, list) and all(type(b) is int and 0 <= b < 256 for b in data)):
         return bytes(data).hex()
     raise _refuse(f"graph device_property serializes to a {type(data).__name__}; plancache cannot key it")
 
@@ -643,9 +611,8 @@ def tensor_table(graph: Any) -> list[TensorSpec]:
         tid = describer.ids[id(t)]
         if tid[0] != "u":
             continue
-        data_type = t.data_type
-        if data_type is None:  # an unset data type takes the graph's io data type
-            data_type = describer.context.io_data_type
+        # an unset data type takes the graph's io data type
+        data_type = t.data_type if t.data_type is not None else describer.context.io_data_type
         table.append(
             TensorSpec(
                 uid=int(t.uid),

@@ -176,9 +176,21 @@ class FrontendForm:
         attribute (None where it has none): one layout, or two where plancache cannot tell
         whether a node transposed it. The frontend transposes in place: a tensor that two
         attention nodes read as K is swapped twice."""
-        found = self._laid_out.get(implementations)
-        if found is None:
-            found = self._laid_out[implementations] = _layouts(self, implementations)
+        kept = self._laid_out.get(implementations)
+        if kept is not None:
+            return kept
+        found: Layouts = {tid: [(t.dims, t.strides)] for tid, t in self.tensors.items() if t.dims is not None}
+        for node in self.nodes:
+            for port, under in node.turned():
+                if port.tid not in found:
+                    continue
+                current = found[port.tid]
+                turned = [(swapped(d), None if s is None else swapped(s)) for d, s in current]
+                if under == "*":
+                    found[port.tid] = current + [t for t in turned if t not in current]
+                elif under is None or implementations[node.position] == under:
+                    found[port.tid] = turned
+        self._laid_out[implementations] = found
         return found
 
 
@@ -240,16 +252,6 @@ def _ports_say(name: str, node: Mapping[str, Any]) -> Any:
     return sum(1 for i in range(len(inputs) + len(params)) if f"{prefix}_{i}" in inputs or f"{prefix}_{i}" in params)
 
 
-def _attn_scale(value: Any, _params: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    scale = _float(value)
-    return None if scale is None else {"attn_scale_value": scale}
-
-
-def _dropout_probability(value: Any, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    # dropout=(probability, seed, offset) keeps a float first; dropout=(mask, scale) a tensor
-    return {"dropout_probability": _float(value)} if _float(value) is not None else None
-
-
 def _implementation(value: Any, _params: Mapping[str, Any]) -> Mapping[str, Any]:
     member = _member(value)
     return {} if member == "AUTO" else {"implementation": member}  # AUTO is resolved while building
@@ -270,6 +272,7 @@ class _Rule:
     attention: bool = False  # promotes 1-D sequence lengths and ragged offsets to 4-D
 
 
+_ACTIVATIONS = ("relu", "tanh", "sigmoid", "elu", "gelu", "softplus", "swish", "gelu_approx_tanh")
 #: The pygraph's pointwise ``mode`` (the pybind method it calls) -> the mode it writes.
 POINTWISE_MODES: dict[str, str] = {
     **{m: m.upper() for m in ("add", "mul", "sqrt", "max", "min", "erf", "identity", "exp", "log", "neg", "mod", "pow",
@@ -277,9 +280,8 @@ POINTWISE_MODES: dict[str, str] = {
                               "div", "cmp_eq", "cmp_neq", "cmp_gt", "cmp_ge", "cmp_lt", "cmp_le", "logical_and",
                               "logical_or", "reciprocal", "gen_index", "binary_select")},
     "bias": "ADD", "scale": "MUL",
-    **{m: f"{m.upper()}_FWD" for m in ("relu", "tanh", "sigmoid", "elu", "gelu", "softplus", "swish", "gelu_approx_tanh")},
-    **{f"{m}_backward": f"{m.upper()}_BWD" for m in ("relu", "tanh", "sigmoid", "elu", "gelu", "softplus", "swish",
-                                                      "gelu_approx_tanh")},
+    **{m: f"{m.upper()}_FWD" for m in _ACTIVATIONS},
+    **{f"{m}_backward": f"{m.upper()}_BWD" for m in _ACTIVATIONS},
     "leaky_relu": "RELU_FWD", "leaky_relu_backward": "RELU_BWD",
 }  # fmt: skip
 
@@ -324,8 +326,9 @@ _MASKS: dict[str, ParamRule] = {
     "use_causal_mask_bottom_right": _flag({"diagonal_alignment": "BOTTOM_RIGHT", "right_bound": 0}),
     "use_alibi_mask": _sets("alibi_mask", bool),
     "use_padding_mask": _sets("padding_mask", bool),
-    "attn_scale": _attn_scale,
-    "dropout_0": _dropout_probability,
+    "attn_scale": _sets_float("attn_scale_value"),
+    # dropout=(probability, seed, offset) keeps a float first; dropout=(mask, scale) a tensor
+    "dropout_0": _sets_float("dropout_probability"),
     "_dropout_n": _by_ports,
 }
 _MASK_DEFAULTS = {"alibi_mask": False, "padding_mask": False, "left_bound": None, "right_bound": None,
@@ -355,9 +358,7 @@ _SDPA = _Rule(
     },
     defaults={
         **_MASK_DEFAULTS,
-        "max_seq_len_kv": None,
-        "max_total_seq_len_q": None,
-        "max_total_seq_len_kv": None,
+        **dict.fromkeys(("max_seq_len_kv", "max_total_seq_len_q", "max_total_seq_len_kv")),
         "unfuse_fma": False,
         "stats_use_log2": False,
     },
@@ -387,6 +388,7 @@ _NORM_PORTS = {
     "in_running_mean": "PREV_RUNNING_MEAN", "in_running_var": "PREV_RUNNING_VAR", "momentum": "MOMENTUM",
     "next_running_mean": "NEXT_RUNNING_MEAN", "next_running_var": "NEXT_RUNNING_VAR",
 }  # fmt: skip
+_NORMS = ("LAYERNORM", "RMSNORM", "INSTANCENORM", "ADALAYERNORM")
 _NORM = _Rule(ports=_NORM_PORTS, params={"norm_forward_phase": _sets("forward_phase", _member)})
 _NORM_BWD = _Rule(ports=_NORM_PORTS, params={"has_dbias": _by_ports, "_n_peer_stats": _by_ports})
 
@@ -398,19 +400,8 @@ _RULES: dict[str, _Rule] = {
     "MATMUL": _Rule(params={"padding": _sets("padding_value", _number)}, defaults={"padding_value": 0.0}),
     "SDPA": _SDPA,
     "SDPA_BWD": _SDPA_BWD,
-    **dict.fromkeys(("LAYERNORM", "RMSNORM", "INSTANCENORM", "ADALAYERNORM"), _NORM),
-    **dict.fromkeys(
-        (
-            "LAYERNORM_BWD",
-            "RMSNORM_BWD",
-            "INSTANCENORM_BWD",
-            "ADALAYERNORM_BWD",
-            "BATCHNORM_BWD",
-            "BATCHNORM",
-            "BATCHNORM_INFERENCE",
-        ),
-        _NORM_BWD,
-    ),
+    **dict.fromkeys(_NORMS, _NORM),
+    **dict.fromkeys((*(f"{n}_BWD" for n in _NORMS), "BATCHNORM_BWD", "BATCHNORM", "BATCHNORM_INFERENCE"), _NORM_BWD),
     "GENSTATS": _Rule(ports={"input": "X"}),
     "REDUCTION": _Rule(
         ports={"input": "X", "group_offset": "Group_offset", "OUT_0": "Y"}, params={"mode": _sets("mode", _member)}
@@ -441,8 +432,7 @@ _RULES: dict[str, _Rule] = {
 _UNRULED = _Rule()
 _LOOSE_ATTENTION = _Rule(ports=_ATTENTION_PORTS, compute=False, extras=frozenset({"Attn_scale"}),
                          transposed=(("K", "*"), ("V", "*")), attention=True)  # fmt: skip
-for _tag in ("SDPA_FP8", "SDPA_MXFP8", "SDPA_FP8_BWD", "SDPA_MXFP8_BWD"):
-    _RULES[_tag] = _LOOSE_ATTENTION
+_RULES.update(dict.fromkeys(("SDPA_FP8", "SDPA_MXFP8", "SDPA_FP8_BWD", "SDPA_MXFP8_BWD"), _LOOSE_ATTENTION))
 
 #: Ports of an attention node whose 1-D tensor the frontend makes 4-D
 #: (``SDPANodeBase::promote_index_tensors_to_4d``), as it does every ragged offset there.
@@ -527,13 +517,8 @@ def _node(index: int, node: Mapping[str, Any], compute: str) -> FormNode:
 
 def _ports(ports: Any, names: Mapping[str, str]) -> tuple[tuple[Port, ...], frozenset[str]]:
     """The described ports with a tensor, and their names in the blob."""
-    out, written = [], []
-    for port, tid in (ports or {}).items():
-        if type(tid) is str:
-            name = names.get(port)
-            written.append(port if name is None else name)
-            out.append(Port(written[-1], tid, name is not None))
-    return tuple(out), frozenset(written)
+    out = tuple(Port(names.get(port, port), tid, port in names) for port, tid in (ports or {}).items() if type(tid) is str)
+    return out, frozenset(p.name for p in out)
 
 
 def _tensors(described: Mapping[str, Any], nodes: tuple[FormNode, ...]) -> dict[str, FormTensor]:
@@ -542,21 +527,20 @@ def _tensors(described: Mapping[str, Any], nodes: tuple[FormNode, ...]) -> dict[
     tensors = {}
     for tid, tensor in described.items():
         if tid[:1] == "c":
-            tensors[tid] = FormTensor(tid, TensorKind.SCALAR, None, None, None, _scalar_type(tensor), True,
-                                      value=_float(tensor.get("scalar")) if tensor.get("scalar_type") is not None else None)  # fmt: skip
+            scalar_type = tensor.get("scalar_type")
+            tensors[tid] = FormTensor(tid, TensorKind.SCALAR, None, None, None,
+                                      DATA_TYPES.get(scalar_type) if isinstance(scalar_type, str) else None, True,
+                                      value=_float(tensor.get("scalar")) if scalar_type is not None else None)  # fmt: skip
             continue
         dims, strides = tensor.get("dim"), tensor.get("stride")
         dims = tuple(dims) if dims is not None else None
         strides = tuple(strides) if strides is not None else None
         if tid in promoted and dims is not None and len(dims) == 1:  # [n] -> [n, 1, 1, 1], stride [s, 1, 1, 1]
             dims, strides = (dims[0], 1, 1, 1), ((strides[0] if strides else 1), 1, 1, 1)
-        dtype = tensor.get("dtype")
-        data_type = DATA_TYPES.get(dtype) if dtype is not None else None
-        virtual, by_value, ragged = (
-            bool(tensor.get("is_virtual")),
-            bool(tensor.get("is_pass_by_value")),
-            tensor.get("ragged_offset"),
-        )
+        data_type = DATA_TYPES.get(tensor.get("dtype"))
+        virtual = bool(tensor.get("is_virtual"))
+        by_value = bool(tensor.get("is_pass_by_value"))
+        ragged = tensor.get("ragged_offset")
         reordering = _member(tensor.get("reordering_type")) if tensor.get("reordering_type") else "NONE"
         multiplier = tensor.get("ragged_offset_multiplier", 1)  # written only when set; 1 otherwise
         written = None
@@ -581,17 +565,12 @@ def _tensors(described: Mapping[str, Any], nodes: tuple[FormNode, ...]) -> dict[
     return tensors
 
 
-def _scalar_type(tensor: Mapping[str, Any]) -> str | None:
-    scalar_type = tensor.get("scalar_type")
-    return DATA_TYPES.get(scalar_type) if isinstance(scalar_type, str) else None
-
-
 def _promoted(described: Mapping[str, Any], nodes: Iterable[FormNode]) -> set[str]:
     """The tensors an attention node makes 4-D: its sequence lengths, and the ragged
     offsets of every tensor at its ports."""
     found: set[str] = set()
     for node in nodes:
-        if not _RULES.get(_kind_of(node.tag), _UNRULED).attention:
+        if not _RULES.get(_KINDS.get(node.tag, node.tag), _UNRULED).attention:
             continue
         for port in (*node.inputs, *node.outputs):
             if port.name in _PROMOTED_PORTS:
@@ -605,34 +584,12 @@ def _promoted(described: Mapping[str, Any], nodes: Iterable[FormNode]) -> set[st
 _KINDS = {tag: kind for kind, tag in NODE_TAGS.items()}
 
 
-def _kind_of(tag: str) -> str:
-    return _KINDS.get(tag, tag)
-
-
 # ---------------------------------------------------------------------------- layouts
 
 
 def swapped(values: tuple[int, ...]) -> tuple[int, ...]:
     """``values`` with the last two swapped: the same memory, transposed."""
     return (*values[:-2], values[-1], values[-2]) if len(values) >= 2 else values
-
-
-def _layouts(form: FrontendForm, implementations: tuple[Any, ...]) -> Layouts:
-    found: Layouts = {}
-    for tid, tensor in form.tensors.items():
-        if tensor.dims is not None:
-            found[tid] = [(tensor.dims, tensor.strides)]
-    for node in form.nodes:
-        for port, under in node.turned():
-            if port.tid not in found:
-                continue
-            current = found[port.tid]
-            turned = [(swapped(d), None if s is None else swapped(s)) for d, s in current]
-            if under == "*":
-                found[port.tid] = current + [t for t in turned if t not in current]
-            elif under is None or implementations[node.position] == under:
-                found[port.tid] = turned
-    return found
 
 
 # ---------------------------------------------------------------------------- writing the form
@@ -648,7 +605,7 @@ def frontend_graph(form: FrontendForm, names: Mapping[str, str] | None = None,
     is left out, as the frontend leaves it out. ``names``: tensor names by description id."""
     names = names or {}
     shapes = shapes or {}
-    uids: dict[str, int] = {tid: t.uid for tid, t in form.tensors.items() if t.uid is not None}
+    uids = dict(form.uids)
     next_uid = max(uids.values(), default=0) + 1
     for tid in form.tensors:
         if tid not in uids:

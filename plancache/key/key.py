@@ -73,7 +73,7 @@ class BuildOptions:
         # Read as the settings are (config's readers): top_k="4" is 4 and workspace_limit="1G"
         # is 1 GiB, as max_size="1G" is; top_k=2.5 is refused here, not at the first miss.
         # A value read alike keys alike.
-        read = {"policy": Policy(argument("BuildOptions(policy)", self.policy, _one_of(POLICIES, "policy"))),
+        read = {"policy": Policy(argument("BuildOptions(policy)", self.policy, _policy)),
                 "top_k": argument("BuildOptions(top_k)", self.top_k, whole_number(1, "candidates")),
                 "heuristic_modes": argument("BuildOptions(heuristic_modes)", self.heuristic_modes, _modes),
                 "workspace_limit": None if self.workspace_limit is None
@@ -87,13 +87,10 @@ class BuildOptions:
         return dict(_options_dict(self))  # a copy: callers may change theirs
 
 
-def _one_of(choices: tuple[str, ...], what: str) -> Any:
-    def read(value: object) -> str:
-        if not isinstance(value, str) or value.strip().lower() not in choices:
-            raise Refused(f"is not a {what}: use one of {', '.join(choices)}")
-        return value.strip().lower()
-
-    return read
+def _policy(value: object) -> str:
+    if not isinstance(value, str) or value.strip().lower() not in POLICIES:
+        raise Refused(f"is not a policy: use one of {', '.join(POLICIES)}")
+    return value.strip().lower()
 
 
 def _modes(value: object) -> tuple[str, ...]:
@@ -137,10 +134,7 @@ class TensorSpec:
     alignment: int = 16
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["dims"] = list(self.dims)
-        data["strides"] = list(self.strides)
-        return data
+        return {**asdict(self), "dims": list(self.dims), "strides": list(self.strides)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorSpec:

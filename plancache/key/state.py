@@ -58,10 +58,6 @@ def _set(walk: _Walk, v: Any) -> Any:
     return (v.__class__, frozenset(map(walk.value, v)))
 
 
-def _tensor(walk: _Walk, v: Any) -> Any:
-    return walk.tensor(v)
-
-
 Rule = Callable[["_Walk", Any], Any]
 #: Per type: None keeps a value as it is (immutable, or compared by identity: a callable,
 #: whose behaviour the caller's tag stands for, or a weak reference, a tensor's owner),
@@ -78,8 +74,8 @@ _STR = frozenset({str})
 
 def _rule(cls: type) -> Rule | None:
     """The rule of a type met for the first time (then remembered)."""
-    if isinstance(cls, enum.EnumMeta) or _is_native_enum(cls):
-        rule = None  # enum members are immutable
+    if isinstance(cls, enum.EnumMeta) or (hasattr(cls, "__members__") and hasattr(cls, "__int__")):
+        rule = None  # enum members (a pybind11 enum of the frontend's too: cudnn.data_type) are immutable
     elif cls.__module__ == "torch" and cls.__name__ == "dtype":
         rule = None  # torch's dtypes are immortal singletons
     else:
@@ -89,17 +85,12 @@ def _rule(cls: type) -> Rule | None:
     return rule
 
 
-def _is_native_enum(cls: type) -> bool:
-    """A pybind11 enum of the frontend (``cudnn.data_type``): immutable, compared by value."""
-    return hasattr(cls, "__members__") and hasattr(cls, "__int__") and not isinstance(cls, enum.EnumMeta)
-
-
 class _Walk:
     """Tokens of values, and the tensors they reach (in order of first appearance)."""
 
     def __init__(self, tensor_type: type) -> None:
-        if _RULES.get(tensor_type) is not _tensor:
-            _RULES[tensor_type] = _tensor
+        if _RULES.get(tensor_type) is not _Walk.tensor:
+            _RULES[tensor_type] = _Walk.tensor
         self.tensor_type = tensor_type
         self.ports = frozenset({tensor_type, type(None)})
         self.seen: set[int] = {id(None)}  # ids of the tensors reached (None is no tensor)
@@ -145,27 +136,21 @@ class GraphState:
             walk.tensor(t)
         objects: list[Any] = [*attrs["_nodes"], graph.context]
         params: list[tuple[Any, str]] = []
-        kept: list[list[tuple[Any, Any]]] = []  # per mapping, in reading order: (value kept, check)
-        kept.append([self._keep(k, v, None, params, walk) for k, v in _graph_attributes(attrs).items()])
-        done = reached = 0
-        while True:
-            if done == len(objects):  # every tensor reached, then those their fields reach (a ragged offset)
-                if reached == len(walk.order):
-                    break
-                objects.extend(walk.order[reached:])
-                reached = len(walk.order)
-            obj = objects[done]
-            kept.append([self._keep(k, v, obj, params, walk) for k, v in vars(obj).items()])
-            done += 1
-        kept.extend([self._keep(k, v, None, params, walk) for k, v in vars(obj)[name].items()] for obj, name in params)
+        # In reading order, (value kept, check) of: the graph's attributes, the nodes', the
+        # context's, every tensor's reached (walk.order grows as it is read: a tensor's
+        # fields reach its ragged offset), each node's parameters.
+        kept = [self._keep(k, v, None, params, walk) for k, v in _graph_attributes(attrs).items()]
+        kept += [self._keep(k, v, obj, params, walk) for obj in objects for k, v in vars(obj).items()]
+        kept += [self._keep(k, v, obj, params, walk) for obj in walk.order for k, v in vars(obj).items()]
+        objects += walk.order
+        kept += [self._keep(k, v, None, params, walk) for obj, name in params for k, v in vars(obj)[name].items()]
         self._objects = tuple(objects)
         self._params = tuple(params)
         maps = self._mappings(graph)
         self._lens = tuple(map(len, maps))
         self._keys = tuple(chain.from_iterable(maps))
-        values = [value for mapping in kept for value, _ in mapping]
-        checks = [check for mapping in kept for _, check in mapping]
-        self._values = tuple(values)
+        checks = [check for _, check in kept]
+        self._values = tuple(value for value, _ in kept)
         self._kinds = tuple(map(type, chain.from_iterable([m.values() for m in maps])))
         ints = [i for i, check in enumerate(checks) if check is _INTS]
         self._ints = itemgetter(*ints) if len(ints) > 1 else None if not ints else (lambda v, i=ints[0]: (v[i],))
@@ -201,12 +186,10 @@ class GraphState:
         (a torch tensor held as a parameter, a device property, an unknown kind of value,
         a pygraph laid out otherwise): then it must be described every time."""
         top = _top(graph)
-        by_uid = graph.__dict__["_tensor_by_uid"] if top is not None else {}
-        tensor_type = next((t.__class__ for t in by_uid.values()), None)
-        if tensor_type is None or top is None:
+        if top is None or not top[3]:  # (no tensor: nothing to describe)
             return None
         try:
-            return cls(graph, top, tensor_type)
+            return cls(graph, top, top[3][0][1].__class__)
         except _Unfit:
             return None
 
@@ -229,13 +212,8 @@ class GraphState:
         if self._ints is not None and not set(map(type, chain.from_iterable(self._ints(values)))) <= _INT:
             return False
         for i, check in self._checks:
-            v = values[i]
-            if check.__class__ is str:
-                if v.hex() != check:
-                    return False
-                continue
-            try:
-                if _Walk(self._tensor_type).value(v) != check:
+            try:  # a float's bits, or anything else's exact token
+                if (values[i].hex() if check.__class__ is str else _Walk(self._tensor_type).value(values[i])) != check:
                     return False
             except _Unfit:
                 return False
