@@ -27,7 +27,7 @@ from ..key import TensorSpec
 from ..store.per_process import PerProcess
 from . import plans
 from .device import CudaError, SimulatedCuda
-from .library import ALIGNMENT, SimulatedLibrary
+from .library import ALIGNMENT, Compute, SimulatedLibrary
 
 __all__ = ["CpuDriver", "FrontendGraph", "Handle"]
 
@@ -85,11 +85,6 @@ class Devices:
             raise ValueError(f"no device {device}: the test backend has {len(self.environments)}")
         if self.in_use is not None:
             self.in_use.add(device)
-
-
-#: How the test device computes a plan: ``(description, tensors, pack by uid, payload,
-#: workspace tensor or None, stream)`` (``CpuTestBackend.compute``).
-Compute = Callable[[Mapping[str, Any], Sequence[TensorSpec], Mapping[int, Any], Any, Any, int | None], None]
 
 
 class CpuDriver:
@@ -151,8 +146,7 @@ class CpuDriver:
             self.devices.local.device = before
 
     def device_count(self) -> int:
-        if not self.device_in_use(0):
-            self.touched.append((threading.current_thread().name, "device_count", 0))  # cuInit, on a GPU
+        self.note_touch(0, "device_count")  # cuInit, on a GPU
         return len(self.devices.environments)
 
     def device_in_use(self, device: int) -> bool:

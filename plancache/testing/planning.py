@@ -1,10 +1,4 @@
-"""A pygraph planned on the CPU test backend, once, as cuDNN Frontend plans it.
-
-``plan_once`` describes the graph (``plancache.key.describe``), gives its outputs the
-shapes a reference run of the description computes (a pygraph may leave them to be
-inferred at planning), and marks the graph planned and frozen; a graph planned before is
-refused, as the frontend refuses a second planning.
-"""
+"""A pygraph planned on the CPU test backend, once, as cuDNN Frontend plans it."""
 
 from __future__ import annotations
 
@@ -21,8 +15,12 @@ __all__ = ["plan_once"]
 
 
 def plan_once(graph: Any, cuda: SimulatedCuda) -> tuple[dict[str, Any], list[TensorSpec]]:
-    """Describe and mark ``graph`` planned, refusing one planned before (as cuDNN does), on
-    a device that still works (``cuda.check``)."""
+    """The graph's description and tensor table, its outputs shaped as a reference run of the
+    description computes them (a pygraph may leave them to be inferred at planning); the graph
+    is marked planned and frozen, and one planned before is refused, as the frontend refuses
+    a second planning, on a device that still works (``cuda.check``)."""
+    import torch
+
     cuda.check()
     if getattr(graph, "_planning_done", False):
         raise InvalidGraphError(
@@ -30,19 +28,6 @@ def plan_once(graph: Any, cuda: SimulatedCuda) -> tuple[dict[str, Any], list[Ten
             node=None,
             reason="already planned",
         )
-    described = _describe_with_shapes(graph)
-    freeze = getattr(graph, "_freeze", None)
-    if callable(freeze):
-        freeze()
-    with contextlib.suppress(AttributeError):
-        graph._planning_done = True
-    return described
-
-
-def _describe_with_shapes(graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]:
-    """Description plus a tensor table whose output shapes come from a reference run."""
-    import torch
-
     try:
         description = describe(graph)
     except UntaggedCallableError:
@@ -64,6 +49,11 @@ def _describe_with_shapes(graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]
         raise BuildError(f"the CPU test backend cannot run {exc}", reason="unsupported by test backend") from exc
     except (RuntimeError, ValueError, KeyError, IndexError) as exc:
         raise InvalidGraphError(f"the graph is invalid: {exc}", node=None, reason=str(exc)) from exc
+    freeze = getattr(graph, "_freeze", None)
+    if callable(freeze):
+        freeze()
+    with contextlib.suppress(AttributeError):
+        graph._planning_done = True
     inferred = []
     for spec in table:
         if spec.is_output and not spec.dims:
