@@ -176,33 +176,28 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
 
 def _tuned(tuning: _Tuning, options: BuildOptions) -> AutotuneResult:
     """``autotune`` once the candidates' inputs are ready: the check, then the policy."""
-    cands, reports, timing, started, clock = tuning.cands, tuning.reports, tuning.timing, tuning.started, tuning.clock
-    count = len(cands)
+    reports, clock = tuning.reports, tuning.clock
     majority = tuning.check()
     if not tuning.launched:
         if not _built(reports):
-            _none_built(reports, count)
+            _none_built(reports, len(reports))
         raise BuildError("every candidate that built failed to run", reason="all failed")
+    if majority is not None and options.policy is not Policy.HEURISTIC:
+        want = max(2, options.top_k) if options.policy is Policy.TOPK else len(reports)
+        majority = tuning.widen(want) or tuning.check()  # the candidates added may have split the majority
     if majority is None:
-        first = tuning.launched[0] if len(tuning.launched) == 1 else _built(reports)[0]
-        return _no_majority(tuning.consensus, reports, options, clock() - started, first, tuning.progress())
-    if options.policy is Policy.HEURISTIC:
-        check = _check_record(tuning.consensus, majority, reports)
-        winner = min(majority.members)
-        reports[winner].status = CandidateStatus.CHOSEN
-        return AutotuneResult(winner, reports, options.policy, clock() - started,
-                              {"method": "not timed: heuristic policy", **tuning.progress()}, check)  # fmt: skip
-    want = max(2, options.top_k) if options.policy is Policy.TOPK else count
-    majority = tuning.widen(want) or tuning.check()  # the candidates added may have split the majority
-    if majority is None:
-        return _no_majority(tuning.consensus, reports, options, clock() - started, _built(reports)[0], tuning.progress())
+        return _no_majority(tuning, options)
     check = _check_record(tuning.consensus, majority, reports)
-    winner = tuning.time(sorted(majority.members)[:want])
+    if options.policy is Policy.HEURISTIC:
+        winner, timed = min(majority.members), {"method": "not timed: heuristic policy"}
+    else:
+        winner, timed = tuning.time(sorted(majority.members)[:want]), tuning.timing.to_dict()
     reports[winner].status = CandidateStatus.CHOSEN
-    elapsed = clock() - started
-    log.debug("plancache: autotuned %d/%d candidates (%d rejected) in %.3f s; chose #%d (%.4f ms)", len(tuning.launched), count,
-              len(check["rejected"]), elapsed, winner, reports[winner].median_ms or 0.0)  # fmt: skip
-    return AutotuneResult(winner, reports, options.policy, elapsed, {**timing.to_dict(), **tuning.progress()}, check)
+    elapsed = clock() - tuning.started
+    if options.policy is not Policy.HEURISTIC:
+        log.debug("plancache: autotuned %d/%d candidates (%d rejected) in %.3f s; chose #%d (%.4f ms)", len(tuning.launched),
+                  len(reports), len(check["rejected"]), elapsed, winner, reports[winner].median_ms or 0.0)  # fmt: skip
+    return AutotuneResult(winner, reports, options.policy, elapsed, {**timed, **tuning.progress()}, check)
 
 
 def _built(reports: list[CandidateReport]) -> list[int]:
@@ -432,14 +427,16 @@ def _note(report: CandidateReport, agreement: Agreement) -> None:
     report.deviation, report.outside, report.fraction = recorded["worst"], recorded["outside"], recorded["fraction"]
 
 
-def _no_majority(consensus: Consensus, reports: list[CandidateReport], options: BuildOptions, elapsed: float,
-                 first: int, progress: dict[str, Any]) -> AutotuneResult:  # fmt: skip
+def _no_majority(tuning: _Tuning, options: BuildOptions) -> AutotuneResult:
     """One candidate alone, or candidates without a majority: the frontend's choice."""
+    consensus, reports = tuning.consensus, tuning.reports
+    first = tuning.launched[0] if len(tuning.launched) == 1 else _built(reports)[0]
+    elapsed = tuning.clock() - tuning.started
     if consensus.compared == 1:
         reports[first].status = CandidateStatus.CHOSEN
         check = {"status": CheckStatus.SINGLE, "rule": RULE, "compared": 1, "agreeing": 1, "rejected": []}
-        return AutotuneResult(first, reports, options.policy, elapsed, {"method": "not timed: one candidate launched", **progress},
-                              check)  # fmt: skip
+        return AutotuneResult(first, reports, options.policy, elapsed,
+                              {"method": "not timed: one candidate launched", **tuning.progress()}, check)  # fmt: skip
     groups = [[reports[i].engine.get("name") or f"#{i}" for i in g.members] for g in consensus.groups]
     for report in reports:
         if report.status is CandidateStatus.CHECKED:
@@ -448,8 +445,8 @@ def _no_majority(consensus: Consensus, reports: list[CandidateReport], options: 
     reports[first].status = CandidateStatus.CHOSEN
     check = {"status": CheckStatus.NO_MAJORITY, "rule": RULE, "compared": consensus.compared, "groups": groups,
              "spread": consensus.spread().to_dict(), "far": FAR, "rejected": []}  # fmt: skip
-    return AutotuneResult(first, reports, options.policy, elapsed, {"method": "not timed: no majority", **progress}, check,
-                          persist=False)  # fmt: skip
+    return AutotuneResult(first, reports, options.policy, elapsed, {"method": "not timed: no majority", **tuning.progress()},
+                          check, persist=False)  # fmt: skip
 
 
 def check_summary(check: Mapping[str, Any] | None) -> str:
