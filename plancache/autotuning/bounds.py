@@ -32,7 +32,7 @@ outside the consensus only when some element is ``FAR`` times beyond it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,9 +252,7 @@ class _Magnitudes:
 def _conv(torch: Any, x: Any, w: Any, params: Mapping[str, Any]) -> Any:
     if x is None or w is None or x.dim() not in (3, 4, 5) or x.shape[1] % w.shape[1]:
         return None
-    conv: Callable[..., Any] = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}[
-        x.dim()
-    ]
+    conv = getattr(torch.nn.functional, f"conv{x.dim() - 2}d")  # conv1d, conv2d or conv3d
     groups = x.shape[1] // w.shape[1]
     return conv(x, w.to(x.device), padding=params["padding"], stride=params["stride"], dilation=params["dilation"], groups=groups)
 
