@@ -55,12 +55,15 @@ class FrontendGraph:
     executions: int = 0
 
 
-class Devices:
-    """The test devices: their environments, each thread's current device, and which ones
-    this process has set up (as a CUDA context exists once work ran there)."""
+class CpuDriver:
+    """CUDA, cuDNN and the allocator, simulated on the CPU (see the module)."""
 
-    def __init__(self, environment: Mapping[str, Any] | None, devices: int | Sequence[Mapping[str, Any]],
-                 in_use: Sequence[int] | None) -> None:  # fmt: skip
+    name = "cpu-test"
+    device_type = "cpu"
+    transient_errors: tuple[type[BaseException], ...] = (CudaError,)
+
+    def __init__(self, cuda: SimulatedCuda, compute: Compute, environment: Mapping[str, Any] | None,
+                 devices: int | Sequence[Mapping[str, Any]], in_use: Sequence[int] | None) -> None:  # fmt: skip
         base = {
             "gpu_name": "CPU test device", "compute_capability": "0.0", "sm_count": 0, "driver_version": "none",
             "cuda_version": "none", "cudnn_backend_version": "cpu-test", "cudnn_frontend_version": "cpu-test",
@@ -70,32 +73,10 @@ class Devices:
         if not overrides:
             raise ValueError("devices must be at least 1")
         self.environments = [{**base, **extra} for extra in overrides]
+        # The devices this process has set up (as a CUDA context exists once work ran there);
         # None: all of them, as in a process that already set its devices up.
         self.in_use: set[int] | None = None if in_use is None else set(in_use)
-        self._local = PerProcess(threading.local)  # a forked child's threads start on device 0
-
-    @property
-    def local(self) -> threading.local:
-        """``.device``: the calling thread's current device (this process's)."""
-        return self._local.get()
-
-    def check(self, device: int) -> None:
-        """Refuse a device the backend lacks; work on one sets it up."""
-        if not 0 <= device < len(self.environments):
-            raise ValueError(f"no device {device}: the test backend has {len(self.environments)}")
-        if self.in_use is not None:
-            self.in_use.add(device)
-
-
-class CpuDriver:
-    """CUDA, cuDNN and the allocator, simulated on the CPU (see the module)."""
-
-    name = "cpu-test"
-    device_type = "cpu"
-    transient_errors: tuple[type[BaseException], ...] = (CudaError,)
-
-    def __init__(self, devices: Devices, cuda: SimulatedCuda, compute: Compute) -> None:
-        self.devices = devices
+        self._local = PerProcess(threading.local)  # ``.device``: each thread's; a forked child's start on device 0
         self.cuda = cuda
         self.compute = compute
         self.simulated = SimulatedLibrary(cuda, self.current_device, compute)
@@ -109,13 +90,13 @@ class CpuDriver:
     # ------------------------------------------------------------------ devices
 
     def require(self) -> None:
-        if not self.devices.environments:
+        if not self.environments:
             raise NoGpuError("the test backend has no device")
 
     def ready(self, device: int) -> None:
         self.note_touch(device, "guest")
         self.cuda.check()
-        self.devices.check(device)
+        self._set_up(device)
 
     def note_touch(self, device: int, call: str) -> None:
         """Record a CUDA call on a device the program has not set up yet (``touched``):
@@ -124,7 +105,7 @@ class CpuDriver:
             self.touched.append((threading.current_thread().name, call, device))
 
     def current_device(self) -> int:
-        return int(getattr(self.devices.local, "device", 0))
+        return int(getattr(self._local.get(), "device", 0))
 
     def device_getter(self) -> Callable[[], int]:
         return self.current_device
@@ -132,29 +113,35 @@ class CpuDriver:
     def use_device(self, index: int) -> None:
         """This thread's current device from now on (like ``torch.cuda.set_device``, which
         sets the device up for this process)."""
-        self.devices.check(index)
-        self.devices.local.device = index
+        self._set_up(index)
+        self._local.get().device = index
 
     @contextlib.contextmanager
     def on_device(self, index: int) -> Iterator[None]:
-        self.devices.check(index)
         before = self.current_device()
-        self.devices.local.device = index
+        self.use_device(index)
         try:
             yield
         finally:
-            self.devices.local.device = before
+            self._local.get().device = before
 
     def device_count(self) -> int:
         self.note_touch(0, "device_count")  # cuInit, on a GPU
-        return len(self.devices.environments)
+        return len(self.environments)
 
     def device_in_use(self, device: int) -> bool:
-        return self.devices.in_use is None or device in self.devices.in_use
+        return self.in_use is None or device in self.in_use
+
+    def _set_up(self, device: int) -> None:
+        """Refuse a device the backend lacks; work on one sets it up."""
+        if not 0 <= device < len(self.environments):
+            raise ValueError(f"no device {device}: the test backend has {len(self.environments)}")
+        if self.in_use is not None:
+            self.in_use.add(device)
 
     def environment(self, device: int) -> dict[str, Any]:
         self.note_touch(device, "environment")
-        return dict(self.devices.environments[device])
+        return dict(self.environments[device])
 
     # ------------------------------------------------------------------ streams and captures
 

@@ -267,10 +267,6 @@ class Behaviour:
     band: tuple[float, float] | None = None
     nudges: bool = False
 
-    @property
-    def wrong(self) -> bool:
-        return self.scale != 1.0 or self.band is not None
-
     def to_dict(self) -> dict[str, Any]:
         return {"scale": self.scale, "band": list(self.band) if self.band else None, "nudges": self.nudges}
 

@@ -45,16 +45,12 @@ def payload(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engin
 
 def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
            behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> bytes:  # fmt: skip
-    """The blob: a frontend plan whose backend plan reads and writes the table's tensors that
-    the graph's nodes use (``lowered``: what the frontend lowers and serializes; a tensor no
-    node uses is in the key's description and the table, never in a plan).
-
-    Its ``cudnn_backend_data`` (what the simulated library finalizes) is the ``payload``,
-    ``workspace``, the plan's own workspace in bytes, as a finalized cuDNN plan reports it,
-    and the lowered tensors as cuDNN's JSON lists them (``operationGraph``), which the native
-    gate holds against the table as it does a real plan's. Its graph fields are the
-    description's frontend form, with the table's shapes where the description leaves them
-    to planning (inferred outputs)."""
+    """The blob: a frontend plan over the table's tensors that the graph's nodes use (a tensor
+    no node uses is in the key's description and the table, never in a plan). Its backend
+    plan adds to the ``payload`` ``workspace``, the plan's own in bytes, as a finalized cuDNN
+    plan reports it, and those tensors as cuDNN's JSON lists them (``operationGraph``), which
+    the native gate holds against the table as it does a real plan's. Its graph takes the
+    table's shapes where the description leaves them to planning (inferred outputs)."""
     used = used_tensors(description)
     lowered = [spec for spec in tensors if f"u{spec.uid}" in used]
     backend_tensors = [{"name": str(spec.uid), "dataType": spec.dtype and "CUDNN_DATA_" + spec.dtype.removeprefix("data_type."),
