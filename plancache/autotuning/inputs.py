@@ -150,14 +150,12 @@ class _Roles:
         if tid in self.ragged_users:
             return self._ragged(spec, tid)
         uses = self.ports.get(tid, [])
-        integer = spec.dtype in _INTEGERS or spec.dtype == "data_type.BOOLEAN"
         for node, port in uses:
             role = self._steering(spec, node, port)
             if role is not None:
                 return role
-        if not integer:
-            count = math.prod(spec.dims)
-            return Fill(spec, FillKind.POSITIVE if count == 1 else FillKind.RANDOM, "data")
+        if spec.dtype not in _INTEGERS and spec.dtype != "data_type.BOOLEAN":
+            return Fill(spec, FillKind.POSITIVE if math.prod(spec.dims) == 1 else FillKind.RANDOM, "data")
         if uses and all(port in _DATA_PORTS.get(str(node.get("type")), ()) for node, port in uses):
             return Fill(spec, FillKind.BOOL if spec.dtype == "data_type.BOOLEAN" else FillKind.SMALL_INT, "integer data")
         where = ", ".join(f"{node.get('type')}.{port}" for node, port in uses) or "no node"

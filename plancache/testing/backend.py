@@ -168,11 +168,8 @@ class CpuTestBackend(GuestBackend):
 
         self.cuda.check()
         if getattr(graph, "_planning_done", False):
-            raise InvalidGraphError(
-                "the graph was already planned (create_execution_plans or build ran); pass a fresh pygraph",
-                node=None,
-                reason="already planned",
-            )
+            why = "the graph was already planned (create_execution_plans or build ran); pass a fresh pygraph"
+            raise InvalidGraphError(why, node=None, reason="already planned")
         try:
             description = describe(graph)
         except UntaggedCallableError:
@@ -221,10 +218,8 @@ class CpuTestBackend(GuestBackend):
         self.kernels.update(json.loads(blob))
 
     def behaviour(self, engine: int | None) -> Behaviour:
-        """How candidate ``engine`` (an index; a rebuild passes its engine id, which equals
-        the index unless ``engine_ids`` says otherwise) computes: right, wrong everywhere,
-        or wrong on a band of values; right ones of odd index round some elements the
-        other way."""
+        """How candidate ``engine`` computes (an index; a rebuild passes its engine id, which
+        equals the index unless ``engine_ids`` says otherwise)."""
         if engine in self.wrong_band:
             return Behaviour(band=self.wrong_band[engine])
         if engine in self.wrong:

@@ -1,17 +1,12 @@
 """``CpuDriver``: the driver seam (``guest.driver``) simulated on the CPU.
 
 It holds no logic of plancache's: the guest block, handle leasing, load routing and
-launches above it are ``guest.guest_backend``'s, the same code a GPU runs. What it
-simulates is what cuDNN, CUDA and the caching allocator do where bugs hide:
-
-* devices: environments, each thread's current device, which ones the program set up;
-* streams, captures and capture modes (``SimulatedCuda``): a handle made during another
-  thread's global-mode capture breaks it unless this thread is relaxed, work on a
-  capturing stream is recorded and never run;
-* the C API (``testing.library.SimulatedLibrary``): plans read tensors by pointer;
-* the frontend's own ``deserialize``: its warm-up capture on the handle's stream (a new
-  blocking stream when the handle has none), its ``cudaMalloc`` and ``cudaFree``;
-* the frontend's own execute of a graph it built or deserialized.
+launches above it are ``guest.guest_backend``'s, the same code a GPU runs. It simulates
+what cuDNN, CUDA and the caching allocator do where bugs hide: devices (environments, each
+thread's current device, which ones the program set up), streams, captures and capture
+modes (``SimulatedCuda``), the C API (``testing.library``: plans read tensors by pointer),
+and the frontend's own ``deserialize`` (its warm-up capture, ``cudaMalloc`` and
+``cudaFree``) and execute.
 """
 
 from __future__ import annotations
@@ -38,8 +33,7 @@ _MODE_NUMBERS = {name: number for number, name in _MODES.items()}
 
 @dataclass
 class Handle:
-    """A cuDNN handle of the test device (the frontend's ``Handle``): the stream it runs on
-    (None: NULL) and its C pointer."""
+    """A cuDNN handle of the test device: its stream (None: NULL) and its C pointer."""
 
     stream: int | None = None
     backend_handle: int = 0
@@ -99,8 +93,8 @@ class CpuDriver:
         self._set_up(device)
 
     def note_touch(self, device: int, call: str) -> None:
-        """Record a CUDA call on a device the program has not set up yet (``touched``):
-        plancache must make none before the program's own first use."""
+        """Record a CUDA call on a device the program has not set up yet: plancache must
+        make none before the program's own first use."""
         if not self.device_in_use(device):
             self.touched.append((threading.current_thread().name, call, device))
 
@@ -111,8 +105,7 @@ class CpuDriver:
         return self.current_device
 
     def use_device(self, index: int) -> None:
-        """This thread's current device from now on (like ``torch.cuda.set_device``, which
-        sets the device up for this process)."""
+        """This thread's current device from now on (``torch.cuda.set_device``: set up)."""
         self._set_up(index)
         self._local.get().device = index
 

@@ -2,17 +2,14 @@
 offers, so that ``guest.native.NativePlan`` (loads, variant packs, the frontend's
 workspace changes, launches) runs in the CPU suite exactly as it runs on a GPU.
 
-It is faithful where bugs hide:
-
-* **pointers are real.** A launch reads and writes the tensors at the addresses in its
-  variant pack (host memory here), laid out as the plan's tensor table says, and its
-  workspace at the workspace address: a pointer in the wrong slot computes with the wrong
-  tensor, a missing one faults, a misaligned one is refused;
+* **pointers are real.** A launch reads and writes the tensors (and the workspace) at the
+  addresses in its variant pack, laid out as the plan's tensor table says: a pointer in the
+  wrong slot computes with the wrong tensor, a missing one faults, a misaligned one is refused;
 * **handles have a device and a stream.** A plan runs on its handle's stream (recorded, not
   run, while that stream captures) and is refused with a handle of another device;
-* **descriptors are owned.** Each is destroyed once: a second destroy, or a use after it,
-  fails as a double free would crash;
-* **loads are host work.** Finalizing a plan allocates, captures and synchronizes nothing
+* **descriptors are destroyed once:** a second destroy, or a use after it, fails as a
+  double free would crash;
+* **loads are host work:** finalizing allocates, captures and synchronizes nothing
   (``during_load`` and ``load_delay`` stand for the program's work and cuDNN's time).
 """
 
