@@ -261,16 +261,10 @@ def _pointwise(torch: Any, mode: str, ins: Mapping[str, Any], params: Mapping[st
     a, b = ins.get("IN_0"), ins.get("IN_1")
     if a is None or (len(ins) > 1 and b is None):
         return None
-    if b is not None:
-        b = b.to(a.device)
-    if mode in ("add", "sub", "bias") and b is not None:
-        return a + b
-    if mode in ("mul", "scale") and b is not None:
-        return a * b
-    if mode in ("max", "min") and b is not None:
-        return torch.maximum(a, b)
-    if b is not None:
-        return None
+    if b is not None:  # |a - b| <= |a| + |b|, |a b| = |a| |b|, and max or min is at most the larger
+        combine = {"add": torch.add, "sub": torch.add, "bias": torch.add, "mul": torch.mul, "scale": torch.mul,
+                   "max": torch.maximum, "min": torch.maximum}.get(mode)  # fmt: skip
+        return None if combine is None else combine(a, b.to(a.device))
     if mode in ("relu", "leaky_relu"):
         slope = params.get("negative_slope")
         slope = float(slope) if slope is not None else (0.01 if mode == "leaky_relu" else 0.0)
