@@ -2,21 +2,19 @@
 library here.
 
 A miss builds candidates through the ``CandidateSet`` seam and launches each once on the
-same inputs (``prepare``: the caller's tensors, else synthetic ones valid for each tensor's
-role). Their outputs are compared element by element (``autotuning.consensus``): a candidate
-outside the majority is rejected, with how far it is measured, and never chosen.
+same inputs (the caller's tensors, else synthetic ones valid for each tensor's role). Their
+outputs are compared element by element (``autotuning.consensus``): a candidate outside the
+majority is rejected, with how far it is measured, and never chosen.
 
-**The budget.** A miss costs what the frontend's own build costs plus what choosing and
-checking add. The first candidate the heuristics offer is built and launched first: the
-time from the miss's start to then is what the frontend alone would have spent (its
-heuristics and its first plan), the *reference*. Everything after must end within
-``budget`` times the reference (``PLANCACHE_AUTOTUNE_BUDGET``, default 1.5), except the
-check: a majority needs two engines (knob variants of one engine tend to share its
-mistakes; one engine is enough when the graph has no other) and more than half of those
-compared, and candidates are launched until one stands, past the budget if need be, up
-to ``CHECK_LIMIT`` of them. Correctness before speed. For the check, candidates of another
-engine that need no runtime compilation come first: they build in milliseconds, where a
-runtime-compiled one takes hundreds (the frontend says which in each plan's behavior notes).
+**The budget.** The heuristics' first candidate is built and launched first: the time from
+the miss's start to then is what the frontend alone would have spent, the *reference*.
+Everything after must end within ``budget`` times it (``PLANCACHE_AUTOTUNE_BUDGET``, default
+1.5), except the check: a majority needs two engines (knob variants of one engine tend to
+share its mistakes; one engine is enough when the graph has no other) and more than half of
+those compared, and candidates are launched until one stands, past the budget if need be,
+up to ``CHECK_LIMIT`` of them. Correctness before speed. For the check, candidates of another
+engine that need no runtime compilation come first: they build in milliseconds, a
+runtime-compiled one in hundreds (the frontend says which in each plan's behavior notes).
 
 Then, per policy: ``heuristic`` keeps the first candidate of the majority and times none;
 ``topk`` and ``exhaustive`` launch more candidates (``top_k`` in all, or every one) and time
@@ -89,8 +87,7 @@ class TimingPolicy:
 
 
 class CandidateStatus(StrEnum):
-    """What happened to one candidate, as stored: chosen | timed | pruned | checked (agreed,
-    not timed) | rejected (disagreed with the majority) | failed | not_built."""
+    """What happened to one candidate, as stored (``checked``: agreed, not timed)."""
 
     CHOSEN = "chosen"
     TIMED = "timed"
@@ -176,38 +173,32 @@ def autotune(cands: CandidateSet, options: BuildOptions, timing: TimingPolicy | 
 
 def _tuned(tuning: _Tuning, options: BuildOptions) -> AutotuneResult:
     """``autotune`` once the candidates' inputs are ready: the check, then the policy."""
-    cands, reports, timing, started, clock = tuning.cands, tuning.reports, tuning.timing, tuning.started, tuning.clock
-    count = len(cands)
+    reports, clock = tuning.reports, tuning.clock
     majority = tuning.check()
     if not tuning.launched:
         if not _built(reports):
-            _none_built(reports, count)
+            _none_built(reports)
         raise BuildError("every candidate that built failed to run", reason="all failed")
+    if majority is not None and options.policy is not Policy.HEURISTIC:
+        want = max(2, options.top_k) if options.policy is Policy.TOPK else len(reports)
+        majority = tuning.widen(want) or tuning.check()  # the candidates added may have split the majority
     if majority is None:
-        first = tuning.launched[0] if len(tuning.launched) == 1 else _built(reports)[0]
-        return _no_majority(tuning.consensus, reports, options, clock() - started, first, tuning.progress())
-    if options.policy is Policy.HEURISTIC:
-        check = _check_record(tuning.consensus, majority, reports)
-        winner = min(majority.members)
-        reports[winner].status = CandidateStatus.CHOSEN
-        return AutotuneResult(winner, reports, options.policy, clock() - started,
-                              {"method": "not timed: heuristic policy", **tuning.progress()}, check)  # fmt: skip
-    want = max(2, options.top_k) if options.policy is Policy.TOPK else count
-    majority = tuning.widen(want) or tuning.check()  # the candidates added may have split the majority
-    if majority is None:
-        return _no_majority(tuning.consensus, reports, options, clock() - started, _built(reports)[0], tuning.progress())
+        return _no_majority(tuning, options)
     check = _check_record(tuning.consensus, majority, reports)
-    winner = tuning.time(sorted(majority.members)[:want])
+    if options.policy is Policy.HEURISTIC:
+        winner, timed = min(majority.members), {"method": "not timed: heuristic policy"}
+    else:
+        winner, timed = tuning.time(sorted(majority.members)[:want]), tuning.timing.to_dict()
     reports[winner].status = CandidateStatus.CHOSEN
-    elapsed = clock() - started
-    log.debug("plancache: autotuned %d/%d candidates (%d rejected) in %.3f s; chose #%d (%.4f ms)", len(tuning.launched), count,
-              len(check["rejected"]), elapsed, winner, reports[winner].median_ms or 0.0)  # fmt: skip
-    return AutotuneResult(winner, reports, options.policy, elapsed, {**timing.to_dict(), **tuning.progress()}, check)
+    elapsed = clock() - tuning.started
+    if options.policy is not Policy.HEURISTIC:
+        log.debug("plancache: autotuned %d/%d candidates (%d rejected) in %.3f s; chose #%d (%.4f ms)", len(tuning.launched),
+                  len(reports), len(check["rejected"]), elapsed, winner, reports[winner].median_ms or 0.0)  # fmt: skip
+    return AutotuneResult(winner, reports, options.policy, elapsed, {**timed, **tuning.progress()}, check)
 
 
 def _built(reports: list[CandidateReport]) -> list[int]:
-    """The candidates that built: launched, or failed only at launch. The frontend's own
-    choice is the first."""
+    """The candidates that built (launched or not); the first is the frontend's own choice."""
     return [r.index for r in reports if r.built]
 
 
@@ -220,12 +211,12 @@ def _first_buildable(cands: CandidateSet, reports: list[CandidateReport]) -> int
             continue
         report.status, report.built = CandidateStatus.CHOSEN, True
         return report.index
-    _none_built(reports, len(reports))
+    _none_built(reports)
 
 
-def _none_built(reports: list[CandidateReport], count: int) -> NoReturn:
+def _none_built(reports: list[CandidateReport]) -> NoReturn:
     reasons = "; ".join(f"#{r.index}: {r.error}" for r in reports if r.error)[:2000]
-    raise BuildError(f"none of the {count} candidate plans could be built: {reasons}", reason="all failed")
+    raise BuildError(f"none of the {len(reports)} candidate plans could be built: {reasons}", reason="all failed")
 
 
 _ENGINE_IN_NAME = re.compile(r"eng(\d+)(?![0-9])")
@@ -258,14 +249,14 @@ class _Tuning:
         self.engines = {_engine_of(r) for r in reports}
         self.longest_compile: float | None = None  # the longest build compiled at run time in this miss
 
-    def _launch(self, report: CandidateReport) -> bool:
-        """Build and launch one candidate; whether it joined the comparison."""
+    def _launch(self, report: CandidateReport) -> None:
+        """Build and launch one candidate; one that runs joins the comparison."""
         begun = self.clock()
         try:
             self.cands.build(report.index)
         except BuildError as exc:
             report.status, report.error = CandidateStatus.FAILED, str(exc)
-            return False
+            return
         finally:
             if self.cands.compiles(report.index):
                 self.longest_compile = max(self.longest_compile or 0.0, self.clock() - begun)
@@ -274,21 +265,20 @@ class _Tuning:
             outputs = self.cands.outputs(report.index)
         except Exception as exc:  # one candidate that cannot launch is dropped, not the miss
             _launch_failed(report, exc)
-            return False
+            return
         self.consensus.add(report.index, outputs)
         report.status = CandidateStatus.CHECKED
         self.launched.append(report.index)
         if self.reference is None:  # the frontend's own cost: its heuristics and its first plan
             self.reference = self.clock() - self.started
             self.deadline = self.started + self.timing.budget * self.reference
-        return True
 
     def _untried(self) -> list[CandidateReport]:
         return [r for r in self.reports if r.status is CandidateStatus.NOT_BUILT]
 
     def majority(self) -> Group | None:
-        """The majority group, when it holds two engines, or one engine when the graph has no
-        other, or every candidate agreed and none is left to ask."""
+        """The majority group, when it holds two engines, or the graph has one, or every
+        candidate agreed and none is left to ask."""
         group = self.consensus.majority()
         if group is None:
             return None
@@ -298,10 +288,9 @@ class _Tuning:
         return group if not self._untried() and len(self.consensus.groups) == 1 else None
 
     def _check_order(self) -> list[CandidateReport]:
-        """Untried candidates in the order the check asks them: first the heuristics' own
-        choice, then other engines before knob variants of engines already launched, and
-        among each, those built without runtime compilation first (milliseconds, not
-        hundreds of them); the heuristics' order within."""
+        """Untried candidates in the order the check asks them: the heuristics' own choice,
+        then other engines before knob variants of those launched, and among each, those
+        built without runtime compilation first; the heuristics' order within."""
         seen = {_engine_of(self.reports[i]) for i in self.launched}
         untried = self._untried()
         if not self.launched:
@@ -309,8 +298,8 @@ class _Tuning:
         return sorted(untried, key=lambda r: (_engine_of(r) in seen, self.cands.compiles(r.index), r.index))
 
     def check(self) -> Group | None:
-        """Launch candidates until a majority stands: past the budget if need be (the check
-        comes first), up to ``CHECK_LIMIT`` launched, or none left."""
+        """Launch candidates until a majority stands, past the budget if need be, up to
+        ``CHECK_LIMIT`` launched, or none left."""
         # After the first launch, builds that fail count too, or a long run of them would go
         # on for long; but never before a second candidate ran, while one is left: a lone
         # candidate is stored unchecked ("single") only when it is the only one that runs.
@@ -326,20 +315,18 @@ class _Tuning:
         return self.majority() if len(self.launched) >= 2 or not self._untried() else None
 
     def _expected_build(self, report: CandidateReport) -> float:
-        """How long building ``report`` is expected to take. A build that compiles nothing at
-        run time takes milliseconds at most (none is predicted); one that compiles takes tens
-        to hundreds of them (25 to 550 ms on an H100): as long as the longest seen in this
-        miss, or where none was seen yet, as long as the frontend's whole build (the
-        reference)."""
+        """How long building ``report`` is expected to take: 0 without runtime compilation
+        (milliseconds at most); with it (25 to 550 ms on an H100), the longest seen in this
+        miss, else the reference."""
         if not self.cands.compiles(report.index):
             return 0.0
         return self.longest_compile if self.longest_compile is not None else self.reference or 0.0
 
     def widen(self, want: int) -> Group | None:
         """Launch more candidates, in the heuristics' order, until ``want`` were compared or
-        the budget is spent; the majority then. A candidate whose build is expected to end
-        past the budget is passed over for the next (a runtime compilation can outlast the
-        whole budget, where the next candidate builds in a millisecond)."""
+        the budget is spent; the majority then. One whose build is expected to end past the
+        budget is passed over (a runtime compilation can outlast the whole budget, where
+        the next candidate builds in a millisecond)."""
         for report in self._untried():
             if len(self.launched) >= want:
                 break
@@ -354,9 +341,8 @@ class _Tuning:
         return self.majority()
 
     def time(self, members: list[int]) -> int:
-        """The fastest of ``members``: one run each (a launch: cheap next to a build), then
-        the median of careful runs, fastest first, as long as the budget lasts (the fastest
-        one always)."""
+        """The fastest of ``members``: one run each, then the median of careful runs, fastest
+        first, as long as the budget lasts (the fastest one always)."""
         reports, timing = self.reports, self.timing
         firsts: dict[int, float] = {}
         for index in members:
@@ -364,9 +350,7 @@ class _Tuning:
                 firsts[index] = reports[index].first_ms = self.cands.time(index, 1)[0]
             except Exception as exc:
                 _launch_failed(reports[index], exc)
-        if not firsts:
-            raise BuildError("every candidate that agreed failed to run again", reason="all failed")
-        best = min(firsts.values())  # not ``first_ms or inf``: a run timed at 0.0 ms is the best
+        best = min(firsts.values(), default=0.0)  # not ``first_ms or inf``: a run timed at 0.0 ms is the best
         medians: dict[int, float] = {}
         for index, first in sorted(firsts.items(), key=lambda item: (item[1], item[0])):
             report = reports[index]
@@ -388,8 +372,7 @@ class _Tuning:
         return min(medians, key=lambda i: (medians[i], i))
 
     def progress(self) -> dict[str, Any]:
-        """How far tuning got, stored with the entry: ``plancache tune`` finishes what a
-        budget stopped."""
+        """How far tuning got, stored: ``plancache tune`` finishes what a budget stopped."""
         found: dict[str, Any] = {"tuned": len(self.launched), "candidates": len(self.reports)}
         if self.reference is not None:
             found["reference_seconds"] = round(self.reference, 6)
@@ -432,14 +415,16 @@ def _note(report: CandidateReport, agreement: Agreement) -> None:
     report.deviation, report.outside, report.fraction = recorded["worst"], recorded["outside"], recorded["fraction"]
 
 
-def _no_majority(consensus: Consensus, reports: list[CandidateReport], options: BuildOptions, elapsed: float,
-                 first: int, progress: dict[str, Any]) -> AutotuneResult:  # fmt: skip
+def _no_majority(tuning: _Tuning, options: BuildOptions) -> AutotuneResult:
     """One candidate alone, or candidates without a majority: the frontend's choice."""
+    consensus, reports = tuning.consensus, tuning.reports
+    first = tuning.launched[0] if len(tuning.launched) == 1 else _built(reports)[0]
+    elapsed = tuning.clock() - tuning.started
     if consensus.compared == 1:
         reports[first].status = CandidateStatus.CHOSEN
         check = {"status": CheckStatus.SINGLE, "rule": RULE, "compared": 1, "agreeing": 1, "rejected": []}
-        return AutotuneResult(first, reports, options.policy, elapsed, {"method": "not timed: one candidate launched", **progress},
-                              check)  # fmt: skip
+        return AutotuneResult(first, reports, options.policy, elapsed,
+                              {"method": "not timed: one candidate launched", **tuning.progress()}, check)  # fmt: skip
     groups = [[reports[i].engine.get("name") or f"#{i}" for i in g.members] for g in consensus.groups]
     for report in reports:
         if report.status is CandidateStatus.CHECKED:
@@ -448,8 +433,8 @@ def _no_majority(consensus: Consensus, reports: list[CandidateReport], options: 
     reports[first].status = CandidateStatus.CHOSEN
     check = {"status": CheckStatus.NO_MAJORITY, "rule": RULE, "compared": consensus.compared, "groups": groups,
              "spread": consensus.spread().to_dict(), "far": FAR, "rejected": []}  # fmt: skip
-    return AutotuneResult(first, reports, options.policy, elapsed, {"method": "not timed: no majority", **progress}, check,
-                          persist=False)  # fmt: skip
+    return AutotuneResult(first, reports, options.policy, elapsed, {"method": "not timed: no majority", **tuning.progress()},
+                          check, persist=False)  # fmt: skip
 
 
 def check_summary(check: Mapping[str, Any] | None) -> str:

@@ -32,7 +32,7 @@ outside the consensus only when some element is ``FAR`` times beyond it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,9 +252,7 @@ class _Magnitudes:
 def _conv(torch: Any, x: Any, w: Any, params: Mapping[str, Any]) -> Any:
     if x is None or w is None or x.dim() not in (3, 4, 5) or x.shape[1] % w.shape[1]:
         return None
-    conv: Callable[..., Any] = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}[
-        x.dim()
-    ]
+    conv = getattr(torch.nn.functional, f"conv{x.dim() - 2}d")  # conv1d, conv2d or conv3d
     groups = x.shape[1] // w.shape[1]
     return conv(x, w.to(x.device), padding=params["padding"], stride=params["stride"], dilation=params["dilation"], groups=groups)
 
@@ -263,16 +261,10 @@ def _pointwise(torch: Any, mode: str, ins: Mapping[str, Any], params: Mapping[st
     a, b = ins.get("IN_0"), ins.get("IN_1")
     if a is None or (len(ins) > 1 and b is None):
         return None
-    if b is not None:
-        b = b.to(a.device)
-    if mode in ("add", "sub", "bias") and b is not None:
-        return a + b
-    if mode in ("mul", "scale") and b is not None:
-        return a * b
-    if mode in ("max", "min") and b is not None:
-        return torch.maximum(a, b)
-    if b is not None:
-        return None
+    if b is not None:  # |a - b| <= |a| + |b|, |a b| = |a| |b|, and max or min is at most the larger
+        combine = {"add": torch.add, "sub": torch.add, "bias": torch.add, "mul": torch.mul, "scale": torch.mul,
+                   "max": torch.maximum, "min": torch.maximum}.get(mode)  # fmt: skip
+        return None if combine is None else combine(a, b.to(a.device))
     if mode in ("relu", "leaky_relu"):
         slope = params.get("negative_slope")
         slope = float(slope) if slope is not None else (0.01 if mode == "leaky_relu" else 0.0)

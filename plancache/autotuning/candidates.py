@@ -44,50 +44,40 @@ class CandidateSet(Protocol):
 
     def engine(self, index: int) -> EngineChoice:
         """The engine and knobs of candidate ``index``."""
-        ...
 
     def build(self, index: int) -> None:
         """Build candidate ``index``; a ``BuildError`` says why it failed."""
-        ...
 
     def compiles(self, index: int) -> bool:
         """Whether building candidate ``index`` compiles kernels at run time."""
-        ...
 
     def prepare(self, budget: MemoryBudget) -> Refusal | None:
         """Make the inputs every launch uses within ``budget``. None when candidates may be
         launched; else the ``Refusal`` that says why not (a tensor of unknown role, the
         budget, a CUDA-graph capture on this thread), and then nothing is allocated or launched."""
-        ...
 
     def streamed(self) -> AbstractContextManager[Any]:
         """After ``prepare``: a block whose device work (the comparison of two candidates'
         outputs) is queued where the launches are, on the candidates' own stream. On the
         caller's current stream it would wait behind the program's work there and
         allocate from the program's pool."""
-        ...
 
     def bounds(self) -> Mapping[int, Bound]:
         """How far each element of each output of two right candidates may differ, by
         output uid (``autotuning.bounds``), for the inputs ``prepare`` made."""
-        ...
 
     def outputs(self, index: int) -> Mapping[int, Any]:
         """Launch built candidate ``index`` once on the prepared inputs (outputs cleared
         first) and return copies of its outputs, by uid."""
-        ...
 
     def time(self, index: int, runs: int) -> list[float]:
         """Run built candidate ``index`` ``runs`` times after warm-up; milliseconds each."""
-        ...
 
     def finish(self, index: int) -> BuiltPlan:
         """Make candidate ``index`` the graph's plan and serialize it."""
-        ...
 
     def close(self) -> None:
         """Free what timing allocated (inputs, workspaces)."""
-        ...
 
 
 class Candidates:

@@ -21,10 +21,6 @@ elements are hundreds of bounds away.
 
 Non-finite values must sit at the same places with the same values, or the comparison
 fails everywhere. Integer and boolean outputs must be equal.
-
-**Consensus.** Candidates join groups: one that agrees with the group's first member
-joins it, else it starts a group. A majority group has more than half of the candidates
-compared, and at least two of them.
 """
 
 from __future__ import annotations
@@ -178,10 +174,7 @@ class Consensus:
 
     def majority(self) -> Group | None:
         """The group holding more than half of the candidates, at least two; None without."""
-        for group in self.groups:
-            if len(group.members) >= 2 and 2 * len(group.members) > self.compared:
-                return group
-        return None
+        return next((g for g in self.groups if len(g.members) >= 2 and 2 * len(g.members) > self.compared), None)
 
     def outliers(self, majority: Group) -> dict[int, Agreement]:
         """Each candidate outside ``majority``, with how its group's outputs compare with

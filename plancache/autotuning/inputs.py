@@ -61,10 +61,6 @@ class Fill:
     values: tuple[float, ...] = ()
     source: int = 0
 
-    @property
-    def elements(self) -> int:
-        return span(*_layout(self.spec))
-
 
 @dataclass
 class InputPlan:
@@ -107,7 +103,6 @@ def plan_inputs(
     input can be safe (then nothing may be launched). ``given``: tensors the caller passed,
     by uid (not filled)."""
     given = dict(given or {})
-    tensors = description.get("tensors") or {}
     by_uid = {spec.uid: spec for spec in specs}
     outputs = [spec for spec in specs if spec.is_output]
     for spec in outputs:
@@ -120,7 +115,7 @@ def plan_inputs(
             continue
         if not spec.is_pass_by_value and (not spec.dims or len(spec.strides) != len(spec.dims)):
             return Refusal(f"input uid {spec.uid} has no known shape")
-        fill = roles.fill(spec, tensors.get(f"u{spec.uid}") or {})
+        fill = roles.fill(spec)
         if isinstance(fill, Refusal):
             if spec.uid in given:
                 continue  # the caller's own values: valid for the role by the caller's word
@@ -140,16 +135,14 @@ class _Roles:
         for node in description.get("nodes") or []:
             for port, tid in (node.get("inputs") or {}).items():
                 self.ports.setdefault(tid, []).append((node, port))
+        self.tensors = description.get("tensors") or {}
         self.ragged_users: dict[str, list[int]] = {}  # offset tensor id -> uids of the tensors it offsets
-        for tid, tensor in (description.get("tensors") or {}).items():
+        for tid, tensor in self.tensors.items():
             ref = tensor.get("ragged_offset")
             if isinstance(ref, str) and tid.startswith("u"):
                 self.ragged_users.setdefault(ref, []).append(int(tid[1:]))
-        self.multipliers = {
-            tid: int(t.get("ragged_offset_multiplier") or 1) for tid, t in (description.get("tensors") or {}).items()
-        }
 
-    def fill(self, spec: TensorSpec, tensor: Mapping[str, Any]) -> Fill | Refusal:
+    def fill(self, spec: TensorSpec) -> Fill | Refusal:
         tid = f"u{spec.uid}"
         if spec.is_pass_by_value:
             kind = FillKind.POSITIVE if spec.dtype not in _INTEGERS else FillKind.VALUES
@@ -157,14 +150,12 @@ class _Roles:
         if tid in self.ragged_users:
             return self._ragged(spec, tid)
         uses = self.ports.get(tid, [])
-        integer = spec.dtype in _INTEGERS or spec.dtype == "data_type.BOOLEAN"
         for node, port in uses:
             role = self._steering(spec, node, port)
             if role is not None:
                 return role
-        if not integer:
-            count = math.prod(spec.dims)
-            return Fill(spec, FillKind.POSITIVE if count == 1 else FillKind.RANDOM, "data")
+        if spec.dtype not in _INTEGERS and spec.dtype != "data_type.BOOLEAN":
+            return Fill(spec, FillKind.POSITIVE if math.prod(spec.dims) == 1 else FillKind.RANDOM, "data")
         if uses and all(port in _DATA_PORTS.get(str(node.get("type")), ()) for node, port in uses):
             return Fill(spec, FillKind.BOOL if spec.dtype == "data_type.BOOLEAN" else FillKind.SMALL_INT, "integer data")
         where = ", ".join(f"{node.get('type')}.{port}" for node, port in uses) or "no node"
@@ -250,7 +241,7 @@ class _Roles:
             user = self.by_uid.get(uid)
             if user is None or not user.strides:
                 return Refusal(f"ragged offsets uid {spec.uid}: the tensor they offset is unknown")
-            multiplier = self.multipliers.get(f"u{uid}", 1)
+            multiplier = int((self.tensors.get(f"u{uid}") or {}).get("ragged_offset_multiplier") or 1)
             stride = user.strides[0]
             aligned = stride * DTYPE_BYTES.get(user.dtype or "", 4) % max(1, user.alignment) == 0
             if stride % multiplier or not aligned:
@@ -328,8 +319,8 @@ def _filled(fill: Fill, torch: Any, device: Any, generator: Any) -> Any:
         dense = torch.tensor(fill.values, dtype=torch.float64).reshape(dims).to(dtype)
         out = torch.empty_strided(dims, strides, dtype=dtype, device=device)
         return out.copy_(dense)
-    flat = torch.empty(fill.elements, dtype=dtype, device=device)
-    for start in range(0, fill.elements, _CHUNK):
+    flat = torch.empty(span(dims, strides), dtype=dtype, device=device)
+    for start in range(0, flat.numel(), _CHUNK):
         part = flat[start : start + _CHUNK]
         if fill.kind is FillKind.BOOL:
             part.copy_(torch.randint(0, 2, part.shape, device=device, generator=generator).bool())

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..errors import BuildError, InvalidGraphError, UntaggedCallableError
 from ..guest.backend import BuiltPlan, EngineChoice
 from ..guest.guest_backend import GuestBackend
-from ..key import BuildOptions, TensorSpec
+from ..key import BuildOptions, TensorSpec, describe, tensor_table
 from . import plans
 from .candidates import CpuPlans, candidate_workspace
 from .device import SimulatedCuda
-from .driver import CpuDriver, Devices, FrontendGraph, Handle
+from .driver import CpuDriver, FrontendGraph, Handle
 from .kernels import Behaviour, evaluate, fault, scratch_bytes, stage_outputs
-from .planning import plan_once
 
 __all__ = ["CpuTestBackend", "TwoDeviceCpuTestBackend", "summary_of_ops"]
 
@@ -37,43 +39,39 @@ class CpuTestBackend(GuestBackend):
 
     * a graph is planned once: ``candidates`` and ``rebuild`` freeze the pygraph and refuse
       one that was already planned, as cuDNN Frontend does;
-    * candidates are launched for real, and ``wrong`` ones compute a wrong result (25% off)
-      while being the fastest, as some cuDNN engines do; ``wrong_band`` ones are wrong only
-      on a band of values (0 where the right result lies inside ``(low, high)``), as an
-      engine that ignores a clip is, and are the fastest too; right candidates of odd
-      index round every third element one ulp the other way, as right engines differ;
-    * bad steering values fault: a launch that reads through misaligned or out-of-range
-      ragged offsets, sequence lengths, page tables or MoE offsets poisons the backend for
-      the rest of the process (every later call fails), as a sticky CUDA error does;
-    * memory is finite: ``memory`` bytes free, and what autotuning allocates is tracked;
-    * streams and captures are modelled (``cuda``, a ``SimulatedCuda``);
-    * kernels use the workspace as scratch: outputs are staged in it, so two launches that
-      share one workspace give wrong results;
-    * devices differ: ``devices`` environments, one per device, ``use_device(i)`` per thread
-      (like ``torch.cuda.set_device``), and a plan launched on another device than the one
-      it was loaded on raises;
-    * alignment matters: a tensor whose data pointer is not 16-byte aligned is refused;
-    * plans are read by pointer: a stored plan loads through the C API (simulated,
-      ``testing.library``) and reads its tensors at the addresses of its variant pack.
+    * candidates are launched for real; ``wrong`` ones compute a wrong result (25% off) and
+      ``wrong_band`` ones are wrong only on a band of values (0 where the right result lies
+      inside ``(low, high)``, as an engine that ignores a clip), both the fastest, as some
+      cuDNN engines are; right ones of odd index round every third element one ulp the
+      other way, as right engines differ;
+    * bad steering values fault: a launch through misaligned or out-of-range ragged
+      offsets, sequence lengths, page tables or MoE offsets poisons the backend for the
+      rest of the process (every later call fails), as a sticky CUDA error does;
+    * memory is finite (``memory`` bytes free; what autotuning allocates is tracked), and
+      streams and captures are modelled (``cuda``, a ``SimulatedCuda``);
+    * kernels stage outputs in the workspace: two launches sharing one give wrong results;
+    * devices differ: ``devices`` environments, ``use_device(i)`` per thread (like
+      ``torch.cuda.set_device``), and a plan launched on another device than the one it
+      was loaded on raises;
+    * a tensor whose data pointer is not 16-byte aligned is refused;
+    * a stored plan loads through the C API (simulated, ``testing.library``) and reads its
+      tensors at the addresses of its variant pack.
 
-    ``candidates``: how many candidate plans each graph has. ``unbuildable``: indices whose
-    build fails. ``unlaunchable``: indices whose launches raise. ``engine_ids``: the engine
-    id of each index (default: the index; equal ids stand for knob variants of one engine).
-    ``native``: loads take the native path (cuDNN's C API: no capture), as the cuDNN backend's
-    do; False takes the frontend's (its warm-up capture), as for a blob the native path
-    was not tested on. ``load_delay``: seconds a native load's finalize takes. ``extra_workspace``:
-    workspace bytes of an index beyond its output scratch (a program's workspace limit
-    excludes it). ``unloadable``: indices whose plans cannot be loaded back. ``build_delay``:
-    seconds each candidate build sleeps; ``runtime_compiled`` ones (say so in
-    ``compiles``) sleep ``compile_factor`` times longer, as runtime compilation takes hundreds
-    of milliseconds where other builds take a few. ``build_log``: a file that gets one
-    line per finished build. ``environment``: replaces fields of every device's fingerprint;
-    ``devices``: how many devices, or one dict of replaced fields per device. ``in_use``:
-    the devices already set up (default: all).
+    ``candidates``: how many candidate plans each graph has. ``unbuildable``,
+    ``unlaunchable``, ``unloadable``: indices whose builds fail, whose launches raise, whose
+    plans cannot be loaded back. ``engine_ids``: the engine id of each index (default: the
+    index; equal ids stand for knob variants of one engine). ``native``: loads take the
+    native path (cuDNN's C API: no capture), as the cuDNN backend's do; False takes the
+    frontend's (its warm-up capture), as for a blob the native path was not tested on.
+    ``load_delay``: seconds a native load's finalize takes. ``extra_workspace``: workspace
+    bytes of an index beyond its output scratch (a program's workspace limit excludes it).
+    ``build_delay``: seconds each candidate build sleeps; ``runtime_compiled`` ones (say so
+    in ``compiles``) sleep ``compile_factor`` times longer, as runtime compilation takes
+    hundreds of milliseconds where other builds take a few. ``build_log``: a file that gets
+    one line per finished build. ``environment``: replaces fields of every device's
+    fingerprint; ``devices``: how many devices, or one dict of replaced fields per device.
+    ``in_use``: the devices already set up (default: all).
     """
-
-    name = "cpu-test"
-    device_type = "cpu"
 
     def __init__(
         self,
@@ -100,8 +98,7 @@ class CpuTestBackend(GuestBackend):
         if candidates < 1:
             raise ValueError("candidates must be >= 1")
         self.cuda = SimulatedCuda(free_memory=memory)
-        self.devices = Devices(environment, devices, in_use)
-        super().__init__(CpuDriver(self.devices, self.cuda, self.compute), native=native)
+        super().__init__(CpuDriver(self.cuda, self.compute, environment, devices, in_use), native=native)
         self.candidate_count = candidates
         self.unbuildable = frozenset(unbuildable)
         self.unlaunchable = frozenset(unlaunchable)
@@ -163,8 +160,49 @@ class CpuTestBackend(GuestBackend):
     # ------------------------------------------------------------------ building
 
     def _plan_once(self, graph: Any) -> tuple[dict[str, Any], list[TensorSpec]]:
-        """``planning.plan_once`` on this backend's simulated device."""
-        return plan_once(graph, self.cuda)
+        """The graph's description and tensor table, its outputs shaped as a reference run of the
+        description computes them (a pygraph may leave them to be inferred at planning); the graph
+        is marked planned and frozen, and one planned before is refused, as the frontend refuses
+        a second planning, on a device that still works (``cuda.check``)."""
+        import torch
+
+        self.cuda.check()
+        if getattr(graph, "_planning_done", False):
+            why = "the graph was already planned (create_execution_plans or build ran); pass a fresh pygraph"
+            raise InvalidGraphError(why, node=None, reason="already planned")
+        try:
+            description = describe(graph)
+        except UntaggedCallableError:
+            # A graph the caller tagged (get(graph, tag=...)) and keyed so: planning needs its
+            # shapes, not its key. The kernels refuse what they cannot compute as cuDNN does
+            # (attention with a score_mod): a BuildError that says so, not a plea for a tag.
+            description = describe(graph, tag="plancache.testing: callables not run")
+        table = tensor_table(graph)
+        values: dict[str, Any] = {}
+        for spec in table:
+            if spec.is_output:
+                continue
+            if not spec.dims:
+                raise InvalidGraphError(f"input tensor {spec.name!r} has no dims", node=None, reason="no dims")
+            values[f"u{spec.uid}"] = torch.zeros(spec.dims) if not spec.is_pass_by_value else 1.0
+        try:
+            evaluate(description, values)
+        except NotImplementedError as exc:
+            raise BuildError(f"the CPU test backend cannot run {exc}", reason="unsupported by test backend") from exc
+        except (RuntimeError, ValueError, KeyError, IndexError) as exc:
+            raise InvalidGraphError(f"the graph is invalid: {exc}", node=None, reason=str(exc)) from exc
+        freeze = getattr(graph, "_freeze", None)
+        if callable(freeze):
+            freeze()
+        with contextlib.suppress(AttributeError):
+            graph._planning_done = True
+        inferred = []
+        for spec in table:
+            if spec.is_output and not spec.dims:
+                out = values[f"u{spec.uid}"]
+                spec = dataclasses.replace(spec, dims=tuple(out.shape), strides=tuple(out.contiguous().stride()))
+            inferred.append(spec)
+        return description, inferred
 
     def plans(self, graph: Any, options: BuildOptions, description: Mapping[str, Any] | None = None) -> CpuPlans:
         self.handles.ensure(self.current_device())  # as cuDNN's: plans built here launch from any thread later
@@ -180,10 +218,8 @@ class CpuTestBackend(GuestBackend):
         self.kernels.update(json.loads(blob))
 
     def behaviour(self, engine: int | None) -> Behaviour:
-        """How candidate ``engine`` (an index; a rebuild passes its engine id, which equals
-        the index unless ``engine_ids`` says otherwise) computes: right, wrong everywhere,
-        or wrong on a band of values; right ones of odd index round some elements the
-        other way."""
+        """How candidate ``engine`` computes (an index; a rebuild passes its engine id, which
+        equals the index unless ``engine_ids`` says otherwise)."""
         if engine in self.wrong_band:
             return Behaviour(band=self.wrong_band[engine])
         if engine in self.wrong:

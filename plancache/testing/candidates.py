@@ -1,12 +1,6 @@
-"""The candidate plans of one graph on the CPU test backend.
-
-Like cuDNN's, they are launched for real by ``autotuning.candidates`` (on the same inputs,
-on plancache's own stream, each with its workspace), through the reference kernels, with
-the test device's faults. A candidate the backend was told is wrong computes a wrong result
-and is the fastest, as a wrong cuDNN engine may be; a launch otherwise takes a simulated,
-deterministic time on the test device's clock (a function of the graph and the index), so autotuning picks the same
-winner every time.
-"""
+"""The candidate plans of one graph on the CPU test backend, launched for real by
+``autotuning.candidates`` as cuDNN's are, through the reference kernels, with the test
+device's faults and simulated, deterministic timings (``CpuPlans.simulated_ms``)."""
 
 from __future__ import annotations
 
@@ -26,14 +20,12 @@ __all__ = ["CpuPlans", "candidate_workspace"]
 
 
 def candidate_workspace(backend: _Backend, index: int | None, tensors: Sequence[TensorSpec]) -> int:
-    """Workspace bytes of candidate ``index``: the scratch its outputs are staged in, plus the
-    extra the backend was told it needs (``extra_workspace``)."""
+    """Workspace bytes of candidate ``index``: its output scratch plus its ``extra_workspace``."""
     return scratch_bytes(tensors) + (backend.extra_workspace.get(index, 0) if index is not None else 0)
 
 
 class _Backend(Protocol):
-    """What candidates use of the backend that makes them: ``backend.CpuTestBackend``, which
-    imports this module, so it is described here rather than imported."""
+    """What candidates use of ``backend.CpuTestBackend``, which imports this module."""
 
     candidate_count: int
     engine_ids: list[int]
@@ -54,8 +46,7 @@ class _Backend(Protocol):
 
 
 class CpuPlans:
-    """The candidate plans of one graph on the test device (``guest.backend.GraphPlans``):
-    ``autotuning.candidates`` launches, checks and times them as it does cuDNN's."""
+    """The candidate plans of one graph on the test device (``guest.backend.GraphPlans``)."""
 
     def __init__(self, backend: _Backend, description: dict[str, Any], tensors: list[TensorSpec]) -> None:
         self.backend = backend

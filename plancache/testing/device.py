@@ -124,7 +124,7 @@ class SimulatedCuda:
 
     # ---------------------------------------------------------------- work
 
-    def launch(self, work: Callable[[], None], sid: int | None = None, took: float = 0.0) -> None:
+    def launch(self, work: Callable[[], object], sid: int | None = None, took: float = 0.0) -> None:
         """Run ``work`` on ``sid`` (default: the current stream) as a kernel would, ``took``
         milliseconds on the stream's clock: recorded (not run) on a capturing stream,
         refused on the legacy stream beside a capture of a blocking stream."""

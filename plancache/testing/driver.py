@@ -1,17 +1,12 @@
 """``CpuDriver``: the driver seam (``guest.driver``) simulated on the CPU.
 
 It holds no logic of plancache's: the guest block, handle leasing, load routing and
-launches above it are ``guest.guest_backend``'s, the same code a GPU runs. What it
-simulates is what cuDNN, CUDA and the caching allocator do where bugs hide:
-
-* devices: environments, each thread's current device, which ones the program set up;
-* streams, captures and capture modes (``SimulatedCuda``): a handle made during another
-  thread's global-mode capture breaks it unless this thread is relaxed, work on a
-  capturing stream is recorded and never run;
-* the C API (``testing.library.SimulatedLibrary``): plans read tensors by pointer;
-* the frontend's own ``deserialize``: its warm-up capture on the handle's stream (a new
-  blocking stream when the handle has none), its ``cudaMalloc`` and ``cudaFree``;
-* the frontend's own execute of a graph it built or deserialized.
+launches above it are ``guest.guest_backend``'s, the same code a GPU runs. It simulates
+what cuDNN, CUDA and the caching allocator do where bugs hide: devices (environments, each
+thread's current device, which ones the program set up), streams, captures and capture
+modes (``SimulatedCuda``), the C API (``testing.library``: plans read tensors by pointer),
+and the frontend's own ``deserialize`` (its warm-up capture, ``cudaMalloc`` and
+``cudaFree``) and execute.
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ from ..key import TensorSpec
 from ..store.per_process import PerProcess
 from . import plans
 from .device import CudaError, SimulatedCuda
-from .library import ALIGNMENT, SimulatedLibrary
+from .library import ALIGNMENT, Compute, SimulatedLibrary
 
 __all__ = ["CpuDriver", "FrontendGraph", "Handle"]
 
@@ -38,8 +33,7 @@ _MODE_NUMBERS = {name: number for number, name in _MODES.items()}
 
 @dataclass
 class Handle:
-    """A cuDNN handle of the test device (the frontend's ``Handle``): the stream it runs on
-    (None: NULL) and its C pointer."""
+    """A cuDNN handle of the test device: its stream (None: NULL) and its C pointer."""
 
     stream: int | None = None
     backend_handle: int = 0
@@ -55,12 +49,15 @@ class FrontendGraph:
     executions: int = 0
 
 
-class Devices:
-    """The test devices: their environments, each thread's current device, and which ones
-    this process has set up (as a CUDA context exists once work ran there)."""
+class CpuDriver:
+    """CUDA, cuDNN and the allocator, simulated on the CPU (see the module)."""
 
-    def __init__(self, environment: Mapping[str, Any] | None, devices: int | Sequence[Mapping[str, Any]],
-                 in_use: Sequence[int] | None) -> None:  # fmt: skip
+    name = "cpu-test"
+    device_type = "cpu"
+    transient_errors: tuple[type[BaseException], ...] = (CudaError,)
+
+    def __init__(self, cuda: SimulatedCuda, compute: Compute, environment: Mapping[str, Any] | None,
+                 devices: int | Sequence[Mapping[str, Any]], in_use: Sequence[int] | None) -> None:  # fmt: skip
         base = {
             "gpu_name": "CPU test device", "compute_capability": "0.0", "sm_count": 0, "driver_version": "none",
             "cuda_version": "none", "cudnn_backend_version": "cpu-test", "cudnn_frontend_version": "cpu-test",
@@ -70,37 +67,10 @@ class Devices:
         if not overrides:
             raise ValueError("devices must be at least 1")
         self.environments = [{**base, **extra} for extra in overrides]
+        # The devices this process has set up (as a CUDA context exists once work ran there);
         # None: all of them, as in a process that already set its devices up.
         self.in_use: set[int] | None = None if in_use is None else set(in_use)
-        self._local = PerProcess(threading.local)  # a forked child's threads start on device 0
-
-    @property
-    def local(self) -> threading.local:
-        """``.device``: the calling thread's current device (this process's)."""
-        return self._local.get()
-
-    def check(self, device: int) -> None:
-        """Refuse a device the backend lacks; work on one sets it up."""
-        if not 0 <= device < len(self.environments):
-            raise ValueError(f"no device {device}: the test backend has {len(self.environments)}")
-        if self.in_use is not None:
-            self.in_use.add(device)
-
-
-#: How the test device computes a plan: ``(description, tensors, pack by uid, payload,
-#: workspace tensor or None, stream)`` (``CpuTestBackend.compute``).
-Compute = Callable[[Mapping[str, Any], Sequence[TensorSpec], Mapping[int, Any], Any, Any, int | None], None]
-
-
-class CpuDriver:
-    """CUDA, cuDNN and the allocator, simulated on the CPU (see the module)."""
-
-    name = "cpu-test"
-    device_type = "cpu"
-    transient_errors: tuple[type[BaseException], ...] = (CudaError,)
-
-    def __init__(self, devices: Devices, cuda: SimulatedCuda, compute: Compute) -> None:
-        self.devices = devices
+        self._local = PerProcess(threading.local)  # ``.device``: each thread's; a forked child's start on device 0
         self.cuda = cuda
         self.compute = compute
         self.simulated = SimulatedLibrary(cuda, self.current_device, compute)
@@ -114,53 +84,57 @@ class CpuDriver:
     # ------------------------------------------------------------------ devices
 
     def require(self) -> None:
-        if not self.devices.environments:
+        if not self.environments:
             raise NoGpuError("the test backend has no device")
 
     def ready(self, device: int) -> None:
         self.note_touch(device, "guest")
         self.cuda.check()
-        self.devices.check(device)
+        self._set_up(device)
 
     def note_touch(self, device: int, call: str) -> None:
-        """Record a CUDA call on a device the program has not set up yet (``touched``):
-        plancache must make none before the program's own first use."""
+        """Record a CUDA call on a device the program has not set up yet: plancache must
+        make none before the program's own first use."""
         if not self.device_in_use(device):
             self.touched.append((threading.current_thread().name, call, device))
 
     def current_device(self) -> int:
-        return int(getattr(self.devices.local, "device", 0))
+        return int(getattr(self._local.get(), "device", 0))
 
     def device_getter(self) -> Callable[[], int]:
         return self.current_device
 
     def use_device(self, index: int) -> None:
-        """This thread's current device from now on (like ``torch.cuda.set_device``, which
-        sets the device up for this process)."""
-        self.devices.check(index)
-        self.devices.local.device = index
+        """This thread's current device from now on (``torch.cuda.set_device``: set up)."""
+        self._set_up(index)
+        self._local.get().device = index
 
     @contextlib.contextmanager
     def on_device(self, index: int) -> Iterator[None]:
-        self.devices.check(index)
         before = self.current_device()
-        self.devices.local.device = index
+        self.use_device(index)
         try:
             yield
         finally:
-            self.devices.local.device = before
+            self._local.get().device = before
 
     def device_count(self) -> int:
-        if not self.device_in_use(0):
-            self.touched.append((threading.current_thread().name, "device_count", 0))  # cuInit, on a GPU
-        return len(self.devices.environments)
+        self.note_touch(0, "device_count")  # cuInit, on a GPU
+        return len(self.environments)
 
     def device_in_use(self, device: int) -> bool:
-        return self.devices.in_use is None or device in self.devices.in_use
+        return self.in_use is None or device in self.in_use
+
+    def _set_up(self, device: int) -> None:
+        """Refuse a device the backend lacks; work on one sets it up."""
+        if not 0 <= device < len(self.environments):
+            raise ValueError(f"no device {device}: the test backend has {len(self.environments)}")
+        if self.in_use is not None:
+            self.in_use.add(device)
 
     def environment(self, device: int) -> dict[str, Any]:
         self.note_touch(device, "environment")
-        return dict(self.devices.environments[device])
+        return dict(self.environments[device])
 
     # ------------------------------------------------------------------ streams and captures
 

@@ -28,14 +28,6 @@ from ..key import TensorSpec
 
 __all__ = ["Behaviour", "evaluate", "fault", "scratch_bytes", "stage_outputs"]
 
-_ATTENTION = ("SDPA", "SDPA_BWD")
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
-
 
 def _pointwise(torch: Any, mode: str, a: Any, b: Any, params: Mapping[str, Any]) -> Any:
     functional = torch.nn.functional
@@ -66,7 +58,8 @@ def _pointwise(torch: Any, mode: str, a: Any, b: Any, params: Mapping[str, Any])
 def evaluate(description: Mapping[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     """Evaluate a canonical description on CPU in float32; ``values`` maps tensor ids to
     tensors (inputs in, every node's outputs added)."""
-    torch = _torch()
+    import torch
+
     for tid, spec in description["tensors"].items():  # scalars the graph holds itself
         if tid.startswith("c"):
             scalar = spec["scalar"]
@@ -233,7 +226,7 @@ def _node_fault(node: Mapping[str, Any], by_uid: Mapping[int, TensorSpec], ints:
         spec = by_uid.get(int(ins[port][1:]))
         return int(spec.dims[axis]) if spec is not None and spec.dims else 0
 
-    if kind in _ATTENTION:
+    if kind in ("SDPA", "SDPA_BWD"):
         if "paged_attention_k_table" in ins:
             for name in ("k", "v"):
                 table = ints(ins[f"paged_attention_{name}_table"]) or []
@@ -273,10 +266,6 @@ class Behaviour:
     scale: float = 1.0
     band: tuple[float, float] | None = None
     nudges: bool = False
-
-    @property
-    def wrong(self) -> bool:
-        return self.scale != 1.0 or self.band is not None
 
     def to_dict(self) -> dict[str, Any]:
         return {"scale": self.scale, "band": list(self.band) if self.band else None, "nudges": self.nudges}

@@ -2,17 +2,14 @@
 offers, so that ``guest.native.NativePlan`` (loads, variant packs, the frontend's
 workspace changes, launches) runs in the CPU suite exactly as it runs on a GPU.
 
-It is faithful where bugs hide:
-
-* **pointers are real.** A launch reads and writes the tensors at the addresses in its
-  variant pack (host memory here), laid out as the plan's tensor table says, and its
-  workspace at the workspace address: a pointer in the wrong slot computes with the wrong
-  tensor, a missing one faults, a misaligned one is refused;
+* **pointers are real.** A launch reads and writes the tensors (and the workspace) at the
+  addresses in its variant pack, laid out as the plan's tensor table says: a pointer in the
+  wrong slot computes with the wrong tensor, a missing one faults, a misaligned one is refused;
 * **handles have a device and a stream.** A plan runs on its handle's stream (recorded, not
   run, while that stream captures) and is refused with a handle of another device;
-* **descriptors are owned.** Each is destroyed once: a second destroy, or a use after it,
-  fails as a double free would crash;
-* **loads are host work.** Finalizing a plan allocates, captures and synchronizes nothing
+* **descriptors are destroyed once:** a second destroy, or a use after it, fails as a
+  double free would crash;
+* **loads are host work:** finalizing allocates, captures and synchronizes nothing
   (``during_load`` and ``load_delay`` stand for the program's work and cuDNN's time).
 """
 
@@ -79,8 +76,8 @@ class _PackState:
     workspace: int
 
 
-#: ``(description, tensors, pack by uid, behaviour payload, workspace tensor, stream)``: how
-#: the test device computes a plan (``CpuTestBackend.run``).
+#: How the test device computes a plan: ``(description, tensors, pack by uid, payload,
+#: workspace tensor or None, stream)`` (``CpuTestBackend.compute``).
 Compute = Callable[[Mapping[str, Any], Sequence[TensorSpec], Mapping[int, Any], Any, Any, int | None], None]
 
 
@@ -128,7 +125,7 @@ class SimulatedLibrary:
     def _handle(self, handle: int, call: str) -> _HandleState:
         state = self._handles.get(handle)
         if state is None:
-            raise NativeError(f"{call} failed: CUDNN_STATUS_BAD_PARAM ({_BAD_PARAM}): not a handle", call=call, status=_BAD_PARAM)
+            raise _failed(call, f"CUDNN_STATUS_BAD_PARAM ({_BAD_PARAM}): not a handle")
         return state
 
     def handle_device(self, handle: int) -> int:
@@ -140,9 +137,7 @@ class SimulatedLibrary:
         with self._lock:
             found = self._plans.pop(descriptor, None) or self._packs.pop(descriptor, None)
         if found is None:
-            call = "cudnnBackendDestroyDescriptor"
-            raise NativeError(f"{call} failed: descriptor {descriptor:#x} is not live (destroyed twice?)", call=call,
-                              status=_BAD_PARAM)  # fmt: skip
+            raise _failed("cudnnBackendDestroyDescriptor", f"descriptor {descriptor:#x} is not live (destroyed twice?)")
         self.destroyed += 1
 
     def load_plan(self, handle: int, representation: bytes) -> int:
@@ -153,8 +148,7 @@ class SimulatedLibrary:
         try:
             payload = plans.payload_of(representation)
         except ValueError as exc:
-            raise NativeError(f"{call} failed: CUDNN_STATUS_NOT_SUPPORTED ({_NOT_SUPPORTED}): {exc}", call=call,
-                              status=_NOT_SUPPORTED) from exc  # fmt: skip
+            raise _failed(call, f"CUDNN_STATUS_NOT_SUPPORTED ({_NOT_SUPPORTED}): {exc}", _NOT_SUPPORTED) from exc
         if self.during_load is not None:
             self.during_load()
         if self.load_delay:
@@ -174,7 +168,7 @@ class SimulatedLibrary:
     def _plan(self, plan: int, call: str) -> _PlanState:
         state = self._plans.get(plan)
         if state is None:
-            raise NativeError(f"{call} failed: plan {plan:#x} is not live", call=call, status=_BAD_PARAM)
+            raise _failed(call, f"plan {plan:#x} is not live")
         return state
 
     def variant_pack(self, uids: Any, pointers: Any, count: int, workspace: int) -> int:
@@ -188,23 +182,22 @@ class SimulatedLibrary:
         state, planned = self._handle(handle, call), self._plan(plan, call)
         packed = self._packs.get(pack)
         if packed is None:
-            raise NativeError(f"{call} failed: variant pack {pack:#x} is not live", call=call, status=_BAD_PARAM)
+            raise _failed(call, f"variant pack {pack:#x} is not live")
         if state.device != planned.device:
-            raise NativeError(f"{call} failed: a plan loaded on device {planned.device} was launched on device {state.device}",
-                              call=call, status=_BAD_PARAM)  # fmt: skip
+            raise _failed(call, f"a plan loaded on device {planned.device} was launched on device {state.device}")
         tensors: dict[int, Any] = {}
         for spec in planned.tensors:
             pointer = packed.pointers.get(spec.uid, 0)
             if not pointer:
-                raise NativeError(f"{call} failed: no pointer for uid {spec.uid}", call=call, status=_BAD_PARAM)
+                raise _failed(call, f"no pointer for uid {spec.uid}")
             if pointer % ALIGNMENT and not spec.is_pass_by_value:
-                raise NativeError(f"{call} failed: misaligned address: tensor uid {spec.uid} is not {ALIGNMENT}-byte aligned",
-                                  call=call, status=_EXECUTION_FAILED)  # fmt: skip
+                why = f"misaligned address: tensor uid {spec.uid} is not {ALIGNMENT}-byte aligned"
+                raise _failed(call, why, _EXECUTION_FAILED)
             tensors[spec.uid] = tensor_at(pointer, spec)
         workspace = None
         if planned.workspace:
             if not packed.workspace:
-                raise NativeError(f"{call} failed: the plan needs a workspace", call=call, status=_BAD_PARAM)
+                raise _failed(call, "the plan needs a workspace")
             workspace = tensor_at(packed.workspace, TensorSpec(uid=0, name="workspace", dims=(planned.workspace,), strides=(1,),
                                                                dtype="data_type.UINT8", is_output=False))  # fmt: skip
         self._compute(planned.payload["description"], planned.tensors, tensors, planned.payload, workspace, state.stream)
@@ -213,13 +206,11 @@ class SimulatedLibrary:
     # ------------------------------------------------------------------ driver
 
     def copy_to_device(self, destination: int, source: Any, size: int, stream: int) -> None:
-        def copy() -> None:
-            ctypes.memmove(destination, source, size)
-
-        self.cuda.launch(copy, stream)
+        self.cuda.launch(lambda: ctypes.memmove(destination, source, size), stream)
 
     def zero(self, destination: int, size: int, stream: int) -> None:
-        def zero() -> None:
-            ctypes.memset(destination, 0, size)
+        self.cuda.launch(lambda: ctypes.memset(destination, 0, size), stream)
 
-        self.cuda.launch(zero, stream)
+
+def _failed(call: str, why: str, status: int = _BAD_PARAM) -> NativeError:
+    return NativeError(f"{call} failed: {why}", call=call, status=status)

@@ -43,35 +43,30 @@ def payload(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engin
     return found
 
 
-def _representation(description: Mapping[str, Any], tensors: Sequence[TensorSpec], lowered: Sequence[TensorSpec],
-                    engine: EngineChoice, *, behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> str:  # fmt: skip
-    """What the simulated library finalizes (a real blob's ``cudnn_backend_data``): the
-    ``payload``, ``workspace``, the plan's own workspace in bytes, as a finalized cuDNN
-    plan reports it, and the table's tensors as cuDNN's JSON lists them (``operationGraph``),
-    which the native gate holds against the table as it does a real plan's: those the
-    graph's nodes use (``lowered``)."""
+def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
+           behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> bytes:  # fmt: skip
+    """The blob: a frontend plan over the table's tensors that the graph's nodes use (a tensor
+    no node uses is in the key's description and the table, never in a plan). Its backend
+    plan adds to the ``payload`` ``workspace``, the plan's own in bytes, as a finalized cuDNN
+    plan reports it, and those tensors as cuDNN's JSON lists them (``operationGraph``), which
+    the native gate holds against the table as it does a real plan's. Its graph takes the
+    table's shapes where the description leaves them to planning (inferred outputs)."""
+    used = used_tensors(description)
+    lowered = [spec for spec in tensors if f"u{spec.uid}" in used]
     backend_tensors = [{"name": str(spec.uid), "dataType": spec.dtype and "CUDNN_DATA_" + spec.dtype.removeprefix("data_type."),
                         "dim": list(spec.dims), "stride": list(spec.strides), "isVirtual": False,
                         "isByValue": spec.is_pass_by_value} for spec in lowered]  # fmt: skip
-    found = {**payload(description, tensors, engine, behaviour=behaviour), "workspace": int(workspace),
-             "operationGraph": {"tensors": backend_tensors}}  # fmt: skip
+    backend = {**payload(description, tensors, engine, behaviour=behaviour), "workspace": int(workspace),
+               "operationGraph": {"tensors": backend_tensors}}  # fmt: skip
     if unloadable:
-        found["unloadable"] = True  # as a plan the library writes and cannot finalize
-    return json.dumps(found, sort_keys=True)
-
-
-def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine: EngineChoice, *,
-           behaviour: Mapping[str, Any] | None, unloadable: bool, workspace: int) -> bytes:  # fmt: skip
-    """The blob: a frontend plan whose backend plan reads and writes every tensor of the table
-    that the graph's nodes use."""
-    lowered = _lowered(description, tensors)
-    backend = _representation(description, tensors, lowered, engine, behaviour=behaviour, unloadable=unloadable,
-                              workspace=workspace)  # fmt: skip
+        backend["unloadable"] = True  # as a plan the library writes and cannot finalize
+    shapes = {f"u{spec.uid}": (list(spec.dims), list(spec.strides)) for spec in tensors}
+    names = {f"u{spec.uid}": spec.name for spec in tensors}
     return encode_ubjson({
         "json_version": FORMAT,
-        "cudnn_backend_data": backend,
+        "cudnn_backend_data": json.dumps(backend, sort_keys=True),
         "variant_pack_uids": sorted(spec.uid for spec in lowered),
-        **_graph(description, tensors),
+        **frontend_graph(frontend_form(description), names, shapes),
         "pass_by_values": {},
         "workspace_modifications": {},
         "variant_pack_replacements": [],
@@ -80,24 +75,6 @@ def encode(description: Mapping[str, Any], tensors: Sequence[TensorSpec], engine
         "tensors_to_dump": [],
         "behavior_notes": [[]],
     })  # fmt: skip
-
-
-def _lowered(description: Mapping[str, Any], tensors: Sequence[TensorSpec]) -> list[TensorSpec]:
-    """The table's tensors that the graph's nodes read or write: what the frontend lowers
-    and serializes (a tensor no node uses is in the key's description and the table, never
-    in a plan)."""
-    used = used_tensors(description)
-    return [spec for spec in tensors if f"u{spec.uid}" in used]
-
-
-def _graph(description: Mapping[str, Any], tensors: Sequence[TensorSpec] = ()) -> dict[str, Any]:
-    """The graph fields of the blob: the description's frontend form, with the shapes of the
-    table's tensors where the description leaves them to planning (inferred outputs), and
-    the tensors no node uses left out, as the frontend leaves them out."""
-    form = frontend_form(description)
-    shapes = {f"u{spec.uid}": (list(spec.dims), list(spec.strides)) for spec in tensors}
-    names = {f"u{spec.uid}": spec.name for spec in tensors}
-    return frontend_graph(form, names, shapes)
 
 
 def payload_of(text: bytes | str) -> dict[str, Any]:
