@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import threading
 import warnings
@@ -42,26 +41,16 @@ from types import FrameType
 from typing import Any
 
 from ..errors import PlanCacheNotice
+from ..store.per_process import PerProcess
 
 __all__ = ["current", "graph_cache", "install", "install_from_environment", "installed", "jit", "plan_graph", "plan_of",
            "uninstall", "use"]  # fmt: skip
 
 log = logging.getLogger("plancache.frontend")
 
-# A thread of the parent may have been inside it at a fork (making the cache, which opens
-# its store; patching the frontend): a forked child gets a new one, keeping what it guards.
-# A hook of its own, not store.per_process's holder: the start-up hook imports this module
-# in every process that sets PLANCACHE_PATCH_CUDNN, which must not import the store there.
-_lock = threading.Lock()
-
-
-def _new_lock_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
+# Per process: a thread of the parent may have been inside it at a fork (making the cache,
+# which opens its store; patching the frontend). What it guards is kept in a forked child.
+_lock = PerProcess(threading.Lock)
 _cache: Any = None
 _warned: set[str] = set()
 #: While installed: (cudnn module, cudnn.graph module or None, {attribute: original},
@@ -77,7 +66,7 @@ def use(cache: Any) -> Any:
     """Make ``cache`` the ``PlanCache`` the decorators use (None: a ``PlanCache()`` at
     next use). Returns the cache used before."""
     global _cache
-    with _lock:
+    with _lock.get():
         previous, _cache = _cache, cache
     return previous
 
@@ -85,7 +74,7 @@ def use(cache: Any) -> Any:
 def current() -> Any:
     """The ``PlanCache`` the decorators use, created (``PlanCache()``) on first call."""
     global _cache
-    with _lock:
+    with _lock.get():
         if _cache is None:
             from ..cache.cache import PlanCache
 
@@ -109,7 +98,7 @@ def _warn_once(topic: str, message: str) -> None:
     A ``PlanCacheNotice`` warning pointing at the caller's line. Under a filter that turns
     warnings into errors (``-W error``, pytest's ``filterwarnings = error``) the notice is
     logged instead: it never makes a program fail that would run without plancache."""
-    with _lock:
+    with _lock.get():
         if topic in _warned:
             return
         _warned.add(topic)
@@ -242,7 +231,7 @@ def install() -> None:
     from .frontend_adopt import FRONTEND_VERSIONS
 
     version = str(getattr(cudnn, "__version__", "unknown"))
-    with _lock:
+    with _lock.get():
         if _originals is not None:
             return
         module = sys.modules.get("cudnn.graph")
@@ -283,7 +272,7 @@ def uninstall() -> None:
     """Restore the frontend's ``cudnn.jit``, ``cudnn.graph_cache`` and pygraph methods.
     Idempotent."""
     global _originals
-    with _lock:
+    with _lock.get():
         if _originals is None:
             return
         cudnn, module, saved, interceptor = _originals

@@ -9,10 +9,11 @@ returns the current process's value, made by the owner's ``make`` at the first `
 each process. Nothing has to be called at the fork, and a new owner cannot be forgotten in
 a chain of hooks. A lock held only for a few operations off the hit path is one too (the
 breaker's, the fleet lock's list of holds, the unstored plans', the cuDNN library's
-loading, a primer's report): a thread of the parent may have been inside it at the fork,
-whatever the state it guards (kept in the child, or per process as well). The frontend
-integration's lock has a hook of its own: the start-up hook imports that module in every
-process that asks for it, and it must not import the store.
+loading, the frontend integration's, a primer's report): a thread of the parent may have
+been inside it at the fork, whatever the state it guards (kept in the child, or per
+process as well). This module imports nothing of the store (``store/__init__.py`` loads its
+names on first use): the start-up hook's import of the frontend integration, in every
+process that sets PLANCACHE_PATCH_CUDNN, brings it alone.
 
 Which process is current is told by a count of forks that one ``os.register_at_fork`` hook
 bumps in each child, not by ``os.getpid()``: glibc has not cached the pid since 2.25, so
