@@ -13,19 +13,16 @@ serves each from a ``PlanCache``:
 
 On a hit the caller's own graph object carries the deserialized plan and runs on its own
 handle; on a miss plancache autotunes on a graph of its own, stores the winner and loads it
-the same way (``frontend_pipeline``, ``frontend_adopt``). Code that chooses plans itself,
-and graphs already built, are left to the frontend (``frontend_pipeline`` lists them).
-Whatever plancache cannot serve (a graph it cannot key or rebuild, a Python-engine plan, a
-planning during a CUDA-graph capture, a frontend version it was not made for) is planned
-the frontend's way, with one ``PlanCacheNotice`` per reason and process: a notice that
-never turns into an exception, even under ``-W error``.
+the same way (``frontend_pipeline``, ``frontend_adopt``). Code that chooses plans itself
+and graphs already built are left to the frontend (``frontend_pipeline`` lists them), and
+so is whatever plancache cannot serve (a graph it cannot key or rebuild, a Python-engine
+plan, a planning during a CUDA-graph capture, a frontend version it was not made for),
+with one ``PlanCacheNotice`` per reason and process that never turns into an exception,
+even under ``-W error``.
 
-The decorators use one process-wide ``PlanCache``: ``PlanCache()`` created at first use,
-or the one given to ``use(cache)``. The cache's options apply, with the caller's heuristic
-modes and workspace limit.
-
-Importing this module does not import cuDNN; ``install`` and the decorators import it when
-first called.
+The decorators use one process-wide ``PlanCache`` (``PlanCache()`` at first use, or the one
+given to ``use(cache)``), its options with the caller's heuristic modes and workspace limit.
+Importing this module does not import cuDNN; ``install`` and the decorators do.
 """
 
 from __future__ import annotations
@@ -93,11 +90,10 @@ def _caller_stacklevel() -> int:
 
 
 def _warn_once(topic: str, message: str) -> None:
-    """Say once per process and topic why a graph keeps the frontend's behaviour.
-
-    A ``PlanCacheNotice`` warning pointing at the caller's line. Under a filter that turns
-    warnings into errors (``-W error``, pytest's ``filterwarnings = error``) the notice is
-    logged instead: it never makes a program fail that would run without plancache."""
+    """Say once per process and topic, as a ``PlanCacheNotice`` pointing at the caller's
+    line, why a graph keeps the frontend's behaviour. Under a filter that turns warnings
+    into errors (``-W error``, pytest's ``filterwarnings = error``) the notice is logged
+    instead: it never makes a program fail that would run without plancache."""
     with _lock.get():
         if topic in _warned:
             return
@@ -129,13 +125,6 @@ def plan_of(graph: Any) -> Any:
     return _pipeline().plan_of(graph)
 
 
-def _native_modes(heur_modes: Any) -> list[Any]:
-    """The frontend's ``heur_mode`` values for ``g.build``."""
-    import cudnn
-
-    return [getattr(cudnn.heur_mode, name) for name in _pipeline()._mode_names(heur_modes)]
-
-
 def _is_planned(graph: Any) -> bool:
     """Whether the caller (or anyone) already planned ``graph`` (what ``cudnn.jit`` asks:
     a graph with plans is returned as it is)."""
@@ -160,7 +149,9 @@ def plan_graph(graph: Any, heur_modes: Any = None, *, fallback_build: bool = Tru
         if _planner_of().persist(graph, modes):
             return graph
         if fallback_build:
-            graph.build(_native_modes(modes))
+            import cudnn
+
+            graph.build([getattr(cudnn.heur_mode, name) for name in pipeline._mode_names(modes)])
     return graph
 
 
