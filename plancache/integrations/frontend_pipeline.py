@@ -15,15 +15,13 @@ caller's object runs on its own handle and never holds a losing candidate's plan
 Whatever plancache cannot do keeps the frontend's behaviour, with one notice per reason and
 process: ``persist`` returns False and the caller runs the frontend's call.
 
-``Interceptor`` wraps those calls on ``cudnn.pygraph``. Only the outermost call of a thread
-is served: the frontend calls its own pipeline (``build`` calls ``build_plans``, ``execute``
-calls ``build``), and plancache's own miss path drives the same methods on the graph it
-autotunes, so a call made while another one is being served runs as the frontend's. Code
-that chooses plans itself is left to the frontend: ``build_plans(ALL)``,
+``Interceptor`` wraps those calls on ``cudnn.pygraph``, serving only a thread's outermost
+call: the frontend calls its own pipeline (``build`` calls ``build_plans``, ``execute``
+calls ``build``), and plancache's miss path drives the same methods on the graph it
+autotunes. Code that chooses plans itself is left to the frontend: ``build_plans(ALL)``,
 ``build_plan_at_index``, ``execute_plan_at_index``, ``create_execution_plan``,
-``select_plan``, graphs whose plan list the program read before building
-(``get_execution_plan_count`` and the at-index questions: a served graph's list has one
-plan, so the indices it read would not hold) and graphs already built.
+``select_plan``, graphs whose plan list the program read before building (a served graph's
+list has one plan, so the indices read would not hold) and graphs already built.
 """
 
 from __future__ import annotations
@@ -90,7 +88,6 @@ class Refusal(Exception):
     def __init__(self, topic: str, message: str) -> None:
         super().__init__(message)
         self.topic = topic
-        self.message = message
 
 
 def _mode_names(heur_modes: Any) -> tuple[str, ...]:
@@ -126,7 +123,7 @@ class Planner:
         try:
             self._persist(graph, heuristics)
         except Refusal as refusal:
-            self.notice(refusal.topic, refusal.message)
+            self.notice(refusal.topic, str(refusal))
             return False
         return True
 
