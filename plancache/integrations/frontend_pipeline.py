@@ -154,9 +154,7 @@ class Planner:
             try:
                 adopt(load, plan, native, blob)
             except Exception as exc:
-                raise Refusal(
-                    f"adopt:{type(exc).__name__}", f"plancache: the stored plan could not be put into the graph ({exc})"
-                ) from exc
+                raise _unadoptable(exc) from exc
         _adopted[graph] = plan
 
     # ------------------------------------------------------------------ the steps
@@ -257,8 +255,7 @@ class Planner:
             raise Refusal(f"load:{str(exc)[:60]}", f"plancache: the plan of this graph cannot be loaded into it ({exc}); "
                           "the frontend plans it") from exc  # fmt: skip
         except Exception as exc:
-            raise Refusal(f"adopt:{type(exc).__name__}",
-                          f"plancache: the stored plan could not be put into the graph ({exc})") from exc  # fmt: skip
+            raise _unadoptable(exc) from exc
 
     def _stored_blob(self, cache: PlanCache, plan: Plan) -> bytes:
         """The store's entry of ``plan`` (checked against its checksum), else, for a plan
@@ -285,6 +282,10 @@ class Planner:
                 return bytes(graph.serialize(as_bytes=True))
         raise Refusal("not stored", "plancache: no plan of this graph is stored (its candidates did not agree, or loading "
                       "the stored one failed for now); the frontend plans it")  # fmt: skip
+
+
+def _unadoptable(exc: Exception) -> Refusal:
+    return Refusal(f"adopt:{type(exc).__name__}", f"plancache: the stored plan could not be put into the graph ({exc})")
 
 
 def _reason(exc: InvalidGraphError) -> str:

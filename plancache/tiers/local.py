@@ -63,13 +63,11 @@ class _Process:
 
 
 class LocalTier:
-    """``get``/``put`` of entries in the SQLite store of ``directory``.
-
-    ``warn(topic, message, *args)`` logs once per topic; ``store_error()`` counts a store
-    error in the owning cache. A store that cannot be opened for a reason other than the
-    caller's configuration (a full disk, an I/O error) leaves the tier ``available``
-    False: plans still work, unpersisted, and the warning says why.
-    """
+    """``get``/``put`` of entries in the SQLite store of ``directory``. ``warn(topic,
+    message, *args)`` logs once per topic; ``store_error()`` counts a store error in the
+    owning cache. A store that cannot be opened for a reason other than the caller's
+    configuration (a full disk, an I/O error) leaves the tier ``available`` False: plans
+    still work, unpersisted, and the warning says why."""
 
     def __init__(
         self,
