@@ -5,8 +5,9 @@ child makes anew (``per_process``)."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..config import lazy_getattr
 
 # The names load on first use (PEP 562), as the package root's do: importing a light module
 # of this folder (``per_process``, which the start-up hook's import of the frontend
@@ -31,15 +32,7 @@ if TYPE_CHECKING:
 
 
 if not TYPE_CHECKING:  # to a type checker, a name missing from the imports above is an error
-
-    def __getattr__(name: str) -> Any:
-        if name in _LAZY:
-            value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-            globals()[name] = value
-            return value
-        if name in _SUBMODULES:
-            return importlib.import_module(f".{name}", __name__)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    __getattr__ = lazy_getattr(__name__, _LAZY, _SUBMODULES)
 
 
 __all__ = [
