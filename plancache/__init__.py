@@ -10,9 +10,9 @@ Importing plancache touches no GPU and imports neither torch nor cuDNN.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .config import lazy_getattr as _lazy_getattr
 from .errors import (
     BuildError,
     BundleError,
@@ -69,19 +69,11 @@ if TYPE_CHECKING:
 
 
 if not TYPE_CHECKING:  # to a type checker, a name missing from the imports above is an error
-
-    def __getattr__(name: str) -> Any:
-        if name in _LAZY:
-            value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-            globals()[name] = value
-            return value
-        if name in _SUBMODULES:
-            return importlib.import_module(f".{name}", __name__)
-        raise AttributeError(f"module 'plancache' has no attribute {name!r}")
+    __getattr__ = _lazy_getattr(__name__, _LAZY, _SUBMODULES)
 
 
 def __dir__() -> list[str]:
-    # The public names and folders only: not this module's own imports (Any, importlib...).
+    # The public names and folders only: not this module's own imports (TYPE_CHECKING...).
     return sorted(set(__all__) | _SUBMODULES)
 
 

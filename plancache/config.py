@@ -21,6 +21,7 @@ is read there too (``store.files``: ``PLANCACHE_REDIS_SECRET_FILE`` is a path he
 from __future__ import annotations
 
 import enum
+import importlib
 import logging
 import math
 import os
@@ -28,7 +29,7 @@ import re
 import stat
 import sys
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -39,7 +40,7 @@ __all__ = ["ALLOW_SHARED_DIR", "APP", "AUTOTUNE_BUDGET", "AUTOTUNE_MEMORY", "AUT
            "MEMORY_PLANS", "MIN_SECRET_BYTES", "PATCH_CUDNN", "RECORD", "REDIS_LOCK_TTL", "REDIS_MAX_STALL", "REDIS_MAX_VALUE",
            "REDIS_NAMESPACE", "REDIS_SECRET", "REDIS_SECRET_FILE", "REDIS_SETTINGS", "REDIS_TIMEOUT", "REDIS_TTL", "REDIS_URL",
            "SECRET_HINT", "SETTINGS", "ConfigError", "MemoryBudget", "Refused", "Setting", "argument", "file_kind",
-           "format_size", "instance_of", "number", "size", "switch", "tag", "wait_seconds", "whole_number"]  # fmt: skip
+           "format_size", "instance_of", "lazy_getattr", "number", "size", "switch", "tag", "wait_seconds", "whole_number"]  # fmt: skip
 
 log = logging.getLogger("plancache")
 
@@ -52,6 +53,22 @@ else:  # Python 3.10: enum.StrEnum by hand (a member is its value as text, in st
     class StrEnum(str, enum.Enum):
         def __str__(self) -> str:
             return str.__str__(self)
+
+
+def lazy_getattr(package: str, names: Mapping[str, str], submodules: Collection[str]) -> Callable[[str], Any]:
+    """The ``__getattr__`` (PEP 562) of a package whose ``names`` (name -> its module under
+    ``package``) and ``submodules`` load on first use; a name loaded is kept in the package."""
+
+    def __getattr__(name: str) -> Any:
+        if name in names:
+            value = getattr(importlib.import_module(f".{names[name]}", package), name)
+            setattr(sys.modules[package], name, value)
+            return value
+        if name in submodules:
+            return importlib.import_module(f".{name}", package)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 class ConfigError(PlanCacheError, ValueError):

@@ -23,7 +23,6 @@ READ = ("plancache", "tests", "scripts", "examples", "_plancache_startup.py", "s
 
 #: (file, name) -> why the name is used though no file of the repository uses it.
 USED_UNSEEN = {
-    ("plancache/__init__.py", "__getattr__"): "PEP 562: Python calls it for a name the module lacks (the public names, loaded on first use)",
     ("plancache/__init__.py", "__dir__"): "PEP 562: dir(plancache) calls it",
     ("plancache/cli/maintenance.py", "get_metavar"): "click.ParamType's: click calls it for the option's help",
     ("plancache/store/connections.py", "row_factory"): "sqlite3.Connection's: sqlite3 reads it for every row",

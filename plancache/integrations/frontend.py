@@ -13,26 +13,22 @@ serves each from a ``PlanCache``:
 
 On a hit the caller's own graph object carries the deserialized plan and runs on its own
 handle; on a miss plancache autotunes on a graph of its own, stores the winner and loads it
-the same way (``frontend_pipeline``, ``frontend_adopt``). Code that chooses plans itself,
-and graphs already built, are left to the frontend (``frontend_pipeline`` lists them).
-Whatever plancache cannot serve (a graph it cannot key or rebuild, a Python-engine plan, a
-planning during a CUDA-graph capture, a frontend version it was not made for) is planned
-the frontend's way, with one ``PlanCacheNotice`` per reason and process: a notice that
-never turns into an exception, even under ``-W error``.
+the same way (``frontend_pipeline``, ``frontend_adopt``). Code that chooses plans itself
+and graphs already built are left to the frontend (``frontend_pipeline`` lists them), and
+so is whatever plancache cannot serve (a graph it cannot key or rebuild, a Python-engine
+plan, a planning during a CUDA-graph capture, a frontend version it was not made for),
+with one ``PlanCacheNotice`` per reason and process that never turns into an exception,
+even under ``-W error``.
 
-The decorators use one process-wide ``PlanCache``: ``PlanCache()`` created at first use,
-or the one given to ``use(cache)``. The cache's options apply, with the caller's heuristic
-modes and workspace limit.
-
-Importing this module does not import cuDNN; ``install`` and the decorators import it when
-first called.
+The decorators use one process-wide ``PlanCache`` (``PlanCache()`` at first use, or the one
+given to ``use(cache)``), its options with the caller's heuristic modes and workspace limit.
+Importing this module does not import cuDNN; ``install`` and the decorators do.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import threading
 import warnings
@@ -42,26 +38,16 @@ from types import FrameType
 from typing import Any
 
 from ..errors import PlanCacheNotice
+from ..store.per_process import PerProcess
 
 __all__ = ["current", "graph_cache", "install", "install_from_environment", "installed", "jit", "plan_graph", "plan_of",
            "uninstall", "use"]  # fmt: skip
 
 log = logging.getLogger("plancache.frontend")
 
-# A thread of the parent may have been inside it at a fork (making the cache, which opens
-# its store; patching the frontend): a forked child gets a new one, keeping what it guards.
-# A hook of its own, not store.per_process's holder: the start-up hook imports this module
-# in every process that sets PLANCACHE_PATCH_CUDNN, which must not import the store there.
-_lock = threading.Lock()
-
-
-def _new_lock_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
+# Per process: a thread of the parent may have been inside it at a fork (making the cache,
+# which opens its store; patching the frontend). What it guards is kept in a forked child.
+_lock = PerProcess(threading.Lock)
 _cache: Any = None
 _warned: set[str] = set()
 #: While installed: (cudnn module, cudnn.graph module or None, {attribute: original},
@@ -77,7 +63,7 @@ def use(cache: Any) -> Any:
     """Make ``cache`` the ``PlanCache`` the decorators use (None: a ``PlanCache()`` at
     next use). Returns the cache used before."""
     global _cache
-    with _lock:
+    with _lock.get():
         previous, _cache = _cache, cache
     return previous
 
@@ -85,7 +71,7 @@ def use(cache: Any) -> Any:
 def current() -> Any:
     """The ``PlanCache`` the decorators use, created (``PlanCache()``) on first call."""
     global _cache
-    with _lock:
+    with _lock.get():
         if _cache is None:
             from ..cache.cache import PlanCache
 
@@ -104,12 +90,11 @@ def _caller_stacklevel() -> int:
 
 
 def _warn_once(topic: str, message: str) -> None:
-    """Say once per process and topic why a graph keeps the frontend's behaviour.
-
-    A ``PlanCacheNotice`` warning pointing at the caller's line. Under a filter that turns
-    warnings into errors (``-W error``, pytest's ``filterwarnings = error``) the notice is
-    logged instead: it never makes a program fail that would run without plancache."""
-    with _lock:
+    """Say once per process and topic, as a ``PlanCacheNotice`` pointing at the caller's
+    line, why a graph keeps the frontend's behaviour. Under a filter that turns warnings
+    into errors (``-W error``, pytest's ``filterwarnings = error``) the notice is logged
+    instead: it never makes a program fail that would run without plancache."""
+    with _lock.get():
         if topic in _warned:
             return
         _warned.add(topic)
@@ -140,13 +125,6 @@ def plan_of(graph: Any) -> Any:
     return _pipeline().plan_of(graph)
 
 
-def _native_modes(heur_modes: Any) -> list[Any]:
-    """The frontend's ``heur_mode`` values for ``g.build``."""
-    import cudnn
-
-    return [getattr(cudnn.heur_mode, name) for name in _pipeline()._mode_names(heur_modes)]
-
-
 def _is_planned(graph: Any) -> bool:
     """Whether the caller (or anyone) already planned ``graph`` (what ``cudnn.jit`` asks:
     a graph with plans is returned as it is)."""
@@ -171,7 +149,9 @@ def plan_graph(graph: Any, heur_modes: Any = None, *, fallback_build: bool = Tru
         if _planner_of().persist(graph, modes):
             return graph
         if fallback_build:
-            graph.build(_native_modes(modes))
+            import cudnn
+
+            graph.build([getattr(cudnn.heur_mode, name) for name in pipeline._mode_names(modes)])
     return graph
 
 
@@ -242,7 +222,7 @@ def install() -> None:
     from .frontend_adopt import FRONTEND_VERSIONS
 
     version = str(getattr(cudnn, "__version__", "unknown"))
-    with _lock:
+    with _lock.get():
         if _originals is not None:
             return
         module = sys.modules.get("cudnn.graph")
@@ -283,7 +263,7 @@ def uninstall() -> None:
     """Restore the frontend's ``cudnn.jit``, ``cudnn.graph_cache`` and pygraph methods.
     Idempotent."""
     global _originals
-    with _lock:
+    with _lock.get():
         if _originals is None:
             return
         cudnn, module, saved, interceptor = _originals

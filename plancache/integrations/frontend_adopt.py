@@ -1,38 +1,32 @@
 """A stored plan, loaded straight into the caller's own cuDNN Frontend graph.
 
-A pygraph that ``build_plans()`` built keeps its plan in two places: its lowered backend
-graph (``_lowered_graph``, the compiled C++ graph that executes) and its ranked plan list
-(``_plans``, with the selected entry at ``_plan_index``). Adopting a stored plan gives the
-caller's graph exactly that state, for a list of one plan:
+A pygraph that ``build_plans()`` built keeps its plan in its lowered backend graph
+(``_lowered_graph``, the compiled C++ graph that executes) and its ranked plan list
+(``_plans``, the selected entry at ``_plan_index``). Adoption gives the caller's graph that
+state, for a list of one plan:
 
 * the stored blob is deserialized once, as the caller's graph runs it (``GraphLoad``, the
-  ``load`` a drop-in lookup hands ``PlanCache.get``; ``_load_cudnn`` says with which handle
-  and stream): on a hit that load is the lookup's own, on a miss it is the load that
-  proves the new plan loads back before it is stored;
-* that fresh graph's backend graph becomes the caller's lowered graph, and the plan list
-  holds one entry naming the stored engine and knobs at the backend's plan index 0 (a
-  deserialized backend graph holds exactly one plan, its selected one);
-* the flags a built graph has are set (validated, operation graph built, planned, built),
-  the dims and strides the program left unset take the layout the backend inferred for
-  the stored plan (what the frontend's ``build_operation_graph`` copies back), and the
-  graph is frozen as planning freezes it.
+  ``load`` a drop-in lookup hands ``PlanCache.get``): on a hit the lookup's own load, on a
+  miss the load that proves the new plan loads back before it is stored;
+* its backend graph becomes the caller's lowered graph, and the plan list holds one entry
+  naming the stored engine and knobs at backend plan index 0 (a deserialized backend
+  graph holds exactly one plan);
+* a built graph's flags are set, the dims and strides the program left unset take the
+  layout the backend inferred for the plan (what ``build_operation_graph`` copies back),
+  and the graph is frozen as planning freezes it.
 
-The frontend's own ``execute``, ``get_workspace_size``, ``populate_cuda_graph``,
-``get_execution_plan_count`` and ``get_plan_name_at_index`` then run as they do on any
-built graph, and ``create_execution_plans`` refuses a second planning with its one-shot
-error. ``serialize`` returns the stored blob: the backend re-serializes a deserialized
-graph without the pass-by-value constants its nodes held, so its own output could not be
-loaded again.
+The frontend's own ``execute``, ``get_workspace_size``, ``populate_cuda_graph`` and plan
+list questions then run as on any built graph, and ``create_execution_plans`` refuses a
+second planning. ``serialize`` returns the stored blob: the backend re-serializes a
+deserialized graph without its nodes' pass-by-value constants, which could not be loaded.
 
-A plan of one of the frontend's Python engines is a recipe that the frontend's
-``deserialize`` rebuilds into an empty graph only, never into the caller's: its load
-refuses it (for this lookup only: a ``TransientLoadError``, so an entry stored by a lookup
-that can load it stays), and a drop-in lookup never stores it.
+A plan of the frontend's Python engines is a recipe its ``deserialize`` rebuilds into an
+empty graph only: its load refuses it (a ``TransientLoadError``, for this lookup only, so
+an entry stored by a lookup that can load it stays), and a drop-in lookup never stores it.
 
-This reaches into the frontend's private state, which is why ``FRONTEND_VERSIONS`` lists
-the frontend versions it was checked against; ``frontend`` keeps the frontend's
-own behaviour on any other. A backend other than cuDNN (the CPU test backend) registers how
-its plans are loaded for a graph and become its lowered graph in ``ADOPTERS``.
+This reaches into the frontend's private state: ``FRONTEND_VERSIONS`` lists the versions
+it was checked against, and ``frontend`` keeps the frontend's behaviour on any other. A
+backend other than cuDNN (the CPU test backend) registers its way in ``ADOPTERS``.
 """
 
 from __future__ import annotations
@@ -73,10 +67,8 @@ class AdoptionError(RuntimeError):
 
 class StoredPlanGraph:
     """The lowered graph of a caller's graph that adopted a stored plan: the deserialized
-    backend graph, except that ``serialize`` returns the stored blob.
-
-    Everything else is the backend graph's own (looked up once per name, then kept on the
-    instance: the frontend reaches its lowered graph on every ``execute``)."""
+    backend graph, except that ``serialize`` returns the stored blob. Methods are looked
+    up once per name, then kept: the frontend reaches its lowered graph on every ``execute``."""
 
     def __init__(self, backend_graph: Any, blob: bytes) -> None:
         self._backend_graph = backend_graph
@@ -119,16 +111,15 @@ _CARRIED = ("name", "kernel_cache", "cuda_graph_retention")
 
 
 def _load_cudnn(graph: Any, backend: Backend, blob: bytes, tensors: Sequence[TensorSpec], device: int) -> Any:
-    """The cuDNN backend's load for ``graph``: the blob deserialized by a fresh pygraph that
-    has the caller's graph's handle (the frontend makes its backend graph with that handle,
-    or with its default handle of this thread and device when the graph has none). The
-    pygraph is the plan's native (it executes as any loaded plan does).
+    """The cuDNN backend's load for ``graph``: the blob deserialized by a fresh pygraph with
+    the caller's graph's handle (or the frontend's default one of this thread and device),
+    which is the plan's native.
 
     The frontend's ``deserialize`` ends in a warm-up capture on its handle's stream (a new
-    blocking stream when that is NULL, as a fresh handle's is): the caller's handle is
-    pointed at plancache's own non-blocking stream for the load, then back at the stream it
-    had. On the caller's stream the warm-up would capture the program's work; on a blocking
-    stream another thread's legacy-stream work breaks the capture."""
+    blocking stream when that is NULL): the caller's handle is pointed at plancache's own
+    non-blocking stream for the load, then back. On the caller's stream the warm-up would
+    capture the program's work; on a blocking stream another thread's legacy-stream work
+    breaks the capture."""
     from ..cudnn.backend import frontend_failures
 
     cudnn = sys.modules["cudnn"]
@@ -144,9 +135,8 @@ def _load_cudnn(graph: Any, backend: Backend, blob: bytes, tensors: Sequence[Ten
 
 @contextlib.contextmanager
 def _on_own_stream(cudnn: Any, handle: Any, backend: Backend, device: int) -> Iterator[None]:
-    """``handle`` (the caller's ``cudnn.Handle``) on plancache's own stream of ``device`` for
-    the block, then on the stream it had (a fresh handle's is 0). Without a handle of the
-    caller's, nothing changes."""
+    """The caller's ``handle`` on plancache's own stream of ``device`` for the block, then on
+    the stream it had (a fresh handle's is 0); nothing changes without one."""
     own, driver = getattr(backend, "own_stream", None), getattr(backend, "driver", None)
     if handle is None or own is None or driver is None or not hasattr(handle, "stream"):
         yield
@@ -165,13 +155,11 @@ def _backend_graph_cudnn(graph: Any, plan: Plan, native: Any) -> Any:
 
 @dataclass(frozen=True)
 class Adopter:
-    """How plans of one backend go into a caller's graph.
-
-    ``load(graph, backend, blob, tensors, device)``: the blob deserialized as ``graph``
-    runs it, which is the native of a ``Plan`` (raises ``TransientLoadError`` for a failure
-    that is not the blob's). ``backend_graph(graph, plan, native)``: the backend graph that
-    executes ``plan`` in ``graph``, for a ``native`` that ``load`` made for ``graph``; it
-    becomes the graph's lowered graph (inside a ``StoredPlanGraph``)."""
+    """How plans of one backend go into a caller's graph. ``load(graph, backend, blob,
+    tensors, device)``: the blob deserialized as ``graph`` runs it, a ``Plan``'s native
+    (``TransientLoadError`` for a failure that is not the blob's). ``backend_graph(graph,
+    plan, native)``: the backend graph that executes ``plan`` in ``graph``, which becomes
+    its lowered graph (inside a ``StoredPlanGraph``)."""
 
     load: Callable[[Any, Backend, bytes, Sequence[TensorSpec], int], Any]
     backend_graph: Callable[[Any, Plan, Any], Any]
@@ -183,9 +171,8 @@ ADOPTERS: dict[str, Adopter] = {"cudnn": Adopter(_load_cudnn, _backend_graph_cud
 
 class GraphLoad:
     """The ``load`` of a drop-in lookup (``PlanCache.get(load=...)``): deserializes stored
-    plans for one caller graph, as it will run them, and remembers the last one, so that
-    the plan the lookup loaded (a hit) or loaded back before storing it (a miss) is the one
-    the graph adopts, with no second deserialization."""
+    plans for one caller graph, as it will run them, and remembers the last one: the graph
+    adopts what the lookup loaded (or loaded back before storing), with no second load."""
 
     def __init__(self, graph: Any, backend: Backend) -> None:
         adopter = ADOPTERS.get(backend.name)
@@ -218,22 +205,21 @@ def _plan_config(engine: EngineChoice | None) -> Any:
     from cudnn.engines.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_engine
 
     knob_type = sys.modules["cudnn"].knob_type
-    if engine is None or engine.engine_id is None or not is_backend_engine(int(engine.engine_id)):
-        return PlanConfig(BACKEND_HEURISTIC_ENGINE_ID)
-    if not all(name in knob_type.__members__ for name in engine.knobs):  # knobs of another frontend's backend
+    # Not a backend engine, or knobs of another frontend's backend:
+    if (engine is None or engine.engine_id is None or not is_backend_engine(int(engine.engine_id))
+            or not all(name in knob_type.__members__ for name in engine.knobs)):  # fmt: skip
         return PlanConfig(BACKEND_HEURISTIC_ENGINE_ID)
     knobs = {knob_type.__members__[name]: int(value) for name, value in engine.knobs.items()}
     return PlanConfig(int(engine.engine_id), knobs, cpp_index=0)
 
 
 def _inferred_layouts(graph: Any, blob: PlanBlob) -> list[tuple[Any, str, tuple[int, ...]]]:
-    """What the frontend's ``build_operation_graph`` would copy into ``graph``'s tensors
-    from the backend's layout inference, which an adopted graph never runs: the dims and
-    strides the program left unset (a convolution's output then follows its input's
-    channels-last layout, where validation alone says row-major), for its non-virtual
-    tensors, from the stored plan's lowered tensors. A program that allocates an output
-    from ``get_stride()`` must see the layout the plan writes. As ``(tensor, field,
-    value)``, applied only once adoption cannot fail any more."""
+    """What ``build_operation_graph`` would copy into ``graph``'s non-virtual tensors from
+    the backend's layout inference, which an adopted graph never runs: the dims and strides
+    the program left unset (a convolution's output follows its input's channels-last
+    layout, where validation alone says row-major), from the plan's lowered tensors. A
+    program that allocates an output from ``get_stride()`` must see the layout the plan
+    writes. As ``(tensor, field, value)``, applied once adoption cannot fail any more."""
     from ..guest.native.record import lowered_layouts
 
     by_uid = getattr(graph, "_tensor_by_uid", None) or {}
@@ -256,9 +242,8 @@ _READ_WHEN_NEEDED = ("_sorted_uids", "_declared_layout_native", "_slot_of_uid", 
 
 
 def adopt(load: GraphLoad, plan: Plan, native: Any, blob: PlanBlob) -> None:
-    """Make the graph of ``load`` (validated, not built) carry ``plan``, whose stored form is
-    ``blob`` and which ``load`` deserialized for it as ``native``. Raises
-    ``AdoptionError`` with the graph unchanged."""
+    """Make the graph of ``load`` (validated, not built) carry ``plan``, stored as ``blob``
+    and deserialized for it as ``native``; ``AdoptionError`` leaves the graph unchanged."""
     graph = load.graph
     missing = missing_state(graph)
     if missing:

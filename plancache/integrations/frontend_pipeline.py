@@ -2,30 +2,26 @@
 and the build inside ``execute()``.
 
 ``Planner.persist(graph, modes)`` plans one caller graph through a ``PlanCache``: the graph
-is validated by the frontend as before, keyed (tensors the caller left without uids are
-keyed by the uids the frontend numbered them with; nothing of the graph is changed to key
-it), rebuilt from its description into a graph plancache owns (with the caller's engine and
-note filters, and the caller's own kernel cache: a dynamic-shape graph's autotuning
-compiles into the cache the program shares across its builds), and that graph is looked up
-with the caller's graph's own load (``frontend_adopt.GraphLoad``): a hit checks the stored
-entry and deserializes it once, straight for the caller's graph; a miss autotunes among the
-candidates of the caller's heuristic modes, within its workspace limit and filters
-(``autotuning.filters``), and stores the winner only once it was loaded back that way (the
-load the caller's graph then adopts). The object the caller holds is the one that runs, on
-its own handle, and never holds a candidate's plan, so no losing candidate stays with it.
+is validated by the frontend as before, keyed (tensors without uids by the uids the
+frontend numbered them with; nothing of the graph is changed), rebuilt into a graph
+plancache owns (with the caller's engine and note filters and kernel cache: a dynamic-shape
+graph's autotuning compiles into the cache the program shares across its builds), and
+looked up with the caller's graph's own load (``frontend_adopt.GraphLoad``): a hit
+deserializes the checked entry once, straight for the caller's graph; a miss autotunes
+among the candidates of the caller's modes, workspace limit and filters
+(``autotuning.filters``), and stores the winner only once it was loaded back that way. The
+caller's object runs on its own handle and never holds a losing candidate's plan.
 
-Whatever plancache cannot do keeps the frontend's own behaviour, with one notice per reason
-in the process: ``persist`` returns False and the caller runs the frontend's call.
+Whatever plancache cannot do keeps the frontend's behaviour, with one notice per reason and
+process: ``persist`` returns False and the caller runs the frontend's call.
 
-``Interceptor`` wraps those calls on ``cudnn.pygraph``. Only the outermost call of a thread
-is served: the frontend calls its own pipeline (``build`` calls ``build_plans``, ``execute``
-calls ``build``), and plancache's own miss path drives the same methods on the graph it
-autotunes, so a call made while another one is being served runs as the frontend's. Code
-that chooses plans itself is left to the frontend: ``build_plans(ALL)``,
+``Interceptor`` wraps those calls on ``cudnn.pygraph``, serving only a thread's outermost
+call: the frontend calls its own pipeline (``build`` calls ``build_plans``, ``execute``
+calls ``build``), and plancache's miss path drives the same methods on the graph it
+autotunes. Code that chooses plans itself is left to the frontend: ``build_plans(ALL)``,
 ``build_plan_at_index``, ``execute_plan_at_index``, ``create_execution_plan``,
-``select_plan``, graphs whose plan list the program read before building
-(``get_execution_plan_count`` and the at-index questions: a served graph's list has one
-plan, so the indices it read would not hold) and graphs already built.
+``select_plan``, graphs whose plan list the program read before building (a served graph's
+list has one plan, so the indices read would not hold) and graphs already built.
 """
 
 from __future__ import annotations
@@ -92,19 +88,13 @@ class Refusal(Exception):
     def __init__(self, topic: str, message: str) -> None:
         super().__init__(message)
         self.topic = topic
-        self.message = message
 
 
 def _mode_names(heur_modes: Any) -> tuple[str, ...]:
     """``("A", "B")`` from a heuristic mode, a list of them, or their names."""
     modes = heur_modes if isinstance(heur_modes, (list, tuple)) else [heur_modes]
-    names: list[str] = []
-    for mode in modes:
-        name = mode if isinstance(mode, str) else getattr(mode, "name", str(mode))
-        name = name.rsplit(".", 1)[-1]
-        if name not in names:
-            names.append(name)
-    return tuple(names)
+    names = (mode if isinstance(mode, str) else getattr(mode, "name", str(mode)) for mode in modes)
+    return tuple(dict.fromkeys(name.rsplit(".", 1)[-1] for name in names))
 
 
 def _default_modes() -> list[Any]:
@@ -128,14 +118,12 @@ class Planner:
 
     def persist(self, graph: Any, heuristics: Any) -> bool:
         """Give ``graph`` (not built, not pinned) its plan from the cache; ``heuristics``:
-        the caller's modes (None: the frontend's default). True: ``graph`` carries the plan.
-        False: nothing changed (but, possibly, validation) and the caller runs the
-        frontend's call.
-        Errors of the frontend's own validation propagate, as they would."""
+        the caller's modes (None: the frontend's default). True: ``graph`` carries the plan;
+        False: nothing changed but, possibly, validation, whose errors propagate as they would."""
         try:
             self._persist(graph, heuristics)
         except Refusal as refusal:
-            self.notice(refusal.topic, refusal.message)
+            self.notice(refusal.topic, str(refusal))
             return False
         return True
 
@@ -166,9 +154,7 @@ class Planner:
             try:
                 adopt(load, plan, native, blob)
             except Exception as exc:
-                raise Refusal(
-                    f"adopt:{type(exc).__name__}", f"plancache: the stored plan could not be put into the graph ({exc})"
-                ) from exc
+                raise _unadoptable(exc) from exc
         _adopted[graph] = plan
 
     # ------------------------------------------------------------------ the steps
@@ -222,10 +208,8 @@ class Planner:
         try:
             return describe(graph, auto_uids=True)
         except InvalidGraphError as exc:
-            reason = str(getattr(exc, "reason", None) or exc)
-            raise Refusal(
-                f"unkeyable:{reason}", f"plancache: not persisting this graph ({exc}); the frontend plans it as before"
-            ) from exc
+            raise Refusal(f"unkeyable:{_reason(exc)}", f"plancache: not persisting this graph ({exc}); the frontend plans it "
+                          "as before") from exc  # fmt: skip
 
     def _replay(self, description: dict[str, Any], graph: Any) -> Any:
         """A graph of plancache's own, keyed alike: the cache autotunes it on a miss. It
@@ -236,8 +220,7 @@ class Planner:
         try:
             return rebuild_graph(description, kernel_cache=graph._cpp_graph_kwargs.get("kernel_cache"))
         except InvalidGraphError as exc:
-            reason = str(getattr(exc, "reason", None) or exc)
-            raise Refusal(f"replay:{reason}", f"plancache: not persisting this graph: it cannot be rebuilt for "
+            raise Refusal(f"replay:{_reason(exc)}", f"plancache: not persisting this graph: it cannot be rebuilt for "
                           f"autotuning ({exc}); the frontend plans it as before") from exc  # fmt: skip
 
     @contextlib.contextmanager
@@ -261,10 +244,8 @@ class Planner:
 
     def _loaded(self, cache: PlanCache, plan: Plan, load: GraphLoad) -> tuple[Any, PlanBlob]:
         """``plan`` deserialized for the caller's graph, and its stored blob: the lookup's
-        own load (a hit from the store), or the load that proved a new plan loads back
-        before it was stored (a miss); for a plan the lookup did not load (one in memory
-        already, or one that was not stored), the stored entry (checked against its
-        checksum), else the plan built here, serialized, loaded now."""
+        own load (a hit from the store, or a miss's load-back before storing); else, for a
+        plan in memory already or not stored, ``_stored_blob`` loaded now."""
         if load.last is not None and (load.last[0] is plan.native or plan.source in (PlanSource.BUILT, PlanSource.REBUILT)):
             return load.last
         blob = PlanBlob(self._stored_blob(cache, plan))
@@ -274,13 +255,11 @@ class Planner:
             raise Refusal(f"load:{str(exc)[:60]}", f"plancache: the plan of this graph cannot be loaded into it ({exc}); "
                           "the frontend plans it") from exc  # fmt: skip
         except Exception as exc:
-            raise Refusal(f"adopt:{type(exc).__name__}",
-                          f"plancache: the stored plan could not be put into the graph ({exc})") from exc  # fmt: skip
+            raise _unadoptable(exc) from exc
 
     def _stored_blob(self, cache: PlanCache, plan: Plan) -> bytes:
-        """The stored form of ``plan``: the store's entry (checked against its checksum),
-        else, for a plan built by this process that could not be stored, its graph
-        serialized."""
+        """The store's entry of ``plan`` (checked against its checksum), else, for a plan
+        this process built and could not store, its graph serialized."""
         from ..store import sha256
 
         with contextlib.suppress(Exception):  # an unreadable entry: serialize below
@@ -305,9 +284,17 @@ class Planner:
                       "the stored one failed for now); the frontend plans it")  # fmt: skip
 
 
+def _unadoptable(exc: Exception) -> Refusal:
+    return Refusal(f"adopt:{type(exc).__name__}", f"plancache: the stored plan could not be put into the graph ({exc})")
+
+
+def _reason(exc: InvalidGraphError) -> str:
+    return str(getattr(exc, "reason", None) or exc)
+
+
 def _handle_device(handle: Any) -> int | None:
-    """The device a cuDNN handle was made on (None: no handle, or it cannot say). The
-    ordinal the handle recorded at creation, else its ``device`` (which asks the driver)."""
+    """The device a cuDNN handle was made on: the ordinal it recorded at creation, else its
+    ``device`` (which asks the driver); None without a handle or an answer."""
     if handle is None:
         return None
     ordinal = getattr(handle, "_ordinal", None)
@@ -371,16 +358,20 @@ class Interceptor:
         planned (``create_execution_plans`` stores them), else ``requested``."""
         return graph.__dict__.get("_backend_heuristics") if graph.__dict__.get("_planning_done") else requested
 
+    def _serve(self, graph: Any, requested: Any, frontends: Callable[[], Any]) -> Any:
+        """``build_plans`` or ``build``, served: ``frontends()`` is the frontend's own call."""
+        with inside():
+            if plan_of(graph) is not None:
+                return None  # built already from the cache: the default build keeps its plan
+            if self._chooses_itself(graph) or not self.planner.persist(graph, self._heuristics(graph, requested)):
+                return frontends()
+            return None
+
     def _build_plans(self, original: Any) -> Callable[..., Any]:
         def build_plans(graph: Any, *args: Any, ctx: Any = None, **kwargs: Any) -> Any:
             if not outermost() or not _default_policy(args, kwargs):
                 return original(graph, *args, ctx=ctx, **kwargs)
-            with inside():
-                if plan_of(graph) is not None:
-                    return None  # built already from the cache: the default build keeps its plan
-                if self._chooses_itself(graph) or not self.planner.persist(graph, self._heuristics(graph, None)):
-                    return original(graph, *args, ctx=ctx, **kwargs)
-                return None
+            return self._serve(graph, None, lambda: original(graph, *args, ctx=ctx, **kwargs))
 
         return build_plans
 
@@ -388,12 +379,7 @@ class Interceptor:
         def build(graph: Any, heuristics: Any = None, ctx: Any = None) -> Any:
             if not outermost():
                 return original(graph, heuristics, ctx)
-            with inside():
-                if plan_of(graph) is not None:
-                    return None
-                if self._chooses_itself(graph) or not self.planner.persist(graph, self._heuristics(graph, heuristics)):
-                    return original(graph, heuristics, ctx)
-                return None
+            return self._serve(graph, heuristics, lambda: original(graph, heuristics, ctx))
 
         return build
 
@@ -412,10 +398,11 @@ class Interceptor:
     def _indexed(self, original: Any) -> Callable[..., Any]:
         def indexed(graph: Any, *args: Any, **kwargs: Any) -> Any:
             state = graph.__dict__
-            # The program's own question (not the frontend's, nor plancache's), on a graph
-            # planned and not built yet: its plans stay the frontend's to build.
+            # The program's own question (not the frontend's, which asks for plan names while
+            # it filters its list, nor plancache's), on a graph planned and not built yet: its
+            # plans stay the frontend's to build.
             if (state.get("_planning_done") and not state.get("_is_built") and outermost()
-                    and not _called_by_the_frontend(sys._getframe(1))):  # fmt: skip
+                    and str(sys._getframe(1).f_globals.get("__name__", "")).split(".")[0] != "cudnn"):  # fmt: skip
                 with contextlib.suppress(TypeError):
                     _self_chosen.add(graph)
             return original(graph, *args, **kwargs)
@@ -431,16 +418,8 @@ class Interceptor:
         return create_execution_plan
 
 
-def _called_by_the_frontend(frame: Any) -> bool:
-    """Whether ``frame`` is cuDNN Frontend's own code (which asks for plan names while it
-    filters its list, for one)."""
-    return str(frame.f_globals.get("__name__", "")).split(".")[0] == "cudnn"
-
-
 def _default_policy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether ``build_plans(*args, **kwargs)`` asks for the heuristics' choice (the
     default) and nothing else: ``ALL`` builds every plan, for the caller to choose from."""
     choice = sys.modules["cudnn"].build_plan_policy.HEURISTICS_CHOICE
-    if set(kwargs) - {"policy"}:
-        return False
-    return all(value == choice for value in (*args, *kwargs.values()))
+    return not set(kwargs) - {"policy"} and all(value == choice for value in (*args, *kwargs.values()))

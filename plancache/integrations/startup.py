@@ -1,11 +1,10 @@
 """``PLANCACHE_PATCH_CUDNN``: patch cuDNN Frontend at ``import plancache`` or ``import cudnn``.
 
-The one reading of the variable. A program that never imports plancache is patched by the
-interpreter start-up hook (``_plancache_startup``, outside the package), which calls
-``patch_cudnn_from_env`` once the program imports ``cudnn``; a program that imports
-plancache is patched at that import. Both read the variable here, with the parser of every
-on/off variable (``config.PATCH_CUDNN``, read as every switch is). ``startup_hook_status`` is what ``plancache
-env`` says about the hook.
+The one reading of the variable (``config.PATCH_CUDNN``, parsed as every switch is). A
+program that never imports plancache is patched by the interpreter start-up hook
+(``_plancache_startup``, outside the package), which calls ``patch_cudnn_from_env`` once the
+program imports ``cudnn``; one that imports plancache is patched at that import.
+``startup_hook_status`` is what ``plancache env`` says about the hook.
 """
 
 from __future__ import annotations
@@ -27,10 +26,9 @@ _warned = threading.Event()  # a bad value is told once per process, whoever rea
 def patch_cudnn_from_env() -> bool:
     """PLANCACHE_PATCH_CUDNN on (1/true/yes/on): existing cuDNN Frontend code (the five-step
     pipeline, build(), execute(), cudnn.jit, cudnn.graph_cache) gets persistent plans
-    without a change; only then is cuDNN imported here, and where it cannot be, a notice
-    says so and nothing is patched. Never fails because of the variable: a value that is not
-    a switch is one warning line per process, and nothing is patched. Returns whether the
-    patch is in force."""
+    unchanged; only then is cuDNN imported, and where it cannot be, a notice says so. Never
+    fails because of the variable: a value that is not a switch is one warning line per
+    process, and nothing is patched. Returns whether the patch is in force."""
     try:
         patch = PATCH_CUDNN.from_env()
     except ConfigError as exc:

@@ -8,9 +8,11 @@ owner keeps such state in a ``PerProcess`` holder, whose ``get()`` returns the c
 process's value, made by the owner's ``make`` at the first ``get`` of each process: nothing
 is called at the fork, and no owner can be forgotten in a chain of hooks. A lock held for a
 few operations off the hit path is one too (the breaker's, the fleet lock's holds, the
-unstored plans', the cuDNN library's loading, a primer's report): a thread of the parent
-may have been inside it at the fork. The frontend integration's lock has a hook of its own:
-the start-up hook imports that module in every process, and it must not import the store.
+unstored plans', the cuDNN library's loading, the frontend integration's, a primer's
+report): a thread of the parent may have been inside it at the fork. This module imports
+nothing of the store (``store/__init__.py`` loads its names on first use): the start-up
+hook's import of the frontend integration, in every process that sets
+PLANCACHE_PATCH_CUDNN, brings it alone.
 
 The current process is told by a count of forks that an ``os.register_at_fork`` hook bumps
 in each child, not by ``os.getpid()``: glibc has not cached the pid since 2.25, so that is a

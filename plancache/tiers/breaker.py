@@ -83,11 +83,9 @@ _MAX_DOUBLINGS = 63
 
 class Breaker:
     """Runs the tier's Redis commands (``call``) and keeps its counters and warnings.
-
-    ``redis``: the redis-py module (its error classes tell an outage from a refusal);
-    ``url``: the tier's URL with the password hidden, for messages; ``deadline`` (seconds)
-    and ``max_reply`` (bytes): the bounds of each call.
-    """
+    ``redis``: the redis-py module (its error classes tell an outage from a refusal); ``url``:
+    the tier's URL, password hidden; ``deadline`` (seconds), ``max_reply`` (bytes): each
+    call's bounds."""
 
     def __init__(self, redis: Any, url: str, *, backoff_max: float, max_stall: float, deadline: float, max_reply: int) -> None:
         self.url = url
@@ -96,8 +94,7 @@ class Breaker:
         self.deadline = deadline
         self.max_reply = max_reply
         self._redis = redis
-        # Connection trouble backs the tier off; a server that answers with an error
-        # (full, read-only replica, no permission) is up, so only that call fails.
+        # Connection trouble backs the tier off; a server that answers with an error is up.
         self._outage_errors = (redis.ConnectionError, redis.TimeoutError, OSError)
         self._counters = dict.fromkeys([c.value for c in RemoteCount], 0)
         # A forked child keeps the counters and the backoff, not the locks (a thread of the
@@ -133,9 +130,7 @@ class Breaker:
         log.log(logging.WARNING if first else logging.DEBUG, message, *args)
 
     def call(self, what: Call, op: Callable[[], T], mode: CallMode = CallMode.NORMAL) -> T | Literal[_Failed.FAILED]:
-        """Run one Redis command, or skip it while backing off; never raises. ``mode``: see
-        ``CallMode`` (releases are made while backing off; the lock's thread
-        calls whatever the state, uncounted against max_stall since no caller waits)."""
+        """Run one Redis command, or skip it while backing off (``CallMode``); never raises."""
         if mode is not CallMode.BACKGROUND:
             with self._state_lock.get():
                 skip = self._disabled or (mode is CallMode.NORMAL and _monotonic() < self._retry_at)
@@ -192,17 +187,11 @@ class Breaker:
             self._disabled = self._disabled or give_up
             delay = self._retry_at - now
         if first:
-            log.warning(
-                "plancache: Redis tier %s unreachable on %s (%s: %s); working locally, retrying in %.0f s "
-                "(backing off to %.0f s)",
-                self.url, what, type(exc).__name__, exc, delay, self.backoff_max,
-            )  # fmt: skip
+            log.warning("plancache: Redis tier %s unreachable on %s (%s: %s); working locally, retrying in %.0f s (backing off "
+                        "to %.0f s)", self.url, what, type(exc).__name__, exc, delay, self.backoff_max)  # fmt: skip
         if give_up:
-            log.warning(
-                "plancache: Redis tier %s cost %.1f s in failed calls (max_stall %.1f s); "
-                "switched off until this process restarts",
-                self.url, self._stalled, self.max_stall,
-            )  # fmt: skip
+            log.warning("plancache: Redis tier %s cost %.1f s in failed calls (max_stall %.1f s); switched off until this "
+                        "process restarts", self.url, self._stalled, self.max_stall)  # fmt: skip
 
     def _recovered(self) -> None:
         if not self._outage_warned:  # the common case: no lock taken

@@ -2,11 +2,11 @@
 
 ``FleetLock.hold(entry_name, wait)`` is what ``RemoteTier.lock`` returns: redis-py's lock
 (``redis.lock.Lock``) on ``<entry_name>:lock``, whose scripts compare its random token first,
-so only the holder renews (``reacquire``) or releases it: after a lock expired and another
-node took it, a late renewal or release of the first holder does nothing. It is taken by an
-attempt of plancache's own (``_ACQUIRE_LUA``; redis-py's is a plain ``SET NX``), which also
-learns that the entry exists, or takes over a stale lock (below); the attempts give up after
-``wait`` seconds, or find Redis unusable (down, backing off, full) and say "build locally".
+so after a lock expired and another node took it, a late renewal or release of the first
+holder does nothing. It is taken by plancache's own attempt (``_ACQUIRE_LUA``; redis-py's is
+a plain ``SET NX``), which also learns that the entry exists, or takes over a stale lock
+(below); the attempts give up after ``wait`` seconds, or find Redis unusable (down, backing
+off, full) and say "build locally".
 
 While the with-block runs and this node holds the lock, a daemon thread renews it every
 ``lock_ttl / 3`` seconds, so an autotune may take longer than the lock's expiry, and a holder
@@ -16,12 +16,11 @@ one would be, with one warning, so that a stray key cannot make every miss wait 
 A process that forks inside the block leaves the lock to the parent, which still builds: the
 child's end of the block releases nothing, and the child has no thread to renew it.
 
-Releasing is never skipped: the release at the end of the block is attempted even while
-the tier backs off (it is counted against ``max_stall``, so the documented delay bound
-holds), and when Redis does not answer, the same thread retries it until Redis answers
-or the lock would have expired anyway. A Redis that restarts from its append-only file
-keeps the lock; without the retry the next node that needs the plan would wait out its
-whole ``wait`` on a healthy Redis.
+Releasing is never skipped: it is attempted even while the tier backs off (counted against
+``max_stall``, so the delay bound holds), and when Redis does not answer, the lock's thread
+retries it until Redis answers or the lock would have expired anyway: a Redis restarted
+from its append-only file keeps the lock, and the next node that needs the plan would wait
+out its whole ``wait`` on a healthy Redis.
 """
 
 from __future__ import annotations
@@ -96,11 +95,9 @@ class _Holds:
 
 
 class FleetLock:
-    """Takes, renews and releases fleet locks through one Redis client.
-
-    ``call`` runs one command with the tier's outage handling (see ``CallMode``);
-    ``count`` and ``warn_once`` are the tier's counters and once-per-topic warnings.
-    """
+    """Takes, renews and releases fleet locks through one Redis client. ``call`` runs one
+    command with the tier's outage handling (``CallMode``); ``count`` and ``warn_once`` are
+    the tier's counters and once-per-topic warnings."""
 
     def __init__(
         self,
@@ -159,10 +156,8 @@ class FleetLock:
     # ------------------------------------------------------------------ internals
 
     def _take(self, entry_name: str, lock: Any, wait: float) -> tuple[_Take, float]:
-        """(what asking came to, when the winning attempt was sent).
-
-        Real time, not the tier's backoff clock: the wait is bounded by ``wait`` plus one
-        attempt (a round trip, or ``timeout`` per round trip when Redis fails) whatever the
+        """(what asking came to, when the winning attempt was sent). Real time, not the
+        tier's backoff clock: the wait is bounded by ``wait`` plus one attempt whatever the
         backoff state."""
         deadline = time.monotonic() + max(0.0, wait)
         token = secrets.token_hex(16).encode()  # only the owner's token renews or releases the lock
@@ -184,7 +179,6 @@ class FleetLock:
 
         while True:
             sent = time.monotonic()
-            unanswered.clear()
             result = self._call(Call.LOCK, acquire, CallMode.NORMAL)
             if result is None:  # down, backing off, or refused (a full Redis): no coordination
                 if unanswered:
@@ -210,20 +204,16 @@ class FleetLock:
             pause = min(pause * 2, _POLL_MAX)
 
     def _unclaim(self, lock: Any, token: bytes, sent: float) -> None:
-        """An attempt whose reply was lost may still have set the lock in Redis (a reply that
-        timed out, a connection reset after the script ran): release it by its token, on the
-        lock's own thread, retried until Redis answers or the lock would have expired, so
-        that no other node waits on a lock nobody holds. A release of a lock never set does
-        nothing: the token is this attempt's alone."""
+        """An attempt whose reply was lost (timed out, a reset after the script ran) may still
+        have set the lock: release it by its token on the lock's own thread, retried until
+        Redis answers or the lock would have expired, so that no node waits on a lock nobody
+        holds. Releasing a lock never set does nothing: the token is this attempt's alone."""
         lock.local.token = token
         hold = _Hold(self, lock, expires_at=sent + self.lock_ttl)
-        hold.pending = True
-        hold.leave_to_thread()
+        hold.pending = hold._leaving = True  # the block is over without a release of its own: the thread retries it
+        hold.woken.set()
         self._holds.get().add(hold)
         hold.thread.start()
-
-    def _forget(self, hold: _Hold) -> None:
-        self._holds.get().discard(hold)
 
 
 def _answered(operation: Callable[[], Any]) -> int:
@@ -259,12 +249,7 @@ class _Hold:
         if not self.owner.closed.is_set():  # once the tier is closed the lock expires by itself
             self.pending = not self.release(CallMode.ALWAYS)
             if not self.pending:
-                self.owner._forget(self)
-        self.woken.set()
-
-    def leave_to_thread(self) -> None:
-        """The block is over without a release of its own: the thread retries it."""
-        self._leaving = True
+                self.owner._holds.get().discard(self)
         self.woken.set()
 
     def release(self, mode: CallMode) -> bool:
@@ -284,7 +269,7 @@ class _Hold:
             log.debug("plancache: fleet lock thread for %s stopped: %r", self.lock.name, exc)
         finally:
             if not self.pending:
-                self.owner._forget(self)
+                self.owner._holds.get().discard(self)
 
     def _renew_while_held(self) -> None:
         while not self.woken.wait(self.owner.renew_every):

@@ -35,12 +35,12 @@ HIT_FLUSH_SECONDS = 30.0
 
 
 class _Process:
-    """What a forked child of the tier's process starts without: the parent's pending hit
-    counts, uses and judgements (the parent writes those), its run (the child is a run of
-    its own), its locks (another thread may have held one at the fork) and its writer
-    thread (threads do not survive a fork); and the store itself when the fork came while
-    another thread was inside SQLite (``store.connections``: told at the child's first
-    lookup, not at the fork: a child that never looks a plan up hears nothing of it)."""
+    """What a forked child starts without: the parent's pending hit counts, uses and
+    judgements (the parent writes those), its run (the child is a run of its own), its locks
+    (another thread may have held one at the fork) and writer thread (threads do not
+    survive a fork); and the store itself when the fork came while another thread was
+    inside SQLite (``store.connections``: told at the child's first lookup, so a child that
+    never looks a plan up hears nothing of it)."""
 
     def __init__(self, store: Store | None) -> None:
         self.store = store
@@ -52,9 +52,8 @@ class _Process:
         self.judgements: dict[str, tuple[str, str]] = {}  # key -> (blob_sha256, judgement to keep), not yet written
         self.hits_lock = threading.Lock()
         # One flush at a time: a flush takes the whole batch out before writing it, so a
-        # second flush running beside it would find nothing and return before the first
-        # has written (or, the store being busy, put the batch back). flush(wait=True)
-        # must see what the background writer has in hand.
+        # second one beside it would find nothing and return before the first has written
+        # (or put a busy store's batch back): flush(wait=True) must see the writer's batch.
         self.flush_lock = threading.Lock()
         self.flusher: threading.Thread | None = None
         self.stop = threading.Event()
@@ -64,13 +63,11 @@ class _Process:
 
 
 class LocalTier:
-    """``get``/``put`` of entries in the SQLite store of ``directory``.
-
-    ``warn(topic, message, *args)`` logs once per topic; ``store_error()`` counts a store
-    error in the owning cache. A store that cannot be opened for a reason other than the
-    caller's configuration (a full disk, an I/O error) leaves the tier ``available``
-    False: plans still work, unpersisted, and the warning says why.
-    """
+    """``get``/``put`` of entries in the SQLite store of ``directory``. ``warn(topic,
+    message, *args)`` logs once per topic; ``store_error()`` counts a store error in the
+    owning cache. A store that cannot be opened for a reason other than the caller's
+    configuration (a full disk, an I/O error) leaves the tier ``available`` False: plans
+    still work, unpersisted, and the warning says why."""
 
     def __init__(
         self,
@@ -268,8 +265,8 @@ class LocalTier:
             self._start_flusher(process)
 
     def start_flusher(self) -> None:
-        """Start the thread that writes hit counts now, not at the first hit: starting a
-        thread waits for it to run, which a lookup should not."""
+        """Start the hit counts' writer now, not at the first hit: starting a thread waits
+        for it to run, which a lookup should not."""
         process = self._process.get()
         with process.hits_lock:
             self._start_flusher(process)
@@ -314,19 +311,15 @@ class LocalTier:
             bookkeeping.record_judgements(store, judgements, wait=wait)
         except (StoreError, sqlite3.Error, OSError) as exc:
             self._warn("hits", "plancache: could not keep judgements: %s", exc)
-        if not written_hits:
-            self._merge_back(process, hits)
-        if not written_uses:
-            with process.hits_lock:
+        with process.hits_lock:
+            if not written_hits:
+                for key, (count, used) in hits.items():
+                    now_count, now_used = process.hits.get(key, (0, 0.0))
+                    process.hits[key] = (count + now_count, max(used, now_used))
+            if not written_uses:
                 for slot, seq in uses.items():
                     process.uses.setdefault(slot, seq)
         return written_hits and written_uses
-
-    def _merge_back(self, process: _Process, pending: Mapping[str, tuple[int, float]]) -> None:
-        with process.hits_lock:
-            for key, (count, used) in pending.items():
-                now_count, now_used = process.hits.get(key, (0, 0.0))
-                process.hits[key] = (count + now_count, max(used, now_used))
 
     def bump_counters(self, deltas: Mapping[str, int], *, wait: bool) -> None:
         """Add to the store's persistent counters. ``wait=False`` (at close) skips them when

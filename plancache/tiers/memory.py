@@ -36,16 +36,13 @@ class _Entries:
 class LRU(Generic[K, V]):
     """A thread-safe mapping that keeps its ``capacity`` most recently used values.
 
-    A read takes no lock and moves nothing: it stamps the entry with the time of its use
-    (a number from one counter, drawn atomically), on the path of every repeat lookup and
-    builder call. Writes are serialized, and the one that overflows the capacity evicts
-    the entry with the oldest stamp: a scan, paid only by a write past the bound (a plan
-    loaded or built), made in C: each entry is ``[stamp, key, value]``, and stamps are
-    unique, so the smallest list is the oldest entry and no comparison reaches its value.
-
-    Its entries are the process's own: a forked child starts empty (the parent's plans
-    belong to the parent's CUDA context), with a lock of its own (another thread of the
-    parent may have held the parent's at the fork)."""
+    A read (on the path of every repeat lookup and builder call) takes no lock and moves
+    nothing: it stamps the entry from one counter, drawn atomically. Writes are serialized,
+    and the one past the capacity evicts the oldest stamp by a scan made in C: each entry
+    is ``[stamp, key, value]`` with unique stamps, so the smallest list is the oldest and no
+    comparison reaches its value. A forked child starts empty (the parent's plans belong to
+    the parent's CUDA context), with a lock of its own (a thread of the parent may have
+    held the parent's at the fork)."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:

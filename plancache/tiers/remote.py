@@ -24,16 +24,15 @@ to one deadline for the whole call (``bounded``; a healthy Redis that lost a scr
 it well within it): ``timeout`` per round trip (connect + command, + AUTH with a password,
 + SELECT with a database other than 0, + CLIENT SETNAME with a client name), so 0.5 s with
 the defaults and no password. After a failure the tier is skipped for 1, 2, 4 ...
-``backoff_max`` seconds, with one warning per outage and an info line when Redis answers
-again; once failed calls have cost ``max_stall`` the tier is off for the rest of the
-process. So an unreachable, black-holed or hung Redis delays a process by at most
-``max_stall`` plus one attempt (2.5 s with the defaults and no password) in total, however
-many lookups it makes. ``lock(wait=W)`` returns within W plus one attempt: its waits on a
-healthy Redis are the caller's choice and not counted. Releasing a lock is the one call
-made while backing off (counted like the others, so the bound holds); renewals and release
-retries run on the lock's own thread and delay no caller. Hostnames are resolved by the OS
-resolver, which these timeouts do not bound: give an IP address or a name in /etc/hosts on
-nodes whose DNS may hang.
+``backoff_max`` seconds (one warning per outage, an info line when Redis answers again);
+once failed calls have cost ``max_stall`` it is off for the rest of the process. So an
+unreachable, black-holed or hung Redis delays a process by at most ``max_stall`` plus one
+attempt (2.5 s with the defaults and no password) in all, however many lookups it makes.
+``lock(wait=W)`` returns within W plus one attempt (its waits on a healthy Redis are the
+caller's choice, not counted). Releasing a lock is the one call made while backing off
+(counted, so the bound holds); renewals and release retries run on the lock's own thread.
+Hostnames are resolved by the OS resolver, which these timeouts do not bound: give an IP
+address or a name in /etc/hosts on nodes whose DNS may hang.
 """
 
 from __future__ import annotations
@@ -97,12 +96,11 @@ T = TypeVar("T")
 
 
 class _Refused(ValueError):
-    """A value that must not be used; ``kind`` picks the warning, ``detail`` explains."""
+    """A value that must not be used; ``kind`` picks the warning, the text explains."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
         self.kind = kind
-        self.detail = detail
 
 
 # ---------------------------------------------------------------------------- signing
@@ -138,11 +136,8 @@ def _verified_payload(value: bytes, secret: bytes, key_id: bytes, name: str) -> 
     tag = value[offset + _KEY_ID_SIZE : _HEADER_SIZE]
     payload = value[_HEADER_SIZE:]
     if not hmac.compare_digest(their_id, key_id):
-        raise _Refused(
-            "other-secret",
-            f"signed with another secret (key id {their_id.hex()}, this node's {key_id.hex()}); "
-            f"check that every node has the same {REDIS_SECRET.name} or {REDIS_SECRET_FILE.name}",
-        )
+        raise _Refused("other-secret", f"signed with another secret (key id {their_id.hex()}, this node's {key_id.hex()}); "
+                       f"check that every node has the same {REDIS_SECRET.name} or {REDIS_SECRET_FILE.name}")  # fmt: skip
     if not hmac.compare_digest(tag, _tag(secret, name, payload)):
         raise _Refused("bad-signature", "signature does not match: the value was altered, or signed for another name "
                        "(another namespace)")  # fmt: skip
@@ -225,14 +220,6 @@ def _round_trips(connection: Mapping[str, Any]) -> int:
     return 2 + sum(1 for step in handshake if step)
 
 
-def _import_redis() -> Any:
-    try:
-        import redis  # optional dependency: only nodes that use the tier need it
-    except ImportError as exc:
-        raise RemoteError("the Redis tier needs redis-py: pip install 'plancache[redis]'") from exc
-    return redis
-
-
 def _quiet_handshake() -> dict[str, Any]:
     """Connection options that skip CLIENT SETINFO: two round trips fewer per connect, each
     of which a hung Redis could stretch to a full timeout."""
@@ -248,11 +235,9 @@ def _quiet_handshake() -> dict[str, Any]:
 
 
 class RemoteTier:
-    """A signed, namespaced view of one Redis, shared by every node of a fleet.
-
-    Thread-safe and fork-safe (redis-py reconnects in a child). See the module docstring
-    for the interface and the bound on the delay an outage can cause.
-    """
+    """A signed, namespaced view of one Redis, shared by every node of a fleet. Thread-safe
+    and fork-safe (redis-py reconnects in a child); the module docstring gives the interface
+    and the bound on the delay an outage can cause."""
 
     def __init__(
         self,
@@ -282,7 +267,11 @@ class RemoteTier:
         self.backoff_max = float(backoff_max)
         self.max_stall = REDIS_MAX_STALL.of(max_stall, "max_stall")
         self.max_value = REDIS_MAX_VALUE.of(max_value, "max_value")
-        self._redis = _import_redis()
+        try:
+            import redis  # optional dependency: only nodes that use the tier need it
+        except ImportError as exc:
+            raise RemoteError("the Redis tier needs redis-py: pip install 'plancache[redis]'") from exc
+        self._redis: Any = redis
         self._client = self._connect(url)
         self.deadline = self.timeout * _round_trips(self._client.connection_pool.connection_kwargs)
         self._breaker = Breaker(self._redis, self.url, backoff_max=self.backoff_max, max_stall=self.max_stall,
@@ -370,18 +359,14 @@ class RemoteTier:
         """Publish ``entry`` signed; True once Redis has stored it."""
         reason = problem(entry)
         if reason is not None:  # every node that fetched it would refuse it: it would cost Redis memory and them a refusal
-            self._breaker.count(RemoteCount.ERRORS)
-            self._breaker.warn_once("put-checksum", "plancache: not publishing %s: %s", entry.key[:12], reason)
-            return False
+            return self._unpublished("put-checksum", "plancache: not publishing %s: %s", entry.key[:12], reason)
         # Usage counts are per node; a receiver starts from zero.
         neutral = dataclasses.replace(entry, hit_count=0, last_used_at=0.0)
         name = self.redis_key(entry.key, entry.env_id)
         value = sign_value(encode_entry(neutral), self._secret, name)
         if len(value) > self.max_value:  # every node would refuse it unread
-            self._breaker.count(RemoteCount.ERRORS)
-            self._breaker.warn_once("put-too-large", "plancache: not publishing %s: its value is %d bytes, more than %s (%d)",
-                                    entry.key[:12], len(value), REDIS_MAX_VALUE.name, self.max_value)  # fmt: skip
-            return False
+            return self._unpublished("put-too-large", "plancache: not publishing %s: its value is %d bytes, more than %s (%d)",
+                                     entry.key[:12], len(value), REDIS_MAX_VALUE.name, self.max_value)  # fmt: skip
         stored = self._breaker.call(Call.PUT, lambda: self._client.set(name, value, ex=self.ttl))
         if stored is FAILED or not stored:
             return False
@@ -389,12 +374,10 @@ class RemoteTier:
         return True
 
     def lock(self, key: str, env_id: str, wait: float) -> contextlib.AbstractContextManager[bool]:
-        """Cross-node single flight for one key; see the module docstring for the contract.
-
-        The lock is renewed while the with-block runs and expires ``lock_ttl`` seconds after
-        the last renewal, so a node that dies while building never blocks the fleet: the
-        others wait at most ``min(wait, lock_ttl)``.
-        """
+        """Cross-node single flight for one key (the module docstring gives the contract).
+        Renewed while the with-block runs, it expires ``lock_ttl`` seconds after the last
+        renewal: a node that dies while building makes the others wait at most
+        ``min(wait, lock_ttl)``."""
         return self._locks.hold(self.redis_key(key, env_id), wait)
 
     def stats(self) -> dict[str, Any]:
@@ -419,7 +402,7 @@ class RemoteTier:
             if entry.key != key or entry.env_id != env_id:
                 raise _Refused("wrong-key", f"holds entry {entry.key[:12]}/{entry.env_id}, not the one asked for")
         except _Refused as exc:
-            self._refuse(name, exc.kind, exc.detail)
+            self._refuse(name, exc.kind, str(exc))
             return None
         except ValueError as exc:  # signed by us yet undecodable: a bug or a newer plancache
             self._refuse(name, "undecodable", str(exc))
@@ -428,9 +411,11 @@ class RemoteTier:
 
     def _refuse(self, name: str, kind: str, detail: str) -> None:
         self._breaker.count(RemoteCount.REFUSED)
-        self._breaker.warn_once(
-            f"refused-{kind}",
-            "plancache: refused Redis entry %s: %s; building locally instead (see `refused` in stats)",
-            name,
-            detail,
-        )
+        self._breaker.warn_once(f"refused-{kind}", "plancache: refused Redis entry %s: %s; building locally instead (see `refused` "
+                                "in stats)", name, detail)  # fmt: skip
+
+    def _unpublished(self, topic: str, message: str, *args: Any) -> bool:
+        """An entry not published, counted and told once: False."""
+        self._breaker.count(RemoteCount.ERRORS)
+        self._breaker.warn_once(topic, message, *args)
+        return False
