@@ -393,6 +393,7 @@ def _short_held_locks(cache: PlanCache, tmp_path: Path) -> dict[str, tuple[Any, 
     from plancache.cudnn import library
     from plancache.guest.block import known_captures
     from plancache.integrations import frontend
+    from plancache.store.per_process import PerProcess
     from plancache.tiers.breaker import Breaker
     from plancache.tiers.fleet_lock import FleetLock
 
@@ -413,6 +414,9 @@ def _short_held_locks(cache: PlanCache, tmp_path: Path) -> dict[str, tuple[Any, 
             pass
 
     pool = Pool()
+    cached = frontend.graph_cache(key_fn=lambda n: n)(lambda n: n * 2)  # a cudnn.graph_cache decorator's lock
+    [cached_guard] = [cell.cell_contents for cell in cached.__closure__ or ()
+                      if isinstance(cell.cell_contents, (PerProcess, type(threading.Lock())))]  # fmt: skip
 
     def captures() -> None:
         known_captures.watch(pool.wake)
@@ -429,20 +433,21 @@ def _short_held_locks(cache: PlanCache, tmp_path: Path) -> dict[str, tuple[Any, 
         "cudnn library": (library._lock, libraries),
         "frontend": (frontend._lock, lambda: frontend.use(None)),  # held while the process-wide cache is made
         "primer": (primer._lock, primer.timeline),
+        "graph_cache": (cached_guard, lambda: cached(3)),
     }
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.parametrize(
     "which", ["unstored", "breaker counters", "breaker state", "fleet lock holds", "known captures", "cudnn opened",
-              "libcuda", "cudnn library", "frontend", "primer"]
+              "libcuda", "cudnn library", "frontend", "primer", "graph_cache"]
 )  # fmt: skip
 def test_a_child_forked_while_a_thread_held_a_short_held_lock_does_not_wait_for_it(which: str, cache: PlanCache,
                                                                                   tmp_path: Path) -> None:  # fmt: skip
     """Locks held only for a few operations (the unstored plans', the Redis tier's breaker's
     and fleet lock's, the captures plancache runs, the cuDNN and CUDA libraries' loading,
-    the frontend integration's, a primer's report) were still held in a child forked while
-    a thread of the parent was inside one: they are per process, so the child's first use
+    the frontend integration's and its graph_cache decorators', a primer's report) were
+    still held in a child forked while a thread of the parent was inside one: they are per process, so the child's first use
     does not wait for a lock nobody releases (nor counts a capture of the parent's as its own)."""
     import contextlib
 

@@ -185,16 +185,16 @@ def graph_cache(key_fn: Callable[..., Hashable], maxsize: int = 256) -> Callable
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
         entries: OrderedDict[Any, Any] = OrderedDict()
-        guard = threading.Lock()
+        guard = PerProcess(threading.Lock)  # a child forked while a thread held it would wait forever
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             key = key_fn(*args, **kwargs)
-            with guard:
+            with guard.get():
                 if key in entries:  # a hit does not make an entry younger: the frontend's order
                     return entries[key]
             result = func(*args, **kwargs)
-            with guard:
+            with guard.get():
                 entries[key] = result
                 while len(entries) > max(int(maxsize), 0):
                     entries.popitem(last=False)
