@@ -54,3 +54,12 @@ def test_a_manifest_lists_layouts_like_any_other_parameter(tmp_path: Any) -> Non
     assert errors == [] and len(entries) == 3
     described = {canonical_json(plancache.describe(e.build())) for e in entries}
     assert len(described) == 3
+
+
+def test_each_template_build_pickles_by_reference() -> None:
+    """``prewarm --devices`` sends an entry's builder to a spawned worker by pickle: a
+    template's ``build`` given as a builder must survive it (a closure would not)."""
+    import pickle
+
+    for template in templates.TEMPLATES.values():
+        assert pickle.loads(pickle.dumps(template.build)) is not None, template.name

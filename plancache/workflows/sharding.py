@@ -396,7 +396,10 @@ def _portable(entry: ManifestEntry) -> ManifestEntry:
     would die unpickling it before it could say why."""
     if entry.builder is None:
         return entry
-    if getattr(entry.builder, "__module__", None) != "__main__" or hasattr(sys.modules.get("__main__"), "__file__"):
+    if (
+        getattr(entry.builder, "__module__", None) != "__main__"
+        or getattr(sys.modules.get("__main__"), "__file__", None) is not None
+    ):
         try:
             pickle.dumps(entry.builder)
             return entry

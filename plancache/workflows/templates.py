@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..config import StrEnum
@@ -125,30 +126,27 @@ def _sdpa_layout(b: int, h: int, s: int, d: int, h_kv: int | None = None, s_kv: 
 # ---------------------------------------------------------------------- builders
 
 
-def _builder(layout_of: Callable[..., list[TensorLayout]], op: Callable[..., Any]) -> Callable[..., Any]:
-    """A template's ``build``: a graph of the tensors ``layout_of`` lists, ``op`` applied to
-    its inputs giving its output."""
-
-    def build(dtype: str = "bfloat16", dynamic: bool = False, kernel_cache: Any = None, handle: Any = None,
-              **params: Any) -> Any:  # fmt: skip
-        layout = layout_of(**params)
-        cudnn = _cudnn()
-        io = getattr(cudnn.data_type, DTYPES[dtype])
-        kwargs: dict[str, Any] = {"handle": handle} if handle is not None else {}
-        if dynamic:
-            kwargs["is_dynamic_shape_enabled"] = True
-            if kernel_cache is not None:
-                kwargs["kernel_cache"] = kernel_cache
-        graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
-                              compute_data_type=cudnn.data_type.FLOAT, **kwargs)  # fmt: skip
-        inputs = {t.name: graph.tensor(name=t.name, dim=list(t.shape), stride=list(t.stride), data_type=io, uid=t.uid)
-                  for t in layout if not t.is_output}  # fmt: skip
-        out, spec = op(graph, inputs, **params), layout[-1]
-        out.set_output(True).set_uid(spec.uid).set_name(spec.name).set_dim(list(spec.shape)).set_stride(list(spec.stride))
-        out.set_data_type(io)
-        return graph
-
-    return build
+def _build(layout_of: Callable[..., list[TensorLayout]], op: Callable[..., Any], dtype: str = "bfloat16",
+           dynamic: bool = False, kernel_cache: Any = None, handle: Any = None, **params: Any) -> Any:  # fmt: skip
+    """A template's graph: the tensors ``layout_of`` lists, ``op`` applied to its inputs giving
+    its output. Each template's ``build`` is this with its two functions bound
+    (``functools.partial``, which pickles by reference, as ``prewarm --devices`` sends it)."""
+    layout = layout_of(**params)
+    cudnn = _cudnn()
+    io = getattr(cudnn.data_type, DTYPES[dtype])
+    kwargs: dict[str, Any] = {"handle": handle} if handle is not None else {}
+    if dynamic:
+        kwargs["is_dynamic_shape_enabled"] = True
+        if kernel_cache is not None:
+            kwargs["kernel_cache"] = kernel_cache
+    graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, **kwargs)  # fmt: skip
+    inputs = {t.name: graph.tensor(name=t.name, dim=list(t.shape), stride=list(t.stride), data_type=io, uid=t.uid)
+              for t in layout if not t.is_output}  # fmt: skip
+    out, spec = op(graph, inputs, **params), layout[-1]
+    out.set_output(True).set_uid(spec.uid).set_name(spec.name).set_dim(list(spec.shape)).set_stride(list(spec.stride))
+    out.set_data_type(io)
+    return graph
 
 
 def _activate(graph: Any, value: Any, act: str | None) -> Any:
@@ -218,11 +216,11 @@ class Template:
 TEMPLATES: dict[str, Template] = {
     t.name: t
     for t in (
-        Template("conv_bias_act", ("n", "c", "h", "w", "k"), _builder(_conv_layout, _conv), _conv_layout, _ref_conv,
+        Template("conv_bias_act", ("n", "c", "h", "w", "k"), partial(_build, _conv_layout, _conv), _conv_layout, _ref_conv,
                  "2-D convolution (NHWC) + optional bias + optional activation"),
-        Template("matmul_bias_act", ("b", "m", "n", "k"), _builder(_matmul_layout, _matmul), _matmul_layout, _ref_matmul,
+        Template("matmul_bias_act", ("b", "m", "n", "k"), partial(_build, _matmul_layout, _matmul), _matmul_layout, _ref_matmul,
                  "batched matmul + optional bias + optional activation"),
-        Template("sdpa", ("b", "h", "s", "d"), _builder(_sdpa_layout, _sdpa), _sdpa_layout, _ref_sdpa,
+        Template("sdpa", ("b", "h", "s", "d"), partial(_build, _sdpa_layout, _sdpa), _sdpa_layout, _ref_sdpa,
                  "scaled dot-product attention forward (inference), optional causal mask and GQA", 1.0),
     )
 }  # fmt: skip
