@@ -628,4 +628,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     AUTO_PRIME, APP,
 )  # fmt: skip
 #: The settings of the Redis tier: read only when ``PLANCACHE_REDIS_URL`` is set.
-REDIS_SETTINGS: tuple[Setting[Any], ...] = tuple(s for s in SETTINGS if s.name.startswith("PLANCACHE_REDIS_"))
+REDIS_SETTINGS: tuple[Setting[Any], ...] = (
+    REDIS_URL, REDIS_SECRET_FILE, REDIS_SECRET, REDIS_NAMESPACE, REDIS_TIMEOUT, REDIS_TTL, REDIS_MAX_STALL, REDIS_LOCK_TTL,
+    REDIS_MAX_VALUE,
+)  # fmt: skip

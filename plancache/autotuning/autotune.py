@@ -179,22 +179,23 @@ def _tuned(tuning: _Tuning, options: BuildOptions) -> AutotuneResult:
         if not _built(reports):
             _none_built(reports)
         raise BuildError("every candidate that built failed to run", reason="all failed")
-    if majority is not None and options.policy is not Policy.HEURISTIC:
-        want = max(2, options.top_k) if options.policy is Policy.TOPK else len(reports)
+    timed = options.policy is not Policy.HEURISTIC  # the heuristic policy keeps the majority's first
+    want = max(2, options.top_k) if options.policy is Policy.TOPK else len(reports)
+    if majority is not None and timed:
         majority = tuning.widen(want) or tuning.check()  # the candidates added may have split the majority
     if majority is None:
         return _no_majority(tuning, options)
     check = _check_record(tuning.consensus, majority, reports)
-    if options.policy is Policy.HEURISTIC:
-        winner, timed = min(majority.members), {"method": "not timed: heuristic policy"}
+    if timed:
+        winner, timing = tuning.time(sorted(majority.members)[:want]), tuning.timing.to_dict()
     else:
-        winner, timed = tuning.time(sorted(majority.members)[:want]), tuning.timing.to_dict()
+        winner, timing = min(majority.members), {"method": "not timed: heuristic policy"}
     reports[winner].status = CandidateStatus.CHOSEN
     elapsed = clock() - tuning.started
-    if options.policy is not Policy.HEURISTIC:
+    if timed:
         log.debug("plancache: autotuned %d/%d candidates (%d rejected) in %.3f s; chose #%d (%.4f ms)", len(tuning.launched),
                   len(reports), len(check["rejected"]), elapsed, winner, reports[winner].median_ms or 0.0)  # fmt: skip
-    return AutotuneResult(winner, reports, options.policy, elapsed, {**timed, **tuning.progress()}, check)
+    return AutotuneResult(winner, reports, options.policy, elapsed, {**timing, **tuning.progress()}, check)
 
 
 def _built(reports: list[CandidateReport]) -> list[int]:
@@ -341,8 +342,9 @@ class _Tuning:
         return self.majority()
 
     def time(self, members: list[int]) -> int:
-        """The fastest of ``members``: one run each, then the median of careful runs, fastest
-        first, as long as the budget lasts (the fastest one always)."""
+        """The fastest of ``members``: one run each (a launch: cheap next to a build), then the
+        median of careful runs, fastest first, as long as the budget lasts (the fastest one
+        always)."""
         reports, timing = self.reports, self.timing
         firsts: dict[int, float] = {}
         for index in members:

@@ -252,7 +252,8 @@ class _Magnitudes:
 def _conv(torch: Any, x: Any, w: Any, params: Mapping[str, Any]) -> Any:
     if x is None or w is None or x.dim() not in (3, 4, 5) or x.shape[1] % w.shape[1]:
         return None
-    conv = getattr(torch.nn.functional, f"conv{x.dim() - 2}d")  # conv1d, conv2d or conv3d
+    functional = torch.nn.functional
+    conv = {3: functional.conv1d, 4: functional.conv2d, 5: functional.conv3d}[x.dim()]
     groups = x.shape[1] // w.shape[1]
     return conv(x, w.to(x.device), padding=params["padding"], stride=params["stride"], dilation=params["dilation"], groups=groups)
 

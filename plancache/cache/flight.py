@@ -174,7 +174,7 @@ class SingleFlight:
 
         with (
             process.threads.hold(key, left, waiting_for_a_thread) as thread_waited,
-            self._file_lock(process, key, label, started) as file_waited,
+            self._file_lock(process, key, label, started, counted=thread_waited) as file_waited,
         ):
             if thread_waited or file_waited:
                 log.info("plancache: waited %.1f s for another build of %s", time.monotonic() - started, key[:12])
@@ -186,7 +186,9 @@ class SingleFlight:
                 yield
 
     @contextlib.contextmanager
-    def _file_lock(self, process: _Process, key: str, label: str, started: float) -> Iterator[bool]:
+    def _file_lock(self, process: _Process, key: str, label: str, started: float, *, counted: bool) -> Iterator[bool]:
+        """The stripe's file lock; a wait for it is counted unless the lookup's wait for another
+        thread was (``counted``): ``waits`` counts lookups that waited."""
         if self.lock_dir is None:
             yield False
             return
@@ -199,7 +201,8 @@ class SingleFlight:
                 lock.acquire(timeout=0)  # one try: is another process building in this stripe?
                 held, waited = True, False
             except TimeoutError:
-                self._count(Count.WAITS)
+                if not counted:
+                    self._count(Count.WAITS)
                 log.info("plancache: waiting up to %.0f s for another process to build %s (%s); lock %s",
                          self.timeout, key[:12], label, path)  # fmt: skip
                 held, waited = self._wait_for(lock, path, started + self.timeout, key), True

@@ -169,14 +169,21 @@ def entry_named(store: Store | None, prefix: str, obj: Context) -> Entry:
     return entry
 
 
-def _keep(ctx: click.Context, param: click.Parameter, value: str | bool | None) -> None:
-    """A shared option, kept on the context when given (the last one given counts). ``--dir``
-    is kept as given: it is checked when the command runs (``Command.invoke``), where its
+def _set_dir(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """Kept as given: it is checked when the command runs (``Command.invoke``), where its
     error is one line and exit code 2, whichever side of the command name it stood on."""
-    if value is None or value is False:
-        return
-    setattr(ctx.ensure_object(Context), str(param.name), value)
-    if param.name == "debug":
+    if value is not None:
+        ctx.ensure_object(Context).dir_option = value
+
+
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(Context).as_json = True
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(Context).debug = True
         logging.getLogger().setLevel(logging.DEBUG)
 
 
@@ -186,11 +193,11 @@ def shared_options() -> list[click.Parameter]:
     ``--json`` is eager: read first, so that the error of any other option or argument is
     JSON too."""
     return [
-        click.Option(["--dir", "dir_option"], metavar="PATH", expose_value=False, callback=_keep,
+        click.Option(["--dir"], metavar="PATH", expose_value=False, callback=_set_dir,
                      help="Cache directory (default: $PLANCACHE_DIR, else the user cache directory)."),
-        click.Option(["--json", "as_json"], is_flag=True, is_eager=True, expose_value=False, callback=_keep,
+        click.Option(["--json"], is_flag=True, is_eager=True, expose_value=False, callback=_set_json,
                      help='Print JSON: the command\'s data, or {"error", "exit_code"} when it fails.'),
-        click.Option(["--debug"], is_flag=True, expose_value=False, callback=_keep, help="Show tracebacks and debug logs."),
+        click.Option(["--debug"], is_flag=True, expose_value=False, callback=_set_debug, help="Show tracebacks and debug logs."),
     ]  # fmt: skip
 
 

@@ -10,6 +10,7 @@ import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import click
@@ -17,6 +18,7 @@ import click
 from ..config import MAX_SIZE, StrEnum, format_size
 from ..errors import DamagedEntryError, EntryNotFoundError
 from ..store import DB_NAME, Entry, Store, maintenance
+from ..store.store import Stats
 from ..workflows.report import age
 from .common import EXIT_ERROR, Command, Context, emit, entry_named, table
 
@@ -212,9 +214,7 @@ def stats(obj: Context) -> None:
     graphs whose plans cannot be stored, and why."""
     undecodable: dict[str, str] = {}
     with obj.reading() as store:
-        data: dict[str, Any] = dict(store.stats()) if store is not None else {  # nothing stored yet (and no file)
-            "path": str(obj.cache_dir / DB_NAME), "read_only": False, "file_bytes": 0, "entries": 0, "blob_bytes": 0, "hits": 0,
-            "environments": 0, "build_seconds": 0.0, "by_policy": {}, "quarantined": 0, "unstored": [], "counters": {}}  # fmt: skip
+        data: dict[str, Any] = dict(store.stats() if store is not None else _empty_stats(obj.cache_dir))
         if store is not None:
             maintenance.list_entries(store, undecodable=undecodable)
     _warn_undecodable(undecodable)
@@ -251,6 +251,12 @@ def stats(obj: Context) -> None:
             yield f"remote        {r['url']} namespace {r['namespace']} secret id {r['key_id']}"
 
     emit(data, text)
+
+
+def _empty_stats(directory: Path) -> Stats:
+    """``Store.stats()`` of a cache with nothing stored yet (and no file)."""
+    return {"path": str(directory / DB_NAME), "read_only": False, "file_bytes": 0, "entries": 0, "blob_bytes": 0, "hits": 0,
+            "environments": 0, "build_seconds": 0.0, "by_policy": {}, "quarantined": 0, "unstored": [], "counters": {}}  # fmt: skip
 
 
 def _readable(store: Store, key: str) -> Entry | None:

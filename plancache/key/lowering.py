@@ -130,8 +130,10 @@ def inferred_shapes(nodes: list[Any]) -> dict[int, tuple[list[int], list[int]]] 
         for node in nodes:
             sn = _ShadowNode(node, shadow)
             kind = getattr(node.node_type, "name", None)
-            if kind in ("MATMUL", "POINTWISE") and node_class is not None:  # Node._infer_matmul, Node._infer_pointwise
-                getattr(node_class, f"_infer_{kind.lower()}")(sn)
+            if kind == "MATMUL" and node_class is not None:
+                node_class._infer_matmul(sn)
+            elif kind == "POINTWISE" and node_class is not None:
+                node_class._infer_pointwise(sn)
             low = lowering(node.node_type)
             for port, out in sn.outputs.items():
                 if low.infer is None or (out.dim and (port not in low.reinfer or out.dim_assigned)):

@@ -186,10 +186,12 @@ class GraphState:
         (a torch tensor held as a parameter, a device property, an unknown kind of value,
         a pygraph laid out otherwise): then it must be described every time."""
         top = _top(graph)
-        if top is None or not top[3]:  # (no tensor: nothing to describe)
+        by_uid = top[3] if top is not None else ()  # the graph's (uid, tensor) pairs
+        if top is None or not by_uid:  # (no tensor: nothing to describe)
             return None
+        tensor_type = by_uid[0][1].__class__
         try:
-            return cls(graph, top, top[3][0][1].__class__)
+            return cls(graph, top, tensor_type)
         except _Unfit:
             return None
 

@@ -196,18 +196,19 @@ class Store:
         if GATE.refusal is not None:
             raise StoreError(f"plan store {self.path} cannot be used: {GATE.refusal}", path=str(self.path))
         # SQLite follows a link to the database (the sqlite3 module cannot pass
-        # SQLITE_OPEN_NOFOLLOW), so the file is checked before and after the open: a link, a
-        # file not the user's, or another file than the one checked is refused (only someone
-        # who can write the directory could swap it, and the open refuses such a directory).
+        # SQLITE_OPEN_NOFOLLOW, and no URI parameter sets it), so the file is checked before and
+        # after the open: a link, a file not the user's, or another file than the one checked is
+        # refused (only someone who can write the directory could swap it, and the open refuses
+        # such a directory).
         writing = not (self.read_only and not self._file_writable)
         if writing:
             create_file(self.path, self.modes)  # SQLite gives its -wal and -shm the same mode
         before = check_trusted(self.path, self.modes.group)
         if not writing:
-            # mode=ro still reads the -wal, so it sees what live writers committed (a fresh store
-            # keeps even its schema there). Only a directory we cannot write (a baked cache: no
-            # -shm can be made) needs immutable=1, which ignores the -wal. Quoted: '?' or '#'
-            # would end the path in a URI.
+            # mode=ro still reads the -wal, so it sees what live writers committed (a fresh
+            # store keeps even its schema there until a checkpoint). Only a directory we cannot
+            # write (a baked cache: no -shm can be made) needs immutable=1, which ignores the
+            # -wal. Quoted: '?' or '#' would end the path in a URI.
             uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
             if not self._directory_writable:
                 uri += "&immutable=1"

@@ -38,8 +38,9 @@ class LRU(Generic[K, V]):
 
     A read (on the path of every repeat lookup and builder call) takes no lock and moves
     nothing: it stamps the entry from one counter, drawn atomically. Writes are serialized,
-    and the one past the capacity evicts the oldest stamp by a scan made in C: each entry
-    is ``[stamp, key, value]`` with unique stamps, so the smallest list is the oldest and no
+    and the one past the capacity evicts the oldest stamp by a scan, paid only by a write
+    past the bound (a plan loaded or built) and made in C: each entry is
+    ``[stamp, key, value]`` with unique stamps, so the smallest list is the oldest and no
     comparison reaches its value. A forked child starts empty (the parent's plans belong to
     the parent's CUDA context), with a lock of its own (a thread of the parent may have
     held the parent's at the fork)."""
