@@ -47,9 +47,14 @@ __all__ = ["EXIT_BROKEN_PIPE", "EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "
 
 def _one_line(exc: BaseException) -> tuple[str, int]:
     """The one line and exit code (``EXIT_CODES``) of an error the user can act on."""
-    if isinstance(exc, PlanCacheError):  # problems: a manifest refused as a whole (nothing was built), a bundle import cannot use
-        problems = isinstance(exc, ManifestError) or (isinstance(exc, BundleError) and not isinstance(exc, BundleTargetError))
-        return str(exc), EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_PROBLEMS if problems else EXIT_ERROR
+    if isinstance(exc, ConfigError):
+        return str(exc), EXIT_USAGE
+    if isinstance(exc, ManifestError):  # the manifest as a whole: nothing was built
+        return str(exc), EXIT_PROBLEMS
+    if isinstance(exc, BundleError) and not isinstance(exc, BundleTargetError):  # a bundle import cannot use
+        return str(exc), EXIT_PROBLEMS
+    if isinstance(exc, PlanCacheError):
+        return str(exc), EXIT_ERROR
     if isinstance(exc, OSError):
         where = f": {exc.filename}" if exc.filename else ""
         other = f" -> {exc.filename2}" if exc.filename2 else ""

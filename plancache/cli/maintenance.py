@@ -8,6 +8,7 @@ import math
 import sys
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -71,11 +72,7 @@ def verify(obj: Context, fix: bool, deserialize: bool) -> None:
     fixed them: run it again to confirm). Nothing is ever deleted: see docs/reliability.md."""
     with obj.reading(damaged_ok=True) as store:
         if store is None:  # nothing stored yet: nothing to check, and nothing that needs the GPU
-            report: maintenance.VerifyReport = {
-                "path": str(obj.cache_dir / DB_NAME), "entries": 0, "integrity": [], "checksum": [], "foreign": {}, "damaged": {},
-                "unreadable": [], "kernel_caches": [], "problems": [],
-                "deserialize": {"env_id": None, "checked": 0, "skipped": 0, "failed": {}} if deserialize else None,
-                "fixed": {"quarantined": [], "kernel_caches_removed": []} if fix else {}}  # fmt: skip
+            report = _empty_verify(obj.cache_dir, fix=fix, deserialize=deserialize)
             emit(report, lambda d: [f"{obj.nothing_yet()}: nothing to check", "ok"])
             return
         load, env_id = None, None
@@ -88,6 +85,14 @@ def verify(obj: Context, fix: bool, deserialize: bool) -> None:
     emit(report, _verify_text)
     if report["problems"]:
         sys.exit(EXIT_PROBLEMS)
+
+
+def _empty_verify(directory: Path, *, fix: bool, deserialize: bool) -> maintenance.VerifyReport:
+    """``maintenance.verify``'s report on a cache with nothing stored yet."""
+    return {"path": str(directory / DB_NAME), "entries": 0, "integrity": [], "checksum": [], "foreign": {}, "damaged": {},
+            "unreadable": [], "kernel_caches": [], "problems": [],
+            "deserialize": {"env_id": None, "checked": 0, "skipped": 0, "failed": {}} if deserialize else None,
+            "fixed": {"quarantined": [], "kernel_caches_removed": []} if fix else {}}  # fmt: skip
 
 
 class _Days(click.ParamType):  # type: ignore[type-arg]  # generic only in newer clicks; pyproject allows 8.1

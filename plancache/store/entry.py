@@ -367,9 +367,10 @@ def judged(entry: Entry, environment: Mapping[str, object] | None = None, env_id
         # ``known``, or made from the key) was hashed from them already: its key is not derived again.
         held = (key is not None and entry.key == key.digest and entry.description is key.parts["graph"]
                 and entry.options is key.parts["options"] and entry.environment == key.parts["environment"])  # fmt: skip
-        parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
-        if not held and entry.key != sha256(canonical_json(parts).encode()):
-            return Unsound("key does not match the recorded graph, environment and options")
+        if not held:
+            parts = {"format": KEY_FORMAT, "graph": entry.description, "environment": entry.environment, "options": entry.options}
+            if entry.key != sha256(canonical_json(parts).encode()):
+                return Unsound("key does not match the recorded graph, environment and options")
         if not entry.meta_ok():
             return Unsound("metadata checksum mismatch (tensor table, engine, workspace size or check record altered)")
         if entry.check is not None and not isinstance(entry.check, dict):

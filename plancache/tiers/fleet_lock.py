@@ -210,8 +210,7 @@ class FleetLock:
         holds. Releasing a lock never set does nothing: the token is this attempt's alone."""
         lock.local.token = token
         hold = _Hold(self, lock, expires_at=sent + self.lock_ttl)
-        hold.pending = hold._leaving = True  # the block is over without a release of its own: the thread retries it
-        hold.woken.set()
+        hold.leave_to_thread()
         self._holds.get().add(hold)
         hold.thread.start()
 
@@ -250,6 +249,11 @@ class _Hold:
             self.pending = not self.release(CallMode.ALWAYS)
             if not self.pending:
                 self.owner._holds.get().discard(self)
+        self.woken.set()
+
+    def leave_to_thread(self) -> None:
+        """The block is over without a release of its own: the thread retries it."""
+        self.pending = self._leaving = True
         self.woken.set()
 
     def release(self, mode: CallMode) -> bool:

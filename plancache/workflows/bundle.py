@@ -470,6 +470,7 @@ def import_bundle(
         bundle = read_bundle(bundle, secret=secret, allow_unsigned=allow_unsigned)
     header = bundle.header
     chosen = None if env_id is None else bundle_environment(bundle, env_id)
+    entries = [e for e in bundle.entries if chosen in (None, e.env_id)]
     skipped = [e.key for e in bundle.entries if chosen not in (None, e.env_id)]
     imported: list[str] = []
     replaced: list[str] = []
@@ -477,9 +478,7 @@ def import_bundle(
     try:
         with store.transaction() as tx:
             now = time.time()
-            for entry in bundle.entries:
-                if chosen not in (None, entry.env_id):
-                    continue
+            for entry in entries:
                 entry.hit_count, entry.last_used_at = 0, now
                 stored = tx.execute("SELECT * FROM plans WHERE key = ?", (entry.key,)).fetchone()
                 if stored is not None and not replace and _sound(stored):
